@@ -1,0 +1,100 @@
+//! The sample record both engines agree on, and the reasons a stack can end
+//! before reaching its root.
+
+/// ddprof's own limit on user frames per stack (both engines).
+pub const MAX_USER_FRAMES: usize = 512;
+/// Kernel frames kept per stack (the kernel's own `perf_event_max_stack` default).
+pub const MAX_KERNEL_FRAMES: usize = 127;
+
+/// Why a user stack stopped before its root frame. `Complete` means the walk
+/// ended on a frame that the unwind rules mark as the outermost one (or a
+/// zero return address / frame pointer where frame pointers are used).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StackEnd {
+    /// The root of the thread was reached.
+    Complete = 0,
+    /// The copied stack bytes ran out before the root (perf engine).
+    StackExhausted = 1,
+    /// A code range had no unwind row and frame pointers did not help.
+    NoUnwindInfo = 2,
+    /// A computed address was not readable (bad CFA, bad return address).
+    BadAddress = 3,
+    /// `MAX_USER_FRAMES` frames were collected.
+    DepthLimit = 4,
+    /// The unwind did not make progress (same SP twice, SP going down).
+    NoProgress = 5,
+    /// The sample carried no user registers (kernel thread, or a sample in
+    /// the kernel with no user context).
+    NoUserContext = 6,
+}
+
+impl StackEnd {
+    /// Decodes the value stored in a raw record; unknown values are treated as
+    /// a bad address so that a newer BPF object never panics an older reader.
+    pub const fn from_raw(raw: u32) -> StackEnd {
+        match raw {
+            0 => StackEnd::Complete,
+            1 => StackEnd::StackExhausted,
+            2 => StackEnd::NoUnwindInfo,
+            4 => StackEnd::DepthLimit,
+            5 => StackEnd::NoProgress,
+            6 => StackEnd::NoUserContext,
+            _ => StackEnd::BadAddress,
+        }
+    }
+
+    pub const fn is_complete(self) -> bool {
+        matches!(self, StackEnd::Complete)
+    }
+}
+
+/// Fixed-size header of a sample record written by the BPF program into its
+/// ring buffer. It is followed by `user_frames` user PCs and then
+/// `kernel_frames` kernel PCs, each a `u64`, innermost first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RawSampleHeader {
+    pub pid: u32,
+    pub tid: u32,
+    /// CLOCK_MONOTONIC nanoseconds, as `bpf_ktime_get_ns` and perf's
+    /// `use_clockid` with CLOCK_MONOTONIC give.
+    pub time_ns: u64,
+    /// The sampling period in the event's unit (nanoseconds for cpu/task-clock).
+    pub period: u64,
+    pub cpu: u32,
+    /// A `StackEnd` value.
+    pub stack_end: u32,
+    pub user_frames: u32,
+    pub kernel_frames: u32,
+}
+
+/// A whole record as the BPF program builds it in a per-CPU scratch map.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RawSample {
+    pub header: RawSampleHeader,
+    pub user: [u64; MAX_USER_FRAMES],
+    pub kernel: [u64; MAX_KERNEL_FRAMES],
+}
+
+/// Why the BPF program dropped or cut a sample; index into its counter map.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BpfCounter {
+    /// Samples the program saw for a profiled process.
+    Seen = 0,
+    /// Samples written to the ring buffer.
+    Emitted = 1,
+    /// The ring buffer had no room: the sample is lost.
+    BufferFull = 2,
+    /// A frame had no unwind table (frame pointers were tried).
+    NoTable = 3,
+    /// `bpf_probe_read_user` faulted.
+    ReadFault = 4,
+    /// The walk hit `MAX_USER_FRAMES`.
+    DepthLimit = 5,
+}
+
+/// Number of `BpfCounter` slots.
+pub const BPF_COUNTER_SLOTS: u32 = 8;

@@ -1,0 +1,1 @@
+//! Folds samples per upload period into (process, thread, stack) counts.

@@ -1,0 +1,305 @@
+//! perf_event_open and the attributes of the events ddprof samples on.
+//!
+//! Both engines sample on the same descriptors: the attributes always ask for
+//! the user registers and a copy of the user stack (the perf engine needs
+//! them), and the BPF engine, once attached, returns 0 from its program so
+//! that the kernel never writes (or copies the stack of) those samples.
+//! Non-sample records (mmap2, comm, fork, exit, lost) still reach the ring
+//! buffer in both cases.
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use perf_event_open_sys as sys;
+
+use crate::config::{EventKind, EventSpec, SampleRate};
+
+/// `perf_event_attr.sample_regs_user` bits (x86_64 `enum perf_event_x86_regs`).
+pub mod x86_regs {
+    pub const BP: u64 = 6;
+    pub const SP: u64 = 7;
+    pub const IP: u64 = 8;
+    /// The registers the unwinders need, in the order the kernel writes them
+    /// (ascending bit number): BP, SP, IP.
+    pub const MASK: u64 = (1 << BP) | (1 << SP) | (1 << IP);
+    pub const COUNT: usize = 3;
+}
+
+/// `sample_type` of every sampling event.
+pub const SAMPLE_TYPE: u64 = sys::bindings::PERF_SAMPLE_IP as u64
+    | sys::bindings::PERF_SAMPLE_TID as u64
+    | sys::bindings::PERF_SAMPLE_TIME as u64
+    | sys::bindings::PERF_SAMPLE_CPU as u64
+    | sys::bindings::PERF_SAMPLE_PERIOD as u64
+    | sys::bindings::PERF_SAMPLE_REGS_USER as u64
+    | sys::bindings::PERF_SAMPLE_STACK_USER as u64;
+
+/// What the events watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The calling process itself, from its next exec (the launcher): each
+    /// event starts disabled and is enabled by the exec; children inherit.
+    SelfOnExec,
+    /// A running process (and the threads and children it creates later).
+    Process(i32),
+    /// Every process on one CPU.
+    Global,
+}
+
+/// Options common to every event of one profiling session.
+#[derive(Debug, Clone, Copy)]
+pub struct EventOptions {
+    /// Bytes of user stack the kernel copies per sample.
+    pub stack_sample_size: u32,
+    /// Whether to also sample in the kernel (needs privileges).
+    pub include_kernel: bool,
+}
+
+/// An opened perf event and what it is.
+#[derive(Debug)]
+pub struct EventFd {
+    pub fd: OwnedFd,
+    /// The CPU it counts on (-1 for any).
+    pub cpu: i32,
+    pub spec: EventSpec,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(
+        "perf_event_open was refused ({source}): kernel.perf_event_paranoid is {paranoid}; \
+         run as root, grant CAP_PERFMON (or CAP_SYS_ADMIN), or lower it with `sysctl kernel.perf_event_paranoid=1`"
+    )]
+    Permission { source: io::Error, paranoid: String },
+    #[error("this machine does not support the {event} event ({source})")]
+    Unsupported {
+        event: &'static str,
+        source: io::Error,
+    },
+    #[error("no process {pid} ({source})")]
+    NoSuchProcess { pid: i32, source: io::Error },
+    #[error("perf_event_open failed: {0}")]
+    Other(io::Error),
+}
+
+/// `kernel.perf_event_paranoid`, as text, for error messages.
+pub fn paranoid_level() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+/// The attributes ddprof uses for `spec` in `scope`.
+pub fn attributes(
+    spec: &EventSpec,
+    scope: Scope,
+    options: &EventOptions,
+) -> sys::bindings::perf_event_attr {
+    let mut attr = sys::bindings::perf_event_attr {
+        size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
+        ..Default::default()
+    };
+    attr.type_ = sys::bindings::PERF_TYPE_SOFTWARE;
+    attr.config = match (spec.kind, scope) {
+        // A CPU-wide event has no task to follow: count CPU time of the CPU.
+        (EventKind::CpuTime, Scope::Global) => sys::bindings::PERF_COUNT_SW_CPU_CLOCK as u64,
+        (EventKind::CpuTime, _) => sys::bindings::PERF_COUNT_SW_TASK_CLOCK as u64,
+    };
+    match spec.rate {
+        SampleRate::Frequency(hz) => {
+            attr.set_freq(1);
+            attr.__bindgen_anon_1.sample_freq = hz;
+        }
+        SampleRate::Period(period) => attr.__bindgen_anon_1.sample_period = period,
+    }
+    attr.sample_type = SAMPLE_TYPE;
+    attr.sample_regs_user = x86_regs::MASK;
+    attr.sample_stack_user = options.stack_sample_size;
+    attr.set_exclude_kernel(u64::from(!options.include_kernel));
+    attr.set_exclude_hv(1);
+    attr.set_mmap2(1);
+    attr.set_comm(1);
+    attr.set_comm_exec(1);
+    attr.set_task(1);
+    attr.set_sample_id_all(1);
+    attr.set_use_clockid(1);
+    attr.clockid = libc::CLOCK_MONOTONIC;
+    // Wake the reader once a few records are there rather than per record.
+    attr.__bindgen_anon_2.wakeup_events = 16;
+    match scope {
+        Scope::SelfOnExec => {
+            attr.set_disabled(1);
+            attr.set_enable_on_exec(1);
+            attr.set_inherit(1);
+        }
+        Scope::Process(_) => attr.set_inherit(1),
+        Scope::Global => {}
+    }
+    attr
+}
+
+/// Opens one event. For `Scope::SelfOnExec` and `Scope::Process` the event
+/// follows the task on `cpu`; for `Scope::Global`, every task on `cpu`.
+pub fn open(
+    spec: &EventSpec,
+    scope: Scope,
+    cpu: i32,
+    options: &EventOptions,
+) -> Result<EventFd, OpenError> {
+    let mut attr = attributes(spec, scope, options);
+    let pid = match scope {
+        Scope::SelfOnExec => 0,
+        Scope::Process(pid) => pid,
+        Scope::Global => -1,
+    };
+    // SAFETY: `attr` is a fully initialised perf_event_attr whose `size`
+    // matches its type; the returned descriptor is owned below.
+    let fd = unsafe {
+        sys::perf_event_open(
+            &mut attr,
+            pid,
+            cpu,
+            -1,
+            sys::bindings::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        let source = io::Error::last_os_error();
+        return Err(match source.raw_os_error() {
+            Some(libc::EACCES) | Some(libc::EPERM) => OpenError::Permission {
+                source,
+                paranoid: paranoid_level(),
+            },
+            Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) => {
+                OpenError::Unsupported {
+                    event: event_name(spec.kind),
+                    source,
+                }
+            }
+            Some(libc::ESRCH) => OpenError::NoSuchProcess { pid, source },
+            _ => OpenError::Other(source),
+        });
+    }
+    // SAFETY: perf_event_open returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(EventFd {
+        fd,
+        cpu,
+        spec: *spec,
+    })
+}
+
+/// Opens every event of `specs` on every online CPU. When kernel sampling is
+/// refused, retries user-only before giving up.
+pub fn open_all(
+    specs: &[EventSpec],
+    scope: Scope,
+    options: &EventOptions,
+) -> Result<Vec<EventFd>, OpenError> {
+    let cpus = online_cpus();
+    let mut options = *options;
+    let mut fds = Vec::with_capacity(specs.len() * cpus.len());
+    for spec in specs {
+        for &cpu in &cpus {
+            let fd = match open(spec, scope, cpu, &options) {
+                Err(OpenError::Permission { .. }) if options.include_kernel => {
+                    options.include_kernel = false;
+                    open(spec, scope, cpu, &options)?
+                }
+                other => other?,
+            };
+            fds.push(fd);
+        }
+    }
+    Ok(fds)
+}
+
+pub fn event_name(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::CpuTime => "sCPU (task-clock)",
+    }
+}
+
+/// The online CPUs, from `/sys/devices/system/cpu/online` (e.g. `0-3,6`).
+pub fn online_cpus() -> Vec<i32> {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|text| parse_cpu_list(text.trim()))
+        .unwrap_or_else(|| {
+            let n = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            (0..n as i32).collect()
+        })
+}
+
+fn parse_cpu_list(text: &str) -> Option<Vec<i32>> {
+    let mut cpus = Vec::new();
+    for part in text.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<i32>().ok()?..=b.parse::<i32>().ok()?),
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,6"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn attributes_ask_for_regs_and_stack() {
+        let spec = crate::config::parse_events("sCPU freq=999").unwrap()[0];
+        let options = EventOptions {
+            stack_sample_size: 32000,
+            include_kernel: false,
+        };
+        let attr = attributes(&spec, Scope::SelfOnExec, &options);
+        assert_eq!(attr.sample_type, SAMPLE_TYPE);
+        assert_eq!(attr.sample_stack_user, 32000);
+        assert_eq!(attr.enable_on_exec(), 1);
+        assert_eq!(attr.inherit(), 1);
+        assert_eq!(attr.freq(), 1);
+        // SAFETY: freq mode was set, so the union holds sample_freq.
+        assert_eq!(unsafe { attr.__bindgen_anon_1.sample_freq }, 999);
+        assert_eq!(attributes(&spec, Scope::Global, &options).inherit(), 0);
+    }
+
+    #[test]
+    fn opens_a_task_clock_event_on_this_process() {
+        let spec = crate::config::parse_events("sCPU").unwrap()[0];
+        let options = EventOptions {
+            stack_sample_size: 8192,
+            include_kernel: false,
+        };
+        let event = open(
+            &spec,
+            Scope::Process(std::process::id() as i32),
+            -1,
+            &options,
+        )
+        .expect("a process may always sample itself, user-space only");
+        assert_eq!(event.cpu, -1);
+    }
+
+    #[test]
+    fn names_missing_processes() {
+        let spec = crate::config::parse_events("sCPU").unwrap()[0];
+        let options = EventOptions {
+            stack_sample_size: 8192,
+            include_kernel: false,
+        };
+        let error = open(&spec, Scope::Process(i32::MAX), -1, &options).unwrap_err();
+        assert!(
+            matches!(error, OpenError::NoSuchProcess { pid: i32::MAX, .. }),
+            "{error}"
+        );
+    }
+}

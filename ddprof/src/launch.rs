@@ -1,0 +1,1 @@
+//! The wrapper launcher, the perf-fd hand-off and the detached profiler daemon.

@@ -1,0 +1,31 @@
+//! ddprof: a native CPU profiler for Linux.
+//!
+//! The modules follow the data flow:
+//! launch → sample (bpf | perf) → unwind → aggregate → symbolize → profile → export.
+//!
+//! - [`config`]: command line, environment and config file.
+//! - [`launch`]: the wrapper (fd hand-off, detached profiler), `-p` and `--global`.
+//! - [`events`]: perf_event_open and the perf event attributes both engines use.
+//! - [`perf`]: the perf ring-buffer engine (user-side DWARF unwinding).
+//! - [`bpf`]: the eBPF engine (in-kernel unwinding).
+//! - [`unwind`]: unwind tables compiled from `.eh_frame`/`.debug_frame` and the user-side unwinder.
+//! - [`process`]: processes, threads and mappings as the kernel reports them.
+//! - [`sample`]: the sample stream between engines and aggregation.
+//! - [`aggregate`]: folds samples per period into counted stacks.
+//! - [`symbolize`]: addresses to functions, files and lines (blazesym).
+//! - [`profile`]: pprof encoding.
+//! - [`output`]: local pprof files, flame graph and folded stacks.
+//! - [`profiler`]: the profiler's main loop that wires the stages together.
+pub mod aggregate;
+pub mod bpf;
+pub mod config;
+pub mod events;
+pub mod launch;
+pub mod output;
+pub mod perf;
+pub mod process;
+pub mod profile;
+pub mod profiler;
+pub mod sample;
+pub mod symbolize;
+pub mod unwind;

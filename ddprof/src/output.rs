@@ -1,0 +1,1 @@
+//! Local outputs: pprof files per period, flamegraph.svg and stacks.folded.

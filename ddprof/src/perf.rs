@@ -1,0 +1,1 @@
+//! The perf sampling engine: ring-buffer records, user-side DWARF unwinding.

@@ -1,0 +1,362 @@
+//! The profiler's view of processes: names, threads and executable mappings,
+//! kept exact from `/proc` snapshots and the kernel's mmap/comm/task records.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A mapping as reported by the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappingRecord {
+    pub pid: u32,
+    pub start: u64,
+    pub len: u64,
+    /// Offset in the file of `start`.
+    pub file_offset: u64,
+    /// Device and inode of the file (0 when unknown).
+    pub dev: u64,
+    pub inode: u64,
+    /// `PROT_*` bits.
+    pub prot: u32,
+    pub path: String,
+}
+
+/// A mapped file, shared by every process that maps it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct MappedFile {
+    pub path: String,
+    pub dev: u64,
+    pub inode: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub file: Arc<MappedFile>,
+}
+
+impl Mapping {
+    /// Offset in the file of the address `addr` (which must be in the mapping).
+    pub fn file_offset_of(&self, addr: u64) -> u64 {
+        addr - self.start + self.file_offset
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Process {
+    pub name: String,
+    pub threads: HashMap<u32, String>,
+    /// Executable mappings, sorted by start and not overlapping.
+    pub mappings: Vec<Mapping>,
+}
+
+impl Process {
+    pub fn find_mapping(&self, addr: u64) -> Option<&Mapping> {
+        let index = self.mappings.partition_point(|m| m.start <= addr);
+        let mapping = self.mappings.get(index.checked_sub(1)?)?;
+        (addr < mapping.end).then_some(mapping)
+    }
+
+    fn insert_mapping(&mut self, mapping: Mapping) {
+        // A new mapping replaces whatever it overlaps (mmap semantics).
+        let (start, end) = (mapping.start, mapping.end);
+        let mut kept = Vec::with_capacity(self.mappings.len() + 1);
+        for old in self.mappings.drain(..) {
+            if old.end <= start || old.start >= end {
+                kept.push(old);
+                continue;
+            }
+            if old.start < start {
+                kept.push(Mapping {
+                    end: start,
+                    ..old.clone()
+                });
+            }
+            if old.end > end {
+                let shift = end - old.start;
+                kept.push(Mapping {
+                    start: end,
+                    file_offset: old.file_offset + shift,
+                    ..old
+                });
+            }
+        }
+        kept.push(mapping);
+        kept.sort_by_key(|m| m.start);
+        self.mappings = kept;
+    }
+}
+
+/// Every process the profiler has seen and not yet seen exit.
+#[derive(Debug, Default)]
+pub struct ProcessTable {
+    processes: HashMap<u32, Process>,
+    files: HashMap<(String, u64, u64), Arc<MappedFile>>,
+}
+
+impl ProcessTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&Process> {
+        self.processes.get(&pid)
+    }
+
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.processes.keys().copied()
+    }
+
+    pub fn find_mapping(&self, pid: u32, addr: u64) -> Option<&Mapping> {
+        self.processes.get(&pid)?.find_mapping(addr)
+    }
+
+    pub fn process_name(&self, pid: u32) -> Option<&str> {
+        self.processes.get(&pid).map(|p| p.name.as_str())
+    }
+
+    pub fn thread_name(&self, pid: u32, tid: u32) -> Option<&str> {
+        self.processes
+            .get(&pid)?
+            .threads
+            .get(&tid)
+            .map(String::as_str)
+    }
+
+    fn intern_file(&mut self, path: &str, dev: u64, inode: u64) -> Arc<MappedFile> {
+        self.files
+            .entry((path.to_string(), dev, inode))
+            .or_insert_with(|| {
+                Arc::new(MappedFile {
+                    path: path.to_string(),
+                    dev,
+                    inode,
+                })
+            })
+            .clone()
+    }
+
+    /// Applies a mapping record. Only executable mappings are kept.
+    pub fn add_mapping(&mut self, record: &MappingRecord) {
+        if record.prot & (libc::PROT_EXEC as u32) == 0 || record.len == 0 {
+            return;
+        }
+        let file = self.intern_file(&record.path, record.dev, record.inode);
+        let mapping = Mapping {
+            start: record.start,
+            end: record.start.saturating_add(record.len),
+            file_offset: record.file_offset,
+            file,
+        };
+        self.processes
+            .entry(record.pid)
+            .or_default()
+            .insert_mapping(mapping);
+    }
+
+    /// A thread was renamed; on exec the process's mappings are dropped,
+    /// since the new image's mappings follow as fresh records.
+    pub fn set_comm(&mut self, pid: u32, tid: u32, name: &str, exec: bool) {
+        let process = self.processes.entry(pid).or_default();
+        if exec {
+            process.mappings.clear();
+            process.threads.clear();
+        }
+        if pid == tid {
+            process.name = name.to_string();
+        }
+        process.threads.insert(tid, name.to_string());
+    }
+
+    /// A fork copies the parent's view; a new thread joins its process.
+    pub fn fork(&mut self, pid: u32, ppid: u32, tid: u32) {
+        if pid == ppid {
+            let process = self.processes.entry(pid).or_default();
+            let name = process.name.clone();
+            process.threads.insert(tid, name);
+            return;
+        }
+        let child = self.processes.get(&ppid).cloned().unwrap_or_default();
+        let mut child = Process {
+            threads: HashMap::new(),
+            ..child
+        };
+        child.threads.insert(tid, child.name.clone());
+        self.processes.insert(pid, child);
+    }
+
+    /// A thread exited; when it is the main thread the process is gone.
+    pub fn exit(&mut self, pid: u32, tid: u32) {
+        if pid == tid {
+            self.processes.remove(&pid);
+        } else if let Some(process) = self.processes.get_mut(&pid) {
+            process.threads.remove(&tid);
+        }
+    }
+
+    pub fn apply(&mut self, event: &crate::sample::ProcessEvent) {
+        use crate::sample::ProcessEvent;
+        match event {
+            ProcessEvent::Map(record) => self.add_mapping(record),
+            ProcessEvent::Comm {
+                pid,
+                tid,
+                name,
+                exec,
+            } => self.set_comm(*pid, *tid, name, *exec),
+            ProcessEvent::Fork { pid, ppid, tid, .. } => self.fork(*pid, *ppid, *tid),
+            ProcessEvent::Exit { pid, tid } => self.exit(*pid, *tid),
+        }
+    }
+
+    /// Reads a live process's name, threads and executable mappings from
+    /// `/proc` (for `-p`, `--global` and the launcher's target).
+    pub fn load_from_proc(&mut self, pid: u32) -> std::io::Result<()> {
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))?
+            .trim_end()
+            .to_string();
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let mut process = Process {
+            name: name.clone(),
+            ..Process::default()
+        };
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for task in tasks.flatten() {
+                let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                    continue;
+                };
+                let thread_name = std::fs::read_to_string(task.path().join("comm"))
+                    .map(|n| n.trim_end().to_string())
+                    .unwrap_or_else(|_| name.clone());
+                process.threads.insert(tid, thread_name);
+            }
+        }
+        self.processes.insert(pid, process);
+        for line in maps.lines() {
+            if let Some(record) = parse_maps_line(pid, line) {
+                self.add_mapping(&record);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses one line of `/proc/PID/maps`.
+pub fn parse_maps_line(pid: u32, line: &str) -> Option<MappingRecord> {
+    let mut fields = line.splitn(6, char::is_whitespace);
+    let range = fields.next()?;
+    let perms = fields.next()?;
+    let offset = fields.next()?;
+    let dev = fields.next()?;
+    let inode = fields.next()?;
+    let path = fields.next().unwrap_or("").trim_start().to_string();
+    let (start, end) = range.split_once('-')?;
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    let perms = perms.as_bytes();
+    let mut prot = 0u32;
+    if perms.first() == Some(&b'r') {
+        prot |= libc::PROT_READ as u32;
+    }
+    if perms.get(1) == Some(&b'w') {
+        prot |= libc::PROT_WRITE as u32;
+    }
+    if perms.get(2) == Some(&b'x') {
+        prot |= libc::PROT_EXEC as u32;
+    }
+    let (major, minor) = dev.split_once(':')?;
+    let dev = libc::makedev(
+        u32::from_str_radix(major, 16).ok()?,
+        u32::from_str_radix(minor, 16).ok()?,
+    );
+    Some(MappingRecord {
+        pid,
+        start,
+        len: end.checked_sub(start)?,
+        file_offset: u64::from_str_radix(offset, 16).ok()?,
+        dev,
+        inode: inode.parse().ok()?,
+        prot,
+        path,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(pid: u32, start: u64, len: u64, offset: u64, path: &str) -> MappingRecord {
+        MappingRecord {
+            pid,
+            start,
+            len,
+            file_offset: offset,
+            dev: 1,
+            inode: 2,
+            prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+            path: path.to_string(),
+        }
+    }
+
+    #[test]
+    fn finds_and_splits_mappings() {
+        let mut table = ProcessTable::new();
+        table.add_mapping(&record(7, 0x1000, 0x3000, 0, "/a"));
+        table.add_mapping(&record(7, 0x2000, 0x1000, 0x500, "/b"));
+        assert_eq!(table.find_mapping(7, 0x1800).unwrap().file.path, "/a");
+        let b = table.find_mapping(7, 0x2800).unwrap();
+        assert_eq!(
+            (b.file.path.as_str(), b.file_offset_of(0x2800)),
+            ("/b", 0xd00)
+        );
+        let tail = table.find_mapping(7, 0x3800).unwrap();
+        assert_eq!(
+            (tail.file.path.as_str(), tail.file_offset_of(0x3800)),
+            ("/a", 0x2800)
+        );
+        assert!(table.find_mapping(7, 0x4000).is_none());
+        assert!(table.find_mapping(8, 0x1800).is_none());
+    }
+
+    #[test]
+    fn exec_resets_and_fork_copies() {
+        let mut table = ProcessTable::new();
+        table.add_mapping(&record(7, 0x1000, 0x1000, 0, "/a"));
+        table.set_comm(7, 7, "parent", false);
+        table.fork(9, 7, 9);
+        assert_eq!(table.process_name(9), Some("parent"));
+        assert!(table.find_mapping(9, 0x1000).is_some());
+        table.set_comm(9, 9, "child", true);
+        assert!(table.find_mapping(9, 0x1000).is_none());
+        assert!(table.find_mapping(7, 0x1000).is_some());
+        table.exit(9, 9);
+        assert!(table.get(9).is_none());
+    }
+
+    #[test]
+    fn parses_proc_maps_lines() {
+        let line = "7f1c2a000000-7f1c2a1b5000 r-xp 00028000 fe:01 1311 /usr/lib/x86_64-linux-gnu/libc.so.6";
+        let r = parse_maps_line(3, line).unwrap();
+        assert_eq!(r.start, 0x7f1c2a000000);
+        assert_eq!(r.len, 0x1b5000);
+        assert_eq!(r.file_offset, 0x28000);
+        assert_eq!(r.inode, 1311);
+        assert_eq!(r.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+        assert!(r.prot & libc::PROT_EXEC as u32 != 0);
+        assert!(parse_maps_line(3, "garbage").is_none());
+    }
+
+    #[test]
+    fn loads_own_process_from_proc() {
+        let mut table = ProcessTable::new();
+        let pid = std::process::id();
+        table.load_from_proc(pid).unwrap();
+        let here = loads_own_process_from_proc as usize as u64;
+        let mapping = table.find_mapping(pid, here).expect("own code is mapped");
+        assert!(
+            mapping.file.path.contains("ddprof"),
+            "{}",
+            mapping.file.path
+        );
+    }
+}

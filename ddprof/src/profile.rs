@@ -1,0 +1,1 @@
+//! pprof encoding of aggregated, symbolized profiles.

@@ -1,0 +1,1 @@
+//! Symbolization of normalized addresses with blazesym.

@@ -1,0 +1,1 @@
+//! Test harness: builds workloads, runs ddprof, reads its outputs.
