@@ -1,1 +1,202 @@
-fn main() {}
+//! Project tasks: `cargo xtask <task>`.
+//!
+//! - `build-ebpf`: make sure the BPF toolchain is there and build the BPF object.
+//! - `build`: the BPF object, then ddprof (release) with the object embedded.
+//! - `run -- ARGS`: build, then run ddprof with ARGS.
+//! - `demo`: build, then profile the bundled demo workload.
+//! - `test`: build, install the test prerequisites, run every test.
+//! - `docs`: regenerate docs/Commands.md from the CLI definition.
+mod bpf_toolchain;
+mod docs;
+mod test;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "ddprof project tasks")]
+struct Args {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Make sure the BPF toolchain is there and build the BPF object
+    BuildEbpf,
+    /// Build the BPF object and ddprof (release) with it embedded
+    Build {
+        /// Build the debug profile instead of release
+        #[arg(long)]
+        debug: bool,
+    },
+    /// Build everything (release) and run ddprof with the given arguments
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Build everything and profile the bundled demo workload (output in ./ddprof-out)
+    Demo {
+        /// Seconds the demo workload runs
+        #[arg(long, default_value_t = 5)]
+        seconds: u32,
+    },
+    /// Build everything and run the whole test suite (unit + integration)
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Regenerate docs/Commands.md from the CLI definition
+    Docs {
+        /// Fail if docs/Commands.md is not up to date instead of writing it
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+pub fn say(message: &str) {
+    eprintln!("xtask: {message}");
+}
+
+/// The workspace root (the parent of xtask/).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// Where `build-ebpf` leaves the BPF object (ddprof/build.rs looks there).
+pub fn ebpf_object() -> PathBuf {
+    target_dir().join("ebpf/bpfel-unknown-none/release/ddprof-ebpf")
+}
+
+pub fn run_checked(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("could not run {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed ({status})");
+    }
+    Ok(())
+}
+
+fn build_ebpf() -> Result<PathBuf> {
+    let toolchain = bpf_toolchain::ensure(&target_dir())?;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = std::env::join_paths(
+        std::iter::once(toolchain.linker_dir.clone()).chain(std::env::split_paths(&path)),
+    )?;
+    say("building the BPF object (cargo +nightly, bpfel-unknown-none)");
+    let mut command = Command::new("cargo");
+    command
+        .current_dir(workspace_root().join("ddprof-ebpf"))
+        .args([
+            "+nightly",
+            "build",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .env("PATH", path)
+        .env("CARGO_TARGET_DIR", target_dir().join("ebpf"))
+        // The outer cargo's settings are for the host build.
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", "bpf-linker");
+    run_checked(&mut command)?;
+    let object = ebpf_object();
+    if !object.is_file() {
+        bail!("the BPF build did not produce {}", object.display());
+    }
+    Ok(object)
+}
+
+/// Builds the BPF object when possible, then ddprof. Without a BPF
+/// toolchain the result is a perf-only ddprof, and the reason is printed.
+fn build_all(release: bool) -> Result<PathBuf> {
+    match build_ebpf() {
+        Ok(object) => say(&format!("BPF object: {}", object.display())),
+        Err(error) => say(&format!(
+            "cannot build the BPF object ({error:#}); building a perf-only ddprof"
+        )),
+    }
+    let mut command = Command::new("cargo");
+    command
+        .current_dir(workspace_root())
+        .args(["build", "-p", "ddprof"]);
+    if release {
+        command.arg("--release");
+    }
+    run_checked(&mut command)?;
+    Ok(target_dir()
+        .join(if release { "release" } else { "debug" })
+        .join("ddprof"))
+}
+
+fn run_ddprof(binary: &Path, args: &[String]) -> Result<ExitCode> {
+    let status = Command::new(binary)
+        .args(args)
+        .status()
+        .with_context(|| format!("could not run {}", binary.display()))?;
+    Ok(match status.code() {
+        Some(code) => ExitCode::from(code as u8),
+        None => ExitCode::FAILURE,
+    })
+}
+
+fn demo(seconds: u32) -> Result<ExitCode> {
+    let binary = build_all(true)?;
+    let workload = test::build_demo_workload()?;
+    say(&format!(
+        "profiling {} for {seconds} s (profiles go to ./ddprof-out unless an agent is configured)",
+        workload.display()
+    ));
+    run_ddprof(
+        &binary,
+        &[
+            "--log-level".into(),
+            "notice".into(),
+            "--".into(),
+            workload.display().to_string(),
+            seconds.to_string(),
+        ],
+    )
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = match args.task {
+        Task::BuildEbpf => build_ebpf().map(|object| {
+            say(&format!("BPF object: {}", object.display()));
+            ExitCode::SUCCESS
+        }),
+        Task::Build { debug } => build_all(!debug).map(|binary| {
+            say(&format!("ddprof: {}", binary.display()));
+            ExitCode::SUCCESS
+        }),
+        Task::Run { args } => build_all(true).and_then(|binary| run_ddprof(&binary, &args)),
+        Task::Demo { seconds } => demo(seconds),
+        Task::Test { args } => test::run(&args),
+        Task::Docs { check } => docs::run(check).map(|()| ExitCode::SUCCESS),
+    };
+    result.unwrap_or_else(|error| {
+        eprintln!("xtask: error: {error:#}");
+        ExitCode::FAILURE
+    })
+}

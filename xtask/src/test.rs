@@ -1,0 +1,174 @@
+//! `cargo xtask test`: everything CI checks, in one command.
+//!
+//! Installs what the tests need (go tool pprof), builds the BPF object and a
+//! release ddprof, checks formatting, lints and docs, then runs every unit
+//! and integration test (root-only ones included) and prints the totals.
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{build_all, run_checked, say, target_dir, workspace_root};
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Debian packages the tests use, by the command they provide.
+const PREREQUISITES: &[(&str, &str)] = &[
+    ("go", "golang-go"),
+    ("setpriv", "util-linux"),
+    ("cc", "gcc"),
+    ("c++", "g++"),
+    ("objcopy", "binutils"),
+];
+
+fn install_prerequisites() -> Result<()> {
+    let missing: Vec<&str> = PREREQUISITES
+        .iter()
+        .filter(|(command, _)| !have(command))
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "the tests need {missing:?}: install them (apt-get install {})",
+            missing.join(" ")
+        );
+    }
+    say(&format!("installing {}", missing.join(" ")));
+    run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
+    run_checked(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// Builds the demo workload (the 6-deep chain with a 70/30 split).
+pub fn build_demo_workload() -> Result<PathBuf> {
+    let source = workspace_root().join("tests/workloads/chain.c");
+    let out_dir = target_dir().join("demo");
+    std::fs::create_dir_all(&out_dir)?;
+    let binary = out_dir.join("chain");
+    run_checked(
+        Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer", "-g", "-pthread", "-o"])
+            .arg(&binary)
+            .arg(&source),
+    )
+    .with_context(|| format!("cannot build the demo workload {}", source.display()))?;
+    Ok(binary)
+}
+
+/// Totals of every `test result:` line cargo test printed.
+#[derive(Default, Debug)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part
+                .split_whitespace()
+                .filter(|w| *w != "ok." && *w != "FAILED.");
+            let (Some(number), Some(kind)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(number) = number.parse::<u64>() else {
+                continue;
+            };
+            match kind {
+                "passed" => self.passed += number,
+                "failed" => self.failed += number,
+                "ignored" => self.ignored += number,
+                _ => {}
+            }
+        }
+    }
+}
+
+pub fn run(extra: &[String]) -> Result<ExitCode> {
+    let started = std::time::Instant::now();
+    install_prerequisites()?;
+    let binary = build_all(true)?;
+    let root = workspace_root();
+    say("checking formatting, lints and docs");
+    run_checked(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args(["fmt", "--all", "--check"]),
+    )?;
+    run_checked(Command::new("cargo").current_dir(&root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--release",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    crate::docs::run(true)?;
+
+    say("running the tests (unit + integration, release)");
+    let mut child = Command::new("cargo")
+        .current_dir(&root)
+        .args(["test", "--workspace", "--release", "--no-fail-fast"])
+        .args(extra)
+        .env("DDPROF_BIN", &binary)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("could not run cargo test")?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line?;
+        println!("{line}");
+        totals.add_line(&line);
+    }
+    let status = child.wait()?;
+    println!(
+        "xtask: {} tests in {:.0} s (ignored: {})",
+        totals.passed + totals.failed,
+        started.elapsed().as_secs_f64(),
+        totals.ignored
+    );
+    println!("{} passed, {} failed", totals.passed, totals.failed);
+    if !status.success() || totals.failed > 0 || totals.passed == 0 {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Totals;
+
+    #[test]
+    fn sums_cargo_test_result_lines() {
+        let mut totals = Totals::default();
+        totals.add_line("test result: ok. 11 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.01s");
+        totals.add_line(
+            "test result: FAILED. 3 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+        );
+        totals.add_line("running 4 tests");
+        assert_eq!((totals.passed, totals.failed, totals.ignored), (14, 1, 2));
+    }
+}
