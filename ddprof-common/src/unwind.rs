@@ -42,9 +42,11 @@ pub enum RowKind {
     CfaSp = 1,
     /// `CFA = RBP + cfa_offset`.
     CfaFp = 2,
-    /// `CFA = *(RBP + cfa_offset)`: GCC's stack realignment prologue
-    /// (`DW_OP_breg6 off; DW_OP_deref`), where the caller's SP was saved in
-    /// the realigned frame.
+    /// `CFA = *(RBP + cfa_offset)`: GCC's dynamic stack realignment (DRAP)
+    /// frames (`DW_OP_breg6 off; DW_OP_deref`), where the caller's SP was
+    /// saved in the realigned frame. The caller's RBP is always read, at
+    /// `RBP + rbp_offset` (relative to RBP, not to the CFA: GCC describes it
+    /// as `DW_CFA_expression rbp (DW_OP_breg6 0)`).
     CfaFpDeref = 3,
     /// A PLT entry: `CFA = SP + cfa_offset + 8` when `(IP & 15) >=
     /// rbp_offset` and `SP + cfa_offset` otherwise (the DWARF expression
@@ -93,7 +95,8 @@ pub struct UnwindRow {
     pub cfa_offset: i32,
     /// Where the caller's RBP is saved: at `CFA + rbp_offset`; 0 means RBP
     /// is unchanged. For [`RowKind::Plt`], the `IP & 15` threshold; for
-    /// [`RowKind::Signal`], the offset from SP.
+    /// [`RowKind::Signal`], the offset from SP; for [`RowKind::CfaFpDeref`],
+    /// the offset from RBP.
     pub rbp_offset: i16,
     /// Where the return address is, in units of 8 bytes: at
     /// `CFA + ra_offset_by_8 * 8` (normally -1). For [`RowKind::Signal`],
@@ -211,13 +214,18 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
     let Some(ip) = read_u64(add_signed(cfa, row.ra_offset_by_8 as i64 * 8)) else {
         return StepResult::ReadFailed;
     };
-    let bp = if row.rbp_offset == 0 || matches!(row.row_kind(), RowKind::Plt) {
-        regs.bp
-    } else {
-        match read_u64(add_signed(cfa, row.rbp_offset as i64)) {
+    let saved_bp_at = match row.row_kind() {
+        RowKind::CfaFpDeref => Some(add_signed(regs.bp, row.rbp_offset as i64)),
+        RowKind::Plt => None,
+        _ if row.rbp_offset == 0 => None,
+        _ => Some(add_signed(cfa, row.rbp_offset as i64)),
+    };
+    let bp = match saved_bp_at {
+        None => regs.bp,
+        Some(addr) => match read_u64(addr) {
             Some(bp) => bp,
             None => return StepResult::ReadFailed,
-        }
+        },
     };
     *regs = Regs { ip, sp: cfa, bp };
     StepResult::Caller
@@ -400,13 +408,13 @@ mod tests {
         let mut stack = Stack::new(0x1000);
         stack.set(0x1038, 0x1100); // *(rbp - 8) = CFA
         stack.set(0x10f8, 0x9999); // RA at CFA - 8
-        stack.set(0x1040, 0x3333); // saved rbp at CFA - 0xc0 = 0x1040
+        stack.set(0x1040, 0x3333); // saved rbp at RBP + 0
         let mut regs = Regs {
             ip: 1,
             sp: 0x1000,
             bp: 0x1040,
         };
-        let r = step(&row(RowKind::CfaFpDeref, -8, -0xc0), &mut regs, |a| {
+        let r = step(&row(RowKind::CfaFpDeref, -8, 0), &mut regs, |a| {
             stack.read(a)
         });
         assert_eq!(r, StepResult::Caller);
