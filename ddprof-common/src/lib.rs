@@ -6,5 +6,6 @@
 //! compiled for `bpfel-unknown-none` and for the host.
 #![no_std]
 
+pub mod bpf_maps;
 pub mod sample;
 pub mod unwind;

@@ -50,8 +50,10 @@ impl StackEnd {
 }
 
 /// Fixed-size header of a sample record written by the BPF program into its
-/// ring buffer. It is followed by `user_frames` user PCs and then
-/// `kernel_frames` kernel PCs, each a `u64`, innermost first.
+/// ring buffer. It is followed by `kernel_frames` kernel PCs and then
+/// `user_frames` user PCs, each a `u64`, innermost first (kernel frames come
+/// first because the kernel stack is collected before the user walk, and
+/// the record is emitted with only the frames used).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RawSampleHeader {
@@ -69,16 +71,24 @@ pub struct RawSampleHeader {
     pub kernel_frames: u32,
 }
 
+/// Bytes of [`RawSampleHeader`] in a record.
+pub const RAW_SAMPLE_HEADER_SIZE: usize = core::mem::size_of::<RawSampleHeader>();
+const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 40);
+
+/// Frames a record can hold: kernel frames, then user frames.
+pub const MAX_RECORD_FRAMES: usize = MAX_KERNEL_FRAMES + MAX_USER_FRAMES;
+
 /// A whole record as the BPF program builds it in a per-CPU scratch map.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct RawSample {
     pub header: RawSampleHeader,
-    pub user: [u64; MAX_USER_FRAMES],
-    pub kernel: [u64; MAX_KERNEL_FRAMES],
+    /// `header.kernel_frames` kernel PCs, then `header.user_frames` user PCs.
+    pub frames: [u64; MAX_RECORD_FRAMES],
 }
 
 /// Why the BPF program dropped or cut a sample; index into its counter map.
+/// Every counter but `Seen`/`Emitted` counts samples (at most once each).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BpfCounter {
@@ -88,12 +98,29 @@ pub enum BpfCounter {
     Emitted = 1,
     /// The ring buffer had no room: the sample is lost.
     BufferFull = 2,
-    /// A frame had no unwind table (frame pointers were tried).
+    /// Some frame of the sample had no unwind table (frame pointers were tried).
     NoTable = 3,
-    /// `bpf_probe_read_user` faulted.
+    /// `bpf_probe_read_user` faulted and ended the walk.
     ReadFault = 4,
     /// The walk hit `MAX_USER_FRAMES`.
     DepthLimit = 5,
+    /// The sample had no user registers (kernel thread).
+    NoUserContext = 6,
+    /// The process had no entry in the process map (frame pointers only).
+    UnknownProcess = 7,
+}
+
+impl BpfCounter {
+    pub const ALL: [BpfCounter; 8] = [
+        BpfCounter::Seen,
+        BpfCounter::Emitted,
+        BpfCounter::BufferFull,
+        BpfCounter::NoTable,
+        BpfCounter::ReadFault,
+        BpfCounter::DepthLimit,
+        BpfCounter::NoUserContext,
+        BpfCounter::UnknownProcess,
+    ];
 }
 
 /// Number of `BpfCounter` slots.

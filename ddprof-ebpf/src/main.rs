@@ -1,45 +1,498 @@
 //! The ddprof BPF program, attached to every sampling perf event.
 //!
-//! Today it counts the samples of each profiled process; it returns 0 so that
-//! the kernel does not also write (and copy the user stack of) the sample into
-//! the perf ring buffer.
+//! For each sample it reads the thread's user registers, walks the user stack
+//! in the kernel — with the DWARF-derived unwind rows userspace loaded for
+//! the file of each PC (`ddprof_common::unwind::step`, the very function the
+//! perf engine's unwinder uses), else with frame pointers —, optionally
+//! collects the kernel stack, and emits a record with only the frames used
+//! into a BPF ring buffer. It returns 0, so that the kernel neither writes
+//! the perf sample nor copies its user stack.
+//!
+//! Deep stacks: one frame per `bpf_loop` iteration (kernel 5.17+), so the
+//! verifier checks the per-frame step once whatever the depth.
 #![no_std]
 #![no_main]
 
+use core::ffi::c_void;
+
+use aya_ebpf::bindings::{bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE};
+use aya_ebpf::helpers::generated::{
+    bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns,
+    bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output,
+    bpf_task_pt_regs,
+};
+use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use aya_ebpf::macros::{map, perf_event};
-use aya_ebpf::maps::{PerCpuArray, PerCpuHashMap};
+use aya_ebpf::maps::{Array, HashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::EbpfContext;
-use ddprof_common::sample::{BpfCounter, BPF_COUNTER_SLOTS};
-
-/// Samples seen per process (tgid), per CPU so that increments need no atomics.
-#[map]
-static SAMPLES_PER_PROCESS: PerCpuHashMap<u32, u64> = PerCpuHashMap::with_max_entries(16384, 0);
+use ddprof_common::bpf_maps::{
+    ProcessMappings, RowChunk, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK,
+};
+use ddprof_common::sample::{
+    BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, MAX_KERNEL_FRAMES, MAX_RECORD_FRAMES,
+    MAX_USER_FRAMES, RAW_SAMPLE_HEADER_SIZE,
+};
+use ddprof_common::unwind::{
+    step, step_frame_pointer, Regs, RowKind, StepResult, UnwindRow, MAX_LOOKUP_STEPS,
+};
 
 /// Why samples were kept or dropped, indexed by `BpfCounter`.
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(BPF_COUNTER_SLOTS, 0);
 
+/// Sample records for userspace. Its size is set by the loader.
+#[map]
+static SAMPLES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Where a record is built before it is copied to the ring buffer (too big
+/// for the 512-byte BPF stack).
+#[map]
+static SCRATCH: PerCpuArray<RawSample> = PerCpuArray::with_max_entries(1, 0);
+
+/// Executable mappings per process (tgid). Sized by the loader.
+#[map]
+static PROCESSES: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(1024, 0);
+
+/// The unwind rows of every loaded file, back to back; userspace writes them
+/// through an mmap of the map. Sized by the loader.
+#[map]
+static ROWS: Array<RowChunk> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Set by the loader: collect kernel stacks (non-zero) or not.
+#[no_mangle]
+static KERNEL_STACKS: u32 = 0;
+
+/// The state of the stack walk of this CPU. It lives in a map, not on the
+/// program's stack: the verifier does not track values in map memory, so it
+/// checks the `bpf_loop` callback once instead of once per possible frame
+/// count (a precise counter on the stack would make it re-verify the body
+/// for each of the 512 iterations).
+#[map]
+static WALKS: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+struct Walk {
+    regs: Regs,
+    pid: u32,
+    kernel_frames: u32,
+    user_frames: u32,
+    /// A `StackEnd` value.
+    end: u32,
+    /// The PC is exact (first frame, or interrupted by a signal) rather than
+    /// a return address.
+    exact_pc: u32,
+    /// Flags for the counters: some frame had no table / a read faulted /
+    /// the process was unknown.
+    no_table: u32,
+    read_fault: u32,
+    unknown_process: u32,
+    /// The mapping of the previous frame (consecutive frames are often in the
+    /// same file): `[start, end)`, its bias and its table's rows.
+    mapping_start: u64,
+    mapping_end: u64,
+    mapping_bias: u64,
+    mapping_first_row: u32,
+    mapping_row_count: u32,
+    /// The bounds of the binary search under way (see `search`).
+    search_low: u32,
+    search_high: u32,
+}
+
 #[perf_event]
 pub fn ddprof_sample(ctx: PerfEventContext) -> u32 {
-    let pid = ctx.tgid();
+    sample(&ctx);
+    // 0: the kernel does not write the sample to the perf ring buffer.
+    0
+}
+
+#[inline(always)]
+fn sample(ctx: &PerfEventContext) {
     count(BpfCounter::Seen);
-    match SAMPLES_PER_PROCESS.get_ptr_mut(&pid) {
-        // SAFETY: the pointer comes from a map lookup of this CPU's slot and
-        // is valid for the duration of the program; per-CPU maps have no
-        // concurrent writers on this CPU.
-        Some(slot) => unsafe { *slot += 1 },
-        None => {
-            let _ = SAMPLES_PER_PROCESS.insert(&pid, &1, 0);
+    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: a per-CPU map slot, valid for the whole program run and used
+    // by this CPU only (perf_event programs do not nest on one CPU).
+    let record = unsafe { &mut *record };
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    record.header.pid = pid;
+    record.header.tid = pid_tgid as u32;
+    // SAFETY: helpers without memory arguments; `data` is the program's
+    // context, whose `sample_period` the verifier lets the program read.
+    unsafe {
+        record.header.time_ns = bpf_ktime_get_ns();
+        record.header.cpu = bpf_get_smp_processor_id();
+        record.header.period = (*data).sample_period;
+    }
+
+    let mut kernel_frames = 0u32;
+    // SAFETY: a read of a constant the loader may have set.
+    if unsafe { core::ptr::read_volatile(&KERNEL_STACKS) } != 0 {
+        // SAFETY: the buffer is the start of the record's frame array, which
+        // holds more than MAX_KERNEL_FRAMES u64s.
+        let bytes = unsafe {
+            bpf_get_stack(
+                ctx.as_ptr(),
+                record.frames.as_mut_ptr() as *mut c_void,
+                (MAX_KERNEL_FRAMES * 8) as u32,
+                0,
+            )
+        };
+        if bytes > 0 {
+            kernel_frames = (bytes as u32 / 8).min(MAX_KERNEL_FRAMES as u32);
         }
     }
-    0
+
+    let Some(walk) = WALKS.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot, as for the record.
+    let walk = unsafe { &mut *walk };
+    *walk = Walk {
+        regs: Regs::default(),
+        pid,
+        kernel_frames,
+        user_frames: 0,
+        end: StackEnd::NoUserContext as u32,
+        exact_pc: 1,
+        no_table: 0,
+        read_fault: 0,
+        unknown_process: 0,
+        mapping_start: 0,
+        mapping_end: 0,
+        mapping_bias: 0,
+        mapping_first_row: 0,
+        mapping_row_count: 0,
+        search_low: 0,
+        search_high: 0,
+    };
+    if let Some(regs) = user_regs(data) {
+        walk.regs = regs;
+        // Stays DepthLimit only if every iteration asked for more.
+        walk.end = StackEnd::DepthLimit as u32;
+        // SAFETY: `walk_frame` has the callback signature bpf_loop expects;
+        // it reads its state from `WALKS`.
+        unsafe {
+            bpf_loop(
+                MAX_USER_FRAMES as u32,
+                walk_frame as *mut c_void,
+                core::ptr::null_mut(),
+                0,
+            )
+        };
+    } else {
+        count(BpfCounter::NoUserContext);
+    }
+
+    record.header.stack_end = walk.end;
+    record.header.user_frames = walk.user_frames;
+    record.header.kernel_frames = walk.kernel_frames;
+    if walk.no_table != 0 {
+        count(BpfCounter::NoTable);
+    }
+    if walk.read_fault != 0 {
+        count(BpfCounter::ReadFault);
+    }
+    if walk.unknown_process != 0 {
+        count(BpfCounter::UnknownProcess);
+    }
+    if walk.end == StackEnd::DepthLimit as u32 {
+        count(BpfCounter::DepthLimit);
+    }
+
+    let mut frames = (walk.kernel_frames + walk.user_frames) as u64;
+    if frames > MAX_RECORD_FRAMES as u64 {
+        frames = MAX_RECORD_FRAMES as u64;
+    }
+    let size = RAW_SAMPLE_HEADER_SIZE as u64 + frames * 8;
+    // SAFETY: `record` is a map value of size_of::<RawSample>() bytes and
+    // `size` is at most that; the map pointer is the ring buffer map itself.
+    let written = unsafe {
+        bpf_ringbuf_output(
+            &SAMPLES as *const RingBuf as *mut c_void,
+            record as *mut RawSample as *mut c_void,
+            size,
+            0,
+        )
+    };
+    count(if written == 0 {
+        BpfCounter::Emitted
+    } else {
+        BpfCounter::BufferFull
+    });
+}
+
+/// The user registers of the sampled thread: the sample's own registers when
+/// it interrupted user mode (CS ring 3), else the ones saved on kernel entry.
+#[inline(always)]
+fn user_regs(data: *const bpf_perf_event_data) -> Option<Regs> {
+    // SAFETY: reads of the program context at constant offsets.
+    let (cs, ip, sp, bp) = unsafe {
+        (
+            (*data).regs.cs,
+            (*data).regs.rip,
+            (*data).regs.rsp,
+            (*data).regs.rbp,
+        )
+    };
+    if cs & 3 == 3 {
+        return Some(Regs { ip, sp, bp });
+    }
+    // SAFETY: bpf_get_current_task_btf never fails in a perf_event program;
+    // bpf_task_pt_regs returns the kernel address of the task's saved user
+    // registers, copied out with a checked kernel read.
+    let saved = unsafe {
+        let task = bpf_get_current_task_btf();
+        let regs = bpf_task_pt_regs(task) as *const c_void;
+        let mut saved: pt_regs = core::mem::zeroed();
+        let result = bpf_probe_read_kernel(
+            &mut saved as *mut pt_regs as *mut c_void,
+            core::mem::size_of::<pt_regs>() as u32,
+            regs,
+        );
+        if result != 0 {
+            return None;
+        }
+        saved
+    };
+    // Kernel threads have no user frame: their saved CS is not ring 3.
+    if saved.cs & 3 != 3 || saved.rip == 0 {
+        return None;
+    }
+    Some(Regs {
+        ip: saved.rip,
+        sp: saved.rsp,
+        bp: saved.rbp,
+    })
+}
+
+/// One `bpf_loop` iteration: records the current PC and steps to the caller.
+/// Returns 0 to continue and 1 to stop.
+#[inline(never)]
+extern "C" fn walk_frame(_index: u64, _context: *mut c_void) -> i64 {
+    let Some(walk) = WALKS.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: this CPU's walk state (see `WALKS`).
+    let walk = unsafe { &mut *walk };
+    match walk_one(walk) {
+        Some(()) => 0,
+        None => 1,
+    }
+}
+
+/// `None` ends the walk (with `walk.end` set).
+#[inline(always)]
+fn walk_one(walk: &mut Walk) -> Option<()> {
+    if walk.user_frames >= MAX_USER_FRAMES as u32 {
+        walk.end = StackEnd::DepthLimit as u32;
+        return None;
+    }
+    let record = SCRATCH.get_ptr_mut(0)?;
+    let slot = (walk.kernel_frames + walk.user_frames) as usize;
+    // SAFETY: this CPU's scratch record (see `sample`).
+    let Some(frame) = (unsafe { (*record).frames.get_mut(slot) }) else {
+        walk.end = StackEnd::DepthLimit as u32;
+        return None;
+    };
+    *frame = walk.regs.ip;
+    walk.user_frames += 1;
+
+    let lookup_pc = if walk.exact_pc != 0 {
+        walk.regs.ip
+    } else {
+        walk.regs.ip.wrapping_sub(1)
+    };
+    let rule = rule_for(walk, lookup_pc);
+    let mut next = walk.regs;
+    let mut faulted = false;
+    let mut read = |addr: u64| {
+        let value = read_user_u64(addr);
+        if value.is_none() {
+            faulted = true;
+        }
+        value
+    };
+    let mut result = match rule {
+        Rule::Row(row) => step(&row, &mut next, &mut read),
+        Rule::FramePointer => StepResult::NoInfo,
+        Rule::Unmapped => {
+            walk.end = StackEnd::BadAddress as u32;
+            return None;
+        }
+    };
+    let mut used_frame_pointer = false;
+    if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
+        used_frame_pointer = true;
+        result = step_frame_pointer(&mut next, &mut read);
+    }
+    if faulted {
+        walk.read_fault = 1;
+    }
+    let end = match result {
+        StepResult::Caller => {
+            walk.exact_pc = 0;
+            None
+        }
+        StepResult::Interrupted => {
+            walk.exact_pc = 1;
+            None
+        }
+        StepResult::Outermost => Some(StackEnd::Complete),
+        StepResult::NoInfo | StepResult::Unsupported => Some(StackEnd::NoUnwindInfo),
+        StepResult::ReadFailed if used_frame_pointer => Some(StackEnd::NoUnwindInfo),
+        StepResult::ReadFailed => Some(StackEnd::BadAddress),
+    };
+    if let Some(end) = end {
+        walk.end = end as u32;
+        return None;
+    }
+    if next.ip == 0 {
+        walk.end = StackEnd::Complete as u32;
+        return None;
+    }
+    if next.sp <= walk.regs.sp {
+        walk.end = StackEnd::NoProgress as u32;
+        return None;
+    }
+    walk.regs = next;
+    Some(())
+}
+
+enum Rule {
+    Row(UnwindRow),
+    FramePointer,
+    Unmapped,
+}
+
+/// How to step the frame whose (lookup) PC is `pc`.
+#[inline(always)]
+fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
+    if pc < walk.mapping_start || pc >= walk.mapping_end {
+        let Some(mappings) = PROCESSES.get_ptr(walk.pid) else {
+            walk.unknown_process = 1;
+            return Rule::FramePointer;
+        };
+        // SAFETY: a map value, valid for the program run; userspace replaces
+        // whole values, so it is never seen half-written.
+        let mappings = unsafe { &*mappings };
+        let count = mappings.count.min(MAX_PROCESS_MAPPINGS as u32);
+        let Some(index) = search(walk, count, MAPPING_SEARCH_STEPS, pc, |i| {
+            mappings
+                .entries
+                .get(i as usize & (MAX_PROCESS_MAPPINGS - 1))
+                .map(|entry| entry.start)
+        }) else {
+            return Rule::Unmapped;
+        };
+        let Some(entry) = mappings.entries.get(index as usize & (MAX_PROCESS_MAPPINGS - 1)) else {
+            return Rule::Unmapped;
+        };
+        if pc >= entry.end {
+            return Rule::Unmapped;
+        }
+        walk.mapping_start = entry.start;
+        walk.mapping_end = entry.end;
+        walk.mapping_bias = entry.bias;
+        walk.mapping_first_row = entry.first_row;
+        walk.mapping_row_count = entry.row_count;
+    }
+    if walk.mapping_row_count == 0 {
+        walk.no_table = 1;
+        return Rule::FramePointer;
+    }
+    let vaddr = pc.wrapping_sub(walk.mapping_bias);
+    if vaddr > u32::MAX as u64 {
+        return Rule::FramePointer;
+    }
+    let first_row = walk.mapping_first_row;
+    let row_count = walk.mapping_row_count;
+    let Some(index) = search(walk, row_count, MAX_LOOKUP_STEPS, vaddr, |i| {
+        row_at(first_row.wrapping_add(i)).map(|row| row.start as u64)
+    }) else {
+        return Rule::FramePointer;
+    };
+    match row_at(first_row.wrapping_add(index)) {
+        Some(row) if row.row_kind() != RowKind::NoInfo => Rule::Row(row),
+        _ => Rule::FramePointer,
+    }
+}
+
+/// Index of the last of `len` sorted entries whose start (read by
+/// `start_of`) is `<= key`, in at most `max_steps` steps: the binary search
+/// of `ddprof_common::unwind::find_row_index`, with its bounds kept in map
+/// memory (`walk`) between steps. On the BPF stack they would be tracked
+/// precisely and every path through the search would be a new verifier
+/// state (2^steps of them); read back from a map they are unknown scalars,
+/// and the verifier prunes the paths of each step into one.
+#[inline(always)]
+fn search<F: FnMut(u32) -> Option<u64>>(
+    walk: &mut Walk,
+    len: u32,
+    max_steps: u32,
+    key: u64,
+    mut start_of: F,
+) -> Option<u32> {
+    let low_cell = core::ptr::addr_of_mut!(walk.search_low);
+    let high_cell = core::ptr::addr_of_mut!(walk.search_high);
+    // SAFETY: the cells are fields of this CPU's walk state.
+    unsafe {
+        low_cell.write_volatile(0);
+        high_cell.write_volatile(len);
+    }
+    let mut steps = 0;
+    while steps < max_steps {
+        // SAFETY: as above.
+        let (low, high) = unsafe { (low_cell.read_volatile(), high_cell.read_volatile()) };
+        if low >= high {
+            break;
+        }
+        let mid = low + (high - low) / 2;
+        // SAFETY: as above.
+        unsafe {
+            if start_of(mid)? <= key {
+                low_cell.write_volatile(mid + 1);
+            } else {
+                high_cell.write_volatile(mid);
+            }
+        }
+        steps += 1;
+    }
+    // SAFETY: as above.
+    unsafe { low_cell.read_volatile() }.checked_sub(1)
+}
+
+#[inline(always)]
+fn row_at(index: u32) -> Option<UnwindRow> {
+    let chunk = ROWS.get(index / ROWS_PER_CHUNK)?;
+    chunk
+        .rows
+        .get((index % ROWS_PER_CHUNK) as usize)
+        .copied()
+}
+
+#[inline(always)]
+fn read_user_u64(addr: u64) -> Option<u64> {
+    let mut value = 0u64;
+    // SAFETY: the helper checks the user address and writes 8 bytes into
+    // `value` (zeroes on a fault).
+    let result = unsafe {
+        bpf_probe_read_user(
+            &mut value as *mut u64 as *mut c_void,
+            8,
+            addr as *const c_void,
+        )
+    };
+    (result == 0).then_some(value)
 }
 
 #[inline(always)]
 fn count(counter: BpfCounter) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
-        // SAFETY: as above, a per-CPU array slot owned by this CPU.
+        // SAFETY: a per-CPU array slot owned by this CPU.
         unsafe { *slot += 1 }
     }
 }

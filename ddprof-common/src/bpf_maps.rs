@@ -1,0 +1,123 @@
+//! The layout of the BPF maps the userspace engine fills and the BPF
+//! program reads to unwind user stacks in the kernel.
+//!
+//! - `ROWS`: one array of [`RowChunk`]s holding the unwind rows of every
+//!   loaded file back to back. A file's table is the row range
+//!   `first_row..first_row + row_count`; processes mapping the same file share
+//!   it. Rows are grouped 16 to a map element so that the array (which the
+//!   kernel rounds to 8-byte elements) wastes nothing on 12-byte rows.
+//! - `PROCESSES`: per process (tgid), its executable mappings sorted by start,
+//!   each with the load bias of its file and its table's row range.
+use crate::unwind::UnwindRow;
+
+/// Rows per `ROWS` map element.
+pub const ROWS_PER_CHUNK: u32 = 16;
+
+/// One element of the `ROWS` array map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RowChunk {
+    pub rows: [UnwindRow; ROWS_PER_CHUNK as usize],
+}
+const _: () = assert!(core::mem::size_of::<RowChunk>() == 192);
+
+/// Executable mappings kept per process (the rest are dropped, lowest
+/// addresses first kept). A power of two: lookups mask the index with it.
+pub const MAX_PROCESS_MAPPINGS: usize = 256;
+/// Binary-search steps that cover `MAX_PROCESS_MAPPINGS` entries.
+pub const MAPPING_SEARCH_STEPS: u32 = 9;
+
+/// One executable mapping of a process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MappingEntry {
+    pub start: u64,
+    pub end: u64,
+    /// Subtracted from a PC to get the ELF virtual address the rows use.
+    pub bias: u64,
+    /// First row of the file's table in `ROWS`.
+    pub first_row: u32,
+    /// Rows of the table; 0 when the file has none (frame pointers are used).
+    pub row_count: u32,
+}
+
+/// The value of the `PROCESSES` map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessMappings {
+    pub count: u32,
+    pub _reserved: u32,
+    /// Sorted by `start`, not overlapping; only `count` are used.
+    pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
+}
+
+impl Default for ProcessMappings {
+    fn default() -> Self {
+        ProcessMappings {
+            count: 0,
+            _reserved: 0,
+            entries: [MappingEntry::default(); MAX_PROCESS_MAPPINGS],
+        }
+    }
+}
+
+/// Index of the entry whose range holds `pc`, searching the first `count`
+/// entries with `start_of`/`end_of` reading entry `i` (bounded: at most
+/// [`MAPPING_SEARCH_STEPS`] iterations).
+#[inline(always)]
+pub fn find_mapping_index(mappings: &ProcessMappings, pc: u64) -> Option<usize> {
+    let count = if mappings.count as usize > MAX_PROCESS_MAPPINGS {
+        MAX_PROCESS_MAPPINGS as u32
+    } else {
+        mappings.count
+    };
+    let mut low = 0u32;
+    let mut high = count;
+    let mut steps = 0;
+    while low < high && steps < MAPPING_SEARCH_STEPS {
+        let mid = low + (high - low) / 2;
+        let entry = &mappings.entries[(mid as usize) & (MAX_PROCESS_MAPPINGS - 1)];
+        if entry.start <= pc {
+            low = mid + 1;
+        } else {
+            high = mid;
+        }
+        steps += 1;
+    }
+    let index = (low.checked_sub(1)? as usize) & (MAX_PROCESS_MAPPINGS - 1);
+    (pc < mappings.entries[index].end).then_some(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_mapping_or_gap() {
+        let mut maps = ProcessMappings::default();
+        for (i, start) in [0x1000u64, 0x5000, 0x9000].iter().enumerate() {
+            maps.entries[i] = MappingEntry {
+                start: *start,
+                end: start + 0x1000,
+                ..MappingEntry::default()
+            };
+        }
+        maps.count = 3;
+        assert_eq!(find_mapping_index(&maps, 0xfff), None);
+        assert_eq!(find_mapping_index(&maps, 0x1000), Some(0));
+        assert_eq!(find_mapping_index(&maps, 0x2000), None);
+        assert_eq!(find_mapping_index(&maps, 0x5fff), Some(1));
+        assert_eq!(find_mapping_index(&maps, 0x9800), Some(2));
+        maps.count = 256;
+        for i in 0..256 {
+            maps.entries[i] = MappingEntry {
+                start: i as u64 * 0x100,
+                end: i as u64 * 0x100 + 0x80,
+                ..MappingEntry::default()
+            };
+        }
+        assert_eq!(find_mapping_index(&maps, 255 * 0x100 + 4), Some(255));
+        assert_eq!(find_mapping_index(&maps, 17 * 0x100 + 0x7f), Some(17));
+        assert_eq!(find_mapping_index(&maps, 17 * 0x100 + 0x80), None);
+    }
+}

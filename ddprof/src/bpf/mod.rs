@@ -1,0 +1,1012 @@
+//! The eBPF sampling engine: user stacks unwound in the kernel.
+//!
+//! The BPF object is embedded in the binary at build time (`cargo xtask
+//! build-ebpf`). Its perf_event program is attached to descriptors opened
+//! elsewhere (the launcher's hand-off, `-p`, `--global`) with the
+//! `PERF_EVENT_IOC_SET_BPF` ioctl. For each sample it walks the user stack
+//! with the unwind rows this module loads into its maps (see
+//! `ddprof_common::bpf_maps`), and writes a record into a BPF ring buffer,
+//! which [`BpfEngine::poll`] turns into [`Sample`]s.
+//!
+//! The maps are kept true by [`BpfEngine::on_process_event`] (exec, mmap,
+//! exit) and by [`BpfEngine::poll`], which loads the tables of any process
+//! of the table it has not seen yet (the initial `/proc` snapshot).
+mod choose;
+mod rows;
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aya::maps::{MapData, RingBuf};
+use aya::programs::PerfEvent;
+use aya::{Ebpf, EbpfLoader};
+use ddprof_common::bpf_maps::{MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK};
+use ddprof_common::sample::{
+    BpfCounter, RawSample, RawSampleHeader, StackEnd, RAW_SAMPLE_HEADER_SIZE,
+};
+use ddprof_common::unwind::ROW_SIZE;
+use perf_event_open_sys as sys;
+
+pub use choose::{choose_engine, Engine, EngineDecision};
+pub use rows::RowStore;
+
+use crate::events::EventFd;
+use crate::process::{MappedFile, ProcessTable};
+use crate::sample::{LossCounters, ProcessEvent, Sample};
+use crate::unwind::cache::{ContentKey, TableCache};
+use crate::unwind::LoadSegment;
+
+/// The BPF object built by `cargo xtask build-ebpf`, when this binary has one.
+#[cfg(ddprof_bpf)]
+pub const BPF_OBJECT: Option<&[u8]> = Some(include_bytes!(env!("DDPROF_EBPF_OBJECT_PATH")));
+#[cfg(not(ddprof_bpf))]
+pub const BPF_OBJECT: Option<&[u8]> = None;
+
+/// Name of the perf_event program in the object.
+const PROGRAM: &str = "ddprof_sample";
+
+/// Bytes of the BPF ring buffer by default: room for ~800 samples of 80
+/// frames, several polls' worth at 999 Hz on a few CPUs.
+pub const DEFAULT_RING_BUFFER_BYTES: usize = 4 << 20;
+/// Default cap on the memory of the unwind-row map.
+pub const DEFAULT_MAX_TABLE_BYTES: usize = 256 << 20;
+/// Rows reserved beyond what the workload needs at start, for libraries and
+/// programs that appear later (dlopen, exec): 6 MiB.
+pub const TABLE_HEADROOM_ROWS: u32 = 512 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("BPF engine not built into this binary (build it with `cargo xtask build-ebpf`)")]
+    NotBuilt,
+    #[error(
+        "loading BPF is not permitted ({0}): run as root or grant CAP_BPF and CAP_PERFMON \
+         (kernel.unprivileged_bpf_disabled forbids unprivileged BPF)"
+    )]
+    Permission(String),
+    #[error("the kernel is too old for the BPF engine ({0}); it needs Linux 5.17 or newer")]
+    KernelTooOld(String),
+    #[error("the kernel rejected the BPF program: {0}")]
+    Rejected(String),
+    #[error("cannot attach the BPF program to a perf event: {0}")]
+    Attach(io::Error),
+    #[error("cannot use BPF map {map}: {message}")]
+    Map { map: &'static str, message: String },
+    #[error("the BPF engine needs at least one perf event")]
+    NoEvents,
+    #[error("poll on the BPF ring buffer failed: {0}")]
+    Poll(io::Error),
+}
+
+/// The whole error chain on one line, then its first line (aya puts the
+/// verifier log after the cause; the first line is what a user needs).
+fn first_line(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("unknown error")
+        .to_string()
+}
+
+fn classify(error: &dyn std::error::Error) -> BpfError {
+    let text = first_line(error);
+    let lower = text.to_lowercase();
+    if lower.contains("operation not permitted") || lower.contains("permission denied") {
+        BpfError::Permission(text)
+    } else if lower.contains("unknown func bpf_loop") || lower.contains("invalid func unknown#181") {
+        BpfError::KernelTooOld(text)
+    } else {
+        BpfError::Rejected(text)
+    }
+}
+
+/// Sizes of the maps, fixed when the program is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSizes {
+    pub ring_buffer_bytes: usize,
+    /// Unwind rows the row map holds (rounded up to whole chunks).
+    pub table_rows: u32,
+    /// Processes the process map holds.
+    pub processes: u32,
+}
+
+impl MapSizes {
+    /// The smallest maps (for a probe load).
+    pub fn minimal() -> Self {
+        MapSizes {
+            ring_buffer_bytes: page_size(),
+            table_rows: ROWS_PER_CHUNK,
+            processes: 1,
+        }
+    }
+}
+
+/// Memory the engine's maps take (what the kernel allocates for them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MapMemory {
+    pub ring_buffer_bytes: usize,
+    /// The unwind-row map (all of it, used or not).
+    pub table_bytes: usize,
+    /// Of which rows of loaded tables.
+    pub table_used_bytes: usize,
+    /// The per-process mapping map (preallocated).
+    pub process_map_bytes: usize,
+    /// Per-CPU scratch records and counters.
+    pub per_cpu_bytes: usize,
+}
+
+impl MapMemory {
+    pub fn total_bytes(&self) -> usize {
+        self.ring_buffer_bytes + self.table_bytes + self.process_map_bytes + self.per_cpu_bytes
+    }
+}
+
+impl std::fmt::Display for MapMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+        write!(
+            f,
+            "{:.1} MiB of BPF maps: unwind rows {:.1} MiB ({:.1} MiB used), processes {:.1} MiB, \
+             ring buffer {:.1} MiB, per-CPU {:.2} MiB",
+            mib(self.total_bytes()),
+            mib(self.table_bytes),
+            mib(self.table_used_bytes),
+            mib(self.process_map_bytes),
+            mib(self.ring_buffer_bytes),
+            mib(self.per_cpu_bytes),
+        )
+    }
+}
+
+/// What the verifier said about the loaded program.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgramStats {
+    /// Instructions the verifier processed (`verified_insns`, Linux 5.16+).
+    pub verified_instructions: Option<u32>,
+    /// Size of the program as the kernel runs it, in instructions.
+    pub instructions: Option<u32>,
+    /// Wall time of the load (verification included).
+    pub load_time: Duration,
+}
+
+/// The loaded (verified) BPF program and its maps.
+pub struct BpfProgram {
+    ebpf: Ebpf,
+    sizes: MapSizes,
+    stats: ProgramStats,
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+fn online_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl BpfProgram {
+    /// Loads the embedded object with maps of the given sizes and its
+    /// perf_event program into the kernel.
+    pub fn load(sizes: MapSizes, kernel_stacks: bool) -> Result<Self, BpfError> {
+        let object = BPF_OBJECT.ok_or(BpfError::NotBuilt)?;
+        // Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; newer ones
+        // to the memory cgroup. Raising the limit may be refused (no
+        // CAP_SYS_RESOURCE): that only matters on old kernels.
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: setrlimit reads a valid rlimit struct; failure is harmless.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+        let page = page_size();
+        let ring_bytes = sizes
+            .ring_buffer_bytes
+            .div_ceil(page)
+            .max(1)
+            .next_power_of_two()
+            * page;
+        let chunks = sizes.table_rows.div_ceil(ROWS_PER_CHUNK).max(1);
+        let sizes = MapSizes {
+            ring_buffer_bytes: ring_bytes,
+            table_rows: chunks * ROWS_PER_CHUNK,
+            processes: sizes.processes.max(1),
+        };
+        let kernel_stacks = u32::from(kernel_stacks);
+        let started = Instant::now();
+        let mut loader = EbpfLoader::new();
+        // For diagnosing verifier rejections: DDPROF_BPF_VERIFIER_LOG=stats|verbose.
+        match std::env::var("DDPROF_BPF_VERIFIER_LOG").as_deref() {
+            Ok("stats") => {
+                loader.verifier_log_level(aya::VerifierLogLevel::STATS);
+            }
+            Ok("verbose") => {
+                loader.verifier_log_level(
+                    aya::VerifierLogLevel::VERBOSE | aya::VerifierLogLevel::STATS,
+                );
+            }
+            _ => {}
+        }
+        let mut ebpf = loader
+            .map_max_entries("SAMPLES", ring_bytes as u32)
+            .map_max_entries("ROWS", chunks)
+            .map_max_entries("PROCESSES", sizes.processes)
+            .override_global("KERNEL_STACKS", &kernel_stacks, true)
+            .load(object)
+            .map_err(|e| classify(&e))?;
+        let program: &mut PerfEvent = ebpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{PROGRAM}`")))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| classify(&e))?;
+        program.load().map_err(|e| {
+            if std::env::var_os("DDPROF_BPF_VERIFIER_LOG").is_some() {
+                let full = e.to_string();
+                let tail: String = full.chars().rev().take(6000).collect::<Vec<_>>().into_iter().rev().collect();
+                log::error!("verifier log (tail): {tail}");
+                eprintln!("verifier log (tail): {tail}");
+            }
+            classify(&e)
+        })?;
+        let load_time = started.elapsed();
+        let info = program.info().ok();
+        let stats = ProgramStats {
+            verified_instructions: info.as_ref().and_then(|i| i.verified_instruction_count()),
+            instructions: info
+                .as_ref()
+                .and_then(|i| i.size_translated())
+                .map(|bytes| bytes / 8),
+            load_time,
+        };
+        Ok(Self {
+            ebpf,
+            sizes,
+            stats,
+        })
+    }
+
+    pub fn sizes(&self) -> MapSizes {
+        self.sizes
+    }
+
+    pub fn stats(&self) -> ProgramStats {
+        self.stats
+    }
+
+    /// Attaches the program to one perf event opened elsewhere. The event's
+    /// samples then go through the program, which decides what is kept.
+    pub fn attach(&self, event: &EventFd) -> Result<(), BpfError> {
+        let program: &PerfEvent = self
+            .ebpf
+            .program(PROGRAM)
+            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{PROGRAM}`")))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| classify(&e))?;
+        let program_fd = program
+            .fd()
+            .map_err(|e| BpfError::Rejected(first_line(&e)))?;
+        let raw_program_fd = program_fd.as_fd().as_raw_fd();
+        // SAFETY: both descriptors are open for the duration of the call;
+        // SET_BPF takes the program fd by value and keeps its own reference.
+        let result = unsafe { sys::ioctls::SET_BPF(event.fd.as_raw_fd(), raw_program_fd as u32) };
+        if result < 0 {
+            return Err(BpfError::Attach(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// One of the program's counters (summed over CPUs).
+    pub fn counter(&self, counter: BpfCounter) -> Result<u64, BpfError> {
+        const MAP: &str = "COUNTERS";
+        let map_error = |message: String| BpfError::Map { map: MAP, message };
+        let map = self
+            .ebpf
+            .map(MAP)
+            .ok_or_else(|| map_error("missing".into()))?;
+        let map: aya::maps::PerCpuArray<_, u64> =
+            aya::maps::PerCpuArray::try_from(map).map_err(|e| map_error(e.to_string()))?;
+        let values = map
+            .get(&(counter as u32), 0)
+            .map_err(|e| map_error(e.to_string()))?;
+        Ok(values.iter().sum())
+    }
+
+    /// Every counter, summed over CPUs.
+    pub fn counters(&self) -> Result<BpfCounters, BpfError> {
+        let mut counters = BpfCounters::default();
+        for counter in BpfCounter::ALL {
+            counters.values[counter as usize] = self.counter(counter)?;
+        }
+        Ok(counters)
+    }
+
+    fn take_ring(&mut self) -> Result<RingBuf<MapData>, BpfError> {
+        const MAP: &str = "SAMPLES";
+        let map = self.ebpf.take_map(MAP).ok_or(BpfError::Map {
+            map: MAP,
+            message: "missing".into(),
+        })?;
+        RingBuf::try_from(map).map_err(|e| BpfError::Map {
+            map: MAP,
+            message: e.to_string(),
+        })
+    }
+
+    fn map_rows(&self) -> Result<RowStore, BpfError> {
+        const MAP: &str = "ROWS";
+        let map = self.ebpf.map(MAP).ok_or(BpfError::Map {
+            map: MAP,
+            message: "missing".into(),
+        })?;
+        let aya::maps::Map::Array(data) = map else {
+            return Err(BpfError::Map {
+                map: MAP,
+                message: "not an array".into(),
+            });
+        };
+        RowStore::map(data.fd().as_fd(), self.sizes.table_rows / ROWS_PER_CHUNK).map_err(|e| {
+            BpfError::Map {
+                map: MAP,
+                message: format!("mmap: {e}"),
+            }
+        })
+    }
+
+    fn process_map(&mut self) -> Result<aya::maps::HashMap<&mut MapData, u32, PodProcessMappings>, BpfError> {
+        const MAP: &str = "PROCESSES";
+        let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
+            map: MAP,
+            message: "missing".into(),
+        })?;
+        aya::maps::HashMap::try_from(map).map_err(|e| BpfError::Map {
+            map: MAP,
+            message: e.to_string(),
+        })
+    }
+
+    /// What the maps take in the kernel.
+    pub fn memory(&self) -> MapMemory {
+        let process_value = std::mem::size_of::<ProcessMappings>();
+        // Preallocated hash elements: value, key and ~48 bytes of element header.
+        let process_element = process_value + 8 + 48;
+        MapMemory {
+            ring_buffer_bytes: self.sizes.ring_buffer_bytes,
+            table_bytes: self.sizes.table_rows as usize * ROW_SIZE,
+            table_used_bytes: 0,
+            process_map_bytes: self.sizes.processes as usize * process_element,
+            per_cpu_bytes: online_cpus()
+                * (std::mem::size_of::<RawSample>() + 8 * BpfCounter::ALL.len()),
+        }
+    }
+}
+
+// SAFETY: plain `repr(C)` integer structs without padding holes that matter
+// to the kernel (it copies them byte for byte).
+unsafe impl aya::Pod for PodProcessMappings {}
+
+/// `ProcessMappings` as an aya map value (the type lives in a crate that does
+/// not depend on aya).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct PodProcessMappings(ProcessMappings);
+
+/// The BPF program's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BpfCounters {
+    values: [u64; BpfCounter::ALL.len()],
+}
+
+impl BpfCounters {
+    pub fn get(&self, counter: BpfCounter) -> u64 {
+        self.values[counter as usize]
+    }
+}
+
+impl std::fmt::Display for BpfCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, counter) in BpfCounter::ALL.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{counter:?} {}", self.get(*counter))?;
+        }
+        Ok(())
+    }
+}
+
+/// Options of the BPF engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BpfEngineOptions {
+    pub ring_buffer_bytes: usize,
+    /// Collect kernel stacks too.
+    pub kernel_stacks: bool,
+    /// Processes whose mappings size the maps (the target and its children,
+    /// or every process for `--global`); read from `/proc`.
+    pub workload_pids: Vec<u32>,
+    /// Processes the process map holds; `None`: from the workload.
+    pub max_processes: Option<u32>,
+    /// Unwind rows the row map holds; `None`: from the workload.
+    pub table_rows: Option<u32>,
+    /// Upper bound of the row map's memory.
+    pub max_table_bytes: usize,
+}
+
+impl Default for BpfEngineOptions {
+    fn default() -> Self {
+        BpfEngineOptions {
+            ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
+            kernel_stacks: false,
+            workload_pids: Vec::new(),
+            max_processes: None,
+            table_rows: None,
+            max_table_bytes: DEFAULT_MAX_TABLE_BYTES,
+        }
+    }
+}
+
+/// What [`BpfEngine::poll`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PollOutcome {
+    pub samples: u64,
+    /// Every event has hung up: the profiled processes are gone and the ring
+    /// buffer is drained.
+    pub finished: bool,
+}
+
+/// Counters of the table loading, for reports and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TableStats {
+    /// Distinct files whose rows are in the row map now.
+    pub files_loaded: u64,
+    /// Files with no usable table (no CFI, unreadable, not ELF).
+    pub files_without_table: u64,
+    /// Tables that did not fit in the row map (frame pointers used instead).
+    pub tables_not_fitting: u64,
+    /// Processes not in the process map because it was full.
+    pub processes_not_tracked: u64,
+    /// Processes with more executable mappings than a map entry holds.
+    pub processes_truncated: u64,
+}
+
+/// A table in the row map.
+struct LoadedTable {
+    first_row: u32,
+    row_count: u32,
+    segments: Vec<LoadSegment>,
+}
+
+/// The table state of one mapped file.
+enum FileState {
+    Loaded(ContentKey),
+    /// No table (or it did not fit): frame pointers.
+    Missing,
+}
+
+/// One loaded table, as reported by [`BpfEngine::load_file`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadedFileReport {
+    pub rows: u32,
+    pub bytes: usize,
+    pub first_row: u32,
+}
+
+/// The eBPF engine: the program attached to every event, its ring buffer
+/// read into [`Sample`]s, its maps kept in step with the processes.
+pub struct BpfEngine {
+    program: BpfProgram,
+    events: Vec<EventFd>,
+    hung_up: Vec<bool>,
+    ring: RingBuf<MapData>,
+    rows: RowStore,
+    compiler: TableCache,
+    tables: HashMap<ContentKey, LoadedTable>,
+    files: HashMap<Arc<MappedFile>, FileState>,
+    /// Per process, the entries last written and the tables they use.
+    synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
+    dirty: HashSet<u32>,
+    table_stats: TableStats,
+    malformed: u64,
+}
+
+impl BpfEngine {
+    /// Loads the program with maps sized for the workload, attaches it to
+    /// every event and maps its ring buffer and row map.
+    pub fn new(events: Vec<EventFd>, options: BpfEngineOptions) -> Result<Self, BpfError> {
+        if events.is_empty() {
+            return Err(BpfError::NoEvents);
+        }
+        let mut compiler = TableCache::with_limit(64 << 20);
+        let (table_rows, processes) = size_for_workload(&mut compiler, &options);
+        let sizes = MapSizes {
+            ring_buffer_bytes: options.ring_buffer_bytes,
+            table_rows,
+            processes,
+        };
+        let mut program = BpfProgram::load(sizes, options.kernel_stacks)?;
+        for event in &events {
+            program.attach(event)?;
+        }
+        let ring = program.take_ring()?;
+        let rows = program.map_rows()?;
+        let stats = program.stats();
+        log::info!(
+            "BPF engine: program verified ({} instructions, {} processed by the verifier, {:?}); {}",
+            stats.instructions.unwrap_or(0),
+            stats.verified_instructions.unwrap_or(0),
+            stats.load_time,
+            program.memory()
+        );
+        let hung_up = vec![false; events.len()];
+        Ok(BpfEngine {
+            program,
+            events,
+            hung_up,
+            ring,
+            rows,
+            compiler,
+            tables: HashMap::new(),
+            files: HashMap::new(),
+            synced: HashMap::new(),
+            dirty: HashSet::new(),
+            table_stats: TableStats::default(),
+            malformed: 0,
+        })
+    }
+
+    pub fn program(&self) -> &BpfProgram {
+        &self.program
+    }
+
+    /// The maps' memory, with the rows in use now.
+    pub fn memory(&self) -> MapMemory {
+        MapMemory {
+            table_used_bytes: (self.rows.capacity_rows() - self.rows.free_rows()) as usize
+                * ROW_SIZE,
+            ..self.program.memory()
+        }
+    }
+
+    pub fn table_stats(&self) -> TableStats {
+        TableStats {
+            files_loaded: self.tables.len() as u64,
+            ..self.table_stats
+        }
+    }
+
+    pub fn counters(&self) -> Result<BpfCounters, BpfError> {
+        self.program.counters()
+    }
+
+    /// Samples the kernel could not deliver (ring buffer full) and records
+    /// that could not be read.
+    pub fn losses(&self) -> LossCounters {
+        LossCounters {
+            lost: self
+                .program
+                .counter(BpfCounter::BufferFull)
+                .unwrap_or_default(),
+            throttled: 0,
+            malformed: self.malformed,
+        }
+    }
+
+    /// Keeps the maps in step with a process event, after `processes` has
+    /// applied it: exec and new mappings rewrite the process's entry (and
+    /// load new files' tables), exit removes it.
+    pub fn on_process_event(&mut self, event: &ProcessEvent, processes: &ProcessTable) {
+        match event {
+            ProcessEvent::Map(record) => {
+                if record.prot & libc::PROT_EXEC as u32 != 0 {
+                    self.dirty.insert(record.pid);
+                }
+            }
+            ProcessEvent::Comm { pid, exec: true, .. } => {
+                self.dirty.insert(*pid);
+            }
+            ProcessEvent::Comm { .. } => {}
+            ProcessEvent::Fork { pid, ppid, .. } => {
+                if pid != ppid {
+                    self.dirty.insert(*pid);
+                }
+            }
+            ProcessEvent::Exit { pid, tid } => {
+                if pid == tid {
+                    self.forget_process(*pid);
+                }
+            }
+        }
+        // Mapping changes apply at once: the next sample may run in them.
+        self.sync_dirty(processes);
+    }
+
+    /// Writes the entry of every process of `processes` that changed or was
+    /// never written (the initial snapshot).
+    pub fn sync(&mut self, processes: &ProcessTable) {
+        let new: Vec<u32> = processes
+            .pids()
+            .filter(|pid| !self.synced.contains_key(pid))
+            .collect();
+        self.dirty.extend(new);
+        self.sync_dirty(processes);
+    }
+
+    fn sync_dirty(&mut self, processes: &ProcessTable) {
+        let mut dirty: Vec<u32> = self.dirty.drain().collect();
+        dirty.sort_unstable();
+        for pid in dirty {
+            self.sync_process(pid, processes);
+        }
+    }
+
+    fn forget_process(&mut self, pid: u32) {
+        self.dirty.remove(&pid);
+        if self.synced.remove(&pid).is_some() {
+            if let Ok(mut map) = self.program.process_map() {
+                let _ = map.remove(&pid);
+            }
+        }
+    }
+
+    /// Rewrites one process's entry from the table.
+    fn sync_process(&mut self, pid: u32, processes: &ProcessTable) {
+        let Some(process) = processes.get(pid) else {
+            self.forget_process(pid);
+            return;
+        };
+        if process.mappings.len() > MAX_PROCESS_MAPPINGS {
+            self.table_stats.processes_truncated += 1;
+        }
+        let mut entries = Vec::with_capacity(process.mappings.len().min(MAX_PROCESS_MAPPINGS));
+        let mut keys = Vec::new();
+        for mapping in process.mappings.iter().take(MAX_PROCESS_MAPPINGS) {
+            let mut entry = MappingEntry {
+                start: mapping.start,
+                end: mapping.end,
+                ..MappingEntry::default()
+            };
+            if let Some(key) = self.table_for(pid, &mapping.file) {
+                if let Some(table) = self.tables.get(&key) {
+                    if let Some(bias) =
+                        bias_for(&table.segments, mapping.start, mapping.file_offset)
+                    {
+                        entry.bias = bias;
+                        entry.first_row = table.first_row;
+                        entry.row_count = table.row_count;
+                    }
+                }
+                keys.push(key);
+            }
+            entries.push(entry);
+        }
+        if self.synced.get(&pid).is_some_and(|(old, _)| *old == entries) {
+            return;
+        }
+        let mut value = PodProcessMappings(ProcessMappings::default());
+        value.0.count = entries.len() as u32;
+        value.0.entries[..entries.len()].copy_from_slice(&entries);
+        match self.program.process_map() {
+            Ok(mut map) => {
+                if let Err(error) = map.insert(pid, &value, 0) {
+                    log::debug!("process {pid} not tracked by the BPF engine: {error}");
+                    self.table_stats.processes_not_tracked += 1;
+                    return;
+                }
+            }
+            Err(error) => {
+                log::warn!("{error}");
+                return;
+            }
+        }
+        self.synced.insert(pid, (entries, keys));
+    }
+
+    /// The content key of the table of `file` once it is in the row map.
+    fn table_for(&mut self, pid: u32, file: &Arc<MappedFile>) -> Option<ContentKey> {
+        match self.files.get(file) {
+            Some(FileState::Loaded(key)) if self.tables.contains_key(key) => {
+                return Some(key.clone())
+            }
+            Some(FileState::Missing) => return None,
+            _ => {}
+        }
+        let state = match self.load_table(pid, file) {
+            Some(key) => FileState::Loaded(key),
+            None => FileState::Missing,
+        };
+        let key = match &state {
+            FileState::Loaded(key) => Some(key.clone()),
+            FileState::Missing => None,
+        };
+        self.files.insert(file.clone(), state);
+        key
+    }
+
+    fn load_table(&mut self, pid: u32, file: &MappedFile) -> Option<ContentKey> {
+        let table = match self.compiler.load(pid, file) {
+            Ok(table) => table,
+            Err(error) => {
+                log::debug!("BPF engine: no unwind table: {error}");
+                self.table_stats.files_without_table += 1;
+                return None;
+            }
+        };
+        if self.tables.contains_key(&table.key) {
+            return Some(table.key.clone());
+        }
+        let rows = &table.table.rows;
+        let first_row = match self.rows.store(rows) {
+            Some(first) => first,
+            None => {
+                self.release_unused_tables();
+                match self.rows.store(rows) {
+                    Some(first) => first,
+                    None => {
+                        log::warn!(
+                            "BPF engine: no room for the {} unwind rows of {} (frame pointers \
+                             are used for it); give the engine more table memory",
+                            rows.len(),
+                            file.path
+                        );
+                        self.table_stats.tables_not_fitting += 1;
+                        return None;
+                    }
+                }
+            }
+        };
+        self.tables.insert(
+            table.key.clone(),
+            LoadedTable {
+                first_row,
+                row_count: rows.len() as u32,
+                segments: table.table.segments.clone(),
+            },
+        );
+        Some(table.key.clone())
+    }
+
+    /// Frees the rows of tables no tracked process uses any more.
+    fn release_unused_tables(&mut self) {
+        let used: HashSet<&ContentKey> = self
+            .synced
+            .values()
+            .flat_map(|(_, keys)| keys.iter())
+            .collect();
+        let unused: Vec<ContentKey> = self
+            .tables
+            .keys()
+            .filter(|key| !used.contains(key))
+            .cloned()
+            .collect();
+        for key in unused {
+            if let Some(table) = self.tables.remove(&key) {
+                self.rows.release(table.first_row, table.row_count);
+            }
+        }
+        self.files
+            .retain(|_, state| matches!(state, FileState::Loaded(key) if self.tables.contains_key(key)));
+    }
+
+    /// Loads the table of one file into the row map now, as if a process
+    /// mapped it (tests, and files known to be needed soon).
+    pub fn load_file(&mut self, path: &str) -> Option<LoadedFileReport> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = std::fs::metadata(path).ok()?;
+        let file = Arc::new(MappedFile {
+            path: path.to_string(),
+            dev: metadata.dev(),
+            inode: metadata.ino(),
+        });
+        let key = self.table_for(std::process::id(), &file)?;
+        let table = self.tables.get(&key)?;
+        Some(LoadedFileReport {
+            rows: table.row_count,
+            bytes: table.row_count as usize * ROW_SIZE,
+            first_row: table.first_row,
+        })
+    }
+
+    /// The rows the row map holds at `first_row..first_row + rows`.
+    pub fn stored_rows(&self, first_row: u32, rows: u32) -> Option<&[ddprof_common::unwind::UnwindRow]> {
+        self.rows.rows(first_row, rows)
+    }
+
+    /// Waits up to `timeout` for samples and hands each to `on_sample`.
+    /// Processes of `processes` the maps do not know yet are loaded first.
+    pub fn poll(
+        &mut self,
+        processes: &mut ProcessTable,
+        timeout: Duration,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> Result<PollOutcome, BpfError> {
+        self.sync(processes);
+        let finished_before = self.hung_up.iter().all(|&h| h);
+        if !finished_before {
+            self.wait(timeout)?;
+        }
+        let mut outcome = PollOutcome::default();
+        while let Some(item) = self.ring.next() {
+            match decode(&item) {
+                Some(sample) => {
+                    outcome.samples += 1;
+                    on_sample(processes, sample);
+                }
+                None => self.malformed += 1,
+            }
+        }
+        outcome.finished = self.hung_up.iter().all(|&h| h);
+        Ok(outcome)
+    }
+
+    /// poll(2) on the ring buffer and on the events (for their hang-up).
+    fn wait(&mut self, timeout: Duration) -> Result<(), BpfError> {
+        let mut fds = Vec::with_capacity(self.events.len() + 1);
+        fds.push(libc::pollfd {
+            fd: self.ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for (event, hung_up) in self.events.iter().zip(&self.hung_up) {
+            fds.push(libc::pollfd {
+                // A hung-up event would report POLLHUP forever: skip it.
+                fd: if *hung_up { -1 } else { event.fd.as_raw_fd() },
+                events: 0,
+                revents: 0,
+            });
+        }
+        let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a valid array of pollfd for the call's duration.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(BpfError::Poll(error));
+        }
+        for (hung_up, fd) in self.hung_up.iter_mut().zip(&fds[1..]) {
+            if fd.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                *hung_up = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `bias = mapping.start - mapping.file_offset + p_offset - p_vaddr` for the
+/// executable segment holding the mapping's file offset.
+fn bias_for(segments: &[LoadSegment], start: u64, file_offset: u64) -> Option<u64> {
+    let segment = segments.iter().find(|s| {
+        file_offset >= s.file_offset && file_offset < s.file_offset.saturating_add(s.file_size.max(1))
+    })?;
+    Some(
+        start
+            .wrapping_sub(file_offset)
+            .wrapping_add(segment.file_offset)
+            .wrapping_sub(segment.vaddr),
+    )
+}
+
+/// Decodes one ring-buffer record.
+fn decode(bytes: &[u8]) -> Option<Sample> {
+    let header_bytes = bytes.get(..RAW_SAMPLE_HEADER_SIZE)?;
+    // SAFETY: RawSampleHeader is repr(C) plain integers; any bytes are a
+    // valid value and read_unaligned needs no alignment.
+    let header: RawSampleHeader =
+        unsafe { std::ptr::read_unaligned(header_bytes.as_ptr().cast()) };
+    let kernel = header.kernel_frames as usize;
+    let user = header.user_frames as usize;
+    let frames_bytes = bytes.get(RAW_SAMPLE_HEADER_SIZE..)?;
+    if frames_bytes.len() < (kernel + user) * 8 {
+        return None;
+    }
+    let word = |i: usize| {
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(&frames_bytes[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(raw)
+    };
+    Some(Sample {
+        pid: header.pid,
+        tid: header.tid,
+        time: header.time_ns,
+        cpu: header.cpu,
+        weight: header.period,
+        kernel_frames: (0..kernel).map(word).collect(),
+        frames: (kernel..kernel + user).map(word).collect(),
+        end: StackEnd::from_raw(header.stack_end),
+    })
+}
+
+/// Row-map and process-map sizes for the workload: the tables its processes
+/// map now, twice, plus room for what comes later, within the memory cap.
+fn size_for_workload(compiler: &mut TableCache, options: &BpfEngineOptions) -> (u32, u32) {
+    let max_rows = (options.max_table_bytes / ROW_SIZE).min(u32::MAX as usize / 2) as u32;
+    let mut processes = ProcessTable::new();
+    for &pid in &options.workload_pids {
+        if let Err(error) = processes.load_from_proc(pid) {
+            log::debug!("BPF engine: cannot read /proc/{pid}: {error}");
+        }
+    }
+    let table_rows = match options.table_rows {
+        Some(rows) => rows.min(max_rows),
+        None => {
+            let mut seen = HashSet::new();
+            let mut needed: u64 = 0;
+            for pid in processes.pids().collect::<Vec<_>>() {
+                let Some(process) = processes.get(pid) else {
+                    continue;
+                };
+                for mapping in &process.mappings {
+                    if let Ok(table) = compiler.load(pid, &mapping.file) {
+                        if seen.insert(table.key.clone()) {
+                            needed += table.table.rows.len() as u64;
+                        }
+                    }
+                }
+            }
+            let needed = needed.min(u32::MAX as u64 / 4) as u32;
+            (needed.saturating_mul(2).max(needed + TABLE_HEADROOM_ROWS)).min(max_rows)
+        }
+    };
+    let process_count = options.workload_pids.len() as u32;
+    let max_processes = options
+        .max_processes
+        .unwrap_or_else(|| (process_count.saturating_mul(2) + 64).clamp(128, 16384));
+    (table_rows, max_processes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_records_and_rejects_short_ones() {
+        let header = RawSampleHeader {
+            pid: 7,
+            tid: 8,
+            time_ns: 9,
+            period: 10,
+            cpu: 1,
+            stack_end: StackEnd::Complete as u32,
+            user_frames: 2,
+            kernel_frames: 1,
+        };
+        let mut bytes = Vec::new();
+        // SAFETY: viewing a repr(C) value as its bytes.
+        bytes.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(
+                (&header as *const RawSampleHeader).cast::<u8>(),
+                RAW_SAMPLE_HEADER_SIZE,
+            )
+        });
+        for frame in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
+            bytes.extend_from_slice(&frame.to_le_bytes());
+        }
+        let sample = decode(&bytes).unwrap();
+        assert_eq!(sample.kernel_frames, vec![0xffff_ffff_8100_0000]);
+        assert_eq!(sample.frames, vec![0x401000, 0x402000]);
+        assert_eq!((sample.pid, sample.tid, sample.weight), (7, 8, 10));
+        assert!(!sample.truncated());
+        assert!(decode(&bytes[..bytes.len() - 1]).is_none());
+        assert!(decode(&bytes[..10]).is_none());
+    }
+
+    #[test]
+    fn bias_uses_the_segment_of_the_mapping() {
+        let segments = [LoadSegment {
+            file_offset: 0x1000,
+            vaddr: 0x401000,
+            file_size: 0x2000,
+        }];
+        // Mapped at 0x5000 from file offset 0x1000: vaddr = pc - 0x5000 + 0x401000.
+        let bias = bias_for(&segments, 0x5000, 0x1000).unwrap();
+        assert_eq!(0x5010u64.wrapping_sub(bias), 0x401010);
+        assert!(bias_for(&segments, 0x5000, 0x4000).is_none());
+    }
+}
