@@ -1,10 +1,474 @@
-//! The eBPF engine on this kernel: real program, real processes.
-use ddprof::bpf::{BpfProgram, MapSizes};
+//! The eBPF engine on this kernel: the real program loaded and attached to
+//! task-clock events of real processes, whose stacks (built without frame
+//! pointers) are unwound in the kernel with the DWARF rows the engine loads.
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ddprof::bpf::{
+    choose_engine, BpfEngine, BpfEngineOptions, BpfError, BpfProgram, Engine, MapSizes,
+};
+use ddprof::config::{parse_events, EngineChoice};
+use ddprof::events::{self, EventOptions, Scope};
+use ddprof::process::ProcessTable;
+use ddprof::sample::{Sample, StackEnd};
+use ddprof_common::sample::{BpfCounter, MAX_USER_FRAMES};
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+/// Builds `tests/workloads/bpf_stacks.c` without frame pointers.
+fn workload_binary() -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/bpf_stacks.c");
+    let output = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bpf_stacks");
+    let status = Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+        .arg(&output)
+        .arg(&source)
+        .status()
+        .expect("cc runs (install gcc)");
+    assert!(status.success(), "cc failed on {}", source.display());
+    output
+}
+
+/// Starts the workload and waits until it runs its own code.
+fn start_workload(binary: &Path, mode: &str, seconds: f64) -> Child {
+    let mut child = Command::new(binary)
+        .args([mode, &seconds.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("workload starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    child
+}
+
+/// Function names of an ELF file's symbol table, by ELF virtual address.
+struct Symbols {
+    path: String,
+    functions: Vec<(u64, u64, String)>,
+    /// `(p_offset, p_vaddr, p_filesz)` of the loadable segments.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+impl Symbols {
+    fn read(path: &Path) -> Symbols {
+        let data = std::fs::read(path).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let mut functions: Vec<(u64, u64, String)> = file
+            .symbols()
+            .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+            .map(|s| (s.address(), s.size(), s.name().unwrap_or("").to_string()))
+            .collect();
+        functions.sort();
+        let segments = file
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                (offset, s.address(), size)
+            })
+            .collect();
+        Symbols {
+            path: path.to_string_lossy().into_owned(),
+            functions,
+            segments,
+        }
+    }
+
+    fn name_at(&self, vaddr: u64) -> Option<&str> {
+        let index = self.functions.partition_point(|f| f.0 <= vaddr);
+        let (start, size, name) = self.functions.get(index.checked_sub(1)?)?;
+        (vaddr < start + size).then_some(name.as_str())
+    }
+
+    /// The names of a sample's frames: functions of this file by name, other
+    /// files as `[file name]`, unmapped PCs as `?`.
+    fn names(&self, processes: &ProcessTable, sample: &Sample) -> Vec<String> {
+        sample
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(i, &pc)| {
+                let lookup = if i == 0 { pc } else { pc - 1 };
+                let Some(mapping) = processes.find_mapping(sample.pid, lookup) else {
+                    return "?".to_string();
+                };
+                if mapping.file.path != self.path {
+                    let base = mapping.file.path.rsplit('/').next().unwrap_or("");
+                    return format!("[{base}]");
+                }
+                let offset = mapping.file_offset_of(lookup);
+                self.segments
+                    .iter()
+                    .find(|(start, _, size)| offset >= *start && offset < start + size)
+                    .and_then(|(start, vaddr, _)| self.name_at(offset - start + vaddr))
+                    .unwrap_or("?")
+                    .to_string()
+            })
+            .collect()
+    }
+}
+
+struct Profile {
+    samples: Vec<Sample>,
+    processes: ProcessTable,
+    engine: BpfEngine,
+}
+
+/// Samples `pid` with the BPF engine for `duration`.
+fn profile(pid: u32, duration: Duration) -> Profile {
+    let specs = parse_events("sCPU freq=499").unwrap();
+    let options = EventOptions {
+        stack_sample_size: 8,
+        include_kernel: false,
+    };
+    let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
+        .expect("root opens task-clock events on its child");
+    let mut processes = ProcessTable::new();
+    processes
+        .load_from_proc(pid)
+        .expect("the workload is alive");
+    let mut engine = BpfEngine::new(
+        fds,
+        BpfEngineOptions {
+            workload_pids: vec![pid],
+            kernel_stacks: true,
+            ..BpfEngineOptions::default()
+        },
+    )
+    .expect("the BPF engine starts");
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < duration {
+        let outcome = engine
+            .poll(
+                &mut processes,
+                Duration::from_millis(100),
+                &mut |_, sample| {
+                    samples.push(sample);
+                },
+            )
+            .expect("poll works");
+        if outcome.finished {
+            break;
+        }
+    }
+    Profile {
+        samples,
+        processes,
+        engine,
+    }
+}
+
+fn report(profile: &Profile, label: &str) {
+    let mut ends = std::collections::BTreeMap::new();
+    for sample in &profile.samples {
+        *ends.entry(format!("{:?}", sample.end)).or_insert(0) += 1;
+    }
+    let depths: Vec<usize> = profile
+        .samples
+        .iter()
+        .take(5)
+        .map(|s| s.frames.len())
+        .collect();
+    eprintln!("{label}: stack ends {ends:?}, first depths {depths:?}");
+    let stats = profile.engine.program().stats();
+    eprintln!(
+        "{label}: {} samples; program {} insns, {} verified, loaded in {:?}; {}; tables {:?}; counters: {}",
+        profile.samples.len(),
+        stats.instructions.unwrap_or(0),
+        stats.verified_instructions.unwrap_or(0),
+        stats.load_time,
+        profile.engine.memory(),
+        profile.engine.table_stats(),
+        profile.engine.counters().unwrap(),
+    );
+}
 
 #[test]
 fn program_passes_the_verifier() {
     let program = BpfProgram::load(MapSizes::minimal(), true).expect("verifier accepts");
     let stats = program.stats();
     eprintln!("verifier: {stats:?}");
-    assert!(stats.instructions.unwrap_or(0) > 0);
+    assert!(stats.instructions.unwrap_or(0) > 100);
+    assert!(stats.verified_instructions.unwrap_or(0) > 0);
+}
+
+#[test]
+fn chain_without_frame_pointers_unwinds_to_main() {
+    let binary = workload_binary();
+    let symbols = Symbols::read(&binary);
+    let mut child = start_workload(&binary, "chain", 20.0);
+    let pid = child.id();
+    let profile = profile(pid, Duration::from_millis(1500));
+    let _ = child.kill();
+    let _ = child.wait();
+    report(&profile, "chain");
+
+    let ours: Vec<&Sample> = profile.samples.iter().filter(|s| s.pid == pid).collect();
+    assert!(ours.len() >= 200, "only {} samples", ours.len());
+    assert_eq!(
+        ours.len(),
+        profile.samples.len(),
+        "samples of other processes"
+    );
+    let mut complete_with_main = 0;
+    let mut leaf_samples = 0;
+    for sample in &ours {
+        let names = symbols.names(&profile.processes, sample);
+        if sample.end == StackEnd::Complete && names.iter().any(|n| n == "main") {
+            complete_with_main += 1;
+        }
+        if names.first().map(String::as_str) == Some("chain_leaf") {
+            leaf_samples += 1;
+            assert_eq!(
+                names[..4],
+                ["chain_leaf", "chain_middle", "chain_outer", "main"],
+                "frames {names:?} ({:?})",
+                sample.end
+            );
+            // Below main: libc's start code, then the end of the stack.
+            assert!(
+                names[4..]
+                    .iter()
+                    .all(|n| n.starts_with('[') || n == "_start"),
+                "{names:?}"
+            );
+        }
+    }
+    assert!(
+        leaf_samples * 10 >= ours.len() * 8,
+        "{leaf_samples} of {} in the leaf",
+        ours.len()
+    );
+    assert!(
+        complete_with_main * 100 >= ours.len() * 99,
+        "{complete_with_main} of {} samples reached main and the root",
+        ours.len()
+    );
+    let counters = profile.engine.counters().unwrap();
+    assert_eq!(counters.get(BpfCounter::UnknownProcess), 0);
+    assert_eq!(profile.engine.losses().lost, 0);
+    // libc and the workload have tables in the row map.
+    assert!(profile.engine.table_stats().files_loaded >= 2);
+}
+
+#[test]
+fn recursion_300_deep_reaches_main() {
+    let binary = workload_binary();
+    let symbols = Symbols::read(&binary);
+    let mut child = start_workload(&binary, "recurse", 20.0);
+    let pid = child.id();
+    let profile = profile(pid, Duration::from_millis(1500));
+    let _ = child.kill();
+    let _ = child.wait();
+    report(&profile, "recurse");
+
+    assert!(
+        profile.samples.len() >= 200,
+        "only {} samples",
+        profile.samples.len()
+    );
+    let mut complete_with_main = 0;
+    let mut deepest = 0;
+    for sample in &profile.samples {
+        let names = symbols.names(&profile.processes, sample);
+        let main_at = names.iter().position(|n| n == "main");
+        if sample.end == StackEnd::Complete && main_at.is_some() {
+            complete_with_main += 1;
+        }
+        if names.first().map(String::as_str) == Some("chain_leaf") {
+            let recursions = names.iter().filter(|n| *n == "recurse").count();
+            assert_eq!(
+                recursions,
+                301,
+                "{:?} frames: {:?}",
+                sample.end,
+                &names[..8]
+            );
+            assert_eq!(main_at, Some(302), "{names:?}");
+            deepest = deepest.max(sample.frames.len());
+        }
+        assert!(sample.frames.len() <= MAX_USER_FRAMES);
+    }
+    assert!(deepest >= 303, "no sample in the leaf (deepest {deepest})");
+    assert!(
+        complete_with_main * 100 >= profile.samples.len() * 99,
+        "{complete_with_main} of {} samples reached main and the root",
+        profile.samples.len()
+    );
+    assert_eq!(
+        profile
+            .engine
+            .counters()
+            .unwrap()
+            .get(BpfCounter::DepthLimit),
+        0
+    );
+}
+
+/// The biggest libLLVM / libstdc++ on the machine.
+fn biggest_shared_library() -> Option<PathBuf> {
+    let mut roots = vec![
+        PathBuf::from("/usr/lib"),
+        PathBuf::from("/usr/local/lib"),
+        PathBuf::from("/usr/lib64"),
+    ];
+    if let Some(home) = std::env::var_os("HOME") {
+        roots.push(Path::new(&home).join(".rustup/toolchains"));
+    }
+    let mut best: Option<(u64, PathBuf)> = None;
+    let mut stack = roots;
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            if kind.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let wanted = (name.starts_with("libLLVM") || name.starts_with("libstdc++"))
+                && name.contains(".so");
+            if !wanted || !kind.is_file() {
+                continue;
+            }
+            let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            if best.as_ref().is_none_or(|(s, _)| size > *s) {
+                best = Some((size, path));
+            }
+        }
+    }
+    best.map(|(_, path)| path)
+}
+
+#[test]
+fn biggest_library_table_loads_and_verifies() {
+    let library = biggest_shared_library().expect("libstdc++ or libLLVM is installed");
+    // Its table, compiled the way the engine does.
+    let mut cache = ddprof::unwind::TableCache::with_limit(1 << 30);
+    let metadata = std::fs::metadata(&library).unwrap();
+    let mapped = ddprof::process::MappedFile {
+        path: library.to_string_lossy().into_owned(),
+        dev: std::os::unix::fs::MetadataExt::dev(&metadata),
+        inode: std::os::unix::fs::MetadataExt::ino(&metadata),
+    };
+    let compile_started = Instant::now();
+    let table = cache
+        .load(std::process::id(), &mapped)
+        .expect("the library has CFI");
+    let compile_time = compile_started.elapsed();
+    let rows = table.table.rows.len() as u32;
+
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let specs = parse_events("sCPU freq=99").unwrap();
+    let fds = events::open_all(
+        &specs,
+        Scope::Process(sleeper.id() as i32),
+        &EventOptions {
+            stack_sample_size: 8,
+            include_kernel: false,
+        },
+    )
+    .unwrap();
+    let engine = BpfEngine::new(
+        fds,
+        BpfEngineOptions {
+            table_rows: Some(rows),
+            ..BpfEngineOptions::default()
+        },
+    );
+    let mut engine = engine.expect("the program verifies with a row map for the biggest table");
+    let loaded = engine
+        .load_file(&mapped.path)
+        .expect("the table fits the row map sized for it");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    eprintln!(
+        "{}: {} rows, {} bytes ({:.1} MiB) in the row map, compiled in {compile_time:?}; \
+         program {:?}; {}",
+        library.display(),
+        loaded.rows,
+        loaded.bytes,
+        loaded.bytes as f64 / (1 << 20) as f64,
+        engine.program().stats(),
+        engine.memory()
+    );
+    assert_eq!(loaded.rows, rows);
+    assert!(rows > 1000, "{rows} rows");
+    assert_eq!(
+        engine.stored_rows(loaded.first_row, loaded.rows).unwrap(),
+        &table.table.rows[..],
+        "the row map holds exactly the compiled rows"
+    );
+    assert_eq!(engine.memory().table_used_bytes, loaded.bytes);
+}
+
+const CHILD_ENV: &str = "DDPROF_BPF_TEST_UNPRIVILEGED_CHILD";
+
+#[test]
+fn unprivileged_load_is_refused_with_a_clear_message() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        // Running as `nobody` (see below).
+        let error = BpfProgram::load(MapSizes::minimal(), false)
+            .err()
+            .expect("nobody cannot load BPF");
+        assert!(matches!(error, BpfError::Permission(_)), "{error:?}");
+        println!("LOAD ERROR: {error}");
+        let decision = choose_engine(EngineChoice::Auto).unwrap();
+        assert_eq!(decision.engine, Engine::Perf);
+        println!("AUTO: {}", decision.reason);
+        assert!(matches!(
+            choose_engine(EngineChoice::Bpf),
+            Err(BpfError::Permission(_))
+        ));
+        return;
+    }
+    let output = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "unprivileged_load_is_refused_with_a_clear_message",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, "1")
+        .output()
+        .expect("setpriv runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "child failed: {stdout}\n{stderr}");
+    eprintln!("{stdout}");
+    let message = stdout
+        .lines()
+        .find(|l| l.starts_with("LOAD ERROR: "))
+        .expect("the child ran the check");
+    assert!(message.contains("not permitted"), "{message}");
+    assert!(message.contains("CAP_BPF"), "{message}");
+    let auto = stdout.lines().find(|l| l.starts_with("AUTO: ")).unwrap();
+    assert!(
+        auto.starts_with("AUTO: perf engine: loading BPF is not permitted"),
+        "{auto}"
+    );
+    assert_eq!(auto.lines().count(), 1);
+}
+
+#[test]
+fn auto_choice_picks_bpf_as_root() {
+    let decision = choose_engine(EngineChoice::Auto).unwrap();
+    assert_eq!(decision.engine, Engine::Bpf, "{}", decision.reason);
+    let forced = choose_engine(EngineChoice::Bpf).unwrap();
+    assert_eq!(forced.engine, Engine::Bpf);
 }

@@ -1,10 +1,11 @@
 //! The BPF build pipeline end to end: the object embedded in ddprof loads
 //! into this kernel, attaches to a cpu-clock perf event of a real process
-//! and counts that process's samples.
+//! and counts that process's samples (the sample records themselves are
+//! tested with the engine in bpf_engine.rs).
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ddprof::bpf::BpfProgram;
+use ddprof::bpf::{BpfProgram, MapSizes};
 use ddprof::config::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
 use ddprof_common::sample::BpfCounter;
@@ -29,23 +30,17 @@ fn embedded_program_counts_samples_of_a_busy_process() {
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root can open task-clock events on its child");
-    let program = BpfProgram::load().expect("the BPF program loads and passes the verifier");
+    let program = BpfProgram::load(MapSizes::minimal(), true)
+        .expect("the BPF program loads and passes the verifier");
     for fd in &fds {
         program
             .attach(fd)
             .expect("PERF_EVENT_IOC_SET_BPF attaches to the event");
     }
     std::thread::sleep(Duration::from_millis(800));
-    let counts = program.samples_per_process().unwrap();
+    let seen = program.counter(BpfCounter::Seen).unwrap();
     let _ = busy.kill();
     let _ = busy.wait();
-    let ours = counts.get(&pid).copied().unwrap_or(0);
     // 0.8 s of a busy process at 999 Hz is ~800 samples; demand a clear signal.
-    assert!(
-        ours >= 200,
-        "BPF counted {ours} samples of pid {pid} (all: {counts:?})"
-    );
-    // Nothing but the child is watched by these events.
-    assert_eq!(counts.len(), 1, "samples of other processes: {counts:?}");
-    assert!(program.counter(BpfCounter::Seen).unwrap() >= ours);
+    assert!(seen >= 200, "BPF saw {seen} samples of pid {pid}");
 }

@@ -53,7 +53,10 @@ fn choose_with(
             },
             Err(error) => EngineDecision {
                 engine: Engine::Perf,
-                reason: format!("perf engine: {}", error.to_string().lines().next().unwrap_or("")),
+                reason: format!(
+                    "perf engine: {}",
+                    error.to_string().lines().next().unwrap_or("")
+                ),
             },
         }),
     }
@@ -65,7 +68,11 @@ mod tests {
 
     #[test]
     fn auto_falls_back_with_the_reason_and_bpf_never_does() {
-        let refused = || Err(BpfError::Permission("Operation not permitted (os error 1)".into()));
+        let refused = || {
+            Err(BpfError::Permission(
+                "Operation not permitted (os error 1)".into(),
+            ))
+        };
         let auto = choose_with(EngineChoice::Auto, refused).unwrap();
         assert_eq!(auto.engine, Engine::Perf);
         assert!(auto.reason.contains("CAP_BPF"), "{}", auto.reason);
@@ -74,9 +81,16 @@ mod tests {
             choose_with(EngineChoice::Bpf, refused),
             Err(BpfError::Permission(_))
         ));
-        let rejected = || Err(BpfError::Rejected("invalid mem access 'scalar'\nmore".into()));
+        let rejected = || {
+            Err(BpfError::Rejected(
+                "invalid mem access 'scalar'\nmore".into(),
+            ))
+        };
         let auto = choose_with(EngineChoice::Auto, rejected).unwrap();
-        assert_eq!(auto.reason, "perf engine: the kernel rejected the BPF program: invalid mem access 'scalar'");
+        assert_eq!(
+            auto.reason,
+            "perf engine: the kernel rejected the BPF program: invalid mem access 'scalar'"
+        );
         let accepted = choose_with(EngineChoice::Auto, || Ok(())).unwrap();
         assert_eq!(accepted.engine, Engine::Bpf);
         let perf = choose_with(EngineChoice::Perf, || panic!("no probe for perf")).unwrap();

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader};
-use ddprof_common::bpf_maps::{MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK};
+use ddprof_common::bpf_maps::{
+    MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK,
+};
 use ddprof_common::sample::{
     BpfCounter, RawSample, RawSampleHeader, StackEnd, RAW_SAMPLE_HEADER_SIZE,
 };
@@ -100,7 +102,8 @@ fn classify(error: &dyn std::error::Error) -> BpfError {
     let lower = text.to_lowercase();
     if lower.contains("operation not permitted") || lower.contains("permission denied") {
         BpfError::Permission(text)
-    } else if lower.contains("unknown func bpf_loop") || lower.contains("invalid func unknown#181") {
+    } else if lower.contains("unknown func bpf_loop") || lower.contains("invalid func unknown#181")
+    {
         BpfError::KernelTooOld(text)
     } else {
         BpfError::Rejected(text)
@@ -249,7 +252,14 @@ impl BpfProgram {
         program.load().map_err(|e| {
             if std::env::var_os("DDPROF_BPF_VERIFIER_LOG").is_some() {
                 let full = e.to_string();
-                let tail: String = full.chars().rev().take(6000).collect::<Vec<_>>().into_iter().rev().collect();
+                let tail: String = full
+                    .chars()
+                    .rev()
+                    .take(6000)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
                 log::error!("verifier log (tail): {tail}");
                 eprintln!("verifier log (tail): {tail}");
             }
@@ -265,11 +275,7 @@ impl BpfProgram {
                 .map(|bytes| bytes / 8),
             load_time,
         };
-        Ok(Self {
-            ebpf,
-            sizes,
-            stats,
-        })
+        Ok(Self { ebpf, sizes, stats })
     }
 
     pub fn sizes(&self) -> MapSizes {
@@ -359,7 +365,9 @@ impl BpfProgram {
         })
     }
 
-    fn process_map(&mut self) -> Result<aya::maps::HashMap<&mut MapData, u32, PodProcessMappings>, BpfError> {
+    fn process_map(
+        &mut self,
+    ) -> Result<aya::maps::HashMap<&mut MapData, u32, PodProcessMappings>, BpfError> {
         const MAP: &str = "PROCESSES";
         let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
             map: MAP,
@@ -455,8 +463,9 @@ impl Default for BpfEngineOptions {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PollOutcome {
     pub samples: u64,
-    /// Every event has hung up: the profiled processes are gone and the ring
-    /// buffer is drained.
+    /// Every workload process had exited before this poll drained the ring
+    /// buffer: nothing more will come. (The main loop also learns this from
+    /// the perf records of the same events, which see children too.)
     pub finished: bool,
 }
 
@@ -501,8 +510,9 @@ pub struct LoadedFileReport {
 /// read into [`Sample`]s, its maps kept in step with the processes.
 pub struct BpfEngine {
     program: BpfProgram,
-    events: Vec<EventFd>,
-    hung_up: Vec<bool>,
+    /// Kept open: the program stays attached as long as they are.
+    _events: Vec<EventFd>,
+    workload_pids: Vec<u32>,
     ring: RingBuf<MapData>,
     rows: RowStore,
     compiler: TableCache,
@@ -523,31 +533,27 @@ impl BpfEngine {
             return Err(BpfError::NoEvents);
         }
         let mut compiler = TableCache::with_limit(64 << 20);
-        let (table_rows, processes) = size_for_workload(&mut compiler, &options);
+        let (snapshot, table_rows, processes) = size_for_workload(&mut compiler, &options);
         let sizes = MapSizes {
             ring_buffer_bytes: options.ring_buffer_bytes,
             table_rows,
             processes,
         };
         let mut program = BpfProgram::load(sizes, options.kernel_stacks)?;
-        for event in &events {
-            program.attach(event)?;
-        }
         let ring = program.take_ring()?;
         let rows = program.map_rows()?;
         let stats = program.stats();
-        log::info!(
+        log::debug!(
             "BPF engine: program verified ({} instructions, {} processed by the verifier, {:?}); {}",
             stats.instructions.unwrap_or(0),
             stats.verified_instructions.unwrap_or(0),
             stats.load_time,
             program.memory()
         );
-        let hung_up = vec![false; events.len()];
-        Ok(BpfEngine {
+        let mut engine = BpfEngine {
             program,
-            events,
-            hung_up,
+            _events: Vec::new(),
+            workload_pids: options.workload_pids.clone(),
             ring,
             rows,
             compiler,
@@ -557,7 +563,14 @@ impl BpfEngine {
             dirty: HashSet::new(),
             table_stats: TableStats::default(),
             malformed: 0,
-        })
+        };
+        // The workload's tables are in the maps before its first sample.
+        engine.sync(&snapshot);
+        for event in &events {
+            engine.program.attach(event)?;
+        }
+        engine._events = events;
+        Ok(engine)
     }
 
     pub fn program(&self) -> &BpfProgram {
@@ -607,7 +620,9 @@ impl BpfEngine {
                     self.dirty.insert(record.pid);
                 }
             }
-            ProcessEvent::Comm { pid, exec: true, .. } => {
+            ProcessEvent::Comm {
+                pid, exec: true, ..
+            } => {
                 self.dirty.insert(*pid);
             }
             ProcessEvent::Comm { .. } => {}
@@ -685,7 +700,11 @@ impl BpfEngine {
             }
             entries.push(entry);
         }
-        if self.synced.get(&pid).is_some_and(|(old, _)| *old == entries) {
+        if self
+            .synced
+            .get(&pid)
+            .is_some_and(|(old, _)| *old == entries)
+        {
             return;
         }
         let mut value = PodProcessMappings(ProcessMappings::default());
@@ -789,8 +808,9 @@ impl BpfEngine {
                 self.rows.release(table.first_row, table.row_count);
             }
         }
-        self.files
-            .retain(|_, state| matches!(state, FileState::Loaded(key) if self.tables.contains_key(key)));
+        self.files.retain(
+            |_, state| matches!(state, FileState::Loaded(key) if self.tables.contains_key(key)),
+        );
     }
 
     /// Loads the table of one file into the row map now, as if a process
@@ -813,7 +833,11 @@ impl BpfEngine {
     }
 
     /// The rows the row map holds at `first_row..first_row + rows`.
-    pub fn stored_rows(&self, first_row: u32, rows: u32) -> Option<&[ddprof_common::unwind::UnwindRow]> {
+    pub fn stored_rows(
+        &self,
+        first_row: u32,
+        rows: u32,
+    ) -> Option<&[ddprof_common::unwind::UnwindRow]> {
         self.rows.rows(first_row, rows)
     }
 
@@ -826,8 +850,8 @@ impl BpfEngine {
         on_sample: &mut dyn FnMut(&ProcessTable, Sample),
     ) -> Result<PollOutcome, BpfError> {
         self.sync(processes);
-        let finished_before = self.hung_up.iter().all(|&h| h);
-        if !finished_before {
+        let finished = self.workload_gone();
+        if !finished {
             self.wait(timeout)?;
         }
         let mut outcome = PollOutcome::default();
@@ -840,29 +864,21 @@ impl BpfEngine {
                 None => self.malformed += 1,
             }
         }
-        outcome.finished = self.hung_up.iter().all(|&h| h);
+        outcome.finished = finished;
         Ok(outcome)
     }
 
-    /// poll(2) on the ring buffer and on the events (for their hang-up).
+    /// poll(2) on the ring buffer. (A perf event without a mapped ring
+    /// buffer always polls as hung up, so the events cannot be watched here.)
     fn wait(&mut self, timeout: Duration) -> Result<(), BpfError> {
-        let mut fds = Vec::with_capacity(self.events.len() + 1);
-        fds.push(libc::pollfd {
+        let mut fds = [libc::pollfd {
             fd: self.ring.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
-        });
-        for (event, hung_up) in self.events.iter().zip(&self.hung_up) {
-            fds.push(libc::pollfd {
-                // A hung-up event would report POLLHUP forever: skip it.
-                fd: if *hung_up { -1 } else { event.fd.as_raw_fd() },
-                events: 0,
-                revents: 0,
-            });
-        }
+        }];
         let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: `fds` is a valid array of pollfd for the call's duration.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout_ms) };
         if ready < 0 {
             let error = io::Error::last_os_error();
             if error.kind() == io::ErrorKind::Interrupted {
@@ -870,12 +886,25 @@ impl BpfEngine {
             }
             return Err(BpfError::Poll(error));
         }
-        for (hung_up, fd) in self.hung_up.iter_mut().zip(&fds[1..]) {
-            if fd.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-                *hung_up = true;
-            }
-        }
         Ok(())
+    }
+
+    /// Every workload process has exited (none when there were none: a
+    /// `--global` profile never finishes by itself).
+    fn workload_gone(&self) -> bool {
+        !self.workload_pids.is_empty() && self.workload_pids.iter().all(|&pid| !is_alive(pid))
+    }
+}
+
+/// The process exists and is not a zombie.
+fn is_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
     }
 }
 
@@ -883,7 +912,8 @@ impl BpfEngine {
 /// executable segment holding the mapping's file offset.
 fn bias_for(segments: &[LoadSegment], start: u64, file_offset: u64) -> Option<u64> {
     let segment = segments.iter().find(|s| {
-        file_offset >= s.file_offset && file_offset < s.file_offset.saturating_add(s.file_size.max(1))
+        file_offset >= s.file_offset
+            && file_offset < s.file_offset.saturating_add(s.file_size.max(1))
     })?;
     Some(
         start
@@ -898,8 +928,7 @@ fn decode(bytes: &[u8]) -> Option<Sample> {
     let header_bytes = bytes.get(..RAW_SAMPLE_HEADER_SIZE)?;
     // SAFETY: RawSampleHeader is repr(C) plain integers; any bytes are a
     // valid value and read_unaligned needs no alignment.
-    let header: RawSampleHeader =
-        unsafe { std::ptr::read_unaligned(header_bytes.as_ptr().cast()) };
+    let header: RawSampleHeader = unsafe { std::ptr::read_unaligned(header_bytes.as_ptr().cast()) };
     let kernel = header.kernel_frames as usize;
     let user = header.user_frames as usize;
     let frames_bytes = bytes.get(RAW_SAMPLE_HEADER_SIZE..)?;
@@ -925,7 +954,10 @@ fn decode(bytes: &[u8]) -> Option<Sample> {
 
 /// Row-map and process-map sizes for the workload: the tables its processes
 /// map now, twice, plus room for what comes later, within the memory cap.
-fn size_for_workload(compiler: &mut TableCache, options: &BpfEngineOptions) -> (u32, u32) {
+fn size_for_workload(
+    compiler: &mut TableCache,
+    options: &BpfEngineOptions,
+) -> (ProcessTable, u32, u32) {
     let max_rows = (options.max_table_bytes / ROW_SIZE).min(u32::MAX as usize / 2) as u32;
     let mut processes = ProcessTable::new();
     for &pid in &options.workload_pids {
@@ -958,7 +990,7 @@ fn size_for_workload(compiler: &mut TableCache, options: &BpfEngineOptions) -> (
     let max_processes = options
         .max_processes
         .unwrap_or_else(|| (process_count.saturating_mul(2) + 64).clamp(128, 16384));
-    (table_rows, max_processes)
+    (processes, table_rows, max_processes)
 }
 
 #[cfg(test)]

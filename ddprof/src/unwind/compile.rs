@@ -296,11 +296,21 @@ fn expression_ops<'a, S: UnwindSection<Slice<'a>>>(
 }
 
 fn is_deref8<R: Reader>(op: &Operation<R>) -> bool {
-    matches!(op, Operation::Deref { size: 8, space: false, .. })
+    matches!(
+        op,
+        Operation::Deref {
+            size: 8,
+            space: false,
+            ..
+        }
+    )
 }
 
 /// `DW_OP_breg<register> <offset>` alone.
-fn single_register_offset<R: Reader>(ops: &[Operation<R>], register: gimli::Register) -> Option<i64> {
+fn single_register_offset<R: Reader>(
+    ops: &[Operation<R>],
+    register: gimli::Register,
+) -> Option<i64> {
     match ops {
         [Operation::RegisterOffset {
             register: r,
@@ -411,12 +421,10 @@ fn convert_row<'a, S: UnwindSection<Slice<'a>>>(
     };
 
     let ra_offset_by_8 = match ra_rule {
-        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 => {
-            match i8::try_from(offset / 8) {
-                Ok(by_8) => by_8,
-                Err(_) => return UNSUPPORTED,
-            }
-        }
+        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 => match i8::try_from(offset / 8) {
+            Ok(by_8) => by_8,
+            Err(_) => return UNSUPPORTED,
+        },
         _ => return UNSUPPORTED,
     };
 
@@ -482,7 +490,9 @@ fn signal_row<'a>(
     };
     match (
         i32::try_from(sp_slot),
-        (ra_slot % 8 == 0).then(|| i8::try_from(ra_slot / 8).ok()).flatten(),
+        (ra_slot % 8 == 0)
+            .then(|| i8::try_from(ra_slot / 8).ok())
+            .flatten(),
         i16::try_from(rbp_slot),
     ) {
         (Ok(cfa_offset), Some(ra_offset_by_8), Ok(rbp_offset)) => UnwindRow {
