@@ -119,10 +119,15 @@ struct Profile {
 
 /// Samples `pid` with the BPF engine for `duration`.
 fn profile(pid: u32, duration: Duration) -> Profile {
+    profile_with(pid, duration, false)
+}
+
+/// Samples `pid`, also in the kernel when `include_kernel`.
+fn profile_with(pid: u32, duration: Duration, include_kernel: bool) -> Profile {
     let specs = parse_events("sCPU freq=499").unwrap();
     let options = EventOptions {
         stack_sample_size: 8,
-        include_kernel: false,
+        include_kernel,
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root opens task-clock events on its child");
@@ -307,6 +312,161 @@ fn recursion_300_deep_reaches_main() {
             .get(BpfCounter::DepthLimit),
         0
     );
+}
+
+#[test]
+fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
+    let binary = workload_binary();
+    let symbols = Symbols::read(&binary);
+    let mut child = start_workload(&binary, "syscall", 20.0);
+    let pid = child.id();
+    let profile = profile_with(pid, Duration::from_millis(1500), true);
+    let _ = child.kill();
+    let _ = child.wait();
+    report(&profile, "syscall");
+
+    let in_kernel: Vec<&Sample> = profile
+        .samples
+        .iter()
+        .filter(|s| !s.kernel_frames.is_empty())
+        .collect();
+    assert!(
+        in_kernel.len() * 2 >= profile.samples.len() && !in_kernel.is_empty(),
+        "{} of {} samples in the kernel",
+        in_kernel.len(),
+        profile.samples.len()
+    );
+    let mut reached_main = 0;
+    for sample in &in_kernel {
+        assert!(sample
+            .kernel_frames
+            .iter()
+            .all(|&pc| pc >= 0xffff_8000_0000_0000));
+        let names = symbols.names(&profile.processes, sample);
+        // The user stack starts at the system call in libc's read().
+        let leaf = names.iter().position(|n| n == "read_leaf");
+        if sample.end == StackEnd::Complete && leaf.is_some() {
+            let leaf = leaf.unwrap();
+            assert!(
+                names[..leaf].iter().all(|n| n.starts_with('[')),
+                "{names:?}"
+            );
+            assert_eq!(
+                names[leaf..leaf + 4],
+                ["read_leaf", "chain_middle", "chain_outer", "main"]
+            );
+            reached_main += 1;
+        }
+    }
+    assert!(
+        reached_main * 100 >= in_kernel.len() * 99,
+        "{reached_main} of {} kernel samples unwound to main",
+        in_kernel.len()
+    );
+    assert_eq!(
+        profile
+            .engine
+            .counters()
+            .unwrap()
+            .get(BpfCounter::NoUserContext),
+        0
+    );
+}
+
+#[test]
+fn exec_and_new_mappings_reach_the_maps_through_process_events() {
+    use ddprof::sample::ProcessEvent;
+    let binary = workload_binary();
+    let symbols = Symbols::read(&binary);
+    // A shell that execs the workload after the engine has started on it.
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("read line; exec {} chain 20", binary.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let specs = parse_events("sCPU freq=499").unwrap();
+    let fds = events::open_all(
+        &specs,
+        Scope::Process(pid as i32),
+        &EventOptions {
+            stack_sample_size: 8,
+            include_kernel: false,
+        },
+    )
+    .unwrap();
+    let mut processes = ProcessTable::new();
+    processes.load_from_proc(pid).unwrap();
+    let mut engine = BpfEngine::new(
+        fds,
+        BpfEngineOptions {
+            workload_pids: vec![pid],
+            ..BpfEngineOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(engine.tracked_processes().contains(&pid));
+    // Let the shell exec, and wait for the new image to run.
+    use std::io::Write;
+    writeln!(child.stdin.as_mut().unwrap()).unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    // What the perf records of the same events say, in their order: the
+    // exec (comm with the exec flag), then the new image's mappings.
+    let exec = ProcessEvent::Comm {
+        pid,
+        tid: pid,
+        name: "bpf_stacks".into(),
+        exec: true,
+    };
+    processes.apply(&exec);
+    engine.on_process_event(&exec, &processes);
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    for record in maps
+        .lines()
+        .filter_map(|line| ddprof::process::parse_maps_line(pid, line))
+    {
+        let event = ProcessEvent::Map(record);
+        processes.apply(&event);
+        engine.on_process_event(&event, &processes);
+    }
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1000) {
+        engine
+            .poll(
+                &mut processes,
+                Duration::from_millis(100),
+                &mut |_, sample| samples.push(sample),
+            )
+            .unwrap();
+    }
+    // Samples taken after the maps were updated: the workload's own code.
+    let ours: Vec<&Sample> = samples.iter().filter(|s| s.pid == pid).collect();
+    assert!(ours.len() >= 100, "{} samples", ours.len());
+    let reached_main = ours
+        .iter()
+        .filter(|s| {
+            s.end == StackEnd::Complete && symbols.names(&processes, s).iter().any(|n| n == "main")
+        })
+        .count();
+    assert!(
+        reached_main * 100 >= ours.len() * 99,
+        "{reached_main} of {} samples after exec reached main",
+        ours.len()
+    );
+
+    let _ = child.kill();
+    let _ = child.wait();
+    let exit = ProcessEvent::Exit { pid, tid: pid };
+    processes.apply(&exit);
+    engine.on_process_event(&exit, &processes);
+    assert!(!engine.tracked_processes().contains(&pid));
 }
 
 /// The biggest libLLVM / libstdc++ on the machine.

@@ -16,12 +16,11 @@
 use core::ffi::c_void;
 
 use aya_ebpf::bindings::{bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE};
-use aya_ebpf::helpers::generated::{
-    bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns,
-    bpf_loop, bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output,
-    bpf_task_pt_regs,
-};
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
+use aya_ebpf::helpers::generated::{
+    bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
+    bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output, bpf_task_pt_regs,
+};
 use aya_ebpf::macros::{map, perf_event};
 use aya_ebpf::maps::{Array, HashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::PerfEventContext;
@@ -388,7 +387,10 @@ fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
         }) else {
             return Rule::Unmapped;
         };
-        let Some(entry) = mappings.entries.get(index as usize & (MAX_PROCESS_MAPPINGS - 1)) else {
+        let Some(entry) = mappings
+            .entries
+            .get(index as usize & (MAX_PROCESS_MAPPINGS - 1))
+        else {
             return Rule::Unmapped;
         };
         if pc >= entry.end {
@@ -468,10 +470,7 @@ fn search<F: FnMut(u32) -> Option<u64>>(
 #[inline(always)]
 fn row_at(index: u32) -> Option<UnwindRow> {
     let chunk = ROWS.get(index / ROWS_PER_CHUNK)?;
-    chunk
-        .rows
-        .get((index % ROWS_PER_CHUNK) as usize)
-        .copied()
+    chunk.rows.get((index % ROWS_PER_CHUNK) as usize).copied()
 }
 
 #[inline(always)]

@@ -3,6 +3,8 @@
  *
  *   bpf_stacks chain SECONDS      main -> chain_outer -> chain_middle -> chain_leaf
  *   bpf_stacks recurse SECONDS    main -> recurse x 301 -> chain_leaf (300 deep)
+ *   bpf_stacks syscall SECONDS    main -> chain_outer -> chain_middle -> read_leaf,
+ *                                 which spends its time in read(2) of /dev/zero
  *
  * Prints "ready" once running, then burns CPU in the leaf for SECONDS.
  */
@@ -10,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 volatile unsigned long sink;
 
@@ -20,8 +24,21 @@ NOINLINE void chain_leaf(void) {
         sink += i * i;
 }
 
+static int syscall_mode;
+static int zero_fd = -1;
+static char buffer[1 << 20];
+
+/* Most of its time is in the kernel, copying zeroes. */
+NOINLINE void read_leaf(void) {
+    for (int i = 0; i < 8; i++)
+        sink += read(zero_fd, buffer, sizeof buffer);
+}
+
 NOINLINE void chain_middle(void) {
-    chain_leaf();
+    if (syscall_mode)
+        read_leaf();
+    else
+        chain_leaf();
     sink++; /* not a tail call */
 }
 
@@ -51,10 +68,12 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s chain|recurse SECONDS\n", argv[0]);
+        fprintf(stderr, "usage: %s chain|recurse|syscall SECONDS\n", argv[0]);
         return 2;
     }
     int recursive = strcmp(argv[1], "recurse") == 0;
+    syscall_mode = strcmp(argv[1], "syscall") == 0;
+    zero_fd = open("/dev/zero", O_RDONLY);
     double end = now() + atof(argv[2]);
     printf("ready\n");
     fflush(stdout);

@@ -593,6 +593,11 @@ impl BpfEngine {
         }
     }
 
+    /// The processes whose mappings are in the process map.
+    pub fn tracked_processes(&self) -> HashSet<u32> {
+        self.synced.keys().copied().collect()
+    }
+
     pub fn counters(&self) -> Result<BpfCounters, BpfError> {
         self.program.counters()
     }
@@ -712,7 +717,7 @@ impl BpfEngine {
         value.0.entries[..entries.len()].copy_from_slice(&entries);
         match self.program.process_map() {
             Ok(mut map) => {
-                if let Err(error) = map.insert(pid, &value, 0) {
+                if let Err(error) = map.insert(pid, value, 0) {
                     log::debug!("process {pid} not tracked by the BPF engine: {error}");
                     self.table_stats.processes_not_tracked += 1;
                     return;
