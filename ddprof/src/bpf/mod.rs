@@ -88,13 +88,62 @@ fn first_line(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text = format!("{text}: {cause}");
+        // aya repeats a cause's text in its parent's message.
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
         source = cause.source();
     }
     text.lines()
         .find(|l| !l.trim().is_empty())
         .unwrap_or("unknown error")
         .to_string()
+}
+
+/// The line of a verifier log that says why it refused the program: the
+/// last one before the statistics the kernel appends.
+fn verifier_reason(log: &str) -> Option<&str> {
+    const STATS: [&str; 4] = [
+        "processed ",
+        "verification time",
+        "stack depth",
+        "mark_precise",
+    ];
+    log.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !STATS.iter().any(|s| line.starts_with(s)))
+        .next_back()
+}
+
+/// A failed program load: the syscall's error and the verifier's reason.
+fn classify_load(error: aya::programs::ProgramError) -> BpfError {
+    if let aya::programs::ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = &error
+    {
+        let log = format!("{verifier_log:?}");
+        let reason = verifier_reason(&log).unwrap_or("no verifier output");
+        let text = format!("{io_error}: {reason}");
+        return match io_error.raw_os_error() {
+            Some(libc::EPERM | libc::EACCES) => BpfError::Permission(text),
+            _ if reason.contains("unknown func bpf_loop") || reason.contains("#181") => {
+                BpfError::KernelTooOld(text)
+            }
+            _ => BpfError::Rejected(text),
+        };
+    }
+    classify(&error)
+}
+
+/// The running kernel's `(major, minor)`.
+fn kernel_version() -> Option<(u32, u32)> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 fn classify(error: &dyn std::error::Error) -> BpfError {
@@ -200,6 +249,13 @@ impl BpfProgram {
     /// perf_event program into the kernel.
     pub fn load(sizes: MapSizes, kernel_stacks: bool) -> Result<Self, BpfError> {
         let object = BPF_OBJECT.ok_or(BpfError::NotBuilt)?;
+        if let Some((major, minor)) = kernel_version() {
+            if (major, minor) < (5, 17) {
+                return Err(BpfError::KernelTooOld(format!(
+                    "Linux {major}.{minor} has no bpf_loop"
+                )));
+            }
+        }
         // Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; newer ones
         // to the memory cgroup. Raising the limit may be refused (no
         // CAP_SYS_RESOURCE): that only matters on old kernels.
@@ -250,20 +306,17 @@ impl BpfProgram {
             .try_into()
             .map_err(|e: aya::programs::ProgramError| classify(&e))?;
         program.load().map_err(|e| {
+            // For diagnosing rejections: DDPROF_BPF_VERIFIER_LOG=stats|verbose
+            // prints the end of the verifier's log.
             if std::env::var_os("DDPROF_BPF_VERIFIER_LOG").is_some() {
                 let full = e.to_string();
-                let tail: String = full
-                    .chars()
-                    .rev()
-                    .take(6000)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                log::error!("verifier log (tail): {tail}");
-                eprintln!("verifier log (tail): {tail}");
+                let start = full.len().saturating_sub(6000);
+                let start = (start..full.len())
+                    .find(|&i| full.is_char_boundary(i))
+                    .unwrap_or(0);
+                eprintln!("verifier log (tail): {}", &full[start..]);
             }
-            classify(&e)
+            classify_load(e)
         })?;
         let load_time = started.elapsed();
         let info = program.info().ok();
@@ -1032,6 +1085,17 @@ mod tests {
         assert!(!sample.truncated());
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());
         assert!(decode(&bytes[..10]).is_none());
+    }
+
+    #[test]
+    fn verifier_reason_is_the_last_line_before_the_statistics() {
+        let log = "0: R1=ctx() R10=fp0\n12: (85) call bpf_loop#181\ninvalid indirect read from stack R2 off -8+0 size 8\nprocessed 120 insns (limit 1000000) max_states_per_insn 0\nverification time 20 usec\nstack depth 8\n";
+        assert_eq!(
+            verifier_reason(log),
+            Some("invalid indirect read from stack R2 off -8+0 size 8")
+        );
+        assert_eq!(verifier_reason("\n"), None);
+        assert!(kernel_version().is_some_and(|v| v >= (3, 0)));
     }
 
     #[test]
