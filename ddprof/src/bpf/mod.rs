@@ -112,8 +112,7 @@ fn verifier_reason(log: &str) -> Option<&str> {
     ];
     log.lines()
         .map(str::trim)
-        .filter(|line| !line.is_empty() && !STATS.iter().any(|s| line.starts_with(s)))
-        .next_back()
+        .rfind(|line| !line.is_empty() && !STATS.iter().any(|s| line.starts_with(s)))
 }
 
 /// A failed program load: the syscall's error and the verifier's reason.
