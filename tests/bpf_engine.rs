@@ -179,6 +179,15 @@ fn report(profile: &Profile, label: &str) {
         .map(|s| s.frames.len())
         .collect();
     eprintln!("{label}: stack ends {ends:?}, first depths {depths:?}");
+    // Known when `kernel.bpf_stats_enabled` is 1 (nothing asserts on time).
+    if let Some((time, runs)) = profile.engine.program().run_stats() {
+        if runs > 0 {
+            eprintln!(
+                "{label}: the BPF program ran {runs} times, {:?} per sample on average",
+                time / runs as u32
+            );
+        }
+    }
     let stats = profile.engine.program().stats();
     eprintln!(
         "{label}: {} samples; program {} insns, {} verified, loaded in {:?}; {}; tables {:?}; counters: {}",

@@ -360,6 +360,15 @@ impl BpfProgram {
         Ok(())
     }
 
+    /// Time the program has run and how many times, while BPF run-time
+    /// statistics are enabled (`aya::sys::enable_stats`, or the
+    /// `kernel.bpf_stats_enabled` sysctl).
+    pub fn run_stats(&self) -> Option<(Duration, u64)> {
+        let program: &PerfEvent = self.ebpf.program(PROGRAM)?.try_into().ok()?;
+        let info = program.info().ok()?;
+        Some((info.run_time(), info.run_count()))
+    }
+
     /// One of the program's counters (summed over CPUs).
     pub fn counter(&self, counter: BpfCounter) -> Result<u64, BpfError> {
         const MAP: &str = "COUNTERS";
@@ -595,7 +604,7 @@ impl BpfEngine {
         let ring = program.take_ring()?;
         let rows = program.map_rows()?;
         let stats = program.stats();
-        log::debug!(
+        log::info!(
             "BPF engine: program verified ({} instructions, {} processed by the verifier, {:?}); {}",
             stats.instructions.unwrap_or(0),
             stats.verified_instructions.unwrap_or(0),
