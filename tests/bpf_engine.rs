@@ -16,8 +16,14 @@ use ddprof::sample::{Sample, StackEnd};
 use ddprof_common::sample::{BpfCounter, MAX_USER_FRAMES};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-/// Builds `tests/workloads/bpf_stacks.c` without frame pointers.
+/// Builds `tests/workloads/bpf_stacks.c` without frame pointers (once: the
+/// tests run in parallel threads).
 fn workload_binary() -> PathBuf {
+    static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BINARY.get_or_init(build_workload).clone()
+}
+
+fn build_workload() -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/bpf_stacks.c");
     let output = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bpf_stacks");
     let status = Command::new("cc")
@@ -30,8 +36,18 @@ fn workload_binary() -> PathBuf {
     output
 }
 
+/// A child process killed when the test ends, passed or not.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the workload and waits until it runs its own code.
-fn start_workload(binary: &Path, mode: &str, seconds: f64) -> Child {
+fn start_workload(binary: &Path, mode: &str, seconds: f64) -> KillOnDrop {
     let mut child = Command::new(binary)
         .args([mode, &seconds.to_string()])
         .stdout(Stdio::piped())
@@ -42,7 +58,7 @@ fn start_workload(binary: &Path, mode: &str, seconds: f64) -> Child {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "ready");
-    child
+    KillOnDrop(child)
 }
 
 /// Function names of an ELF file's symbol table, by ELF virtual address.
@@ -117,13 +133,18 @@ struct Profile {
     engine: BpfEngine,
 }
 
-/// Samples `pid` with the BPF engine for `duration`.
-fn profile(pid: u32, duration: Duration) -> Profile {
-    profile_with(pid, duration, false)
+/// Samples wanted per profile. The machine's CPUs are shared, so a profile
+/// runs until it has them (or `PROFILE_TIMEOUT`), not for a fixed time.
+const WANTED_SAMPLES: usize = 400;
+const PROFILE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Samples `pid` with the BPF engine.
+fn profile(pid: u32) -> Profile {
+    profile_with(pid, false)
 }
 
 /// Samples `pid`, also in the kernel when `include_kernel`.
-fn profile_with(pid: u32, duration: Duration, include_kernel: bool) -> Profile {
+fn profile_with(pid: u32, include_kernel: bool) -> Profile {
     let specs = parse_events("sCPU freq=499").unwrap();
     let options = EventOptions {
         stack_sample_size: 8,
@@ -146,7 +167,7 @@ fn profile_with(pid: u32, duration: Duration, include_kernel: bool) -> Profile {
     .expect("the BPF engine starts");
     let mut samples = Vec::new();
     let started = Instant::now();
-    while started.elapsed() < duration {
+    while started.elapsed() < PROFILE_TIMEOUT && samples.len() < WANTED_SAMPLES {
         let outcome = engine
             .poll(
                 &mut processes,
@@ -214,11 +235,10 @@ fn program_passes_the_verifier() {
 fn chain_without_frame_pointers_unwinds_to_main() {
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
-    let mut child = start_workload(&binary, "chain", 20.0);
-    let pid = child.id();
-    let profile = profile(pid, Duration::from_millis(1500));
-    let _ = child.kill();
-    let _ = child.wait();
+    let child = start_workload(&binary, "chain", 60.0);
+    let pid = child.0.id();
+    let profile = profile(pid);
+    drop(child);
     report(&profile, "chain");
 
     let ours: Vec<&Sample> = profile.samples.iter().filter(|s| s.pid == pid).collect();
@@ -273,11 +293,10 @@ fn chain_without_frame_pointers_unwinds_to_main() {
 fn recursion_300_deep_reaches_main() {
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
-    let mut child = start_workload(&binary, "recurse", 20.0);
-    let pid = child.id();
-    let profile = profile(pid, Duration::from_millis(1500));
-    let _ = child.kill();
-    let _ = child.wait();
+    let child = start_workload(&binary, "recurse", 60.0);
+    let pid = child.0.id();
+    let profile = profile(pid);
+    drop(child);
     report(&profile, "recurse");
 
     assert!(
@@ -327,11 +346,10 @@ fn recursion_300_deep_reaches_main() {
 fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
-    let mut child = start_workload(&binary, "syscall", 20.0);
-    let pid = child.id();
-    let profile = profile_with(pid, Duration::from_millis(1500), true);
-    let _ = child.kill();
-    let _ = child.wait();
+    let child = start_workload(&binary, "syscall", 60.0);
+    let pid = child.0.id();
+    let profile = profile_with(pid, true);
+    drop(child);
     report(&profile, "syscall");
 
     let in_kernel: Vec<&Sample> = profile
@@ -388,14 +406,16 @@ fn exec_and_new_mappings_reach_the_maps_through_process_events() {
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
     // A shell that execs the workload after the engine has started on it.
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(format!("read line; exec {} chain 20", binary.display()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
+    let mut child = KillOnDrop(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("read line; exec {} chain 60", binary.display()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
     let specs = parse_events("sCPU freq=499").unwrap();
     let fds = events::open_all(
         &specs,
@@ -419,9 +439,9 @@ fn exec_and_new_mappings_reach_the_maps_through_process_events() {
     assert!(engine.tracked_processes().contains(&pid));
     // Let the shell exec, and wait for the new image to run.
     use std::io::Write;
-    writeln!(child.stdin.as_mut().unwrap()).unwrap();
+    writeln!(child.0.stdin.as_mut().unwrap()).unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
+    BufReader::new(child.0.stdout.as_mut().unwrap())
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "ready");
@@ -444,9 +464,17 @@ fn exec_and_new_mappings_reach_the_maps_through_process_events() {
         processes.apply(&event);
         engine.on_process_event(&event, &processes);
     }
+    // Only samples taken from now on are sure to see the updated maps.
+    let updated_at = monotonic_now();
     let mut samples = Vec::new();
     let started = Instant::now();
-    while started.elapsed() < Duration::from_millis(1000) {
+    while started.elapsed() < PROFILE_TIMEOUT
+        && samples
+            .iter()
+            .filter(|s: &&Sample| s.time > updated_at)
+            .count()
+            < WANTED_SAMPLES
+    {
         engine
             .poll(
                 &mut processes,
@@ -456,7 +484,10 @@ fn exec_and_new_mappings_reach_the_maps_through_process_events() {
             .unwrap();
     }
     // Samples taken after the maps were updated: the workload's own code.
-    let ours: Vec<&Sample> = samples.iter().filter(|s| s.pid == pid).collect();
+    let ours: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.pid == pid && s.time > updated_at)
+        .collect();
     assert!(ours.len() >= 100, "{} samples", ours.len());
     let reached_main = ours
         .iter()
@@ -470,12 +501,22 @@ fn exec_and_new_mappings_reach_the_maps_through_process_events() {
         ours.len()
     );
 
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let exit = ProcessEvent::Exit { pid, tid: pid };
     processes.apply(&exit);
     engine.on_process_event(&exit, &processes);
     assert!(!engine.tracked_processes().contains(&pid));
+}
+
+/// CLOCK_MONOTONIC nanoseconds, the clock of `Sample::time`.
+fn monotonic_now() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// The biggest libLLVM / libstdc++ on the machine.

@@ -15,7 +15,10 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::bindings::{bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE};
+use aya_ebpf::bindings::{
+    bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+    BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+};
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use aya_ebpf::helpers::generated::{
     bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
@@ -207,6 +210,16 @@ fn sample(ctx: &PerfEventContext) {
         frames = MAX_RECORD_FRAMES as u64;
     }
     let size = RAW_SAMPLE_HEADER_SIZE as u64 + frames * 8;
+    // Waking the reader for every sample costs an irq_work and a context
+    // switch each; it polls with a timeout anyway, so wake it only once a
+    // quarter of the buffer is waiting.
+    let pending = SAMPLES.query(BPF_RB_AVAIL_DATA as u64);
+    let ring_size = SAMPLES.query(BPF_RB_RING_SIZE as u64);
+    let wakeup = if pending >= ring_size / 4 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
     // SAFETY: `record` is a map value of size_of::<RawSample>() bytes and
     // `size` is at most that; the map pointer is the ring buffer map itself.
     let written = unsafe {
@@ -214,7 +227,7 @@ fn sample(ctx: &PerfEventContext) {
             &SAMPLES as *const RingBuf as *mut c_void,
             record as *mut RawSample as *mut c_void,
             size,
-            0,
+            wakeup as u64,
         )
     };
     count(if written == 0 {
@@ -418,8 +431,17 @@ fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
         return Rule::FramePointer;
     };
     match row_at(first_row.wrapping_add(index)) {
-        Some(row) if row.row_kind() != RowKind::NoInfo => Rule::Row(row),
-        _ => Rule::FramePointer,
+        Some(row) => rule_of(row),
+        None => Rule::FramePointer,
+    }
+}
+
+#[inline(always)]
+fn rule_of(row: UnwindRow) -> Rule {
+    if row.row_kind() == RowKind::NoInfo {
+        Rule::FramePointer
+    } else {
+        Rule::Row(row)
     }
 }
 
