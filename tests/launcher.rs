@@ -37,7 +37,10 @@ fn ddprof() -> Command {
 }
 
 fn run(command: &mut Command) -> Output {
-    command.stdin(Stdio::null()).output().expect("running ddprof")
+    command
+        .stdin(Stdio::null())
+        .output()
+        .expect("running ddprof")
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -54,7 +57,10 @@ fn warnings(stderr: &str) -> Vec<&str> {
 }
 
 fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("ddprof-launcher-test-{}-{name}", std::process::id()))
+    std::env::temp_dir().join(format!(
+        "ddprof-launcher-test-{}-{name}",
+        std::process::id()
+    ))
 }
 
 #[test]
@@ -66,10 +72,22 @@ fn the_command_keeps_the_callers_pid() {
     let output = run(Command::new("sh").args(["-c", &script]));
     let stdout = text(&output.stdout);
     let pids: Vec<&str> = stdout.lines().collect();
-    assert_eq!(pids.len(), 2, "stdout: {stdout}, stderr: {}", text(&output.stderr));
-    assert_eq!(pids[0], pids[1], "the command must run with the launcher's PID");
+    assert_eq!(
+        pids.len(),
+        2,
+        "stdout: {stdout}, stderr: {}",
+        text(&output.stderr)
+    );
+    assert_eq!(
+        pids[0], pids[1],
+        "the command must run with the launcher's PID"
+    );
     assert!(output.status.success());
-    assert!(warnings(&text(&output.stderr)).is_empty(), "{}", text(&output.stderr));
+    assert!(
+        warnings(&text(&output.stderr)).is_empty(),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 #[test]
@@ -87,7 +105,10 @@ fn missing_and_unexecutable_commands_exit_like_a_shell() {
     let output = run(ddprof().args(["--", "ddprof-no-such-command-anywhere"]));
     assert_eq!(output.status.code(), Some(127));
     let stderr = text(&output.stderr);
-    assert!(stderr.contains("ddprof-no-such-command-anywhere: command not found"), "{stderr}");
+    assert!(
+        stderr.contains("ddprof-no-such-command-anywhere: command not found"),
+        "{stderr}"
+    );
 
     let not_executable = temp_path("not-executable");
     std::fs::write(&not_executable, "#!/bin/sh\necho should not run\n").unwrap();
@@ -101,7 +122,9 @@ fn missing_and_unexecutable_commands_exit_like_a_shell() {
 
 #[test]
 fn commands_are_found_on_the_path() {
-    let output = run(ddprof().args(["--", "sh", "-c", "echo found"]).env("PATH", "/usr/bin:/bin"));
+    let output = run(ddprof()
+        .args(["--", "sh", "-c", "echo found"])
+        .env("PATH", "/usr/bin:/bin"));
     assert_eq!(text(&output.stdout), "found\n");
 }
 
@@ -136,7 +159,9 @@ fn the_command_survives_the_profiler_and_gets_no_sigchld() {
         .unwrap();
     let mut stdout = Lines::new(launched.stdout.take().unwrap());
     let mut stderr = Lines::new(launched.stderr.take().unwrap());
-    let ready = stdout.find("ready pid=", TIMEOUT).expect("the probe started");
+    let ready = stdout
+        .find("ready pid=", TIMEOUT)
+        .expect("the probe started");
     assert_eq!(number_field(&ready, "pid"), Some(u64::from(launched.id())));
 
     let started = stderr
@@ -148,7 +173,10 @@ fn the_command_survives_the_profiler_and_gets_no_sigchld() {
         // SAFETY: kill sends a signal to a PID we just read; it touches no memory.
         unsafe { libc::kill(daemon, libc::SIGKILL) };
     }
-    assert!(wait_until_gone(daemon, TIMEOUT), "the daemon {daemon} did not die");
+    assert!(
+        wait_until_gone(daemon, TIMEOUT),
+        "the daemon {daemon} did not die"
+    );
 
     let mut stdin = launched.stdin.take().unwrap();
     stdin.write_all(b"report\n").unwrap();
@@ -160,29 +188,46 @@ fn the_command_survives_the_profiler_and_gets_no_sigchld() {
 
 #[test]
 fn the_command_runs_when_events_cannot_be_opened_and_one_warning_says_why() {
-    let output = run(deny_perf_event_open(&mut ddprof()).args(["--", "sh", "-c", "echo ran; exit 5"]));
+    let output =
+        run(deny_perf_event_open(&mut ddprof()).args(["--", "sh", "-c", "echo ran; exit 5"]));
     assert_eq!(text(&output.stdout), "ran\n");
     assert_eq!(output.status.code(), Some(5));
     let stderr = text(&output.stderr);
     let warnings = warnings(&stderr);
     assert_eq!(warnings.len(), 1, "exactly one warning: {stderr}");
-    assert!(warnings[0].contains("perf_event_paranoid"), "{}", warnings[0]);
+    assert!(
+        warnings[0].contains("perf_event_paranoid"),
+        "{}",
+        warnings[0]
+    );
     assert!(warnings[0].contains("without profiling"), "{}", warnings[0]);
-    assert_eq!(stderr.lines().count(), 1, "nothing else on stderr: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "nothing else on stderr: {stderr}"
+    );
 }
 
 #[test]
 fn log_modes_route_or_silence_the_warning() {
-    let output = run(deny_perf_event_open(&mut ddprof()).args(["--log-mode", "disabled", "--", "true"]));
+    let output =
+        run(deny_perf_event_open(&mut ddprof()).args(["--log-mode", "disabled", "--", "true"]));
     assert!(output.status.success());
     assert_eq!(text(&output.stderr), "");
 
-    let output = run(deny_perf_event_open(&mut ddprof()).args(["--log-mode", "stdout", "--", "true"]));
+    let output =
+        run(deny_perf_event_open(&mut ddprof()).args(["--log-mode", "stdout", "--", "true"]));
     assert!(output.status.success());
-    assert_eq!(warnings(&text(&output.stdout)).len(), 1, "{}", text(&output.stdout));
+    assert_eq!(
+        warnings(&text(&output.stdout)).len(),
+        1,
+        "{}",
+        text(&output.stdout)
+    );
     assert_eq!(text(&output.stderr), "");
 
-    let output = run(deny_perf_event_open(&mut ddprof()).args(["--log-level", "error", "--", "true"]));
+    let output =
+        run(deny_perf_event_open(&mut ddprof()).args(["--log-level", "error", "--", "true"]));
     assert_eq!(text(&output.stderr), "");
 }
 
@@ -233,7 +278,9 @@ fn the_command_gets_the_capabilities_it_would_have_without_ddprof() {
             .args(read_status),
     );
     assert_eq!(with, without);
-    assert!(without.iter().any(|(key, value)| key == "CapAmb" && *value != 0));
+    assert!(without
+        .iter()
+        .any(|(key, value)| key == "CapAmb" && *value != 0));
 }
 
 #[test]
@@ -241,7 +288,12 @@ fn drop_capabilities_removes_admin_perfmon_and_bpf_everywhere() {
     let read_status = ["grep", "^Cap", "/proc/self/status"];
     let without = command_capabilities(Command::new(read_status[0]).args(&read_status[1..]));
     let dropped = (1u64 << CAP_SYS_ADMIN) | (1 << CAP_PERFMON) | (1 << CAP_BPF);
-    let with = command_capabilities(ddprof().arg("--drop-capabilities").arg("--").args(read_status));
+    let with = command_capabilities(
+        ddprof()
+            .arg("--drop-capabilities")
+            .arg("--")
+            .args(read_status),
+    );
     for ((key, before), (_, after)) in without.iter().zip(&with) {
         assert_eq!(after & dropped, 0, "{key} still has {after:#x}");
         assert_eq!(*after, before & !dropped, "{key}: only those three go");
@@ -261,27 +313,56 @@ fn the_profiler_keeps_only_the_capabilities_it_uses() {
         .fold(0, |mask, cap| mask | (1 << cap));
     for set in ["effective", "permitted", "bounding"] {
         let value = hex_field(started, set).unwrap_or_else(|| panic!("no {set} in {started}"));
-        assert_eq!(value & !allowed, 0, "{set}={value:#x} has more than it uses");
+        assert_eq!(
+            value & !allowed,
+            0,
+            "{set}={value:#x} has more than it uses"
+        );
         assert_eq!(value & (1 << CAP_KILL), 0);
         assert_eq!(value & (1 << CAP_SETUID), 0);
     }
     // The tests run as root: what it keeps is really kept.
-    assert_ne!(hex_field(started, "effective").unwrap() & (1 << CAP_SYS_PTRACE), 0);
+    assert_ne!(
+        hex_field(started, "effective").unwrap() & (1 << CAP_SYS_PTRACE),
+        0
+    );
 }
 
 #[test]
 fn switch_user_runs_the_command_as_that_user() {
-    let output = run(ddprof().args(["--switch-user", "nobody", "--", "sh", "-c", "id -u; id -g; grep ^CapEff /proc/self/status"]));
+    let output = run(ddprof().args([
+        "--switch-user",
+        "nobody",
+        "--",
+        "sh",
+        "-c",
+        "id -u; id -g; grep ^CapEff /proc/self/status",
+    ]));
     assert!(output.status.success(), "{}", text(&output.stderr));
     let stdout = text(&output.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[0], "65534", "{stdout}");
     assert_eq!(capability_lines(lines[2]), vec![("CapEff".to_string(), 0)]);
-    assert!(warnings(&text(&output.stderr)).is_empty(), "{}", text(&output.stderr));
+    assert!(
+        warnings(&text(&output.stderr)).is_empty(),
+        "{}",
+        text(&output.stderr)
+    );
 
-    let output = run(ddprof().args(["--switch-user", "no-such-user-ddprof", "--", "sh", "-c", "echo ran"]));
+    let output = run(ddprof().args([
+        "--switch-user",
+        "no-such-user-ddprof",
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]));
     assert_eq!(output.status.code(), Some(1));
-    assert_eq!(text(&output.stdout), "", "the command must not run as the caller");
+    assert_eq!(
+        text(&output.stdout),
+        "",
+        "the command must not run as the caller"
+    );
     assert!(text(&output.stderr).contains("no user `no-such-user-ddprof`"));
 }
 
@@ -291,15 +372,27 @@ fn bad_pids_fail_with_a_clear_message() {
     assert_eq!(output.status.code(), Some(1));
     let stderr = text(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("no process with PID 2147483647"), "{stderr}");
+    assert!(
+        stderr.contains("no process with PID 2147483647"),
+        "{stderr}"
+    );
 
     let output = run(ddprof().args(["--pid", "abc"]));
     assert_eq!(output.status.code(), Some(2));
-    assert!(text(&output.stderr).contains("--pid"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("--pid"),
+        "{}",
+        text(&output.stderr)
+    );
 
     // An unprivileged user may not profile init.
     let output = run(Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
         .arg(ddprof_bin())
         .args(["-p", "1"]));
     assert_eq!(output.status.code(), Some(1));
@@ -314,7 +407,10 @@ fn global_without_permission_fails_with_a_clear_message() {
     let output = run(deny_perf_event_open(&mut ddprof()).arg("--global"));
     assert_eq!(output.status.code(), Some(1));
     let stderr = text(&output.stderr);
-    assert!(stderr.contains("cannot profile the whole machine"), "{stderr}");
+    assert!(
+        stderr.contains("cannot profile the whole machine"),
+        "{stderr}"
+    );
     assert!(stderr.contains("CAP_PERFMON"), "{stderr}");
 }
 
@@ -324,7 +420,10 @@ fn bad_option_values_name_the_option() {
         (&["--upload-period", "0", "true"][..], "--upload-period"),
         (&["--log-mode", "loud", "true"][..], "--log-mode"),
         (&["-e", "sFOO", "true"][..], "--event"),
-        (&["--stack-sample-size", "7", "true"][..], "--stack-sample-size"),
+        (
+            &["--stack-sample-size", "7", "true"][..],
+            "--stack-sample-size",
+        ),
         (&["--nice", "99", "true"][..], "--nice"),
     ] {
         let output = run(ddprof().args(args));
@@ -332,7 +431,9 @@ fn bad_option_values_name_the_option() {
         let stderr = text(&output.stderr);
         assert!(stderr.contains(option), "{args:?}: {stderr}");
     }
-    let output = run(ddprof().env("DD_PROFILING_UPLOAD_PERIOD", "soon").arg("true"));
+    let output = run(ddprof()
+        .env("DD_PROFILING_UPLOAD_PERIOD", "soon")
+        .arg("true"));
     assert_eq!(output.status.code(), Some(2));
     assert!(text(&output.stderr).contains("expected a number of seconds"));
 
@@ -357,20 +458,35 @@ fn config_file_precedence_is_flag_then_env_then_file_then_default() {
         .args(["--tags", "e:f", "--show-config", "true"]));
     assert!(output.status.success(), "{}", text(&output.stderr));
     let shown = text(&output.stdout);
-    assert!(shown.contains("\"from-file\""), "file over default: {shown}");
+    assert!(
+        shown.contains("\"from-file\""),
+        "file over default: {shown}"
+    );
     assert!(shown.contains("\"from-env\""), "{shown}");
-    assert!(!shown.contains("file-env"), "environment over file: {shown}");
+    assert!(
+        !shown.contains("file-env"),
+        "environment over file: {shown}"
+    );
     assert!(shown.contains("\"e:f\""), "{shown}");
-    assert!(!shown.contains("a:b") && !shown.contains("c:d"), "flag over all: {shown}");
+    assert!(
+        !shown.contains("a:b") && !shown.contains("c:d"),
+        "flag over all: {shown}"
+    );
     assert!(shown.contains("upload_period: 10"), "{shown}");
-    assert!(shown.contains("stack_sample_size: 32000"), "the default stays: {shown}");
+    assert!(
+        shown.contains("stack_sample_size: 32000"),
+        "the default stays: {shown}"
+    );
 
     std::fs::write(&config, "upload_period = \"weekly\"\n").unwrap();
     let output = run(ddprof().arg("--config").arg(&config).arg("true"));
     assert_eq!(output.status.code(), Some(2));
     let stderr = text(&output.stderr);
     assert!(stderr.contains("--upload-period"), "{stderr}");
-    assert!(stderr.contains("expected a number of seconds from 1 to 3600"), "{stderr}");
+    assert!(
+        stderr.contains("expected a number of seconds from 1 to 3600"),
+        "{stderr}"
+    );
     assert!(stderr.contains(config.to_str().unwrap()), "{stderr}");
     std::fs::remove_file(config).unwrap();
 }
@@ -397,7 +513,14 @@ fn busy_loop() -> std::process::Child {
 fn pid_mode_samples_a_running_process_until_it_exits() {
     let mut workload = busy_loop();
     let profiler = ddprof()
-        .args(["-l", "notice", "-e", "sCPU freq=999", "-p", &workload.id().to_string()])
+        .args([
+            "-l",
+            "notice",
+            "-e",
+            "sCPU freq=999",
+            "-p",
+            &workload.id().to_string(),
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -460,15 +583,25 @@ fn the_daemon_is_detached_niced_and_pinned() {
     let mut stderr = Lines::new(launched.stderr.take().unwrap());
     let started = stderr.find("profiler started:", TIMEOUT).unwrap();
     let daemon = number_field(&started, "pid").unwrap() as i32;
-    assert!(is_running(daemon), "the daemon must run as long as the command");
+    assert!(
+        is_running(daemon),
+        "the daemon must run as long as the command"
+    );
     let stat = std::fs::read_to_string(format!("/proc/{daemon}/stat")).unwrap();
     let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
     // Fields after the command name: state(0) ppid(1) pgrp(2) session(3) ... nice(16).
-    assert_ne!(fields[1], launched.id().to_string(), "not the command's child");
+    assert_ne!(
+        fields[1],
+        launched.id().to_string(),
+        "not the command's child"
+    );
     assert_eq!(fields[3], daemon.to_string(), "its own session");
     assert_eq!(fields[16], "10");
     let status = std::fs::read_to_string(format!("/proc/{daemon}/status")).unwrap();
-    let cpus = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap();
+    let cpus = status
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list:"))
+        .unwrap();
     assert!(!cpus.contains(',') && !cpus.contains('-'), "{cpus}");
     for fd in [0, 1] {
         let target = std::fs::read_link(format!("/proc/{daemon}/fd/{fd}")).unwrap();

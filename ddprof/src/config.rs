@@ -209,7 +209,7 @@ fn parse_stack_size(value: &str) -> Result<u32, String> {
     let size: u32 = value
         .parse()
         .map_err(|_| format!("`{value}` is not a number of bytes"))?;
-    if size == 0 || size % 8 != 0 || size >= 65536 {
+    if size == 0 || !size.is_multiple_of(8) || size >= 65536 {
         return Err(format!(
             "{size} must be a non-zero multiple of 8 below 65536"
         ));
@@ -459,7 +459,8 @@ mod tests {
     use super::*;
 
     fn write_config(name: &str, text: &str) -> PathBuf {
-        let path = std::env::temp_dir().join(format!("ddprof-config-{}-{name}.toml", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("ddprof-config-{}-{name}.toml", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path
     }
@@ -470,7 +471,8 @@ mod tests {
             "precedence",
             "service = \"from-file\"\nupload_period = 10\ninlined_functions = true\nshow-samples = true\n",
         );
-        let cli = Cli::load_from(["ddprof", "--config", path.to_str().unwrap(), "--", "true"]).unwrap();
+        let cli =
+            Cli::load_from(["ddprof", "--config", path.to_str().unwrap(), "--", "true"]).unwrap();
         assert_eq!(cli.service.as_deref(), Some("from-file"));
         assert_eq!(cli.upload_period, 10);
         assert!(cli.inlined_functions);
@@ -499,7 +501,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("--upload-period"), "{error}");
-        assert!(error.contains("expected a number of seconds from 1 to 3600"), "{error}");
+        assert!(
+            error.contains("expected a number of seconds from 1 to 3600"),
+            "{error}"
+        );
 
         std::fs::write(&path, "no_such_option = 1\n").unwrap();
         let error = Cli::load_from(["ddprof", "--config", path.to_str().unwrap(), "true"])
@@ -523,10 +528,17 @@ mod tests {
 
     #[test]
     fn flag_errors_say_what_was_expected() {
-        let error = Cli::load_from(["ddprof", "--nice", "40", "true"]).unwrap_err().to_string();
+        let error = Cli::load_from(["ddprof", "--nice", "40", "true"])
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("--nice"), "{error}");
-        assert!(error.contains("expected a niceness from -20 to 19"), "{error}");
-        let error = Cli::load_from(["ddprof", "-e", "sFOO", "true"]).unwrap_err().to_string();
+        assert!(
+            error.contains("expected a niceness from -20 to 19"),
+            "{error}"
+        );
+        let error = Cli::load_from(["ddprof", "-e", "sFOO", "true"])
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("--event"), "{error}");
     }
 

@@ -130,10 +130,7 @@ mod tests {
             format_line(42, Level::Warn, "no events\nat all"),
             "ddprof[42]: warning: no events at all\n"
         );
-        assert_eq!(
-            format_line(7, Level::Info, "x"),
-            "ddprof[7]: notice: x\n"
-        );
+        assert_eq!(format_line(7, Level::Info, "x"), "ddprof[7]: notice: x\n");
     }
 
     #[test]

@@ -25,7 +25,10 @@ pub fn ddprof_bin() -> &'static Path {
         build
             .current_dir(workspace)
             .args(["build", "--quiet", "-p", "ddprof", "--bin", "ddprof"]);
-        if profile_dir.file_name().is_some_and(|name| name == "release") {
+        if profile_dir
+            .file_name()
+            .is_some_and(|name| name == "release")
+        {
             build.arg("--release");
         }
         let status = build.status().expect("running cargo to build ddprof");

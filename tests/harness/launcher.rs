@@ -163,13 +163,19 @@ pub fn capability_lines(status: &str) -> Vec<(String, u64)> {
 /// The value of `key=0x...` in a log line (e.g. `effective=0x1c000284004`).
 pub fn hex_field(line: &str, key: &str) -> Option<u64> {
     let start = line.find(&format!("{key}=0x"))? + key.len() + 3;
-    let digits: String = line[start..].chars().take_while(char::is_ascii_hexdigit).collect();
+    let digits: String = line[start..]
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .collect();
     u64::from_str_radix(&digits, 16).ok()
 }
 
 /// The value of `key=N` in a log line (e.g. `pid=1234`).
 pub fn number_field(line: &str, key: &str) -> Option<u64> {
     let start = line.find(&format!("{key}="))? + key.len() + 1;
-    let digits: String = line[start..].chars().take_while(char::is_ascii_digit).collect();
+    let digits: String = line[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
     digits.parse().ok()
 }

@@ -22,7 +22,10 @@ fn main() {
         action.sa_sigaction = count_sigchld as *const () as libc::sighandler_t;
         action.sa_flags = libc::SA_RESTART;
         libc::sigemptyset(&mut action.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGCHLD, &action, std::ptr::null_mut()), 0);
+        assert_eq!(
+            libc::sigaction(libc::SIGCHLD, &action, std::ptr::null_mut()),
+            0
+        );
     }
     let mut stdout = std::io::stdout();
     writeln!(stdout, "ready pid={}", std::process::id()).unwrap();

@@ -313,7 +313,10 @@ mod tests {
         assert_eq!(set.0, (1 << 21) | (1 << 38) | (1 << 39));
         assert!(set.contains(cap::BPF));
         assert!(!set.contains(cap::KILL));
-        assert_eq!(set.without(CapSet::of(&[cap::BPF])).0, (1 << 21) | (1 << 38));
+        assert_eq!(
+            set.without(CapSet::of(&[cap::BPF])).0,
+            (1 << 21) | (1 << 38)
+        );
     }
 
     #[test]

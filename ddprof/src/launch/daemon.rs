@@ -161,7 +161,13 @@ fn daemon_main(setup: DaemonSetup<'_>) {
         events.len(),
         super::describe_capabilities()
     );
-    if let Err(error) = profiler::run(cli, Target::Launched { pid: target_pid as u32 }, events) {
+    if let Err(error) = profiler::run(
+        cli,
+        Target::Launched {
+            pid: target_pid as u32,
+        },
+        events,
+    ) {
         log::error!("profiler stopped: {error}");
     }
 }

@@ -100,7 +100,11 @@ pub fn run_command(cli: &Cli) -> ExitCode {
         eprintln!("ddprof: no command given");
         return ExitCode::from(2);
     };
-    let argv: Result<Vec<CString>, _> = cli.command.iter().map(|arg| CString::new(arg.as_bytes())).collect();
+    let argv: Result<Vec<CString>, _> = cli
+        .command
+        .iter()
+        .map(|arg| CString::new(arg.as_bytes()))
+        .collect();
     let Ok(argv) = argv else {
         eprintln!("ddprof: cannot run `{program}`: an argument contains a NUL byte");
         return ExitCode::from(EXIT_NOT_EXECUTABLE);
@@ -186,7 +190,11 @@ pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
     };
     // Stop requests must not kill the process before the last period is
     // flushed: the loop checks `stop::requested()`.
-    let stop = stop::install().map_err(|error| ProfilerError::Setup(format!("cannot install the SIGINT/SIGTERM handlers: {error}")))?;
+    let stop = stop::install().map_err(|error| {
+        ProfilerError::Setup(format!(
+            "cannot install the SIGINT/SIGTERM handlers: {error}"
+        ))
+    })?;
     settle_profiler(cli);
     log::info!(
         "profiler started: pid={} target={:?} events={} {}",
@@ -216,7 +224,10 @@ fn open_process_events(
             std::io::ErrorKind::NotFound => LaunchError::NoSuchProcess(pid),
             _ => LaunchError::Threads { pid, source },
         })?;
-        let new: Vec<i32> = threads.into_iter().filter(|tid| !done.contains(tid)).collect();
+        let new: Vec<i32> = threads
+            .into_iter()
+            .filter(|tid| !done.contains(tid))
+            .collect();
         if new.is_empty() {
             return Ok(events);
         }
@@ -225,7 +236,9 @@ fn open_process_events(
                 Ok(opened) => events.extend(opened),
                 // A thread that ended in the meantime needs no events.
                 Err(OpenError::NoSuchProcess { .. }) if tid != pid => {}
-                Err(OpenError::NoSuchProcess { .. }) => return Err(LaunchError::NoSuchProcess(pid)),
+                Err(OpenError::NoSuchProcess { .. }) => {
+                    return Err(LaunchError::NoSuchProcess(pid))
+                }
                 Err(source) => return Err(LaunchError::Attach { pid, source }),
             }
             done.push(tid);
@@ -270,7 +283,10 @@ fn pin_to_one_cpu() {
     let Ok(allowed) = sched_getaffinity(this) else {
         return;
     };
-    let Some(cpu) = (0..CpuSet::count()).rev().find(|&cpu| allowed.is_set(cpu).unwrap_or(false)) else {
+    let Some(cpu) = (0..CpuSet::count())
+        .rev()
+        .find(|&cpu| allowed.is_set(cpu).unwrap_or(false))
+    else {
         return;
     };
     let mut one = CpuSet::new();

@@ -38,7 +38,8 @@ pub fn install() -> io::Result<StopSignals> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: pipe2 succeeded: both descriptors are new and ours.
-    let (wake_read, wake_write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (wake_read, wake_write) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     WAKE_FD.store(wake_write.as_raw_fd(), Ordering::SeqCst);
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only touches atomics and calls write/_exit,

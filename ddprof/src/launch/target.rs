@@ -100,9 +100,9 @@ impl TargetWatch {
                     // EINTR or a timeout: loop and look again.
                     let _ = poll(&mut fds, timeout);
                 }
-                None => {
-                    std::thread::sleep(left.map_or(PROC_POLL_INTERVAL, |l| l.min(PROC_POLL_INTERVAL)))
-                }
+                None => std::thread::sleep(
+                    left.map_or(PROC_POLL_INTERVAL, |l| l.min(PROC_POLL_INTERVAL)),
+                ),
             }
         }
     }

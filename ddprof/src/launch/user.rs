@@ -61,7 +61,8 @@ pub fn switch_to(user: &TargetUser) -> Result<(), UserError> {
             source,
         }
     };
-    let name = CString::new(user.name.as_str()).map_err(|_| error("initgroups")(nix::Error::EINVAL))?;
+    let name =
+        CString::new(user.name.as_str()).map_err(|_| error("initgroups")(nix::Error::EINVAL))?;
     nix::unistd::initgroups(&name, user.gid).map_err(error("initgroups"))?;
     nix::unistd::setresgid(user.gid, user.gid, user.gid).map_err(error("setresgid"))?;
     nix::unistd::setresuid(user.uid, user.uid, user.uid).map_err(error("setresuid"))?;
