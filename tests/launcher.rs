@@ -3,15 +3,15 @@
 //! status, signals, capabilities), must always run it, and must fail clearly
 //! on bad input.
 use std::io::Write;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use ddprof_tests::ddprof_bin;
 use ddprof_tests::launcher::{
-    capability_lines, deny_perf_event_open, hex_field, is_running, number_field, wait_until_gone,
-    Lines,
+    capability_lines, deny_perf_event_open, hex_field, hex_status_lines, is_running, number_field,
+    wait_until_gone, Lines,
 };
 
 const SIGCHLD_PROBE: &str = env!("CARGO_BIN_EXE_sigchld-probe");
@@ -281,6 +281,54 @@ fn the_command_gets_the_capabilities_it_would_have_without_ddprof() {
     assert!(without
         .iter()
         .any(|(key, value)| key == "CapAmb" && *value != 0));
+}
+
+/// Ignores SIGPIPE and SIGCHLD and blocks SIGUSR1 in the spawned process,
+/// as some callers do.
+fn with_unusual_signal_state(command: &mut Command) -> &mut Command {
+    // SAFETY: runs in the forked child before exec: signal() and
+    // sigprocmask() on stack data only.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+            libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+            let mut blocked: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut blocked);
+            libc::sigaddset(&mut blocked, libc::SIGUSR1);
+            libc::sigprocmask(libc::SIG_BLOCK, &blocked, std::ptr::null_mut());
+            Ok(())
+        })
+    }
+}
+
+#[test]
+fn the_command_gets_the_callers_signal_state() {
+    let read_status = ["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"];
+    let without =
+        run(with_unusual_signal_state(&mut Command::new(read_status[0])).args(&read_status[1..]));
+    let with = run(with_unusual_signal_state(&mut ddprof())
+        .args(["--log-level", "notice", "--"])
+        .args(read_status));
+    assert_eq!(text(&with.stdout), text(&without.stdout));
+    let state = hex_status_lines(&text(&without.stdout), "Sig");
+    let bit = |signal: i32| 1u64 << (signal - 1);
+    assert_eq!(
+        state[0].1 & bit(libc::SIGUSR1),
+        bit(libc::SIGUSR1),
+        "SIGUSR1 blocked"
+    );
+    let ignored = bit(libc::SIGPIPE) | bit(libc::SIGCHLD);
+    assert_eq!(state[1].1 & ignored, ignored, "SIGPIPE and SIGCHLD ignored");
+    // ... and with SIGCHLD ignored the profiler still started.
+    assert!(
+        text(&with.stderr).contains("profiler started:"),
+        "{}",
+        text(&with.stderr)
+    );
+
+    let without = run(Command::new(read_status[0]).args(&read_status[1..]));
+    let with = run(ddprof().arg("--").args(read_status));
+    assert_eq!(text(&with.stdout), text(&without.stdout));
 }
 
 #[test]

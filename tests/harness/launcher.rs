@@ -148,11 +148,17 @@ pub fn wait_until_gone(pid: i32, timeout: Duration) -> bool {
 
 /// The `Cap*` lines of a `/proc/PID/status` text, e.g. `("CapEff", 0x1ff)`.
 pub fn capability_lines(status: &str) -> Vec<(String, u64)> {
+    hex_status_lines(status, "Cap")
+}
+
+/// The hexadecimal `/proc/PID/status` lines whose key starts with `prefix`
+/// (`Cap` for capabilities, `Sig` for signal masks).
+pub fn hex_status_lines(status: &str, prefix: &str) -> Vec<(String, u64)> {
     status
         .lines()
         .filter_map(|line| {
             let (key, value) = line.split_once(':')?;
-            if !key.starts_with("Cap") {
+            if !key.starts_with(prefix) {
                 return None;
             }
             Some((key.to_string(), u64::from_str_radix(value.trim(), 16).ok()?))

@@ -19,6 +19,7 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
 use super::handoff::{self, HandoffError};
+use super::signals;
 use crate::config::{Cli, EventSpec, LogMode};
 use crate::profiler::{self, Target};
 
@@ -52,6 +53,20 @@ pub struct DaemonSetup<'a> {
 /// Forks the daemon; returns in the launcher once the intermediate child is
 /// reaped. Never returns in the daemon.
 pub fn spawn(setup: DaemonSetup<'_>) -> Result<(), SpawnError> {
+    // With SIGCHLD ignored, the kernel would reap the intermediate child
+    // itself and waitpid would wait for every other child: take the default
+    // disposition while forking, and give the caller's back for the exec.
+    let caller_sigchld = signals::is_ignored(libc::SIGCHLD)
+        .then(|| signals::SavedDisposition::replace(libc::SIGCHLD, libc::SIG_DFL).ok())
+        .flatten();
+    let result = fork_twice(setup);
+    if let Some(saved) = caller_sigchld {
+        saved.restore();
+    }
+    result
+}
+
+fn fork_twice(setup: DaemonSetup<'_>) -> Result<(), SpawnError> {
     // SAFETY: the launcher is single-threaded here (nothing has spawned a
     // thread), so the child may run arbitrary code after the fork.
     match unsafe { fork() }.map_err(SpawnError::Fork)? {

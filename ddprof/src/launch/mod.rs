@@ -25,13 +25,13 @@
 pub mod capabilities;
 pub mod daemon;
 pub mod handoff;
+pub mod signals;
 pub mod stop;
 pub mod target;
 pub mod user;
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -94,11 +94,11 @@ fn specs(cli: &Cli) -> Vec<EventSpec> {
 }
 
 /// Runs `cli.command` (profiled unless `--enable false`). Returns only when
-/// the command could not be started.
-pub fn run_command(cli: &Cli) -> ExitCode {
+/// the command could not be started, with ddprof's exit status.
+pub fn run_command(cli: &Cli) -> u8 {
     let Some(program) = cli.command.first() else {
         eprintln!("ddprof: no command given");
-        return ExitCode::from(2);
+        return 2;
     };
     let argv: Result<Vec<CString>, _> = cli
         .command
@@ -107,13 +107,16 @@ pub fn run_command(cli: &Cli) -> ExitCode {
         .collect();
     let Ok(argv) = argv else {
         eprintln!("ddprof: cannot run `{program}`: an argument contains a NUL byte");
-        return ExitCode::from(EXIT_NOT_EXECUTABLE);
+        return EXIT_NOT_EXECUTABLE;
     };
+    // A warning written to a closed stderr must not kill the launcher (the
+    // command would never run); the caller's disposition is back for the exec.
+    let caller_sigpipe = signals::SavedDisposition::replace(libc::SIGPIPE, libc::SIG_IGN).ok();
     let switch_user = match cli.switch_user.as_deref().map(user::resolve).transpose() {
         Ok(user) => user,
         Err(error) => {
             eprintln!("ddprof: {error}");
-            return ExitCode::FAILURE;
+            return 1;
         }
     };
     if cli.enabled {
@@ -124,28 +127,29 @@ pub fn run_command(cli: &Cli) -> ExitCode {
     if cli.drop_capabilities {
         if let Err(error) = capabilities::drop_from_command() {
             eprintln!("ddprof: {}", LaunchError::DropCapabilities(error));
-            return ExitCode::FAILURE;
+            return 1;
         }
     }
     if let Some(user) = &switch_user {
         if let Err(error) = user::switch_to(user) {
             eprintln!("ddprof: {error}");
-            return ExitCode::FAILURE;
+            return 1;
         }
     }
-    // Rust ignores SIGPIPE in its own processes; the command must start with
-    // the default disposition, as it would from a shell.
-    // SAFETY: resetting a signal disposition to its default.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // main.rs does not let the Rust runtime ignore SIGPIPE, so this is the
+    // caller's own disposition.
+    if let Some(saved) = caller_sigpipe {
+        saved.restore();
+    }
     let error = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
     match error {
         nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR => {
             eprintln!("ddprof: {program}: command not found");
-            ExitCode::from(EXIT_NOT_FOUND)
+            EXIT_NOT_FOUND
         }
         other => {
             eprintln!("ddprof: {program}: cannot run it: {}", other.desc());
-            ExitCode::from(EXIT_NOT_EXECUTABLE)
+            EXIT_NOT_EXECUTABLE
         }
     }
 }
@@ -180,6 +184,8 @@ fn profile_self(cli: &Cli) -> Result<(), NotProfiled> {
 /// `-p PID` or `--global`: opens the events and runs the profiler in the
 /// foreground until the process exits or SIGINT/SIGTERM.
 pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
+    // Log lines written to a closed pipe must not kill the profiler.
+    let _ = signals::SavedDisposition::replace(libc::SIGPIPE, libc::SIG_IGN);
     let specs = specs(cli);
     raise_descriptor_limit();
     let events = match target {
