@@ -1,0 +1,73 @@
+//! SIGINT/SIGTERM as a stop request for the foreground profiler (`-p`,
+//! `--global`): the first signal asks the loop to flush its last period and
+//! return; the loop checks [`requested`] and can poll [`StopSignals::poll_fd`].
+//! A second signal, while the loop is still flushing, ends the process.
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// The installed handlers and the read end of their self-pipe.
+#[derive(Debug)]
+pub struct StopSignals {
+    wake_read: OwnedFd,
+    _wake_write: OwnedFd,
+}
+
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    if STOP_REQUESTED.swap(true, Ordering::SeqCst) {
+        // Second request: the user insists.
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(128 + signal) };
+    }
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: write is async-signal-safe; the pipe is non-blocking, and a
+        // full pipe already means "wake up".
+        unsafe { libc::write(fd, b"x".as_ptr().cast(), 1) };
+    }
+}
+
+/// Installs the SIGINT/SIGTERM handlers.
+pub fn install() -> io::Result<StopSignals> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded: both descriptors are new and ours.
+    let (wake_read, wake_write) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    WAKE_FD.store(wake_write.as_raw_fd(), Ordering::SeqCst);
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only touches atomics and calls write/_exit,
+        // which are async-signal-safe; `action` is fully initialised.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            if libc::sigaction(signal, &action, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(StopSignals {
+        wake_read,
+        _wake_write: wake_write,
+    })
+}
+
+/// Whether SIGINT or SIGTERM arrived.
+pub fn requested() -> bool {
+    STOP_REQUESTED.load(Ordering::SeqCst)
+}
+
+impl StopSignals {
+    /// Readable once a stop was requested.
+    pub fn poll_fd(&self) -> BorrowedFd<'_> {
+        self.wake_read.as_fd()
+    }
+}
