@@ -78,6 +78,11 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_SAMPLE_STACK_USER", default_value_t = DEFAULT_STACK_SAMPLE_SIZE, value_parser = parse_stack_size)]
     pub stack_sample_size: u32,
 
+    /// KiB of perf ring buffer per event and CPU (perf engine; rounded up to a power of two pages).
+    /// Hidden: for tests that force sample loss, and for machines short of locked memory.
+    #[arg(long, hide = true, env = "DD_PROFILING_RING_BUFFER_KIB", value_parser = clap::value_parser!(u32).range(4..=1048576))]
+    pub ring_buffer_kib: Option<u32>,
+
     /// Profile a running process and its future children
     #[arg(short = 'p', long, env = "DD_PROFILING_PID", conflicts_with = "global")]
     pub pid: Option<i32>,
@@ -171,7 +176,7 @@ fn parse_stack_size(value: &str) -> Result<u32, String> {
     let size: u32 = value
         .parse()
         .map_err(|_| format!("`{value}` is not a number of bytes"))?;
-    if size == 0 || size % 8 != 0 || size >= 65536 {
+    if size == 0 || !size.is_multiple_of(8) || size >= 65536 {
         return Err(format!(
             "{size} must be a non-zero multiple of 8 below 65536"
         ));

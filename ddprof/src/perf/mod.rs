@@ -31,6 +31,15 @@ pub const HOLD_BACK: Duration = Duration::from_millis(10);
 /// 32 KB stacks, so that the 16 samples after which the kernel wakes the
 /// reader (see `events.rs`) fit twice.
 pub const DEFAULT_RING_BUFFER_BYTES: usize = 1 << 20;
+/// A ring buffer holding 32 samples of `stack_sample_size` bytes (1 MiB for
+/// the default 32 KB), within 256 KiB..=4 MiB.
+pub fn default_ring_buffer_bytes(stack_sample_size: u32) -> usize {
+    // Each sample also carries ~100 bytes of header, ids, registers and sizes.
+    ((stack_sample_size as usize + 256) * 32)
+        .next_power_of_two()
+        .clamp(256 * 1024, 4 << 20)
+}
+
 /// The engine gives up shrinking a buffer that cannot be mapped below this.
 const MIN_RING_BUFFER_PAGES: usize = 2;
 
@@ -57,6 +66,19 @@ impl Default for PerfEngineOptions {
 }
 
 impl PerfEngineOptions {
+    /// The options the command line asks for (`--ring-buffer-kib`, `--show-samples`),
+    /// with a buffer sized for `--stack-sample-size` by default.
+    pub fn from_cli(cli: &crate::config::Cli) -> Self {
+        Self {
+            ring_buffer_bytes: cli
+                .ring_buffer_kib
+                .map(|kib| kib as usize * 1024)
+                .unwrap_or_else(|| default_ring_buffer_bytes(cli.stack_sample_size)),
+            max_frames: MAX_USER_FRAMES,
+            show_samples: cli.show_samples,
+        }
+    }
+
     /// Data pages per buffer: a power of two, at least 1.
     fn data_pages(&self) -> usize {
         let page = ring::page_size();
@@ -502,5 +524,17 @@ mod tests {
         assert!(here.file.path.contains("ddprof"), "{}", here.file.path);
         assert_eq!(engine.losses().malformed, 0);
         assert_eq!(engine.sample_counters().samples, samples.len() as u64);
+    }
+
+    #[test]
+    fn sizes_default_buffers_for_the_stack_copy() {
+        assert_eq!(default_ring_buffer_bytes(32000), 1 << 20);
+        assert_eq!(default_ring_buffer_bytes(8), 256 * 1024);
+        assert_eq!(default_ring_buffer_bytes(65528), 4 << 20);
+        let options = PerfEngineOptions {
+            ring_buffer_bytes: 5000,
+            ..PerfEngineOptions::default()
+        };
+        assert_eq!(options.data_pages() * ring::page_size(), 8192);
     }
 }

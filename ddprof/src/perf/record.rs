@@ -317,7 +317,7 @@ pub(crate) mod tests {
         pub(crate) fn string(mut self, value: &str) -> Self {
             self.bytes.extend_from_slice(value.as_bytes());
             self.bytes.push(0);
-            while self.bytes.len() % 8 != 0 {
+            while !self.bytes.len().is_multiple_of(8) {
                 self.bytes.push(0);
             }
             self
