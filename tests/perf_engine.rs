@@ -426,6 +426,9 @@ fn an_unprivileged_user_samples_its_own_child() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+    for line in stdout.lines().filter(|l| l.starts_with("UNPRIVILEGED")) {
+        println!("as nobody: {line}");
+    }
 }
 
 #[test]
