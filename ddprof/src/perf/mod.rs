@@ -10,20 +10,21 @@
 //! profiled processes are gone).
 mod record;
 mod ring;
+mod tracking;
 
-use std::collections::HashSet;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use crate::events::EventFd;
 use crate::process::ProcessTable;
-use crate::sample::{LossCounters, ProcessEvent, Sample, StackEnd};
+use crate::sample::{LossCounters, Sample, StackEnd};
 use crate::unwind::Unwinder;
 
 pub use ddprof_common::sample::MAX_USER_FRAMES;
 use record::{Record, TimedRecord};
 use ring::RingBuffer;
+use tracking::{ProcessTracker, Reorder};
 
 /// How long records wait for older records from other buffers.
 pub const HOLD_BACK: Duration = Duration::from_millis(10);
@@ -133,25 +134,16 @@ struct Source {
     hung_up: bool,
 }
 
-/// A decoded record waiting for its turn; `sequence` keeps the order of
-/// records with equal times.
-struct Pending {
-    time: u64,
-    sequence: u64,
-    record: Record,
-}
-
 pub struct PerfEngine {
     sources: Vec<Source>,
     options: PerfEngineOptions,
     unwinder: Unwinder,
-    pending: Vec<Pending>,
-    next_sequence: u64,
+    reorder: Reorder,
+    /// Records reassembled from both ends of a buffer (for tests).
+    wrapped_records: u64,
     scratch: Vec<u8>,
     frames: Vec<u64>,
-    /// Processes whose whole history the table has: seen born (fork), exec'd,
-    /// or loaded from /proc (successfully or not: a failure is not retried).
-    known_pids: HashSet<u32>,
+    tracker: ProcessTracker,
     losses: LossCounters,
     counters: SampleCounters,
 }
@@ -205,11 +197,11 @@ impl PerfEngine {
             sources,
             options,
             unwinder: Unwinder::new(),
-            pending: Vec::new(),
-            next_sequence: 0,
+            reorder: Reorder::default(),
+            wrapped_records: 0,
             scratch: Vec::new(),
             frames: Vec::with_capacity(options.max_frames),
-            known_pids: HashSet::new(),
+            tracker: ProcessTracker::default(),
             losses: LossCounters::default(),
             counters: SampleCounters::default(),
         })
@@ -228,7 +220,7 @@ impl PerfEngine {
         let finished_before = self.all_hung_up();
         if !finished_before {
             // Held-back records must not wait a whole timeout.
-            let wait = if self.pending.is_empty() {
+            let wait = if self.reorder.is_empty() {
                 timeout
             } else {
                 timeout.min(HOLD_BACK)
@@ -244,24 +236,16 @@ impl PerfEngine {
             finished,
             ..PollOutcome::default()
         };
-        self.pending
-            .sort_unstable_by_key(|pending| (pending.time, pending.sequence));
-        let ready = if finished {
-            self.pending.len()
-        } else {
-            self.pending
-                .partition_point(|pending| pending.time <= cutoff)
-        };
-        let ready: Vec<Pending> = self.pending.drain(..ready).collect();
-        for pending in ready {
-            match pending.record {
+        let ready = self.reorder.take_ready((!finished).then_some(cutoff));
+        for record in ready {
+            match record {
                 Record::Sample(raw) => {
                     let sample = self.unwind(processes, raw);
                     outcome.samples += 1;
                     on_sample(processes, sample);
                 }
                 Record::Process(event) => {
-                    self.apply(processes, &event);
+                    self.tracker.apply(processes, &event);
                     outcome.process_events += 1;
                 }
                 // Counted when read.
@@ -321,15 +305,15 @@ impl PerfEngine {
         Ok(())
     }
 
-    /// Moves every record in the ring buffers into `pending`, counting losses
+    /// Moves every record in the ring buffers into the reorder queue, counting losses
     /// and malformed records on the way.
     fn drain_buffers(&mut self) {
         let Self {
             sources,
-            pending,
-            next_sequence,
+            reorder,
             scratch,
             losses,
+            wrapped_records,
             ..
         } = self;
         for source in sources.iter_mut() {
@@ -340,20 +324,14 @@ impl PerfEngine {
                         Record::Lost(count) => losses.lost += count,
                         Record::Throttle => losses.throttled += 1,
                         Record::Unthrottle | Record::Ignored(_) => {}
-                        record => {
-                            pending.push(Pending {
-                                time,
-                                sequence: *next_sequence,
-                                record,
-                            });
-                            *next_sequence += 1;
-                        }
+                        record => reorder.push(time, record),
                     },
                     Err(error) => {
                         log::debug!("skipping a perf record: {error}");
                         losses.malformed += 1;
                     }
                 });
+            *wrapped_records += outcome.wrapped;
             if outcome.corrupted {
                 log::warn!(
                     "the perf ring buffer of the event on CPU {} held an invalid record; skipped its unread data",
@@ -364,49 +342,8 @@ impl PerfEngine {
         }
     }
 
-    /// Loads a process from /proc the first time a record names it, unless
-    /// the table already has its history (or knows it is gone).
-    fn ensure_known(&mut self, processes: &mut ProcessTable, pid: u32) {
-        if pid == 0 || pid == u32::MAX || !self.known_pids.insert(pid) {
-            return;
-        }
-        if processes.get(pid).is_some() {
-            return;
-        }
-        if let Err(error) = processes.load_from_proc(pid) {
-            log::debug!("process {pid} is not readable in /proc ({error}); its samples will stay unresolved");
-        }
-    }
-
-    fn apply(&mut self, processes: &mut ProcessTable, event: &ProcessEvent) {
-        match *event {
-            ProcessEvent::Fork { pid, ppid, .. } if pid != ppid => {
-                // The child starts as a copy of its parent.
-                self.ensure_known(processes, ppid);
-                self.known_pids.insert(pid);
-            }
-            // An exec replaces everything the table could have loaded.
-            ProcessEvent::Comm {
-                pid, exec: true, ..
-            } => {
-                self.known_pids.insert(pid);
-            }
-            ProcessEvent::Fork { pid, .. } | ProcessEvent::Comm { pid, .. } => {
-                self.ensure_known(processes, pid)
-            }
-            ProcessEvent::Map(ref mapping) => self.ensure_known(processes, mapping.pid),
-            ProcessEvent::Exit { pid, tid } => {
-                if pid == tid {
-                    // A later process with the same pid is a new history.
-                    self.known_pids.remove(&pid);
-                }
-            }
-        }
-        processes.apply(event);
-    }
-
     fn unwind(&mut self, processes: &mut ProcessTable, raw: record::RawSample) -> Sample {
-        self.ensure_known(processes, raw.pid);
+        self.tracker.before_sample(processes, raw.pid);
         self.frames.clear();
         let end = match &raw.regs {
             Some(regs) => self.unwinder.unwind(
@@ -524,6 +461,10 @@ mod tests {
         assert!(here.file.path.contains("ddprof"), "{}", here.file.path);
         assert_eq!(engine.losses().malformed, 0);
         assert_eq!(engine.sample_counters().samples, samples.len() as u64);
+        assert!(
+            engine.wrapped_records > 0,
+            "no record wrapped around a buffer's end"
+        );
     }
 
     #[test]

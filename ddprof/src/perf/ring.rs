@@ -40,6 +40,8 @@ unsafe impl Send for RingBuffer {}
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct DrainOutcome {
     pub records: u64,
+    /// Records that straddled the end of the buffer (reassembled in scratch).
+    pub wrapped: u64,
     /// The buffer held bytes that were not a valid record; they were skipped.
     pub corrupted: bool,
 }
@@ -172,6 +174,7 @@ impl RingBuffer {
                 scratch.resize(record_size, 0);
                 copy_wrapping(data, start, scratch);
                 on_record(scratch);
+                outcome.wrapped += 1;
             }
             outcome.records += 1;
             tail += record_size as u64;
