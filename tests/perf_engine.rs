@@ -132,6 +132,22 @@ fn profile(program: &Path, args: &[&str], options: RunOptions) -> Run {
         }
     }
     expect_success(child.take().unwrap(), &program.display().to_string());
+    let processes: BTreeSet<&str> = samples
+        .iter()
+        .filter_map(|o: &Observed| o.process_name.as_deref())
+        .collect();
+    eprintln!(
+        "{} {args:?}: {} samples of {} pids {processes:?}, {:?}, {:?}",
+        program.file_name().unwrap().to_string_lossy(),
+        samples.len(),
+        samples
+            .iter()
+            .map(|o| o.sample.pid)
+            .collect::<BTreeSet<_>>()
+            .len(),
+        engine.losses(),
+        engine.sample_counters()
+    );
     Run {
         pid,
         samples,
@@ -214,6 +230,7 @@ fn leaves_split_the_cpu_seventy_thirty() {
         "{leaf_70} + {leaf_30} leaf samples"
     );
     let share = fraction(leaf_70, leaf_70 + leaf_30);
+    eprintln!("chain_leaf_70: {leaf_70}, chain_leaf_30: {leaf_30}");
     assert!(
         (0.65..=0.75).contains(&share),
         "chain_leaf_70 has {:.1} % of the leaf samples ({leaf_70} vs {leaf_30})",
