@@ -217,8 +217,7 @@ impl PerfEngine {
         timeout: Duration,
         on_sample: &mut dyn FnMut(&ProcessTable, Sample),
     ) -> Result<PollOutcome, PerfError> {
-        let finished_before = self.all_hung_up();
-        if !finished_before {
+        if !self.all_hung_up() {
             // Held-back records must not wait a whole timeout.
             let wait = if self.reorder.is_empty() {
                 timeout
@@ -232,12 +231,41 @@ impl PerfEngine {
         let cutoff = monotonic_now().saturating_sub(HOLD_BACK.as_nanos() as u64);
         self.drain_buffers();
         let finished = self.all_hung_up();
+        Ok(self.deliver(
+            processes,
+            (!finished).then_some(cutoff),
+            finished,
+            on_sample,
+        ))
+    }
+
+    /// Delivers everything still in the buffers and held back, without
+    /// waiting: for shutdown (`--global` stopped by a signal), where the
+    /// events never hang up.
+    pub fn flush(
+        &mut self,
+        processes: &mut ProcessTable,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> PollOutcome {
+        self.drain_buffers();
+        let finished = self.all_hung_up();
+        self.deliver(processes, None, finished, on_sample)
+    }
+
+    /// Applies and emits, in time order, the queued records up to `cutoff`
+    /// (all of them when `None`).
+    fn deliver(
+        &mut self,
+        processes: &mut ProcessTable,
+        cutoff: Option<u64>,
+        finished: bool,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> PollOutcome {
         let mut outcome = PollOutcome {
             finished,
             ..PollOutcome::default()
         };
-        let ready = self.reorder.take_ready((!finished).then_some(cutoff));
-        for record in ready {
+        for record in self.reorder.take_ready(cutoff) {
             match record {
                 Record::Sample(raw) => {
                     let sample = self.unwind(processes, raw);
@@ -252,7 +280,7 @@ impl PerfEngine {
                 Record::Lost(_) | Record::Throttle | Record::Unthrottle | Record::Ignored(_) => {}
             }
         }
-        Ok(outcome)
+        outcome
     }
 
     /// Samples dropped by the kernel, throttling and unreadable records so far.
