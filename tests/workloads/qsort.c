@@ -3,8 +3,9 @@
  *
  * Expected stacks (innermost first), most samples:
  *   compare_callback
- *   (glibc internals of qsort: msort_with_tmp ... qsort_r)
- *   qsort
+ *   (glibc internals: msort_with_tmp, recursively, then qsort_r; glibc's
+ *    qsort tail-calls qsort_r, so `qsort` itself is usually not a frame,
+ *    and the internals are only named with libc's debug symbols)
  *   sort_many
  *   main
  *   (libc start)
