@@ -82,6 +82,11 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_SAMPLE_STACK_USER", default_value_t = DEFAULT_STACK_SAMPLE_SIZE, value_parser = parse_stack_size)]
     pub stack_sample_size: u32,
 
+    /// KiB of perf ring buffer per event and CPU (perf engine; rounded up to a power of two pages).
+    /// Hidden: for tests that force sample loss, and for machines short of locked memory.
+    #[arg(long, hide = true, env = "DD_PROFILING_RING_BUFFER_KIB", value_parser = clap::value_parser!(u32).range(4..=1048576))]
+    pub ring_buffer_kib: Option<u32>,
+
     /// Profile a running process and its future children
     #[arg(short = 'p', long, env = "DD_PROFILING_PID", conflicts_with = "global", value_parser = parse_pid)]
     pub pid: Option<i32>,

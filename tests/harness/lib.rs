@@ -11,3 +11,5 @@ pub mod binary;
 pub mod launcher;
 
 pub use binary::ddprof_bin;
+pub mod symbols;
+pub mod workloads;
