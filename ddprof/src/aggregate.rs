@@ -298,12 +298,20 @@ impl Aggregator {
         // Every frame but the first is a return address: look up the call
         // instruction before it, which may even be in another function.
         for (index, &addr) in sample.kernel_frames.iter().enumerate() {
-            let addr = if index > 0 { addr.saturating_sub(1) } else { addr };
+            let addr = if index > 0 {
+                addr.saturating_sub(1)
+            } else {
+                addr
+            };
             let id = period.frame_id(Frame::Kernel { addr });
             self.scratch.push(id);
         }
         for (index, &addr) in sample.frames.iter().enumerate() {
-            let lookup = if index > 0 { addr.saturating_sub(1) } else { addr };
+            let lookup = if index > 0 {
+                addr.saturating_sub(1)
+            } else {
+                addr
+            };
             let frame = match processes.find_mapping(sample.pid, lookup) {
                 Some(mapping) if !is_anonymous_path(&mapping.file.path) => Frame::File {
                     file: self.files.intern(&mapping.file),
@@ -522,7 +530,10 @@ mod tests {
                 }
             ]
         );
-        assert!(period.files[0].build_id.is_some(), "test binary has a build id");
+        assert!(
+            period.files[0].build_id.is_some(),
+            "test binary has a build id"
+        );
         let main = period.samples.iter().find(|s| s.tid == 10).unwrap();
         let frames: Vec<&Frame> = period.stacks[main.stack as usize]
             .iter()
@@ -554,7 +565,10 @@ mod tests {
             max_stacks: 2,
         });
         for leaf in 0..5u64 {
-            aggregator.add(&table, &sample(11, vec![0x10100 + leaf], StackEnd::Complete));
+            aggregator.add(
+                &table,
+                &sample(11, vec![0x10100 + leaf], StackEnd::Complete),
+            );
         }
         let now = SystemTime::now();
         let period = aggregator.take_period(now, now);
