@@ -340,8 +340,7 @@ fn exited_process_is_symbolized_and_every_output_reads_back() {
     }
     // A stack that leaves every mapping and stops early.
     for _ in 0..5 {
-        let mut frames = stacks.worker[..3].to_vec();
-        frames.push(0x10);
+        let frames = [&stacks.worker[..3], &[0x10]].concat();
         let s = sample(pid, worker_tid, next(), frames, StackEnd::BadAddress);
         aggregator.add(&table, &s);
     }

@@ -171,7 +171,7 @@ fn parse_stack_size(value: &str) -> Result<u32, String> {
     let size: u32 = value
         .parse()
         .map_err(|_| format!("`{value}` is not a number of bytes"))?;
-    if size == 0 || size % 8 != 0 || size >= 65536 {
+    if size == 0 || !size.is_multiple_of(8) || size >= 65536 {
         return Err(format!(
             "{size} must be a non-zero multiple of 8 below 65536"
         ));

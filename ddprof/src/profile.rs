@@ -144,6 +144,9 @@ pub mod pb {
     }
 }
 
+/// (name, system name, file) of a pprof function.
+type FunctionKey = (Arc<str>, Arc<str>, Arc<str>);
+
 /// Where kernel frames are reported: the kernel's half of the address space.
 const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 /// File ranges start above the null page.
@@ -279,7 +282,7 @@ pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> p
     // One location per distinct frame, one function per distinct
     // (name, system name, file).
     let mut functions: Vec<pb::Function> = Vec::new();
-    let mut function_ids: HashMap<(Arc<str>, Arc<str>, Arc<str>), u64> = HashMap::new();
+    let mut function_ids: HashMap<FunctionKey, u64> = HashMap::new();
     let mut locations = Vec::with_capacity(period.frames.len());
     for (index, (frame, symbols)) in period.frames.iter().zip(&profile.frames).enumerate() {
         let (mapping_id, address) = match frame {

@@ -265,8 +265,7 @@ impl Symbolizer {
             .symbolize(&source, Input::FileOffset(&missing))
         {
             Ok(results) => {
-                let lines: Vec<Option<Vec<(String, String, String, u32)>>> =
-                    results.iter().map(sym_lines).collect();
+                let lines: Vec<Option<Vec<OwnedLine>>> = results.iter().map(sym_lines).collect();
                 lines
                     .into_iter()
                     .map(|lines| lines.map(|lines| self.intern_lines(lines)))
@@ -296,14 +295,14 @@ impl Symbolizer {
         cache.addresses.extend(found);
     }
 
-    fn intern_lines(&mut self, lines: Vec<(String, String, String, u32)>) -> Vec<SymbolLine> {
+    fn intern_lines(&mut self, lines: Vec<OwnedLine>) -> Vec<SymbolLine> {
         lines
             .into_iter()
-            .map(|(function, system_name, file, line)| SymbolLine {
-                function: self.intern(&function),
-                system_name: self.intern(&system_name),
-                file: self.intern(&file),
-                line,
+            .map(|owned| SymbolLine {
+                function: self.intern(&owned.function),
+                system_name: self.intern(&owned.system_name),
+                file: self.intern(&owned.file),
+                line: owned.line,
             })
             .collect()
     }
@@ -324,7 +323,7 @@ impl Symbolizer {
                 debug_syms: false,
                 ..Kernel::default()
             });
-            let resolved: Vec<Option<Vec<(String, String, String, u32)>>> =
+            let resolved: Vec<Option<Vec<OwnedLine>>> =
                 match self.blazesym.symbolize(&source, Input::AbsAddr(&missing)) {
                     Ok(results) => results.iter().map(sym_lines).collect(),
                     Err(error) => {
@@ -424,9 +423,17 @@ fn reload_perf_map(map: &mut PerfMap, path: &Path) {
     }
 }
 
-/// Lines of one blazesym result, innermost first, as
-/// (function, system name, file, line).
-fn sym_lines(result: &Symbolized<'_>) -> Option<Vec<(String, String, String, u32)>> {
+/// A [`SymbolLine`] before its strings are interned.
+#[derive(Clone)]
+struct OwnedLine {
+    function: String,
+    system_name: String,
+    file: String,
+    line: u32,
+}
+
+/// Lines of one blazesym result, innermost first.
+fn sym_lines(result: &Symbolized<'_>) -> Option<Vec<OwnedLine>> {
     let sym: &Sym<'_> = result.as_sym()?;
     let location = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| {
         info.map(|info| {
@@ -442,15 +449,20 @@ fn sym_lines(result: &Symbolized<'_>) -> Option<Vec<(String, String, String, u32
     // location inside it; pprof wants the innermost first.
     for inlined in sym.inlined.iter().rev() {
         let (file, line) = location(inlined.code_info.as_ref());
-        lines.push((
-            demangle(&inlined.name),
-            inlined.name.to_string(),
+        lines.push(OwnedLine {
+            function: demangle(&inlined.name),
+            system_name: inlined.name.to_string(),
             file,
             line,
-        ));
+        });
     }
     let (file, line) = location(sym.code_info.as_deref());
-    lines.push((demangle(&sym.name), sym.name.to_string(), file, line));
+    lines.push(OwnedLine {
+        function: demangle(&sym.name),
+        system_name: sym.name.to_string(),
+        file,
+        line,
+    });
     Some(lines)
 }
 
