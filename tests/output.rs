@@ -68,7 +68,11 @@ struct Running {
 
 impl Running {
     fn start(binary: &Path) -> Self {
-        let child = Command::new(binary).spawn().unwrap();
+        Self::start_with(binary, &[])
+    }
+
+    fn start_with(binary: &Path, args: &[&str]) -> Self {
+        let child = Command::new(binary).args(args).spawn().unwrap();
         let running = Running { child };
         // Wait until the worker thread exists and has its name.
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -103,6 +107,7 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", self.pid()));
     }
 }
 
@@ -658,5 +663,78 @@ fn measures_a_busy_minute_profile() {
         encode_time.as_secs_f64() * 1e3,
     );
     drop(running);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The address of a kernel function, from /proc/kallsyms.
+fn kernel_function(name: &str) -> u64 {
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let address = kallsyms
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace();
+            let address = fields.next()?;
+            let kind = fields.next()?;
+            (matches!(kind, "T" | "t") && fields.next() == Some(name))
+                .then(|| u64::from_str_radix(address, 16).ok())?
+        })
+        .unwrap_or_else(|| panic!("{name} not in /proc/kallsyms"));
+    assert_ne!(
+        address, 0,
+        "kernel addresses are hidden: set kernel.kptr_restrict=0"
+    );
+    address
+}
+
+#[test]
+fn jit_and_kernel_frames_are_named_after_the_process_exits() {
+    let dir = scratch_dir("jit");
+    let binary = build_workload(&dir);
+    let elf = Elf::read(&binary);
+    let mut running = Running::start_with(&binary, &["jit"]);
+    let pid = running.pid();
+    let perf_map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    assert!(perf_map.exists(), "the workload wrote no perf map");
+    let mut table = ProcessTable::new();
+    table.load_from_proc(pid).unwrap();
+    let stacks = workload_stacks(&table, pid, &binary, &elf);
+    let jit = table
+        .get(pid)
+        .unwrap()
+        .mappings
+        .iter()
+        .find(|m| m.file.path.is_empty())
+        .map(|m| m.start)
+        .expect("the JIT page is an anonymous executable mapping");
+    let syscall = kernel_function("do_syscall_64");
+
+    let mut frames = vec![jit + 0x10];
+    frames.extend_from_slice(&stacks.worker[1..]);
+    let mut jit_sample = sample(pid, pid, 0, frames, StackEnd::Complete);
+    jit_sample.kernel_frames = vec![syscall + 0x10];
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(true));
+    let now = SystemTime::now();
+    aggregator.add(&table, &jit_sample);
+    let first = aggregator.take_period(now, now);
+    aggregator.add(&table, &jit_sample);
+    let second = aggregator.take_period(now, now);
+    running.kill();
+    table.exit(pid, pid);
+
+    let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+    let names = |symbolized: &SymbolizedProfile| -> Vec<String> {
+        symbolized.stack_names(0).map(|n| n.to_string()).collect()
+    };
+    let first = symbolizer.symbolize(first);
+    let first_names = names(&first);
+    assert_eq!(
+        first_names[first_names.len() - 3..],
+        ["output_leaf", "output_jit_stub", "do_syscall_64"],
+        "{first_names:?}"
+    );
+    // The map's content outlives its file.
+    std::fs::remove_file(&perf_map).unwrap();
+    let second = symbolizer.symbolize(second);
+    assert_eq!(names(&second), first_names);
     std::fs::remove_dir_all(&dir).unwrap();
 }

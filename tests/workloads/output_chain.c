@@ -5,9 +5,15 @@
  *
  * The test finds these functions in the symbol table and builds stacks from
  * their call sites; the LINE_* markers let it find the expected source lines.
+ *
+ * With the argument `jit`, it also maps one anonymous executable page, as a
+ * JIT compiler would, and names it in /tmp/perf-PID.map.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static volatile unsigned long sink;
@@ -45,7 +51,25 @@ __attribute__((noinline)) void *output_worker_main(void *arg) {
     return 0;
 }
 
-int main(void) {
+/* Maps an executable page holding `ret` and describes it in the perf map. */
+static int output_fake_jit(void) {
+    unsigned char *code = mmap(0, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (code == MAP_FAILED)
+        return -1;
+    memset(code, 0xc3, 4096);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)getpid());
+    FILE *map = fopen(path, "w");
+    if (!map)
+        return -1;
+    fprintf(map, "%lx 100 output_jit_stub\n", (unsigned long)code);
+    return fclose(map);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "jit") == 0 && output_fake_jit() != 0)
+        return 2;
     pthread_t worker;
     if (pthread_create(&worker, 0, output_worker_main, 0) != 0)
         return 1;
