@@ -42,7 +42,9 @@ pub struct CachedTable {
 pub enum LoadError {
     #[error("{0} is not a file ddprof can open (anonymous or special mapping)")]
     NotAFile(String),
-    #[error("cannot open {path}: {source} (is the process in another mount namespace that has exited?)")]
+    #[error(
+        "cannot open {path}: {source} (is the process in another mount namespace that has exited?)"
+    )]
     Open {
         path: String,
         source: std::io::Error,
@@ -130,7 +132,8 @@ impl TableCache {
                     log::debug!("no unwind table: {error}");
                     self.stats.files_failed += 1;
                     if self.files.len() >= MAX_FAILED_FILES {
-                        self.files.retain(|_, slot| matches!(slot, FileSlot::Table(_)));
+                        self.files
+                            .retain(|_, slot| matches!(slot, FileSlot::Table(_)));
                     }
                     self.files.insert(mapping.file.clone(), FileSlot::Failed);
                     return None;
@@ -144,12 +147,15 @@ impl TableCache {
         Some((table, bias))
     }
 
+    /// Uses `table` for `file` instead of reading the file (tables built
+    /// elsewhere, e.g. from bytes in memory, and tests).
+    pub fn preload(&mut self, file: Arc<MappedFile>, key: ContentKey, table: UnwindTable) {
+        let cached = self.insert(key, table);
+        self.files.insert(file, FileSlot::Table(cached));
+    }
+
     /// Builds (or finds by content) the table of one mapped file.
-    pub fn load(
-        &mut self,
-        pid: u32,
-        mapped: &MappedFile,
-    ) -> Result<Arc<CachedTable>, LoadError> {
+    pub fn load(&mut self, pid: u32, mapped: &MappedFile) -> Result<Arc<CachedTable>, LoadError> {
         if mapped.path == "[vdso]" {
             return self.load_vdso();
         }
@@ -182,7 +188,11 @@ impl TableCache {
             self.stats.tables_shared += 1;
             return Ok(table.clone());
         }
-        let debuglink = elf.gnu_debuglink().ok().flatten().map(|(name, _)| name.to_vec());
+        let debuglink = elf
+            .gnu_debuglink()
+            .ok()
+            .flatten()
+            .map(|(name, _)| name.to_vec());
         drop(elf);
         let candidates = debug_file::candidates(
             Path::new(debug_file::DEBUG_ROOT),

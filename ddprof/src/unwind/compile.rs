@@ -18,6 +18,9 @@ use object::{Object, ObjectSection, ReadRef};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
+/// The smallest page size: segment file offsets are mapped from a multiple of it.
+const PAGE_SIZE: u64 = 4096;
+
 /// Why a file got no table.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
@@ -74,8 +77,10 @@ impl UnwindTable {
     /// file) to get the ELF virtual address: `None` when no executable
     /// segment holds that file offset.
     pub fn bias_for_mapping(&self, mapping_start: u64, mapping_file_offset: u64) -> Option<u64> {
+        // The kernel maps whole pages: a segment whose p_offset is not page
+        // aligned is mapped from the page that holds its first byte.
         let segment = self.segments.iter().find(|s| {
-            mapping_file_offset >= s.file_offset
+            mapping_file_offset >= s.file_offset & !(PAGE_SIZE - 1)
                 && mapping_file_offset < s.file_offset.saturating_add(s.file_size.max(1))
         })?;
         // vaddr = pc - mapping_start + mapping_file_offset - p_offset + p_vaddr
@@ -296,11 +301,21 @@ fn expression_ops<'a, S: UnwindSection<Slice<'a>>>(
 }
 
 fn is_deref8<R: Reader>(op: &Operation<R>) -> bool {
-    matches!(op, Operation::Deref { size: 8, space: false, .. })
+    matches!(
+        op,
+        Operation::Deref {
+            size: 8,
+            space: false,
+            ..
+        }
+    )
 }
 
 /// `DW_OP_breg<register> <offset>` alone.
-fn single_register_offset<R: Reader>(ops: &[Operation<R>], register: gimli::Register) -> Option<i64> {
+fn single_register_offset<R: Reader>(
+    ops: &[Operation<R>],
+    register: gimli::Register,
+) -> Option<i64> {
     match ops {
         [Operation::RegisterOffset {
             register: r,
@@ -411,12 +426,10 @@ fn convert_row<'a, S: UnwindSection<Slice<'a>>>(
     };
 
     let ra_offset_by_8 = match ra_rule {
-        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 => {
-            match i8::try_from(offset / 8) {
-                Ok(by_8) => by_8,
-                Err(_) => return UNSUPPORTED,
-            }
-        }
+        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 => match i8::try_from(offset / 8) {
+            Ok(by_8) => by_8,
+            Err(_) => return UNSUPPORTED,
+        },
         _ => return UNSUPPORTED,
     };
 
@@ -482,7 +495,9 @@ fn signal_row<'a>(
     };
     match (
         i32::try_from(sp_slot),
-        (ra_slot % 8 == 0).then(|| i8::try_from(ra_slot / 8).ok()).flatten(),
+        (ra_slot % 8 == 0)
+            .then(|| i8::try_from(ra_slot / 8).ok())
+            .flatten(),
         i16::try_from(rbp_slot),
     ) {
         (Ok(cfa_offset), Some(ra_offset_by_8), Ok(rbp_offset)) => UnwindRow {

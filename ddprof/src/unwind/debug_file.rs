@@ -90,7 +90,12 @@ mod tests {
         std::fs::write(dir.join(".debug/prog.debug"), b"debug").unwrap();
         let own_inode = std::fs::metadata(&binary).unwrap().ino();
         let binary_path = binary.to_str().unwrap();
-        let list = candidates(Path::new("/nonexistent"), binary_path, None, Some(b"prog.debug"));
+        let list = candidates(
+            Path::new("/nonexistent"),
+            binary_path,
+            None,
+            Some(b"prog.debug"),
+        );
         let mut found = open(Path::new(""), &list, own_inode).expect("found in .debug/");
         let mut text = String::new();
         std::io::Read::read_to_string(&mut found, &mut text).unwrap();
