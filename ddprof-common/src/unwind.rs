@@ -317,7 +317,7 @@ mod tests {
             self.words[((addr - self.base) / 8) as usize] = value;
         }
         fn read(&self, addr: u64) -> Option<u64> {
-            if addr < self.base || addr % 8 != 0 {
+            if addr < self.base || !addr.is_multiple_of(8) {
                 return None;
             }
             self.words.get(((addr - self.base) / 8) as usize).copied()
