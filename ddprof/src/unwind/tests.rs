@@ -168,6 +168,8 @@ fn gaps_get_noinfo_rows_and_adjacent_equal_rules_merge() {
         fde(0x3010, 0x10, vec![(2, Cfi::CfaOffset(16))]),
         // After a gap.
         fde(0x3100, 0x10, vec![]),
+        // After alignment padding (< 16 bytes): the previous row extends.
+        fde(0x311c, 0x10, vec![(1, Cfi::CfaOffset(16))]),
     ]);
     assert_eq!(
         rows,
@@ -176,7 +178,8 @@ fn gaps_get_noinfo_rows_and_adjacent_equal_rules_merge() {
             sp(0x3012, 16, 0),
             kind_at(0x3020, RowKind::NoInfo),
             sp(0x3100, 8, 0),
-            kind_at(0x3110, RowKind::NoInfo),
+            sp(0x311d, 16, 0),
+            kind_at(0x312c, RowKind::NoInfo),
         ]
     );
 }
