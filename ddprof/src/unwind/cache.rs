@@ -1,0 +1,320 @@
+//! Unwind tables built once per file content and shared by every process
+//! (and every mapping) of that file, within a bounded memory budget.
+use super::compile::{compile_elf, CompileError, UnwindTable};
+use super::debug_file;
+use crate::process::{MappedFile, Mapping};
+use object::read::elf::ElfFile64;
+use object::{Object, ReadCache};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Default memory budget for cached tables.
+pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
+
+/// Identifies a file's content: tables are shared between paths and
+/// processes with the same content.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ContentKey {
+    BuildId(Vec<u8>),
+    /// Files without a build id.
+    File {
+        path: PathBuf,
+        size: u64,
+        mtime: i64,
+        mtime_nsec: i64,
+    },
+}
+
+/// A cached table and when it was last used (for eviction).
+#[derive(Debug)]
+pub struct CachedTable {
+    pub table: UnwindTable,
+    pub key: ContentKey,
+    last_used: AtomicU64,
+}
+
+/// Why a mapping has no table.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0} is not a file ddprof can open (anonymous or special mapping)")]
+    NotAFile(String),
+    #[error(
+        "cannot open {path}: {source} (is the process in another mount namespace that has exited?)"
+    )]
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Compile { path: String, source: CompileError },
+    #[error("{0}: code above 4 GiB or no executable segment for this mapping")]
+    NoSegment(String),
+}
+
+enum FileSlot {
+    Table(Arc<CachedTable>),
+    Failed,
+}
+
+/// Counters for reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub tables_built: u64,
+    pub tables_shared: u64,
+    pub tables_evicted: u64,
+    pub files_failed: u64,
+}
+
+/// Tables keyed by mapped file (cheap per-frame lookups) and by content.
+pub struct TableCache {
+    files: HashMap<Arc<MappedFile>, FileSlot>,
+    tables: HashMap<ContentKey, Arc<CachedTable>>,
+    limit_bytes: usize,
+    cached_bytes: usize,
+    clock: u64,
+    stats: CacheStats,
+}
+
+/// Failed files remembered at most (beyond it, they are retried).
+const MAX_FAILED_FILES: usize = 1 << 16;
+
+impl Default for TableCache {
+    fn default() -> Self {
+        Self::with_limit(DEFAULT_CACHE_BYTES)
+    }
+}
+
+impl TableCache {
+    pub fn with_limit(limit_bytes: usize) -> Self {
+        TableCache {
+            files: HashMap::new(),
+            tables: HashMap::new(),
+            limit_bytes,
+            cached_bytes: 0,
+            clock: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    /// Bytes of the tables held now.
+    pub fn cached_bytes(&self) -> usize {
+        self.cached_bytes
+    }
+
+    /// The table of `mapping`'s file (building it on first use) and the bias
+    /// to subtract from a PC in the mapping to get the file's ELF virtual
+    /// address. `pid` is used to reach the file through `/proc/PID/root`
+    /// when the path does not name the mapped file in our namespace.
+    pub fn table_for_mapping(
+        &mut self,
+        pid: u32,
+        mapping: &Mapping,
+    ) -> Option<(Arc<CachedTable>, u64)> {
+        self.clock += 1;
+        let table = match self.files.get(&mapping.file) {
+            Some(FileSlot::Table(table)) => table.clone(),
+            Some(FileSlot::Failed) => return None,
+            None => match self.load(pid, &mapping.file) {
+                Ok(table) => {
+                    self.files
+                        .insert(mapping.file.clone(), FileSlot::Table(table.clone()));
+                    table
+                }
+                Err(error) => {
+                    log::debug!("no unwind table: {error}");
+                    self.stats.files_failed += 1;
+                    if self.files.len() >= MAX_FAILED_FILES {
+                        self.files
+                            .retain(|_, slot| matches!(slot, FileSlot::Table(_)));
+                    }
+                    self.files.insert(mapping.file.clone(), FileSlot::Failed);
+                    return None;
+                }
+            },
+        };
+        table.last_used.store(self.clock, Ordering::Relaxed);
+        let bias = table
+            .table
+            .bias_for_mapping(mapping.start, mapping.file_offset)?;
+        Some((table, bias))
+    }
+
+    /// Uses `table` for `file` instead of reading the file (tables built
+    /// elsewhere, e.g. from bytes in memory, and tests).
+    pub fn preload(&mut self, file: Arc<MappedFile>, key: ContentKey, table: UnwindTable) {
+        let cached = self.insert(key, table);
+        self.files.insert(file, FileSlot::Table(cached));
+    }
+
+    /// Builds (or finds by content) the table of one mapped file.
+    pub fn load(&mut self, pid: u32, mapped: &MappedFile) -> Result<Arc<CachedTable>, LoadError> {
+        if mapped.path == "[vdso]" {
+            return self.load_vdso();
+        }
+        if !mapped.path.starts_with('/') {
+            return Err(LoadError::NotAFile(mapped.path.clone()));
+        }
+        let (file, root) = open_mapped_file(pid, mapped)?;
+        let metadata = file.metadata().map_err(|source| LoadError::Open {
+            path: mapped.path.clone(),
+            source,
+        })?;
+        let cache = ReadCache::new(file);
+        let compile_error = |source| LoadError::Compile {
+            path: mapped.path.clone(),
+            source,
+        };
+        let elf = ElfFile64::<object::Endianness, _>::parse(&cache)
+            .map_err(|e| compile_error(CompileError::NotElf(e)))?;
+        let build_id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let key = match &build_id {
+            Some(id) => ContentKey::BuildId(id.clone()),
+            None => ContentKey::File {
+                path: PathBuf::from(&mapped.path),
+                size: metadata.len(),
+                mtime: metadata.mtime(),
+                mtime_nsec: metadata.mtime_nsec(),
+            },
+        };
+        if let Some(table) = self.tables.get(&key) {
+            self.stats.tables_shared += 1;
+            return Ok(table.clone());
+        }
+        let debuglink = elf
+            .gnu_debuglink()
+            .ok()
+            .flatten()
+            .map(|(name, _)| name.to_vec());
+        drop(elf);
+        let candidates = debug_file::candidates(
+            Path::new(debug_file::DEBUG_ROOT),
+            &mapped.path,
+            build_id.as_deref(),
+            debuglink.as_deref(),
+        );
+        let debug_cache = debug_file::open(&root, &candidates, metadata.ino()).map(ReadCache::new);
+        let table = compile_elf(&cache, debug_cache.as_ref()).map_err(compile_error)?;
+        Ok(self.insert(key, table))
+    }
+
+    fn load_vdso(&mut self) -> Result<Arc<CachedTable>, LoadError> {
+        let image = own_vdso_image().ok_or_else(|| LoadError::NotAFile("[vdso]".into()))?;
+        let elf = ElfFile64::<object::Endianness, _>::parse(image.as_slice()).map_err(|e| {
+            LoadError::Compile {
+                path: "[vdso]".into(),
+                source: CompileError::NotElf(e),
+            }
+        })?;
+        let key = match elf.build_id().ok().flatten() {
+            Some(id) => ContentKey::BuildId(id.to_vec()),
+            None => ContentKey::File {
+                path: PathBuf::from("[vdso]"),
+                size: image.len() as u64,
+                mtime: 0,
+                mtime_nsec: 0,
+            },
+        };
+        if let Some(table) = self.tables.get(&key) {
+            return Ok(table.clone());
+        }
+        let table = compile_elf(image.as_slice(), None).map_err(|source| LoadError::Compile {
+            path: "[vdso]".into(),
+            source,
+        })?;
+        Ok(self.insert(key, table))
+    }
+
+    fn insert(&mut self, key: ContentKey, table: UnwindTable) -> Arc<CachedTable> {
+        let size = table.size_bytes();
+        while self.cached_bytes + size > self.limit_bytes && !self.tables.is_empty() {
+            self.evict_least_recently_used();
+        }
+        let cached = Arc::new(CachedTable {
+            table,
+            key: key.clone(),
+            last_used: AtomicU64::new(self.clock),
+        });
+        self.cached_bytes += size;
+        self.stats.tables_built += 1;
+        self.tables.insert(key, cached.clone());
+        cached
+    }
+
+    fn evict_least_recently_used(&mut self) {
+        let Some(oldest) = self
+            .tables
+            .values()
+            .min_by_key(|t| t.last_used.load(Ordering::Relaxed))
+            .cloned()
+        else {
+            return;
+        };
+        self.tables.remove(&oldest.key);
+        self.files.retain(|_, slot| match slot {
+            FileSlot::Table(table) => !Arc::ptr_eq(table, &oldest),
+            FileSlot::Failed => true,
+        });
+        self.cached_bytes -= oldest.table.size_bytes();
+        self.stats.tables_evicted += 1;
+    }
+}
+
+/// Opens the mapped file: the path in our namespace when it is the same
+/// inode, else through `/proc/PID/root` (containers); when the inode is
+/// unknown, whichever opens first. Returns the file and the root prefix its
+/// path resolved under (for finding its debug file).
+fn open_mapped_file(pid: u32, mapped: &MappedFile) -> Result<(File, PathBuf), LoadError> {
+    let through_root = PathBuf::from(format!("/proc/{pid}/root"));
+    let candidates = [
+        (PathBuf::from(&mapped.path), PathBuf::new()),
+        (
+            through_root.join(mapped.path.trim_start_matches('/')),
+            through_root,
+        ),
+    ];
+    let mut first_opened = None;
+    let mut last_error = None;
+    for (path, root) in candidates {
+        match File::open(&path) {
+            Ok(file) => {
+                let same_inode = file
+                    .metadata()
+                    .is_ok_and(|m| mapped.inode == 0 || m.ino() == mapped.inode);
+                if same_inode {
+                    return Ok((file, root));
+                }
+                first_opened.get_or_insert((file, root));
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    first_opened.ok_or_else(|| LoadError::Open {
+        path: mapped.path.clone(),
+        source: last_error.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
+    })
+}
+
+/// The vDSO image of this process: the kernel maps the same one into every
+/// 64-bit process, so it stands for the profiled processes' `[vdso]`.
+fn own_vdso_image() -> Option<&'static Vec<u8>> {
+    static IMAGE: OnceLock<Option<Vec<u8>>> = OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+            let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
+            let record = crate::process::parse_maps_line(0, line)?;
+            let mut image = vec![0u8; usize::try_from(record.len).ok()?];
+            let mem = File::open("/proc/self/mem").ok()?;
+            std::os::unix::fs::FileExt::read_exact_at(&mem, &mut image, record.start).ok()?;
+            Some(image)
+        })
+        .as_ref()
+}

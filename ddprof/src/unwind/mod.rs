@@ -1,0 +1,225 @@
+//! Unwind tables compiled from .eh_frame / .debug_frame, and the user-side unwinder.
+//!
+//! - [`compile`]: ELF CFI → sorted [`UnwindRow`] tables (the format the BPF
+//!   program walks too; see `ddprof_common::unwind` for the address space).
+//! - [`cache`]: tables built once per file content, shared by every process
+//!   that maps the file, within a memory budget.
+//! - [`Unwinder`]: walks a stack the kernel copied, with those tables and
+//!   frame pointers where a range has no usable row.
+pub mod cache;
+pub mod compile;
+pub mod debug_file;
+
+pub use cache::{CachedTable, TableCache};
+pub use compile::{compile_elf, CompileError, LoadSegment, UnwindTable};
+pub use ddprof_common::unwind::{Regs, RowKind, StepResult, UnwindRow};
+
+use crate::process::{Mapping, ProcessTable};
+use crate::sample::StackEnd;
+use ddprof_common::unwind::{step, step_frame_pointer};
+use std::sync::Arc;
+
+/// The user registers a sample carries (x86_64).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// Counters of how frames were unwound, for reports and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// Frames stepped with a table row.
+    pub table_steps: u64,
+    /// Frames stepped with frame pointers (no table, no row, or a row the
+    /// format could not express).
+    pub frame_pointer_steps: u64,
+}
+
+/// Walks user stacks copied by the kernel, with tables built once per file
+/// and shared by every process that maps the file.
+#[derive(Default)]
+pub struct Unwinder {
+    tables: TableCache,
+    stats: UnwindStats,
+}
+
+/// How the unwinder will step one frame.
+enum FrameRule {
+    Row(UnwindRow),
+    /// No table or no row here: frame pointers.
+    FramePointer,
+    /// The PC is in no executable mapping of a known process.
+    Unmapped,
+}
+
+/// The table of the mapping the previous frame was in (consecutive frames
+/// are often in the same file).
+struct MappingMemo {
+    start: u64,
+    end: u64,
+    table: Option<(Arc<CachedTable>, u64)>,
+}
+
+impl Unwinder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An unwinder whose table cache holds at most `bytes` of tables.
+    pub fn with_cache_limit(bytes: usize) -> Self {
+        Unwinder {
+            tables: TableCache::with_limit(bytes),
+            stats: UnwindStats::default(),
+        }
+    }
+
+    pub fn tables(&mut self) -> &mut TableCache {
+        &mut self.tables
+    }
+
+    pub fn stats(&self) -> UnwindStats {
+        self.stats
+    }
+
+    /// Unwinds one sample of process `pid`. `stack` holds the bytes the kernel
+    /// copied starting at `regs.sp`. Pushes the PCs, innermost first, into
+    /// `frames` (at most `max_frames`) and says how the walk ended.
+    ///
+    /// Nothing outside `stack` is read: a rule that needs memory past its end
+    /// ends the walk with [`StackEnd::StackExhausted`], below its start (or
+    /// on an unmapped PC) with [`StackEnd::BadAddress`].
+    pub fn unwind(
+        &mut self,
+        processes: &ProcessTable,
+        pid: u32,
+        regs: &UserRegs,
+        stack: &[u8],
+        max_frames: usize,
+        frames: &mut Vec<u64>,
+    ) -> StackEnd {
+        let stack_start = regs.sp;
+        let read = |addr: u64| -> Option<u64> {
+            let offset = usize::try_from(addr.checked_sub(stack_start)?).ok()?;
+            let bytes = stack.get(offset..offset.checked_add(8)?)?;
+            Some(u64::from_le_bytes(bytes.try_into().ok()?))
+        };
+        // A rule reading past the copied bytes means the copy was too short;
+        // one reading below SP means a wrong CFA.
+        let fault_end = |addr: u64| {
+            if addr >= stack_start {
+                StackEnd::StackExhausted
+            } else {
+                StackEnd::BadAddress
+            }
+        };
+
+        let process = processes.get(pid);
+        let mut memo: Option<MappingMemo> = None;
+        let mut current = Regs {
+            ip: regs.ip,
+            sp: regs.sp,
+            bp: regs.bp,
+        };
+        // The first frame's PC, and the PC a signal interrupted, are exact;
+        // every other one is a return address, looked up at the call (pc - 1).
+        let mut exact_pc = true;
+        let mut pushed = 0usize;
+        loop {
+            if pushed >= max_frames {
+                return StackEnd::DepthLimit;
+            }
+            frames.push(current.ip);
+            pushed += 1;
+
+            let lookup_pc = if exact_pc {
+                current.ip
+            } else {
+                current.ip.wrapping_sub(1)
+            };
+            let rule = match process {
+                Some(process) => self.rule_for(pid, process, lookup_pc, &mut memo),
+                None => FrameRule::FramePointer,
+            };
+            let mut next = current;
+            let mut fault = None;
+            let mut reader = |addr: u64| {
+                let value = read(addr);
+                if value.is_none() {
+                    fault = Some(addr);
+                }
+                value
+            };
+            let mut result = match rule {
+                FrameRule::Row(row) => {
+                    self.stats.table_steps += 1;
+                    step(&row, &mut next, &mut reader)
+                }
+                FrameRule::FramePointer => StepResult::NoInfo,
+                FrameRule::Unmapped => return StackEnd::BadAddress,
+            };
+            let mut used_frame_pointer = false;
+            if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
+                used_frame_pointer = true;
+                self.stats.frame_pointer_steps += 1;
+                result = step_frame_pointer(&mut next, &mut reader);
+            }
+            match result {
+                StepResult::Caller => exact_pc = false,
+                StepResult::Interrupted => exact_pc = true,
+                StepResult::Outermost => return StackEnd::Complete,
+                StepResult::NoInfo | StepResult::Unsupported => return StackEnd::NoUnwindInfo,
+                StepResult::ReadFailed if used_frame_pointer => return StackEnd::NoUnwindInfo,
+                StepResult::ReadFailed => {
+                    return fault.map_or(StackEnd::BadAddress, fault_end);
+                }
+            }
+            if next.ip == 0 {
+                return StackEnd::Complete;
+            }
+            if next.sp <= current.sp {
+                return StackEnd::NoProgress;
+            }
+            current = next;
+        }
+    }
+
+    fn rule_for(
+        &mut self,
+        pid: u32,
+        process: &crate::process::Process,
+        pc: u64,
+        memo: &mut Option<MappingMemo>,
+    ) -> FrameRule {
+        let in_memo = memo.as_ref().is_some_and(|m| pc >= m.start && pc < m.end);
+        if !in_memo {
+            let Some(mapping) = process.find_mapping(pc) else {
+                return FrameRule::Unmapped;
+            };
+            *memo = Some(self.memo_for(pid, mapping));
+        }
+        let Some(MappingMemo {
+            table: Some((table, bias)),
+            ..
+        }) = memo.as_ref()
+        else {
+            return FrameRule::FramePointer;
+        };
+        match table.table.row_for(pc.wrapping_sub(*bias)) {
+            Some(row) if row.row_kind() != RowKind::NoInfo => FrameRule::Row(*row),
+            _ => FrameRule::FramePointer,
+        }
+    }
+
+    fn memo_for(&mut self, pid: u32, mapping: &Mapping) -> MappingMemo {
+        MappingMemo {
+            start: mapping.start,
+            end: mapping.end,
+            table: self.tables.table_for_mapping(pid, mapping),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
