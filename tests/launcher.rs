@@ -33,6 +33,9 @@ fn ddprof() -> Command {
             command.env_remove(key);
         }
     }
+    // Profiles go to a scratch directory, never into the source tree.
+    let output = std::env::temp_dir().join(format!("ddprof-launcher-tests-{}", std::process::id()));
+    command.env("DD_PROFILING_OUTPUT_DIR", output);
     command
 }
 
@@ -557,7 +560,6 @@ fn busy_loop() -> std::process::Child {
 }
 
 #[test]
-#[ignore = "needs the profiler loop (integration)"]
 fn pid_mode_samples_a_running_process_until_it_exits() {
     let mut workload = busy_loop();
     let profiler = ddprof()
@@ -581,7 +583,6 @@ fn pid_mode_samples_a_running_process_until_it_exits() {
 }
 
 #[test]
-#[ignore = "needs the profiler loop (integration)"]
 fn global_mode_samples_until_sigint() {
     let mut workload = busy_loop();
     let profiler = ddprof()
@@ -600,7 +601,6 @@ fn global_mode_samples_until_sigint() {
 }
 
 #[test]
-#[ignore = "needs the profiler loop (integration)"]
 fn wrapped_command_is_sampled() {
     let output = run(ddprof().args([
         "-l",
@@ -620,7 +620,6 @@ fn wrapped_command_is_sampled() {
 /// The daemon, while it profiles: niced, on one CPU, stdin and stdout on
 /// /dev/null, in its own session, not the command's child.
 #[test]
-#[ignore = "needs the profiler loop (integration): the stub profiler exits at once"]
 fn the_daemon_is_detached_niced_and_pinned() {
     let mut launched = ddprof()
         .args(["-l", "notice", "--nice", "10", "--", "sleep", "3"])

@@ -518,7 +518,6 @@ fn assert_stacks(run: &Run, process: &str, leaves: &[&str], callers: &[&str]) {
 }
 
 #[test]
-#[ignore = "needs the DWARF unwinder (integration)"]
 fn c_chain_unwinds_to_main_and_the_root() {
     let chain = build_workload("chain.c");
     let run = profile(&chain, &["2"], RunOptions::default());
@@ -533,7 +532,6 @@ fn c_chain_unwinds_to_main_and_the_root() {
 }
 
 #[test]
-#[ignore = "needs the DWARF unwinder (integration)"]
 fn thread_chains_unwind_to_their_thread_functions() {
     let threads = build_workload("threads.c");
     let run = profile(&threads, &["2"], RunOptions::default());
@@ -576,7 +574,6 @@ fn thread_chains_unwind_to_their_thread_functions() {
 }
 
 #[test]
-#[ignore = "needs the DWARF unwinder (integration)"]
 fn qsort_callback_unwinds_through_libc() {
     let qsort = build_workload("qsort.c");
     let run = profile(&qsort, &["2"], RunOptions::default());
@@ -612,7 +609,6 @@ fn qsort_callback_unwinds_through_libc() {
 }
 
 #[test]
-#[ignore = "needs the DWARF unwinder (integration)"]
 fn deep_recursion_unwinds_all_300_frames_with_32k_stacks() {
     let recursion = build_workload("recursion.c");
     let run = profile(&recursion, &["2"], RunOptions::default());
@@ -622,7 +618,6 @@ fn deep_recursion_unwinds_all_300_frames_with_32k_stacks() {
 }
 
 #[test]
-#[ignore = "needs the DWARF unwinder (integration)"]
 fn cpp_method_chain_unwinds() {
     let chain = build_workload("chain.cpp");
     let run = profile(&chain, &["2"], RunOptions::default());
@@ -635,7 +630,6 @@ fn cpp_method_chain_unwinds() {
 }
 
 #[test]
-#[ignore = "needs the DWARF unwinder (integration)"]
 fn rust_release_chain_unwinds() {
     let chain = build_workload("chain.rs");
     let run = profile(&chain, &["2"], RunOptions::default());
