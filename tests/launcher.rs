@@ -349,7 +349,7 @@ fn drop_capabilities_removes_admin_perfmon_and_bpf_everywhere() {
 }
 
 #[test]
-fn the_profiler_keeps_only_the_capabilities_it_uses() {
+fn the_profiler_keeps_only_the_capabilities_it_uses_and_is_sandboxed() {
     let output = run(ddprof().args(["--log-level", "notice", "--", "true"]));
     let stderr = text(&output.stderr);
     let started = stderr
@@ -369,6 +369,8 @@ fn the_profiler_keeps_only_the_capabilities_it_uses() {
         assert_eq!(value & (1 << CAP_KILL), 0);
         assert_eq!(value & (1 << CAP_SETUID), 0);
     }
+    // It cannot signal or trace the command either (seccomp filter mode).
+    assert_eq!(number_field(started, "seccomp"), Some(2), "{started}");
     // The tests run as root: what it keeps is really kept.
     assert_ne!(
         hex_field(started, "effective").unwrap() & (1 << CAP_SYS_PTRACE),

@@ -20,11 +20,13 @@
 //!
 //! The daemon cannot take the command down: it is not its parent or in its
 //! process group, it drops `CAP_KILL` and every capability it does not use
-//! ([`capabilities`]), it runs at `--nice` on one CPU, and the launcher never
-//! waits for it longer than [`HANDOFF_TIMEOUT`].
+//! ([`capabilities`]), a seccomp filter stops it from signalling or tracing
+//! any other process ([`sandbox`]), it runs at `--nice` on one CPU, and the
+//! launcher never waits for it longer than [`HANDOFF_TIMEOUT`].
 pub mod capabilities;
 pub mod daemon;
 pub mod handoff;
+pub mod sandbox;
 pub mod signals;
 pub mod stop;
 pub mod target;
@@ -264,7 +266,8 @@ fn raise_descriptor_limit() {
 }
 
 /// The profiler's own settings once its events are in place: `--nice`, one
-/// CPU, and only the capabilities it uses.
+/// CPU, only the capabilities it uses, and no way to signal or trace other
+/// processes ([`sandbox`]).
 fn settle_profiler(cli: &Cli) {
     if let Some(nice) = cli.nice {
         // SAFETY: setpriority on this process only.
@@ -278,6 +281,9 @@ fn settle_profiler(cli: &Cli) {
     pin_to_one_cpu();
     if let Err(error) = capabilities::drop_for_profiler() {
         log::warn!("profiler: {error}");
+    }
+    if let Err(error) = sandbox::forbid_touching_other_processes() {
+        log::warn!("profiler: cannot install its seccomp filter: {error}");
     }
 }
 
@@ -303,11 +309,20 @@ fn pin_to_one_cpu() {
     }
 }
 
-/// This process's capability sets, for the start-up log line.
+/// This process's capability sets and seccomp mode (2 = filtered), for the
+/// start-up log line.
 pub fn describe_capabilities() -> String {
     let caps = capabilities::current().unwrap_or_default();
+    let seccomp = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Seccomp:").map(|v| v.trim().to_string()))
+        })
+        .unwrap_or_else(|| "unknown".to_string());
     format!(
-        "capabilities: effective={:#x} permitted={:#x} bounding={:#x}",
+        "capabilities: effective={:#x} permitted={:#x} bounding={:#x} seccomp={seccomp}",
         caps.effective.0,
         caps.permitted.0,
         capabilities::bounding().0
