@@ -71,3 +71,50 @@ impl StopSignals {
         self.wake_read.as_fd()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a forked child (system calls only, so forking the multi-threaded
+    /// test runner is safe): SIGINT becomes a stop request, not a death.
+    #[test]
+    fn sigint_requests_a_stop() {
+        // SAFETY: the child only makes system calls and _exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            let code = match install() {
+                Err(_) => 10,
+                Ok(signals) => {
+                    if requested() {
+                        11
+                    } else {
+                        // SAFETY: raise delivers SIGINT to this thread, whose
+                        // handler was just installed.
+                        unsafe { libc::raise(libc::SIGINT) };
+                        let mut byte = [0u8; 1];
+                        // SAFETY: reads one byte into a stack buffer.
+                        let woken = unsafe {
+                            libc::read(signals.poll_fd().as_raw_fd(), byte.as_mut_ptr().cast(), 1)
+                        };
+                        if !requested() {
+                            12
+                        } else if woken != 1 {
+                            13
+                        } else {
+                            0
+                        }
+                    }
+                }
+            };
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status), "killed by the signal: {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "see the exit codes above");
+    }
+}
