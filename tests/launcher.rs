@@ -110,6 +110,11 @@ fn missing_and_unexecutable_commands_exit_like_a_shell() {
         "{stderr}"
     );
 
+    let output = run(ddprof().args(["--", "/no/such/dir/program"]));
+    assert_eq!(output.status.code(), Some(127));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("/no/such/dir/program: No such file or directory"), "{stderr}");
+
     let not_executable = temp_path("not-executable");
     std::fs::write(&not_executable, "#!/bin/sh\necho should not run\n").unwrap();
     let output = run(ddprof().arg("--").arg(&not_executable));

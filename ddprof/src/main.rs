@@ -4,6 +4,7 @@
 #![no_main]
 
 use ddprof::config::{Cli, ConfigError};
+use ddprof::logging::print_error;
 use ddprof::profiler::Target;
 use ddprof::{launch, logging};
 
@@ -23,7 +24,7 @@ fn run() -> u8 {
         // clap prints its own message (and `--help`/`--version`) and exits.
         Err(ConfigError::Args(error)) => error.exit(),
         Err(error) => {
-            eprintln!("ddprof: error: {error}");
+            print_error(format_args!("error: {error}"));
             return EXIT_USAGE;
         }
     };
@@ -39,24 +40,28 @@ fn run() -> u8 {
     };
     match attach_target {
         Some(_) if !cli.command.is_empty() => {
-            eprintln!("ddprof: error: give either a COMMAND or -p/--global, not both");
+            print_error(format_args!(
+                "error: give either a COMMAND or -p/--global, not both"
+            ));
             EXIT_USAGE
         }
         Some(_) if !cli.enabled => {
-            eprintln!("ddprof: profiling is disabled (--enable false): nothing to do");
+            print_error(format_args!(
+                "profiling is disabled (--enable false): nothing to do"
+            ));
             0
         }
         Some(target) => match launch::attach(&cli, target) {
             Ok(()) => 0,
             Err(error) => {
-                eprintln!("ddprof: error: {error}");
+                print_error(format_args!("error: {error}"));
                 1
             }
         },
         None if cli.command.is_empty() => {
-            eprintln!(
-                "ddprof: error: nothing to profile: give a COMMAND, -p PID or --global (see --help)"
-            );
+            print_error(format_args!(
+                "error: nothing to profile: give a COMMAND, -p PID or --global (see --help)"
+            ));
             EXIT_USAGE
         }
         None => launch::run_command(&cli),

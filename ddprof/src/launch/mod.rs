@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use crate::config::{parse_events, Cli, EventSpec};
 use crate::events::{self, EventFd, EventOptions, OpenError, Scope};
+use crate::logging::print_error;
 use crate::profiler::{self, ProfilerError, Target};
 
 pub use target::{wait_for_exit, TargetWatch};
@@ -99,7 +100,7 @@ fn specs(cli: &Cli) -> Vec<EventSpec> {
 /// the command could not be started, with ddprof's exit status.
 pub fn run_command(cli: &Cli) -> u8 {
     let Some(program) = cli.command.first() else {
-        eprintln!("ddprof: no command given");
+        print_error(format_args!("no command given"));
         return 2;
     };
     let argv: Result<Vec<CString>, _> = cli
@@ -108,7 +109,9 @@ pub fn run_command(cli: &Cli) -> u8 {
         .map(|arg| CString::new(arg.as_bytes()))
         .collect();
     let Ok(argv) = argv else {
-        eprintln!("ddprof: cannot run `{program}`: an argument contains a NUL byte");
+        print_error(format_args!(
+            "cannot run `{program}`: an argument contains a NUL byte"
+        ));
         return EXIT_NOT_EXECUTABLE;
     };
     // A warning written to a closed stderr must not kill the launcher (the
@@ -117,7 +120,7 @@ pub fn run_command(cli: &Cli) -> u8 {
     let switch_user = match cli.switch_user.as_deref().map(user::resolve).transpose() {
         Ok(user) => user,
         Err(error) => {
-            eprintln!("ddprof: {error}");
+            print_error(format_args!("{error}"));
             return 1;
         }
     };
@@ -128,13 +131,13 @@ pub fn run_command(cli: &Cli) -> u8 {
     }
     if cli.drop_capabilities {
         if let Err(error) = capabilities::drop_from_command() {
-            eprintln!("ddprof: {}", LaunchError::DropCapabilities(error));
+            print_error(format_args!("{}", LaunchError::DropCapabilities(error)));
             return 1;
         }
     }
     if let Some(user) = &switch_user {
         if let Err(error) = user::switch_to(user) {
-            eprintln!("ddprof: {error}");
+            print_error(format_args!("{error}"));
             return 1;
         }
     }
@@ -145,12 +148,16 @@ pub fn run_command(cli: &Cli) -> u8 {
     }
     let error = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
     match error {
-        nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR => {
-            eprintln!("ddprof: {program}: command not found");
+        nix::errno::Errno::ENOENT if !program.contains('/') => {
+            print_error(format_args!("{program}: command not found"));
+            EXIT_NOT_FOUND
+        }
+        nix::errno::Errno::ENOENT => {
+            print_error(format_args!("{program}: {}", error.desc()));
             EXIT_NOT_FOUND
         }
         other => {
-            eprintln!("ddprof: {program}: cannot run it: {}", other.desc());
+            print_error(format_args!("{program}: cannot run it: {}", other.desc()));
             EXIT_NOT_EXECUTABLE
         }
     }
@@ -194,6 +201,8 @@ pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
         Target::Pid(pid) => open_process_events(&specs, pid as i32, &event_options(cli))?,
         Target::Global => events::open_all(&specs, Scope::Global, &event_options(cli))
             .map_err(LaunchError::Global)?,
+        // A launched command is attached to by the launcher, not here; should
+        // a caller ask, it is a running process like any other.
         Target::Launched { pid } => open_process_events(&specs, pid as i32, &event_options(cli))?,
     };
     // Stop requests must not kill the process before the last period is
