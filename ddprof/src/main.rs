@@ -1,7 +1,9 @@
 //! `main` is the C entry point (`#![no_main]`): the Rust runtime's start-up
 //! would set SIGPIPE to "ignored", and an ignored signal stays ignored across
 //! exec, so the command would not get the caller's SIGPIPE disposition.
-#![no_main]
+//! (Under `cargo test` the test harness brings its own `main`.)
+#![cfg_attr(not(test), no_main)]
+#![cfg_attr(test, allow(dead_code))]
 
 use ddprof::config::{Cli, ConfigError};
 use ddprof::logging::print_error;
@@ -11,6 +13,7 @@ use ddprof::{launch, logging};
 /// Exit status of a usage error (as clap uses).
 const EXIT_USAGE: u8 = 2;
 
+#[cfg(not(test))]
 #[unsafe(no_mangle)]
 pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
     // std reads the arguments itself (glibc hands them to its initialisers);
