@@ -23,6 +23,19 @@
 //! ([`capabilities`]), a seccomp filter stops it from signalling or tracing
 //! any other process ([`sandbox`]), it runs at `--nice` on one CPU, and the
 //! launcher never waits for it longer than [`HANDOFF_TIMEOUT`].
+//!
+//! What the profiler loop (`profiler::run`) gets from here, in every mode:
+//! - the events, already open, one per CPU per `-e` spec (per thread for `-p`);
+//! - the end of its target: [`target_watch`]`(pid)` gives a [`TargetWatch`]
+//!   whose [`TargetWatch::poll_fd`] becomes readable when the process exits
+//!   (poll it with the ring buffers); `--global` has no target;
+//! - stop requests: SIGINT/SIGTERM handlers are installed before `run` is
+//!   called; the loop checks [`stop::requested`] (and may poll the wake-up
+//!   descriptor of [`stop::StopSignals`]) and then flushes and returns;
+//! - capabilities: it must call [`capabilities::drop_after_setup`] once its
+//!   engine is set up (BPF program loaded and attached, buffers mapped);
+//! - at exit it logs one notice line containing `summary:` and `samples=N`
+//!   (the integration tests read it).
 pub mod capabilities;
 pub mod daemon;
 pub mod handoff;
@@ -207,7 +220,7 @@ pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
     };
     // Stop requests must not kill the process before the last period is
     // flushed: the loop checks `stop::requested()`.
-    let stop = stop::install().map_err(|error| {
+    let stop_signals = stop::install().map_err(|error| {
         ProfilerError::Setup(format!(
             "cannot install the SIGINT/SIGTERM handlers: {error}"
         ))
@@ -221,7 +234,7 @@ pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
         describe_capabilities()
     );
     let result = profiler::run(cli, target, events);
-    drop(stop);
+    drop(stop_signals);
     Ok(result?)
 }
 

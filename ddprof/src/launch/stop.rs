@@ -65,6 +65,14 @@ pub fn requested() -> bool {
     STOP_REQUESTED.load(Ordering::SeqCst)
 }
 
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        // The handlers stay (a late signal still counts as a request), but
+        // must not write to a descriptor number that may be reused.
+        WAKE_FD.store(-1, Ordering::SeqCst);
+    }
+}
+
 impl StopSignals {
     /// Readable once a stop was requested.
     pub fn poll_fd(&self) -> BorrowedFd<'_> {
