@@ -376,3 +376,44 @@ pub fn target_watch(pid: i32) -> std::io::Result<TargetWatch> {
     }
     TargetWatch::new(pid)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_events_for_every_thread_of_a_process() {
+        // This test process has several threads (the test runner's).
+        let (ready_sender, ready) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let helper = std::thread::spawn(move || {
+            ready_sender.send(()).unwrap();
+            stopped.recv().ok();
+        });
+        ready.recv().unwrap();
+        let pid = std::process::id() as i32;
+        let threads = target::threads(pid).unwrap();
+        assert!(threads.len() >= 2, "{threads:?}");
+        let specs = parse_events("sCPU").unwrap();
+        let options = EventOptions {
+            stack_sample_size: 8192,
+            include_kernel: false,
+        };
+        let events = open_process_events(&specs, pid, &options).unwrap();
+        let cpus = events::online_cpus().len();
+        // At least the threads seen before (others may have started since).
+        assert!(
+            events.len() >= threads.len() * cpus,
+            "{} events",
+            events.len()
+        );
+        assert_eq!(events.len() % cpus, 0);
+        stop.send(()).unwrap();
+        helper.join().unwrap();
+
+        assert!(matches!(
+            open_process_events(&specs, i32::MAX, &options),
+            Err(LaunchError::NoSuchProcess(_))
+        ));
+    }
+}
