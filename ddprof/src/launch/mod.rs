@@ -195,7 +195,7 @@ fn profile_self(cli: &Cli) -> Result<(), NotProfiled> {
     })?;
     // Dropping `launcher_socket` on failure tells the daemon to exit.
     let events = events::open_all(&specs, Scope::SelfOnExec, &event_options(cli))?;
-    handoff::send_events(&launcher_socket, &events, &specs)?;
+    handoff::send_events(&launcher_socket, &events, &specs, HANDOFF_TIMEOUT)?;
     handoff::wait_for_ack(&launcher_socket, HANDOFF_TIMEOUT)?;
     // The launcher's copies close at the exec anyway; the daemon's keep the
     // events alive.
