@@ -187,7 +187,8 @@ fn the_command_survives_the_profiler_and_gets_no_sigchld() {
         .expect("the profiler daemon logs its start");
     let daemon = number_field(&started, "pid").unwrap() as i32;
     assert_ne!(daemon as u32, launched.id());
-    if is_running(daemon) {
+    let comm = std::fs::read_to_string(format!("/proc/{daemon}/comm")).unwrap_or_default();
+    if is_running(daemon) && comm.trim() == "ddprof-profiler" {
         // SAFETY: kill sends a signal to a PID we just read; it touches no memory.
         unsafe { libc::kill(daemon, libc::SIGKILL) };
     }
