@@ -2,7 +2,20 @@
 //!
 //! Every option reads a Datadog environment variable as its default and is
 //! overridden by the flag; `--config FILE` (TOML, the same keys as the long
-//! flag names) sits between the two.
+//! flag names) sits between the two: flag > environment > file > default.
+//!
+//! A config file uses the long option names as keys, with `_` or `-`:
+//!
+//! ```toml
+//! service = "checkout"
+//! upload_period = 10
+//! event = "sCPU freq=999"
+//! inlined_functions = true
+//! ```
+//!
+//! Values are strings, numbers or booleans and are checked like flags (the
+//! error names the option and what it expects); unknown keys are rejected.
+//! `config`, `command`, `help` and `version` cannot be set from a file.
 use std::path::PathBuf;
 use std::time::Duration;
 

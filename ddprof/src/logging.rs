@@ -67,6 +67,14 @@ pub fn format_line(pid: u32, level: Level, message: &str) -> String {
     format!("ddprof[{pid}]: {label}: {message}\n")
 }
 
+/// Prints `ddprof: MESSAGE` on stderr whatever the log mode (for errors that
+/// end ddprof, like a shell's "command not found"). A closed or broken
+/// stderr is ignored: this never panics.
+pub fn print_error(message: std::fmt::Arguments<'_>) {
+    let line = format!("ddprof: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
 fn syslog_priority(level: Level) -> libc::c_int {
     match level {
         Level::Error => libc::LOG_ERR,

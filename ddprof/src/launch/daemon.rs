@@ -168,6 +168,10 @@ fn daemon_main(setup: DaemonSetup<'_>) {
     if let Some(pidfd) = target_pidfd {
         super::remember_target_pidfd(target_pid, pidfd);
     }
+    // SIGTERM (e.g. from an administrator) flushes the last period too.
+    let _stop = super::stop::install()
+        .map_err(|error| log::warn!("profiler: cannot install its SIGTERM handler: {error}"))
+        .ok();
     super::settle_profiler(cli);
     log::info!(
         "profiler started: pid={} target={} events={} {}",

@@ -59,12 +59,25 @@ pub fn channel() -> Result<(OwnedFd, OwnedFd), HandoffError> {
     .map_err(HandoffError::Socket)
 }
 
-/// Sends every event descriptor (the launcher keeps its own copies).
+/// Sends every event descriptor (the launcher keeps its own copies). A
+/// profiler that stopped reading cannot block the launcher: each message
+/// waits at most `timeout` for room in the socket's queue.
 pub fn send_events(
     socket: &OwnedFd,
     events: &[EventFd],
     specs: &[EventSpec],
+    timeout: Duration,
 ) -> Result<(), HandoffError> {
+    let timeout_value = nix::sys::time::TimeVal::new(
+        timeout.as_secs() as libc::time_t,
+        timeout.subsec_micros() as libc::suseconds_t,
+    );
+    nix::sys::socket::setsockopt(
+        socket,
+        nix::sys::socket::sockopt::SendTimeout,
+        &timeout_value,
+    )
+    .map_err(HandoffError::Socket)?;
     let mut header = HEADER_MAGIC.to_vec();
     header.extend_from_slice(&(events.len() as u32).to_ne_bytes());
     sendmsg::<UnixAddr>(
@@ -74,7 +87,7 @@ pub fn send_events(
         MsgFlags::MSG_NOSIGNAL,
         None,
     )
-    .map_err(HandoffError::Send)?;
+    .map_err(send_error(timeout))?;
     for batch in events.chunks(FDS_PER_MESSAGE) {
         let mut records = Vec::with_capacity(batch.len() * RECORD_SIZE);
         let mut fds: Vec<RawFd> = Vec::with_capacity(batch.len());
@@ -94,9 +107,16 @@ pub fn send_events(
             MsgFlags::MSG_NOSIGNAL,
             None,
         )
-        .map_err(HandoffError::Send)?;
+        .map_err(send_error(timeout))?;
     }
     Ok(())
+}
+
+fn send_error(timeout: Duration) -> impl Fn(nix::Error) -> HandoffError {
+    move |error| match error {
+        nix::errno::Errno::EAGAIN => HandoffError::Timeout(timeout),
+        other => HandoffError::Send(other),
+    }
 }
 
 /// Waits (at most `timeout`) for the daemon's acknowledgement.
@@ -228,7 +248,7 @@ mod tests {
             .map(|i| open(&specs[i % 2], Scope::Process(pid), -1, &options).unwrap())
             .collect();
         let (launcher, daemon) = channel().unwrap();
-        send_events(&launcher, &events, &specs).unwrap();
+        send_events(&launcher, &events, &specs, Duration::from_secs(1)).unwrap();
         let received = receive_events(&daemon, &specs).unwrap();
         assert_eq!(received.len(), events.len());
         for (sent, got) in events.iter().zip(&received) {
@@ -238,6 +258,33 @@ mod tests {
         }
         acknowledge(&daemon).unwrap();
         wait_for_ack(&launcher, Duration::from_secs(1)).unwrap();
+    }
+
+    #[test]
+    fn a_profiler_that_stopped_reading_cannot_block_the_launcher() {
+        let specs = crate::config::parse_events("sCPU").unwrap();
+        let options = EventOptions {
+            stack_sample_size: 8192,
+            include_kernel: false,
+        };
+        let pid = std::process::id() as i32;
+        let event = open(&specs[0], Scope::Process(pid), -1, &options).unwrap();
+        // More messages than the socket queue holds (net.unix.max_dgram_qlen
+        // is 10 by default; the smallest send buffer holds fewer), never read.
+        let events: Vec<EventFd> = (0..FDS_PER_MESSAGE * 15)
+            .map(|_| EventFd {
+                fd: event.fd.try_clone().unwrap(),
+                cpu: -1,
+                spec: specs[0],
+            })
+            .collect();
+        let (launcher, _daemon) = channel().unwrap();
+        nix::sys::socket::setsockopt(&launcher, nix::sys::socket::sockopt::SndBuf, &0).unwrap();
+        let result = send_events(&launcher, &events, &specs, Duration::from_millis(50));
+        assert!(
+            matches!(result, Err(HandoffError::Timeout(_))),
+            "{result:?}"
+        );
     }
 
     #[test]

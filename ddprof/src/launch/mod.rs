@@ -20,11 +20,26 @@
 //!
 //! The daemon cannot take the command down: it is not its parent or in its
 //! process group, it drops `CAP_KILL` and every capability it does not use
-//! ([`capabilities`]), it runs at `--nice` on one CPU, and the launcher never
-//! waits for it longer than [`HANDOFF_TIMEOUT`].
+//! ([`capabilities`]), a seccomp filter stops it from signalling or tracing
+//! any other process ([`sandbox`]), it runs at `--nice` on one CPU, and the
+//! launcher never waits for it longer than [`HANDOFF_TIMEOUT`].
+//!
+//! What the profiler loop (`profiler::run`) gets from here, in every mode:
+//! - the events, already open, one per CPU per `-e` spec (per thread for `-p`);
+//! - the end of its target: [`target_watch`]`(pid)` gives a [`TargetWatch`]
+//!   whose [`TargetWatch::poll_fd`] becomes readable when the process exits
+//!   (poll it with the ring buffers); `--global` has no target;
+//! - stop requests: SIGINT/SIGTERM handlers are installed before `run` is
+//!   called; the loop checks [`stop::requested`] (and may poll the wake-up
+//!   descriptor of [`stop::StopSignals`]) and then flushes and returns;
+//! - capabilities: it must call [`capabilities::drop_after_setup`] once its
+//!   engine is set up (BPF program loaded and attached, buffers mapped);
+//! - at exit it logs one notice line containing `summary:` and `samples=N`
+//!   (the integration tests read it).
 pub mod capabilities;
 pub mod daemon;
 pub mod handoff;
+pub mod sandbox;
 pub mod signals;
 pub mod stop;
 pub mod target;
@@ -37,6 +52,7 @@ use std::time::Duration;
 
 use crate::config::{parse_events, Cli, EventSpec};
 use crate::events::{self, EventFd, EventOptions, OpenError, Scope};
+use crate::logging::print_error;
 use crate::profiler::{self, ProfilerError, Target};
 
 pub use target::{wait_for_exit, TargetWatch};
@@ -97,7 +113,7 @@ fn specs(cli: &Cli) -> Vec<EventSpec> {
 /// the command could not be started, with ddprof's exit status.
 pub fn run_command(cli: &Cli) -> u8 {
     let Some(program) = cli.command.first() else {
-        eprintln!("ddprof: no command given");
+        print_error(format_args!("no command given"));
         return 2;
     };
     let argv: Result<Vec<CString>, _> = cli
@@ -106,7 +122,9 @@ pub fn run_command(cli: &Cli) -> u8 {
         .map(|arg| CString::new(arg.as_bytes()))
         .collect();
     let Ok(argv) = argv else {
-        eprintln!("ddprof: cannot run `{program}`: an argument contains a NUL byte");
+        print_error(format_args!(
+            "cannot run `{program}`: an argument contains a NUL byte"
+        ));
         return EXIT_NOT_EXECUTABLE;
     };
     // A warning written to a closed stderr must not kill the launcher (the
@@ -115,7 +133,7 @@ pub fn run_command(cli: &Cli) -> u8 {
     let switch_user = match cli.switch_user.as_deref().map(user::resolve).transpose() {
         Ok(user) => user,
         Err(error) => {
-            eprintln!("ddprof: {error}");
+            print_error(format_args!("{error}"));
             return 1;
         }
     };
@@ -126,13 +144,13 @@ pub fn run_command(cli: &Cli) -> u8 {
     }
     if cli.drop_capabilities {
         if let Err(error) = capabilities::drop_from_command() {
-            eprintln!("ddprof: {}", LaunchError::DropCapabilities(error));
+            print_error(format_args!("{}", LaunchError::DropCapabilities(error)));
             return 1;
         }
     }
     if let Some(user) = &switch_user {
         if let Err(error) = user::switch_to(user) {
-            eprintln!("ddprof: {error}");
+            print_error(format_args!("{error}"));
             return 1;
         }
     }
@@ -143,12 +161,16 @@ pub fn run_command(cli: &Cli) -> u8 {
     }
     let error = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
     match error {
-        nix::errno::Errno::ENOENT | nix::errno::Errno::ENOTDIR => {
-            eprintln!("ddprof: {program}: command not found");
+        nix::errno::Errno::ENOENT if !program.contains('/') => {
+            print_error(format_args!("{program}: command not found"));
+            EXIT_NOT_FOUND
+        }
+        nix::errno::Errno::ENOENT => {
+            print_error(format_args!("{program}: {}", error.desc()));
             EXIT_NOT_FOUND
         }
         other => {
-            eprintln!("ddprof: {program}: cannot run it: {}", other.desc());
+            print_error(format_args!("{program}: cannot run it: {}", other.desc()));
             EXIT_NOT_EXECUTABLE
         }
     }
@@ -173,7 +195,7 @@ fn profile_self(cli: &Cli) -> Result<(), NotProfiled> {
     })?;
     // Dropping `launcher_socket` on failure tells the daemon to exit.
     let events = events::open_all(&specs, Scope::SelfOnExec, &event_options(cli))?;
-    handoff::send_events(&launcher_socket, &events, &specs)?;
+    handoff::send_events(&launcher_socket, &events, &specs, HANDOFF_TIMEOUT)?;
     handoff::wait_for_ack(&launcher_socket, HANDOFF_TIMEOUT)?;
     // The launcher's copies close at the exec anyway; the daemon's keep the
     // events alive.
@@ -192,11 +214,13 @@ pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
         Target::Pid(pid) => open_process_events(&specs, pid as i32, &event_options(cli))?,
         Target::Global => events::open_all(&specs, Scope::Global, &event_options(cli))
             .map_err(LaunchError::Global)?,
+        // A launched command is attached to by the launcher, not here; should
+        // a caller ask, it is a running process like any other.
         Target::Launched { pid } => open_process_events(&specs, pid as i32, &event_options(cli))?,
     };
     // Stop requests must not kill the process before the last period is
     // flushed: the loop checks `stop::requested()`.
-    let stop = stop::install().map_err(|error| {
+    let stop_signals = stop::install().map_err(|error| {
         ProfilerError::Setup(format!(
             "cannot install the SIGINT/SIGTERM handlers: {error}"
         ))
@@ -210,7 +234,7 @@ pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
         describe_capabilities()
     );
     let result = profiler::run(cli, target, events);
-    drop(stop);
+    drop(stop_signals);
     Ok(result?)
 }
 
@@ -264,7 +288,8 @@ fn raise_descriptor_limit() {
 }
 
 /// The profiler's own settings once its events are in place: `--nice`, one
-/// CPU, and only the capabilities it uses.
+/// CPU, only the capabilities it uses, and no way to signal or trace other
+/// processes ([`sandbox`]).
 fn settle_profiler(cli: &Cli) {
     if let Some(nice) = cli.nice {
         // SAFETY: setpriority on this process only.
@@ -278,6 +303,9 @@ fn settle_profiler(cli: &Cli) {
     pin_to_one_cpu();
     if let Err(error) = capabilities::drop_for_profiler() {
         log::warn!("profiler: {error}");
+    }
+    if let Err(error) = sandbox::forbid_touching_other_processes() {
+        log::warn!("profiler: cannot install its seccomp filter: {error}");
     }
 }
 
@@ -303,11 +331,20 @@ fn pin_to_one_cpu() {
     }
 }
 
-/// This process's capability sets, for the start-up log line.
+/// This process's capability sets and seccomp mode (2 = filtered), for the
+/// start-up log line.
 pub fn describe_capabilities() -> String {
     let caps = capabilities::current().unwrap_or_default();
+    let seccomp = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Seccomp:").map(|v| v.trim().to_string()))
+        })
+        .unwrap_or_else(|| "unknown".to_string());
     format!(
-        "capabilities: effective={:#x} permitted={:#x} bounding={:#x}",
+        "capabilities: effective={:#x} permitted={:#x} bounding={:#x} seccomp={seccomp}",
         caps.effective.0,
         caps.permitted.0,
         capabilities::bounding().0
@@ -338,4 +375,45 @@ pub fn target_watch(pid: i32) -> std::io::Result<TargetWatch> {
         }
     }
     TargetWatch::new(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_events_for_every_thread_of_a_process() {
+        // This test process has several threads (the test runner's).
+        let (ready_sender, ready) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let helper = std::thread::spawn(move || {
+            ready_sender.send(()).unwrap();
+            stopped.recv().ok();
+        });
+        ready.recv().unwrap();
+        let pid = std::process::id() as i32;
+        let threads = target::threads(pid).unwrap();
+        assert!(threads.len() >= 2, "{threads:?}");
+        let specs = parse_events("sCPU").unwrap();
+        let options = EventOptions {
+            stack_sample_size: 8192,
+            include_kernel: false,
+        };
+        let events = open_process_events(&specs, pid, &options).unwrap();
+        let cpus = events::online_cpus().len();
+        // At least the threads seen before (others may have started since).
+        assert!(
+            events.len() >= threads.len() * cpus,
+            "{} events",
+            events.len()
+        );
+        assert_eq!(events.len() % cpus, 0);
+        stop.send(()).unwrap();
+        helper.join().unwrap();
+
+        assert!(matches!(
+            open_process_events(&specs, i32::MAX, &options),
+            Err(LaunchError::NoSuchProcess(_))
+        ));
+    }
 }

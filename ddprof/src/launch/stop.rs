@@ -65,9 +65,64 @@ pub fn requested() -> bool {
     STOP_REQUESTED.load(Ordering::SeqCst)
 }
 
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        // The handlers stay (a late signal still counts as a request), but
+        // must not write to a descriptor number that may be reused.
+        WAKE_FD.store(-1, Ordering::SeqCst);
+    }
+}
+
 impl StopSignals {
     /// Readable once a stop was requested.
     pub fn poll_fd(&self) -> BorrowedFd<'_> {
         self.wake_read.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In a forked child (system calls only, so forking the multi-threaded
+    /// test runner is safe): SIGINT becomes a stop request, not a death.
+    #[test]
+    fn sigint_requests_a_stop() {
+        // SAFETY: the child only makes system calls and _exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            let code = match install() {
+                Err(_) => 10,
+                Ok(signals) => {
+                    if requested() {
+                        11
+                    } else {
+                        // SAFETY: raise delivers SIGINT to this thread, whose
+                        // handler was just installed.
+                        unsafe { libc::raise(libc::SIGINT) };
+                        let mut byte = [0u8; 1];
+                        // SAFETY: reads one byte into a stack buffer.
+                        let woken = unsafe {
+                            libc::read(signals.poll_fd().as_raw_fd(), byte.as_mut_ptr().cast(), 1)
+                        };
+                        if !requested() {
+                            12
+                        } else if woken != 1 {
+                            13
+                        } else {
+                            0
+                        }
+                    }
+                }
+            };
+            // SAFETY: ends the child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status), "killed by the signal: {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "see the exit codes above");
     }
 }
