@@ -197,6 +197,8 @@ struct Stacks {
     worker: Vec<u64>,
     /// Program counters spread over `output_hot`, for varied leaves.
     hot_pcs: Vec<u64>,
+    /// 1,000 program counters spread over the C library's code.
+    libc_pcs: Vec<u64>,
 }
 
 fn workload_stacks(table: &ProcessTable, pid: u32, binary: &Path, elf: &Elf) -> Stacks {
@@ -222,6 +224,17 @@ fn workload_stacks(table: &ProcessTable, pid: u32, binary: &Path, elf: &Elf) -> 
         .map(|m| PathBuf::from(&m.file.path))
         .expect("the workload maps libc");
     let libc_elf = Elf::read(&libc);
+    let libc_code = table
+        .get(pid)
+        .unwrap()
+        .mappings
+        .iter()
+        .find(|m| Path::new(&m.file.path) == libc)
+        .unwrap();
+    let libc_pcs = (0..1000)
+        .map(|k| libc_code.start + k * 64)
+        .filter(|pc| *pc < libc_code.end)
+        .collect();
     let (start_main, _) = libc_elf.function("__libc_start_main");
     main.push(runtime_address(
         table,
@@ -235,6 +248,7 @@ fn workload_stacks(table: &ProcessTable, pid: u32, binary: &Path, elf: &Elf) -> 
         main,
         worker,
         hot_pcs,
+        libc_pcs,
     }
 }
 
@@ -604,12 +618,12 @@ fn measures_a_busy_minute_profile() {
 
     // 59 s at 99 Hz on 2 busy threads, leaves spread over the hot function.
     let per_thread = 59 * 99;
-    let make_period = |aggregator: &mut Aggregator| {
+    let make_period = |aggregator: &mut Aggregator, leaves: &[u64]| {
         let start = SystemTime::now();
         for index in 0..per_thread as u64 {
             for (tid, stack) in [(pid, &stacks.main), (worker_tid, &stacks.worker)] {
                 let mut frames = stack.clone();
-                frames[0] = stacks.hot_pcs[index as usize % stacks.hot_pcs.len()];
+                frames[0] = leaves[index as usize % leaves.len()];
                 let s = sample(pid, tid, index, frames, StackEnd::Complete);
                 aggregator.add(&table, &s);
             }
@@ -617,8 +631,12 @@ fn measures_a_busy_minute_profile() {
         aggregator.take_period(start, start + Duration::from_secs(59))
     };
     let mut aggregator = Aggregator::new(AggregatorOptions::new(true));
-    let first = make_period(&mut aggregator);
-    let second = make_period(&mut aggregator);
+    let aggregate_start = Instant::now();
+    let first = make_period(&mut aggregator, &stacks.hot_pcs);
+    let aggregate_time = aggregate_start.elapsed();
+    let second = make_period(&mut aggregator, &stacks.hot_pcs);
+    // Leaves all over the C library: files already parsed, addresses new.
+    let third = make_period(&mut aggregator, &stacks.libc_pcs);
     assert_eq!(first.stats.samples, 2 * per_thread as u64);
 
     let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
@@ -628,6 +646,10 @@ fn measures_a_busy_minute_profile() {
     let warm_start = Instant::now();
     let _warm = symbolizer.symbolize(second);
     let warm_time = warm_start.elapsed();
+    let new_addresses_start = Instant::now();
+    let new_addresses = symbolizer.symbolize(third);
+    let new_addresses_time = new_addresses_start.elapsed();
+    let new_leaves = new_addresses.period.frames.len();
 
     let metadata = ProfileMetadata {
         sampling_period_nanos: PERIOD_NANOS,
@@ -636,7 +658,7 @@ fn measures_a_busy_minute_profile() {
     let bytes = profile::encode_pprof(&cold, &metadata).unwrap();
     let encode_time = encode_start.elapsed();
     let mut no_timeline = Aggregator::new(AggregatorOptions::new(false));
-    let aggregated = symbolizer.symbolize(make_period(&mut no_timeline));
+    let aggregated = symbolizer.symbolize(make_period(&mut no_timeline, &stacks.hot_pcs));
     let aggregated_bytes = profile::encode_pprof(&aggregated, &metadata).unwrap();
 
     let output = LocalOutput::create(&dir.join("out"), WORKLOAD).unwrap();
@@ -653,13 +675,17 @@ fn measures_a_busy_minute_profile() {
 
     println!(
         "measure: samples={} distinct_stacks={} pprof_gz_bytes={} (timeline) pprof_gz_bytes_without_timeline={} \
-         symbolize_cold_ms={:.2} symbolize_warm_ms={:.2} encode_ms={:.2}",
+         aggregate_ns_per_sample={:.0} symbolize_cold_ms={:.2} symbolize_warm_ms={:.2} \
+         symbolize_warm_files_{}_new_frames_ms={:.2} encode_ms={:.2}",
         2 * per_thread,
         cold.period.stacks.len(),
         bytes.len(),
         aggregated_bytes.len(),
+        aggregate_time.as_secs_f64() * 1e9 / (2 * per_thread) as f64,
         cold_time.as_secs_f64() * 1e3,
         warm_time.as_secs_f64() * 1e3,
+        new_leaves,
+        new_addresses_time.as_secs_f64() * 1e3,
         encode_time.as_secs_f64() * 1e3,
     );
     drop(running);
