@@ -512,6 +512,51 @@ mod tests {
         assert_eq!(demangle("plain_c"), "plain_c");
     }
 
+    #[inline(never)]
+    fn a_rust_function_to_find() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn symbolizes_and_demangles_this_test_binary() {
+        use crate::aggregate::{Aggregator, AggregatorOptions};
+        use crate::process::ProcessTable;
+        let pid = std::process::id();
+        let mut table = ProcessTable::new();
+        table.load_from_proc(pid).unwrap();
+        let function = a_rust_function_to_find as *const () as usize as u64;
+        assert_eq!(a_rust_function_to_find(), 42);
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        aggregator.add(
+            &table,
+            &crate::sample::Sample {
+                pid,
+                tid: pid,
+                time: 0,
+                cpu: 0,
+                weight: 1,
+                frames: vec![function],
+                kernel_frames: vec![],
+                end: crate::sample::StackEnd::Complete,
+            },
+        );
+        let now = std::time::SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        let symbolized = Symbolizer::new(SymbolizerOptions::default()).symbolize(period);
+        let line = &symbolized.frames[0][0];
+        assert_eq!(
+            &*line.function,
+            "ddprof::symbolize::tests::a_rust_function_to_find"
+        );
+        assert!(
+            line.system_name.starts_with("_ZN") || line.system_name.starts_with("_R"),
+            "{}",
+            line.system_name
+        );
+        assert!(line.file.ends_with("symbolize.rs"), "{}", line.file);
+        assert!(line.line > 0);
+    }
+
     #[test]
     fn parses_and_looks_up_perf_maps() {
         let map = PerfMap {
