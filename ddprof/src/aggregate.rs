@@ -12,6 +12,10 @@ use std::time::SystemTime;
 use crate::process::{MappedFile, ProcessTable};
 use crate::sample::Sample;
 
+/// The per-sample tables hash small keys millions of times; they need no
+/// protection against adversarial keys, so a fast hasher fits.
+type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
+
 /// Timestamped samples kept per period for the timeline view; past this,
 /// samples are still counted but without their own timestamp. At 99 Hz this
 /// covers ~17 fully busy threads over a 60-second period.
@@ -158,7 +162,9 @@ struct FileRegistry {
     by_identity: HashMap<(String, u64, u64), FileId>,
     /// Fast path keyed by the process table's shared file; holding the `Arc`
     /// keeps the pointer from being reused by another file.
-    by_pointer: HashMap<usize, (Arc<MappedFile>, FileId)>,
+    by_pointer: FastMap<usize, (Arc<MappedFile>, FileId)>,
+    /// Names of anonymous regions (`[vdso]`, memfds), shared by their frames.
+    regions: FastMap<usize, (Arc<MappedFile>, Arc<str>)>,
 }
 
 impl FileRegistry {
@@ -184,6 +190,18 @@ impl FileRegistry {
         };
         self.by_pointer.insert(pointer, (mapped.clone(), id));
         id
+    }
+
+    fn region_name(&mut self, mapped: &Arc<MappedFile>) -> Option<Arc<str>> {
+        if mapped.path.is_empty() {
+            return None;
+        }
+        let pointer = Arc::as_ptr(mapped) as usize;
+        let (_, name) = self
+            .regions
+            .entry(pointer)
+            .or_insert_with(|| (mapped.clone(), Arc::from(mapped.path.as_str())));
+        Some(name.clone())
     }
 }
 
@@ -235,11 +253,11 @@ impl WallClock {
 #[derive(Debug, Default)]
 struct PeriodState {
     frames: Vec<Frame>,
-    frame_ids: HashMap<Frame, u32>,
+    frame_ids: FastMap<Frame, u32>,
     stacks: Vec<Box<[u32]>>,
-    stack_ids: HashMap<Box<[u32]>, u32>,
+    stack_ids: FastMap<Box<[u32]>, u32>,
     samples: Vec<StackSample>,
-    sample_ids: HashMap<(u32, u32, u32), u32>,
+    sample_ids: FastMap<(u32, u32, u32), u32>,
     process_names: HashMap<u32, String>,
     thread_names: HashMap<(u32, u32), String>,
     timeline_events: usize,
@@ -320,8 +338,7 @@ impl Aggregator {
                 Some(mapping) => Frame::Anonymous {
                     pid: sample.pid,
                     addr: lookup,
-                    region: (!mapping.file.path.is_empty())
-                        .then(|| Arc::from(mapping.file.path.as_str())),
+                    region: self.files.region_name(&mapping.file),
                 },
                 None => Frame::Anonymous {
                     pid: sample.pid,

@@ -184,6 +184,8 @@ impl Symbolizer {
             }
             self.kernel.clear();
             self.cached_addresses = 0;
+            // Names handed out stay valid; only the sharing of new ones restarts.
+            self.strings.clear();
         }
 
         let mut frames: Vec<Option<FrameSymbols>> = vec![None; period.frames.len()];
