@@ -43,12 +43,17 @@ fn run(command: &mut Command) {
 
 /// Builds the workload with `-O2 -g` into `dir`.
 fn build_workload(dir: &Path) -> PathBuf {
-    let binary = dir.join(WORKLOAD);
+    build_workload_as(&dir.join(WORKLOAD), &[])
+}
+
+fn build_workload_as(binary: &Path, defines: &[&str]) -> PathBuf {
     run(Command::new("cc")
-        .args(["-O2", "-g", "-pthread", "-o"])
-        .arg(&binary)
+        .args(["-O2", "-g", "-pthread"])
+        .args(defines)
+        .arg("-o")
+        .arg(binary)
         .arg(workload_source()));
-    binary
+    binary.to_path_buf()
 }
 
 /// The line of the source that carries `marker`.
@@ -72,7 +77,11 @@ impl Running {
     }
 
     fn start_with(binary: &Path, args: &[&str]) -> Self {
-        let child = Command::new(binary).args(args).spawn().unwrap();
+        Self::spawn(Command::new(binary).args(args))
+    }
+
+    fn spawn(command: &mut Command) -> Self {
+        let child = command.spawn().unwrap();
         let running = Running { child };
         // Wait until the worker thread exists and has its name.
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -775,5 +784,74 @@ fn jit_and_kernel_frames_are_named_after_the_process_exits() {
     std::fs::remove_file(&perf_map).unwrap();
     let second = symbolizer.symbolize(second);
     assert_eq!(names(&second), first_names);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn files_of_another_mount_namespace_are_read_from_it() {
+    let dir = scratch_dir("mntns");
+    // The host sees `output_chain` at this path; the process, in its own
+    // mount namespace, runs a different build over the same path.
+    let host_binary = build_workload(&dir);
+    let container_binary = build_workload_as(
+        &dir.join("container_chain"),
+        &[
+            "-Doutput_hot=container_hot",
+            "-Doutput_leaf=container_leaf",
+            "-Doutput_middle=container_middle",
+            "-Doutput_outer=container_outer",
+        ],
+    );
+    let script = format!(
+        "mount --bind {} {} && exec {}",
+        container_binary.display(),
+        host_binary.display(),
+        host_binary.display()
+    );
+    let mut running = Running::spawn(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(script),
+    );
+    let pid = running.pid();
+    let mut table = ProcessTable::new();
+    table.load_from_proc(pid).unwrap();
+
+    let elf = Elf::read(&container_binary);
+    let at = |vaddr: u64| runtime_address(&table, pid, &host_binary, elf.file_offset(vaddr));
+    let ret = |caller: &str, callee: &str| at(elf.return_addresses(caller, callee)[0]);
+    let frames = vec![
+        at(elf.function("container_hot").0 + 4),
+        ret("container_leaf", "container_hot"),
+        ret("container_middle", "container_leaf"),
+        ret("container_outer", "container_middle"),
+        ret("main", "container_outer"),
+    ];
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+    aggregator.add(&table, &sample(pid, pid, 0, frames, StackEnd::Complete));
+    running.kill();
+    table.exit(pid, pid);
+
+    let now = SystemTime::now();
+    let period = aggregator.take_period(now, now);
+    let file = &period.files[0];
+    assert_eq!(Path::new(&file.path), host_binary.canonicalize().unwrap());
+    let container_id = ddprof::aggregate::read_build_id(container_binary.to_str().unwrap());
+    assert_eq!(
+        file.build_id, container_id,
+        "the build id is the container's file's"
+    );
+    let symbolized = Symbolizer::new(SymbolizerOptions::default()).symbolize(period);
+    let names: Vec<String> = symbolized.stack_names(0).map(|n| n.to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "main",
+            "container_outer",
+            "container_middle",
+            "container_leaf",
+            "container_hot"
+        ]
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

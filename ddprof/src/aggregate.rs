@@ -49,6 +49,10 @@ pub struct ObjectFile {
     pub dev: u64,
     pub inode: u64,
     pub build_id: Option<Vec<u8>>,
+    /// Where the profiler reads the file: `path` itself, or, for a file the
+    /// profiler's mount namespace does not see (containers), a descriptor
+    /// opened through `/proc/PID/root` while the process was alive.
+    pub open_path: String,
 }
 
 impl ObjectFile {
@@ -66,6 +70,10 @@ impl ObjectFile {
         self.path.rsplit('/').next().unwrap_or(&self.path)
     }
 }
+
+/// Files of other mount namespaces held open for symbolization; past this,
+/// they are read by their path (and likely not found).
+const MAX_HELD_FILES: usize = 256;
 
 /// Index of a file in [`PeriodProfile::files`]; stable for the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -165,10 +173,12 @@ struct FileRegistry {
     by_pointer: FastMap<usize, (Arc<MappedFile>, FileId)>,
     /// Names of anonymous regions (`[vdso]`, memfds), shared by their frames.
     regions: FastMap<usize, (Arc<MappedFile>, Arc<str>)>,
+    /// Descriptors behind `/proc/self/fd/N` open paths.
+    held: Vec<std::fs::File>,
 }
 
 impl FileRegistry {
-    fn intern(&mut self, mapped: &Arc<MappedFile>) -> FileId {
+    fn intern(&mut self, pid: u32, mapped: &Arc<MappedFile>) -> FileId {
         let pointer = Arc::as_ptr(mapped) as usize;
         if let Some((_, id)) = self.by_pointer.get(&pointer) {
             return *id;
@@ -178,11 +188,13 @@ impl FileRegistry {
             Some(id) => *id,
             None => {
                 let id = FileId(self.files.len() as u32);
+                let open_path = self.open_path(pid, mapped);
                 self.files.push(Arc::new(ObjectFile {
                     path: mapped.path.clone(),
                     dev: mapped.dev,
                     inode: mapped.inode,
-                    build_id: read_build_id(&mapped.path),
+                    build_id: read_build_id(&open_path),
+                    open_path,
                 }));
                 self.by_identity.insert(identity, id);
                 id
@@ -190,6 +202,31 @@ impl FileRegistry {
         };
         self.by_pointer.insert(pointer, (mapped.clone(), id));
         id
+    }
+
+    /// The path that reaches the mapped file from here. A process in
+    /// another mount namespace (a container) may map `/usr/lib/libc.so.6`
+    /// that is not ours: when the inode differs, the file is opened through
+    /// `/proc/PID/root` now, while the process exists, and kept open.
+    fn open_path(&mut self, pid: u32, mapped: &MappedFile) -> String {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let ours = std::fs::metadata(&mapped.path).map(|m| m.ino());
+        if mapped.inode == 0 || ours.as_ref().ok() == Some(&mapped.inode) {
+            return mapped.path.clone();
+        }
+        if self.held.len() >= MAX_HELD_FILES {
+            return mapped.path.clone();
+        }
+        let theirs = format!("/proc/{pid}/root{}", mapped.path);
+        match std::fs::File::open(&theirs) {
+            Ok(file) if file.metadata().map(|m| m.ino()).ok() == Some(mapped.inode) => {
+                let open_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+                self.held.push(file);
+                open_path
+            }
+            _ => mapped.path.clone(),
+        }
     }
 
     fn region_name(&mut self, mapped: &Arc<MappedFile>) -> Option<Arc<str>> {
@@ -332,7 +369,7 @@ impl Aggregator {
             };
             let frame = match processes.find_mapping(sample.pid, lookup) {
                 Some(mapping) if !is_anonymous_path(&mapping.file.path) => Frame::File {
-                    file: self.files.intern(&mapping.file),
+                    file: self.files.intern(sample.pid, &mapping.file),
                     offset: mapping.file_offset_of(lookup),
                 },
                 Some(mapping) => Frame::Anonymous {

@@ -87,6 +87,8 @@ impl SymbolizedProfile {
 
 #[derive(Debug, Default)]
 struct FileCache {
+    /// The path blazesym opened (and caches the parsed file under).
+    open_path: String,
     last_period: u64,
     addresses: HashMap<u64, FrameSymbols>,
 }
@@ -248,6 +250,9 @@ impl Symbolizer {
         let period_number = self.period_number;
         let cache = self.files.entry(key.clone()).or_default();
         cache.last_period = period_number;
+        if cache.open_path.is_empty() {
+            cache.open_path = file.open_path.clone();
+        }
         let mut missing: Vec<u64> = Vec::new();
         for &(index, offset) in offsets {
             match cache.addresses.get(&offset) {
@@ -261,7 +266,7 @@ impl Symbolizer {
         missing.sort_unstable();
         missing.dedup();
 
-        let source = Source::Elf(Elf::new(&file.path));
+        let source = Source::Elf(Elf::new(&file.open_path));
         let resolved: Vec<Option<Vec<SymbolLine>>> = match self
             .blazesym
             .symbolize(&source, Input::FileOffset(&missing))
@@ -394,11 +399,12 @@ impl Symbolizer {
             .map(|(key, _)| key.clone())
             .collect();
         for key in stale {
-            if let Some(cache) = self.files.remove(&key) {
-                self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
-            }
+            let Some(cache) = self.files.remove(&key) else {
+                continue;
+            };
+            self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
             let evict = blazesym::symbolize::evict::Evict::Elf(
-                blazesym::symbolize::evict::Elf::new(PathBuf::from(&key.0)),
+                blazesym::symbolize::evict::Elf::new(PathBuf::from(&cache.open_path)),
             );
             if let Err(error) = self.blazesym.evict(&evict) {
                 log::debug!("cannot evict {}: {error}", key.0);
@@ -588,6 +594,7 @@ mod tests {
                 dev: 0,
                 inode: 0,
                 build_id: None,
+                open_path: "/nonexistent/libgone.so".into(),
             })],
             frames: vec![
                 Frame::File {
