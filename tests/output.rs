@@ -82,7 +82,7 @@ impl Running {
 
     fn spawn(command: &mut Command) -> Self {
         let child = command.spawn().unwrap();
-        let running = Running { child };
+        let mut running = Running { child };
         // Wait until the worker thread exists and has its name.
         let deadline = Instant::now() + Duration::from_secs(20);
         while running.thread_named("output_worker").is_none() {
@@ -90,6 +90,9 @@ impl Running {
                 Instant::now() < deadline,
                 "the workload's worker never appeared"
             );
+            if let Ok(Some(status)) = running.child.try_wait() {
+                panic!("the workload exited early: {status}");
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
         running
@@ -852,6 +855,48 @@ fn files_of_another_mount_namespace_are_read_from_it() {
             "container_leaf",
             "container_hot"
         ]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn binaries_deleted_while_running_are_still_symbolized() {
+    let dir = scratch_dir("deleted");
+    let binary = build_workload(&dir);
+    let elf = Elf::read(&binary);
+    let mut running = Running::start(&binary);
+    let pid = running.pid();
+    // As when a package upgrade replaces a running service's binary.
+    std::fs::remove_file(&binary).unwrap();
+    let mut table = ProcessTable::new();
+    table.load_from_proc(pid).unwrap();
+    let deleted = format!("{} (deleted)", binary.display());
+    let mapping = table
+        .get(pid)
+        .unwrap()
+        .mappings
+        .iter()
+        .find(|m| m.file.path == deleted)
+        .cloned()
+        .expect("the binary's code is mapped as deleted");
+    let at = |vaddr: u64| mapping.start + elf.file_offset(vaddr) - mapping.file_offset;
+    let frames = vec![
+        at(elf.function("output_hot").0 + 4),
+        at(elf.return_addresses("output_leaf", "output_hot")[0]),
+        at(elf.return_addresses("output_middle", "output_leaf")[0]),
+    ];
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+    aggregator.add(&table, &sample(pid, pid, 0, frames, StackEnd::NoUnwindInfo));
+    running.kill();
+    table.exit(pid, pid);
+
+    let now = SystemTime::now();
+    let symbolized =
+        Symbolizer::new(SymbolizerOptions::default()).symbolize(aggregator.take_period(now, now));
+    let names: Vec<String> = symbolized.stack_names(0).map(|n| n.to_string()).collect();
+    assert_eq!(
+        names,
+        ["[truncated]", "output_middle", "output_leaf", "output_hot"]
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

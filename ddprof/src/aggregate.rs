@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::process::{MappedFile, ProcessTable};
+use crate::process::{MappedFile, Mapping, ProcessTable};
 use crate::sample::Sample;
 
 /// The per-sample tables hash small keys millions of times; they need no
@@ -178,7 +178,8 @@ struct FileRegistry {
 }
 
 impl FileRegistry {
-    fn intern(&mut self, pid: u32, mapped: &Arc<MappedFile>) -> FileId {
+    fn intern(&mut self, pid: u32, mapping: &Mapping) -> FileId {
+        let mapped = &mapping.file;
         let pointer = Arc::as_ptr(mapped) as usize;
         if let Some((_, id)) = self.by_pointer.get(&pointer) {
             return *id;
@@ -188,7 +189,7 @@ impl FileRegistry {
             Some(id) => *id,
             None => {
                 let id = FileId(self.files.len() as u32);
-                let open_path = self.open_path(pid, mapped);
+                let open_path = self.open_path(pid, mapping);
                 self.files.push(Arc::new(ObjectFile {
                     path: mapped.path.clone(),
                     dev: mapped.dev,
@@ -205,12 +206,15 @@ impl FileRegistry {
     }
 
     /// The path that reaches the mapped file from here. A process in
-    /// another mount namespace (a container) may map `/usr/lib/libc.so.6`
-    /// that is not ours: when the inode differs, the file is opened through
-    /// `/proc/PID/root` now, while the process exists, and kept open.
-    fn open_path(&mut self, pid: u32, mapped: &MappedFile) -> String {
+    /// another mount namespace (a container) may map a `/usr/lib/libc.so.6`
+    /// that is not ours, and a binary replaced on disk is only reachable
+    /// through the mapping: when our path does not lead to the same inode,
+    /// the file is opened through `/proc/PID/root` or `/proc/PID/map_files`
+    /// now, while the process exists, and kept open.
+    fn open_path(&mut self, pid: u32, mapping: &Mapping) -> String {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::MetadataExt;
+        let mapped = &mapping.file;
         let ours = std::fs::metadata(&mapped.path).map(|m| m.ino());
         if mapped.inode == 0 || ours.as_ref().ok() == Some(&mapped.inode) {
             return mapped.path.clone();
@@ -218,7 +222,14 @@ impl FileRegistry {
         if self.held.len() >= MAX_HELD_FILES {
             return mapped.path.clone();
         }
-        let theirs = format!("/proc/{pid}/root{}", mapped.path);
+        let theirs = if mapped.path.ends_with(" (deleted)") {
+            format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                mapping.start, mapping.end
+            )
+        } else {
+            format!("/proc/{pid}/root{}", mapped.path)
+        };
         match std::fs::File::open(&theirs) {
             Ok(file) if file.metadata().map(|m| m.ino()).ok() == Some(mapped.inode) => {
                 let open_path = format!("/proc/self/fd/{}", file.as_raw_fd());
@@ -257,7 +268,6 @@ fn is_anonymous_path(path: &str) -> bool {
         || path.starts_with('[')
         || path.starts_with("//anon")
         || path.starts_with("/memfd:")
-        || path.ends_with(" (deleted)")
 }
 
 /// Converts CLOCK_MONOTONIC sample times to wall-clock time.
@@ -369,7 +379,7 @@ impl Aggregator {
             };
             let frame = match processes.find_mapping(sample.pid, lookup) {
                 Some(mapping) if !is_anonymous_path(&mapping.file.path) => Frame::File {
-                    file: self.files.intern(sample.pid, &mapping.file),
+                    file: self.files.intern(sample.pid, mapping),
                     offset: mapping.file_offset_of(lookup),
                 },
                 Some(mapping) => Frame::Anonymous {
