@@ -135,6 +135,9 @@ fn parse_perf_map(text: &str) -> Vec<(u64, u64, Arc<str>)> {
 }
 
 /// Turns normalized frames into functions, files and lines.
+///
+/// Not `Send` (blazesym's caches use `Rc`): create it on the thread that
+/// symbolizes, and keep it for the whole run so its caches pay off.
 pub struct Symbolizer {
     blazesym: blazesym::symbolize::Symbolizer,
     files: HashMap<(String, u64, u64), FileCache>,
