@@ -43,12 +43,17 @@ fn run(command: &mut Command) {
 
 /// Builds the workload with `-O2 -g` into `dir`.
 fn build_workload(dir: &Path) -> PathBuf {
-    let binary = dir.join(WORKLOAD);
+    build_workload_as(&dir.join(WORKLOAD), &[])
+}
+
+fn build_workload_as(binary: &Path, defines: &[&str]) -> PathBuf {
     run(Command::new("cc")
-        .args(["-O2", "-g", "-pthread", "-o"])
-        .arg(&binary)
+        .args(["-O2", "-g", "-pthread"])
+        .args(defines)
+        .arg("-o")
+        .arg(binary)
         .arg(workload_source()));
-    binary
+    binary.to_path_buf()
 }
 
 /// The line of the source that carries `marker`.
@@ -72,8 +77,12 @@ impl Running {
     }
 
     fn start_with(binary: &Path, args: &[&str]) -> Self {
-        let child = Command::new(binary).args(args).spawn().unwrap();
-        let running = Running { child };
+        Self::spawn(Command::new(binary).args(args))
+    }
+
+    fn spawn(command: &mut Command) -> Self {
+        let child = command.spawn().unwrap();
+        let mut running = Running { child };
         // Wait until the worker thread exists and has its name.
         let deadline = Instant::now() + Duration::from_secs(20);
         while running.thread_named("output_worker").is_none() {
@@ -81,6 +90,9 @@ impl Running {
                 Instant::now() < deadline,
                 "the workload's worker never appeared"
             );
+            if let Ok(Some(status)) = running.child.try_wait() {
+                panic!("the workload exited early: {status}");
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
         running
@@ -197,6 +209,8 @@ struct Stacks {
     worker: Vec<u64>,
     /// Program counters spread over `output_hot`, for varied leaves.
     hot_pcs: Vec<u64>,
+    /// 1,000 program counters spread over the C library's code.
+    libc_pcs: Vec<u64>,
 }
 
 fn workload_stacks(table: &ProcessTable, pid: u32, binary: &Path, elf: &Elf) -> Stacks {
@@ -222,6 +236,17 @@ fn workload_stacks(table: &ProcessTable, pid: u32, binary: &Path, elf: &Elf) -> 
         .map(|m| PathBuf::from(&m.file.path))
         .expect("the workload maps libc");
     let libc_elf = Elf::read(&libc);
+    let libc_code = table
+        .get(pid)
+        .unwrap()
+        .mappings
+        .iter()
+        .find(|m| Path::new(&m.file.path) == libc)
+        .unwrap();
+    let libc_pcs = (0..1000)
+        .map(|k| libc_code.start + k * 64)
+        .filter(|pc| *pc < libc_code.end)
+        .collect();
     let (start_main, _) = libc_elf.function("__libc_start_main");
     main.push(runtime_address(
         table,
@@ -235,6 +260,7 @@ fn workload_stacks(table: &ProcessTable, pid: u32, binary: &Path, elf: &Elf) -> 
         main,
         worker,
         hot_pcs,
+        libc_pcs,
     }
 }
 
@@ -604,21 +630,38 @@ fn measures_a_busy_minute_profile() {
 
     // 59 s at 99 Hz on 2 busy threads, leaves spread over the hot function.
     let per_thread = 59 * 99;
-    let make_period = |aggregator: &mut Aggregator| {
-        let start = SystemTime::now();
+    let make_samples = |leaves: &[u64]| -> Vec<Sample> {
+        let mut samples = Vec::with_capacity(2 * per_thread);
         for index in 0..per_thread as u64 {
             for (tid, stack) in [(pid, &stacks.main), (worker_tid, &stacks.worker)] {
                 let mut frames = stack.clone();
-                frames[0] = stacks.hot_pcs[index as usize % stacks.hot_pcs.len()];
-                let s = sample(pid, tid, index, frames, StackEnd::Complete);
-                aggregator.add(&table, &s);
+                frames[0] = leaves[index as usize % leaves.len()];
+                samples.push(sample(pid, tid, index, frames, StackEnd::Complete));
             }
+        }
+        samples
+    };
+    let make_period = |aggregator: &mut Aggregator, leaves: &[u64]| {
+        let start = SystemTime::now();
+        for s in make_samples(leaves) {
+            aggregator.add(&table, &s);
         }
         aggregator.take_period(start, start + Duration::from_secs(59))
     };
     let mut aggregator = Aggregator::new(AggregatorOptions::new(true));
-    let first = make_period(&mut aggregator);
-    let second = make_period(&mut aggregator);
+    let first = make_period(&mut aggregator, &stacks.hot_pcs);
+    // Files already known: the steady-state cost of one add().
+    let timed_samples = make_samples(&stacks.hot_pcs);
+    let mut timed = Aggregator::new(AggregatorOptions::new(true));
+    timed.add(&table, &timed_samples[0]);
+    let aggregate_start = Instant::now();
+    for s in &timed_samples {
+        timed.add(&table, s);
+    }
+    let aggregate_time = aggregate_start.elapsed();
+    let second = make_period(&mut aggregator, &stacks.hot_pcs);
+    // Leaves all over the C library: files already parsed, addresses new.
+    let third = make_period(&mut aggregator, &stacks.libc_pcs);
     assert_eq!(first.stats.samples, 2 * per_thread as u64);
 
     let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
@@ -628,6 +671,10 @@ fn measures_a_busy_minute_profile() {
     let warm_start = Instant::now();
     let _warm = symbolizer.symbolize(second);
     let warm_time = warm_start.elapsed();
+    let new_addresses_start = Instant::now();
+    let new_addresses = symbolizer.symbolize(third);
+    let new_addresses_time = new_addresses_start.elapsed();
+    let new_leaves = new_addresses.period.frames.len();
 
     let metadata = ProfileMetadata {
         sampling_period_nanos: PERIOD_NANOS,
@@ -636,7 +683,7 @@ fn measures_a_busy_minute_profile() {
     let bytes = profile::encode_pprof(&cold, &metadata).unwrap();
     let encode_time = encode_start.elapsed();
     let mut no_timeline = Aggregator::new(AggregatorOptions::new(false));
-    let aggregated = symbolizer.symbolize(make_period(&mut no_timeline));
+    let aggregated = symbolizer.symbolize(make_period(&mut no_timeline, &stacks.hot_pcs));
     let aggregated_bytes = profile::encode_pprof(&aggregated, &metadata).unwrap();
 
     let output = LocalOutput::create(&dir.join("out"), WORKLOAD).unwrap();
@@ -653,13 +700,17 @@ fn measures_a_busy_minute_profile() {
 
     println!(
         "measure: samples={} distinct_stacks={} pprof_gz_bytes={} (timeline) pprof_gz_bytes_without_timeline={} \
-         symbolize_cold_ms={:.2} symbolize_warm_ms={:.2} encode_ms={:.2}",
+         aggregate_ns_per_sample={:.0} symbolize_cold_ms={:.2} symbolize_warm_ms={:.2} \
+         symbolize_warm_files_{}_new_frames_ms={:.2} encode_ms={:.2}",
         2 * per_thread,
         cold.period.stacks.len(),
         bytes.len(),
         aggregated_bytes.len(),
+        aggregate_time.as_secs_f64() * 1e9 / (2 * per_thread) as f64,
         cold_time.as_secs_f64() * 1e3,
         warm_time.as_secs_f64() * 1e3,
+        new_leaves,
+        new_addresses_time.as_secs_f64() * 1e3,
         encode_time.as_secs_f64() * 1e3,
     );
     drop(running);
@@ -736,5 +787,116 @@ fn jit_and_kernel_frames_are_named_after_the_process_exits() {
     std::fs::remove_file(&perf_map).unwrap();
     let second = symbolizer.symbolize(second);
     assert_eq!(names(&second), first_names);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn files_of_another_mount_namespace_are_read_from_it() {
+    let dir = scratch_dir("mntns");
+    // The host sees `output_chain` at this path; the process, in its own
+    // mount namespace, runs a different build over the same path.
+    let host_binary = build_workload(&dir);
+    let container_binary = build_workload_as(
+        &dir.join("container_chain"),
+        &[
+            "-Doutput_hot=container_hot",
+            "-Doutput_leaf=container_leaf",
+            "-Doutput_middle=container_middle",
+            "-Doutput_outer=container_outer",
+        ],
+    );
+    let script = format!(
+        "mount --bind {} {} && exec {}",
+        container_binary.display(),
+        host_binary.display(),
+        host_binary.display()
+    );
+    let mut running = Running::spawn(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(script),
+    );
+    let pid = running.pid();
+    let mut table = ProcessTable::new();
+    table.load_from_proc(pid).unwrap();
+
+    let elf = Elf::read(&container_binary);
+    let at = |vaddr: u64| runtime_address(&table, pid, &host_binary, elf.file_offset(vaddr));
+    let ret = |caller: &str, callee: &str| at(elf.return_addresses(caller, callee)[0]);
+    let frames = vec![
+        at(elf.function("container_hot").0 + 4),
+        ret("container_leaf", "container_hot"),
+        ret("container_middle", "container_leaf"),
+        ret("container_outer", "container_middle"),
+        ret("main", "container_outer"),
+    ];
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+    aggregator.add(&table, &sample(pid, pid, 0, frames, StackEnd::Complete));
+    running.kill();
+    table.exit(pid, pid);
+
+    let now = SystemTime::now();
+    let period = aggregator.take_period(now, now);
+    let file = &period.files[0];
+    assert_eq!(Path::new(&file.path), host_binary.canonicalize().unwrap());
+    let container_id = ddprof::aggregate::read_build_id(container_binary.to_str().unwrap());
+    assert_eq!(
+        file.build_id, container_id,
+        "the build id is the container's file's"
+    );
+    let symbolized = Symbolizer::new(SymbolizerOptions::default()).symbolize(period);
+    let names: Vec<String> = symbolized.stack_names(0).map(|n| n.to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "main",
+            "container_outer",
+            "container_middle",
+            "container_leaf",
+            "container_hot"
+        ]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn binaries_deleted_while_running_are_still_symbolized() {
+    let dir = scratch_dir("deleted");
+    let binary = build_workload(&dir);
+    let elf = Elf::read(&binary);
+    let mut running = Running::start(&binary);
+    let pid = running.pid();
+    // As when a package upgrade replaces a running service's binary.
+    std::fs::remove_file(&binary).unwrap();
+    let mut table = ProcessTable::new();
+    table.load_from_proc(pid).unwrap();
+    let deleted = format!("{} (deleted)", binary.display());
+    let mapping = table
+        .get(pid)
+        .unwrap()
+        .mappings
+        .iter()
+        .find(|m| m.file.path == deleted)
+        .cloned()
+        .expect("the binary's code is mapped as deleted");
+    let at = |vaddr: u64| mapping.start + elf.file_offset(vaddr) - mapping.file_offset;
+    let frames = vec![
+        at(elf.function("output_hot").0 + 4),
+        at(elf.return_addresses("output_leaf", "output_hot")[0]),
+        at(elf.return_addresses("output_middle", "output_leaf")[0]),
+    ];
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+    aggregator.add(&table, &sample(pid, pid, 0, frames, StackEnd::NoUnwindInfo));
+    running.kill();
+    table.exit(pid, pid);
+
+    let now = SystemTime::now();
+    let symbolized =
+        Symbolizer::new(SymbolizerOptions::default()).symbolize(aggregator.take_period(now, now));
+    let names: Vec<String> = symbolized.stack_names(0).map(|n| n.to_string()).collect();
+    assert_eq!(
+        names,
+        ["[truncated]", "output_middle", "output_leaf", "output_hot"]
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,8 +9,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::process::{MappedFile, ProcessTable};
+use crate::process::{MappedFile, Mapping, ProcessTable};
 use crate::sample::Sample;
+
+/// The per-sample tables hash small keys millions of times; they need no
+/// protection against adversarial keys, so a fast hasher fits.
+type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
 
 /// Timestamped samples kept per period for the timeline view; past this,
 /// samples are still counted but without their own timestamp. At 99 Hz this
@@ -45,6 +49,10 @@ pub struct ObjectFile {
     pub dev: u64,
     pub inode: u64,
     pub build_id: Option<Vec<u8>>,
+    /// Where the profiler reads the file: `path` itself, or, for a file the
+    /// profiler's mount namespace does not see (containers), a descriptor
+    /// opened through `/proc/PID/root` while the process was alive.
+    pub open_path: String,
 }
 
 impl ObjectFile {
@@ -62,6 +70,10 @@ impl ObjectFile {
         self.path.rsplit('/').next().unwrap_or(&self.path)
     }
 }
+
+/// Files of other mount namespaces held open for symbolization; past this,
+/// they are read by their path (and likely not found).
+const MAX_HELD_FILES: usize = 256;
 
 /// Index of a file in [`PeriodProfile::files`]; stable for the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -158,11 +170,16 @@ struct FileRegistry {
     by_identity: HashMap<(String, u64, u64), FileId>,
     /// Fast path keyed by the process table's shared file; holding the `Arc`
     /// keeps the pointer from being reused by another file.
-    by_pointer: HashMap<usize, (Arc<MappedFile>, FileId)>,
+    by_pointer: FastMap<usize, (Arc<MappedFile>, FileId)>,
+    /// Names of anonymous regions (`[vdso]`, memfds), shared by their frames.
+    regions: FastMap<usize, (Arc<MappedFile>, Arc<str>)>,
+    /// Descriptors behind `/proc/self/fd/N` open paths.
+    held: Vec<std::fs::File>,
 }
 
 impl FileRegistry {
-    fn intern(&mut self, mapped: &Arc<MappedFile>) -> FileId {
+    fn intern(&mut self, pid: u32, mapping: &Mapping) -> FileId {
+        let mapped = &mapping.file;
         let pointer = Arc::as_ptr(mapped) as usize;
         if let Some((_, id)) = self.by_pointer.get(&pointer) {
             return *id;
@@ -172,11 +189,13 @@ impl FileRegistry {
             Some(id) => *id,
             None => {
                 let id = FileId(self.files.len() as u32);
+                let open_path = self.open_path(pid, mapping);
                 self.files.push(Arc::new(ObjectFile {
                     path: mapped.path.clone(),
                     dev: mapped.dev,
                     inode: mapped.inode,
-                    build_id: read_build_id(&mapped.path),
+                    build_id: read_build_id(&open_path),
+                    open_path,
                 }));
                 self.by_identity.insert(identity, id);
                 id
@@ -184,6 +203,53 @@ impl FileRegistry {
         };
         self.by_pointer.insert(pointer, (mapped.clone(), id));
         id
+    }
+
+    /// The path that reaches the mapped file from here. A process in
+    /// another mount namespace (a container) may map a `/usr/lib/libc.so.6`
+    /// that is not ours, and a binary replaced on disk is only reachable
+    /// through the mapping: when our path does not lead to the same inode,
+    /// the file is opened through `/proc/PID/root` or `/proc/PID/map_files`
+    /// now, while the process exists, and kept open.
+    fn open_path(&mut self, pid: u32, mapping: &Mapping) -> String {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let mapped = &mapping.file;
+        let ours = std::fs::metadata(&mapped.path).map(|m| m.ino());
+        if mapped.inode == 0 || ours.as_ref().ok() == Some(&mapped.inode) {
+            return mapped.path.clone();
+        }
+        if self.held.len() >= MAX_HELD_FILES {
+            return mapped.path.clone();
+        }
+        let theirs = if mapped.path.ends_with(" (deleted)") {
+            format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                mapping.start, mapping.end
+            )
+        } else {
+            format!("/proc/{pid}/root{}", mapped.path)
+        };
+        match std::fs::File::open(&theirs) {
+            Ok(file) if file.metadata().map(|m| m.ino()).ok() == Some(mapped.inode) => {
+                let open_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+                self.held.push(file);
+                open_path
+            }
+            _ => mapped.path.clone(),
+        }
+    }
+
+    fn region_name(&mut self, mapped: &Arc<MappedFile>) -> Option<Arc<str>> {
+        if mapped.path.is_empty() {
+            return None;
+        }
+        let pointer = Arc::as_ptr(mapped) as usize;
+        let (_, name) = self
+            .regions
+            .entry(pointer)
+            .or_insert_with(|| (mapped.clone(), Arc::from(mapped.path.as_str())));
+        Some(name.clone())
     }
 }
 
@@ -202,7 +268,6 @@ fn is_anonymous_path(path: &str) -> bool {
         || path.starts_with('[')
         || path.starts_with("//anon")
         || path.starts_with("/memfd:")
-        || path.ends_with(" (deleted)")
 }
 
 /// Converts CLOCK_MONOTONIC sample times to wall-clock time.
@@ -235,11 +300,11 @@ impl WallClock {
 #[derive(Debug, Default)]
 struct PeriodState {
     frames: Vec<Frame>,
-    frame_ids: HashMap<Frame, u32>,
+    frame_ids: FastMap<Frame, u32>,
     stacks: Vec<Box<[u32]>>,
-    stack_ids: HashMap<Box<[u32]>, u32>,
+    stack_ids: FastMap<Box<[u32]>, u32>,
     samples: Vec<StackSample>,
-    sample_ids: HashMap<(u32, u32, u32), u32>,
+    sample_ids: FastMap<(u32, u32, u32), u32>,
     process_names: HashMap<u32, String>,
     thread_names: HashMap<(u32, u32), String>,
     timeline_events: usize,
@@ -314,14 +379,13 @@ impl Aggregator {
             };
             let frame = match processes.find_mapping(sample.pid, lookup) {
                 Some(mapping) if !is_anonymous_path(&mapping.file.path) => Frame::File {
-                    file: self.files.intern(&mapping.file),
+                    file: self.files.intern(sample.pid, mapping),
                     offset: mapping.file_offset_of(lookup),
                 },
                 Some(mapping) => Frame::Anonymous {
                     pid: sample.pid,
                     addr: lookup,
-                    region: (!mapping.file.path.is_empty())
-                        .then(|| Arc::from(mapping.file.path.as_str())),
+                    region: self.files.region_name(&mapping.file),
                 },
                 None => Frame::Anonymous {
                     pid: sample.pid,

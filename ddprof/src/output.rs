@@ -1,5 +1,45 @@
 //! Local outputs: pprof files per period, flamegraph.svg and stacks.folded,
 //! and the summary line printed at exit.
+//!
+//! How the profiler's loop chains the stages:
+//!
+//! ```no_run
+//! use std::time::SystemTime;
+//! use ddprof::aggregate::{Aggregator, AggregatorOptions};
+//! use ddprof::output::{FoldedStacks, LocalOutput, Summary};
+//! use ddprof::process::ProcessTable;
+//! use ddprof::profile::{encode_pprof, ProfileMetadata};
+//! use ddprof::symbolize::{Symbolizer, SymbolizerOptions};
+//!
+//! # fn run(processes: &ProcessTable, samples: &[ddprof::sample::Sample]) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut aggregator = Aggregator::new(AggregatorOptions::new(/* --timeline */ true));
+//! let mut symbolizer = Symbolizer::new(SymbolizerOptions {
+//!     inlined_functions: false, // -I
+//!     ..SymbolizerOptions::default()
+//! });
+//! let metadata = ProfileMetadata { sampling_period_nanos: 1_000_000_000 / 99 };
+//! let output = LocalOutput::create("ddprof-out".as_ref(), "my-service")?;
+//! let mut folded = FoldedStacks::default();
+//! let (mut profiles, mut total, mut full) = (0, 0, 0);
+//!
+//! let start = SystemTime::now();
+//! for sample in samples {
+//!     aggregator.add(processes, sample); // with the table as of this sample
+//! }
+//! // Every upload period, and once more at exit:
+//! let period = aggregator.take_period(start, SystemTime::now());
+//! (total, full) = (total + period.stats.samples, full + period.stats.full_stacks);
+//! let symbolized = symbolizer.symbolize(period);
+//! folded.add(&symbolized);
+//! let pprof = encode_pprof(&symbolized, &metadata)?; // gzip'd, also what the agent takes
+//! output.write_profile(&pprof, symbolized.period.start)?;
+//! profiles += 1;
+//! // At exit:
+//! output.finish(&folded)?;
+//! log::info!("{}", Summary::measure(total, /* lost */ 0, full, profiles));
+//! # Ok(())
+//! # }
+//! ```
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{BufWriter, Write};

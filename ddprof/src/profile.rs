@@ -439,6 +439,7 @@ mod tests {
                 dev: 1,
                 inode: 2,
                 build_id: Some(vec![0xab, 0xcd]),
+                open_path: "/bin/app".into(),
             })],
             frames: vec![
                 Frame::File {

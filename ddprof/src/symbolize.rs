@@ -87,6 +87,8 @@ impl SymbolizedProfile {
 
 #[derive(Debug, Default)]
 struct FileCache {
+    /// The path blazesym opened (and caches the parsed file under).
+    open_path: String,
     last_period: u64,
     addresses: HashMap<u64, FrameSymbols>,
 }
@@ -133,6 +135,9 @@ fn parse_perf_map(text: &str) -> Vec<(u64, u64, Arc<str>)> {
 }
 
 /// Turns normalized frames into functions, files and lines.
+///
+/// Not `Send` (blazesym's caches use `Rc`): create it on the thread that
+/// symbolizes, and keep it for the whole run so its caches pay off.
 pub struct Symbolizer {
     blazesym: blazesym::symbolize::Symbolizer,
     files: HashMap<(String, u64, u64), FileCache>,
@@ -184,6 +189,8 @@ impl Symbolizer {
             }
             self.kernel.clear();
             self.cached_addresses = 0;
+            // Names handed out stay valid; only the sharing of new ones restarts.
+            self.strings.clear();
         }
 
         let mut frames: Vec<Option<FrameSymbols>> = vec![None; period.frames.len()];
@@ -246,6 +253,9 @@ impl Symbolizer {
         let period_number = self.period_number;
         let cache = self.files.entry(key.clone()).or_default();
         cache.last_period = period_number;
+        if cache.open_path.is_empty() {
+            cache.open_path = file.open_path.clone();
+        }
         let mut missing: Vec<u64> = Vec::new();
         for &(index, offset) in offsets {
             match cache.addresses.get(&offset) {
@@ -259,7 +269,7 @@ impl Symbolizer {
         missing.sort_unstable();
         missing.dedup();
 
-        let source = Source::Elf(Elf::new(&file.path));
+        let source = Source::Elf(Elf::new(&file.open_path));
         let resolved: Vec<Option<Vec<SymbolLine>>> = match self
             .blazesym
             .symbolize(&source, Input::FileOffset(&missing))
@@ -392,11 +402,12 @@ impl Symbolizer {
             .map(|(key, _)| key.clone())
             .collect();
         for key in stale {
-            if let Some(cache) = self.files.remove(&key) {
-                self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
-            }
+            let Some(cache) = self.files.remove(&key) else {
+                continue;
+            };
+            self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
             let evict = blazesym::symbolize::evict::Evict::Elf(
-                blazesym::symbolize::evict::Elf::new(PathBuf::from(&key.0)),
+                blazesym::symbolize::evict::Elf::new(PathBuf::from(&cache.open_path)),
             );
             if let Err(error) = self.blazesym.evict(&evict) {
                 log::debug!("cannot evict {}: {error}", key.0);
@@ -512,6 +523,51 @@ mod tests {
         assert_eq!(demangle("plain_c"), "plain_c");
     }
 
+    #[inline(never)]
+    fn a_rust_function_to_find() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn symbolizes_and_demangles_this_test_binary() {
+        use crate::aggregate::{Aggregator, AggregatorOptions};
+        use crate::process::ProcessTable;
+        let pid = std::process::id();
+        let mut table = ProcessTable::new();
+        table.load_from_proc(pid).unwrap();
+        let function = a_rust_function_to_find as *const () as usize as u64;
+        assert_eq!(a_rust_function_to_find(), 42);
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        aggregator.add(
+            &table,
+            &crate::sample::Sample {
+                pid,
+                tid: pid,
+                time: 0,
+                cpu: 0,
+                weight: 1,
+                frames: vec![function],
+                kernel_frames: vec![],
+                end: crate::sample::StackEnd::Complete,
+            },
+        );
+        let now = std::time::SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        let symbolized = Symbolizer::new(SymbolizerOptions::default()).symbolize(period);
+        let line = &symbolized.frames[0][0];
+        assert_eq!(
+            &*line.function,
+            "ddprof::symbolize::tests::a_rust_function_to_find"
+        );
+        assert!(
+            line.system_name.starts_with("_ZN") || line.system_name.starts_with("_R"),
+            "{}",
+            line.system_name
+        );
+        assert!(line.file.ends_with("symbolize.rs"), "{}", line.file);
+        assert!(line.line > 0);
+    }
+
     #[test]
     fn parses_and_looks_up_perf_maps() {
         let map = PerfMap {
@@ -541,6 +597,7 @@ mod tests {
                 dev: 0,
                 inode: 0,
                 build_id: None,
+                open_path: "/nonexistent/libgone.so".into(),
             })],
             frames: vec![
                 Frame::File {
