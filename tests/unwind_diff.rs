@@ -49,6 +49,41 @@ fn build_workload(name: &str) -> PathBuf {
     binary
 }
 
+/// Builds `name` without `.eh_frame` for its own code
+/// (`-fno-asynchronous-unwind-tables`: its CFI is in `.debug_frame` only),
+/// moves the debug sections to `.debug/<name>.debug` and links them with
+/// `.gnu_debuglink`, as distributions ship stripped binaries.
+fn build_split_debug_workload(name: &str) -> PathBuf {
+    let out_dir =
+        std::env::temp_dir().join(format!("ddprof-unwind-diff-split-{}", std::process::id()));
+    std::fs::create_dir_all(out_dir.join(".debug")).unwrap();
+    let binary = out_dir.join(name);
+    let debug = out_dir.join(".debug").join(format!("{name}.debug"));
+    let source = workload_dir().join(format!("{name}.c"));
+    let run = |command: &mut Command| {
+        let status = command.status().unwrap();
+        assert!(status.success(), "{command:?} failed");
+    };
+    run(Command::new("cc")
+        .args(["-O2", "-fomit-frame-pointer", "-g"])
+        .args([
+            "-fno-asynchronous-unwind-tables",
+            "-fno-unwind-tables",
+            "-o",
+        ])
+        .arg(&binary)
+        .arg(&source));
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&binary)
+        .arg(&debug));
+    run(Command::new("strip").arg("--strip-debug").arg(&binary));
+    run(Command::new("objcopy")
+        .arg(format!("--add-gnu-debuglink={}", debug.display()))
+        .arg(&binary));
+    binary
+}
+
 /// A running workload, killed on drop.
 struct Workload {
     child: Child,
@@ -253,6 +288,7 @@ struct Figures {
     /// Samples whose stack (ours) goes through the signal handler.
     in_signal_handler: usize,
     max_depth: usize,
+    frame_pointer_steps: u64,
 }
 
 struct Case<'a> {
@@ -264,6 +300,9 @@ struct Case<'a> {
     /// `DW_OP_deref` expressions, so in stacks through the handler frames
     /// are compared up to the handler's return into the signal trampoline.
     signal_handler: Option<&'a str>,
+    /// Build with CFI only in a split debug file (framehop is not given it,
+    /// so only our unwinder's figures count).
+    split_debug: bool,
 }
 
 fn case(workload: &str, stack_bytes: usize) -> Case<'_> {
@@ -272,12 +311,17 @@ fn case(workload: &str, stack_bytes: usize) -> Case<'_> {
         stack_bytes,
         root_function: "main",
         signal_handler: None,
+        split_debug: false,
     }
 }
 
 fn run_workload(case: &Case) -> Figures {
     let name = case.workload;
-    let binary = build_workload(name);
+    let binary = if case.split_debug {
+        build_split_debug_workload(name)
+    } else {
+        build_workload(name)
+    };
     let workload = Workload::start(&binary);
     let (pid, tid) = (workload.pid, workload.tid);
     let raw_pid = pid.as_raw() as u32;
@@ -341,7 +385,7 @@ fn run_workload(case: &Case) -> Figures {
         }
         if compared.0 == compared.1 {
             figures.equal += 1;
-        } else if shown < 5 {
+        } else if shown < 5 && !case.split_debug {
             shown += 1;
             eprintln!(
                 "{name}: mismatch at ip {:#x} sp {:#x} ({end:?}):\n  ours   {:x?}\n  theirs {:x?}",
@@ -383,19 +427,24 @@ fn run_workload(case: &Case) -> Figures {
         stats.table_steps,
         stats.frame_pointer_steps,
     );
+    figures.frame_pointer_steps = stats.frame_pointer_steps;
     drop(workload);
     figures
 }
 
-fn check(figures: &Figures, name: &str) {
+fn check_reached_root(figures: &Figures, name: &str) {
     assert!(figures.samples >= 200, "{name}: {figures:?}");
-    assert!(
-        figures.equal * 1000 >= figures.samples * 995,
-        "{name}: frames differ from framehop's too often: {figures:?}"
-    );
     assert!(
         figures.ours_reached_root * 100 >= figures.samples * 99,
         "{name}: too few stacks reach the root: {figures:?}"
+    );
+}
+
+fn check(figures: &Figures, name: &str) {
+    check_reached_root(figures, name);
+    assert!(
+        figures.equal * 1000 >= figures.samples * 995,
+        "{name}: frames differ from framehop's too often: {figures:?}"
     );
 }
 
@@ -440,4 +489,17 @@ fn signal_frames_unwind_back_into_the_interrupted_code() {
         figures.in_signal_handler * 2 >= figures.samples,
         "{figures:?}"
     );
+}
+
+#[test]
+fn debug_frame_from_a_split_debug_file() {
+    let figures = run_workload(&Case {
+        split_debug: true,
+        ..case("unwind_chain", 32000)
+    });
+    check_reached_root(&figures, "unwind_chain (split .debug_frame)");
+    // Every frame was unwound with rows (from the debug file's
+    // .debug_frame), none with frame pointers.
+    assert_eq!(figures.frame_pointer_steps, 0, "{figures:?}");
+    assert!(figures.max_depth >= 10, "{figures:?}");
 }

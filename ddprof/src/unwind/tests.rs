@@ -754,3 +754,33 @@ fn cache_shares_tables_and_evicts_within_budget() {
     assert_eq!(cache.stats().tables_evicted, 1);
     assert!(cache.cached_bytes() <= size + size / 2);
 }
+
+#[test]
+fn vdso_table_comes_from_our_own_vdso() {
+    let mut cache = TableCache::default();
+    let vdso = crate::process::MappedFile {
+        path: "[vdso]".into(),
+        dev: 0,
+        inode: 0,
+    };
+    let table = cache.load(1, &vdso).expect("the vDSO has .eh_frame");
+    assert!(table.table.stats.fdes > 0, "{:?}", table.table.stats);
+    // The vDSO is linked at 0 and mapped from file offset 0.
+    assert_eq!(
+        table.table.bias_for_mapping(0x7fff_0000_0000, 0),
+        Some(0x7fff_0000_0000)
+    );
+    // A second process's vDSO shares it.
+    let again = cache.load(2, &vdso).unwrap();
+    assert!(Arc::ptr_eq(&table, &again));
+    // Special mappings without a file get no table, cleanly.
+    let heap = crate::process::MappedFile {
+        path: "[heap]".into(),
+        dev: 0,
+        inode: 0,
+    };
+    assert!(matches!(
+        cache.load(1, &heap),
+        Err(cache::LoadError::NotAFile(_))
+    ));
+}
