@@ -24,7 +24,7 @@ use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use std::io::{BufRead, BufReader, IoSliceMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SAMPLES: usize = 300;
 const MAX_FRAMES: usize = 1024;
@@ -338,6 +338,9 @@ fn run_workload(case: &Case) -> Figures {
     let mut cache = CacheX86_64::<_>::new();
     let mut figures = Figures::default();
     let mut shown = 0;
+    // Informational only (no assertion on time), without the first sample,
+    // which builds our tables.
+    let (mut ours_time, mut theirs_time) = (Duration::ZERO, Duration::ZERO);
     let mut random = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
     for _ in 0..SAMPLES {
         random ^= random << 13;
@@ -347,7 +350,11 @@ fn run_workload(case: &Case) -> Figures {
         let Snapshot { regs, stack } = snapshot(pid, tid, case.stack_bytes);
 
         let mut ours = Vec::new();
+        let started = Instant::now();
         let end = unwinder.unwind(&processes, raw_pid, &regs, &stack, MAX_FRAMES, &mut ours);
+        if figures.samples > 0 {
+            ours_time += started.elapsed();
+        }
         let reached_root = end == StackEnd::Complete && frame_in(&ours, &root).is_some();
 
         let mut read_stack = |addr: u64| -> Result<u64, ()> {
@@ -362,6 +369,7 @@ fn run_workload(case: &Case) -> Figures {
             &mut cache,
             &mut read_stack,
         );
+        let started = Instant::now();
         let reference_complete = loop {
             match iter.next() {
                 Ok(Some(frame)) if theirs.len() < MAX_FRAMES => theirs.push(frame.address()),
@@ -370,6 +378,9 @@ fn run_workload(case: &Case) -> Figures {
                 Err(_) => break false,
             }
         };
+        if figures.samples > 0 {
+            theirs_time += started.elapsed();
+        }
 
         figures.samples += 1;
         figures.max_depth = figures.max_depth.max(ours.len());
@@ -426,6 +437,11 @@ fn run_workload(case: &Case) -> Figures {
         figures.max_depth,
         stats.table_steps,
         stats.frame_pointer_steps,
+    );
+    eprintln!(
+        "{name}: unwind time per sample after the first: ours {:.1} us, framehop {:.1} us",
+        ours_time.as_secs_f64() * 1e6 / (figures.samples - 1) as f64,
+        theirs_time.as_secs_f64() * 1e6 / (figures.samples - 1) as f64,
     );
     figures.frame_pointer_steps = stats.frame_pointer_steps;
     drop(workload);
