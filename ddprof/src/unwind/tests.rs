@@ -706,11 +706,18 @@ fn frame_pointers_where_there_is_no_row() {
     assert_eq!(unwinder.stats().frame_pointer_steps, 1);
     // A garbage RBP in a CFI-less range: no unwind info.
     frames.clear();
-    let regs = UserRegs { bp: 0x10, ..regs };
+    let garbage = UserRegs { bp: 0x10, ..regs };
     assert_eq!(
-        unwinder.unwind(&processes, PID, &regs, &stack, 64, &mut frames),
+        unwinder.unwind(&processes, PID, &garbage, &stack, 64, &mut frames),
         StackEnd::NoUnwindInfo
     );
+    // A chain that goes on past the copied bytes: the copy was too short.
+    frames.clear();
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &stack[..0x24], 64, &mut frames),
+        StackEnd::StackExhausted
+    );
+    assert_eq!(frames, vec![MAP_START + 0x1550]);
 }
 
 #[test]
