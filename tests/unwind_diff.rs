@@ -316,11 +316,16 @@ fn case(workload: &str, stack_bytes: usize) -> Case<'_> {
 }
 
 fn run_workload(case: &Case) -> Figures {
-    let name = case.workload;
-    let binary = if case.split_debug {
-        build_split_debug_workload(name)
+    let label = if case.split_debug {
+        format!("{} (CFI only in a split .debug_frame)", case.workload)
     } else {
-        build_workload(name)
+        case.workload.to_string()
+    };
+    let name = label.as_str();
+    let binary = if case.split_debug {
+        build_split_debug_workload(case.workload)
+    } else {
+        build_workload(case.workload)
     };
     let workload = Workload::start(&binary);
     let (pid, tid) = (workload.pid, workload.tid);
