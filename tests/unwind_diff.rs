@@ -33,9 +33,14 @@ fn workload_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads")
 }
 
+/// A directory of its own for one run's binaries (removed when the run ends).
+fn scratch_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ddprof-unwind-diff-{}-{name}", std::process::id()))
+}
+
 /// Compiles `tests/workloads/<name>.c` into a fresh temporary directory.
 fn build_workload(name: &str) -> PathBuf {
-    let out_dir = std::env::temp_dir().join(format!("ddprof-unwind-diff-{}", std::process::id()));
+    let out_dir = scratch_dir(name);
     std::fs::create_dir_all(&out_dir).unwrap();
     let binary = out_dir.join(name);
     let source = workload_dir().join(format!("{name}.c"));
@@ -54,8 +59,7 @@ fn build_workload(name: &str) -> PathBuf {
 /// moves the debug sections to `.debug/<name>.debug` and links them with
 /// `.gnu_debuglink`, as distributions ship stripped binaries.
 fn build_split_debug_workload(name: &str) -> PathBuf {
-    let out_dir =
-        std::env::temp_dir().join(format!("ddprof-unwind-diff-split-{}", std::process::id()));
+    let out_dir = scratch_dir(&format!("{name}-split"));
     std::fs::create_dir_all(out_dir.join(".debug")).unwrap();
     let binary = out_dir.join(name);
     let debug = out_dir.join(".debug").join(format!("{name}.debug"));
@@ -450,6 +454,9 @@ fn run_workload(case: &Case) -> Figures {
     );
     figures.frame_pointer_steps = stats.frame_pointer_steps;
     drop(workload);
+    if let Some(dir) = binary.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     figures
 }
 
