@@ -144,7 +144,17 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     }
     // .debug_frame adds FDEs for code .eh_frame does not cover (overlapping
     // FDEs are dropped in favour of .eh_frame's, which sort first).
-    let debug = debug_file.and_then(|d| ElfFile64::<object::Endianness, R>::parse(d).ok());
+    // A debug file from another build (stale debuglink) would describe
+    // other code: when both carry a build id they must match.
+    let own_build_id = file.build_id().ok().flatten();
+    let debug = debug_file
+        .and_then(|d| ElfFile64::<object::Endianness, R>::parse(d).ok())
+        .filter(
+            |debug| match (own_build_id, debug.build_id().ok().flatten()) {
+                (Some(own), Some(theirs)) => own == theirs,
+                _ => true,
+            },
+        );
     for source in [Some(&file), debug.as_ref()].into_iter().flatten() {
         let Some(section) = source.section_by_name(".debug_frame") else {
             continue;

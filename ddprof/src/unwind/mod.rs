@@ -170,7 +170,15 @@ impl Unwinder {
                 StepResult::Interrupted => exact_pc = true,
                 StepResult::Outermost => return StackEnd::Complete,
                 StepResult::NoInfo | StepResult::Unsupported => return StackEnd::NoUnwindInfo,
-                StepResult::ReadFailed if used_frame_pointer => return StackEnd::NoUnwindInfo,
+                // A frame-pointer chain that leaves the copy upwards is a
+                // plausible chain cut by the copy; anything else means RBP
+                // was not a frame pointer here.
+                StepResult::ReadFailed if used_frame_pointer => {
+                    return match fault.map(fault_end) {
+                        Some(StackEnd::StackExhausted) => StackEnd::StackExhausted,
+                        _ => StackEnd::NoUnwindInfo,
+                    };
+                }
                 StepResult::ReadFailed => {
                     return fault.map_or(StackEnd::BadAddress, fault_end);
                 }

@@ -706,11 +706,18 @@ fn frame_pointers_where_there_is_no_row() {
     assert_eq!(unwinder.stats().frame_pointer_steps, 1);
     // A garbage RBP in a CFI-less range: no unwind info.
     frames.clear();
-    let regs = UserRegs { bp: 0x10, ..regs };
+    let garbage = UserRegs { bp: 0x10, ..regs };
     assert_eq!(
-        unwinder.unwind(&processes, PID, &regs, &stack, 64, &mut frames),
+        unwinder.unwind(&processes, PID, &garbage, &stack, 64, &mut frames),
         StackEnd::NoUnwindInfo
     );
+    // A chain that goes on past the copied bytes: the copy was too short.
+    frames.clear();
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &stack[..0x24], 64, &mut frames),
+        StackEnd::StackExhausted
+    );
+    assert_eq!(frames, vec![MAP_START + 0x1550]);
 }
 
 #[test]
@@ -753,4 +760,81 @@ fn cache_shares_tables_and_evicts_within_budget() {
     );
     assert_eq!(cache.stats().tables_evicted, 1);
     assert!(cache.cached_bytes() <= size + size / 2);
+}
+
+#[test]
+fn vdso_table_comes_from_our_own_vdso() {
+    let mut cache = TableCache::default();
+    let vdso = crate::process::MappedFile {
+        path: "[vdso]".into(),
+        dev: 0,
+        inode: 0,
+    };
+    let table = cache.load(1, &vdso, None).expect("the vDSO has .eh_frame");
+    assert!(table.table.stats.fdes > 0, "{:?}", table.table.stats);
+    // The vDSO is linked at 0 and mapped from file offset 0.
+    assert_eq!(
+        table.table.bias_for_mapping(0x7fff_0000_0000, 0),
+        Some(0x7fff_0000_0000)
+    );
+    // A second process's vDSO shares it.
+    let again = cache.load(2, &vdso, None).unwrap();
+    assert!(Arc::ptr_eq(&table, &again));
+    // Special mappings without a file get no table, cleanly.
+    let heap = crate::process::MappedFile {
+        path: "[heap]".into(),
+        dev: 0,
+        inode: 0,
+    };
+    assert!(matches!(
+        cache.load(1, &heap, None),
+        Err(cache::LoadError::NotAFile(_))
+    ));
+}
+
+#[test]
+fn deleted_files_are_read_through_map_files() {
+    // Run a copy of `sleep`, then delete it (as a package upgrade does):
+    // only /proc/PID/map_files still reaches the mapped file.
+    let copy = std::env::temp_dir().join(format!("ddprof-deleted-sleep-{}", std::process::id()));
+    std::fs::copy("/bin/sleep", &copy).unwrap();
+    let mut child = std::process::Command::new(&copy).arg("30").spawn().unwrap();
+    let pid = child.id();
+    // Wait until the copy, not the loader, is mapped (exec is done).
+    let mut processes = ProcessTable::new();
+    let copy_path = copy.to_str().unwrap().to_string();
+    for _ in 0..1000 {
+        processes.load_from_proc(pid).unwrap();
+        let mapped = processes
+            .get(pid)
+            .unwrap()
+            .mappings
+            .iter()
+            .any(|m| m.file.path == copy_path);
+        if mapped {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::fs::remove_file(&copy).unwrap();
+    processes.load_from_proc(pid).unwrap();
+    let mapping = processes
+        .get(pid)
+        .unwrap()
+        .mappings
+        .iter()
+        .find(|m| m.file.path.starts_with(&copy_path))
+        .cloned()
+        .expect("the deleted copy is still mapped");
+    assert!(
+        mapping.file.path.ends_with("(deleted)"),
+        "{}",
+        mapping.file.path
+    );
+    let mut cache = TableCache::default();
+    let found = cache.table_for_mapping(pid, &mapping);
+    let _ = child.kill();
+    let _ = child.wait();
+    let (table, _bias) = found.expect("read through map_files");
+    assert!(table.table.stats.fdes > 10, "{:?}", table.table.stats);
 }
