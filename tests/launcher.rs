@@ -575,11 +575,34 @@ fn summary_samples(stderr: &str) -> u64 {
     number_field(summary, "samples").unwrap_or_else(|| panic!("no samples=N: {summary}"))
 }
 
-fn busy_loop() -> std::process::Child {
-    Command::new("sh")
-        .args(["-c", "while :; do :; done"])
-        .spawn()
-        .unwrap()
+/// A busy shell loop, killed when dropped so that a failing test never
+/// leaves it spinning.
+struct BusyLoop(std::process::Child);
+
+impl BusyLoop {
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for BusyLoop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn busy_loop() -> BusyLoop {
+    BusyLoop(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    )
 }
 
 #[test]
@@ -598,8 +621,7 @@ fn pid_mode_samples_a_running_process_until_it_exits() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    workload.kill().unwrap();
-    workload.wait().unwrap();
+    workload.stop();
     let output = profiler.wait_with_output().unwrap();
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(summary_samples(&text(&output.stderr)) > 100);
@@ -617,8 +639,7 @@ fn global_mode_samples_until_sigint() {
     // SAFETY: kill sends a signal to our own child; it touches no memory.
     unsafe { libc::kill(profiler.id() as i32, libc::SIGINT) };
     let output = profiler.wait_with_output().unwrap();
-    workload.kill().unwrap();
-    workload.wait().unwrap();
+    workload.stop();
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(summary_samples(&text(&output.stderr)) > 100);
 }
