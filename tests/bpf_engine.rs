@@ -572,7 +572,7 @@ fn biggest_library_table_loads_and_verifies() {
     };
     let compile_started = Instant::now();
     let table = cache
-        .load(std::process::id(), &mapped)
+        .load(std::process::id(), &mapped, None)
         .expect("the library has CFI");
     let compile_time = compile_started.elapsed();
     let rows = table.table.rows.len() as u32;

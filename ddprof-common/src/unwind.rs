@@ -222,6 +222,10 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
     };
     let bp = match saved_bp_at {
         None => regs.bp,
+        // Saved below SP: an epilogue already popped it back into RBP (the
+        // CFI of `pop` sequences often keeps the stale save rule), and a
+        // stack copy that starts at SP does not hold it anyway.
+        Some(addr) if addr < regs.sp => regs.bp,
         Some(addr) => match read_u64(addr) {
             Some(bp) => bp,
             None => return StepResult::ReadFailed,
@@ -313,7 +317,7 @@ mod tests {
             self.words[((addr - self.base) / 8) as usize] = value;
         }
         fn read(&self, addr: u64) -> Option<u64> {
-            if addr < self.base || addr % 8 != 0 {
+            if addr < self.base || !addr.is_multiple_of(8) {
                 return None;
             }
             self.words.get(((addr - self.base) / 8) as usize).copied()
@@ -374,6 +378,31 @@ mod tests {
                 ip: 0x1234,
                 sp: 0x1008,
                 bp: 42
+            }
+        );
+    }
+
+    #[test]
+    fn rbp_saved_below_sp_was_already_popped() {
+        // Epilogue after `pop rbp`: CFA = SP + 24 and the stale rule says RBP
+        // is at CFA - 48, below SP; RBP already holds the caller's value.
+        let mut stack = Stack::new(0x1000);
+        stack.set(0x1010, 0x4444);
+        let mut regs = Regs {
+            ip: 1,
+            sp: 0x1000,
+            bp: 0x5150,
+        };
+        assert_eq!(
+            step(&row(RowKind::CfaSp, 24, -48), &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!(
+            regs,
+            Regs {
+                ip: 0x4444,
+                sp: 0x1018,
+                bp: 0x5150
             }
         );
     }

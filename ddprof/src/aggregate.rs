@@ -1,1 +1,644 @@
 //! Folds samples per upload period into (process, thread, stack) counts.
+//!
+//! Addresses are normalized when a sample arrives, not when the period is
+//! flushed: a process that exits before the flush takes its mappings with it,
+//! but its frames are already stored as (file, file offset) and can still be
+//! symbolized. Identical frames and identical stacks are stored once per
+//! period; everything is dropped when the period is taken.
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::process::{MappedFile, Mapping, ProcessTable};
+use crate::sample::Sample;
+
+/// The per-sample tables hash small keys millions of times; they need no
+/// protection against adversarial keys, so a fast hasher fits.
+type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
+
+/// Timestamped samples kept per period for the timeline view; past this,
+/// samples are still counted but without their own timestamp. At 99 Hz this
+/// covers ~17 fully busy threads over a 60-second period.
+pub const DEFAULT_MAX_TIMELINE_EVENTS: usize = 100_000;
+/// Distinct stacks per period; past this, new stacks are counted under a
+/// single `[stack table full]` frame so memory stays bounded.
+pub const DEFAULT_MAX_STACKS: usize = 200_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AggregatorOptions {
+    /// Keep one timestamp per sample (`end_timestamp_ns` in pprof).
+    pub timeline: bool,
+    pub max_timeline_events: usize,
+    pub max_stacks: usize,
+}
+
+impl AggregatorOptions {
+    pub fn new(timeline: bool) -> Self {
+        Self {
+            timeline,
+            max_timeline_events: DEFAULT_MAX_TIMELINE_EVENTS,
+            max_stacks: DEFAULT_MAX_STACKS,
+        }
+    }
+}
+
+/// A mapped file as profiles report it, with its GNU build id (read once).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ObjectFile {
+    pub path: String,
+    pub dev: u64,
+    pub inode: u64,
+    pub build_id: Option<Vec<u8>>,
+    /// Where the profiler reads the file: `path` itself, or, for a file the
+    /// profiler's mount namespace does not see (containers), a descriptor
+    /// opened through `/proc/PID/root` while the process was alive.
+    pub open_path: String,
+}
+
+impl ObjectFile {
+    /// The build id as lowercase hex ("" when the file has none).
+    pub fn build_id_hex(&self) -> String {
+        self.build_id
+            .iter()
+            .flatten()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    }
+
+    /// The file name without its directory, for frames that cannot be symbolized.
+    pub fn file_name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+}
+
+/// Files of other mount namespaces held open for symbolization; past this,
+/// they are read by their path (and likely not found).
+const MAX_HELD_FILES: usize = 256;
+
+/// Index of a file in [`PeriodProfile::files`]; stable for the whole run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId(pub u32);
+
+/// A normalized frame: everything needed to symbolize it later, without the
+/// process that produced it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Frame {
+    /// Code in a mapped file. `offset` is the file offset to look up; for a
+    /// return address it already points back into the call instruction.
+    File { file: FileId, offset: u64 },
+    /// Anonymous executable memory or memory outside every known mapping:
+    /// JIT code is looked up in the process's perf map (`/tmp/perf-PID.map`).
+    /// `region` is the mapping's name when it has one (`[vdso]`, a memfd, a
+    /// deleted file).
+    Anonymous {
+        pid: u32,
+        addr: u64,
+        region: Option<Arc<str>>,
+    },
+    /// A kernel address (already moved back into the call for return addresses).
+    Kernel { addr: u64 },
+    /// Stands for a stack that had no frame at all.
+    Unknown,
+    /// The outermost frame of a stack whose walk stopped before its root.
+    Truncated,
+    /// The frame counted instead of a stack once the stack table is full.
+    StackTableFull,
+}
+
+/// Samples of one (process, thread, stack) in a period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackSample {
+    pub pid: u32,
+    pub tid: u32,
+    /// Index in [`PeriodProfile::stacks`].
+    pub stack: u32,
+    pub count: u64,
+    /// Sum of the samples' weights.
+    pub cpu_nanos: u64,
+    /// Samples kept individually for the timeline (a subset of `count`).
+    pub timeline: Vec<TimedSample>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedSample {
+    /// Wall-clock time of the sample, in nanoseconds since the Unix epoch.
+    pub end_timestamp_ns: u64,
+    pub cpu_nanos: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeriodStats {
+    pub samples: u64,
+    /// Samples whose user stack reached its root.
+    pub full_stacks: u64,
+    /// Samples counted under `[stack table full]`.
+    pub stacks_dropped: u64,
+    /// Samples counted without a timestamp because the timeline was full.
+    pub timeline_dropped: u64,
+}
+
+/// One upload period's aggregate, ready to be symbolized.
+#[derive(Debug, Clone)]
+pub struct PeriodProfile {
+    pub start: SystemTime,
+    pub end: SystemTime,
+    /// Every file seen so far in the run, indexed by [`FileId`].
+    pub files: Vec<Arc<ObjectFile>>,
+    /// Distinct frames of the period.
+    pub frames: Vec<Frame>,
+    /// Distinct stacks, as indexes into `frames`, innermost first.
+    pub stacks: Vec<Box<[u32]>>,
+    pub samples: Vec<StackSample>,
+    /// Process names as they were when the samples arrived.
+    pub process_names: HashMap<u32, String>,
+    /// Thread names, keyed by (pid, tid).
+    pub thread_names: HashMap<(u32, u32), String>,
+    pub stats: PeriodStats,
+}
+
+impl PeriodProfile {
+    pub fn file(&self, id: FileId) -> &Arc<ObjectFile> {
+        &self.files[id.0 as usize]
+    }
+}
+
+/// Files seen during the run, with their build ids; lives across periods so
+/// each build id is read once.
+#[derive(Debug, Default)]
+struct FileRegistry {
+    files: Vec<Arc<ObjectFile>>,
+    by_identity: HashMap<(String, u64, u64), FileId>,
+    /// Fast path keyed by the process table's shared file; holding the `Arc`
+    /// keeps the pointer from being reused by another file.
+    by_pointer: FastMap<usize, (Arc<MappedFile>, FileId)>,
+    /// Names of anonymous regions (`[vdso]`, memfds), shared by their frames.
+    regions: FastMap<usize, (Arc<MappedFile>, Arc<str>)>,
+    /// Descriptors behind `/proc/self/fd/N` open paths.
+    held: Vec<std::fs::File>,
+}
+
+impl FileRegistry {
+    fn intern(&mut self, pid: u32, mapping: &Mapping) -> FileId {
+        let mapped = &mapping.file;
+        let pointer = Arc::as_ptr(mapped) as usize;
+        if let Some((_, id)) = self.by_pointer.get(&pointer) {
+            return *id;
+        }
+        let identity = (mapped.path.clone(), mapped.dev, mapped.inode);
+        let id = match self.by_identity.get(&identity) {
+            Some(id) => *id,
+            None => {
+                let id = FileId(self.files.len() as u32);
+                let open_path = self.open_path(pid, mapping);
+                self.files.push(Arc::new(ObjectFile {
+                    path: mapped.path.clone(),
+                    dev: mapped.dev,
+                    inode: mapped.inode,
+                    build_id: read_build_id(&open_path),
+                    open_path,
+                }));
+                self.by_identity.insert(identity, id);
+                id
+            }
+        };
+        self.by_pointer.insert(pointer, (mapped.clone(), id));
+        id
+    }
+
+    /// The path that reaches the mapped file from here. A process in
+    /// another mount namespace (a container) may map a `/usr/lib/libc.so.6`
+    /// that is not ours, and a binary replaced on disk is only reachable
+    /// through the mapping: when our path does not lead to the same inode,
+    /// the file is opened through `/proc/PID/root` or `/proc/PID/map_files`
+    /// now, while the process exists, and kept open.
+    fn open_path(&mut self, pid: u32, mapping: &Mapping) -> String {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let mapped = &mapping.file;
+        let ours = std::fs::metadata(&mapped.path).map(|m| m.ino());
+        if mapped.inode == 0 || ours.as_ref().ok() == Some(&mapped.inode) {
+            return mapped.path.clone();
+        }
+        if self.held.len() >= MAX_HELD_FILES {
+            return mapped.path.clone();
+        }
+        let theirs = if mapped.path.ends_with(" (deleted)") {
+            format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                mapping.start, mapping.end
+            )
+        } else {
+            format!("/proc/{pid}/root{}", mapped.path)
+        };
+        match std::fs::File::open(&theirs) {
+            Ok(file) if file.metadata().map(|m| m.ino()).ok() == Some(mapped.inode) => {
+                let open_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+                self.held.push(file);
+                open_path
+            }
+            _ => mapped.path.clone(),
+        }
+    }
+
+    fn region_name(&mut self, mapped: &Arc<MappedFile>) -> Option<Arc<str>> {
+        if mapped.path.is_empty() {
+            return None;
+        }
+        let pointer = Arc::as_ptr(mapped) as usize;
+        let (_, name) = self
+            .regions
+            .entry(pointer)
+            .or_insert_with(|| (mapped.clone(), Arc::from(mapped.path.as_str())));
+        Some(name.clone())
+    }
+}
+
+/// Reads the GNU build id of an ELF file without reading the whole file.
+pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
+    use object::Object;
+    let file = std::fs::File::open(path).ok()?;
+    let cache = object::ReadCache::new(file);
+    let elf = object::File::parse(&cache).ok()?;
+    elf.build_id().ok().flatten().map(<[u8]>::to_vec)
+}
+
+/// Mapping names that are not files the symbolizer could open.
+fn is_anonymous_path(path: &str) -> bool {
+    path.is_empty()
+        || path.starts_with('[')
+        || path.starts_with("//anon")
+        || path.starts_with("/memfd:")
+}
+
+/// Converts CLOCK_MONOTONIC sample times to wall-clock time.
+#[derive(Debug, Clone, Copy)]
+struct WallClock {
+    /// Wall-clock minus monotonic time, in nanoseconds.
+    offset: i128,
+}
+
+impl WallClock {
+    fn now() -> Self {
+        use nix::time::{clock_gettime, ClockId};
+        let nanos = |clock| {
+            clock_gettime(clock)
+                .map(|t| t.tv_sec() as i128 * 1_000_000_000 + t.tv_nsec() as i128)
+                .unwrap_or(0)
+        };
+        let monotonic = nanos(ClockId::CLOCK_MONOTONIC);
+        let realtime = nanos(ClockId::CLOCK_REALTIME);
+        Self {
+            offset: realtime - monotonic,
+        }
+    }
+
+    fn wall_nanos(&self, monotonic: u64) -> u64 {
+        (monotonic as i128 + self.offset).clamp(0, u64::MAX as i128) as u64
+    }
+}
+
+#[derive(Debug, Default)]
+struct PeriodState {
+    frames: Vec<Frame>,
+    frame_ids: FastMap<Frame, u32>,
+    stacks: Vec<Box<[u32]>>,
+    stack_ids: FastMap<Box<[u32]>, u32>,
+    samples: Vec<StackSample>,
+    sample_ids: FastMap<(u32, u32, u32), u32>,
+    process_names: HashMap<u32, String>,
+    thread_names: HashMap<(u32, u32), String>,
+    timeline_events: usize,
+    stats: PeriodStats,
+}
+
+impl PeriodState {
+    fn frame_id(&mut self, frame: Frame) -> u32 {
+        if let Some(id) = self.frame_ids.get(&frame) {
+            return *id;
+        }
+        let id = self.frames.len() as u32;
+        self.frames.push(frame.clone());
+        self.frame_ids.insert(frame, id);
+        id
+    }
+}
+
+/// Folds [`Sample`]s into the current period.
+#[derive(Debug)]
+pub struct Aggregator {
+    options: AggregatorOptions,
+    files: FileRegistry,
+    clock: WallClock,
+    period: PeriodState,
+    /// Reused buffer for one sample's frame ids.
+    scratch: Vec<u32>,
+}
+
+impl Aggregator {
+    pub fn new(options: AggregatorOptions) -> Self {
+        Self {
+            options,
+            files: FileRegistry::default(),
+            clock: WallClock::now(),
+            period: PeriodState::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Samples added since the last [`Aggregator::take_period`].
+    pub fn stats(&self) -> PeriodStats {
+        self.period.stats
+    }
+
+    /// Adds one sample, normalizing its addresses with the process table as
+    /// it is now.
+    pub fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
+        let period = &mut self.period;
+        period.stats.samples += 1;
+        if sample.end.is_complete() {
+            period.stats.full_stacks += 1;
+        }
+
+        self.scratch.clear();
+        // Every frame but the first is a return address: look up the call
+        // instruction before it, which may even be in another function.
+        for (index, &addr) in sample.kernel_frames.iter().enumerate() {
+            let addr = if index > 0 {
+                addr.saturating_sub(1)
+            } else {
+                addr
+            };
+            let id = period.frame_id(Frame::Kernel { addr });
+            self.scratch.push(id);
+        }
+        for (index, &addr) in sample.frames.iter().enumerate() {
+            let lookup = if index > 0 {
+                addr.saturating_sub(1)
+            } else {
+                addr
+            };
+            let frame = match processes.find_mapping(sample.pid, lookup) {
+                Some(mapping) if !is_anonymous_path(&mapping.file.path) => Frame::File {
+                    file: self.files.intern(sample.pid, mapping),
+                    offset: mapping.file_offset_of(lookup),
+                },
+                Some(mapping) => Frame::Anonymous {
+                    pid: sample.pid,
+                    addr: lookup,
+                    region: self.files.region_name(&mapping.file),
+                },
+                None => Frame::Anonymous {
+                    pid: sample.pid,
+                    addr: lookup,
+                    region: None,
+                },
+            };
+            let id = period.frame_id(frame);
+            self.scratch.push(id);
+        }
+        if self.scratch.is_empty() {
+            let id = period.frame_id(Frame::Unknown);
+            self.scratch.push(id);
+        }
+        if sample.truncated() && !sample.frames.is_empty() {
+            let id = period.frame_id(Frame::Truncated);
+            self.scratch.push(id);
+        }
+
+        let stack = match period.stack_ids.get(self.scratch.as_slice()) {
+            Some(id) => *id,
+            None if period.stacks.len() < self.options.max_stacks => {
+                let id = period.stacks.len() as u32;
+                let frames: Box<[u32]> = self.scratch.as_slice().into();
+                period.stacks.push(frames.clone());
+                period.stack_ids.insert(frames, id);
+                id
+            }
+            None => {
+                period.stats.stacks_dropped += 1;
+                let full = period.frame_id(Frame::StackTableFull);
+                let frames: Box<[u32]> = Box::new([full]);
+                match period.stack_ids.get(&frames) {
+                    Some(id) => *id,
+                    None => {
+                        let id = period.stacks.len() as u32;
+                        period.stacks.push(frames.clone());
+                        period.stack_ids.insert(frames, id);
+                        id
+                    }
+                }
+            }
+        };
+
+        let key = (sample.pid, sample.tid, stack);
+        let index = *period.sample_ids.entry(key).or_insert_with(|| {
+            period.samples.push(StackSample {
+                pid: sample.pid,
+                tid: sample.tid,
+                stack,
+                count: 0,
+                cpu_nanos: 0,
+                timeline: Vec::new(),
+            });
+            (period.samples.len() - 1) as u32
+        });
+        let entry = &mut period.samples[index as usize];
+        entry.count += 1;
+        entry.cpu_nanos = entry.cpu_nanos.saturating_add(sample.weight);
+        if self.options.timeline {
+            if period.timeline_events < self.options.max_timeline_events {
+                period.timeline_events += 1;
+                entry.timeline.push(TimedSample {
+                    end_timestamp_ns: self.clock.wall_nanos(sample.time),
+                    cpu_nanos: sample.weight,
+                });
+            } else {
+                period.stats.timeline_dropped += 1;
+            }
+        }
+
+        remember_name(
+            &mut period.process_names,
+            sample.pid,
+            processes.process_name(sample.pid),
+        );
+        remember_name(
+            &mut period.thread_names,
+            (sample.pid, sample.tid),
+            processes.thread_name(sample.pid, sample.tid),
+        );
+    }
+
+    /// Hands over the period's aggregate and starts a new, empty one.
+    pub fn take_period(&mut self, start: SystemTime, end: SystemTime) -> PeriodProfile {
+        let state = std::mem::take(&mut self.period);
+        // Re-read the clock offset each period so wall-clock adjustments
+        // (NTP steps) do not accumulate into the timestamps.
+        self.clock = WallClock::now();
+        PeriodProfile {
+            start,
+            end,
+            files: self.files.files.clone(),
+            frames: state.frames,
+            stacks: state.stacks,
+            samples: state.samples,
+            process_names: state.process_names,
+            thread_names: state.thread_names,
+            stats: state.stats,
+        }
+    }
+}
+
+/// Records the latest known name, allocating only when it changed.
+fn remember_name<K: std::hash::Hash + Eq>(
+    names: &mut HashMap<K, String>,
+    key: K,
+    name: Option<&str>,
+) {
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return;
+    };
+    match names.get_mut(&key) {
+        Some(known) if known == name => {}
+        Some(known) => *known = name.to_string(),
+        None => {
+            names.insert(key, name.to_string());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::process::MappingRecord;
+    use crate::sample::StackEnd;
+
+    fn table() -> ProcessTable {
+        let mut table = ProcessTable::new();
+        let exe = std::env::current_exe().unwrap();
+        table.add_mapping(&MappingRecord {
+            pid: 10,
+            start: 0x10000,
+            len: 0x10000,
+            file_offset: 0x2000,
+            dev: 1,
+            inode: 2,
+            prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+            path: exe.to_string_lossy().into_owned(),
+        });
+        table.add_mapping(&MappingRecord {
+            pid: 10,
+            start: 0x50000,
+            len: 0x1000,
+            file_offset: 0,
+            dev: 0,
+            inode: 0,
+            prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+            path: String::new(),
+        });
+        table.set_comm(10, 10, "proc", false);
+        table.set_comm(10, 11, "worker", false);
+        table
+    }
+
+    fn sample(tid: u32, frames: Vec<u64>, end: StackEnd) -> Sample {
+        Sample {
+            pid: 10,
+            tid,
+            time: 1_000,
+            cpu: 0,
+            weight: 10_101_010,
+            frames,
+            kernel_frames: vec![],
+            end,
+        }
+    }
+
+    #[test]
+    fn normalizes_and_counts_identical_stacks_once() {
+        let table = table();
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(true));
+        for _ in 0..3 {
+            aggregator.add(
+                &table,
+                &sample(11, vec![0x10100, 0x10201], StackEnd::Complete),
+            );
+        }
+        aggregator.add(
+            &table,
+            &sample(10, vec![0x50010, 0x99999], StackEnd::NoUnwindInfo),
+        );
+        let now = SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        assert_eq!(period.stats.samples, 4);
+        assert_eq!(period.stats.full_stacks, 3);
+        assert_eq!(period.stacks.len(), 2);
+        let worker = period.samples.iter().find(|s| s.tid == 11).unwrap();
+        assert_eq!((worker.count, worker.cpu_nanos), (3, 30_303_030));
+        assert_eq!(worker.timeline.len(), 3);
+        let frames: Vec<&Frame> = period.stacks[worker.stack as usize]
+            .iter()
+            .map(|&f| &period.frames[f as usize])
+            .collect();
+        // The leaf keeps its address; the return address moves back by one.
+        assert_eq!(
+            frames,
+            [
+                &Frame::File {
+                    file: FileId(0),
+                    offset: 0x2100
+                },
+                &Frame::File {
+                    file: FileId(0),
+                    offset: 0x2200
+                }
+            ]
+        );
+        assert!(
+            period.files[0].build_id.is_some(),
+            "test binary has a build id"
+        );
+        let main = period.samples.iter().find(|s| s.tid == 10).unwrap();
+        let frames: Vec<&Frame> = period.stacks[main.stack as usize]
+            .iter()
+            .map(|&f| &period.frames[f as usize])
+            .collect();
+        assert!(matches!(
+            frames[0],
+            Frame::Anonymous {
+                addr: 0x50010,
+                region: None,
+                ..
+            }
+        ));
+        assert_eq!(frames.last(), Some(&&Frame::Truncated));
+        assert_eq!(period.thread_names[&(10, 11)], "worker");
+        assert_eq!(period.process_names[&10], "proc");
+        // The period's state is gone after the take.
+        let next = aggregator.take_period(now, now);
+        assert!(next.samples.is_empty() && next.stacks.is_empty());
+        assert_eq!(next.files.len(), 1);
+    }
+
+    #[test]
+    fn bounds_stacks_and_timeline() {
+        let table = table();
+        let mut aggregator = Aggregator::new(AggregatorOptions {
+            timeline: true,
+            max_timeline_events: 2,
+            max_stacks: 2,
+        });
+        for leaf in 0..5u64 {
+            aggregator.add(
+                &table,
+                &sample(11, vec![0x10100 + leaf], StackEnd::Complete),
+            );
+        }
+        let now = SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        assert_eq!(period.stats.stacks_dropped, 3);
+        assert_eq!(period.stats.timeline_dropped, 3);
+        assert_eq!(period.samples.iter().map(|s| s.count).sum::<u64>(), 5);
+        assert!(period.frames.contains(&Frame::StackTableFull));
+    }
+}

@@ -116,6 +116,9 @@ pub fn attributes(
     attr.sample_stack_user = options.stack_sample_size;
     attr.set_exclude_kernel(u64::from(!options.include_kernel));
     attr.set_exclude_hv(1);
+    // `mmap2` only selects the record format: the kernel emits executable
+    // mapping records at all only when `mmap` is set too.
+    attr.set_mmap(1);
     attr.set_mmap2(1);
     attr.set_comm(1);
     attr.set_comm_exec(1);

@@ -5,6 +5,7 @@
 //!
 //! - [`config`]: command line, environment and config file.
 //! - [`launch`]: the wrapper (fd hand-off, detached profiler), `-p` and `--global`.
+//! - [`logging`]: the `log` logger (`--log-level`, `--log-mode`).
 //! - [`events`]: perf_event_open and the perf event attributes both engines use.
 //! - [`perf`]: the perf ring-buffer engine (user-side DWARF unwinding).
 //! - [`bpf`]: the eBPF engine (in-kernel unwinding).
@@ -21,6 +22,7 @@ pub mod bpf;
 pub mod config;
 pub mod events;
 pub mod launch;
+pub mod logging;
 pub mod output;
 pub mod perf;
 pub mod process;

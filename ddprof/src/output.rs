@@ -1,1 +1,547 @@
-//! Local outputs: pprof files per period, flamegraph.svg and stacks.folded.
+//! Local outputs: pprof files per period, flamegraph.svg and stacks.folded,
+//! and the summary line printed at exit.
+//!
+//! How the profiler's loop chains the stages:
+//!
+//! ```no_run
+//! use std::time::SystemTime;
+//! use ddprof::aggregate::{Aggregator, AggregatorOptions};
+//! use ddprof::output::{FoldedStacks, LocalOutput, Summary};
+//! use ddprof::process::ProcessTable;
+//! use ddprof::profile::{encode_pprof, ProfileMetadata};
+//! use ddprof::symbolize::{Symbolizer, SymbolizerOptions};
+//!
+//! # fn run(processes: &ProcessTable, samples: &[ddprof::sample::Sample]) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut aggregator = Aggregator::new(AggregatorOptions::new(/* --timeline */ true));
+//! let mut symbolizer = Symbolizer::new(SymbolizerOptions {
+//!     inlined_functions: false, // -I
+//!     ..SymbolizerOptions::default()
+//! });
+//! let metadata = ProfileMetadata { sampling_period_nanos: 1_000_000_000 / 99 };
+//! let output = LocalOutput::create("ddprof-out".as_ref(), "my-service")?;
+//! let mut folded = FoldedStacks::default();
+//! let (mut profiles, mut total, mut full) = (0, 0, 0);
+//!
+//! let start = SystemTime::now();
+//! for sample in samples {
+//!     aggregator.add(processes, sample); // with the table as of this sample
+//! }
+//! // Every upload period, and once more at exit:
+//! let period = aggregator.take_period(start, SystemTime::now());
+//! (total, full) = (total + period.stats.samples, full + period.stats.full_stacks);
+//! let symbolized = symbolizer.symbolize(period);
+//! folded.add(&symbolized);
+//! let pprof = encode_pprof(&symbolized, &metadata)?; // gzip'd, also what the agent takes
+//! output.write_profile(&pprof, symbolized.period.start)?;
+//! profiles += 1;
+//! // At exit:
+//! output.finish(&folded)?;
+//! log::info!("{}", Summary::measure(total, /* lost */ 0, full, profiles));
+//! # Ok(())
+//! # }
+//! ```
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::symbolize::SymbolizedProfile;
+
+/// Frame slots kept in the whole-run folded aggregate (~16 MiB of ids);
+/// stacks that do not fit are counted under `[folded stacks table full]`.
+pub const DEFAULT_MAX_FOLDED_FRAMES: usize = 4_000_000;
+const FOLDED_TABLE_FULL: &str = "[folded stacks table full]";
+
+pub const FLAMEGRAPH_FILE: &str = "flamegraph.svg";
+pub const FOLDED_FILE: &str = "stacks.folded";
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error(
+        "cannot create the output directory {path}: {source} (choose another one with --output)"
+    )]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source} (check free space and permissions, or choose another directory with --output)")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The local output directory.
+#[derive(Debug, Clone)]
+pub struct LocalOutput {
+    dir: PathBuf,
+    service: String,
+}
+
+/// Files written at exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalOutputs {
+    pub flamegraph: PathBuf,
+    pub folded: PathBuf,
+}
+
+impl LocalOutput {
+    /// Creates the directory (and its parents) if needed.
+    pub fn create(dir: &Path, service: &str) -> Result<Self, OutputError> {
+        std::fs::create_dir_all(dir).map_err(|source| OutputError::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            service: file_name_safe(service),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes one gzip-compressed pprof profile as
+    /// `<service>-<UTC start, 20261122T031500Z>.pprof`; a second profile
+    /// starting in the same second gets a `-2` suffix.
+    pub fn write_profile(
+        &self,
+        pprof_gz: &[u8],
+        start: SystemTime,
+    ) -> Result<PathBuf, OutputError> {
+        let stem = format!("{}-{}", self.service, utc_timestamp(start));
+        let mut path = self.dir.join(format!("{stem}.pprof"));
+        let mut suffix = 2;
+        while path.exists() {
+            path = self.dir.join(format!("{stem}-{suffix}.pprof"));
+            suffix += 1;
+        }
+        write_atomically(&path, |file| file.write_all(pprof_gz))?;
+        Ok(path)
+    }
+
+    /// Writes `flamegraph.svg` and `stacks.folded` for the whole run.
+    pub fn finish(&self, folded: &FoldedStacks) -> Result<FinalOutputs, OutputError> {
+        let outputs = FinalOutputs {
+            flamegraph: self.dir.join(FLAMEGRAPH_FILE),
+            folded: self.dir.join(FOLDED_FILE),
+        };
+        write_atomically(&outputs.folded, |file| folded.write_folded(file))?;
+        let title = format!("{} (ddprof)", self.service);
+        write_atomically(&outputs.flamegraph, |file| {
+            folded.write_flamegraph(&title, file)
+        })?;
+        Ok(outputs)
+    }
+}
+
+/// Writes through a temporary file renamed into place, so a reader never
+/// sees half a file.
+fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<(), OutputError> {
+    let error = |source| OutputError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    let file = std::fs::File::create(&temporary).map_err(error)?;
+    let mut writer = BufWriter::new(file);
+    let written = write(&mut writer)
+        .and_then(|()| writer.flush())
+        .and_then(|()| std::fs::rename(&temporary, path));
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(error(source));
+    }
+    Ok(())
+}
+
+fn file_name_safe(name: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe.is_empty() || safe.starts_with('.') {
+        format!("ddprof{safe}")
+    } else {
+        safe
+    }
+}
+
+/// Formats a time as a compact UTC timestamp: `20261122T031500Z`.
+pub fn utc_timestamp(time: SystemTime) -> String {
+    let seconds = time
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let days = (seconds / 86_400) as i64;
+    let of_day = seconds % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60
+    )
+}
+
+/// Proleptic Gregorian date of a day count since 1970-01-01, computed per
+/// 400-year era (146,097 days), whose years start on March 1st so that the
+/// leap day is the era-year's last day.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let shifted = days + 719_468; // days from 0000-03-01 to 1970-01-01
+    let era = shifted.div_euclid(146_097);
+    let day_of_era = shifted.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u32;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    } as u32;
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Whole-run stack counts by function name, root first with the process
+/// name as the first frame; bounded in memory.
+#[derive(Debug)]
+pub struct FoldedStacks {
+    names: Vec<Arc<str>>,
+    name_ids: HashMap<Arc<str>, u32>,
+    stacks: HashMap<Box<[u32]>, u64>,
+    frames_stored: usize,
+    max_frames: usize,
+    total: u64,
+}
+
+impl Default for FoldedStacks {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_FOLDED_FRAMES)
+    }
+}
+
+impl FoldedStacks {
+    pub fn new(max_frames: usize) -> Self {
+        Self {
+            names: Vec::new(),
+            name_ids: HashMap::new(),
+            stacks: HashMap::new(),
+            frames_stored: 0,
+            max_frames,
+            total: 0,
+        }
+    }
+
+    fn name_id(&mut self, name: &Arc<str>) -> u32 {
+        if let Some(id) = self.name_ids.get(name) {
+            return *id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(name.clone());
+        self.name_ids.insert(name.clone(), id);
+        id
+    }
+
+    /// Adds a symbolized period's samples.
+    pub fn add(&mut self, profile: &SymbolizedProfile) {
+        let mut key: Vec<u32> = Vec::new();
+        for sample in &profile.period.samples {
+            key.clear();
+            let process: Arc<str> = match profile.period.process_names.get(&sample.pid) {
+                Some(name) => Arc::from(name.as_str()),
+                None => Arc::from(format!("[pid {}]", sample.pid)),
+            };
+            key.push(self.name_id(&process));
+            for name in profile.stack_names(sample.stack) {
+                let id = self.name_id(name);
+                key.push(id);
+            }
+            self.total += sample.count;
+            if let Some(count) = self.stacks.get_mut(key.as_slice()) {
+                *count += sample.count;
+                continue;
+            }
+            if self.frames_stored + key.len() > self.max_frames {
+                key.truncate(1);
+                key.push(self.name_id(&Arc::from(FOLDED_TABLE_FULL)));
+            }
+            let count = self.stacks.entry(key.as_slice().into()).or_insert_with(|| {
+                self.frames_stored += key.len();
+                0
+            });
+            *count += sample.count;
+        }
+    }
+
+    /// Samples added so far.
+    pub fn total_samples(&self) -> u64 {
+        self.total
+    }
+
+    /// `frame;frame;leaf count` lines, sorted.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .stacks
+            .iter()
+            .map(|(stack, count)| {
+                let mut line = String::new();
+                for (index, id) in stack.iter().enumerate() {
+                    if index > 0 {
+                        line.push(';');
+                    }
+                    // ';' separates frames and a line's last space its count;
+                    // names keep their inner spaces (C++ templates).
+                    line.extend(self.names[*id as usize].chars().map(|c| match c {
+                        ';' => ':',
+                        '\n' | '\r' => ' ',
+                        c => c,
+                    }));
+                }
+                line.push(' ');
+                line.push_str(&count.to_string());
+                line
+            })
+            .collect();
+        lines.sort_unstable();
+        lines
+    }
+
+    pub fn write_folded(&self, out: &mut impl Write) -> std::io::Result<()> {
+        for line in self.lines() {
+            writeln!(out, "{line}")?;
+        }
+        Ok(())
+    }
+
+    /// Renders the flame graph (an SVG that says there were no samples when
+    /// the run had none).
+    pub fn write_flamegraph(&self, title: &str, out: &mut impl Write) -> std::io::Result<()> {
+        let lines = self.lines();
+        let mut options = inferno::flamegraph::Options::default();
+        options.title = title.to_string();
+        options.count_name = "samples".to_string();
+        let result =
+            inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out);
+        match result {
+            // inferno writes an SVG with an error message for empty input.
+            Err(_) if lines.is_empty() => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// The line printed at exit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    pub samples: u64,
+    pub lost: u64,
+    pub full_stacks: u64,
+    pub profiles: u64,
+    pub profiler_cpu_ms: u64,
+    pub peak_rss_kib: u64,
+}
+
+impl Summary {
+    /// Fills in the profiler's own CPU time and peak RSS.
+    pub fn measure(samples: u64, lost: u64, full_stacks: u64, profiles: u64) -> Self {
+        Self {
+            samples,
+            lost,
+            full_stacks,
+            profiles,
+            profiler_cpu_ms: own_cpu_time().as_millis() as u64,
+            peak_rss_kib: peak_rss_kib().unwrap_or(0),
+        }
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "summary: samples={} lost={} full_stacks={} profiles={} profiler_cpu_ms={} peak_rss_kib={}",
+            self.samples,
+            self.lost,
+            self.full_stacks,
+            self.profiles,
+            self.profiler_cpu_ms,
+            self.peak_rss_kib
+        )
+    }
+}
+
+/// User plus system CPU time of this process (all threads).
+pub fn own_cpu_time() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) else {
+        return Duration::ZERO;
+    };
+    let to_duration = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
+    };
+    to_duration(usage.user_time()) + to_duration(usage.system_time())
+}
+
+/// Peak resident set size (`VmHWM` in `/proc/self/status`), in KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{Frame, PeriodProfile, PeriodStats, StackSample};
+    use crate::symbolize::SymbolLine;
+
+    #[test]
+    fn formats_utc_timestamps() {
+        let at = |secs| utc_timestamp(UNIX_EPOCH + Duration::from_secs(secs));
+        assert_eq!(at(0), "19700101T000000Z");
+        // 2026-11-22 03:15:00 UTC
+        assert_eq!(at(1_795_317_300), "20261122T031500Z");
+        // 2024-02-29 23:59:59 UTC (leap day)
+        assert_eq!(at(1_709_251_199), "20240229T235959Z");
+        assert_eq!(at(951_782_400), "20000229T000000Z");
+    }
+
+    #[test]
+    fn sanitizes_service_names() {
+        assert_eq!(file_name_safe("my svc/1"), "my_svc_1");
+        assert_eq!(file_name_safe(""), "ddprof");
+    }
+
+    fn profile(names: &[&str], counts: &[(u32, u64)]) -> SymbolizedProfile {
+        let now = SystemTime::now();
+        let frames: Vec<Frame> = names
+            .iter()
+            .enumerate()
+            .map(|(i, _)| Frame::Anonymous {
+                pid: 0,
+                addr: i as u64,
+                region: None,
+            })
+            .collect();
+        let symbols = names
+            .iter()
+            .map(|name| {
+                Arc::from([SymbolLine {
+                    function: Arc::from(*name),
+                    system_name: Arc::from(*name),
+                    file: Arc::from(""),
+                    line: 0,
+                }])
+            })
+            .collect();
+        // Stack 0 is the whole list (innermost first), stack 1 its last frame.
+        let all: Box<[u32]> = (0..names.len() as u32).collect();
+        let root: Box<[u32]> = Box::new([names.len() as u32 - 1]);
+        SymbolizedProfile {
+            period: PeriodProfile {
+                start: now,
+                end: now,
+                files: vec![],
+                frames,
+                stacks: vec![all, root],
+                samples: counts
+                    .iter()
+                    .map(|&(stack, count)| StackSample {
+                        pid: 5,
+                        tid: 5,
+                        stack,
+                        count,
+                        cpu_nanos: count,
+                        timeline: vec![],
+                    })
+                    .collect(),
+                process_names: HashMap::from([(5, "app".to_string())]),
+                thread_names: HashMap::new(),
+                stats: PeriodStats::default(),
+            },
+            frames: symbols,
+        }
+    }
+
+    #[test]
+    fn folds_across_periods_within_bounds() {
+        let mut folded = FoldedStacks::new(100);
+        folded.add(&profile(&["leaf", "mid;x", "main"], &[(0, 3), (1, 1)]));
+        folded.add(&profile(&["leaf", "mid;x", "main"], &[(0, 2)]));
+        assert_eq!(folded.lines(), ["app;main 1", "app;main;mid:x;leaf 5"]);
+        assert_eq!(folded.total_samples(), 6);
+
+        let mut small = FoldedStacks::new(3);
+        small.add(&profile(&["leaf", "mid", "main"], &[(1, 1), (0, 2)]));
+        assert_eq!(
+            small.lines(),
+            [
+                format!("app;{FOLDED_TABLE_FULL} 2"),
+                "app;main 1".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn writes_profiles_and_final_outputs() {
+        let dir = std::env::temp_dir().join(format!("ddprof-output-test-{}", std::process::id()));
+        let output = LocalOutput::create(&dir.join("nested"), "svc name").unwrap();
+        let start = UNIX_EPOCH + Duration::from_secs(1_795_317_300);
+        let first = output.write_profile(b"one", start).unwrap();
+        let second = output.write_profile(b"two", start).unwrap();
+        assert!(
+            first.ends_with("svc_name-20261122T031500Z.pprof"),
+            "{first:?}"
+        );
+        assert!(
+            second.ends_with("svc_name-20261122T031500Z-2.pprof"),
+            "{second:?}"
+        );
+        assert_eq!(std::fs::read(&second).unwrap(), b"two");
+
+        let mut folded = FoldedStacks::default();
+        folded.add(&profile(&["leaf", "main"], &[(0, 4)]));
+        let outputs = output.finish(&folded).unwrap();
+        let svg = std::fs::read_to_string(&outputs.flamegraph).unwrap();
+        assert!(svg.contains("<svg") && svg.contains("leaf"));
+        assert_eq!(
+            std::fs::read_to_string(&outputs.folded).unwrap(),
+            "app;main;leaf 4\n"
+        );
+        let empty = output.finish(&FoldedStacks::default()).unwrap();
+        assert!(std::fs::read_to_string(empty.flamegraph)
+            .unwrap()
+            .contains("<svg"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn summary_line_has_every_field() {
+        let summary = Summary::measure(10, 1, 9, 2);
+        assert!(summary.peak_rss_kib > 0);
+        let line = summary.to_string();
+        assert!(line
+            .starts_with("summary: samples=10 lost=1 full_stacks=9 profiles=2 profiler_cpu_ms="));
+        assert!(line.contains(" peak_rss_kib="));
+    }
+}

@@ -351,7 +351,7 @@ mod tests {
         let mut table = ProcessTable::new();
         let pid = std::process::id();
         table.load_from_proc(pid).unwrap();
-        let here = loads_own_process_from_proc as usize as u64;
+        let here = loads_own_process_from_proc as *const () as u64;
         let mapping = table.find_mapping(pid, here).expect("own code is mapped");
         assert!(
             mapping.file.path.contains("ddprof"),

@@ -1,1 +1,521 @@
 //! pprof encoding of aggregated, symbolized profiles.
+//!
+//! The profile follows what Datadog's own profilers send for CPU profiles:
+//! sample types `cpu-samples`/`count` and `cpu-time`/`nanoseconds`, labels
+//! `process_id`, `process_name`, `thread id`, `thread_name` and, for the
+//! timeline, `end_timestamp_ns`. Each mapped file gets its own address range
+//! in the profile (files from many processes share one profile), so a
+//! location's address is `memory_start + file offset`.
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prost::Message;
+
+use crate::aggregate::Frame;
+use crate::symbolize::SymbolizedProfile;
+
+/// The messages of pprof's `profile.proto`, written by hand so the build
+/// needs no protoc.
+pub mod pb {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "7")]
+        pub drop_frames: i64,
+        #[prost(int64, tag = "8")]
+        pub keep_frames: i64,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+        #[prost(int64, tag = "4")]
+        pub num_unit: i64,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+        #[prost(bool, tag = "5")]
+        pub is_folded: bool,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+        #[prost(int64, tag = "3")]
+        pub column: i64,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+/// (name, system name, file) of a pprof function.
+type FunctionKey = (Arc<str>, Arc<str>, Arc<str>);
+
+/// Where kernel frames are reported: the kernel's half of the address space.
+const KERNEL_START: u64 = 0xffff_8000_0000_0000;
+/// File ranges start above the null page.
+const FIRST_FILE_BASE: u64 = 0x1_0000;
+
+/// What the profile says beyond its samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileMetadata {
+    /// Nominal CPU time between two samples (1e9 / frequency), pprof's `period`.
+    pub sampling_period_nanos: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("cannot compress the pprof profile: {0}")]
+    Compress(#[from] std::io::Error),
+}
+
+/// Encodes the profile as gzip-compressed pprof, as Datadog's intake and
+/// `go tool pprof` read it.
+pub fn encode_pprof(
+    profile: &SymbolizedProfile,
+    metadata: &ProfileMetadata,
+) -> Result<Vec<u8>, ProfileError> {
+    let raw = build_pprof(profile, metadata).encode_to_vec();
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(raw.len() / 4),
+        flate2::Compression::default(),
+    );
+    encoder.write_all(&raw)?;
+    Ok(encoder.finish()?)
+}
+
+#[derive(Default)]
+struct StringTable {
+    strings: Vec<String>,
+    ids: HashMap<String, i64>,
+}
+
+impl StringTable {
+    fn new() -> Self {
+        let mut table = Self::default();
+        // pprof requires the empty string first.
+        table.id("");
+        table
+    }
+
+    fn id(&mut self, text: &str) -> i64 {
+        if let Some(id) = self.ids.get(text) {
+            return *id;
+        }
+        let id = self.strings.len() as i64;
+        self.strings.push(text.to_string());
+        self.ids.insert(text.to_string(), id);
+        id
+    }
+}
+
+fn unix_nanos(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos().min(i64::MAX as u128) as i64)
+        .unwrap_or(0)
+}
+
+/// Builds the pprof message (uncompressed).
+pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> pb::Profile {
+    let period = &profile.period;
+    let mut strings = StringTable::new();
+    let value_type = |strings: &mut StringTable, kind: &str, unit: &str| pb::ValueType {
+        r#type: strings.id(kind),
+        unit: strings.id(unit),
+    };
+    let sample_type = vec![
+        value_type(&mut strings, "cpu-samples", "count"),
+        value_type(&mut strings, "cpu-time", "nanoseconds"),
+    ];
+    let period_type = value_type(&mut strings, "cpu-time", "nanoseconds");
+
+    // One mapping per file referenced, each with its own address range.
+    let mut file_span: HashMap<u32, u64> = HashMap::new();
+    let mut has_kernel = false;
+    for frame in &period.frames {
+        match frame {
+            Frame::File { file, offset } => {
+                let span = file_span.entry(file.0).or_default();
+                *span = (*span).max(offset + 1);
+            }
+            Frame::Kernel { .. } => has_kernel = true,
+            _ => {}
+        }
+    }
+    let mut files: Vec<u32> = file_span.keys().copied().collect();
+    files.sort_unstable();
+    let mut mappings = Vec::with_capacity(files.len() + 1);
+    let mut file_mapping: HashMap<u32, (u64, u64)> = HashMap::new();
+    let mut base = FIRST_FILE_BASE;
+    for file in files {
+        let object = period.file(crate::aggregate::FileId(file));
+        let limit = base + file_span[&file].next_multiple_of(0x1000);
+        let id = mappings.len() as u64 + 1;
+        mappings.push(pb::Mapping {
+            id,
+            memory_start: base,
+            memory_limit: limit,
+            file_offset: 0,
+            filename: strings.id(&object.path),
+            build_id: strings.id(&object.build_id_hex()),
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        });
+        file_mapping.insert(file, (id, base));
+        base = limit;
+    }
+    let kernel_mapping = has_kernel.then(|| {
+        let id = mappings.len() as u64 + 1;
+        mappings.push(pb::Mapping {
+            id,
+            memory_start: KERNEL_START,
+            memory_limit: u64::MAX,
+            file_offset: 0,
+            filename: strings.id("[kernel.kallsyms]"),
+            build_id: 0,
+            has_functions: true,
+            has_filenames: false,
+            has_line_numbers: false,
+            has_inline_frames: false,
+        });
+        id
+    });
+
+    // One location per distinct frame, one function per distinct
+    // (name, system name, file).
+    let mut functions: Vec<pb::Function> = Vec::new();
+    let mut function_ids: HashMap<FunctionKey, u64> = HashMap::new();
+    let mut locations = Vec::with_capacity(period.frames.len());
+    for (index, (frame, symbols)) in period.frames.iter().zip(&profile.frames).enumerate() {
+        let (mapping_id, address) = match frame {
+            Frame::File { file, offset } => {
+                let (id, base) = file_mapping[&file.0];
+                (id, base + offset)
+            }
+            Frame::Kernel { addr } => (kernel_mapping.unwrap_or(0), *addr),
+            Frame::Anonymous { addr, .. } => (0, *addr),
+            Frame::Unknown | Frame::Truncated | Frame::StackTableFull => (0, 0),
+        };
+        let line = symbols
+            .iter()
+            .map(|symbol| {
+                let key = (
+                    symbol.function.clone(),
+                    symbol.system_name.clone(),
+                    symbol.file.clone(),
+                );
+                let function_id = *function_ids.entry(key).or_insert_with(|| {
+                    let id = functions.len() as u64 + 1;
+                    functions.push(pb::Function {
+                        id,
+                        name: strings.id(&symbol.function),
+                        system_name: strings.id(&symbol.system_name),
+                        filename: strings.id(&symbol.file),
+                        start_line: 0,
+                    });
+                    id
+                });
+                pb::Line {
+                    function_id,
+                    line: i64::from(symbol.line),
+                    column: 0,
+                }
+            })
+            .collect();
+        locations.push(pb::Location {
+            id: index as u64 + 1,
+            mapping_id,
+            address,
+            line,
+            is_folded: false,
+        });
+    }
+
+    let key_process_id = strings.id("process_id");
+    let key_process_name = strings.id("process_name");
+    let key_thread_id = strings.id("thread id");
+    let key_thread_name = strings.id("thread_name");
+    let key_timestamp = strings.id("end_timestamp_ns");
+    let mut samples = Vec::with_capacity(period.samples.len());
+    for stack_sample in &period.samples {
+        let location_id: Vec<u64> = period.stacks[stack_sample.stack as usize]
+            .iter()
+            .map(|&frame| u64::from(frame) + 1)
+            .collect();
+        let num = |key, value: u64| pb::Label {
+            key,
+            num: value.min(i64::MAX as u64) as i64,
+            ..pb::Label::default()
+        };
+        let mut labels = vec![
+            num(key_process_id, u64::from(stack_sample.pid)),
+            num(key_thread_id, u64::from(stack_sample.tid)),
+        ];
+        if let Some(name) = period.process_names.get(&stack_sample.pid) {
+            labels.push(pb::Label {
+                key: key_process_name,
+                str: strings.id(name),
+                ..pb::Label::default()
+            });
+        }
+        if let Some(name) = period
+            .thread_names
+            .get(&(stack_sample.pid, stack_sample.tid))
+        {
+            labels.push(pb::Label {
+                key: key_thread_name,
+                str: strings.id(name),
+                ..pb::Label::default()
+            });
+        }
+        let value = |count: u64, nanos: u64| vec![count as i64, nanos.min(i64::MAX as u64) as i64];
+        let mut timed_nanos = 0u64;
+        for timed in &stack_sample.timeline {
+            timed_nanos = timed_nanos.saturating_add(timed.cpu_nanos);
+            let mut label = labels.clone();
+            label.push(num(key_timestamp, timed.end_timestamp_ns));
+            samples.push(pb::Sample {
+                location_id: location_id.clone(),
+                value: value(1, timed.cpu_nanos),
+                label,
+            });
+        }
+        let rest_count = stack_sample.count - stack_sample.timeline.len() as u64;
+        if rest_count > 0 {
+            samples.push(pb::Sample {
+                location_id,
+                value: value(
+                    rest_count,
+                    stack_sample.cpu_nanos.saturating_sub(timed_nanos),
+                ),
+                label: labels,
+            });
+        }
+    }
+
+    pb::Profile {
+        sample_type,
+        sample: samples,
+        mapping: mappings,
+        location: locations,
+        function: functions,
+        string_table: strings.strings,
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos: unix_nanos(period.start),
+        duration_nanos: unix_nanos(period.end).saturating_sub(unix_nanos(period.start)),
+        period_type: Some(period_type),
+        period: metadata.sampling_period_nanos.min(i64::MAX as u64) as i64,
+        comment: Vec::new(),
+        default_sample_type: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::{
+        FileId, ObjectFile, PeriodProfile, PeriodStats, StackSample, TimedSample,
+    };
+    use crate::symbolize::SymbolLine;
+    use std::io::Read;
+    use std::time::Duration;
+
+    fn line(function: &str, file: &str, line: u32) -> SymbolLine {
+        SymbolLine {
+            function: function.into(),
+            system_name: function.into(),
+            file: file.into(),
+            line,
+        }
+    }
+
+    #[test]
+    fn encodes_samples_labels_and_inlined_lines() {
+        let start = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let period = PeriodProfile {
+            start,
+            end: start + Duration::from_secs(60),
+            files: vec![Arc::new(ObjectFile {
+                path: "/bin/app".into(),
+                dev: 1,
+                inode: 2,
+                build_id: Some(vec![0xab, 0xcd]),
+                open_path: "/bin/app".into(),
+            })],
+            frames: vec![
+                Frame::File {
+                    file: FileId(0),
+                    offset: 0x1100,
+                },
+                Frame::File {
+                    file: FileId(0),
+                    offset: 0x1200,
+                },
+            ],
+            stacks: vec![Box::new([0, 1])],
+            samples: vec![StackSample {
+                pid: 7,
+                tid: 8,
+                stack: 0,
+                count: 3,
+                cpu_nanos: 30,
+                timeline: vec![TimedSample {
+                    end_timestamp_ns: 99,
+                    cpu_nanos: 10,
+                }],
+            }],
+            process_names: HashMap::from([(7, "app".to_string())]),
+            thread_names: HashMap::from([((7, 8), "worker".to_string())]),
+            stats: PeriodStats::default(),
+        };
+        let symbolized = SymbolizedProfile {
+            period,
+            frames: vec![
+                Arc::new([line("inner", "a.c", 3), line("outer", "a.c", 10)]),
+                Arc::new([line("main", "a.c", 20)]),
+            ],
+        };
+        let metadata = ProfileMetadata {
+            sampling_period_nanos: 10_101_010,
+        };
+        let gz = encode_pprof(&symbolized, &metadata).unwrap();
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(gz.as_slice())
+            .read_to_end(&mut raw)
+            .unwrap();
+        let decoded = pb::Profile::decode(raw.as_slice()).unwrap();
+        assert_eq!(decoded, build_pprof(&symbolized, &metadata));
+        let s = |id: i64| decoded.string_table[id as usize].as_str();
+        assert_eq!(s(0), "");
+        assert_eq!(
+            (
+                s(decoded.sample_type[1].r#type),
+                s(decoded.sample_type[1].unit)
+            ),
+            ("cpu-time", "nanoseconds")
+        );
+        assert_eq!(decoded.period, 10_101_010);
+        assert_eq!(decoded.duration_nanos, 60_000_000_000);
+        // One timeline sample and the rest without a timestamp.
+        assert_eq!(decoded.sample.len(), 2);
+        assert_eq!(decoded.sample[0].value, [1, 10]);
+        assert_eq!(decoded.sample[1].value, [2, 20]);
+        let labels: Vec<(&str, i64, &str)> = decoded.sample[0]
+            .label
+            .iter()
+            .map(|l| (s(l.key), l.num, s(l.str)))
+            .collect();
+        assert!(labels.contains(&("end_timestamp_ns", 99, "")));
+        assert!(labels.contains(&("thread id", 8, "")));
+        assert!(labels.contains(&("thread_name", 0, "worker")));
+        let inlined = &decoded.location[0];
+        assert_eq!(inlined.line.len(), 2);
+        let first = decoded.function[inlined.line[0].function_id as usize - 1];
+        assert_eq!((s(first.name), inlined.line[0].line), ("inner", 3));
+        let mapping = decoded.mapping[0];
+        assert_eq!(
+            (s(mapping.filename), s(mapping.build_id)),
+            ("/bin/app", "abcd")
+        );
+        assert_eq!(inlined.address, mapping.memory_start + 0x1100);
+    }
+}

@@ -1,7 +1,25 @@
 //! The profiler's main loop: picks the engine, drives it, and feeds
 //! aggregation, symbolization and outputs.
-use crate::config::Cli;
+//!
+//! One thread does everything, in this order per poll: the engine applies
+//! process events to the [`ProcessTable`] and hands over samples, which the
+//! [`Aggregator`] normalizes at once (so that processes that exit before the
+//! flush are still symbolized). At the end of each upload period, and when
+//! the target is gone, the period is symbolized, encoded as pprof and
+//! written; the whole run's folded stacks become `flamegraph.svg` and
+//! `stacks.folded` at exit.
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::aggregate::{Aggregator, AggregatorOptions};
+use crate::config::{Cli, EngineChoice, SampleRate};
 use crate::events::EventFd;
+use crate::launch;
+use crate::output::{FoldedStacks, LocalOutput, OutputError, Summary};
+use crate::perf::{PerfEngine, PerfEngineOptions, PerfError};
+use crate::process::ProcessTable;
+use crate::profile::{encode_pprof, ProfileError, ProfileMetadata};
+use crate::sample::Sample;
+use crate::symbolize::{Symbolizer, SymbolizerOptions};
 
 /// What is being profiled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,12 +38,243 @@ pub enum ProfilerError {
     Setup(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Perf(#[from] PerfError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+}
+
+/// The longest the loop sleeps in the engine before it looks at the clock,
+/// the target and stop requests again.
+const MAX_POLL: Duration = Duration::from_millis(250);
+
+/// The sampling engine in use.
+enum Engine {
+    Perf(PerfEngine),
+}
+
+impl Engine {
+    /// Picks the engine for `choice` and sets it up on `events`.
+    fn start(cli: &Cli, events: Vec<EventFd>) -> Result<Self, ProfilerError> {
+        match cli.engine {
+            EngineChoice::Bpf => Err(ProfilerError::Setup(
+                "the eBPF engine cannot profile yet (it does not unwind stacks); use --engine perf or auto".into(),
+            )),
+            EngineChoice::Auto | EngineChoice::Perf => {
+                if cli.engine == EngineChoice::Auto {
+                    log::info!("engine: perf (the eBPF engine does not unwind stacks yet)");
+                }
+                let mut options = PerfEngineOptions::from_cli(cli);
+                // The loop prints samples itself, for every engine alike.
+                options.show_samples = false;
+                Ok(Engine::Perf(PerfEngine::new(events, options)?))
+            }
+        }
+    }
+
+    fn poll(
+        &mut self,
+        processes: &mut ProcessTable,
+        timeout: Duration,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> Result<bool, ProfilerError> {
+        match self {
+            Engine::Perf(engine) => Ok(engine.poll(processes, timeout, on_sample)?.finished),
+        }
+    }
+
+    /// Delivers everything still buffered (the target is gone or a stop
+    /// was requested).
+    fn flush(
+        &mut self,
+        processes: &mut ProcessTable,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) {
+        match self {
+            Engine::Perf(engine) => {
+                engine.flush(processes, on_sample);
+            }
+        }
+    }
+
+    /// (samples lost by the kernel, throttled)
+    fn lost(&self) -> u64 {
+        match self {
+            Engine::Perf(engine) => engine.losses().lost,
+        }
+    }
+}
+
+/// Everything downstream of the engine: aggregation and outputs.
+struct Pipeline {
+    aggregator: Aggregator,
+    symbolizer: Symbolizer,
+    folded: FoldedStacks,
+    output: Option<LocalOutput>,
+    metadata: ProfileMetadata,
+    show_samples: bool,
+    period_start: SystemTime,
+    samples: u64,
+    full_stacks: u64,
+    profiles: u64,
+}
+
+impl Pipeline {
+    fn new(cli: &Cli) -> Result<Self, ProfilerError> {
+        let output = match cli.output_dir() {
+            Some(dir) => Some(LocalOutput::create(&dir, &cli.service_name())?),
+            None => {
+                log::warn!(
+                    "an agent is configured but uploading is not implemented yet: \
+                     pass --output DIR to keep the profiles"
+                );
+                None
+            }
+        };
+        Ok(Self {
+            aggregator: Aggregator::new(AggregatorOptions::new(cli.timeline)),
+            symbolizer: Symbolizer::new(SymbolizerOptions {
+                inlined_functions: cli.inlined_functions,
+                ..SymbolizerOptions::default()
+            }),
+            folded: FoldedStacks::default(),
+            output,
+            metadata: ProfileMetadata {
+                sampling_period_nanos: nominal_period_nanos(cli),
+            },
+            show_samples: cli.show_samples,
+            period_start: SystemTime::now(),
+            samples: 0,
+            full_stacks: 0,
+            profiles: 0,
+        })
+    }
+
+    fn add(&mut self, processes: &ProcessTable, sample: Sample) {
+        self.samples += 1;
+        if sample.end.is_complete() {
+            self.full_stacks += 1;
+        }
+        if self.show_samples {
+            log::info!(
+                "sample pid={} tid={} ({}) cpu={} time={} weight={} end={:?} frames={:x?}",
+                sample.pid,
+                sample.tid,
+                processes.thread_name(sample.pid, sample.tid).unwrap_or("?"),
+                sample.cpu,
+                sample.time,
+                sample.weight,
+                sample.end,
+                sample.frames
+            );
+        }
+        self.aggregator.add(processes, &sample);
+    }
+
+    /// Ends the current period: symbolizes it, writes its profile, and
+    /// starts the next one. An empty period writes nothing unless it is the
+    /// run's only one.
+    fn flush_period(&mut self, last: bool) -> Result<(), ProfilerError> {
+        let end = SystemTime::now();
+        let start = std::mem::replace(&mut self.period_start, end);
+        let period = self.aggregator.take_period(start, end);
+        if period.stats.samples == 0 && !(last && self.profiles == 0) {
+            return Ok(());
+        }
+        let symbolized = self.symbolizer.symbolize(period);
+        self.folded.add(&symbolized);
+        let bytes = encode_pprof(&symbolized, &self.metadata)?;
+        if let Some(output) = &self.output {
+            let path = output.write_profile(&bytes, start)?;
+            log::info!("wrote {} ({} bytes)", path.display(), bytes.len());
+        }
+        self.profiles += 1;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), ProfilerError> {
+        self.flush_period(true)?;
+        if let Some(output) = &self.output {
+            let written = output.finish(&self.folded)?;
+            log::info!(
+                "wrote {} and {}",
+                written.flamegraph.display(),
+                written.folded.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// pprof's `period`: the CPU time a sample stands for at the configured rate.
+fn nominal_period_nanos(cli: &Cli) -> u64 {
+    let specs = crate::config::parse_events(&cli.events).unwrap_or_default();
+    match specs.first().map(|spec| spec.rate) {
+        Some(SampleRate::Frequency(hz)) => 1_000_000_000 / hz.max(1),
+        Some(SampleRate::Period(period)) => period,
+        None => 1_000_000_000 / crate::config::DEFAULT_CPU_FREQUENCY,
+    }
 }
 
 /// Runs the profiler until the target is gone (or, for `--global`, until
 /// SIGINT/SIGTERM), flushing the last period before returning.
-pub fn run(_cli: &Cli, _target: Target, _events: Vec<EventFd>) -> Result<(), ProfilerError> {
-    Err(ProfilerError::Setup(
-        "the profiler loop is not implemented yet".into(),
-    ))
+pub fn run(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<(), ProfilerError> {
+    if cli.show_samples && log::max_level() < log::LevelFilter::Info {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+    let mut processes = ProcessTable::new();
+    if let Target::Pid(pid) = target {
+        // Mappings that existed before the events were opened.
+        if let Err(error) = processes.load_from_proc(pid) {
+            log::warn!("cannot read /proc/{pid}: {error}");
+        }
+    }
+    let watch = match target {
+        Target::Launched { pid } | Target::Pid(pid) => launch::target_watch(pid as i32).ok(),
+        Target::Global => None,
+    };
+    let mut engine = Engine::start(cli, events)?;
+    if let Err(error) = launch::capabilities::drop_after_setup() {
+        log::warn!("profiler: {error}");
+    }
+    let mut pipeline = Pipeline::new(cli)?;
+    let period = cli.upload_period();
+    let mut period_deadline = Instant::now() + period;
+    loop {
+        let timeout = period_deadline
+            .saturating_duration_since(Instant::now())
+            .min(MAX_POLL);
+        let finished = engine.poll(&mut processes, timeout, &mut |table, sample| {
+            pipeline.add(table, sample)
+        })?;
+        let target_gone = watch.as_ref().is_some_and(|w| w.has_exited());
+        let stop = finished || target_gone || launch::stop::requested();
+        if stop {
+            engine.flush(&mut processes, &mut |table, sample| {
+                pipeline.add(table, sample)
+            });
+            break;
+        }
+        if Instant::now() >= period_deadline {
+            pipeline.flush_period(false)?;
+            period_deadline += period;
+        }
+    }
+    pipeline.finish()?;
+    let summary = Summary::measure(
+        pipeline.samples,
+        engine.lost(),
+        pipeline.full_stacks,
+        pipeline.profiles,
+    );
+    log::info!("{summary}");
+    if summary.lost > 0 {
+        log::warn!(
+            "{} samples were lost (ring buffer full): raise --ring-buffer-kib or lower the frequency",
+            summary.lost
+        );
+    }
+    Ok(())
 }

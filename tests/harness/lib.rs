@@ -1,1 +1,15 @@
 //! Test harness: builds workloads, runs ddprof, reads its outputs.
+//!
+//! The ddprof binary: `env!("CARGO_BIN_EXE_ddprof")` exists only in the
+//! ddprof package's own tests, so [`binary::ddprof_bin`] runs `cargo build -p
+//! ddprof --bin ddprof` once per test process (a no-op when it is up to
+//! date; cargo's build lock is free while tests run) and returns the binary
+//! from the same target directory and profile as the running test
+//! executable (`target/<profile>/deps/<test>` → `target/<profile>/ddprof`).
+//! `DDPROF_BIN=/path/to/ddprof` skips the build and uses that binary.
+pub mod binary;
+pub mod launcher;
+
+pub use binary::ddprof_bin;
+pub mod symbols;
+pub mod workloads;

@@ -6,6 +6,8 @@
 //! - `demo`: build, then profile the bundled demo workload.
 //! - `test`: build, install the test prerequisites, run every test.
 //! - `docs`: regenerate docs/Commands.md from the CLI definition.
+//! - `bench`: ddprof's engines against perf record and samply (docs/Benchmarks.md).
+mod bench;
 mod bpf_toolchain;
 mod docs;
 mod test;
@@ -49,6 +51,14 @@ enum Task {
         /// Extra arguments for `cargo test` (e.g. a test name filter)
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
+    },
+    /// Measure ddprof's engines against perf record and samply on the same workloads
+    Bench(bench::BenchArgs),
+    /// Run a command and print its wall and CPU time (used by `bench`)
+    #[command(hide = true)]
+    Measure {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
     },
     /// Regenerate docs/Commands.md from the CLI definition
     Docs {
@@ -193,6 +203,8 @@ fn main() -> ExitCode {
         Task::Run { args } => build_all(true).and_then(|binary| run_ddprof(&binary, &args)),
         Task::Demo { seconds } => demo(seconds),
         Task::Test { args } => test::run(&args),
+        Task::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
+        Task::Measure { command } => bench::measure(&command),
         Task::Docs { check } => docs::run(check).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|error| {

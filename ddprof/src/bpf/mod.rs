@@ -752,7 +752,9 @@ impl BpfEngine {
                 end: mapping.end,
                 ..MappingEntry::default()
             };
-            if let Some(key) = self.table_for(pid, &mapping.file) {
+            if let Some(key) =
+                self.table_for(pid, &mapping.file, Some((mapping.start, mapping.end)))
+            {
                 if let Some(table) = self.tables.get(&key) {
                     if let Some(bias) =
                         bias_for(&table.segments, mapping.start, mapping.file_offset)
@@ -793,7 +795,13 @@ impl BpfEngine {
     }
 
     /// The content key of the table of `file` once it is in the row map.
-    fn table_for(&mut self, pid: u32, file: &Arc<MappedFile>) -> Option<ContentKey> {
+    /// `range` is a mapping of the file in `pid` (to reach deleted files).
+    fn table_for(
+        &mut self,
+        pid: u32,
+        file: &Arc<MappedFile>,
+        range: Option<(u64, u64)>,
+    ) -> Option<ContentKey> {
         match self.files.get(file) {
             Some(FileState::Loaded(key)) if self.tables.contains_key(key) => {
                 return Some(key.clone())
@@ -801,7 +809,7 @@ impl BpfEngine {
             Some(FileState::Missing) => return None,
             _ => {}
         }
-        let state = match self.load_table(pid, file) {
+        let state = match self.load_table(pid, file, range) {
             Some(key) => FileState::Loaded(key),
             None => FileState::Missing,
         };
@@ -813,8 +821,13 @@ impl BpfEngine {
         key
     }
 
-    fn load_table(&mut self, pid: u32, file: &MappedFile) -> Option<ContentKey> {
-        let table = match self.compiler.load(pid, file) {
+    fn load_table(
+        &mut self,
+        pid: u32,
+        file: &MappedFile,
+        range: Option<(u64, u64)>,
+    ) -> Option<ContentKey> {
+        let table = match self.compiler.load(pid, file, range) {
             Ok(table) => table,
             Err(error) => {
                 log::debug!("BPF engine: no unwind table: {error}");
@@ -889,7 +902,7 @@ impl BpfEngine {
             dev: metadata.dev(),
             inode: metadata.ino(),
         });
-        let key = self.table_for(std::process::id(), &file)?;
+        let key = self.table_for(std::process::id(), &file, None)?;
         let table = self.tables.get(&key)?;
         Some(LoadedFileReport {
             rows: table.row_count,
@@ -1041,7 +1054,9 @@ fn size_for_workload(
                     continue;
                 };
                 for mapping in &process.mappings {
-                    if let Ok(table) = compiler.load(pid, &mapping.file) {
+                    if let Ok(table) =
+                        compiler.load(pid, &mapping.file, Some((mapping.start, mapping.end)))
+                    {
                         if seen.insert(table.key.clone()) {
                             needed += table.table.rows.len() as u64;
                         }

@@ -122,7 +122,7 @@ impl TableCache {
         let table = match self.files.get(&mapping.file) {
             Some(FileSlot::Table(table)) => table.clone(),
             Some(FileSlot::Failed) => return None,
-            None => match self.load(pid, &mapping.file) {
+            None => match self.load(pid, &mapping.file, Some((mapping.start, mapping.end))) {
                 Ok(table) => {
                     self.files
                         .insert(mapping.file.clone(), FileSlot::Table(table.clone()));
@@ -147,15 +147,30 @@ impl TableCache {
         Some((table, bias))
     }
 
+    /// Uses `table` for `file` instead of reading the file (tables built
+    /// elsewhere, e.g. from bytes in memory, and tests).
+    pub fn preload(&mut self, file: Arc<MappedFile>, key: ContentKey, table: UnwindTable) {
+        let cached = self.insert(key, table);
+        self.files.insert(file, FileSlot::Table(cached));
+    }
+
     /// Builds (or finds by content) the table of one mapped file.
-    pub fn load(&mut self, pid: u32, mapped: &MappedFile) -> Result<Arc<CachedTable>, LoadError> {
+    /// `range` is one mapping of the file in process `pid`: through
+    /// `/proc/PID/map_files/` it reaches files deleted since they were
+    /// mapped (upgraded packages).
+    pub fn load(
+        &mut self,
+        pid: u32,
+        mapped: &MappedFile,
+        range: Option<(u64, u64)>,
+    ) -> Result<Arc<CachedTable>, LoadError> {
         if mapped.path == "[vdso]" {
             return self.load_vdso();
         }
         if !mapped.path.starts_with('/') {
             return Err(LoadError::NotAFile(mapped.path.clone()));
         }
-        let (file, root) = open_mapped_file(pid, mapped)?;
+        let (file, root) = open_mapped_file(pid, mapped, range)?;
         let metadata = file.metadata().map_err(|source| LoadError::Open {
             path: mapped.path.clone(),
             source,
@@ -261,18 +276,29 @@ impl TableCache {
 }
 
 /// Opens the mapped file: the path in our namespace when it is the same
-/// inode, else through `/proc/PID/root` (containers); when the inode is
+/// inode, else through `/proc/PID/root` (containers), else the mapping
+/// itself in `/proc/PID/map_files` (deleted files); when the inode is
 /// unknown, whichever opens first. Returns the file and the root prefix its
 /// path resolved under (for finding its debug file).
-fn open_mapped_file(pid: u32, mapped: &MappedFile) -> Result<(File, PathBuf), LoadError> {
+fn open_mapped_file(
+    pid: u32,
+    mapped: &MappedFile,
+    range: Option<(u64, u64)>,
+) -> Result<(File, PathBuf), LoadError> {
     let through_root = PathBuf::from(format!("/proc/{pid}/root"));
-    let candidates = [
+    let mut candidates = vec![
         (PathBuf::from(&mapped.path), PathBuf::new()),
         (
             through_root.join(mapped.path.trim_start_matches('/')),
-            through_root,
+            through_root.clone(),
         ),
     ];
+    if let Some((start, end)) = range {
+        candidates.push((
+            PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}")),
+            through_root,
+        ));
+    }
     let mut first_opened = None;
     let mut last_error = None;
     for (path, root) in candidates {

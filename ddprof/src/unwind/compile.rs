@@ -18,6 +18,9 @@ use object::{Object, ObjectSection, ReadRef};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
 
+/// The smallest page size: segment file offsets are mapped from a multiple of it.
+const PAGE_SIZE: u64 = 4096;
+
 /// Why a file got no table.
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
@@ -74,8 +77,10 @@ impl UnwindTable {
     /// file) to get the ELF virtual address: `None` when no executable
     /// segment holds that file offset.
     pub fn bias_for_mapping(&self, mapping_start: u64, mapping_file_offset: u64) -> Option<u64> {
+        // The kernel maps whole pages: a segment whose p_offset is not page
+        // aligned is mapped from the page that holds its first byte.
         let segment = self.segments.iter().find(|s| {
-            mapping_file_offset >= s.file_offset
+            mapping_file_offset >= s.file_offset & !(PAGE_SIZE - 1)
                 && mapping_file_offset < s.file_offset.saturating_add(s.file_size.max(1))
         })?;
         // vaddr = pc - mapping_start + mapping_file_offset - p_offset + p_vaddr
@@ -139,7 +144,17 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     }
     // .debug_frame adds FDEs for code .eh_frame does not cover (overlapping
     // FDEs are dropped in favour of .eh_frame's, which sort first).
-    let debug = debug_file.and_then(|d| ElfFile64::<object::Endianness, R>::parse(d).ok());
+    // A debug file from another build (stale debuglink) would describe
+    // other code: when both carry a build id they must match.
+    let own_build_id = file.build_id().ok().flatten();
+    let debug = debug_file
+        .and_then(|d| ElfFile64::<object::Endianness, R>::parse(d).ok())
+        .filter(
+            |debug| match (own_build_id, debug.build_id().ok().flatten()) {
+                (Some(own), Some(theirs)) => own == theirs,
+                _ => true,
+            },
+        );
     for source in [Some(&file), debug.as_ref()].into_iter().flatten() {
         let Some(section) = source.section_by_name(".debug_frame") else {
             continue;
@@ -242,7 +257,7 @@ pub(crate) fn assemble_rows(mut fdes: Vec<FdeRows>, stats: &mut CompileStats) ->
             continue;
         }
         if let Some(end) = covered_end {
-            if fde.start > end {
+            if fde.start - end >= MIN_GAP_WITHOUT_INFO {
                 push(
                     &mut rows,
                     end as u32,
@@ -272,6 +287,11 @@ pub(crate) fn assemble_rows(mut fdes: Vec<FdeRows>, stats: &mut CompileStats) ->
         .count() as u64;
     rows
 }
+
+/// Smaller gaps between FDEs are alignment padding between functions
+/// (never executed, and never a call site), so the previous row simply
+/// extends over them: about 10 % fewer rows in big C++ libraries.
+const MIN_GAP_WITHOUT_INFO: u64 = 16;
 
 const UNSUPPORTED: UnwindRow = UnwindRow::with_kind(0, RowKind::Unsupported);
 

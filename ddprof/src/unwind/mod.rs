@@ -100,20 +100,20 @@ impl Unwinder {
         frames: &mut Vec<u64>,
     ) -> StackEnd {
         let stack_start = regs.sp;
-        let stack_end = stack_start.saturating_add(stack.len() as u64);
         let read = |addr: u64| -> Option<u64> {
             let offset = usize::try_from(addr.checked_sub(stack_start)?).ok()?;
             let bytes = stack.get(offset..offset.checked_add(8)?)?;
             Some(u64::from_le_bytes(bytes.try_into().ok()?))
         };
+        // A rule reading past the copied bytes means the copy was too short;
+        // one reading below SP means a wrong CFA.
         let fault_end = |addr: u64| {
-            if addr >= stack_start && addr < u64::MAX - 8 {
+            if addr >= stack_start {
                 StackEnd::StackExhausted
             } else {
                 StackEnd::BadAddress
             }
         };
-        let _ = stack_end;
 
         let process = processes.get(pid);
         let mut memo: Option<MappingMemo> = None;
@@ -170,7 +170,15 @@ impl Unwinder {
                 StepResult::Interrupted => exact_pc = true,
                 StepResult::Outermost => return StackEnd::Complete,
                 StepResult::NoInfo | StepResult::Unsupported => return StackEnd::NoUnwindInfo,
-                StepResult::ReadFailed if used_frame_pointer => return StackEnd::NoUnwindInfo,
+                // A frame-pointer chain that leaves the copy upwards is a
+                // plausible chain cut by the copy; anything else means RBP
+                // was not a frame pointer here.
+                StepResult::ReadFailed if used_frame_pointer => {
+                    return match fault.map(fault_end) {
+                        Some(StackEnd::StackExhausted) => StackEnd::StackExhausted,
+                        _ => StackEnd::NoUnwindInfo,
+                    };
+                }
                 StepResult::ReadFailed => {
                     return fault.map_or(StackEnd::BadAddress, fault_end);
                 }

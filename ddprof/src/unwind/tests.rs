@@ -1,1 +1,840 @@
+//! Compiler tests on hand-made CFI (written with `gimli::write`) and
+//! unwinder tests on synthetic stacks.
+use super::cache::ContentKey;
+use super::compile::{assemble_rows, collect_fdes, CompileStats, LoadSegment};
+use super::*;
+use crate::process::MappingRecord;
+use ddprof_common::unwind::DEFAULT_RA_OFFSET_BY_8;
+use gimli::write::{
+    Address, CallFrameInstruction as Cfi, CommonInformationEntry, EndianVec, Expression,
+    FrameDescriptionEntry, FrameTable,
+};
+use gimli::{constants, Encoding, Format, LittleEndian, Register, X86_64};
 
+const R10: Register = Register(10);
+
+fn encoding() -> Encoding {
+    Encoding {
+        format: Format::Dwarf32,
+        version: 1,
+        address_size: 8,
+    }
+}
+
+/// The CIE every x86_64 compiler emits: CFA = RSP + 8, RA at CFA - 8.
+fn standard_cie(signal: bool) -> CommonInformationEntry {
+    let mut cie = CommonInformationEntry::new(encoding(), 1, -8, X86_64::RA);
+    cie.add_instruction(Cfi::Cfa(X86_64::RSP, 8));
+    cie.add_instruction(Cfi::Offset(X86_64::RA, -8));
+    cie.signal_trampoline = signal;
+    cie
+}
+
+/// An FDE for `[start, start + len)` with `(offset, instruction)` pairs.
+struct Fde {
+    start: u64,
+    len: u32,
+    signal: bool,
+    instructions: Vec<(u32, Cfi)>,
+}
+
+fn fde(start: u64, len: u32, instructions: Vec<(u32, Cfi)>) -> Fde {
+    Fde {
+        start,
+        len,
+        signal: false,
+        instructions,
+    }
+}
+
+fn frame_table(fdes: Vec<Fde>) -> FrameTable {
+    let mut table = FrameTable::default();
+    let normal = table.add_cie(standard_cie(false));
+    let signal = table.add_cie(standard_cie(true));
+    for f in fdes {
+        let mut entry = FrameDescriptionEntry::new(Address::Constant(f.start), f.len);
+        for (offset, instruction) in f.instructions {
+            entry.add_instruction(offset, instruction);
+        }
+        table.add_fde(if f.signal { signal } else { normal }, entry);
+    }
+    table
+}
+
+fn compile_eh_frame_bytes(bytes: &[u8]) -> (Vec<UnwindRow>, CompileStats) {
+    let section = gimli::EhFrame::new(bytes, LittleEndian);
+    let bases = gimli::BaseAddresses::default().set_eh_frame(0);
+    let mut fdes = Vec::new();
+    let mut stats = CompileStats::default();
+    collect_fdes(&section, &bases, &mut fdes, &mut stats);
+    (assemble_rows(fdes, &mut stats), stats)
+}
+
+fn compile_eh(fdes: Vec<Fde>) -> (Vec<UnwindRow>, CompileStats) {
+    let mut eh_frame = gimli::write::EhFrame(EndianVec::new(LittleEndian));
+    frame_table(fdes).write_eh_frame(&mut eh_frame).unwrap();
+    compile_eh_frame_bytes(eh_frame.0.slice())
+}
+
+fn rows_of(fdes: Vec<Fde>) -> Vec<UnwindRow> {
+    compile_eh(fdes).0
+}
+
+fn sp(start: u32, cfa_offset: i32, rbp_offset: i16) -> UnwindRow {
+    UnwindRow {
+        start,
+        cfa_offset,
+        rbp_offset,
+        ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
+        kind: RowKind::CfaSp as u8,
+    }
+}
+
+fn fp(start: u32, cfa_offset: i32, rbp_offset: i16) -> UnwindRow {
+    UnwindRow {
+        kind: RowKind::CfaFp as u8,
+        ..sp(start, cfa_offset, rbp_offset)
+    }
+}
+
+fn kind_at(start: u32, kind: RowKind) -> UnwindRow {
+    UnwindRow::with_kind(start, kind)
+}
+
+#[test]
+fn frame_pointer_prologue_and_epilogue() {
+    // push rbp; mov rbp, rsp; ...; leave; ret
+    let rows = rows_of(vec![fde(
+        0x1000,
+        0x30,
+        vec![
+            (1, Cfi::CfaOffset(16)),
+            (1, Cfi::Offset(X86_64::RBP, -16)),
+            (4, Cfi::CfaRegister(X86_64::RBP)),
+            (0x2f, Cfi::Cfa(X86_64::RSP, 8)),
+        ],
+    )]);
+    assert_eq!(
+        rows,
+        vec![
+            sp(0x1000, 8, 0),
+            sp(0x1001, 16, -16),
+            fp(0x1004, 16, -16),
+            sp(0x102f, 8, -16),
+            kind_at(0x1030, RowKind::NoInfo),
+        ]
+    );
+}
+
+#[test]
+fn remember_restore_state_and_same_value() {
+    // sub rsp, 24 / early return path / restore.
+    let rows = rows_of(vec![fde(
+        0x2000,
+        0x40,
+        vec![
+            (1, Cfi::CfaOffset(16)),
+            (1, Cfi::Offset(X86_64::RBP, -16)),
+            (5, Cfi::CfaOffset(48)),
+            (0x10, Cfi::RememberState),
+            (0x10, Cfi::CfaOffset(16)),
+            (0x11, Cfi::CfaOffset(8)),
+            (0x11, Cfi::SameValue(X86_64::RBP)),
+            (0x12, Cfi::RestoreState),
+            (0x20, Cfi::Restore(X86_64::RBP)),
+        ],
+    )]);
+    assert_eq!(
+        rows,
+        vec![
+            sp(0x2000, 8, 0),
+            sp(0x2001, 16, -16),
+            sp(0x2005, 48, -16),
+            sp(0x2010, 16, -16),
+            sp(0x2011, 8, 0),
+            sp(0x2012, 48, -16),
+            // DW_CFA_restore: back to the CIE's rule for RBP (unchanged).
+            sp(0x2020, 48, 0),
+            kind_at(0x2040, RowKind::NoInfo),
+        ]
+    );
+}
+
+#[test]
+fn gaps_get_noinfo_rows_and_adjacent_equal_rules_merge() {
+    let rows = rows_of(vec![
+        fde(0x3000, 0x10, vec![]),
+        // Adjacent, same rule as the end of the previous FDE: merged.
+        fde(0x3010, 0x10, vec![(2, Cfi::CfaOffset(16))]),
+        // After a gap.
+        fde(0x3100, 0x10, vec![]),
+        // After alignment padding (< 16 bytes): the previous row extends.
+        fde(0x311c, 0x10, vec![(1, Cfi::CfaOffset(16))]),
+    ]);
+    assert_eq!(
+        rows,
+        vec![
+            sp(0x3000, 8, 0),
+            sp(0x3012, 16, 0),
+            kind_at(0x3020, RowKind::NoInfo),
+            sp(0x3100, 8, 0),
+            sp(0x311d, 16, 0),
+            kind_at(0x312c, RowKind::NoInfo),
+        ]
+    );
+}
+
+#[test]
+fn undefined_return_address_is_the_outermost_frame() {
+    // _start: xor ebp, ebp; mov r9, rdx; ... (glibc marks RIP undefined).
+    let rows = rows_of(vec![fde(
+        0x4000,
+        0x20,
+        vec![(0, Cfi::Undefined(X86_64::RA))],
+    )]);
+    assert_eq!(
+        rows,
+        vec![
+            kind_at(0x4000, RowKind::Stop),
+            kind_at(0x4020, RowKind::NoInfo)
+        ]
+    );
+}
+
+fn plt_expression(threshold: u8) -> Expression {
+    let mut e = Expression::new();
+    e.op_breg(X86_64::RSP, 8);
+    e.op_breg(X86_64::RA, 0);
+    e.op(constants::DW_OP_lit15);
+    e.op(constants::DW_OP_and);
+    e.op(constants::DwOp(constants::DW_OP_lit0.0 + threshold));
+    e.op(constants::DW_OP_ge);
+    e.op(constants::DW_OP_lit3);
+    e.op(constants::DW_OP_shl);
+    e.op(constants::DW_OP_plus);
+    e
+}
+
+#[test]
+fn plt_expression_becomes_plt_row() {
+    // .plt: the first entry pushes GOT[1] (CFA = RSP + 16), then the
+    // entries use the expression.
+    let rows = rows_of(vec![fde(
+        0x5000,
+        0x40,
+        vec![
+            (0, Cfi::CfaOffset(16)),
+            (6, Cfi::CfaOffset(24)),
+            (0x10, Cfi::CfaExpression(plt_expression(11))),
+        ],
+    )]);
+    assert_eq!(
+        rows,
+        vec![
+            sp(0x5000, 16, 0),
+            sp(0x5006, 24, 0),
+            UnwindRow {
+                start: 0x5010,
+                cfa_offset: 8,
+                rbp_offset: 11,
+                ra_offset_by_8: -1,
+                kind: RowKind::Plt as u8,
+            },
+            kind_at(0x5040, RowKind::NoInfo),
+        ]
+    );
+}
+
+fn breg(register: Register, offset: i64) -> Expression {
+    let mut e = Expression::new();
+    e.op_breg(register, offset);
+    e
+}
+
+fn breg_deref(register: Register, offset: i64) -> Expression {
+    let mut e = breg(register, offset);
+    e.op_deref();
+    e
+}
+
+#[test]
+fn signal_trampoline_reads_ucontext() {
+    // glibc's __restore_rt (sysdeps/unix/sysv/linux/x86_64/libc_sigaction.c).
+    let mut trampoline = fde(
+        0x6000,
+        0x10,
+        vec![
+            (0, Cfi::CfaExpression(breg_deref(X86_64::RSP, 160))),
+            (0, Cfi::Expression(X86_64::RBP, breg(X86_64::RSP, 120))),
+            (0, Cfi::Expression(X86_64::RSP, breg(X86_64::RSP, 160))),
+            (0, Cfi::Expression(X86_64::RA, breg(X86_64::RSP, 168))),
+        ],
+    );
+    trampoline.signal = true;
+    assert_eq!(
+        rows_of(vec![trampoline]),
+        vec![
+            UnwindRow {
+                start: 0x6000,
+                cfa_offset: 160,
+                rbp_offset: 120,
+                ra_offset_by_8: 21,
+                kind: RowKind::Signal as u8,
+            },
+            kind_at(0x6010, RowKind::NoInfo),
+        ]
+    );
+}
+
+#[test]
+fn drap_realignment_reads_cfa_from_frame() {
+    // GCC's dynamic realignment: lea r10,[rsp+8]; and rsp,-32; push [r10-8];
+    // push rbp; mov rbp,rsp; push r10 ...
+    let rows = rows_of(vec![fde(
+        0x7000,
+        0x40,
+        vec![
+            (4, Cfi::Cfa(R10, 0)),
+            (0x10, Cfi::CfaExpression(breg_deref(X86_64::RBP, -8))),
+            (0x10, Cfi::Expression(X86_64::RBP, breg(X86_64::RBP, 0))),
+            (0x30, Cfi::Cfa(X86_64::RSP, 8)),
+        ],
+    )]);
+    assert_eq!(
+        rows,
+        vec![
+            sp(0x7000, 8, 0),
+            // CFA in r10: not expressible.
+            kind_at(0x7004, RowKind::Unsupported),
+            UnwindRow {
+                start: 0x7010,
+                cfa_offset: -8,
+                rbp_offset: 0,
+                ra_offset_by_8: -1,
+                kind: RowKind::CfaFpDeref as u8,
+            },
+            // RBP's rule is still an expression, relative to RBP: with an
+            // RSP-based CFA that cannot be expressed.
+            kind_at(0x7030, RowKind::Unsupported),
+            kind_at(0x7040, RowKind::NoInfo),
+        ]
+    );
+}
+
+#[test]
+fn inexpressible_rules_become_unsupported_rows() {
+    let mut other_expression = Expression::new();
+    other_expression.op_breg(X86_64::RSP, 8);
+    other_expression.op_breg(X86_64::RSP, 0);
+    other_expression.op(constants::DW_OP_plus);
+    let mut huge_expression = Expression::new();
+    for _ in 0..20 {
+        huge_expression.op(constants::DW_OP_nop);
+    }
+    let cases: Vec<(&str, Vec<(u32, Cfi)>)> = vec![
+        ("CFA in another register", vec![(0, Cfi::Cfa(R10, 8))]),
+        (
+            "unknown CFA expression",
+            vec![(0, Cfi::CfaExpression(other_expression))],
+        ),
+        (
+            "overlong CFA expression",
+            vec![(0, Cfi::CfaExpression(huge_expression))],
+        ),
+        (
+            "return address in a register",
+            vec![(0, Cfi::Register(X86_64::RA, Register(1)))],
+        ),
+        (
+            "return address as a value",
+            vec![(0, Cfi::ValOffset(X86_64::RA, -8))],
+        ),
+        (
+            "return address too far",
+            vec![(0, Cfi::Offset(X86_64::RA, -8 * 1000))],
+        ),
+        (
+            "RBP as a value",
+            vec![(0, Cfi::ValOffset(X86_64::RBP, -16))],
+        ),
+        (
+            "RBP in another register",
+            vec![(0, Cfi::Register(X86_64::RBP, Register(9)))],
+        ),
+        (
+            "RBP saved too far",
+            vec![(0, Cfi::Offset(X86_64::RBP, -8 * 10_000))],
+        ),
+        (
+            "signal-like CFA without register expressions",
+            vec![(0, Cfi::CfaExpression(breg_deref(X86_64::RSP, 160)))],
+        ),
+    ];
+    for (what, instructions) in cases {
+        let rows = rows_of(vec![fde(0x8000, 0x10, instructions)]);
+        assert_eq!(
+            rows,
+            vec![
+                kind_at(0x8000, RowKind::Unsupported),
+                kind_at(0x8010, RowKind::NoInfo)
+            ],
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn overlapping_and_out_of_range_fdes_are_dropped() {
+    let (rows, stats) = compile_eh(vec![
+        fde(0x9000, 0x20, vec![]),
+        // Overlaps the first: dropped.
+        fde(0x9010, 0x20, vec![(0, Cfi::CfaOffset(64))]),
+        // Above 4 GiB: dropped.
+        fde(0x1_0000_0000, 0x10, vec![]),
+        // Empty: dropped.
+        fde(0x9100, 0, vec![]),
+    ]);
+    assert_eq!(
+        rows,
+        vec![sp(0x9000, 8, 0), kind_at(0x9020, RowKind::NoInfo)]
+    );
+    assert_eq!(stats.fdes, 1);
+    assert_eq!(stats.skipped_fdes, 3);
+}
+
+#[test]
+fn debug_frame_sections_compile_too() {
+    let table = frame_table(vec![fde(0xa000, 0x10, vec![(1, Cfi::CfaOffset(16))])]);
+    let mut debug_frame = gimli::write::DebugFrame(EndianVec::new(LittleEndian));
+    table.write_debug_frame(&mut debug_frame).unwrap();
+    let mut section = gimli::DebugFrame::new(debug_frame.0.slice(), LittleEndian);
+    section.set_address_size(8);
+    let mut fdes = Vec::new();
+    let mut stats = CompileStats::default();
+    collect_fdes(
+        &section,
+        &gimli::BaseAddresses::default(),
+        &mut fdes,
+        &mut stats,
+    );
+    assert_eq!(
+        assemble_rows(fdes, &mut stats),
+        vec![
+            sp(0xa000, 8, 0),
+            sp(0xa001, 16, 0),
+            kind_at(0xa010, RowKind::NoInfo)
+        ]
+    );
+}
+
+#[test]
+fn garbage_sections_do_not_panic() {
+    // Truncations and corruptions of a valid section, and plain noise.
+    let mut eh_frame = gimli::write::EhFrame(EndianVec::new(LittleEndian));
+    frame_table(vec![
+        fde(0x1000, 0x30, vec![(1, Cfi::CfaOffset(16))]),
+        fde(0x2000, 0x30, vec![(1, Cfi::RestoreState)]),
+    ])
+    .write_eh_frame(&mut eh_frame)
+    .unwrap();
+    let valid = eh_frame.0.slice().to_vec();
+    for cut in 0..valid.len() {
+        let _ = compile_eh_frame_bytes(&valid[..cut]);
+    }
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for round in 0..200 {
+        let mut bytes = valid.clone();
+        for _ in 0..1 + round % 4 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let index = (state as usize) % bytes.len();
+            bytes[index] = (state >> 32) as u8;
+        }
+        let (rows, _) = compile_eh_frame_bytes(&bytes);
+        assert!(rows.windows(2).all(|w| w[0].start < w[1].start));
+    }
+    // A restore_state without remember_state fails cleanly: one row.
+    let (rows, stats) = compile_eh_frame_bytes(&valid);
+    assert_eq!(stats.failed_fdes, 1);
+    assert!(rows.contains(&kind_at(0x2000, RowKind::Unsupported)));
+}
+
+#[test]
+fn compiles_own_executable_and_maps_pcs() {
+    let exe = std::fs::read("/proc/self/exe").unwrap();
+    let table = compile_elf(exe.as_slice(), None).unwrap();
+    assert!(table.stats.fdes > 100, "{:?}", table.stats);
+    assert!(table.rows.windows(2).all(|w| w[0].start < w[1].start));
+    let mut processes = ProcessTable::new();
+    let pid = std::process::id();
+    processes.load_from_proc(pid).unwrap();
+    let here = compiles_own_executable_and_maps_pcs as *const () as u64;
+    let mapping = processes.find_mapping(pid, here).unwrap();
+    let bias = table
+        .bias_for_mapping(mapping.start, mapping.file_offset)
+        .unwrap();
+    // A Rust function's entry: CFA = RSP + 8.
+    assert_eq!(
+        table.row_for(here - bias),
+        Some(&sp(table.row_for(here - bias).unwrap().start, 8, 0))
+    );
+}
+
+// ---------------------------------------------------------------------
+// Unwinder on synthetic stacks.
+
+const PID: u32 = 4242;
+const MAP_START: u64 = 0x10000;
+const STACK: u64 = 0x7ff0_0000;
+
+/// A process with one mapping of a fake file whose table has:
+/// f1 [0x1000, 0x1100): CFA = SP + 16, RBP unchanged
+/// f2 [0x1100, 0x1200): CFA = SP + 32, RBP at CFA - 16
+/// main [0x1200, 0x1300): CFA = RBP + 16, RBP at CFA - 16
+/// _start [0x1300, 0x1310): outermost
+/// trampoline [0x1400, 0x1410): signal frame
+/// no CFI [0x1500, 0x1600)
+fn synthetic() -> (ProcessTable, Unwinder) {
+    let mut processes = ProcessTable::new();
+    processes.add_mapping(&MappingRecord {
+        pid: PID,
+        start: MAP_START,
+        len: 0x10000,
+        file_offset: 0,
+        dev: 1,
+        inode: 99,
+        prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+        path: "/synthetic/prog".into(),
+    });
+    let table = UnwindTable {
+        rows: vec![
+            sp(0x1000, 16, 0),
+            sp(0x1100, 32, -16),
+            fp(0x1200, 16, -16),
+            kind_at(0x1300, RowKind::Stop),
+            kind_at(0x1310, RowKind::NoInfo),
+            UnwindRow {
+                start: 0x1400,
+                cfa_offset: 160,
+                rbp_offset: 120,
+                ra_offset_by_8: 21,
+                kind: RowKind::Signal as u8,
+            },
+            kind_at(0x1410, RowKind::NoInfo),
+        ],
+        segments: vec![LoadSegment {
+            file_offset: 0,
+            vaddr: 0,
+            file_size: 0x10000,
+        }],
+        stats: CompileStats::default(),
+    };
+    let mut unwinder = Unwinder::new();
+    let file = processes.find_mapping(PID, MAP_START).unwrap().file.clone();
+    unwinder
+        .tables()
+        .preload(file, ContentKey::BuildId(b"synthetic".to_vec()), table);
+    (processes, unwinder)
+}
+
+/// Stack bytes from `STACK`, with `words` stored at the given addresses.
+fn stack_with(len: usize, words: &[(u64, u64)]) -> Vec<u8> {
+    let mut stack = vec![0u8; len];
+    for &(addr, value) in words {
+        let offset = (addr - STACK) as usize;
+        stack[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+    }
+    stack
+}
+
+/// f1 -> f2 -> main -> _start. f1 returns to 0x1200, the first byte after
+/// f2: only a `pc - 1` lookup finds f2's rule.
+fn four_frame_stack() -> (UserRegs, Vec<u8>) {
+    let main_rbp = STACK + 0x80;
+    let words = [
+        (STACK + 8, MAP_START + 0x1200),       // f1's return address
+        (STACK + 16 + 16, main_rbp),           // f2 saved main's RBP
+        (STACK + 16 + 24, MAP_START + 0x1250), // f2's return address
+        (main_rbp, 0),                         // main saved _start's RBP
+        (main_rbp + 8, MAP_START + 0x1305),    // main's return address
+    ];
+    let regs = UserRegs {
+        ip: MAP_START + 0x1050,
+        sp: STACK,
+        bp: 0x1234,
+    };
+    (regs, stack_with(0x100, &words))
+}
+
+#[test]
+fn walks_synthetic_stack_to_the_root() {
+    let (processes, mut unwinder) = synthetic();
+    let (regs, stack) = four_frame_stack();
+    let mut frames = Vec::new();
+    let end = unwinder.unwind(&processes, PID, &regs, &stack, 64, &mut frames);
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(
+        frames,
+        vec![
+            MAP_START + 0x1050,
+            MAP_START + 0x1200,
+            MAP_START + 0x1250,
+            MAP_START + 0x1305
+        ]
+    );
+    assert_eq!(unwinder.stats().table_steps, 4);
+}
+
+#[test]
+fn reports_why_a_walk_stopped() {
+    let (processes, mut unwinder) = synthetic();
+    let (regs, stack) = four_frame_stack();
+    let mut frames = Vec::new();
+    // Depth limit.
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &stack, 2, &mut frames),
+        StackEnd::DepthLimit
+    );
+    assert_eq!(frames.len(), 2);
+    // The copy ends before main's frame.
+    frames.clear();
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &stack[..0x40], 64, &mut frames),
+        StackEnd::StackExhausted
+    );
+    assert_eq!(frames.len(), 3);
+    // A return address in no mapping.
+    frames.clear();
+    let bad = stack_with(0x100, &[(STACK + 8, 0xdead_0000)]);
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &bad, 64, &mut frames),
+        StackEnd::BadAddress
+    );
+    assert_eq!(frames, vec![MAP_START + 0x1050, 0xdead_0000]);
+    // A zero return address ends the stack.
+    frames.clear();
+    let zero = stack_with(0x100, &[]);
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &zero, 64, &mut frames),
+        StackEnd::Complete
+    );
+    assert_eq!(frames, vec![MAP_START + 0x1050]);
+    // Nothing at all to read.
+    frames.clear();
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &[], 64, &mut frames),
+        StackEnd::StackExhausted
+    );
+    // max_frames 0 pushes nothing.
+    frames.clear();
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &stack, 0, &mut frames),
+        StackEnd::DepthLimit
+    );
+    assert!(frames.is_empty());
+}
+
+#[test]
+fn signal_frames_resume_at_the_exact_interrupted_pc() {
+    let (processes, mut unwinder) = synthetic();
+    // In the trampoline; the ucontext says the signal hit f2 at its very
+    // first byte (0x1100): looked up as is, not as 0x10ff (f1).
+    let interrupted_sp = STACK + 0x200;
+    let stack = stack_with(
+        0x300,
+        &[
+            (STACK + 160, interrupted_sp),
+            (STACK + 168, MAP_START + 0x1100),
+            (STACK + 120, 0),
+            (interrupted_sp + 24, MAP_START + 0x1305), // f2's RA: _start
+        ],
+    );
+    let regs = UserRegs {
+        ip: MAP_START + 0x1402,
+        sp: STACK,
+        bp: 7,
+    };
+    let mut frames = Vec::new();
+    let end = unwinder.unwind(&processes, PID, &regs, &stack, 64, &mut frames);
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(
+        frames,
+        vec![MAP_START + 0x1402, MAP_START + 0x1100, MAP_START + 0x1305]
+    );
+    // A signal frame that moves SP down makes no progress.
+    frames.clear();
+    let backwards = stack_with(
+        0x300,
+        &[
+            (STACK + 160, STACK - 0x100),
+            (STACK + 168, MAP_START + 0x1100),
+        ],
+    );
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &backwards, 64, &mut frames),
+        StackEnd::NoProgress
+    );
+}
+
+#[test]
+fn frame_pointers_where_there_is_no_row() {
+    let (processes, mut unwinder) = synthetic();
+    // In the CFI-less range; RBP chain: frame at STACK+0x20 returns into
+    // main, whose frame at STACK+0x80 returns to _start.
+    let stack = stack_with(
+        0x100,
+        &[
+            (STACK + 0x20, STACK + 0x80),
+            (STACK + 0x28, MAP_START + 0x1250),
+            (STACK + 0x80, 0),
+            (STACK + 0x88, MAP_START + 0x1305),
+        ],
+    );
+    let regs = UserRegs {
+        ip: MAP_START + 0x1550,
+        sp: STACK,
+        bp: STACK + 0x20,
+    };
+    let mut frames = Vec::new();
+    let end = unwinder.unwind(&processes, PID, &regs, &stack, 64, &mut frames);
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(
+        frames,
+        vec![MAP_START + 0x1550, MAP_START + 0x1250, MAP_START + 0x1305]
+    );
+    assert_eq!(unwinder.stats().frame_pointer_steps, 1);
+    // A garbage RBP in a CFI-less range: no unwind info.
+    frames.clear();
+    let garbage = UserRegs { bp: 0x10, ..regs };
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &garbage, &stack, 64, &mut frames),
+        StackEnd::NoUnwindInfo
+    );
+    // A chain that goes on past the copied bytes: the copy was too short.
+    frames.clear();
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &stack[..0x24], 64, &mut frames),
+        StackEnd::StackExhausted
+    );
+    assert_eq!(frames, vec![MAP_START + 0x1550]);
+}
+
+#[test]
+fn cache_shares_tables_and_evicts_within_budget() {
+    let exe = std::fs::read("/proc/self/exe").unwrap();
+    let table = compile_elf(exe.as_slice(), None).unwrap();
+    let size = table.size_bytes();
+    // Room for one table only.
+    let mut cache = TableCache::with_limit(size + size / 2);
+    let mut processes = ProcessTable::new();
+    let pid = std::process::id();
+    processes.load_from_proc(pid).unwrap();
+    let here = cache_shares_tables_and_evicts_within_budget as *const () as u64;
+    let mapping = processes.find_mapping(pid, here).unwrap().clone();
+    let (first, _) = cache.table_for_mapping(pid, &mapping).unwrap();
+    let (again, _) = cache.table_for_mapping(pid, &mapping).unwrap();
+    assert!(Arc::ptr_eq(&first, &again));
+    assert_eq!(cache.stats().tables_built, 1);
+    // The same file under another name (a hard link would do; a second
+    // MappedFile with the same path and another inode is enough) shares
+    // the table through its build id.
+    let mut twin = mapping.clone();
+    twin.file = Arc::new(crate::process::MappedFile {
+        path: mapping.file.path.clone(),
+        dev: mapping.file.dev,
+        inode: 0,
+    });
+    let (shared, _) = cache.table_for_mapping(pid, &twin).unwrap();
+    assert!(Arc::ptr_eq(&first, &shared));
+    assert_eq!(cache.stats().tables_shared, 1);
+    // A second, different table does not fit: the first is evicted.
+    cache.preload(
+        Arc::new(crate::process::MappedFile {
+            path: "/other".into(),
+            dev: 0,
+            inode: 1,
+        }),
+        ContentKey::BuildId(b"other".to_vec()),
+        table,
+    );
+    assert_eq!(cache.stats().tables_evicted, 1);
+    assert!(cache.cached_bytes() <= size + size / 2);
+}
+
+#[test]
+fn vdso_table_comes_from_our_own_vdso() {
+    let mut cache = TableCache::default();
+    let vdso = crate::process::MappedFile {
+        path: "[vdso]".into(),
+        dev: 0,
+        inode: 0,
+    };
+    let table = cache.load(1, &vdso, None).expect("the vDSO has .eh_frame");
+    assert!(table.table.stats.fdes > 0, "{:?}", table.table.stats);
+    // The vDSO is linked at 0 and mapped from file offset 0.
+    assert_eq!(
+        table.table.bias_for_mapping(0x7fff_0000_0000, 0),
+        Some(0x7fff_0000_0000)
+    );
+    // A second process's vDSO shares it.
+    let again = cache.load(2, &vdso, None).unwrap();
+    assert!(Arc::ptr_eq(&table, &again));
+    // Special mappings without a file get no table, cleanly.
+    let heap = crate::process::MappedFile {
+        path: "[heap]".into(),
+        dev: 0,
+        inode: 0,
+    };
+    assert!(matches!(
+        cache.load(1, &heap, None),
+        Err(cache::LoadError::NotAFile(_))
+    ));
+}
+
+#[test]
+fn deleted_files_are_read_through_map_files() {
+    // Run a copy of `sleep`, then delete it (as a package upgrade does):
+    // only /proc/PID/map_files still reaches the mapped file.
+    let copy = std::env::temp_dir().join(format!("ddprof-deleted-sleep-{}", std::process::id()));
+    std::fs::copy("/bin/sleep", &copy).unwrap();
+    let mut child = std::process::Command::new(&copy).arg("30").spawn().unwrap();
+    let pid = child.id();
+    // Wait until the copy, not the loader, is mapped (exec is done).
+    let mut processes = ProcessTable::new();
+    let copy_path = copy.to_str().unwrap().to_string();
+    for _ in 0..1000 {
+        processes.load_from_proc(pid).unwrap();
+        let mapped = processes
+            .get(pid)
+            .unwrap()
+            .mappings
+            .iter()
+            .any(|m| m.file.path == copy_path);
+        if mapped {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::fs::remove_file(&copy).unwrap();
+    processes.load_from_proc(pid).unwrap();
+    let mapping = processes
+        .get(pid)
+        .unwrap()
+        .mappings
+        .iter()
+        .find(|m| m.file.path.starts_with(&copy_path))
+        .cloned()
+        .expect("the deleted copy is still mapped");
+    assert!(
+        mapping.file.path.ends_with("(deleted)"),
+        "{}",
+        mapping.file.path
+    );
+    let mut cache = TableCache::default();
+    let found = cache.table_for_mapping(pid, &mapping);
+    let _ = child.kill();
+    let _ = child.wait();
+    let (table, _bias) = found.expect("read through map_files");
+    assert!(table.table.stats.fdes > 10, "{:?}", table.table.stats);
+}

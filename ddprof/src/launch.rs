@@ -1,1 +1,0 @@
-//! The wrapper launcher, the perf-fd hand-off and the detached profiler daemon.

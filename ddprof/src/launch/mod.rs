@@ -1,0 +1,419 @@
+//! The wrapper launcher, the perf-fd hand-off and the detached profiler
+//! daemon; `-p PID` and `--global` in the foreground.
+//!
+//! `ddprof [OPTIONS] -- COMMAND`, in order ([`run_command`]):
+//! 1. the launcher forks the profiler daemon (a double-forked, `setsid`
+//!    grandchild, see [`daemon`]) with one end of a `SOCK_SEQPACKET` pair;
+//! 2. it opens the events on itself (`Scope::SelfOnExec`: disabled until the
+//!    exec, inherited by the command's children), one per CPU per `-e` spec;
+//! 3. it sends every descriptor to the daemon (`SCM_RIGHTS`, [`handoff`]) and
+//!    waits, at most [`HANDOFF_TIMEOUT`], for the daemon to say it holds them;
+//! 4. it applies `--drop-capabilities` / `--switch-user` and execs the command
+//!    (PATH lookup like `execvp`), which keeps the launcher's PID, so the
+//!    caller sees the command's own exit status.
+//!
+//! Any failure in 1–3 prints one warning naming the cause and the command runs
+//! unprofiled. Only the command's own failures end ddprof: not found (127),
+//! not executable (126), or an unusable `--switch-user` / failed
+//! `--drop-capabilities` (1: running it otherwise would give it more rights
+//! than asked for).
+//!
+//! The daemon cannot take the command down: it is not its parent or in its
+//! process group, it drops `CAP_KILL` and every capability it does not use
+//! ([`capabilities`]), a seccomp filter stops it from signalling or tracing
+//! any other process ([`sandbox`]), it runs at `--nice` on one CPU, and the
+//! launcher never waits for it longer than [`HANDOFF_TIMEOUT`].
+//!
+//! What the profiler loop (`profiler::run`) gets from here, in every mode:
+//! - the events, already open, one per CPU per `-e` spec (per thread for `-p`);
+//! - the end of its target: [`target_watch`]`(pid)` gives a [`TargetWatch`]
+//!   whose [`TargetWatch::poll_fd`] becomes readable when the process exits
+//!   (poll it with the ring buffers); `--global` has no target;
+//! - stop requests: SIGINT/SIGTERM handlers are installed before `run` is
+//!   called; the loop checks [`stop::requested`] (and may poll the wake-up
+//!   descriptor of [`stop::StopSignals`]) and then flushes and returns;
+//! - capabilities: it must call [`capabilities::drop_after_setup`] once its
+//!   engine is set up (BPF program loaded and attached, buffers mapped);
+//! - at exit it logs one notice line containing `summary:` and `samples=N`
+//!   (the integration tests read it).
+pub mod capabilities;
+pub mod daemon;
+pub mod handoff;
+pub mod sandbox;
+pub mod signals;
+pub mod stop;
+pub mod target;
+pub mod user;
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::config::{parse_events, Cli, EventSpec};
+use crate::events::{self, EventFd, EventOptions, OpenError, Scope};
+use crate::logging::print_error;
+use crate::profiler::{self, ProfilerError, Target};
+
+pub use target::{wait_for_exit, TargetWatch};
+
+/// How long the launcher waits for the daemon to take the events before
+/// running the command unprofiled.
+pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Exit status when the command cannot be found (as in a shell).
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// Exit status when the command exists but cannot be run (as in a shell).
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(transparent)]
+    User(#[from] user::UserError),
+    #[error("--drop-capabilities: {0}")]
+    DropCapabilities(capabilities::CapabilityError),
+    #[error("cannot profile process {pid}: {source}")]
+    Attach { pid: i32, source: OpenError },
+    #[error("no process with PID {0} (check the PID; has it exited?)")]
+    NoSuchProcess(i32),
+    #[error("cannot profile process {pid}: {source}")]
+    Threads { pid: i32, source: std::io::Error },
+    #[error("cannot profile the whole machine: {0}")]
+    Global(OpenError),
+    #[error(transparent)]
+    Profiler(#[from] ProfilerError),
+}
+
+/// Why the command runs unprofiled (the one warning the launcher prints).
+#[derive(Debug, thiserror::Error)]
+enum NotProfiled {
+    #[error(transparent)]
+    Events(#[from] OpenError),
+    #[error(transparent)]
+    Spawn(#[from] daemon::SpawnError),
+    #[error(transparent)]
+    Handoff(#[from] handoff::HandoffError),
+}
+
+/// The event options every mode uses: user-space samples only (the perf
+/// engine unwinds user stacks; kernel frames would need more privileges).
+pub fn event_options(cli: &Cli) -> EventOptions {
+    EventOptions {
+        stack_sample_size: cli.stack_sample_size,
+        include_kernel: false,
+    }
+}
+
+fn specs(cli: &Cli) -> Vec<EventSpec> {
+    // clap already validated `-e`; an empty list cannot happen.
+    parse_events(&cli.events).unwrap_or_default()
+}
+
+/// Runs `cli.command` (profiled unless `--enable false`). Returns only when
+/// the command could not be started, with ddprof's exit status.
+pub fn run_command(cli: &Cli) -> u8 {
+    let Some(program) = cli.command.first() else {
+        print_error(format_args!("no command given"));
+        return 2;
+    };
+    let argv: Result<Vec<CString>, _> = cli
+        .command
+        .iter()
+        .map(|arg| CString::new(arg.as_bytes()))
+        .collect();
+    let Ok(argv) = argv else {
+        print_error(format_args!(
+            "cannot run `{program}`: an argument contains a NUL byte"
+        ));
+        return EXIT_NOT_EXECUTABLE;
+    };
+    // A warning written to a closed stderr must not kill the launcher (the
+    // command would never run); the caller's disposition is back for the exec.
+    let caller_sigpipe = signals::SavedDisposition::replace(libc::SIGPIPE, libc::SIG_IGN).ok();
+    let switch_user = match cli.switch_user.as_deref().map(user::resolve).transpose() {
+        Ok(user) => user,
+        Err(error) => {
+            print_error(format_args!("{error}"));
+            return 1;
+        }
+    };
+    if cli.enabled {
+        if let Err(cause) = profile_self(cli) {
+            log::warn!("running the command without profiling: {cause}");
+        }
+    }
+    if cli.drop_capabilities {
+        if let Err(error) = capabilities::drop_from_command() {
+            print_error(format_args!("{}", LaunchError::DropCapabilities(error)));
+            return 1;
+        }
+    }
+    if let Some(user) = &switch_user {
+        if let Err(error) = user::switch_to(user) {
+            print_error(format_args!("{error}"));
+            return 1;
+        }
+    }
+    // main.rs does not let the Rust runtime ignore SIGPIPE, so this is the
+    // caller's own disposition.
+    if let Some(saved) = caller_sigpipe {
+        saved.restore();
+    }
+    let error = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
+    match error {
+        nix::errno::Errno::ENOENT if !program.contains('/') => {
+            print_error(format_args!("{program}: command not found"));
+            EXIT_NOT_FOUND
+        }
+        nix::errno::Errno::ENOENT => {
+            print_error(format_args!("{program}: {}", error.desc()));
+            EXIT_NOT_FOUND
+        }
+        other => {
+            print_error(format_args!("{program}: cannot run it: {}", other.desc()));
+            EXIT_NOT_EXECUTABLE
+        }
+    }
+}
+
+/// Steps 1–3 of the launch: on success the daemon holds every event.
+fn profile_self(cli: &Cli) -> Result<(), NotProfiled> {
+    let specs = specs(cli);
+    let (launcher_socket, daemon_socket) = handoff::channel()?;
+    let target_pid = std::process::id() as i32;
+    // Opened before the fork so that the daemon's watch refers to this very
+    // process even if the PID were reused; close-on-exec, so the command
+    // never sees it.
+    let target_pidfd = target::pidfd_open(target_pid).ok().flatten();
+    daemon::spawn(daemon::DaemonSetup {
+        cli,
+        specs: &specs,
+        target_pid,
+        target_pidfd,
+        socket: daemon_socket,
+        launcher_socket: launcher_socket.as_raw_fd(),
+    })?;
+    // Dropping `launcher_socket` on failure tells the daemon to exit.
+    let events = events::open_all(&specs, Scope::SelfOnExec, &event_options(cli))?;
+    handoff::send_events(&launcher_socket, &events, &specs, HANDOFF_TIMEOUT)?;
+    handoff::wait_for_ack(&launcher_socket, HANDOFF_TIMEOUT)?;
+    // The launcher's copies close at the exec anyway; the daemon's keep the
+    // events alive.
+    drop(events);
+    Ok(())
+}
+
+/// `-p PID` or `--global`: opens the events and runs the profiler in the
+/// foreground until the process exits or SIGINT/SIGTERM.
+pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
+    // Log lines written to a closed pipe must not kill the profiler.
+    let _ = signals::SavedDisposition::replace(libc::SIGPIPE, libc::SIG_IGN);
+    let specs = specs(cli);
+    raise_descriptor_limit();
+    let events = match target {
+        Target::Pid(pid) => open_process_events(&specs, pid as i32, &event_options(cli))?,
+        Target::Global => events::open_all(&specs, Scope::Global, &event_options(cli))
+            .map_err(LaunchError::Global)?,
+        // A launched command is attached to by the launcher, not here; should
+        // a caller ask, it is a running process like any other.
+        Target::Launched { pid } => open_process_events(&specs, pid as i32, &event_options(cli))?,
+    };
+    // Stop requests must not kill the process before the last period is
+    // flushed: the loop checks `stop::requested()`.
+    let stop_signals = stop::install().map_err(|error| {
+        ProfilerError::Setup(format!(
+            "cannot install the SIGINT/SIGTERM handlers: {error}"
+        ))
+    })?;
+    settle_profiler(cli);
+    log::info!(
+        "profiler started: pid={} target={:?} events={} {}",
+        std::process::id(),
+        target,
+        events.len(),
+        describe_capabilities()
+    );
+    let result = profiler::run(cli, target, events);
+    drop(stop_signals);
+    Ok(result?)
+}
+
+/// Opens the events for every thread of `pid` (with `inherit`, each event
+/// follows its thread and the threads and processes it creates later). A
+/// thread created while the events are being opened is caught by listing
+/// the threads again until no new one appears.
+fn open_process_events(
+    specs: &[EventSpec],
+    pid: i32,
+    options: &EventOptions,
+) -> Result<Vec<EventFd>, LaunchError> {
+    let mut done: Vec<i32> = Vec::new();
+    let mut events = Vec::new();
+    loop {
+        let threads = target::threads(pid).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => LaunchError::NoSuchProcess(pid),
+            _ => LaunchError::Threads { pid, source },
+        })?;
+        let new: Vec<i32> = threads
+            .into_iter()
+            .filter(|tid| !done.contains(tid))
+            .collect();
+        if new.is_empty() {
+            return Ok(events);
+        }
+        for tid in new {
+            match events::open_all(specs, Scope::Process(tid), options) {
+                Ok(opened) => events.extend(opened),
+                // A thread that ended in the meantime needs no events.
+                Err(OpenError::NoSuchProcess { .. }) if tid != pid => {}
+                Err(OpenError::NoSuchProcess { .. }) => {
+                    return Err(LaunchError::NoSuchProcess(pid))
+                }
+                Err(source) => return Err(LaunchError::Attach { pid, source }),
+            }
+            done.push(tid);
+        }
+    }
+}
+
+/// Descriptors: one per CPU per event per thread add up; the profiler may
+/// use up to the hard limit (the launcher never raises it for the command).
+fn raise_descriptor_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}
+
+/// The profiler's own settings once its events are in place: `--nice`, one
+/// CPU, only the capabilities it uses, and no way to signal or trace other
+/// processes ([`sandbox`]).
+fn settle_profiler(cli: &Cli) {
+    if let Some(nice) = cli.nice {
+        // SAFETY: setpriority on this process only.
+        if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
+            log::warn!(
+                "profiler: cannot set niceness {nice} ({}); a negative one needs CAP_SYS_NICE",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    pin_to_one_cpu();
+    if let Err(error) = capabilities::drop_for_profiler() {
+        log::warn!("profiler: {error}");
+    }
+    if let Err(error) = sandbox::forbid_touching_other_processes() {
+        log::warn!("profiler: cannot install its seccomp filter: {error}");
+    }
+}
+
+/// Pins the profiler to the last CPU it may run on: it competes with the
+/// profiled work on one CPU only.
+fn pin_to_one_cpu() {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    let this = nix::unistd::Pid::from_raw(0);
+    let Ok(allowed) = sched_getaffinity(this) else {
+        return;
+    };
+    let Some(cpu) = (0..CpuSet::count())
+        .rev()
+        .find(|&cpu| allowed.is_set(cpu).unwrap_or(false))
+    else {
+        return;
+    };
+    let mut one = CpuSet::new();
+    if one.set(cpu).is_ok() {
+        if let Err(error) = sched_setaffinity(this, &one) {
+            log::debug!("profiler: cannot pin itself to CPU {cpu}: {error}");
+        }
+    }
+}
+
+/// This process's capability sets and seccomp mode (2 = filtered), for the
+/// start-up log line.
+pub fn describe_capabilities() -> String {
+    let caps = capabilities::current().unwrap_or_default();
+    let seccomp = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Seccomp:").map(|v| v.trim().to_string()))
+        })
+        .unwrap_or_else(|| "unknown".to_string());
+    format!(
+        "capabilities: effective={:#x} permitted={:#x} bounding={:#x} seccomp={seccomp}",
+        caps.effective.0,
+        caps.permitted.0,
+        capabilities::bounding().0
+    )
+}
+
+/// The daemon's pidfd of its launched target, opened by the launcher before
+/// the command existed.
+static TARGET_PIDFD: Mutex<Option<(i32, OwnedFd)>> = Mutex::new(None);
+
+fn remember_target_pidfd(pid: i32, pidfd: OwnedFd) {
+    if let Ok(mut slot) = TARGET_PIDFD.lock() {
+        *slot = Some((pid, pidfd));
+    }
+}
+
+/// A watch over the profiled process, for the profiler loop: in the daemon,
+/// for the launched command, the pidfd the launcher opened before the exec;
+/// otherwise a new one.
+pub fn target_watch(pid: i32) -> std::io::Result<TargetWatch> {
+    if let Ok(mut slot) = TARGET_PIDFD.lock() {
+        if let Some((remembered, _)) = slot.as_ref() {
+            if *remembered == pid {
+                if let Some((_, pidfd)) = slot.take() {
+                    return Ok(TargetWatch::from_pidfd(pid, pidfd));
+                }
+            }
+        }
+    }
+    TargetWatch::new(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_events_for_every_thread_of_a_process() {
+        // This test process has several threads (the test runner's).
+        let (ready_sender, ready) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let helper = std::thread::spawn(move || {
+            ready_sender.send(()).unwrap();
+            stopped.recv().ok();
+        });
+        ready.recv().unwrap();
+        let pid = std::process::id() as i32;
+        let threads = target::threads(pid).unwrap();
+        assert!(threads.len() >= 2, "{threads:?}");
+        let specs = parse_events("sCPU").unwrap();
+        let options = EventOptions {
+            stack_sample_size: 8192,
+            include_kernel: false,
+        };
+        let events = open_process_events(&specs, pid, &options).unwrap();
+        let cpus = events::online_cpus().len();
+        // At least the threads seen before (others may have started since).
+        assert!(
+            events.len() >= threads.len() * cpus,
+            "{} events",
+            events.len()
+        );
+        assert_eq!(events.len() % cpus, 0);
+        stop.send(()).unwrap();
+        helper.join().unwrap();
+
+        assert!(matches!(
+            open_process_events(&specs, i32::MAX, &options),
+            Err(LaunchError::NoSuchProcess(_))
+        ));
+    }
+}

@@ -1,1 +1,0 @@
-//! The perf sampling engine: ring-buffer records, user-side DWARF unwinding.

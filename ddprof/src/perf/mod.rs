@@ -1,0 +1,509 @@
+//! The perf sampling engine: reads the ring buffers of the perf events,
+//! keeps the process table current from the kernel's records, unwinds each
+//! sample's copied user stack in user space and emits [`Sample`]s.
+//!
+//! Records from different buffers (one per CPU) are merged by timestamp
+//! before they are applied, so that a fork seen on one CPU is applied before
+//! the child's exec seen on another. Records newer than [`HOLD_BACK`] are kept
+//! for the next poll, in case an older record is still being written to
+//! another buffer; they are all applied once every event has hung up (the
+//! profiled processes are gone).
+mod record;
+mod ring;
+mod tracking;
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use crate::events::EventFd;
+use crate::process::ProcessTable;
+use crate::sample::{LossCounters, Sample, StackEnd};
+use crate::unwind::Unwinder;
+
+pub use ddprof_common::sample::MAX_USER_FRAMES;
+use record::{Record, TimedRecord};
+use ring::RingBuffer;
+use tracking::{ProcessTracker, Reorder};
+
+/// How long records wait for older records from other buffers.
+pub const HOLD_BACK: Duration = Duration::from_millis(10);
+/// Default ring buffer data size per event: room for about 32 samples with
+/// 32 KB stacks, so that the 16 samples after which the kernel wakes the
+/// reader (see `events.rs`) fit twice.
+pub const DEFAULT_RING_BUFFER_BYTES: usize = 1 << 20;
+/// A ring buffer holding 32 samples of `stack_sample_size` bytes (1 MiB for
+/// the default 32 KB), within 256 KiB..=4 MiB.
+pub fn default_ring_buffer_bytes(stack_sample_size: u32) -> usize {
+    // Each sample also carries ~100 bytes of header, ids, registers and sizes.
+    ((stack_sample_size as usize + 256) * 32)
+        .next_power_of_two()
+        .clamp(256 * 1024, 4 << 20)
+}
+
+/// The engine gives up shrinking a buffer that cannot be mapped below this.
+const MIN_RING_BUFFER_PAGES: usize = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerfEngineOptions {
+    /// Bytes of data area per event fd; rounded up to a power of two pages.
+    /// When the locked-memory limit refuses it, the engine halves it (down
+    /// to two pages) and logs a warning.
+    pub ring_buffer_bytes: usize,
+    /// Most user frames kept per sample.
+    pub max_frames: usize,
+    /// Log every sample (at `info` level).
+    pub show_samples: bool,
+}
+
+impl Default for PerfEngineOptions {
+    fn default() -> Self {
+        Self {
+            ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
+            max_frames: MAX_USER_FRAMES,
+            show_samples: false,
+        }
+    }
+}
+
+impl PerfEngineOptions {
+    /// The options the command line asks for (`--ring-buffer-kib`, `--show-samples`),
+    /// with a buffer sized for `--stack-sample-size` by default.
+    pub fn from_cli(cli: &crate::config::Cli) -> Self {
+        Self {
+            ring_buffer_bytes: cli
+                .ring_buffer_kib
+                .map(|kib| kib as usize * 1024)
+                .unwrap_or_else(|| default_ring_buffer_bytes(cli.stack_sample_size)),
+            max_frames: MAX_USER_FRAMES,
+            show_samples: cli.show_samples,
+        }
+    }
+
+    /// Data pages per buffer: a power of two, at least 1.
+    fn data_pages(&self) -> usize {
+        let page = ring::page_size();
+        self.ring_buffer_bytes
+            .div_ceil(page)
+            .max(1)
+            .next_power_of_two()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    #[error("the perf engine needs at least one perf event")]
+    NoEvents,
+    #[error(
+        "could not map the perf ring buffer of the event on CPU {cpu} ({kib} KiB): {source}; \
+         raise `sysctl kernel.perf_event_mlock_kb` or the locked-memory limit (ulimit -l), \
+         or map less with --ring-buffer-kib"
+    )]
+    Map {
+        cpu: i32,
+        kib: usize,
+        source: io::Error,
+    },
+    #[error("poll on the perf events failed: {0}")]
+    Poll(io::Error),
+}
+
+/// What one [`PerfEngine::poll`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PollOutcome {
+    /// Samples handed to `on_sample`.
+    pub samples: u64,
+    /// Process events applied to the table.
+    pub process_events: u64,
+    /// Every event has hung up: the profiled processes are all gone and
+    /// every record has been delivered. Further polls return at once.
+    pub finished: bool,
+}
+
+/// Running totals of the samples the engine produced.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SampleCounters {
+    pub samples: u64,
+    /// Samples whose unwind reached the thread's root (`StackEnd::Complete`).
+    pub complete: u64,
+}
+
+struct Source {
+    event: EventFd,
+    ring: RingBuffer,
+    hung_up: bool,
+}
+
+pub struct PerfEngine {
+    sources: Vec<Source>,
+    options: PerfEngineOptions,
+    unwinder: Unwinder,
+    reorder: Reorder,
+    /// Records reassembled from both ends of a buffer (for tests).
+    wrapped_records: u64,
+    scratch: Vec<u8>,
+    frames: Vec<u64>,
+    tracker: ProcessTracker,
+    losses: LossCounters,
+    counters: SampleCounters,
+}
+
+impl PerfEngine {
+    /// Maps the ring buffer of every event. The events keep counting; the
+    /// engine owns them from here on.
+    pub fn new(events: Vec<EventFd>, options: PerfEngineOptions) -> Result<Self, PerfError> {
+        if events.is_empty() {
+            return Err(PerfError::NoEvents);
+        }
+        let page = ring::page_size();
+        let mut pages = options.data_pages();
+        let mut sources = Vec::with_capacity(events.len());
+        for event in events {
+            let ring = loop {
+                match RingBuffer::map(std::os::fd::AsFd::as_fd(&event.fd), pages) {
+                    Ok(ring) => break ring,
+                    // Out of locked memory (perf_event_mlock_kb, RLIMIT_MEMLOCK).
+                    Err(error)
+                        if matches!(error.raw_os_error(), Some(libc::EPERM | libc::ENOMEM))
+                            && pages > MIN_RING_BUFFER_PAGES =>
+                    {
+                        pages /= 2;
+                        log::warn!(
+                            "perf ring buffer refused ({error}); retrying with {} KiB per event",
+                            pages * page / 1024
+                        );
+                    }
+                    Err(source) => {
+                        return Err(PerfError::Map {
+                            cpu: event.cpu,
+                            kib: pages * page / 1024,
+                            source,
+                        })
+                    }
+                }
+            };
+            sources.push(Source {
+                event,
+                ring,
+                hung_up: false,
+            });
+        }
+        log::debug!(
+            "perf engine: {} events, {} KiB ring buffer each",
+            sources.len(),
+            sources[0].ring.data_size() / 1024
+        );
+        Ok(Self {
+            sources,
+            options,
+            unwinder: Unwinder::new(),
+            reorder: Reorder::default(),
+            wrapped_records: 0,
+            scratch: Vec::new(),
+            frames: Vec::with_capacity(options.max_frames),
+            tracker: ProcessTracker::default(),
+            losses: LossCounters::default(),
+            counters: SampleCounters::default(),
+        })
+    }
+
+    /// Waits up to `timeout` for records; applies process events to
+    /// `processes` in time order, unwinds samples and hands each finished
+    /// [`Sample`] to `on_sample` together with the table as it was when the
+    /// sample was taken.
+    pub fn poll(
+        &mut self,
+        processes: &mut ProcessTable,
+        timeout: Duration,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> Result<PollOutcome, PerfError> {
+        if !self.all_hung_up() {
+            // Held-back records must not wait a whole timeout.
+            let wait = if self.reorder.is_empty() {
+                timeout
+            } else {
+                timeout.min(HOLD_BACK)
+            };
+            self.wait(wait)?;
+        }
+        // Anything timestamped before this moment (minus HOLD_BACK) has been
+        // written by the time the buffers are read below.
+        let cutoff = monotonic_now().saturating_sub(HOLD_BACK.as_nanos() as u64);
+        self.drain_buffers();
+        let finished = self.all_hung_up();
+        Ok(self.deliver(
+            processes,
+            (!finished).then_some(cutoff),
+            finished,
+            on_sample,
+        ))
+    }
+
+    /// Delivers everything still in the buffers and held back, without
+    /// waiting: for shutdown (`--global` stopped by a signal), where the
+    /// events never hang up.
+    pub fn flush(
+        &mut self,
+        processes: &mut ProcessTable,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> PollOutcome {
+        self.drain_buffers();
+        let finished = self.all_hung_up();
+        self.deliver(processes, None, finished, on_sample)
+    }
+
+    /// Applies and emits, in time order, the queued records up to `cutoff`
+    /// (all of them when `None`).
+    fn deliver(
+        &mut self,
+        processes: &mut ProcessTable,
+        cutoff: Option<u64>,
+        finished: bool,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> PollOutcome {
+        let mut outcome = PollOutcome {
+            finished,
+            ..PollOutcome::default()
+        };
+        for record in self.reorder.take_ready(cutoff) {
+            match record {
+                Record::Sample(raw) => {
+                    let sample = self.unwind(processes, raw);
+                    outcome.samples += 1;
+                    on_sample(processes, sample);
+                }
+                Record::Process(event) => {
+                    self.tracker.apply(processes, &event);
+                    outcome.process_events += 1;
+                }
+                // Counted when read.
+                Record::Lost(_) | Record::Throttle | Record::Unthrottle | Record::Ignored(_) => {}
+            }
+        }
+        outcome
+    }
+
+    /// Samples dropped by the kernel, throttling and unreadable records so far.
+    pub fn losses(&self) -> LossCounters {
+        self.losses
+    }
+
+    /// Samples produced so far and how many reached the root.
+    pub fn sample_counters(&self) -> SampleCounters {
+        self.counters
+    }
+
+    fn all_hung_up(&self) -> bool {
+        self.sources.iter().all(|source| source.hung_up)
+    }
+
+    /// poll(2) on every event that has not hung up yet.
+    fn wait(&mut self, timeout: Duration) -> Result<(), PerfError> {
+        let mut fds: Vec<libc::pollfd> = self
+            .sources
+            .iter()
+            .map(|source| libc::pollfd {
+                // A negative fd is skipped by poll(2): a hung-up event would
+                // otherwise report POLLHUP forever and turn this into a spin.
+                fd: if source.hung_up {
+                    -1
+                } else {
+                    source.event.fd.as_raw_fd()
+                },
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures
+        // that outlives the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(PerfError::Poll(error));
+        }
+        for (source, fd) in self.sources.iter_mut().zip(&fds) {
+            if fd.revents & (libc::POLLHUP | libc::POLLNVAL | libc::POLLERR) != 0 {
+                source.hung_up = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every record in the ring buffers into the reorder queue, counting losses
+    /// and malformed records on the way.
+    fn drain_buffers(&mut self) {
+        let Self {
+            sources,
+            reorder,
+            scratch,
+            losses,
+            wrapped_records,
+            ..
+        } = self;
+        for source in sources.iter_mut() {
+            let outcome = source
+                .ring
+                .drain(scratch, &mut |bytes| match record::parse(bytes) {
+                    Ok(TimedRecord { time, record }) => match record {
+                        Record::Lost(count) => losses.lost += count,
+                        Record::Throttle => losses.throttled += 1,
+                        Record::Unthrottle | Record::Ignored(_) => {}
+                        record => reorder.push(time, record),
+                    },
+                    Err(error) => {
+                        log::debug!("skipping a perf record: {error}");
+                        losses.malformed += 1;
+                    }
+                });
+            *wrapped_records += outcome.wrapped;
+            if outcome.corrupted {
+                log::warn!(
+                    "the perf ring buffer of the event on CPU {} held an invalid record; skipped its unread data",
+                    source.event.cpu
+                );
+                losses.malformed += 1;
+            }
+        }
+    }
+
+    fn unwind(&mut self, processes: &mut ProcessTable, raw: record::RawSample) -> Sample {
+        self.tracker.before_sample(processes, raw.pid);
+        self.frames.clear();
+        let end = match &raw.regs {
+            Some(regs) => self.unwinder.unwind(
+                processes,
+                raw.pid,
+                regs,
+                &raw.stack,
+                self.options.max_frames,
+                &mut self.frames,
+            ),
+            None => StackEnd::NoUserContext,
+        };
+        let sample = Sample {
+            pid: raw.pid,
+            tid: raw.tid,
+            time: raw.time,
+            cpu: raw.cpu,
+            weight: raw.period,
+            frames: self.frames.clone(),
+            kernel_frames: Vec::new(),
+            end,
+        };
+        self.counters.samples += 1;
+        if end.is_complete() {
+            self.counters.complete += 1;
+        }
+        if self.options.show_samples {
+            log::info!(
+                "sample pid={} tid={} ({}) cpu={} time={} weight={} end={:?} frames={:x?}",
+                sample.pid,
+                sample.tid,
+                processes.thread_name(sample.pid, sample.tid).unwrap_or("?"),
+                sample.cpu,
+                sample.time,
+                sample.weight,
+                sample.end,
+                sample.frames
+            );
+        }
+        sample
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds, the clock of the records' timestamps.
+fn monotonic_now() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{self, EventOptions, Scope};
+
+    fn burn_cpu(duration: Duration) -> u64 {
+        let start = std::time::Instant::now();
+        let mut value = 1u64;
+        while start.elapsed() < duration {
+            for _ in 0..10_000 {
+                value =
+                    std::hint::black_box(value.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        }
+        value
+    }
+
+    #[test]
+    fn samples_this_process_through_the_ring_buffers() {
+        let spec = crate::config::parse_events("sCPU freq=999").unwrap()[0];
+        let options = EventOptions {
+            stack_sample_size: 4096,
+            include_kernel: false,
+        };
+        let me = std::process::id();
+        // A test runs on its own thread: follow that thread (a pid would mean the main thread).
+        let thread = nix::unistd::gettid().as_raw();
+        let events = events::open_all(&[spec], Scope::Process(thread), &options).unwrap();
+        let mut engine = PerfEngine::new(
+            events,
+            PerfEngineOptions {
+                // Small, so that records wrap around the end of the buffers.
+                ring_buffer_bytes: 64 * 1024,
+                ..PerfEngineOptions::default()
+            },
+        )
+        .unwrap();
+        let mut table = ProcessTable::new();
+        let mut samples = Vec::new();
+        for _ in 0..20 {
+            burn_cpu(Duration::from_millis(50));
+            engine
+                .poll(&mut table, Duration::ZERO, &mut |_, sample| {
+                    samples.push(sample)
+                })
+                .unwrap();
+        }
+        std::thread::sleep(HOLD_BACK * 2);
+        engine
+            .poll(&mut table, Duration::ZERO, &mut |_, sample| {
+                samples.push(sample)
+            })
+            .unwrap();
+        assert!(samples.len() > 50, "only {} samples", samples.len());
+        assert!(samples
+            .iter()
+            .all(|s| s.pid == me && s.tid == thread as u32 && s.weight > 0));
+        assert!(samples.windows(2).all(|w| w[0].time <= w[1].time));
+        // The first sample loaded this process from /proc: its leaf is in our code.
+        let here = table.find_mapping(me, samples[0].frames[0]).unwrap();
+        assert!(here.file.path.contains("ddprof"), "{}", here.file.path);
+        assert_eq!(engine.losses().malformed, 0);
+        assert_eq!(engine.sample_counters().samples, samples.len() as u64);
+        assert!(
+            engine.wrapped_records > 0,
+            "no record wrapped around a buffer's end"
+        );
+    }
+
+    #[test]
+    fn sizes_default_buffers_for_the_stack_copy() {
+        assert_eq!(default_ring_buffer_bytes(32000), 1 << 20);
+        assert_eq!(default_ring_buffer_bytes(8), 256 * 1024);
+        assert_eq!(default_ring_buffer_bytes(65528), 4 << 20);
+        let options = PerfEngineOptions {
+            ring_buffer_bytes: 5000,
+            ..PerfEngineOptions::default()
+        };
+        assert_eq!(options.data_pages() * ring::page_size(), 8192);
+    }
+}

@@ -1,0 +1,526 @@
+//! Decoding of the records the kernel writes into a perf ring buffer, for the
+//! attributes `events.rs` sets (`sample_type`, `sample_regs_user`,
+//! `sample_id_all`). Pure byte parsing: every bound is checked and a short or
+//! inconsistent record is an error, never a panic.
+use perf_event_open_sys::bindings as sys;
+
+use crate::events::{self, x86_regs};
+use crate::process::MappingRecord;
+use crate::sample::ProcessEvent;
+use crate::unwind::UserRegs;
+
+/// The sample layout this parser decodes. If `events.rs` asks the kernel for
+/// other fields, this stops compiling instead of misreading every record.
+const EXPECTED_SAMPLE_TYPE: u64 = sys::PERF_SAMPLE_IP as u64
+    | sys::PERF_SAMPLE_TID as u64
+    | sys::PERF_SAMPLE_TIME as u64
+    | sys::PERF_SAMPLE_CPU as u64
+    | sys::PERF_SAMPLE_PERIOD as u64
+    | sys::PERF_SAMPLE_REGS_USER as u64
+    | sys::PERF_SAMPLE_STACK_USER as u64;
+const _: () = assert!(events::SAMPLE_TYPE == EXPECTED_SAMPLE_TYPE);
+const _: () = assert!(x86_regs::MASK.count_ones() as usize == x86_regs::COUNT);
+const _: () = assert!(x86_regs::BP < x86_regs::SP && x86_regs::SP < x86_regs::IP);
+
+/// Size of the record header (`struct perf_event_header`).
+pub const HEADER_SIZE: usize = 8;
+/// Size of the `sample_id` trailer of non-sample records: with `sample_id_all`
+/// and this `sample_type` it holds { pid, tid }, time and { cpu, reserved }.
+const SAMPLE_ID_SIZE: usize = 24;
+/// Offset of the time inside the `sample_id` trailer.
+const SAMPLE_ID_TIME_OFFSET: usize = 8;
+
+/// A sample as the kernel wrote it, before unwinding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawSample {
+    pub ip: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub time: u64,
+    pub cpu: u32,
+    pub period: u64,
+    /// `None` when the kernel had no user context (`PERF_SAMPLE_REGS_ABI_NONE`).
+    pub regs: Option<UserRegs>,
+    /// The valid part (`dyn_size` bytes) of the user stack copy, from `regs.sp` up.
+    pub stack: Vec<u8>,
+}
+
+/// What one record means to the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Sample(RawSample),
+    Process(ProcessEvent),
+    /// Samples the kernel could not write (`PERF_RECORD_LOST`, `PERF_RECORD_LOST_SAMPLES`).
+    Lost(u64),
+    Throttle,
+    Unthrottle,
+    /// A record type the engine does not use.
+    Ignored(u32),
+}
+
+/// A decoded record and its CLOCK_MONOTONIC time (for ordering across buffers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedRecord {
+    pub time: u64,
+    pub record: Record,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MalformedRecord {
+    #[error("record shorter than its fields ({kind} record of {size} bytes)")]
+    Short { kind: u32, size: usize },
+    #[error("record header says {declared} bytes but {available} are there")]
+    BadSize { declared: usize, available: usize },
+}
+
+/// Bounds-checked little cursor over one record.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    position: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(bytes: &'a [u8], position: usize) -> Self {
+        Self { bytes, position }
+    }
+
+    fn take(&mut self, len: usize) -> Option<&'a [u8]> {
+        let end = self.position.checked_add(len)?;
+        let slice = self.bytes.get(self.position..end)?;
+        self.position = end;
+        Some(slice)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+    }
+}
+
+/// Decodes one whole record (header included).
+pub fn parse(bytes: &[u8]) -> Result<TimedRecord, MalformedRecord> {
+    let mut cursor = Cursor::new(bytes, 0);
+    let short = |kind| MalformedRecord::Short {
+        kind,
+        size: bytes.len(),
+    };
+    let kind = cursor.u32().ok_or(short(0))?;
+    let misc = cursor.take(2).ok_or(short(kind))?;
+    let misc = u16::from_ne_bytes([misc[0], misc[1]]) as u32;
+    let size = cursor.take(2).ok_or(short(kind))?;
+    let size = u16::from_ne_bytes([size[0], size[1]]) as usize;
+    if size != bytes.len() || size < HEADER_SIZE {
+        return Err(MalformedRecord::BadSize {
+            declared: size,
+            available: bytes.len(),
+        });
+    }
+    if kind == sys::PERF_RECORD_SAMPLE {
+        let sample = parse_sample(&mut cursor).ok_or(short(kind))?;
+        return Ok(TimedRecord {
+            time: sample.time,
+            record: Record::Sample(sample),
+        });
+    }
+    // Every other record ends with the sample_id trailer.
+    let body_end = bytes
+        .len()
+        .checked_sub(SAMPLE_ID_SIZE)
+        .filter(|&end| end >= HEADER_SIZE)
+        .ok_or(short(kind))?;
+    let mut trailer = Cursor::new(bytes, body_end + SAMPLE_ID_TIME_OFFSET);
+    let time = trailer.u64().ok_or(short(kind))?;
+    let mut body = Cursor::new(&bytes[..body_end], HEADER_SIZE);
+    let record = match kind {
+        sys::PERF_RECORD_MMAP2 => parse_mmap2(&mut body, misc).map(ProcessEvent::Map),
+        sys::PERF_RECORD_COMM => {
+            let pid = body.u32();
+            let tid = body.u32();
+            match (pid, tid) {
+                (Some(pid), Some(tid)) => Some(ProcessEvent::Comm {
+                    pid,
+                    tid,
+                    name: c_string(&bytes[body.position..body_end]),
+                    exec: misc & sys::PERF_RECORD_MISC_COMM_EXEC != 0,
+                }),
+                _ => None,
+            }
+        }
+        sys::PERF_RECORD_FORK | sys::PERF_RECORD_EXIT => (|| {
+            let pid = body.u32()?;
+            let ppid = body.u32()?;
+            let tid = body.u32()?;
+            let ptid = body.u32()?;
+            let _time = body.u64()?;
+            Some(if kind == sys::PERF_RECORD_FORK {
+                ProcessEvent::Fork {
+                    pid,
+                    ppid,
+                    tid,
+                    ptid,
+                }
+            } else {
+                ProcessEvent::Exit { pid, tid }
+            })
+        })(),
+        sys::PERF_RECORD_LOST => {
+            let _id = body.u64().ok_or(short(kind))?;
+            let lost = body.u64().ok_or(short(kind))?;
+            return Ok(TimedRecord {
+                time,
+                record: Record::Lost(lost),
+            });
+        }
+        sys::PERF_RECORD_LOST_SAMPLES => {
+            let lost = body.u64().ok_or(short(kind))?;
+            return Ok(TimedRecord {
+                time,
+                record: Record::Lost(lost),
+            });
+        }
+        sys::PERF_RECORD_THROTTLE | sys::PERF_RECORD_UNTHROTTLE => {
+            return Ok(TimedRecord {
+                time,
+                record: if kind == sys::PERF_RECORD_THROTTLE {
+                    Record::Throttle
+                } else {
+                    Record::Unthrottle
+                },
+            });
+        }
+        other => {
+            return Ok(TimedRecord {
+                time,
+                record: Record::Ignored(other),
+            })
+        }
+    };
+    let event = record.ok_or(short(kind))?;
+    Ok(TimedRecord {
+        time,
+        record: Record::Process(event),
+    })
+}
+
+fn parse_sample(cursor: &mut Cursor<'_>) -> Option<RawSample> {
+    let ip = cursor.u64()?;
+    let pid = cursor.u32()?;
+    let tid = cursor.u32()?;
+    let time = cursor.u64()?;
+    let cpu = cursor.u32()?;
+    let _reserved = cursor.u32()?;
+    let period = cursor.u64()?;
+    let abi = cursor.u64()?;
+    let regs = if abi == sys::PERF_SAMPLE_REGS_ABI_NONE as u64 {
+        None
+    } else {
+        // In ascending bit order: BP, SP, IP.
+        let bp = cursor.u64()?;
+        let sp = cursor.u64()?;
+        let ip = cursor.u64()?;
+        Some(UserRegs { ip, sp, bp })
+    };
+    let stack_size = usize::try_from(cursor.u64()?).ok()?;
+    let stack = if stack_size == 0 {
+        Vec::new()
+    } else {
+        let data = cursor.take(stack_size)?;
+        // Only the first dyn_size bytes were copied from the thread's stack.
+        let valid = usize::try_from(cursor.u64()?).ok()?.min(stack_size);
+        data[..valid].to_vec()
+    };
+    Some(RawSample {
+        ip,
+        pid,
+        tid,
+        time,
+        cpu,
+        period,
+        regs,
+        stack,
+    })
+}
+
+fn parse_mmap2(body: &mut Cursor<'_>, misc: u32) -> Option<MappingRecord> {
+    let pid = body.u32()?;
+    let _tid = body.u32()?;
+    let start = body.u64()?;
+    let len = body.u64()?;
+    let file_offset = body.u64()?;
+    // Either { maj, min, ino, ino_generation } or, with
+    // PERF_RECORD_MISC_MMAP_BUILD_ID (5.12+), a build id of the same size.
+    let major = body.u32()?;
+    let minor = body.u32()?;
+    let inode = body.u64()?;
+    let _generation = body.u64()?;
+    let (dev, inode) = if misc & sys::PERF_RECORD_MISC_MMAP_BUILD_ID != 0 {
+        (0, 0)
+    } else {
+        (libc::makedev(major, minor), inode)
+    };
+    let prot = body.u32()?;
+    let _flags = body.u32()?;
+    let path = c_string(&body.bytes[body.position..]);
+    Some(MappingRecord {
+        pid,
+        start,
+        len,
+        file_offset,
+        dev,
+        inode,
+        prot,
+        path,
+    })
+}
+
+/// The NUL-terminated (and NUL-padded) string at the start of `bytes`.
+fn c_string(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Builds records the way the kernel lays them out, for parser tests.
+    pub(crate) struct RecordBuilder {
+        bytes: Vec<u8>,
+    }
+
+    impl RecordBuilder {
+        pub(crate) fn new(kind: u32, misc: u16) -> Self {
+            let mut bytes = Vec::new();
+            bytes.extend_from_slice(&kind.to_ne_bytes());
+            bytes.extend_from_slice(&misc.to_ne_bytes());
+            bytes.extend_from_slice(&0u16.to_ne_bytes());
+            Self { bytes }
+        }
+        pub(crate) fn u32(mut self, value: u32) -> Self {
+            self.bytes.extend_from_slice(&value.to_ne_bytes());
+            self
+        }
+        pub(crate) fn u64(mut self, value: u64) -> Self {
+            self.bytes.extend_from_slice(&value.to_ne_bytes());
+            self
+        }
+        pub(crate) fn bytes(mut self, value: &[u8]) -> Self {
+            self.bytes.extend_from_slice(value);
+            self
+        }
+        /// A NUL-terminated string padded to 8 bytes.
+        pub(crate) fn string(mut self, value: &str) -> Self {
+            self.bytes.extend_from_slice(value.as_bytes());
+            self.bytes.push(0);
+            while !self.bytes.len().is_multiple_of(8) {
+                self.bytes.push(0);
+            }
+            self
+        }
+        pub(crate) fn sample_id(self, pid: u32, tid: u32, time: u64, cpu: u32) -> Self {
+            self.u32(pid).u32(tid).u64(time).u32(cpu).u32(0)
+        }
+        pub(crate) fn finish(mut self) -> Vec<u8> {
+            let size = self.bytes.len() as u16;
+            self.bytes[6..8].copy_from_slice(&size.to_ne_bytes());
+            self.bytes
+        }
+    }
+
+    pub(crate) fn sample_record(pid: u32, time: u64, stack: &[u8], dyn_size: u64) -> Vec<u8> {
+        let builder = RecordBuilder::new(sys::PERF_RECORD_SAMPLE, 2)
+            .u64(0x401000)
+            .u32(pid)
+            .u32(pid + 1)
+            .u64(time)
+            .u32(1)
+            .u32(0)
+            .u64(1_001_000)
+            .u64(sys::PERF_SAMPLE_REGS_ABI_64 as u64)
+            .u64(0x7ff0_0000_0100)
+            .u64(0x7ff0_0000_0000)
+            .u64(0x401000)
+            .u64(stack.len() as u64)
+            .bytes(stack);
+        let builder = if stack.is_empty() {
+            builder
+        } else {
+            builder.u64(dyn_size)
+        };
+        builder.finish()
+    }
+
+    #[test]
+    fn parses_samples_and_keeps_only_the_valid_stack_bytes() {
+        let stack: Vec<u8> = (0..64).collect();
+        let parsed = parse(&sample_record(42, 1234, &stack, 40)).unwrap();
+        assert_eq!(parsed.time, 1234);
+        let Record::Sample(sample) = parsed.record else {
+            panic!("not a sample: {parsed:?}")
+        };
+        assert_eq!((sample.pid, sample.tid, sample.cpu), (42, 43, 1));
+        assert_eq!(sample.period, 1_001_000);
+        assert_eq!(
+            sample.regs,
+            Some(UserRegs {
+                ip: 0x401000,
+                sp: 0x7ff0_0000_0000,
+                bp: 0x7ff0_0000_0100
+            })
+        );
+        assert_eq!(sample.stack, stack[..40]);
+    }
+
+    #[test]
+    fn samples_without_user_registers_have_no_regs_and_no_stack() {
+        let record = RecordBuilder::new(sys::PERF_RECORD_SAMPLE, 1)
+            .u64(0xffff_ffff_8100_0000)
+            .u32(5)
+            .u32(5)
+            .u64(99)
+            .u32(0)
+            .u32(0)
+            .u64(1000)
+            .u64(sys::PERF_SAMPLE_REGS_ABI_NONE as u64)
+            .u64(0)
+            .finish();
+        let Record::Sample(sample) = parse(&record).unwrap().record else {
+            panic!("not a sample")
+        };
+        assert_eq!(sample.regs, None);
+        assert!(sample.stack.is_empty());
+    }
+
+    #[test]
+    fn parses_mmap2_comm_fork_exit_and_losses() {
+        let mmap = RecordBuilder::new(sys::PERF_RECORD_MMAP2, 2)
+            .u32(10)
+            .u32(11)
+            .u64(0x5000)
+            .u64(0x2000)
+            .u64(0x1000)
+            .u32(0xfe)
+            .u32(1)
+            .u64(777)
+            .u64(0)
+            .u32((libc::PROT_READ | libc::PROT_EXEC) as u32)
+            .u32(libc::MAP_PRIVATE as u32)
+            .string("/usr/lib/libfoo.so")
+            .sample_id(10, 11, 50, 0)
+            .finish();
+        let parsed = parse(&mmap).unwrap();
+        assert_eq!(parsed.time, 50);
+        assert_eq!(
+            parsed.record,
+            Record::Process(ProcessEvent::Map(MappingRecord {
+                pid: 10,
+                start: 0x5000,
+                len: 0x2000,
+                file_offset: 0x1000,
+                dev: libc::makedev(0xfe, 1),
+                inode: 777,
+                prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+                path: "/usr/lib/libfoo.so".into(),
+            }))
+        );
+
+        let comm = RecordBuilder::new(
+            sys::PERF_RECORD_COMM,
+            sys::PERF_RECORD_MISC_COMM_EXEC as u16,
+        )
+        .u32(10)
+        .u32(10)
+        .string("forker_child")
+        .sample_id(10, 10, 60, 0)
+        .finish();
+        assert_eq!(
+            parse(&comm).unwrap().record,
+            Record::Process(ProcessEvent::Comm {
+                pid: 10,
+                tid: 10,
+                name: "forker_child".into(),
+                exec: true
+            })
+        );
+
+        let fork = RecordBuilder::new(sys::PERF_RECORD_FORK, 0)
+            .u32(12)
+            .u32(10)
+            .u32(12)
+            .u32(10)
+            .u64(70)
+            .sample_id(12, 12, 70, 1)
+            .finish();
+        assert_eq!(
+            parse(&fork).unwrap().record,
+            Record::Process(ProcessEvent::Fork {
+                pid: 12,
+                ppid: 10,
+                tid: 12,
+                ptid: 10
+            })
+        );
+        let exit = RecordBuilder::new(sys::PERF_RECORD_EXIT, 0)
+            .u32(12)
+            .u32(10)
+            .u32(13)
+            .u32(10)
+            .u64(80)
+            .sample_id(12, 13, 80, 1)
+            .finish();
+        assert_eq!(
+            parse(&exit).unwrap().record,
+            Record::Process(ProcessEvent::Exit { pid: 12, tid: 13 })
+        );
+
+        let lost = RecordBuilder::new(sys::PERF_RECORD_LOST, 0)
+            .u64(1)
+            .u64(17)
+            .sample_id(0, 0, 90, 0)
+            .finish();
+        assert_eq!(parse(&lost).unwrap().record, Record::Lost(17));
+        let lost_samples = RecordBuilder::new(sys::PERF_RECORD_LOST_SAMPLES, 0)
+            .u64(5)
+            .sample_id(0, 0, 91, 0)
+            .finish();
+        assert_eq!(parse(&lost_samples).unwrap().record, Record::Lost(5));
+        let throttle = RecordBuilder::new(sys::PERF_RECORD_THROTTLE, 0)
+            .u64(92)
+            .u64(1)
+            .u64(1)
+            .sample_id(0, 0, 92, 0)
+            .finish();
+        assert_eq!(parse(&throttle).unwrap().record, Record::Throttle);
+    }
+
+    #[test]
+    fn short_and_inconsistent_records_are_errors() {
+        let stack = [0u8; 32];
+        let full = sample_record(1, 2, &stack, 32);
+        // Every truncation of a valid record (with its size field fixed up) fails cleanly.
+        for len in 0..full.len() {
+            let mut cut = full[..len].to_vec();
+            if cut.len() >= 8 {
+                cut[6..8].copy_from_slice(&(len as u16).to_ne_bytes());
+            }
+            assert!(parse(&cut).is_err(), "a {len}-byte cut parsed");
+        }
+        // A size field that disagrees with the bytes.
+        let mut lying = full.clone();
+        lying[6..8].copy_from_slice(&4u16.to_ne_bytes());
+        assert!(parse(&lying).is_err());
+        // A stack size larger than the record.
+        let mut huge = full;
+        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 24;
+        huge[stack_size_at..stack_size_at + 8].copy_from_slice(&u64::MAX.to_ne_bytes());
+        assert!(parse(&huge).is_err());
+        // A comm record too short for its trailer.
+        let comm = RecordBuilder::new(sys::PERF_RECORD_COMM, 0).u32(1).finish();
+        assert!(parse(&comm).is_err());
+    }
+}

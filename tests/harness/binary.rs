@@ -1,0 +1,40 @@
+//! Locating (and building once) the ddprof binary under test.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The ddprof binary, built once per test process (see the crate docs).
+pub fn ddprof_bin() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        if let Some(path) = std::env::var_os("DDPROF_BIN") {
+            return PathBuf::from(path);
+        }
+        let test_exe = std::env::current_exe().expect("the test executable's path");
+        // target/<profile>/deps/<test-binary>
+        let profile_dir = test_exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executables live in target/<profile>/deps")
+            .to_path_buf();
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tests/ is inside the workspace");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .current_dir(workspace)
+            .args(["build", "--quiet", "-p", "ddprof", "--bin", "ddprof"]);
+        if profile_dir
+            .file_name()
+            .is_some_and(|name| name == "release")
+        {
+            build.arg("--release");
+        }
+        let status = build.status().expect("running cargo to build ddprof");
+        assert!(status.success(), "`cargo build -p ddprof` failed: {status}");
+        let binary = profile_dir.join("ddprof");
+        assert!(binary.is_file(), "no ddprof binary at {}", binary.display());
+        binary
+    })
+}

@@ -1,0 +1,129 @@
+//! Builds the workloads of `tests/workloads/` (programs with known call
+//! chains) into the target directory, and starts them for profiling.
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+
+/// Serialises builds between the tests of one binary; builds of separate
+/// binaries are made safe by writing a temporary file and renaming it.
+static BUILD_LOCK: Mutex<()> = Mutex::new(());
+
+pub fn workloads_source_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads")
+}
+
+/// Where built workloads go: `<target dir>/workloads`.
+pub fn workloads_build_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("workloads")
+}
+
+/// Builds `tests/workloads/<source>` (e.g. `chain.c`, `chain.cpp`, `chain.rs`)
+/// unless an executable newer than the source is there, and returns its path.
+/// C and C++ are built `-O2 -fomit-frame-pointer -g` (no frame pointers, as
+/// most distribution code), Rust `-C opt-level=2 -C force-frame-pointers=no -g`.
+/// The executable is named after the source: `chain`, `chain_cpp`, `chain_rs`.
+pub fn build_workload(source: &str) -> PathBuf {
+    let source_path = workloads_source_dir().join(source);
+    let (stem, extension) = source
+        .rsplit_once('.')
+        .unwrap_or_else(|| panic!("workload `{source}` has no extension"));
+    let name = match extension {
+        "c" => stem.to_string(),
+        "cpp" => format!("{stem}_cpp"),
+        "rs" => format!("{stem}_rs"),
+        other => panic!("workload `{source}`: unknown language `.{other}`"),
+    };
+    std::fs::create_dir_all(workloads_build_dir()).expect("create the workloads build directory");
+    // Canonical, as the kernel reports mapped files.
+    let out_dir = workloads_build_dir()
+        .canonicalize()
+        .expect("canonicalize the workloads build directory");
+    let output = out_dir.join(&name);
+    let _guard = BUILD_LOCK
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner());
+    let source_time = std::fs::metadata(&source_path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("workload source {}: {e}", source_path.display()));
+    if let Ok(built) = std::fs::metadata(&output).and_then(|m| m.modified()) {
+        if built >= source_time {
+            return output;
+        }
+    }
+    let temporary = out_dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut command = match extension {
+        "rs" => {
+            let mut command = Command::new("rustc");
+            command.args([
+                "-C",
+                "opt-level=2",
+                "-C",
+                "force-frame-pointers=no",
+                "-g",
+                "--edition",
+                "2021",
+            ]);
+            command
+        }
+        _ => {
+            let compiler = if extension == "cpp" { "c++" } else { "cc" };
+            let mut command = Command::new(compiler);
+            command.args(["-O2", "-fomit-frame-pointer", "-g", "-Wall", "-pthread"]);
+            command
+        }
+    };
+    command.arg("-o").arg(&temporary).arg(&source_path);
+    let result = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the compiler for {source}: {e}"));
+    assert!(
+        result.status.success(),
+        "building workload {source} failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    std::fs::rename(&temporary, &output).expect("move the built workload in place");
+    output
+}
+
+/// Starts `program args` stopped, before its exec: a shell stops itself
+/// (SIGSTOP) and, once continued with [`resume`], execs the program under
+/// the same pid. Events opened on the pid in between see the whole life of
+/// the program, as the launcher's do.
+pub fn spawn_stopped(program: &Path, args: &[&str]) -> Child {
+    let child = Command::new("/bin/sh")
+        .arg("-c")
+        .arg("kill -STOP $$; exec \"$0\" \"$@\"")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WUNTRACED)) {
+        Ok(nix::sys::wait::WaitStatus::Stopped(_, _)) => child,
+        other => panic!("{} did not stop before exec: {other:?}", program.display()),
+    }
+}
+
+/// Continues a child started by [`spawn_stopped`].
+pub fn resume(child: &Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .expect("continue the stopped workload");
+}
+
+/// Waits for a workload and panics unless it exited with status 0.
+pub fn expect_success(mut child: Child, what: &str) {
+    let status = child.wait().expect("wait for the workload");
+    assert!(
+        status.success(),
+        "{what} failed: {status:?} (signal {:?})",
+        status.signal()
+    );
+}

@@ -1,0 +1,43 @@
+/*
+ * forker_child: what forker execs. Burns CPU for MILLISECONDS (argv[1]).
+ *
+ * Expected stacks (innermost first):
+ *   forker_child_burn, forker_child_work, main, (libc start)
+ */
+#include <stdlib.h>
+#include <time.h>
+
+#ifdef __clang__
+#define KEEP_FRAME __attribute__((noinline))
+#else
+#define KEEP_FRAME __attribute__((noipa))
+#endif
+
+volatile unsigned long forker_child_sink;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+KEEP_FRAME unsigned long forker_child_burn(unsigned long x) {
+    for (long i = 0; i < 20000; i++)
+        x = x * 6364136223846793005UL + 1442695040888963407UL;
+    forker_child_sink = x;
+    return x;
+}
+
+KEEP_FRAME unsigned long forker_child_work(double seconds) {
+    double end = now_seconds() + seconds;
+    unsigned long x = 1;
+    while (now_seconds() < end)
+        x = forker_child_burn(x) + 1;
+    return x;
+}
+
+int main(int argc, char **argv) {
+    double milliseconds = argc > 1 ? atof(argv[1]) : 30.0;
+    forker_child_sink = forker_child_work(milliseconds / 1000.0);
+    return 0;
+}

@@ -1,0 +1,535 @@
+//! `cargo xtask bench`: ddprof's engines against `perf record` and samply on
+//! the same workloads, at the same frequency, several runs each.
+//!
+//! How each figure is measured:
+//! - **wall**: the workload's own elapsed time, from `xtask measure`, a tiny
+//!   wrapper that runs it and reports its wall and CPU time (fixed-work
+//!   workloads, so profiling overhead shows as a longer run).
+//! - **profiler CPU**: every run lives in a fresh cpuacct cgroup, which
+//!   counts the CPU of all its processes, ddprof's detached profiler
+//!   included; the workload's own CPU (from the wrapper) is subtracted.
+//! - **samples**: what the tool itself reports (ddprof's `summary:` line,
+//!   perf's "(N samples)").
+//! - **peak RSS**: the profiler process's VmHWM, polled while it runs
+//!   (ddprof reports its own in the summary line).
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{build_all, run_checked, say, target_dir, workspace_root};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Runs per (workload, tool)
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Sampling frequency for every tool (Hz)
+    #[arg(long, default_value_t = 999)]
+    pub freq: u32,
+    /// Work units per workload run (about one second of CPU each)
+    #[arg(long, default_value_t = 4)]
+    pub work: u32,
+    /// Workloads to run (default: all)
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Vec<String>,
+    /// Tools to run (default: all)
+    #[arg(long, value_delimiter = ',')]
+    pub tools: Vec<String>,
+    /// Write docs/Benchmarks.md from this run
+    #[arg(long)]
+    pub write_docs: bool,
+}
+
+/// A workload of tests/workloads, built with the tests' flags.
+struct Workload {
+    name: &'static str,
+    source: &'static str,
+    /// Arguments that make it do a fixed amount of work.
+    args: fn(u32) -> Vec<String>,
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "chain",
+        source: "chain.c",
+        args: |work| vec!["--work".into(), work.to_string()],
+    },
+    Workload {
+        name: "recursion",
+        source: "recursion.c",
+        args: |work| vec!["--work".into(), work.to_string()],
+    },
+];
+
+const TOOLS: &[&str] = &[
+    "unprofiled",
+    "ddprof-bpf",
+    "ddprof-perf",
+    "perf-dwarf",
+    "perf-fp",
+    "samply",
+];
+
+#[derive(Debug, Default, Clone)]
+struct RunResult {
+    wall: Duration,
+    profiler_cpu: Option<Duration>,
+    samples: Option<u64>,
+    full_stacks: Option<u64>,
+    peak_rss_kib: Option<u64>,
+    output_bytes: Option<u64>,
+}
+
+struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    fn create(name: &str) -> Result<Self> {
+        let path = Path::new("/sys/fs/cgroup/cpuacct").join(name);
+        if !path.parent().unwrap().is_dir() {
+            bail!("no cpuacct cgroup hierarchy at /sys/fs/cgroup/cpuacct (cgroup v1 needed for `xtask bench`)");
+        }
+        let _ = std::fs::remove_dir(&path);
+        std::fs::create_dir(&path)
+            .with_context(|| format!("cannot create {} (run as root)", path.display()))?;
+        Ok(Self { path })
+    }
+
+    fn usage(&self) -> Result<Duration> {
+        let text = std::fs::read_to_string(self.path.join("cpuacct.usage"))?;
+        Ok(Duration::from_nanos(text.trim().parse()?))
+    }
+
+    fn is_empty(&self) -> bool {
+        std::fs::read_to_string(self.path.join("cgroup.procs"))
+            .map_or(true, |s| s.trim().is_empty())
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// samply from crates.io, built once into target/bench-tools.
+fn samply() -> Option<PathBuf> {
+    let root = target_dir().join("bench-tools");
+    let binary = root.join("bin/samply");
+    if binary.is_file() {
+        return Some(binary);
+    }
+    say("installing samply 0.13.1 from crates.io into target/bench-tools (once)");
+    let status = Command::new("cargo")
+        .args([
+            "install",
+            "samply",
+            "--version",
+            "0.13.1",
+            "--locked",
+            "--root",
+        ])
+        .arg(&root)
+        .status()
+        .ok()?;
+    (status.success() && binary.is_file()).then_some(binary)
+}
+
+fn build_workload(workload: &Workload) -> Result<PathBuf> {
+    let out_dir = target_dir().join("bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let binary = out_dir.join(workload.name);
+    run_checked(
+        Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer", "-g", "-pthread", "-o"])
+            .arg(&binary)
+            .arg(
+                workspace_root()
+                    .join("tests/workloads")
+                    .join(workload.source),
+            ),
+    )?;
+    Ok(binary)
+}
+
+fn dir_size(path: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    };
+    entries.flatten().map(|e| dir_size(&e.path())).sum()
+}
+
+fn field(text: &str, key: &str) -> Option<u64> {
+    text.split_whitespace()
+        .find_map(|word| word.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
+fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| {
+        l.strip_prefix("VmHWM:")?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The command line of one tool around the measured workload.
+fn command_line(
+    tool: &str,
+    ddprof: &Path,
+    samply: Option<&Path>,
+    freq: u32,
+    out: &Path,
+    measured: &[String],
+) -> Option<Vec<String>> {
+    let path = |p: &Path| p.display().to_string();
+    let mut line: Vec<String> = match tool {
+        "unprofiled" => vec![],
+        "ddprof-bpf" | "ddprof-perf" => vec![
+            path(ddprof),
+            "--engine".into(),
+            tool.trim_start_matches("ddprof-").into(),
+            "-e".into(),
+            format!("sCPU freq={freq}"),
+            "--upload-period".into(),
+            "600".into(),
+            "--log-level".into(),
+            "notice".into(),
+            "--output".into(),
+            path(out),
+            "--".into(),
+        ],
+        "perf-dwarf" => vec![
+            "perf".into(),
+            "record".into(),
+            "-F".into(),
+            freq.to_string(),
+            "--call-graph".into(),
+            "dwarf,32768".into(),
+            "-o".into(),
+            path(&out.join("perf.data")),
+            "--".into(),
+        ],
+        "perf-fp" => vec![
+            "perf".into(),
+            "record".into(),
+            "-F".into(),
+            freq.to_string(),
+            "-g".into(),
+            "-o".into(),
+            path(&out.join("perf.data")),
+            "--".into(),
+        ],
+        "samply" => vec![
+            path(samply?),
+            "record".into(),
+            "--save-only".into(),
+            "-r".into(),
+            freq.to_string(),
+            "-o".into(),
+            path(&out.join("profile.json.gz")),
+            "--".into(),
+        ],
+        _ => return None,
+    };
+    line.extend(measured.iter().cloned());
+    Some(line)
+}
+
+fn run_once(tool: &str, line: &[String], run_id: &str) -> Result<RunResult> {
+    let cgroup = Cgroup::create(&format!("ddprof-bench-{run_id}"))?;
+    let procs = cgroup.path.join("cgroup.procs");
+    let mut command = Command::new(&line[0]);
+    command
+        .args(&line[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // Join the cgroup before exec so that everything the tool starts is counted.
+    use std::os::unix::process::CommandExt;
+    let procs_for_child = procs.clone();
+    // SAFETY: the closure only writes a file (async-signal-safe enough for a
+    // freshly forked single-threaded child) before exec.
+    unsafe {
+        command.pre_exec(move || std::fs::write(&procs_for_child, b"0"));
+    }
+    let before = cgroup.usage()?;
+    let child = command
+        .spawn()
+        .with_context(|| format!("cannot run {line:?}"))?;
+    let pid = child.id();
+    let watcher = std::thread::spawn(move || {
+        let mut peak = None;
+        while let Some(hwm) = vm_hwm_kib(pid) {
+            peak = Some(hwm);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        peak
+    });
+    let output = child.wait_with_output()?;
+    let polled_peak = watcher.join().unwrap_or(None);
+    // ddprof's profiler outlives the command briefly (final flush): wait for it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cgroup.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let total = cgroup.usage()?.saturating_sub(before);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        bail!(
+            "{tool} failed ({}): {}",
+            output.status,
+            stderr.lines().last().unwrap_or("")
+        );
+    }
+    let measure_line = stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("measure:"))
+        .context("the workload wrapper printed no measure: line")?;
+    let wall = Duration::from_nanos(field(measure_line, "wall_ns").unwrap_or(0));
+    let workload_cpu = Duration::from_nanos(field(measure_line, "cpu_ns").unwrap_or(0));
+    let mut result = RunResult {
+        wall,
+        ..Default::default()
+    };
+    if tool != "unprofiled" {
+        result.profiler_cpu = Some(total.saturating_sub(workload_cpu));
+    }
+    if tool.starts_with("ddprof") {
+        let summary = stderr
+            .lines()
+            .rev()
+            .find(|l| l.contains("summary:"))
+            .unwrap_or("");
+        result.samples = field(summary, "samples");
+        result.full_stacks = field(summary, "full_stacks");
+        result.peak_rss_kib = field(summary, "peak_rss_kib");
+    } else if tool.starts_with("perf") {
+        result.samples = stderr.lines().find_map(|l| {
+            l.split('(')
+                .nth(1)?
+                .strip_suffix(" samples) ]")?
+                .parse()
+                .ok()
+        });
+        result.peak_rss_kib = polled_peak;
+    } else if tool == "samply" {
+        result.peak_rss_kib = polled_peak;
+    }
+    Ok(result)
+}
+
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    Some(values[values.len() / 2])
+}
+
+pub fn measure(command: &[String]) -> Result<std::process::ExitCode> {
+    let started = Instant::now();
+    let status = Command::new(&command[0]).args(&command[1..]).status()?;
+    let wall = started.elapsed();
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)?;
+    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    let cpu = Duration::from_micros(micros(usage.user_time()) + micros(usage.system_time()));
+    eprintln!(
+        "measure: wall_ns={} cpu_ns={}",
+        wall.as_nanos(),
+        cpu.as_nanos()
+    );
+    Ok(if status.success() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let ddprof = build_all(true)?;
+    let measure_exe = std::env::current_exe()?;
+    let samply = if args.tools.is_empty() || args.tools.iter().any(|t| t == "samply") {
+        samply()
+    } else {
+        None
+    };
+    let tools: Vec<&str> = TOOLS
+        .iter()
+        .copied()
+        .filter(|t| args.tools.is_empty() || args.tools.iter().any(|a| a == t))
+        .filter(|t| !t.starts_with("perf") || have("perf"))
+        .collect();
+    let mut report = String::new();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    writeln!(report, "# Benchmarks\n")?;
+    writeln!(
+        report,
+        "Generated by `cargo xtask bench --runs {} --freq {} --work {}{}` on {} CPUs, kernel {}.",
+        args.runs,
+        args.freq,
+        args.work,
+        if args.write_docs { " --write-docs" } else { "" },
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        kernel.trim()
+    )?;
+    writeln!(report, "Medians of {} runs. *overhead*: the workload's wall time over its unprofiled wall time. *profiler CPU*: CPU of every process in the run's cgroup minus the workload's own CPU. *CPU/1000 samples*: profiler CPU per thousand samples the tool reports.\n", args.runs)?;
+    for workload in WORKLOADS
+        .iter()
+        .filter(|w| args.workloads.is_empty() || args.workloads.iter().any(|a| a == w.name))
+    {
+        let binary = build_workload(workload)?;
+        let mut measured = vec![
+            measure_exe.display().to_string(),
+            "measure".into(),
+            "--".into(),
+            binary.display().to_string(),
+        ];
+        measured.extend((workload.args)(args.work));
+        writeln!(report, "## {}\n", workload.name)?;
+        writeln!(report, "| tool | wall (s) | overhead | profiler CPU (ms) | samples | CPU/1000 samples (ms) | full stacks | peak RSS (MiB) | output (KiB) |")?;
+        writeln!(
+            report,
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        )?;
+        let mut baseline_wall = None;
+        let mut commands = BTreeMap::new();
+        for tool in &tools {
+            let out = target_dir()
+                .join("bench/out")
+                .join(format!("{}-{tool}", workload.name));
+            let Some(line) =
+                command_line(tool, &ddprof, samply.as_deref(), args.freq, &out, &measured)
+            else {
+                writeln!(report, "| {tool} | not available | | | | | | | |")?;
+                continue;
+            };
+            let line: Vec<String> = if line.is_empty() {
+                measured.clone()
+            } else {
+                line
+            };
+            commands.insert(tool.to_string(), line.join(" "));
+            let mut results = Vec::new();
+            let mut failure = None;
+            for run in 0..args.runs {
+                let _ = std::fs::remove_dir_all(&out);
+                std::fs::create_dir_all(&out)?;
+                say(&format!("{} / {tool}: run {}", workload.name, run + 1));
+                match run_once(tool, &line, &format!("{}-{tool}-{run}", workload.name)) {
+                    Ok(mut result) => {
+                        result.output_bytes = Some(dir_size(&out));
+                        results.push(result);
+                    }
+                    Err(error) => {
+                        failure = Some(format!("{error:#}"));
+                        break;
+                    }
+                }
+            }
+            if let Some(failure) = failure {
+                writeln!(
+                    report,
+                    "| {tool} | failed: {} | | | | | | | |",
+                    failure.replace('|', "/")
+                )?;
+                continue;
+            }
+            let wall =
+                median(results.iter().map(|r| r.wall.as_secs_f64()).collect()).unwrap_or(0.0);
+            if *tool == "unprofiled" {
+                baseline_wall = Some(wall);
+            }
+            let overhead = baseline_wall
+                .map(|b| format!("{:.3}×", wall / b))
+                .unwrap_or_default();
+            let cpu_ms = median(
+                results
+                    .iter()
+                    .filter_map(|r| r.profiler_cpu)
+                    .map(|d| d.as_secs_f64() * 1e3)
+                    .collect(),
+            );
+            let samples = median(
+                results
+                    .iter()
+                    .filter_map(|r| r.samples)
+                    .map(|s| s as f64)
+                    .collect(),
+            );
+            let per_thousand = median(
+                results
+                    .iter()
+                    .filter_map(|r| {
+                        Some(r.profiler_cpu?.as_secs_f64() * 1e3 / (r.samples? as f64 / 1000.0))
+                    })
+                    .collect(),
+            );
+            let full = median(
+                results
+                    .iter()
+                    .filter_map(|r| Some(r.full_stacks? as f64 / r.samples?.max(1) as f64 * 100.0))
+                    .collect(),
+            );
+            let rss = median(
+                results
+                    .iter()
+                    .filter_map(|r| r.peak_rss_kib)
+                    .map(|k| k as f64 / 1024.0)
+                    .collect(),
+            );
+            let bytes = median(
+                results
+                    .iter()
+                    .filter_map(|r| r.output_bytes)
+                    .map(|b| b as f64 / 1024.0)
+                    .collect(),
+            );
+            let show = |v: Option<f64>, digits: usize| {
+                v.map(|v| format!("{v:.digits$}"))
+                    .unwrap_or_else(|| "–".into())
+            };
+            writeln!(
+                report,
+                "| {tool} | {wall:.3} | {overhead} | {} | {} | {} | {} | {} | {} |",
+                show(cpu_ms, 1),
+                show(samples, 0),
+                show(per_thousand, 2),
+                full.map(|f| format!("{f:.1} %"))
+                    .unwrap_or_else(|| "–".into()),
+                show(rss, 1),
+                show(bytes, 0)
+            )?;
+        }
+        writeln!(report, "\nCommands:\n")?;
+        for (tool, line) in commands {
+            writeln!(report, "- {tool}: `{line}`")?;
+        }
+        writeln!(report)?;
+    }
+    println!("{report}");
+    if args.write_docs {
+        std::fs::write(workspace_root().join("docs/Benchmarks.md"), &report)?;
+        say("wrote docs/Benchmarks.md");
+    }
+    Ok(())
+}
