@@ -402,6 +402,18 @@ fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
 
 #[test]
 fn exec_and_new_mappings_reach_the_maps_through_process_events() {
+    exec_then_profile(true);
+}
+
+#[test]
+fn exec_and_new_mappings_reach_the_maps_from_the_table_at_each_poll() {
+    exec_then_profile(false);
+}
+
+/// The shell `pid` execs the workload after the engine started on it; the
+/// process events of the exec go to the table, and to the engine's hook
+/// when `hooks` (else the engine finds the changes in the table at poll).
+fn exec_then_profile(hooks: bool) {
     use ddprof::sample::ProcessEvent;
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
@@ -454,7 +466,9 @@ fn exec_and_new_mappings_reach_the_maps_through_process_events() {
         exec: true,
     };
     processes.apply(&exec);
-    engine.on_process_event(&exec, &processes);
+    if hooks {
+        engine.on_process_event(&exec, &processes);
+    }
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     for record in maps
         .lines()
@@ -462,7 +476,15 @@ fn exec_and_new_mappings_reach_the_maps_through_process_events() {
     {
         let event = ProcessEvent::Map(record);
         processes.apply(&event);
-        engine.on_process_event(&event, &processes);
+        if hooks {
+            engine.on_process_event(&event, &processes);
+        }
+    }
+    if !hooks {
+        // The first poll brings the maps up to date.
+        engine
+            .poll(&mut processes, Duration::ZERO, &mut |_, _| {})
+            .unwrap();
     }
     // Only samples taken from now on are sure to see the updated maps.
     let updated_at = monotonic_now();
@@ -504,7 +526,11 @@ fn exec_and_new_mappings_reach_the_maps_through_process_events() {
     drop(child);
     let exit = ProcessEvent::Exit { pid, tid: pid };
     processes.apply(&exit);
-    engine.on_process_event(&exit, &processes);
+    if hooks {
+        engine.on_process_event(&exit, &processes);
+    } else {
+        engine.sync(&processes);
+    }
     assert!(!engine.tracked_processes().contains(&pid));
 }
 

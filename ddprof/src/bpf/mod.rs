@@ -707,14 +707,24 @@ impl BpfEngine {
         self.sync_dirty(processes);
     }
 
-    /// Writes the entry of every process of `processes` that changed or was
-    /// never written (the initial snapshot).
+    /// Makes the process map match `processes`: writes the entry of every
+    /// process whose executable mappings (or their tables) changed or that
+    /// is new, and removes the processes that have exited. (A process the
+    /// table does not know yet keeps the entry of the engine's initial
+    /// snapshot while it lives.) Only changed entries reach the kernel, so calling this on every
+    /// poll is cheap; it is what keeps the maps true when the main loop does
+    /// not call [`BpfEngine::on_process_event`].
     pub fn sync(&mut self, processes: &ProcessTable) {
-        let new: Vec<u32> = processes
-            .pids()
-            .filter(|pid| !self.synced.contains_key(pid))
+        let gone: Vec<u32> = self
+            .synced
+            .keys()
+            .copied()
+            .filter(|&pid| processes.get(pid).is_none() && !is_alive(pid))
             .collect();
-        self.dirty.extend(new);
+        for pid in gone {
+            self.forget_process(pid);
+        }
+        self.dirty.extend(processes.pids());
         self.sync_dirty(processes);
     }
 
