@@ -11,6 +11,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::aggregate::{Aggregator, AggregatorOptions};
+use crate::bpf::{choose_engine, BpfEngine, BpfEngineOptions, Engine as ChosenEngine};
 use crate::config::{Cli, EngineChoice, SampleRate};
 use crate::events::EventFd;
 use crate::launch;
@@ -53,24 +54,73 @@ const MAX_POLL: Duration = Duration::from_millis(250);
 /// The sampling engine in use.
 enum Engine {
     Perf(PerfEngine),
+    /// The BPF engine produces the samples; a perf engine on duplicates of
+    /// the same descriptors reads their mmap/comm/task records (the BPF
+    /// program keeps the samples out of the perf buffers) and keeps the
+    /// process table, which the BPF engine mirrors into its maps.
+    Bpf {
+        samples: Box<BpfEngine>,
+        records: PerfEngine,
+    },
 }
 
+/// The BPF engine's ring buffer wakes the loop only when a quarter full:
+/// this bounds how late samples (and map updates after an exec or mmap) are.
+const BPF_MAX_POLL: Duration = Duration::from_millis(50);
+
 impl Engine {
-    /// Picks the engine for `choice` and sets it up on `events`.
-    fn start(cli: &Cli, events: Vec<EventFd>) -> Result<Self, ProfilerError> {
-        match cli.engine {
-            EngineChoice::Bpf => Err(ProfilerError::Setup(
-                "the eBPF engine cannot profile yet (it does not unwind stacks); use --engine perf or auto".into(),
-            )),
-            EngineChoice::Auto | EngineChoice::Perf => {
-                if cli.engine == EngineChoice::Auto {
-                    log::info!("engine: perf (the eBPF engine does not unwind stacks yet)");
-                }
-                let mut options = PerfEngineOptions::from_cli(cli);
-                // The loop prints samples itself, for every engine alike.
-                options.show_samples = false;
-                Ok(Engine::Perf(PerfEngine::new(events, options)?))
+    /// Picks the engine for `cli.engine` and sets it up on `events`.
+    fn start(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<Self, ProfilerError> {
+        let mut options = PerfEngineOptions::from_cli(cli);
+        // The loop prints samples itself, for every engine alike.
+        options.show_samples = false;
+        // Map the perf buffers before anything slow (the BPF load takes
+        // ~0.1 s): exec and mmap records written while an event has no
+        // buffer are lost. The perf engine works on duplicates of the
+        // descriptors; it samples, or only reads the records when the BPF
+        // program takes the samples.
+        let duplicates = events
+            .iter()
+            .map(|event| {
+                Ok(EventFd {
+                    fd: event.fd.try_clone()?,
+                    cpu: event.cpu,
+                    spec: event.spec,
+                })
+            })
+            .collect::<Result<Vec<EventFd>, std::io::Error>>()?;
+        let perf = PerfEngine::new(duplicates, options)?;
+        let decision = choose_engine(cli.engine)
+            .map_err(|error| ProfilerError::Setup(format!("--engine bpf: {error}")))?;
+        if decision.engine == ChosenEngine::Perf {
+            log::info!("engine: {}", decision.reason);
+            return Ok(Engine::Perf(perf));
+        }
+        let bpf_options = BpfEngineOptions {
+            kernel_stacks: launch::event_options(cli).include_kernel,
+            workload_pids: match target {
+                Target::Launched { pid } | Target::Pid(pid) => vec![pid],
+                Target::Global => all_pids(),
+            },
+            ..BpfEngineOptions::default()
+        };
+        match BpfEngine::new(events, bpf_options) {
+            Ok(samples) => {
+                log::info!("engine: {}", decision.reason);
+                Ok(Engine::Bpf {
+                    samples: Box::new(samples),
+                    records: perf,
+                })
             }
+            Err(error) if cli.engine == EngineChoice::Auto => {
+                let reason = error.to_string();
+                log::info!(
+                    "engine: perf engine: {}",
+                    reason.lines().next().unwrap_or("")
+                );
+                Ok(Engine::Perf(perf))
+            }
+            Err(error) => Err(ProfilerError::Setup(format!("--engine bpf: {error}"))),
         }
     }
 
@@ -82,6 +132,14 @@ impl Engine {
     ) -> Result<bool, ProfilerError> {
         match self {
             Engine::Perf(engine) => Ok(engine.poll(processes, timeout, on_sample)?.finished),
+            Engine::Bpf { samples, records } => {
+                // Process events first, so that the maps are current.
+                let finished = records.poll(processes, Duration::ZERO, on_sample)?.finished;
+                let outcome = samples
+                    .poll(processes, timeout.min(BPF_MAX_POLL), on_sample)
+                    .map_err(|error| ProfilerError::Setup(error.to_string()))?;
+                Ok(finished || outcome.finished)
+            }
         }
     }
 
@@ -96,15 +154,37 @@ impl Engine {
             Engine::Perf(engine) => {
                 engine.flush(processes, on_sample);
             }
+            Engine::Bpf { samples, records } => {
+                records.flush(processes, on_sample);
+                if let Err(error) = samples.poll(processes, Duration::ZERO, on_sample) {
+                    log::warn!("{error}");
+                }
+                if let Ok(counters) = samples.counters() {
+                    log::debug!("BPF program: {counters}");
+                }
+            }
         }
     }
 
-    /// (samples lost by the kernel, throttled)
+    /// Samples lost by the kernel (ring buffers full).
     fn lost(&self) -> u64 {
         match self {
             Engine::Perf(engine) => engine.losses().lost,
+            Engine::Bpf { samples, records } => samples.losses().lost + records.losses().lost,
         }
     }
+}
+
+/// Every process of the machine (`--global`), to size the BPF maps.
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Everything downstream of the engine: aggregation and outputs.
@@ -235,7 +315,7 @@ pub fn run(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<(), Profil
         Target::Launched { pid } | Target::Pid(pid) => launch::target_watch(pid as i32).ok(),
         Target::Global => None,
     };
-    let mut engine = Engine::start(cli, events)?;
+    let mut engine = Engine::start(cli, target, events)?;
     if let Err(error) = launch::capabilities::drop_after_setup() {
         log::warn!("profiler: {error}");
     }

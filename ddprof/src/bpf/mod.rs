@@ -582,6 +582,8 @@ pub struct BpfEngine {
     /// Per process, the entries last written and the tables they use.
     synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
     dirty: HashSet<u32>,
+    /// Processes read from `/proc` because a sample named them first.
+    read_from_proc: HashSet<u32>,
     table_stats: TableStats,
     malformed: u64,
 }
@@ -622,6 +624,7 @@ impl BpfEngine {
             files: HashMap::new(),
             synced: HashMap::new(),
             dirty: HashSet::new(),
+            read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
             malformed: 0,
         };
@@ -944,17 +947,36 @@ impl BpfEngine {
             self.wait(timeout)?;
         }
         let mut outcome = PollOutcome::default();
-        while let Some(item) = self.ring.next() {
-            match decode(&item) {
-                Some(sample) => {
-                    outcome.samples += 1;
-                    on_sample(processes, sample);
-                }
-                None => self.malformed += 1,
-            }
+        loop {
+            let Some(item) = self.ring.next() else {
+                break;
+            };
+            let decoded = decode(&item);
+            drop(item);
+            let Some(sample) = decoded else {
+                self.malformed += 1;
+                continue;
+            };
+            self.learn_process(processes, sample.pid);
+            outcome.samples += 1;
+            on_sample(processes, sample);
         }
         outcome.finished = finished;
         Ok(outcome)
+    }
+
+    /// A sample of a process the table does not know (its records were
+    /// missed, e.g. written before the perf buffers were mapped): read it
+    /// from `/proc` once, for this sample's symbolization and the maps of
+    /// the next ones.
+    fn learn_process(&mut self, processes: &mut ProcessTable, pid: u32) {
+        if pid == 0 || processes.get(pid).is_some() || !self.read_from_proc.insert(pid) {
+            return;
+        }
+        match processes.load_from_proc(pid) {
+            Ok(()) => self.sync_process(pid, processes),
+            Err(error) => log::debug!("BPF engine: cannot read /proc/{pid}: {error}"),
+        }
     }
 
     /// poll(2) on the ring buffer. (A perf event without a mapped ring
