@@ -708,3 +708,120 @@ fn auto_choice_picks_bpf_as_root() {
     let forced = choose_engine(EngineChoice::Bpf).unwrap();
     assert_eq!(forced.engine, Engine::Bpf);
 }
+
+/// Runs `ddprof --engine bpf` on a command and returns its folded stacks:
+/// `(process;frame;frame…, count)`, outermost frame first.
+fn ddprof_bpf_folded(command: &[&str]) -> Vec<(Vec<String>, u64)> {
+    let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "bpf-e2e-{}-{}",
+        std::process::id(),
+        command[0].rsplit('/').next().unwrap_or("")
+    ));
+    let _ = std::fs::remove_dir_all(&output_dir);
+    let status = Command::new(ddprof_tests::ddprof_bin())
+        .args(["--engine", "bpf", "--event", "sCPU freq=499", "--output"])
+        .arg(&output_dir)
+        .args(["--log-level", "warn", "--"])
+        .args(command)
+        .status()
+        .expect("ddprof runs");
+    assert!(status.success(), "ddprof {command:?}: {status}");
+    // The profiler daemon writes the file (atomically) after the command
+    // has exited.
+    let path = output_dir.join("stacks.folded");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "ddprof never wrote {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let folded = std::fs::read_to_string(&path).unwrap();
+    folded
+        .lines()
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            Some((
+                stack.split(';').map(str::to_string).collect(),
+                count.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn ddprof_with_the_bpf_engine_unwinds_forked_and_execd_children() {
+    let forker = ddprof_tests::workloads::build_workload("forker.c");
+    let child = ddprof_tests::workloads::build_workload("forker_child.c");
+    let stacks = ddprof_bpf_folded(&[forker.to_str().unwrap(), "3", child.to_str().unwrap()]);
+    let of = |process: &str| -> (u64, u64) {
+        let lines = stacks.iter().filter(|(frames, _)| frames[0] == process);
+        let total: u64 = lines.clone().map(|(_, n)| n).sum();
+        let with_main: u64 = lines
+            .filter(|(frames, _)| frames.iter().any(|f| f == "main"))
+            .map(|(_, n)| n)
+            .sum();
+        (with_main, total)
+    };
+    let (child_main, child_total) = of("forker_child");
+    let (parent_main, parent_total) = of("forker");
+    eprintln!(
+        "forker: {parent_main}/{parent_total} samples reach main; \
+         forker_child: {child_main}/{child_total}"
+    );
+    assert!(
+        child_total >= 50,
+        "{child_total} samples of the exec'd children"
+    );
+    assert!(parent_total >= 10, "{parent_total} samples of the parent");
+    // Children live 30 ms each: their first samples may come before their
+    // exec's records reach the maps.
+    assert!(
+        child_main * 100 >= child_total * 95,
+        "{child_main} of {child_total} child samples reach main"
+    );
+    assert!(
+        parent_main * 100 >= parent_total * 99,
+        "{parent_main} of {parent_total} parent samples reach main"
+    );
+    let expected = ["main", "forker_child_work", "forker_child_burn"];
+    assert!(stacks
+        .iter()
+        .filter(|(frames, _)| frames[0] == "forker_child")
+        .any(|(frames, _)| frames.windows(3).any(|w| w == expected)));
+}
+
+#[test]
+fn ddprof_with_the_bpf_engine_unwinds_threads() {
+    let threads = ddprof_tests::workloads::build_workload("threads.c");
+    let stacks = ddprof_bpf_folded(&[threads.to_str().unwrap(), "2"]);
+    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+    let rooted: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|f| f == "start_thread" || f == "main"))
+        .map(|(_, n)| n)
+        .sum();
+    let worker_b: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| {
+            frames.windows(4).any(|w| {
+                w == [
+                    "thread_b_work",
+                    "thread_b_step",
+                    "thread_b_middle",
+                    "thread_b_leaf",
+                ]
+            })
+        })
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("threads: {rooted}/{total} samples rooted, {worker_b} in worker-b's chain");
+    assert!(total >= 200, "{total} samples");
+    assert!(rooted * 100 >= total * 99, "{rooted} of {total} rooted");
+    assert!(
+        worker_b * 4 >= total,
+        "{worker_b} of {total} in worker-b's chain"
+    );
+}

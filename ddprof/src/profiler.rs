@@ -11,8 +11,8 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::aggregate::{Aggregator, AggregatorOptions};
-use crate::bpf::{choose_engine, BpfEngine, BpfEngineOptions, Engine as ChosenEngine};
-use crate::config::{Cli, EngineChoice, SampleRate};
+use crate::bpf::{choose_engine_with, BpfEngine, BpfEngineOptions};
+use crate::config::{Cli, SampleRate};
 use crate::events::EventFd;
 use crate::launch;
 use crate::output::{FoldedStacks, LocalOutput, OutputError, Summary};
@@ -90,12 +90,6 @@ impl Engine {
             })
             .collect::<Result<Vec<EventFd>, std::io::Error>>()?;
         let perf = PerfEngine::new(duplicates, options)?;
-        let decision = choose_engine(cli.engine)
-            .map_err(|error| ProfilerError::Setup(format!("--engine bpf: {error}")))?;
-        if decision.engine == ChosenEngine::Perf {
-            log::info!("engine: {}", decision.reason);
-            return Ok(Engine::Perf(perf));
-        }
         let bpf_options = BpfEngineOptions {
             kernel_stacks: launch::event_options(cli).include_kernel,
             workload_pids: match target {
@@ -104,24 +98,19 @@ impl Engine {
             },
             ..BpfEngineOptions::default()
         };
-        match BpfEngine::new(events, bpf_options) {
-            Ok(samples) => {
-                log::info!("engine: {}", decision.reason);
-                Ok(Engine::Bpf {
-                    samples: Box::new(samples),
-                    records: perf,
-                })
-            }
-            Err(error) if cli.engine == EngineChoice::Auto => {
-                let reason = error.to_string();
-                log::info!(
-                    "engine: perf engine: {}",
-                    reason.lines().next().unwrap_or("")
-                );
-                Ok(Engine::Perf(perf))
-            }
-            Err(error) => Err(ProfilerError::Setup(format!("--engine bpf: {error}"))),
-        }
+        // Loads, verifies and attaches the program once; `auto` falls back
+        // to the perf engine (with the reason) when that fails.
+        let (bpf, decision) =
+            choose_engine_with(cli.engine, || BpfEngine::new(events, bpf_options))
+                .map_err(|error| ProfilerError::Setup(format!("--engine bpf: {error}")))?;
+        log::info!("engine: {}", decision.reason);
+        Ok(match bpf {
+            Some(samples) => Engine::Bpf {
+                samples: Box::new(samples),
+                records: perf,
+            },
+            None => Engine::Perf(perf),
+        })
     }
 
     fn poll(

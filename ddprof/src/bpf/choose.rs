@@ -25,6 +25,21 @@ pub fn choose_engine(choice: EngineChoice) -> Result<EngineDecision, BpfError> {
     choose_with(choice, probe)
 }
 
+/// The same decision, with `start_bpf` (e.g. `BpfEngine::new`) as the
+/// check: when BPF is chosen, its result is returned with the decision, so
+/// the program is loaded and verified once.
+pub fn choose_engine_with<T>(
+    choice: EngineChoice,
+    start_bpf: impl FnOnce() -> Result<T, BpfError>,
+) -> Result<(Option<T>, EngineDecision), BpfError> {
+    let mut started = None;
+    let decision = choose_with(choice, || {
+        started = Some(start_bpf()?);
+        Ok(())
+    })?;
+    Ok((started.filter(|_| decision.engine == Engine::Bpf), decision))
+}
+
 fn probe() -> Result<(), BpfError> {
     BpfProgram::load(MapSizes::minimal(), false).map(drop)
 }
@@ -95,5 +110,11 @@ mod tests {
         assert_eq!(accepted.engine, Engine::Bpf);
         let perf = choose_with(EngineChoice::Perf, || panic!("no probe for perf")).unwrap();
         assert_eq!(perf.engine, Engine::Perf);
+        let (started, decision) = choose_engine_with(EngineChoice::Auto, || Ok(7)).unwrap();
+        assert_eq!((started, decision.engine), (Some(7), Engine::Bpf));
+        let (started, decision) =
+            choose_engine_with(EngineChoice::Perf, || -> Result<u8, BpfError> { panic!() })
+                .unwrap();
+        assert_eq!((started, decision.engine), (None, Engine::Perf));
     }
 }

@@ -32,7 +32,7 @@ use ddprof_common::sample::{
 use ddprof_common::unwind::ROW_SIZE;
 use perf_event_open_sys as sys;
 
-pub use choose::{choose_engine, Engine, EngineDecision};
+pub use choose::{choose_engine, choose_engine_with, Engine, EngineDecision};
 pub use rows::RowStore;
 
 use crate::events::EventFd;
