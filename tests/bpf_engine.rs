@@ -767,24 +767,37 @@ fn ddprof_with_the_bpf_engine_unwinds_forked_and_execd_children() {
     };
     let (child_main, child_total) = of("forker_child");
     let (parent_main, parent_total) = of("forker");
+    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+    let unattributed: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames[0].starts_with("[pid "))
+        .map(|(_, n)| n)
+        .sum();
     eprintln!(
         "forker: {parent_main}/{parent_total} samples reach main; \
-         forker_child: {child_main}/{child_total}"
+         forker_child: {child_main}/{child_total}; {unattributed}/{total} of unknown processes"
     );
     assert!(
         child_total >= 50,
         "{child_total} samples of the exec'd children"
     );
     assert!(parent_total >= 10, "{parent_total} samples of the parent");
-    // Children live 30 ms each: their first samples may come before their
-    // exec's records reach the maps.
+    // Samples are merged with the perf records by time: even a process that
+    // has exited by the time its samples are read is known by name.
     assert!(
-        child_main * 100 >= child_total * 95,
-        "{child_main} of {child_total} child samples reach main"
+        unattributed * 100 <= total,
+        "{unattributed} of {total} unattributed"
     );
     assert!(
         parent_main * 100 >= parent_total * 99,
         "{parent_main} of {parent_total} parent samples reach main"
+    );
+    // Each child lives 30 ms; its mappings reach the BPF maps only once its
+    // exec and mmap records have been read and applied (HOLD_BACK plus one
+    // poll, ~10-20 ms): its first samples fall back to frame pointers.
+    assert!(
+        child_main * 100 >= child_total * 30,
+        "{child_main} of {child_total} child samples reach main"
     );
     let expected = ["main", "forker_child_work", "forker_child_burn"];
     assert!(stacks

@@ -148,11 +148,11 @@ fn sample(ctx: &PerfEventContext) {
         }
     }
 
-    let Some(walk) = WALKS.get_ptr_mut(0) else {
+    let Some(walk_ptr) = WALKS.get_ptr_mut(0) else {
         return;
     };
     // SAFETY: this CPU's slot, as for the record.
-    let walk = unsafe { &mut *walk };
+    let walk = unsafe { &mut *walk_ptr };
     *walk = Walk {
         regs: Regs::default(),
         pid,
@@ -188,6 +188,10 @@ fn sample(ctx: &PerfEventContext) {
     } else {
         count(BpfCounter::NoUserContext);
     }
+    // The loop's callback changed the state through its own pointer: read
+    // it back from memory, not from what the compiler assumes `walk` holds.
+    // SAFETY: this CPU's slot, valid for the program run.
+    let walk = unsafe { core::ptr::read_volatile(walk_ptr) };
 
     record.header.stack_end = walk.end;
     record.header.user_frames = walk.user_frames;

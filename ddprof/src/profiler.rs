@@ -16,7 +16,7 @@ use crate::config::{Cli, SampleRate};
 use crate::events::EventFd;
 use crate::launch;
 use crate::output::{FoldedStacks, LocalOutput, OutputError, Summary};
-use crate::perf::{PerfEngine, PerfEngineOptions, PerfError};
+use crate::perf::{monotonic_now, PerfEngine, PerfEngineOptions, PerfError, HOLD_BACK};
 use crate::process::ProcessTable;
 use crate::profile::{encode_pprof, ProfileError, ProfileMetadata};
 use crate::sample::Sample;
@@ -61,12 +61,14 @@ enum Engine {
     Bpf {
         samples: Box<BpfEngine>,
         records: PerfEngine,
+        /// BPF samples newer than the records read so far, waiting for them.
+        pending: Vec<Sample>,
     },
 }
 
 /// The BPF engine's ring buffer wakes the loop only when a quarter full:
 /// this bounds how late samples (and map updates after an exec or mmap) are.
-const BPF_MAX_POLL: Duration = Duration::from_millis(50);
+const BPF_MAX_POLL: Duration = Duration::from_millis(10);
 
 impl Engine {
     /// Picks the engine for `cli.engine` and sets it up on `events`.
@@ -108,6 +110,7 @@ impl Engine {
             Some(samples) => Engine::Bpf {
                 samples: Box::new(samples),
                 records: perf,
+                pending: Vec::new(),
             },
             None => Engine::Perf(perf),
         })
@@ -121,13 +124,29 @@ impl Engine {
     ) -> Result<bool, ProfilerError> {
         match self {
             Engine::Perf(engine) => Ok(engine.poll(processes, timeout, on_sample)?.finished),
-            Engine::Bpf { samples, records } => {
-                // Process events first, so that the maps are current.
-                let finished = records.poll(processes, Duration::ZERO, on_sample)?.finished;
-                let outcome = samples
-                    .poll(processes, timeout.min(BPF_MAX_POLL), on_sample)
+            Engine::Bpf {
+                samples,
+                records,
+                pending,
+            } => {
+                let (batch, workload_gone) = samples
+                    .read_samples(timeout.min(BPF_MAX_POLL))
                     .map_err(|error| ProfilerError::Setup(error.to_string()))?;
-                Ok(finished || outcome.finished)
+                pending.extend(batch);
+                // Records of other CPUs may still be on their way for the
+                // last HOLD_BACK: samples that recent wait for the next poll.
+                let cutoff = monotonic_now().saturating_sub(HOLD_BACK.as_nanos() as u64);
+                // Reads the perf buffers (applying nothing yet).
+                let hung_up = records.deliver_until(processes, 0, on_sample).finished;
+                let finished = hung_up || workload_gone;
+                deliver_merged(
+                    samples, records, pending, processes, !finished, cutoff, on_sample,
+                );
+                let until = if finished { u64::MAX } else { cutoff };
+                records.deliver_until(processes, until, on_sample);
+                // New mappings (exec, mmap) reach the BPF maps for the next samples.
+                samples.sync(processes);
+                Ok(finished)
             }
         }
     }
@@ -143,11 +162,17 @@ impl Engine {
             Engine::Perf(engine) => {
                 engine.flush(processes, on_sample);
             }
-            Engine::Bpf { samples, records } => {
-                records.flush(processes, on_sample);
-                if let Err(error) = samples.poll(processes, Duration::ZERO, on_sample) {
-                    log::warn!("{error}");
+            Engine::Bpf {
+                samples,
+                records,
+                pending,
+            } => {
+                match samples.read_samples(Duration::ZERO) {
+                    Ok((batch, _)) => pending.extend(batch),
+                    Err(error) => log::warn!("{error}"),
                 }
+                deliver_merged(samples, records, pending, processes, false, 0, on_sample);
+                records.flush(processes, on_sample);
                 if let Ok(counters) = samples.counters() {
                     log::debug!("BPF program: {counters}");
                 }
@@ -159,8 +184,36 @@ impl Engine {
     fn lost(&self) -> u64 {
         match self {
             Engine::Perf(engine) => engine.losses().lost,
-            Engine::Bpf { samples, records } => samples.losses().lost + records.losses().lost,
+            Engine::Bpf {
+                samples, records, ..
+            } => samples.losses().lost + records.losses().lost,
         }
+    }
+}
+
+/// Hands the BPF samples to `on_sample` in time order, each after the perf
+/// records up to its time have been applied to `processes` (so a sample of
+/// a process that exits soon after still finds it). With `hold`, samples
+/// newer than `cutoff` stay pending.
+fn deliver_merged(
+    samples: &mut BpfEngine,
+    records: &mut PerfEngine,
+    pending: &mut Vec<Sample>,
+    processes: &mut ProcessTable,
+    hold: bool,
+    cutoff: u64,
+    on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+) {
+    pending.sort_by_key(|sample| sample.time);
+    let ready = if hold {
+        pending.partition_point(|sample| sample.time <= cutoff)
+    } else {
+        pending.len()
+    };
+    for sample in pending.drain(..ready) {
+        records.deliver_until(processes, sample.time, on_sample);
+        samples.before_sample(processes, sample.pid);
+        on_sample(processes, sample);
     }
 }
 

@@ -581,6 +581,9 @@ pub struct BpfEngine {
     files: HashMap<Arc<MappedFile>, FileState>,
     /// Per process, the entries last written and the tables they use.
     synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
+    /// Per process, a fingerprint of the table's mappings when last synced
+    /// (so that a sync of unchanged processes costs no table lookups).
+    fingerprints: HashMap<u32, u64>,
     dirty: HashSet<u32>,
     /// Processes read from `/proc` because a sample named them first.
     read_from_proc: HashSet<u32>,
@@ -623,6 +626,7 @@ impl BpfEngine {
             tables: HashMap::new(),
             files: HashMap::new(),
             synced: HashMap::new(),
+            fingerprints: HashMap::new(),
             dirty: HashSet::new(),
             read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
@@ -741,6 +745,7 @@ impl BpfEngine {
 
     fn forget_process(&mut self, pid: u32) {
         self.dirty.remove(&pid);
+        self.fingerprints.remove(&pid);
         if self.synced.remove(&pid).is_some() {
             if let Ok(mut map) = self.program.process_map() {
                 let _ = map.remove(&pid);
@@ -754,6 +759,17 @@ impl BpfEngine {
             self.forget_process(pid);
             return;
         };
+        let fingerprint = process
+            .mappings
+            .iter()
+            .fold(process.mappings.len() as u64, |hash, m| {
+                (hash ^ m.start ^ m.end.rotate_left(17) ^ m.file_offset.rotate_left(31))
+                    .wrapping_mul(0x100_0000_01b3)
+            });
+        if self.synced.contains_key(&pid) && self.fingerprints.get(&pid) == Some(&fingerprint) {
+            return;
+        }
+        self.fingerprints.insert(pid, fingerprint);
         if process.mappings.len() > MAX_PROCESS_MAPPINGS {
             self.table_stats.processes_truncated += 1;
         }
@@ -942,34 +958,44 @@ impl BpfEngine {
         on_sample: &mut dyn FnMut(&ProcessTable, Sample),
     ) -> Result<PollOutcome, BpfError> {
         self.sync(processes);
+        let (samples, finished) = self.read_samples(timeout)?;
+        let mut outcome = PollOutcome {
+            finished,
+            ..PollOutcome::default()
+        };
+        for sample in samples {
+            self.before_sample(processes, sample.pid);
+            outcome.samples += 1;
+            on_sample(processes, sample);
+        }
+        Ok(outcome)
+    }
+
+    /// Waits up to `timeout` for samples and returns them, in the order the
+    /// program wrote them, without looking at any process table (for a loop
+    /// that merges them with the perf records by time; call
+    /// [`BpfEngine::sync`] and [`BpfEngine::before_sample`] around it).
+    /// The flag says that every workload process had exited before.
+    pub fn read_samples(&mut self, timeout: Duration) -> Result<(Vec<Sample>, bool), BpfError> {
         let finished = self.workload_gone();
         if !finished {
             self.wait(timeout)?;
         }
-        let mut outcome = PollOutcome::default();
-        loop {
-            let Some(item) = self.ring.next() else {
-                break;
-            };
-            let decoded = decode(&item);
-            drop(item);
-            let Some(sample) = decoded else {
-                self.malformed += 1;
-                continue;
-            };
-            self.learn_process(processes, sample.pid);
-            outcome.samples += 1;
-            on_sample(processes, sample);
+        let mut samples = Vec::new();
+        while let Some(item) = self.ring.next() {
+            match decode(&item) {
+                Some(sample) => samples.push(sample),
+                None => self.malformed += 1,
+            }
         }
-        outcome.finished = finished;
-        Ok(outcome)
+        Ok((samples, finished))
     }
 
     /// A sample of a process the table does not know (its records were
     /// missed, e.g. written before the perf buffers were mapped): read it
     /// from `/proc` once, for this sample's symbolization and the maps of
     /// the next ones.
-    fn learn_process(&mut self, processes: &mut ProcessTable, pid: u32) {
+    pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) {
         if pid == 0 || processes.get(pid).is_some() || !self.read_from_proc.insert(pid) {
             return;
         }

@@ -252,6 +252,21 @@ impl PerfEngine {
         self.deliver(processes, None, finished, on_sample)
     }
 
+    /// Reads the buffers and applies (and emits), in time order, the queued
+    /// records up to `time` (CLOCK_MONOTONIC ns), keeping later ones: for a
+    /// loop that merges another engine's samples (the BPF engine's) with
+    /// these records by time.
+    pub fn deliver_until(
+        &mut self,
+        processes: &mut ProcessTable,
+        time: u64,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> PollOutcome {
+        self.drain_buffers();
+        let finished = self.all_hung_up();
+        self.deliver(processes, Some(time), finished, on_sample)
+    }
+
     /// Applies and emits, in time order, the queued records up to `cutoff`
     /// (all of them when `None`).
     fn deliver(
@@ -416,7 +431,7 @@ impl PerfEngine {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds, the clock of the records' timestamps.
-fn monotonic_now() -> u64 {
+pub(crate) fn monotonic_now() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
