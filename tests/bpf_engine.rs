@@ -792,11 +792,11 @@ fn ddprof_with_the_bpf_engine_unwinds_forked_and_execd_children() {
         parent_main * 100 >= parent_total * 99,
         "{parent_main} of {parent_total} parent samples reach main"
     );
-    // Each child lives 30 ms; its mappings reach the BPF maps only once its
-    // exec and mmap records have been read and applied (HOLD_BACK plus one
-    // poll, ~10-20 ms): its first samples fall back to frame pointers.
+    // Each child lives 30 ms; its mappings reach the BPF maps once its exec
+    // and mmap records have been read (one poll, up to 10 ms, then /proc):
+    // its first samples fall back to frame pointers (~80% reach main here).
     assert!(
-        child_main * 100 >= child_total * 30,
+        child_main * 100 >= child_total * 60,
         "{child_main} of {child_total} child samples reach main"
     );
     let expected = ["main", "forker_child_work", "forker_child_burn"];

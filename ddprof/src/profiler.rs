@@ -94,8 +94,12 @@ impl Engine {
         let perf = PerfEngine::new(duplicates, options)?;
         let bpf_options = BpfEngineOptions {
             kernel_stacks: launch::event_options(cli).include_kernel,
+            // The running processes, to size the maps and load their tables
+            // before their first sample. (A launched command has not exec'd
+            // yet: its mappings come with its exec's records.)
             workload_pids: match target {
-                Target::Launched { pid } | Target::Pid(pid) => vec![pid],
+                Target::Launched { .. } => Vec::new(),
+                Target::Pid(pid) => vec![pid],
                 Target::Global => all_pids(),
             },
             ..BpfEngineOptions::default()
@@ -144,8 +148,10 @@ impl Engine {
                 );
                 let until = if finished { u64::MAX } else { cutoff };
                 records.deliver_until(processes, until, on_sample);
-                // New mappings (exec, mmap) reach the BPF maps for the next samples.
-                samples.sync(processes);
+                // New mappings (exec, mmap) reach the BPF maps for the next
+                // samples; processes whose new code is still held back are
+                // read from /proc.
+                samples.sync_with_young(processes, &records.pids_with_new_code());
                 Ok(finished)
             }
         }

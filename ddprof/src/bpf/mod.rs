@@ -722,6 +722,22 @@ impl BpfEngine {
     /// poll is cheap; it is what keeps the maps true when the main loop does
     /// not call [`BpfEngine::on_process_event`].
     pub fn sync(&mut self, processes: &ProcessTable) {
+        self.sync_with_young(processes, &HashSet::new());
+    }
+
+    /// [`BpfEngine::sync`], except for the `young` processes: those whose
+    /// fork, exec or executable mmap has been read but not yet applied to
+    /// `processes` (the perf engine holds records back to order them), so
+    /// that the table's view of them is behind. They are read from `/proc`
+    /// now, which shortens by the hold-back the time a new program runs
+    /// with maps that do not describe it.
+    pub fn sync_with_young(&mut self, processes: &ProcessTable, young: &HashSet<u32>) {
+        for &pid in young {
+            let mut fresh = ProcessTable::new();
+            if fresh.load_from_proc(pid).is_ok() {
+                self.sync_process(pid, &fresh);
+            }
+        }
         let gone: Vec<u32> = self
             .synced
             .keys()
@@ -731,7 +747,8 @@ impl BpfEngine {
         for pid in gone {
             self.forget_process(pid);
         }
-        self.dirty.extend(processes.pids());
+        self.dirty
+            .extend(processes.pids().filter(|pid| !young.contains(pid)));
         self.sync_dirty(processes);
     }
 

@@ -252,6 +252,12 @@ impl PerfEngine {
         self.deliver(processes, None, finished, on_sample)
     }
 
+    /// Processes whose fork, exec or executable mmap has been read but is
+    /// held back (not applied to the table yet).
+    pub fn pids_with_new_code(&self) -> std::collections::HashSet<u32> {
+        self.reorder.pids_with_new_code()
+    }
+
     /// Reads the buffers and applies (and emits), in time order, the queued
     /// records up to `time` (CLOCK_MONOTONIC ns), keeping later ones: for a
     /// loop that merges another engine's samples (the BPF engine's) with

@@ -35,6 +35,26 @@ impl Reorder {
         self.pending.is_empty()
     }
 
+    /// Processes with a queued fork (the child), exec or executable mmap:
+    /// the table's view of them is behind what the kernel already reported.
+    pub fn pids_with_new_code(&self) -> HashSet<u32> {
+        self.pending
+            .iter()
+            .filter_map(|pending| match &pending.record {
+                Record::Process(ProcessEvent::Fork { pid, ppid, .. }) if pid != ppid => Some(*pid),
+                Record::Process(ProcessEvent::Comm {
+                    pid, exec: true, ..
+                }) => Some(*pid),
+                Record::Process(ProcessEvent::Map(mapping))
+                    if mapping.prot & libc::PROT_EXEC as u32 != 0 =>
+                {
+                    Some(mapping.pid)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Removes and returns, oldest first, the records timestamped at or
     /// before `cutoff`, or every record when `cutoff` is `None`.
     pub fn take_ready(&mut self, cutoff: Option<u64>) -> Vec<Record> {
