@@ -111,11 +111,20 @@ impl Engine {
                 .map_err(|error| ProfilerError::Setup(format!("--engine bpf: {error}")))?;
         log::info!("engine: {}", decision.reason);
         Ok(match bpf {
-            Some(samples) => Engine::Bpf {
-                samples: Box::new(samples),
-                records: perf,
-                pending: Vec::new(),
-            },
+            Some(mut samples) => {
+                // A command that has exec'd already runs with the program
+                // attached: give the maps its mappings now, not at the first
+                // poll (the rest of the set-up takes a while).
+                let mut perf = perf;
+                let table = ProcessTable::new();
+                perf.deliver_until(&mut ProcessTable::new(), 0, &mut |_, _| {});
+                samples.sync_with_young(&table, &perf.pids_with_new_code());
+                Engine::Bpf {
+                    samples: Box::new(samples),
+                    records: perf,
+                    pending: Vec::new(),
+                }
+            }
             None => Engine::Perf(perf),
         })
     }
