@@ -140,6 +140,8 @@ fn parse_perf_map(text: &str) -> Vec<(u64, u64, Arc<str>)> {
 /// symbolizes, and keep it for the whole run so its caches pay off.
 pub struct Symbolizer {
     blazesym: blazesym::symbolize::Symbolizer,
+    /// `-I`: report inlined functions as frames of their own.
+    inlined_functions: bool,
     files: HashMap<(String, u64, u64), FileCache>,
     cached_addresses: usize,
     perf_maps: HashMap<u32, PerfMap>,
@@ -161,7 +163,11 @@ impl Symbolizer {
     pub fn new(options: SymbolizerOptions) -> Self {
         let blazesym = blazesym::symbolize::Symbolizer::builder()
             .enable_code_info(true)
-            .enable_inlined_fns(options.inlined_functions)
+            // Always on: with inlined functions known, a frame's own
+            // file:line is its call site in its own function, not a line of
+            // whatever was inlined at that address (which `-I` shows as
+            // frames of their own).
+            .enable_inlined_fns(true)
             // Demangled here, to keep the mangled name as the system name.
             .enable_demangling(false)
             // Files are identified by (path, device, inode) here; a file
@@ -171,6 +177,7 @@ impl Symbolizer {
             .build();
         Self {
             blazesym,
+            inlined_functions: options.inlined_functions,
             files: HashMap::new(),
             cached_addresses: 0,
             perf_maps: HashMap::new(),
@@ -275,7 +282,11 @@ impl Symbolizer {
             .symbolize(&source, Input::FileOffset(&missing))
         {
             Ok(results) => {
-                let lines: Vec<Option<Vec<OwnedLine>>> = results.iter().map(sym_lines).collect();
+                let mut lines: Vec<Option<Vec<OwnedLine>>> = results
+                    .iter()
+                    .map(|result| sym_lines(result, self.inlined_functions))
+                    .collect();
+                self.qualify_with_elf_symbols(&file.open_path, &missing, &mut lines);
                 lines
                     .into_iter()
                     .map(|lines| lines.map(|lines| self.intern_lines(lines)))
@@ -303,6 +314,53 @@ impl Symbolizer {
             }
         }
         cache.addresses.extend(found);
+    }
+
+    /// Debug info built with line tables only (Rust's release default)
+    /// names functions without their path (`parse` for
+    /// `serde_json::de::parse`). Where DWARF gave such an unqualified name,
+    /// the ELF symbol table's mangled name for the same address is used when
+    /// it demangles to a path ending in that name.
+    fn qualify_with_elf_symbols(
+        &mut self,
+        path: &str,
+        offsets: &[u64],
+        lines: &mut [Option<Vec<OwnedLine>>],
+    ) {
+        let unqualified: Vec<usize> = lines
+            .iter()
+            .enumerate()
+            .filter_map(|(index, lines)| {
+                let outermost = lines.as_ref()?.last()?;
+                (!is_mangled(&outermost.system_name) && !outermost.function.contains("::"))
+                    .then_some(index)
+            })
+            .collect();
+        if unqualified.is_empty() {
+            return;
+        }
+        let wanted: Vec<u64> = unqualified.iter().map(|&index| offsets[index]).collect();
+        let source = Source::Elf(Elf {
+            debug_syms: false,
+            ..Elf::new(path)
+        });
+        let Ok(results) = self.blazesym.symbolize(&source, Input::FileOffset(&wanted)) else {
+            return;
+        };
+        for (index, result) in unqualified.into_iter().zip(results.iter()) {
+            let Some(sym) = result.as_sym() else { continue };
+            let Some(outermost) = lines[index].as_mut().and_then(|l| l.last_mut()) else {
+                continue;
+            };
+            if !is_mangled(&sym.name) {
+                continue;
+            }
+            let qualified = demangle(&sym.name);
+            if qualified.ends_with(&format!("::{}", outermost.function)) {
+                outermost.function = qualified;
+                outermost.system_name = sym.name.to_string();
+            }
+        }
     }
 
     fn intern_lines(&mut self, lines: Vec<OwnedLine>) -> Vec<SymbolLine> {
@@ -335,7 +393,7 @@ impl Symbolizer {
             });
             let resolved: Vec<Option<Vec<OwnedLine>>> =
                 match self.blazesym.symbolize(&source, Input::AbsAddr(&missing)) {
-                    Ok(results) => results.iter().map(sym_lines).collect(),
+                    Ok(results) => results.iter().map(|r| sym_lines(r, false)).collect(),
                     Err(error) => {
                         log::debug!("cannot symbolize kernel addresses: {error}");
                         vec![None; missing.len()]
@@ -444,7 +502,7 @@ struct OwnedLine {
 }
 
 /// Lines of one blazesym result, innermost first.
-fn sym_lines(result: &Symbolized<'_>) -> Option<Vec<OwnedLine>> {
+fn sym_lines(result: &Symbolized<'_>, with_inlined: bool) -> Option<Vec<OwnedLine>> {
     let sym: &Sym<'_> = result.as_sym()?;
     let location = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| {
         info.map(|info| {
@@ -458,7 +516,9 @@ fn sym_lines(result: &Symbolized<'_>) -> Option<Vec<OwnedLine>> {
     let mut lines = Vec::with_capacity(sym.inlined.len() + 1);
     // blazesym lists inlined functions outermost first, each with the
     // location inside it; pprof wants the innermost first.
-    for inlined in sym.inlined.iter().rev() {
+    let inlined: &[blazesym::symbolize::InlinedFn<'_>] =
+        if with_inlined { &sym.inlined } else { &[] };
+    for inlined in inlined.iter().rev() {
         let (file, line) = location(inlined.code_info.as_ref());
         lines.push(OwnedLine {
             function: demangle(&inlined.name),
@@ -475,6 +535,11 @@ fn sym_lines(result: &Symbolized<'_>) -> Option<Vec<OwnedLine>> {
         line,
     });
     Some(lines)
+}
+
+/// Whether `name` is a Rust (legacy or v0) or C++ mangled name.
+fn is_mangled(name: &str) -> bool {
+    name.starts_with("_ZN") || name.starts_with("_Z") || name.starts_with("_R")
 }
 
 /// Demangles Rust (legacy and v0) and C++ names; other names are returned as is.

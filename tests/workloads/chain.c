@@ -13,10 +13,11 @@
  * chain_e runs the same loop 7 times in chain_leaf_70 for every 3 times in
  * chain_leaf_30, so about 70 % of the samples end in chain_leaf_70.
  *
- * Usage: chain SECONDS (default 2). Built -O2 -fomit-frame-pointer -g: the
+ * Usage: chain SECONDS (default 2), or chain --work N (fixed work, for benchmarks). Built -O2 -fomit-frame-pointer -g: the
  * chain only survives because of the attributes and the work after each call.
  */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #ifdef __clang__
@@ -64,10 +65,22 @@ KEEP_FRAME unsigned long chain_c(unsigned long seed) { return chain_d(seed ^ 3) 
 KEEP_FRAME unsigned long chain_b(unsigned long seed) { return chain_c(seed ^ 2) + 1; }
 KEEP_FRAME unsigned long chain_a(unsigned long seed) { return chain_b(seed ^ 1) + 1; }
 
+/* `--work N`: a fixed amount of work (N units of about a second each on
+ * this project's 2-core VM), so that a benchmark sees profiling overhead as
+ * a longer run instead of less work done. */
+#define CALLS_PER_WORK_UNIT 5000
+
 int main(int argc, char **argv) {
+    unsigned long x = 1;
+    if (argc > 2 && strcmp(argv[1], "--work") == 0) {
+        long calls = atol(argv[2]) * CALLS_PER_WORK_UNIT;
+        for (long i = 0; i < calls; i++)
+            x = chain_a(x);
+        chain_sink = x;
+        return 0;
+    }
     double seconds = argc > 1 ? atof(argv[1]) : 2.0;
     double end = now_seconds() + seconds;
-    unsigned long x = 1;
     while (now_seconds() < end)
         x = chain_a(x);
     chain_sink = x;

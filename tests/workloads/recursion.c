@@ -10,9 +10,10 @@
  * About 300 * 80 = 24 KB of stack: a 32 KB stack copy holds all of it,
  * an 8 KB copy does not.
  *
- * Usage: recursion SECONDS (default 2).
+ * Usage: recursion SECONDS (default 2), or recursion --work N (fixed work, for benchmarks).
  */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #ifdef __clang__
@@ -48,10 +49,22 @@ KEEP_FRAME unsigned long recurse_deep(int depth, unsigned long x) {
 
 KEEP_FRAME unsigned long recursion_driver(unsigned long x) { return recurse_deep(DEPTH - 1, x) + 1; }
 
+/* `--work N`: a fixed amount of work (N units of about a second each on
+ * this project's 2-core VM), so that a benchmark sees profiling overhead as
+ * a longer run instead of less work done. */
+#define CALLS_PER_WORK_UNIT 5000
+
 int main(int argc, char **argv) {
+    unsigned long x = 1;
+    if (argc > 2 && strcmp(argv[1], "--work") == 0) {
+        long calls = atol(argv[2]) * CALLS_PER_WORK_UNIT;
+        for (long i = 0; i < calls; i++)
+            x = recursion_driver(x);
+        recursion_sink = x;
+        return 0;
+    }
     double seconds = argc > 1 ? atof(argv[1]) : 2.0;
     double end = now_seconds() + seconds;
-    unsigned long x = 1;
     while (now_seconds() < end)
         x = recursion_driver(x);
     recursion_sink = x;

@@ -336,6 +336,23 @@ fn run_once(tool: &str, line: &[String], run_id: &str) -> Result<RunResult> {
     Ok(result)
 }
 
+/// The command line as a shell would need it typed.
+fn shell_words(line: &[String]) -> String {
+    line.iter()
+        .map(|word| {
+            if word
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=,:".contains(c))
+            {
+                word.clone()
+            } else {
+                format!("'{}'", word.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn median(mut values: Vec<f64>) -> Option<f64> {
     if values.is_empty() {
         return None;
@@ -428,7 +445,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             } else {
                 line
             };
-            commands.insert(tool.to_string(), line.join(" "));
+            commands.insert(tool.to_string(), shell_words(&line));
             let mut results = Vec::new();
             let mut failure = None;
             for run in 0..args.runs {

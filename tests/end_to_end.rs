@@ -1,0 +1,301 @@
+//! ddprof as a user runs it: the real binary wraps a real workload, and the
+//! files it leaves behind are read back with `go tool pprof` and parsed.
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use ddprof_tests::ddprof_bin;
+use ddprof_tests::workloads::build_workload;
+
+/// A scratch output directory, removed when the test ends.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("ddprof-e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ddprof(output: &Path) -> Command {
+    let mut command = Command::new(ddprof_bin());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("DD_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .args(["-l", "notice", "--output"])
+        .arg(output)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Runs to the end: stderr reaches end-of-file only once the detached
+/// profiler, which shares it, has written its last line and exited.
+fn run(command: &mut Command) -> (Output, String) {
+    let output = command.output().expect("ddprof runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stderr)
+}
+
+fn summary(stderr: &str) -> HashMap<String, u64> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("summary:"))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
+    line.split_whitespace()
+        .filter_map(|word| {
+            let (key, value) = word.split_once('=')?;
+            Some((key.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+fn pprof_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pprof"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn go_pprof(args: &[&str], file: &Path) -> String {
+    let output = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("`go tool pprof` runs (apt-get install golang-go; `cargo xtask test` does it)");
+    assert!(
+        output.status.success(),
+        "go tool pprof {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// `stacks.folded` as (frames root first, count).
+fn folded(dir: &Path) -> Vec<(Vec<String>, u64)> {
+    std::fs::read_to_string(dir.join("stacks.folded"))
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (stack, count) = line.rsplit_once(' ').expect("`stack count` lines");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                count.parse().expect("a count"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn wraps_the_chain_workload_into_pprof_flamegraph_and_folded_stacks() {
+    let chain = build_workload("chain.c");
+    let out = Scratch::new("chain");
+    let (output, stderr) = run(ddprof(&out.0)
+        .args(["-S", "e2e-chain", "-e", "sCPU freq=999", "--"])
+        .arg(&chain)
+        .arg("2"));
+    assert!(output.status.success(), "{stderr}");
+    let summary = summary(&stderr);
+    let samples = summary["samples"];
+    assert!(
+        samples > 500,
+        "2 s at 999 Hz gave {samples} samples:\n{stderr}"
+    );
+    assert!(summary["full_stacks"] * 100 >= samples * 99, "{summary:?}");
+
+    // One profile per period (one here) and the whole-run files.
+    let profiles = pprof_files(&out.0);
+    assert_eq!(profiles.len(), 1, "{profiles:?}");
+    let name = profiles[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(
+        name.starts_with("e2e-chain-2026") || name.starts_with("e2e-chain-20"),
+        "{name}"
+    );
+
+    let raw = go_pprof(&["-raw"], &profiles[0]);
+    assert!(
+        raw.contains("cpu-samples/count") && raw.contains("cpu-time/nanoseconds"),
+        "{raw}"
+    );
+    for label in [
+        "process_id",
+        "process_name",
+        "thread id",
+        "thread_name",
+        "end_timestamp_ns",
+    ] {
+        assert!(raw.contains(label), "label {label} missing:\n{raw}");
+    }
+    assert!(
+        raw.contains(&chain.display().to_string()),
+        "the mapping names the binary"
+    );
+    // Functions with their source lines, from the binary's DWARF.
+    let chain_lines = raw
+        .lines()
+        .filter(|l| l.contains("chain_leaf_70") && l.contains("chain.c:"))
+        .count();
+    assert!(
+        chain_lines > 0,
+        "chain_leaf_70 with chain.c:LINE expected:\n{raw}"
+    );
+
+    // The full chain in order, innermost first, in the pprof traces.
+    let traces = go_pprof(&["-traces"], &profiles[0]);
+    let expected = [
+        "chain_e", "chain_d", "chain_c", "chain_b", "chain_a", "main",
+    ];
+    let stack_of_leaf: Vec<&str> = traces
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| !l.ends_with("chain_leaf_70"))
+        .skip(1)
+        .take(expected.len())
+        .collect();
+    assert_eq!(stack_of_leaf, expected, "{traces}");
+
+    // stacks.folded: root first, counts add up to the samples, 70/30 split.
+    let stacks = folded(&out.0);
+    let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+    assert_eq!(total, samples, "stacks.folded must count every sample");
+    let leaf_total = |leaf: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|(frames, _)| frames.last().is_some_and(|f| f == leaf))
+            .map(|(_, c)| c)
+            .sum()
+    };
+    let (seventy, thirty) = (leaf_total("chain_leaf_70"), leaf_total("chain_leaf_30"));
+    let share = seventy as f64 * 100.0 / (seventy + thirty) as f64;
+    assert!(
+        (65.0..=75.0).contains(&share),
+        "chain_leaf_70 share {share:.1} % ({seventy}/{thirty})"
+    );
+    for (frames, _) in &stacks {
+        assert_eq!(
+            frames.first().map(String::as_str),
+            Some("chain"),
+            "process name first: {frames:?}"
+        );
+    }
+
+    let svg = std::fs::read_to_string(out.0.join("flamegraph.svg")).unwrap();
+    assert!(
+        svg.trim_start().starts_with("<?xml") || svg.contains("<svg"),
+        "not an SVG"
+    );
+    assert!(svg.contains("chain_leaf_70") && svg.contains("chain_leaf_30"));
+}
+
+#[test]
+fn children_that_exit_before_the_flush_are_symbolized() {
+    let forker = build_workload("forker.c");
+    let child = build_workload("forker_child.c");
+    let out = Scratch::new("forker");
+    let (output, stderr) = run(ddprof(&out.0)
+        .args(["-e", "sCPU freq=999", "--"])
+        .arg(&forker)
+        .arg("2")
+        .arg(&child));
+    assert!(output.status.success(), "{stderr}");
+    let profiles = pprof_files(&out.0);
+    assert_eq!(profiles.len(), 1, "{profiles:?}");
+    // Every child exited long before the profile was written at exit.
+    let top = go_pprof(&["-top", "-nodecount=200"], &profiles[0]);
+    assert!(
+        top.contains("forker_child_burn"),
+        "children's frames must be named:\n{top}"
+    );
+    assert!(top.contains("forker_parent_burn"), "{top}");
+    // The exec'd children carry their own process name.
+    let traces = go_pprof(&["-traces"], &profiles[0]);
+    assert!(traces.contains("process_name:  forker_child"), "{traces}");
+}
+
+#[test]
+fn an_unprivileged_user_profiles_its_own_command_with_the_perf_engine() {
+    let chain = build_workload("chain.c");
+    let out = Scratch::new("nobody");
+    // nobody must be able to write its profiles.
+    Command::new("chmod")
+        .arg("777")
+        .arg(&out.0)
+        .status()
+        .unwrap();
+    let mut command = Command::new("setpriv");
+    command
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(ddprof_bin())
+        .args(["-l", "notice", "-e", "sCPU freq=999", "--output"])
+        .arg(&out.0)
+        .arg("--")
+        .arg(&chain)
+        .arg("1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (output, stderr) = run(&mut command);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("engine: perf"),
+        "the engine choice is logged:\n{stderr}"
+    );
+    let summary = summary(&stderr);
+    assert!(summary["samples"] > 200, "{summary:?}\n{stderr}");
+    assert!(
+        summary["full_stacks"] * 100 >= summary["samples"] * 99,
+        "{summary:?}"
+    );
+    assert_eq!(pprof_files(&out.0).len(), 1);
+}
+
+#[test]
+fn lost_samples_are_counted_and_reported() {
+    let chain = build_workload("chain.c");
+    let out = Scratch::new("lost");
+    // Two pages of ring buffer for 60 KB stack copies at 9999 Hz.
+    let (output, stderr) = run(ddprof(&out.0)
+        .args([
+            "--ring-buffer-kib",
+            "8",
+            "--stack-sample-size",
+            "60000",
+            "-e",
+            "sCPU freq=9999",
+            "--",
+        ])
+        .arg(&chain)
+        .arg("1"));
+    assert!(output.status.success(), "{stderr}");
+    let summary = summary(&stderr);
+    assert!(summary["lost"] > 0, "{summary:?}\n{stderr}");
+    assert!(
+        stderr.contains("samples were lost"),
+        "a warning says so:\n{stderr}"
+    );
+}
