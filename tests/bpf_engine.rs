@@ -283,7 +283,7 @@ fn chain_without_frame_pointers_unwinds_to_main() {
         ours.len()
     );
     let counters = profile.engine.counters().unwrap();
-    assert_eq!(counters.get(BpfCounter::UnknownProcess), 0);
+    assert_eq!(counters.get(BpfCounter::HandedToPerf), 0);
     assert_eq!(profile.engine.losses().lost, 0);
     // libc and the workload have tables in the row map.
     assert!(profile.engine.table_stats().files_loaded >= 2);
@@ -781,22 +781,22 @@ fn ddprof_with_the_bpf_engine_unwinds_forked_and_execd_children() {
         child_total >= 50,
         "{child_total} samples of the exec'd children"
     );
-    assert!(parent_total >= 10, "{parent_total} samples of the parent");
     // Samples are merged with the perf records by time: even a process that
     // has exited by the time its samples are read is known by name.
     assert!(
         unattributed * 100 <= total,
         "{unattributed} of {total} unattributed"
     );
+    // (The parent mostly waits for its children: few samples.)
     assert!(
         parent_main * 100 >= parent_total * 99,
         "{parent_main} of {parent_total} parent samples reach main"
     );
-    // Each child lives 30 ms; its mappings reach the BPF maps once its exec
-    // and mmap records have been read (one poll, up to 10 ms, then /proc):
-    // its first samples fall back to frame pointers (~80% reach main here).
+    // Each child lives 30 ms. Until its mappings reach the BPF maps (the
+    // next poll), the program hands its samples to the perf engine, which
+    // unwinds them from the kernel's stack copy: nothing is cut short.
     assert!(
-        child_main * 100 >= child_total * 60,
+        child_main * 100 >= child_total * 99,
         "{child_main} of {child_total} child samples reach main"
     );
     let expected = ["main", "forker_child_work", "forker_child_burn"];

@@ -106,8 +106,10 @@ pub enum BpfCounter {
     DepthLimit = 5,
     /// The sample had no user registers (kernel thread).
     NoUserContext = 6,
-    /// The process had no entry in the process map (frame pointers only).
-    UnknownProcess = 7,
+    /// The process had no entry in the process map, or its entry did not
+    /// hold the sampled PC (it exec'd or mapped code since): the program let
+    /// the kernel write the sample to the perf buffer for the perf engine.
+    HandedToPerf = 7,
 }
 
 impl BpfCounter {
@@ -119,7 +121,7 @@ impl BpfCounter {
         BpfCounter::ReadFault,
         BpfCounter::DepthLimit,
         BpfCounter::NoUserContext,
-        BpfCounter::UnknownProcess,
+        BpfCounter::HandedToPerf,
     ];
 }
 

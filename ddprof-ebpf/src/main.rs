@@ -25,7 +25,7 @@ use aya_ebpf::helpers::generated::{
     bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output, bpf_task_pt_regs,
 };
 use aya_ebpf::macros::{map, perf_event};
-use aya_ebpf::maps::{Array, HashMap, PerCpuArray, RingBuf};
+use aya_ebpf::maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf};
 use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::EbpfContext;
 use ddprof_common::bpf_maps::{
@@ -61,6 +61,12 @@ static PROCESSES: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(1024
 #[map]
 static ROWS: Array<RowChunk> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
+/// Processes whose samples were handed to the perf engine because the
+/// process map did not describe them: userspace reads their mappings from
+/// `/proc` at its next poll and clears the entries.
+#[map]
+static HANDED_OFF: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1024, 0);
+
 /// Set by the loader: collect kernel stacks (non-zero) or not.
 #[no_mangle]
 static KERNEL_STACKS: u32 = 0;
@@ -88,7 +94,9 @@ struct Walk {
     /// the process was unknown.
     no_table: u32,
     read_fault: u32,
-    unknown_process: u32,
+    /// The first PC is in none of the process's mappings: hand the sample
+    /// to the perf engine.
+    handoff: u32,
     /// The mapping of the previous frame (consecutive frames are often in the
     /// same file): `[start, end)`, its bias and its table's rows.
     mapping_start: u64,
@@ -103,23 +111,30 @@ struct Walk {
 
 #[perf_event]
 pub fn ddprof_sample(ctx: PerfEventContext) -> u32 {
-    sample(&ctx);
-    // 0: the kernel does not write the sample to the perf ring buffer.
-    0
+    // 0: the kernel does not write the sample to the perf ring buffer;
+    // 1: it does (with the user stack copy), for the perf engine to unwind.
+    sample(&ctx)
 }
 
 #[inline(always)]
-fn sample(ctx: &PerfEventContext) {
+fn sample(ctx: &PerfEventContext) -> u32 {
     count(BpfCounter::Seen);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    // A process userspace has not described yet (just forked or started,
+    // or beyond the map's size): the perf engine unwinds this sample from
+    // the stack copy the kernel then writes.
+    if PROCESSES.get_ptr(pid).is_none() {
+        hand_off(pid);
+        return 1;
+    }
     let Some(record) = SCRATCH.get_ptr_mut(0) else {
-        return;
+        return 0;
     };
     // SAFETY: a per-CPU map slot, valid for the whole program run and used
     // by this CPU only (perf_event programs do not nest on one CPU).
     let record = unsafe { &mut *record };
     let data = ctx.as_ptr() as *const bpf_perf_event_data;
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let pid = (pid_tgid >> 32) as u32;
     record.header.pid = pid;
     record.header.tid = pid_tgid as u32;
     // SAFETY: helpers without memory arguments; `data` is the program's
@@ -149,7 +164,7 @@ fn sample(ctx: &PerfEventContext) {
     }
 
     let Some(walk_ptr) = WALKS.get_ptr_mut(0) else {
-        return;
+        return 0;
     };
     // SAFETY: this CPU's slot, as for the record.
     let walk = unsafe { &mut *walk_ptr };
@@ -162,7 +177,7 @@ fn sample(ctx: &PerfEventContext) {
         exact_pc: 1,
         no_table: 0,
         read_fault: 0,
-        unknown_process: 0,
+        handoff: 0,
         mapping_start: 0,
         mapping_end: 0,
         mapping_bias: 0,
@@ -192,6 +207,12 @@ fn sample(ctx: &PerfEventContext) {
     // it back from memory, not from what the compiler assumes `walk` holds.
     // SAFETY: this CPU's slot, valid for the program run.
     let walk = unsafe { core::ptr::read_volatile(walk_ptr) };
+    if walk.handoff != 0 {
+        // The process's entry does not describe its code (it exec'd or
+        // mapped code since userspace last wrote it).
+        hand_off(pid);
+        return 1;
+    }
 
     record.header.stack_end = walk.end;
     record.header.user_frames = walk.user_frames;
@@ -201,9 +222,6 @@ fn sample(ctx: &PerfEventContext) {
     }
     if walk.read_fault != 0 {
         count(BpfCounter::ReadFault);
-    }
-    if walk.unknown_process != 0 {
-        count(BpfCounter::UnknownProcess);
     }
     if walk.end == StackEnd::DepthLimit as u32 {
         count(BpfCounter::DepthLimit);
@@ -239,6 +257,7 @@ fn sample(ctx: &PerfEventContext) {
     } else {
         BpfCounter::BufferFull
     });
+    0
 }
 
 /// The user registers of the sampled thread: the sample's own registers when
@@ -336,6 +355,9 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         Rule::Row(row) => step(&row, &mut next, &mut read),
         Rule::FramePointer => StepResult::NoInfo,
         Rule::Unmapped => {
+            if walk.user_frames == 1 {
+                walk.handoff = 1;
+            }
             walk.end = StackEnd::BadAddress as u32;
             return None;
         }
@@ -388,8 +410,8 @@ enum Rule {
 #[inline(always)]
 fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
     if pc < walk.mapping_start || pc >= walk.mapping_end {
+        // (Only missing if userspace removed it since the sample began.)
         let Some(mappings) = PROCESSES.get_ptr(walk.pid) else {
-            walk.unknown_process = 1;
             return Rule::FramePointer;
         };
         // SAFETY: a map value, valid for the program run; userspace replaces
@@ -512,6 +534,14 @@ fn read_user_u64(addr: u64) -> Option<u64> {
         )
     };
     (result == 0).then_some(value)
+}
+
+/// Counts a sample handed to the perf engine and tells userspace which
+/// process needs its mappings in the process map.
+#[inline(always)]
+fn hand_off(pid: u32) {
+    count(BpfCounter::HandedToPerf);
+    let _ = HANDED_OFF.insert(&pid, &1, 0);
 }
 
 #[inline(always)]

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::aggregate::{Aggregator, AggregatorOptions};
-use crate::bpf::{choose_engine_with, BpfEngine, BpfEngineOptions};
+use crate::bpf::{choose_engine_with, BpfEngine, BpfEngineOptions, DEFAULT_RING_BUFFER_BYTES};
 use crate::config::{Cli, SampleRate};
 use crate::events::EventFd;
 use crate::launch;
@@ -94,6 +94,10 @@ impl Engine {
         let perf = PerfEngine::new(duplicates, options)?;
         let bpf_options = BpfEngineOptions {
             kernel_stacks: launch::event_options(cli).include_kernel,
+            // --ring-buffer-kib sizes whichever buffer receives the samples.
+            ring_buffer_bytes: cli
+                .ring_buffer_kib
+                .map_or(DEFAULT_RING_BUFFER_BYTES, |kib| kib as usize * 1024),
             // The running processes, to size the maps and load their tables
             // before their first sample. (A launched command has not exec'd
             // yet: its mappings come with its exec's records.)

@@ -440,6 +440,22 @@ impl BpfProgram {
         })
     }
 
+    /// The processes the program handed samples of to the perf engine since
+    /// the last call (and clears the list).
+    fn take_handed_off(&mut self) -> Vec<u32> {
+        let Some(map) = self.ebpf.map_mut("HANDED_OFF") else {
+            return Vec::new();
+        };
+        let Ok(mut map) = aya::maps::HashMap::<&mut MapData, u32, u32>::try_from(map) else {
+            return Vec::new();
+        };
+        let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
+        for pid in &pids {
+            let _ = map.remove(pid);
+        }
+        pids
+    }
+
     /// What the maps take in the kernel.
     pub fn memory(&self) -> MapMemory {
         let process_value = std::mem::size_of::<ProcessMappings>();
@@ -732,7 +748,11 @@ impl BpfEngine {
     /// now, which shortens by the hold-back the time a new program runs
     /// with maps that do not describe it.
     pub fn sync_with_young(&mut self, processes: &ProcessTable, young: &HashSet<u32>) {
-        for &pid in young {
+        // So are the processes whose samples the program handed to the
+        // perf engine since the last sync.
+        let mut young = young.clone();
+        young.extend(self.program.take_handed_off());
+        for &pid in &young {
             let mut fresh = ProcessTable::new();
             if fresh.load_from_proc(pid).is_ok() {
                 self.sync_process(pid, &fresh);
