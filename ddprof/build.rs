@@ -1,35 +1,142 @@
-//! Embeds the BPF object built by `cargo xtask build-ebpf`, when there is one.
+//! Embeds the BPF object, and keeps it in step with its sources.
 //!
-//! The object is looked up at `$DDPROF_EBPF_OBJECT`, else at the path the
-//! xtask writes to. Without it the binary is perf-only and says so at run time
-//! ("BPF engine not built into this binary").
-use std::path::PathBuf;
+//! The object comes from `$DDPROF_EBPF_OBJECT` when set (embedded as is),
+//! else from `target/ebpf/bpfel-unknown-none/release/ddprof-ebpf`, which
+//! `cargo xtask build-ebpf` writes. When the BPF sources (`ddprof-ebpf/`,
+//! `ddprof-common/`) are newer than that object, this script rebuilds it
+//! with the toolchain `build-ebpf` cached in `target/bpf-toolchain/`; with
+//! no such toolchain it builds a perf-only ddprof rather than embed an object
+//! that no longer matches the loader ("BPF engine not built into this
+//! binary" at run time).
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::SystemTime;
+
+fn newest_mtime(path: &Path) -> Option<SystemTime> {
+    let metadata = std::fs::metadata(path).ok()?;
+    if !metadata.is_dir() {
+        return metadata.modified().ok();
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .flatten()
+        .filter(|entry| entry.file_name() != "target")
+        .filter_map(|entry| newest_mtime(&entry.path()))
+        .max()
+}
+
+fn build_object(workspace: &Path, target_dir: &Path) -> Result<(), String> {
+    let linker_dir = target_dir.join("bpf-toolchain/bin");
+    if !linker_dir.join("bpf-linker").is_file() {
+        return Err(
+            "no BPF toolchain cached in target/bpf-toolchain (run `cargo xtask build-ebpf`)".into(),
+        );
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path =
+        std::env::join_paths(std::iter::once(linker_dir).chain(std::env::split_paths(&path)))
+            .map_err(|e| e.to_string())?;
+    let mut command = Command::new("cargo");
+    command
+        .current_dir(workspace.join("ddprof-ebpf"))
+        .args([
+            "+nightly",
+            "build",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .env("PATH", path)
+        .env("CARGO_TARGET_DIR", target_dir.join("ebpf"));
+    // This script runs inside the host build: none of its settings apply.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_")
+            || key.starts_with("RUSTC")
+            || key == "RUSTFLAGS"
+            || key == "RUSTUP_TOOLCHAIN"
+            || key == "RUSTDOC"
+        {
+            if key != "CARGO_HOME" {
+                command.env_remove(key.as_ref());
+            }
+        }
+    }
+    command.env("CARGO_TARGET_DIR", target_dir.join("ebpf"));
+    let output = command
+        .output()
+        .map_err(|e| format!("cannot run cargo +nightly: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(format!(
+            "the BPF build failed: {}",
+            stderr
+                .lines()
+                .filter(|l| l.contains("error"))
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" / ")
+        ));
+    }
+    Ok(())
+}
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(ddprof_bpf)");
     println!("cargo::rerun-if-env-changed=DDPROF_EBPF_OBJECT");
-    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let default = manifest_dir
-        .join("../target/ebpf/bpfel-unknown-none/release/ddprof-ebpf")
-        .canonicalize()
-        .unwrap_or_else(|_| {
-            manifest_dir.join("../target/ebpf/bpfel-unknown-none/release/ddprof-ebpf")
-        });
-    let object = std::env::var_os("DDPROF_EBPF_OBJECT")
-        .map(PathBuf::from)
-        .unwrap_or(default);
-    // Rebuild (re-embed) whenever the object changes or appears.
-    println!("cargo::rerun-if-changed={}", object.display());
-    if object.is_file() {
-        println!("cargo::rustc-cfg=ddprof_bpf");
-        println!(
-            "cargo::rustc-env=DDPROF_EBPF_OBJECT_PATH={}",
-            object.display()
-        );
-    } else {
-        println!(
-            "cargo::warning=BPF object not found at {}: building a perf-only ddprof (run `cargo xtask build-ebpf`)",
-            object.display()
-        );
+    if let Some(object) = std::env::var_os("DDPROF_EBPF_OBJECT").map(PathBuf::from) {
+        println!("cargo::rerun-if-changed={}", object.display());
+        if object.is_file() {
+            println!("cargo::rustc-cfg=ddprof_bpf");
+            println!(
+                "cargo::rustc-env=DDPROF_EBPF_OBJECT_PATH={}",
+                object.display()
+            );
+        } else {
+            println!(
+                "cargo::warning=DDPROF_EBPF_OBJECT={} does not exist: building a perf-only ddprof",
+                object.display()
+            );
+        }
+        return;
     }
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let workspace = manifest_dir.parent().unwrap().to_path_buf();
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    let object = target_dir.join("ebpf/bpfel-unknown-none/release/ddprof-ebpf");
+    let sources = [
+        workspace.join("ddprof-ebpf/src"),
+        workspace.join("ddprof-ebpf/Cargo.toml"),
+        workspace.join("ddprof-ebpf/Cargo.lock"),
+        workspace.join("ddprof-ebpf/.cargo"),
+        workspace.join("ddprof-common/src"),
+    ];
+    println!("cargo::rerun-if-changed={}", object.display());
+    for source in &sources {
+        println!("cargo::rerun-if-changed={}", source.display());
+    }
+    let newest_source = sources.iter().filter_map(|s| newest_mtime(s)).max();
+    let object_time = std::fs::metadata(&object).and_then(|m| m.modified()).ok();
+    let fresh =
+        matches!((object_time, newest_source), (Some(object), Some(source)) if object >= source);
+    if !fresh {
+        if let Err(why) = build_object(&workspace, &target_dir) {
+            let state = if object_time.is_some() {
+                "older than its sources"
+            } else {
+                "missing"
+            };
+            println!("cargo::warning=BPF object {state} and not rebuilt ({why}): building a perf-only ddprof");
+            return;
+        }
+    }
+    println!("cargo::rustc-cfg=ddprof_bpf");
+    println!(
+        "cargo::rustc-env=DDPROF_EBPF_OBJECT_PATH={}",
+        object.display()
+    );
 }

@@ -324,9 +324,17 @@ impl Pipeline {
         if period.stats.samples == 0 && !(last && self.profiles == 0) {
             return Ok(());
         }
+        let samples = period.stats.samples;
+        let symbolizing = Instant::now();
         let symbolized = self.symbolizer.symbolize(period);
+        let symbolize_time = symbolizing.elapsed();
         self.folded.add(&symbolized);
         let bytes = encode_pprof(&symbolized, &self.metadata)?;
+        log::info!(
+            "period: {samples} samples, symbolized in {:.1} ms, pprof {} bytes",
+            symbolize_time.as_secs_f64() * 1e3,
+            bytes.len()
+        );
         if let Some(output) = &self.output {
             let path = output.write_profile(&bytes, start)?;
             log::info!("wrote {} ({} bytes)", path.display(), bytes.len());
@@ -337,6 +345,12 @@ impl Pipeline {
 
     fn finish(&mut self) -> Result<(), ProfilerError> {
         self.flush_period(true)?;
+        if self.folded.total_samples() == 0 {
+            // A flame graph of nothing cannot be drawn; the empty profile
+            // above already says that the run took no samples.
+            log::info!("no samples were taken: no flamegraph.svg or stacks.folded written");
+            return Ok(());
+        }
         if let Some(output) = &self.output {
             let written = output.finish(&self.folded)?;
             log::info!(
