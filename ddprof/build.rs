@@ -53,15 +53,13 @@ fn build_object(workspace: &Path, target_dir: &Path) -> Result<(), String> {
     // This script runs inside the host build: none of its settings apply.
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
-        if key.starts_with("CARGO_")
+        let host_setting = key.starts_with("CARGO_")
             || key.starts_with("RUSTC")
             || key == "RUSTFLAGS"
             || key == "RUSTUP_TOOLCHAIN"
-            || key == "RUSTDOC"
-        {
-            if key != "CARGO_HOME" {
-                command.env_remove(key.as_ref());
-            }
+            || key == "RUSTDOC";
+        if host_setting && key != "CARGO_HOME" {
+            command.env_remove(key.as_ref());
         }
     }
     command.env("CARGO_TARGET_DIR", target_dir.join("ebpf"));
