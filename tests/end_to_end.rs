@@ -1,10 +1,10 @@
 //! ddprof as a user runs it: the real binary wraps a real workload, and the
 //! files it leaves behind are read back with `go tool pprof` and parsed.
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use ddprof_tests::ddprof_bin;
+use ddprof_tests::outputs::{go_pprof, pprof_files, summary_fields as summary};
 use ddprof_tests::workloads::build_workload;
 
 /// A scratch output directory, removed when the test ends.
@@ -47,45 +47,6 @@ fn run(command: &mut Command) -> (Output, String) {
     let output = command.output().expect("ddprof runs");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     (output, stderr)
-}
-
-fn summary(stderr: &str) -> HashMap<String, u64> {
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("summary:"))
-        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
-    line.split_whitespace()
-        .filter_map(|word| {
-            let (key, value) = word.split_once('=')?;
-            Some((key.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-fn pprof_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pprof"))
-        .collect();
-    files.sort();
-    files
-}
-
-fn go_pprof(args: &[&str], file: &Path) -> String {
-    let output = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .arg(file)
-        .output()
-        .expect("`go tool pprof` runs (apt-get install golang-go; `cargo xtask test` does it)");
-    assert!(
-        output.status.success(),
-        "go tool pprof {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// `stacks.folded` as (frames root first, count).
@@ -278,9 +239,12 @@ fn an_unprivileged_user_profiles_its_own_command_with_the_perf_engine() {
 fn lost_samples_are_counted_and_reported() {
     let chain = build_workload("chain.c");
     let out = Scratch::new("lost");
-    // Two pages of ring buffer for 60 KB stack copies at 9999 Hz.
+    // The perf engine with two pages of ring buffer for 60 KB stack copies
+    // at 9999 Hz.
     let (output, stderr) = run(ddprof(&out.0)
         .args([
+            "--engine",
+            "perf",
             "--ring-buffer-kib",
             "8",
             "--stack-sample-size",
@@ -297,5 +261,27 @@ fn lost_samples_are_counted_and_reported() {
     assert!(
         stderr.contains("samples were lost"),
         "a warning says so:\n{stderr}"
+    );
+}
+
+#[test]
+fn show_samples_prints_one_line_per_sample() {
+    let chain = build_workload("chain.c");
+    let out = Scratch::new("show");
+    let (output, stderr) = run(ddprof(&out.0)
+        .args(["--show-samples", "--"])
+        .arg(&chain)
+        .arg("1"));
+    assert!(output.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("notice: sample pid="))
+        .collect();
+    assert_eq!(lines.len() as u64, summary(&stderr)["samples"], "{stderr}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("(chain)") && l.contains("end=Complete")),
+        "{lines:?}"
     );
 }

@@ -568,11 +568,7 @@ fn config_file_precedence_is_flag_then_env_then_file_then_default() {
 /// Waits for a `summary:` line (written by the profiler at exit) and returns
 /// its sample count.
 fn summary_samples(stderr: &str) -> u64 {
-    let summary = stderr
-        .lines()
-        .find(|line| line.contains("summary:"))
-        .unwrap_or_else(|| panic!("no summary line: {stderr}"));
-    number_field(summary, "samples").unwrap_or_else(|| panic!("no samples=N: {summary}"))
+    ddprof_tests::outputs::summary_fields(stderr)["samples"]
 }
 
 /// A busy shell loop, killed when dropped so that a failing test never

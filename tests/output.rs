@@ -3,6 +3,7 @@
 //! samples are made of real return addresses inside it, and the process is
 //! gone before symbolization. Every pprof file is read back with
 //! `go tool pprof -raw`.
+use ddprof_tests::outputs::{go_pprof, pprof_files};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime};
@@ -284,34 +285,7 @@ fn sample(pid: u32, tid: u32, index: u64, frames: Vec<u64>, end: StackEnd) -> Sa
 }
 
 fn go_pprof_raw(file: &Path) -> String {
-    let output = Command::new("go")
-        .args(["tool", "pprof", "-raw"])
-        .arg(file)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run `go tool pprof` ({e}): install Go with `apt-get install -y golang-go`"
-            )
-        });
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "go tool pprof -raw {} failed: {stderr}",
-        file.display()
-    );
-    stdout
-}
-
-fn pprof_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pprof"))
-        .collect();
-    files.sort();
-    files
+    go_pprof(&["-raw"], file)
 }
 
 fn assert_contains(text: &str, needle: &str) {

@@ -451,17 +451,9 @@ fn an_unprivileged_user_samples_its_own_child() {
 #[test]
 fn options_follow_the_command_line() {
     use clap::Parser;
-    let cli = Cli::parse_from([
-        "ddprof",
-        "--ring-buffer-kib",
-        "64",
-        "--show-samples",
-        "--",
-        "x",
-    ]);
+    let cli = Cli::parse_from(["ddprof", "--ring-buffer-kib", "64", "--", "x"]);
     let options = PerfEngineOptions::from_cli(&cli);
     assert_eq!(options.ring_buffer_bytes, 64 * 1024);
-    assert!(options.show_samples);
     let cli = Cli::parse_from(["ddprof", "--", "x"]);
     assert_eq!(
         PerfEngineOptions::from_cli(&cli).ring_buffer_bytes,

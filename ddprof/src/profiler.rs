@@ -73,9 +73,7 @@ const BPF_MAX_POLL: Duration = Duration::from_millis(10);
 impl Engine {
     /// Picks the engine for `cli.engine` and sets it up on `events`.
     fn start(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<Self, ProfilerError> {
-        let mut options = PerfEngineOptions::from_cli(cli);
-        // The loop prints samples itself, for every engine alike.
-        options.show_samples = false;
+        let options = PerfEngineOptions::from_cli(cli);
         // Map the perf buffers before anything slow (the BPF load takes
         // ~0.1 s): exec and mmap records written while an event has no
         // buffer are lost. The perf engine works on duplicates of the

@@ -52,8 +52,6 @@ pub struct PerfEngineOptions {
     pub ring_buffer_bytes: usize,
     /// Most user frames kept per sample.
     pub max_frames: usize,
-    /// Log every sample (at `info` level).
-    pub show_samples: bool,
 }
 
 impl Default for PerfEngineOptions {
@@ -61,13 +59,12 @@ impl Default for PerfEngineOptions {
         Self {
             ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
             max_frames: MAX_USER_FRAMES,
-            show_samples: false,
         }
     }
 }
 
 impl PerfEngineOptions {
-    /// The options the command line asks for (`--ring-buffer-kib`, `--show-samples`),
+    /// The options the command line asks for (`--ring-buffer-kib`),
     /// with a buffer sized for `--stack-sample-size` by default.
     pub fn from_cli(cli: &crate::config::Cli) -> Self {
         Self {
@@ -76,7 +73,6 @@ impl PerfEngineOptions {
                 .map(|kib| kib as usize * 1024)
                 .unwrap_or_else(|| default_ring_buffer_bytes(cli.stack_sample_size)),
             max_frames: MAX_USER_FRAMES,
-            show_samples: cli.show_samples,
         }
     }
 
@@ -418,19 +414,6 @@ impl PerfEngine {
         self.counters.samples += 1;
         if end.is_complete() {
             self.counters.complete += 1;
-        }
-        if self.options.show_samples {
-            log::info!(
-                "sample pid={} tid={} ({}) cpu={} time={} weight={} end={:?} frames={:x?}",
-                sample.pid,
-                sample.tid,
-                processes.thread_name(sample.pid, sample.tid).unwrap_or("?"),
-                sample.cpu,
-                sample.time,
-                sample.weight,
-                sample.end,
-                sample.frames
-            );
         }
         sample
     }

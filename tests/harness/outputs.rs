@@ -1,0 +1,52 @@
+//! Reading what ddprof leaves behind: its log's summary line, pprof files
+//! (through `go tool pprof`, the reference reader).
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The `key=value` fields of the `summary:` log line.
+pub fn summary_fields(stderr: &str) -> HashMap<String, u64> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("summary:"))
+        .unwrap_or_else(|| panic!("no summary line in:\n{stderr}"));
+    line.split_whitespace()
+        .filter_map(|word| {
+            let (key, value) = word.split_once('=')?;
+            Some((key.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The `.pprof` files of a directory, sorted by name (start time).
+pub fn pprof_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pprof"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// `go tool pprof ARGS FILE`'s output; fails the test when Go cannot read it.
+pub fn go_pprof(args: &[&str], file: &Path) -> String {
+    let output = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run `go tool pprof` ({e}): install Go with `apt-get install -y golang-go`"
+            )
+        });
+    assert!(
+        output.status.success(),
+        "go tool pprof {args:?} {} failed: {}",
+        file.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
