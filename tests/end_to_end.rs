@@ -1,5 +1,6 @@
 //! ddprof as a user runs it: the real binary wraps a real workload, and the
 //! files it leaves behind are read back with `go tool pprof` and parsed.
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -65,14 +66,38 @@ fn folded(dir: &Path) -> Vec<(Vec<String>, u64)> {
 }
 
 #[test]
-fn wraps_the_chain_workload_into_pprof_flamegraph_and_folded_stacks() {
+fn the_bpf_engine_wraps_the_chain_workload_into_pprof_flamegraph_and_folded_stacks() {
+    wraps_the_chain_workload("bpf");
+}
+
+#[test]
+fn the_perf_engine_wraps_the_chain_workload_into_pprof_flamegraph_and_folded_stacks() {
+    wraps_the_chain_workload("perf");
+}
+
+fn wraps_the_chain_workload(engine: &str) {
     let chain = build_workload("chain.c");
-    let out = Scratch::new("chain");
+    let out = Scratch::new(&format!("chain-{engine}"));
     let (output, stderr) = run(ddprof(&out.0)
-        .args(["-S", "e2e-chain", "-e", "sCPU freq=999", "--"])
+        .args([
+            "--engine",
+            engine,
+            "-S",
+            "e2e-chain",
+            "-e",
+            "sCPU freq=999",
+            "--",
+        ])
         .arg(&chain)
         .arg("2"));
     assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "engine: {}",
+            if engine == "bpf" { "BPF" } else { "perf" }
+        )),
+        "the {engine} engine must be the one used:\n{stderr}"
+    );
     let summary = summary(&stderr);
     let samples = summary["samples"];
     assert!(
@@ -283,5 +308,121 @@ fn show_samples_prints_one_line_per_sample() {
             .iter()
             .all(|l| l.contains("(chain)") && l.contains("end=Complete")),
         "{lines:?}"
+    );
+}
+
+/// Shares of each stack (leaf-first names joined), in percent of all samples.
+fn stack_shares(stacks: &[(Vec<String>, u64)]) -> HashMap<String, f64> {
+    let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+    let mut shares = HashMap::new();
+    for (frames, count) in stacks {
+        *shares.entry(frames.join(";")).or_insert(0.0) +=
+            *count as f64 * 100.0 / total.max(1) as f64;
+    }
+    shares
+}
+
+#[test]
+fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
+    // Both engines profile the very same run of the workload (`-p`).
+    let threads = build_workload("threads.c");
+    let mut workload = Command::new(&threads)
+        .arg("3")
+        .spawn()
+        .expect("the workload starts");
+    let pid = workload.id().to_string();
+    let outputs: Vec<(&str, Scratch)> = ["bpf", "perf"]
+        .into_iter()
+        .map(|e| (e, Scratch::new(&format!("diff-{e}"))))
+        .collect();
+    let profilers: Vec<_> = outputs
+        .iter()
+        .map(|(engine, out)| {
+            ddprof(&out.0)
+                .args(["--engine", engine, "-e", "sCPU freq=999", "-p", &pid])
+                .spawn()
+                .expect("ddprof starts")
+        })
+        .collect();
+    assert!(workload.wait().unwrap().success());
+    let mut shares = Vec::new();
+    for ((engine, out), profiler) in outputs.iter().zip(profilers) {
+        let output = profiler.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{engine}: {stderr}");
+        let summary = summary(&stderr);
+        assert!(summary["samples"] > 1000, "{engine}: {summary:?}");
+        shares.push(stack_shares(&folded(&out.0)));
+    }
+    let (bpf, perf) = (&shares[0], &shares[1]);
+    let top = |shares: &HashMap<String, f64>| -> Vec<String> {
+        let mut stacks: Vec<(&String, &f64)> =
+            shares.iter().filter(|(_, share)| **share >= 5.0).collect();
+        stacks.sort_by(|a, b| b.1.total_cmp(a.1));
+        stacks.into_iter().map(|(stack, _)| stack.clone()).collect()
+    };
+    let (bpf_top, perf_top) = (top(bpf), top(perf));
+    assert!(!bpf_top.is_empty());
+    let mut bpf_sorted = bpf_top.clone();
+    let mut perf_sorted = perf_top.clone();
+    bpf_sorted.sort();
+    perf_sorted.sort();
+    assert_eq!(bpf_sorted, perf_sorted, "the same top stacks");
+    for stack in &bpf_top {
+        let (a, b) = (bpf[stack], perf[stack]);
+        assert!(
+            (a - b).abs() <= 3.0,
+            "{stack}: bpf {a:.1} % vs perf {b:.1} %"
+        );
+    }
+}
+
+#[test]
+fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
+    let mut sleeper = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "sleep",
+            "10",
+        ])
+        .spawn()
+        .unwrap();
+    let out = Scratch::new("nobody-bpf");
+    Command::new("chmod")
+        .arg("777")
+        .arg(&out.0)
+        .status()
+        .unwrap();
+    let output = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(ddprof_bin())
+        .args(["--engine", "bpf", "--output"])
+        .arg(&out.0)
+        .args(["-p", &sleeper.id().to_string()])
+        .output()
+        .unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "--engine bpf never falls back:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("not permitted") && stderr.contains("CAP_BPF"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "one line:\n{stderr}"
     );
 }

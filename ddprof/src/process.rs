@@ -92,11 +92,38 @@ impl Process {
 pub struct ProcessTable {
     processes: HashMap<u32, Process>,
     files: HashMap<(String, u64, u64), Arc<MappedFile>>,
+    /// Renewed by every change, so that consumers that mirror the table
+    /// (the BPF maps) can tell cheaply that nothing changed.
+    generation: Generation,
+}
+
+/// A value no other table state ever had: drawn from one process-wide
+/// counter, so that two tables never share one either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Generation(u64);
+
+impl Generation {
+    fn next() -> Generation {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Generation(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Default for Generation {
+    fn default() -> Self {
+        Generation::next()
+    }
 }
 
 impl ProcessTable {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Changes whenever a process, thread or mapping is added, renamed or
+    /// removed.
+    pub fn generation(&self) -> u64 {
+        self.generation.0
     }
 
     pub fn get(&self, pid: u32) -> Option<&Process> {
@@ -138,6 +165,7 @@ impl ProcessTable {
 
     /// Applies a mapping record. Only executable mappings are kept.
     pub fn add_mapping(&mut self, record: &MappingRecord) {
+        self.generation = Generation::next();
         if record.prot & (libc::PROT_EXEC as u32) == 0 || record.len == 0 {
             return;
         }
@@ -157,6 +185,7 @@ impl ProcessTable {
     /// A thread was renamed; on exec the process's mappings are dropped,
     /// since the new image's mappings follow as fresh records.
     pub fn set_comm(&mut self, pid: u32, tid: u32, name: &str, exec: bool) {
+        self.generation = Generation::next();
         let process = self.processes.entry(pid).or_default();
         if exec {
             process.mappings.clear();
@@ -170,6 +199,7 @@ impl ProcessTable {
 
     /// A fork copies the parent's view; a new thread joins its process.
     pub fn fork(&mut self, pid: u32, ppid: u32, tid: u32) {
+        self.generation = Generation::next();
         if pid == ppid {
             let process = self.processes.entry(pid).or_default();
             let name = process.name.clone();
@@ -187,6 +217,7 @@ impl ProcessTable {
 
     /// A thread exited; when it is the main thread the process is gone.
     pub fn exit(&mut self, pid: u32, tid: u32) {
+        self.generation = Generation::next();
         if pid == tid {
             self.processes.remove(&pid);
         } else if let Some(process) = self.processes.get_mut(&pid) {
@@ -212,6 +243,7 @@ impl ProcessTable {
     /// Reads a live process's name, threads and executable mappings from
     /// `/proc` (for `-p`, `--global` and the launcher's target).
     pub fn load_from_proc(&mut self, pid: u32) -> std::io::Result<()> {
+        self.generation = Generation::next();
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))?
             .trim_end()
             .to_string();
@@ -316,6 +348,25 @@ mod tests {
         );
         assert!(table.find_mapping(7, 0x4000).is_none());
         assert!(table.find_mapping(8, 0x1800).is_none());
+    }
+
+    #[test]
+    fn every_change_moves_the_generation() {
+        let mut table = ProcessTable::new();
+        let start = table.generation();
+        table.add_mapping(&record(7, 0x1000, 0x1000, 0, "/a"));
+        let mapped = table.generation();
+        assert_ne!(start, mapped);
+        assert_eq!(table.find_mapping(7, 0x1000).map(|m| m.start), Some(0x1000));
+        assert_eq!(table.generation(), mapped, "reads change nothing");
+        table.fork(9, 7, 9);
+        table.exit(9, 9);
+        assert_ne!(table.generation(), mapped);
+        assert_ne!(
+            ProcessTable::new().generation(),
+            table.generation(),
+            "tables never share one"
+        );
     }
 
     #[test]

@@ -601,6 +601,8 @@ pub struct BpfEngine {
     /// (so that a sync of unchanged processes costs no table lookups).
     fingerprints: HashMap<u32, u64>,
     dirty: HashSet<u32>,
+    /// `ProcessTable::generation` at the last full sync.
+    synced_generation: Option<u64>,
     /// Processes read from `/proc` because a sample named them first.
     read_from_proc: HashSet<u32>,
     table_stats: TableStats,
@@ -644,6 +646,7 @@ impl BpfEngine {
             synced: HashMap::new(),
             fingerprints: HashMap::new(),
             dirty: HashSet::new(),
+            synced_generation: None,
             read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
             malformed: 0,
@@ -752,6 +755,11 @@ impl BpfEngine {
         // perf engine since the last sync.
         let mut young = young.clone();
         young.extend(self.program.take_handed_off());
+        // Nothing new since the last sync: the maps are already true.
+        if young.is_empty() && self.synced_generation == Some(processes.generation()) {
+            return;
+        }
+        self.synced_generation = Some(processes.generation());
         for &pid in &young {
             let mut fresh = ProcessTable::new();
             if fresh.load_from_proc(pid).is_ok() {
