@@ -259,7 +259,7 @@ fn run_once(tool: &str, line: &[String], run_id: &str) -> Result<RunResult> {
     command
         .args(&line[1..])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // Join the cgroup before exec so that everything the tool starts is counted.
     use std::os::unix::process::CommandExt;
@@ -430,40 +430,55 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         )?;
         let mut baseline_wall = None;
         let mut commands = BTreeMap::new();
+        // Every tool's command line, then the runs interleaved (run 1 of
+        // every tool, then run 2, …) so that a slow spell of the machine
+        // weighs on every tool alike instead of on one row.
+        let mut lines: Vec<(&str, PathBuf, Option<Vec<String>>)> = Vec::new();
         for tool in &tools {
             let out = target_dir()
                 .join("bench/out")
                 .join(format!("{}-{tool}", workload.name));
-            let Some(line) =
-                command_line(tool, &ddprof, samply.as_deref(), args.freq, &out, &measured)
-            else {
-                writeln!(report, "| {tool} | not available | | | | | | | |")?;
-                continue;
-            };
-            let line: Vec<String> = if line.is_empty() {
-                measured.clone()
-            } else {
-                line
-            };
-            commands.insert(tool.to_string(), shell_words(&line));
-            let mut results = Vec::new();
-            let mut failure = None;
-            for run in 0..args.runs {
-                let _ = std::fs::remove_dir_all(&out);
-                std::fs::create_dir_all(&out)?;
+            let line = command_line(tool, &ddprof, samply.as_deref(), args.freq, &out, &measured)
+                .map(|line| {
+                    if line.is_empty() {
+                        measured.clone()
+                    } else {
+                        line
+                    }
+                });
+            if let Some(line) = &line {
+                commands.insert(tool.to_string(), shell_words(line));
+            }
+            lines.push((tool, out, line));
+        }
+        let mut results: BTreeMap<&str, Vec<RunResult>> = BTreeMap::new();
+        let mut failures: BTreeMap<&str, String> = BTreeMap::new();
+        for run in 0..args.runs {
+            for (tool, out, line) in &lines {
+                let Some(line) = line else { continue };
+                if failures.contains_key(tool) {
+                    continue;
+                }
+                let _ = std::fs::remove_dir_all(out);
+                std::fs::create_dir_all(out)?;
                 say(&format!("{} / {tool}: run {}", workload.name, run + 1));
-                match run_once(tool, &line, &format!("{}-{tool}-{run}", workload.name)) {
+                match run_once(tool, line, &format!("{}-{tool}-{run}", workload.name)) {
                     Ok(mut result) => {
-                        result.output_bytes = Some(dir_size(&out));
-                        results.push(result);
+                        result.output_bytes = Some(dir_size(out));
+                        results.entry(tool).or_default().push(result);
                     }
                     Err(error) => {
-                        failure = Some(format!("{error:#}"));
-                        break;
+                        failures.insert(tool, format!("{error:#}"));
                     }
                 }
             }
-            if let Some(failure) = failure {
+        }
+        for (tool, _, line) in &lines {
+            if line.is_none() {
+                writeln!(report, "| {tool} | not available | | | | | | | |")?;
+                continue;
+            }
+            if let Some(failure) = failures.get(tool) {
                 writeln!(
                     report,
                     "| {tool} | failed: {} | | | | | | | |",
@@ -471,6 +486,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 )?;
                 continue;
             }
+            let results = results.remove(tool).unwrap_or_default();
             let wall =
                 median(results.iter().map(|r| r.wall.as_secs_f64()).collect()).unwrap_or(0.0);
             if *tool == "unprofiled" {
