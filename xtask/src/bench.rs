@@ -292,11 +292,14 @@ fn run_once(tool: &str, line: &[String], run_id: &str) -> Result<RunResult> {
     let total = cgroup.usage()?.saturating_sub(before);
     let stderr = String::from_utf8_lossy(&output.stderr);
     if !output.status.success() {
-        bail!(
-            "{tool} failed ({}): {}",
-            output.status,
-            stderr.lines().last().unwrap_or("")
-        );
+        // Some tools explain themselves on stdout, some after a blank line.
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let reason = stderr
+            .lines()
+            .chain(stdout.lines())
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no message");
+        bail!("{tool} failed ({}): {}", output.status, reason.trim());
     }
     let measure_line = stderr
         .lines()
