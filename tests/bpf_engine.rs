@@ -667,14 +667,7 @@ fn unprivileged_load_is_refused_with_a_clear_message() {
         ));
         return;
     }
-    let output = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(std::env::current_exe().unwrap())
+    let output = ddprof_tests::as_nobody(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "unprivileged_load_is_refused_with_a_clear_message",

@@ -229,15 +229,8 @@ fn an_unprivileged_user_profiles_its_own_command_with_the_perf_engine() {
         .arg(&out.0)
         .status()
         .unwrap();
-    let mut command = Command::new("setpriv");
+    let mut command = ddprof_tests::as_nobody(ddprof_bin());
     command
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(ddprof_bin())
         .args(["-l", "notice", "-e", "sCPU freq=999", "--output"])
         .arg(&out.0)
         .arg("--")
@@ -379,31 +372,14 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
 
 #[test]
 fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
-    let mut sleeper = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "sleep",
-            "10",
-        ])
-        .spawn()
-        .unwrap();
+    let mut sleeper = ddprof_tests::as_nobody("sleep").arg("10").spawn().unwrap();
     let out = Scratch::new("nobody-bpf");
     Command::new("chmod")
         .arg("777")
         .arg(&out.0)
         .status()
         .unwrap();
-    let output = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(ddprof_bin())
+    let output = ddprof_tests::as_nobody(ddprof_bin())
         .args(["--engine", "bpf", "--output"])
         .arg(&out.0)
         .args(["-p", &sleeper.id().to_string()])

@@ -460,15 +460,7 @@ fn bad_pids_fail_with_a_clear_message() {
     );
 
     // An unprivileged user may not profile init.
-    let output = run(Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(ddprof_bin())
-        .args(["-p", "1"]));
+    let output = run(ddprof_tests::as_nobody(ddprof_bin()).args(["-p", "1"]));
     assert_eq!(output.status.code(), Some(1));
     let stderr = text(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

@@ -419,14 +419,7 @@ fn an_unprivileged_user_samples_its_own_child() {
         return unprivileged_helper();
     }
     let chain = build_workload("chain.c");
-    let output = std::process::Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(std::env::current_exe().unwrap())
+    let output = ddprof_tests::as_nobody(std::env::current_exe().unwrap())
         .args([
             "--exact",
             "unprivileged_helper",

@@ -14,3 +14,19 @@ pub mod outputs;
 pub use binary::ddprof_bin;
 pub mod symbols;
 pub mod workloads;
+
+/// A command that runs `program` as `nobody` (uid and gid 65534) with no
+/// supplementary groups and no inheritable capabilities: an unprivileged
+/// user, as far as perf and BPF are concerned.
+pub fn as_nobody(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    let mut command = std::process::Command::new("setpriv");
+    command
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(program);
+    command
+}
