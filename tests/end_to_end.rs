@@ -379,6 +379,14 @@ fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
         .arg(&out.0)
         .status()
         .unwrap();
+    // The target must already be nobody's `sleep`, not root's setpriv on
+    // its way there (which nobody may not profile at all).
+    let comm = format!("/proc/{}/comm", sleeper.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(&comm).map_or(true, |c| c.trim() != "sleep") {
+        assert!(std::time::Instant::now() < deadline, "sleep did not start");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let output = ddprof_tests::as_nobody(ddprof_bin())
         .args(["--engine", "bpf", "--output"])
         .arg(&out.0)
