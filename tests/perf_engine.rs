@@ -630,3 +630,70 @@ fn rust_release_chain_unwinds() {
         ],
     );
 }
+
+/// `--global`: CPU-wide events see every process; the workload is started
+/// after the events (fork + exec tracked), everything else already running
+/// is loaded from /proc when first sampled. The events never hang up, so
+/// the run ends with a flush once the workload is gone.
+#[test]
+fn global_scope_tracks_a_workload_among_every_process() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: CPU-wide events need root or CAP_PERFMON");
+        return;
+    }
+    let chain = build_workload("chain.c");
+    let spec = parse_events("sCPU freq=999").unwrap();
+    let options = EventOptions {
+        stack_sample_size: 8192,
+        include_kernel: false,
+    };
+    let events = events::open_all(&spec, Scope::Global, &options).expect("open CPU-wide events");
+    let mut engine = PerfEngine::new(events, PerfEngineOptions::default()).unwrap();
+    let mut child = std::process::Command::new(&chain)
+        .arg("1.5")
+        .spawn()
+        .expect("start chain");
+    let child_pid = child.id();
+    let mut table = ProcessTable::new();
+    let mut symbolizer = Symbolizer::new();
+    let (mut total, mut pids, mut of_child, mut named, mut in_chain) =
+        (0usize, BTreeSet::new(), 0usize, 0usize, 0usize);
+    let mut on_sample = |table: &ProcessTable, sample: Sample| {
+        total += 1;
+        pids.insert(sample.pid);
+        if sample.pid == child_pid {
+            of_child += 1;
+            if table.process_name(sample.pid) == Some("chain") {
+                named += 1;
+                let names = symbolizer.frame_names(table, &sample);
+                if names.first().is_some_and(|n| n.starts_with("chain_")) {
+                    in_chain += 1;
+                }
+            }
+        }
+    };
+    loop {
+        let outcome = engine
+            .poll(&mut table, Duration::from_millis(100), &mut on_sample)
+            .unwrap();
+        assert!(!outcome.finished, "CPU-wide events never hang up");
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+    }
+    engine.flush(&mut table, &mut on_sample);
+    eprintln!(
+        "global: {total} samples of {} pids; chain {of_child} ({named} named, {in_chain} in chain_*); {:?}",
+        pids.len(),
+        engine.losses()
+    );
+    assert!(of_child >= 50, "only {of_child} samples of the workload");
+    assert!(
+        fraction(named, of_child) >= 0.9,
+        "{named} of {of_child} named chain"
+    );
+    assert!(
+        fraction(in_chain, named) >= 0.9,
+        "{in_chain} of {named} resolve to chain functions"
+    );
+}
