@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::{build_all, run_checked, say, target_dir, workspace_root};
+use crate::{build_all, have, say, target_dir, workspace_root};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -117,14 +117,6 @@ impl Drop for Cgroup {
     }
 }
 
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// samply from crates.io, built once into target/bench-tools.
 fn samply() -> Option<PathBuf> {
     let root = target_dir().join("bench-tools");
@@ -149,20 +141,7 @@ fn samply() -> Option<PathBuf> {
 }
 
 fn build_workload(workload: &Workload) -> Result<PathBuf> {
-    let out_dir = target_dir().join("bench");
-    std::fs::create_dir_all(&out_dir)?;
-    let binary = out_dir.join(workload.name);
-    run_checked(
-        Command::new("cc")
-            .args(["-O2", "-fomit-frame-pointer", "-g", "-pthread", "-o"])
-            .arg(&binary)
-            .arg(
-                workspace_root()
-                    .join("tests/workloads")
-                    .join(workload.source),
-            ),
-    )?;
-    Ok(binary)
+    crate::build_c_workload(workload.source, "bench", workload.name)
 }
 
 fn dir_size(path: &Path) -> u64 {
@@ -490,56 +469,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 continue;
             }
             let results = results.remove(tool).unwrap_or_default();
-            let wall =
-                median(results.iter().map(|r| r.wall.as_secs_f64()).collect()).unwrap_or(0.0);
+            // The median over the runs of one figure (runs without it are skipped).
+            let median_of = |figure: &dyn Fn(&RunResult) -> Option<f64>| {
+                median(results.iter().filter_map(figure).collect())
+            };
+            let wall = median_of(&|r| Some(r.wall.as_secs_f64())).unwrap_or(0.0);
             if *tool == "unprofiled" {
                 baseline_wall = Some(wall);
             }
             let overhead = baseline_wall
                 .map(|b| format!("{:.3}×", wall / b))
                 .unwrap_or_default();
-            let cpu_ms = median(
-                results
-                    .iter()
-                    .filter_map(|r| r.profiler_cpu)
-                    .map(|d| d.as_secs_f64() * 1e3)
-                    .collect(),
-            );
-            let samples = median(
-                results
-                    .iter()
-                    .filter_map(|r| r.samples)
-                    .map(|s| s as f64)
-                    .collect(),
-            );
-            let per_thousand = median(
-                results
-                    .iter()
-                    .filter_map(|r| {
-                        Some(r.profiler_cpu?.as_secs_f64() * 1e3 / (r.samples? as f64 / 1000.0))
-                    })
-                    .collect(),
-            );
-            let full = median(
-                results
-                    .iter()
-                    .filter_map(|r| Some(r.full_stacks? as f64 / r.samples?.max(1) as f64 * 100.0))
-                    .collect(),
-            );
-            let rss = median(
-                results
-                    .iter()
-                    .filter_map(|r| r.peak_rss_kib)
-                    .map(|k| k as f64 / 1024.0)
-                    .collect(),
-            );
-            let bytes = median(
-                results
-                    .iter()
-                    .filter_map(|r| r.output_bytes)
-                    .map(|b| b as f64 / 1024.0)
-                    .collect(),
-            );
+            let cpu_ms = median_of(&|r| Some(r.profiler_cpu?.as_secs_f64() * 1e3));
+            let samples = median_of(&|r| Some(r.samples? as f64));
+            let per_thousand = median_of(&|r| {
+                Some(r.profiler_cpu?.as_secs_f64() * 1e3 / (r.samples? as f64 / 1000.0))
+            });
+            let full =
+                median_of(&|r| Some(r.full_stacks? as f64 / r.samples?.max(1) as f64 * 100.0));
+            let rss = median_of(&|r| Some(r.peak_rss_kib? as f64 / 1024.0));
+            let bytes = median_of(&|r| Some(r.output_bytes? as f64 / 1024.0));
             let show = |v: Option<f64>, digits: usize| {
                 v.map(|v| format!("{v:.digits$}"))
                     .unwrap_or_else(|| "–".into())

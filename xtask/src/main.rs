@@ -91,6 +91,33 @@ pub fn ebpf_object() -> PathBuf {
     target_dir().join("ebpf/bpfel-unknown-none/release/ddprof-ebpf")
 }
 
+/// Whether `program` is on PATH.
+pub fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Builds the C workload `tests/workloads/SOURCE` into `target/OUT_DIR/NAME`
+/// with the flags the tests use (no frame pointers: only DWARF unwinding
+/// reaches the roots).
+pub fn build_c_workload(source: &str, out_dir: &str, name: &str) -> Result<PathBuf> {
+    let source = workspace_root().join("tests/workloads").join(source);
+    let out_dir = target_dir().join(out_dir);
+    std::fs::create_dir_all(&out_dir)?;
+    let binary = out_dir.join(name);
+    run_checked(
+        Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer", "-g", "-pthread", "-o"])
+            .arg(&binary)
+            .arg(&source),
+    )
+    .with_context(|| format!("cannot build the workload {}", source.display()))?;
+    Ok(binary)
+}
+
 pub fn run_checked(command: &mut Command) -> Result<()> {
     let status = command
         .status()

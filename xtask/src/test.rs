@@ -9,18 +9,10 @@ use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{bail, Context, Result};
 
-use crate::{build_all, run_checked, say, target_dir, workspace_root};
+use crate::{build_all, have, run_checked, say, workspace_root};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
-}
-
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// Debian packages the tests use, by the command they provide.
@@ -59,18 +51,7 @@ fn install_prerequisites() -> Result<()> {
 
 /// Builds the demo workload (the 6-deep chain with a 70/30 split).
 pub fn build_demo_workload() -> Result<PathBuf> {
-    let source = workspace_root().join("tests/workloads/chain.c");
-    let out_dir = target_dir().join("demo");
-    std::fs::create_dir_all(&out_dir)?;
-    let binary = out_dir.join("chain");
-    run_checked(
-        Command::new("cc")
-            .args(["-O2", "-fomit-frame-pointer", "-g", "-pthread", "-o"])
-            .arg(&binary)
-            .arg(&source),
-    )
-    .with_context(|| format!("cannot build the demo workload {}", source.display()))?;
-    Ok(binary)
+    crate::build_c_workload("chain.c", "demo", "chain")
 }
 
 /// Totals of every `test result:` line cargo test printed.
