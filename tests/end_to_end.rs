@@ -27,12 +27,7 @@ impl Drop for Scratch {
 }
 
 fn ddprof(output: &Path) -> Command {
-    let mut command = Command::new(ddprof_bin());
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("DD_") {
-            command.env_remove(key);
-        }
-    }
+    let mut command = ddprof_tests::ddprof_command();
     command
         .args(["-l", "notice", "--output"])
         .arg(output)

@@ -26,13 +26,7 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 fn ddprof() -> Command {
-    let mut command = Command::new(ddprof_bin());
-    // The tests must not depend on the developer's DD_* environment.
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("DD_") {
-            command.env_remove(key);
-        }
-    }
+    let mut command = ddprof_tests::ddprof_command();
     // Profiles go to a scratch directory, never into the source tree.
     let output = std::env::temp_dir().join(format!("ddprof-launcher-tests-{}", std::process::id()));
     command.env("DD_PROFILING_OUTPUT_DIR", output);

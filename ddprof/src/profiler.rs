@@ -93,7 +93,7 @@ impl Engine {
                 })
             })
             .collect::<Result<Vec<EventFd>, std::io::Error>>()?;
-        let perf = PerfEngine::new(duplicates, options)?;
+        let mut perf = PerfEngine::new(duplicates, options)?;
         let bpf_options = BpfEngineOptions {
             kernel_stacks: launch::event_options(cli).include_kernel,
             // --ring-buffer-kib sizes whichever buffer receives the samples.
@@ -121,10 +121,12 @@ impl Engine {
                 // A command that has exec'd already runs with the program
                 // attached: give the maps its mappings now, not at the first
                 // poll (the rest of the set-up takes a while).
-                let mut perf = perf;
-                let table = ProcessTable::new();
-                perf.deliver_until(&mut ProcessTable::new(), 0, &mut |_, _| {});
-                samples.sync_with_young(&table, &perf.pids_with_new_code());
+                // Reading the buffers up to time 0 applies no record, so the
+                // table stays empty: the processes with new code are read
+                // from /proc by the sync.
+                let mut nothing_applied = ProcessTable::new();
+                perf.deliver_until(&mut nothing_applied, 0, &mut |_, _| {});
+                samples.sync_with_young(&nothing_applied, &perf.pids_with_new_code());
                 Engine::Bpf {
                     samples: Box::new(samples),
                     records: perf,

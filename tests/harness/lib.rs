@@ -12,6 +12,18 @@ pub mod launcher;
 pub mod outputs;
 
 pub use binary::ddprof_bin;
+
+/// A command running the ddprof under test, independent of the developer's
+/// `DD_*` environment.
+pub fn ddprof_command() -> std::process::Command {
+    let mut command = std::process::Command::new(ddprof_bin());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("DD_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
 pub mod symbols;
 pub mod workloads;
 
