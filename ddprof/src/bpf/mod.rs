@@ -830,9 +830,11 @@ impl BpfEngine {
                 self.table_for(pid, &mapping.file, Some((mapping.start, mapping.end)))
             {
                 if let Some(table) = self.tables.get(&key) {
-                    if let Some(bias) =
-                        bias_for(&table.segments, mapping.start, mapping.file_offset)
-                    {
+                    if let Some(bias) = LoadSegment::bias_for_mapping(
+                        &table.segments,
+                        mapping.start,
+                        mapping.file_offset,
+                    ) {
                         entry.bias = bias;
                         entry.first_row = table.first_row;
                         entry.row_count = table.row_count;
@@ -1090,21 +1092,6 @@ fn is_alive(pid: u32) -> bool {
     }
 }
 
-/// `bias = mapping.start - mapping.file_offset + p_offset - p_vaddr` for the
-/// executable segment holding the mapping's file offset.
-fn bias_for(segments: &[LoadSegment], start: u64, file_offset: u64) -> Option<u64> {
-    let segment = segments.iter().find(|s| {
-        file_offset >= s.file_offset
-            && file_offset < s.file_offset.saturating_add(s.file_size.max(1))
-    })?;
-    Some(
-        start
-            .wrapping_sub(file_offset)
-            .wrapping_add(segment.file_offset)
-            .wrapping_sub(segment.vaddr),
-    )
-}
-
 /// Decodes one ring-buffer record.
 fn decode(bytes: &[u8]) -> Option<Sample> {
     let header_bytes = bytes.get(..RAW_SAMPLE_HEADER_SIZE)?;
@@ -1222,18 +1209,5 @@ mod tests {
         );
         assert_eq!(verifier_reason("\n"), None);
         assert!(kernel_version().is_some_and(|v| v >= (3, 0)));
-    }
-
-    #[test]
-    fn bias_uses_the_segment_of_the_mapping() {
-        let segments = [LoadSegment {
-            file_offset: 0x1000,
-            vaddr: 0x401000,
-            file_size: 0x2000,
-        }];
-        // Mapped at 0x5000 from file offset 0x1000: vaddr = pc - 0x5000 + 0x401000.
-        let bias = bias_for(&segments, 0x5000, 0x1000).unwrap();
-        assert_eq!(0x5010u64.wrapping_sub(bias), 0x401010);
-        assert!(bias_for(&segments, 0x5000, 0x4000).is_none());
     }
 }

@@ -41,6 +41,34 @@ pub struct LoadSegment {
     pub file_size: u64,
 }
 
+impl LoadSegment {
+    /// The constant to subtract from a PC in a mapping (which starts at
+    /// `mapping_start`, at offset `mapping_file_offset` of the file) to get
+    /// the ELF virtual address, given the file's executable segments:
+    /// `None` when none of them holds that file offset.
+    pub fn bias_for_mapping(
+        segments: &[LoadSegment],
+        mapping_start: u64,
+        mapping_file_offset: u64,
+    ) -> Option<u64> {
+        // The kernel maps whole pages: a segment whose p_offset is not page
+        // aligned (lld packs segments without padding) is mapped from the
+        // page that holds its first byte, so the mapping's offset is below
+        // p_offset.
+        let segment = segments.iter().find(|s| {
+            mapping_file_offset >= s.file_offset & !(PAGE_SIZE - 1)
+                && mapping_file_offset < s.file_offset.saturating_add(s.file_size.max(1))
+        })?;
+        // vaddr = pc - mapping_start + mapping_file_offset - p_offset + p_vaddr
+        Some(
+            mapping_start
+                .wrapping_sub(mapping_file_offset)
+                .wrapping_add(segment.file_offset)
+                .wrapping_sub(segment.vaddr),
+        )
+    }
+}
+
 /// Counters of what the compiler saw, for reports and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CompileStats {
@@ -77,19 +105,7 @@ impl UnwindTable {
     /// file) to get the ELF virtual address: `None` when no executable
     /// segment holds that file offset.
     pub fn bias_for_mapping(&self, mapping_start: u64, mapping_file_offset: u64) -> Option<u64> {
-        // The kernel maps whole pages: a segment whose p_offset is not page
-        // aligned is mapped from the page that holds its first byte.
-        let segment = self.segments.iter().find(|s| {
-            mapping_file_offset >= s.file_offset & !(PAGE_SIZE - 1)
-                && mapping_file_offset < s.file_offset.saturating_add(s.file_size.max(1))
-        })?;
-        // vaddr = pc - mapping_start + mapping_file_offset - p_offset + p_vaddr
-        Some(
-            mapping_start
-                .wrapping_sub(mapping_file_offset)
-                .wrapping_add(segment.file_offset)
-                .wrapping_sub(segment.vaddr),
-        )
+        LoadSegment::bias_for_mapping(&self.segments, mapping_start, mapping_file_offset)
     }
 
     /// The row covering ELF virtual address `vaddr`.

@@ -838,3 +838,26 @@ fn deleted_files_are_read_through_map_files() {
     let (table, _bias) = found.expect("read through map_files");
     assert!(table.table.stats.fdes > 10, "{:?}", table.table.stats);
 }
+
+#[test]
+fn bias_uses_the_segment_holding_the_mapping_even_unaligned() {
+    // GNU ld: the code segment starts on a page boundary.
+    let gnu = [LoadSegment {
+        file_offset: 0x1000,
+        vaddr: 0x401000,
+        file_size: 0x2000,
+    }];
+    // Mapped at 0x5000 from file offset 0x1000: vaddr = pc - 0x5000 + 0x401000.
+    let bias = LoadSegment::bias_for_mapping(&gnu, 0x5000, 0x1000).unwrap();
+    assert_eq!(0x5010u64.wrapping_sub(bias), 0x401010);
+    assert!(LoadSegment::bias_for_mapping(&gnu, 0x5000, 0x4000).is_none());
+    // lld packs segments: `R E` at p_offset 0x810, p_vaddr 0x1810, which the
+    // kernel maps from file offset 0 (the page holding 0x810).
+    let lld = [LoadSegment {
+        file_offset: 0x810,
+        vaddr: 0x1810,
+        file_size: 0x410,
+    }];
+    let bias = LoadSegment::bias_for_mapping(&lld, 0x5555_5555_5000, 0).unwrap();
+    assert_eq!(0x5555_5555_5820u64.wrapping_sub(bias), 0x1820);
+}
