@@ -150,8 +150,11 @@ impl Engine {
                 records,
                 pending,
             } => {
+                // Wakes for the BPF ring buffer and for the perf buffers,
+                // which receive the samples the program hands over.
+                records.wait_with(Some(samples.ring_fd()), timeout.min(BPF_MAX_POLL))?;
                 let (batch, workload_gone) = samples
-                    .read_samples(timeout.min(BPF_MAX_POLL))
+                    .read_samples(Duration::ZERO)
                     .map_err(|error| ProfilerError::Setup(error.to_string()))?;
                 pending.extend(batch);
                 // Records of other CPUs may still be on their way for the
@@ -199,6 +202,11 @@ impl Engine {
                 if let Ok(counters) = samples.counters() {
                     log::debug!("BPF program: {counters}");
                 }
+                log::debug!(
+                    "perf engine beside it: {:?}, {:?}",
+                    records.sample_counters(),
+                    records.losses()
+                );
             }
         }
     }

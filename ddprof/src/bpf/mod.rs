@@ -1025,7 +1025,7 @@ impl BpfEngine {
     /// The flag says that every workload process had exited before.
     pub fn read_samples(&mut self, timeout: Duration) -> Result<(Vec<Sample>, bool), BpfError> {
         let finished = self.workload_gone();
-        if !finished {
+        if !finished && !timeout.is_zero() {
             self.wait(timeout)?;
         }
         let mut samples = Vec::new();
@@ -1050,6 +1050,13 @@ impl BpfEngine {
             Ok(()) => self.sync_process(pid, processes),
             Err(error) => log::debug!("BPF engine: cannot read /proc/{pid}: {error}"),
         }
+    }
+
+    /// The ring buffer's descriptor, for a caller that waits on it together
+    /// with other descriptors (then calls [`BpfEngine::read_samples`] with
+    /// a zero timeout).
+    pub fn ring_fd(&self) -> std::os::fd::RawFd {
+        self.ring.as_raw_fd()
     }
 
     /// poll(2) on the ring buffer. (A perf event without a mapped ring

@@ -13,7 +13,7 @@ mod ring;
 mod tracking;
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use crate::events::EventFd;
@@ -316,6 +316,15 @@ impl PerfEngine {
 
     /// poll(2) on every event that has not hung up yet.
     fn wait(&mut self, timeout: Duration) -> Result<(), PerfError> {
+        self.wait_with(None, timeout)
+    }
+
+    /// poll(2) on every event that has not hung up yet and on `other` (the
+    /// BPF engine's ring buffer, whose samples are merged with these
+    /// records): returns when either has data. The perf buffers must be
+    /// watched too when the BPF program hands samples (with their 32 KB
+    /// stack copies) over to them: a handful fill a buffer.
+    pub fn wait_with(&mut self, other: Option<RawFd>, timeout: Duration) -> Result<(), PerfError> {
         let mut fds: Vec<libc::pollfd> = self
             .sources
             .iter()
@@ -330,6 +339,11 @@ impl PerfEngine {
                 events: libc::POLLIN,
                 revents: 0,
             })
+            .chain(other.map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            }))
             .collect();
         let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
         // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures
