@@ -35,11 +35,19 @@ pub struct MappingEntry {
     pub end: u64,
     /// Subtracted from a PC to get the ELF virtual address the rows use.
     pub bias: u64,
-    /// First row of the file's table in `ROWS`.
+    /// First row of the file's table in `ROWS`; [`TABLE_NOT_LOADED`] (with
+    /// `row_count` 0) when the file has a table that is not in `ROWS`.
     pub first_row: u32,
-    /// Rows of the table; 0 when the file has none (frame pointers are used).
+    /// Rows of the table; 0 when the file has none (frame pointers are used,
+    /// as the perf engine would) or it is not loaded.
     pub row_count: u32,
 }
+
+/// `MappingEntry::first_row` of a file whose unwind table exists but is not
+/// in `ROWS` (it did not fit): the program hands samples that need it to
+/// the perf engine, which unwinds them in userspace with the whole table,
+/// rather than guess with frame pointers.
+pub const TABLE_NOT_LOADED: u32 = u32::MAX;
 
 /// The value of the `PROCESSES` map.
 #[repr(C)]

@@ -110,10 +110,15 @@ pub enum BpfCounter {
     /// hold the sampled PC (it exec'd or mapped code since): the program let
     /// the kernel write the sample to the perf buffer for the perf engine.
     HandedToPerf = 7,
+    /// Of those, samples handed over because a frame was in a file whose
+    /// table is not in the row map, or in no mapping the process map
+    /// describes (a mapping made since the last sync, or beyond
+    /// `MAX_PROCESS_MAPPINGS`), below the first frame.
+    HandedOffMidStack = 8,
 }
 
 impl BpfCounter {
-    pub const ALL: [BpfCounter; 8] = [
+    pub const ALL: [BpfCounter; 9] = [
         BpfCounter::Seen,
         BpfCounter::Emitted,
         BpfCounter::BufferFull,
@@ -122,8 +127,9 @@ impl BpfCounter {
         BpfCounter::DepthLimit,
         BpfCounter::NoUserContext,
         BpfCounter::HandedToPerf,
+        BpfCounter::HandedOffMidStack,
     ];
 }
 
 /// Number of `BpfCounter` slots.
-pub const BPF_COUNTER_SLOTS: u32 = 8;
+pub const BPF_COUNTER_SLOTS: u32 = BpfCounter::ALL.len() as u32;

@@ -30,6 +30,7 @@ use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::EbpfContext;
 use ddprof_common::bpf_maps::{
     ProcessMappings, RowChunk, MAPPING_SEARCH_STEPS, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK,
+    TABLE_NOT_LOADED,
 };
 use ddprof_common::sample::{
     BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, MAX_KERNEL_FRAMES, MAX_RECORD_FRAMES,
@@ -94,9 +95,15 @@ struct Walk {
     /// the process was unknown.
     no_table: u32,
     read_fault: u32,
-    /// The first PC is in none of the process's mappings: hand the sample
-    /// to the perf engine.
+    /// Hand the sample to the perf engine: 1, the first PC is in none of
+    /// the process's mappings; 2, a later frame is, or needs a table that
+    /// is not loaded.
     handoff: u32,
+    /// The last step used frame pointers rather than a table row.
+    frame_pointer_step: u32,
+    /// RBP was restored from the stack by some step (see the perf
+    /// engine's unwinder).
+    bp_restored: u32,
     /// The mapping of the previous frame (consecutive frames are often in the
     /// same file): `[start, end)`, its bias and its table's rows.
     mapping_start: u64,
@@ -182,6 +189,8 @@ fn sample(ctx: &PerfEventContext) -> u32 {
         no_table: 0,
         read_fault: 0,
         handoff: 0,
+        frame_pointer_step: 0,
+        bp_restored: 0,
         mapping_start: 0,
         mapping_end: 0,
         mapping_bias: 0,
@@ -213,7 +222,11 @@ fn sample(ctx: &PerfEventContext) -> u32 {
     let walk = unsafe { core::ptr::read_volatile(walk_ptr) };
     if walk.handoff != 0 {
         // The process's entry does not describe its code (it exec'd or
-        // mapped code since userspace last wrote it).
+        // mapped code since userspace last wrote it), or a frame needs a
+        // table the row map does not hold.
+        if walk.handoff == 2 {
+            count(BpfCounter::HandedOffMidStack);
+        }
         hand_off(pid);
         return 1;
     }
@@ -358,10 +371,26 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
     let mut result = match rule {
         Rule::Row(row) => step(&row, &mut next, &mut read),
         Rule::FramePointer => StepResult::NoInfo,
+        // The PC is in no mapping the entry describes (the process exec'd
+        // or mapped code since userspace wrote it, or has more mappings
+        // than an entry holds), or in a file whose table is not loaded:
+        // the perf engine, which knows every mapping and table, unwinds it.
+        // (A PC reached through frame pointers may be garbage: the perf
+        // engine would follow the same frame pointers, so that stack ends
+        // here.)
+        Rule::NotLoaded => {
+            walk.handoff = if walk.user_frames == 1 { 1 } else { 2 };
+            walk.end = StackEnd::BadAddress as u32;
+            return None;
+        }
         Rule::Unmapped => {
-            if walk.user_frames == 1 {
-                walk.handoff = 1;
-            }
+            walk.handoff = if walk.user_frames == 1 {
+                1
+            } else if walk.frame_pointer_step == 0 {
+                2
+            } else {
+                0
+            };
             walk.end = StackEnd::BadAddress as u32;
             return None;
         }
@@ -370,10 +399,20 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
     if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
         used_frame_pointer = true;
         result = step_frame_pointer(&mut next, &mut read);
+        // The sampled RBP of code without frame pointers may be 0: only a
+        // restored one proves the root (as in the perf engine's unwinder).
+        if walk.bp_restored == 0 && matches!(result, StepResult::Outermost) {
+            result = StepResult::NoInfo;
+        }
+    }
+    let root_credible = walk.bp_restored != 0 || !used_frame_pointer;
+    if used_frame_pointer || next.bp != walk.regs.bp {
+        walk.bp_restored = 1;
     }
     if faulted {
         walk.read_fault = 1;
     }
+    walk.frame_pointer_step = u32::from(used_frame_pointer);
     let end = match result {
         StepResult::Caller => {
             walk.exact_pc = 0;
@@ -393,7 +432,11 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         return None;
     }
     if next.ip == 0 {
-        walk.end = StackEnd::Complete as u32;
+        walk.end = if root_credible {
+            StackEnd::Complete
+        } else {
+            StackEnd::NoUnwindInfo
+        } as u32;
         return None;
     }
     if next.sp <= walk.regs.sp {
@@ -408,6 +451,7 @@ enum Rule {
     Row(UnwindRow),
     FramePointer,
     Unmapped,
+    NotLoaded,
 }
 
 /// How to step the frame whose (lookup) PC is `pc`.
@@ -446,6 +490,9 @@ fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
         walk.mapping_row_count = entry.row_count;
     }
     if walk.mapping_row_count == 0 {
+        if walk.mapping_first_row == TABLE_NOT_LOADED {
+            return Rule::NotLoaded;
+        }
         walk.no_table = 1;
         return Rule::FramePointer;
     }

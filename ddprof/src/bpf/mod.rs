@@ -24,7 +24,7 @@ use aya::maps::{MapData, RingBuf};
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader};
 use ddprof_common::bpf_maps::{
-    MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK,
+    MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK, TABLE_NOT_LOADED,
 };
 use ddprof_common::sample::{
     BpfCounter, RawSample, RawSampleHeader, StackEnd, RAW_SAMPLE_HEADER_SIZE,
@@ -569,9 +569,14 @@ struct LoadedTable {
 }
 
 /// The table state of one mapped file.
+#[derive(Clone)]
 enum FileState {
     Loaded(ContentKey),
-    /// No table (or it did not fit): frame pointers.
+    /// The file has a table but the row map has no room for it: samples
+    /// that need it are handed to the perf engine (`TABLE_NOT_LOADED`).
+    NotLoaded,
+    /// No table (no CFI, unreadable, not ELF): frame pointers, as the perf
+    /// engine would use.
     Missing,
 }
 
@@ -826,9 +831,11 @@ impl BpfEngine {
                 end: mapping.end,
                 ..MappingEntry::default()
             };
-            if let Some(key) =
-                self.table_for(pid, &mapping.file, Some((mapping.start, mapping.end)))
-            {
+            let state = self.table_for(pid, &mapping.file, Some((mapping.start, mapping.end)));
+            if let FileState::NotLoaded = state {
+                entry.first_row = TABLE_NOT_LOADED;
+            }
+            if let FileState::Loaded(key) = state {
                 if let Some(table) = self.tables.get(&key) {
                     if let Some(bias) = LoadSegment::bias_for_mapping(
                         &table.segments,
@@ -870,49 +877,36 @@ impl BpfEngine {
         self.synced.insert(pid, (entries, keys));
     }
 
-    /// The content key of the table of `file` once it is in the row map.
-    /// `range` is a mapping of the file in `pid` (to reach deleted files).
+    /// The state of `file`'s table, loading it into the row map on first
+    /// use. `range` is a mapping of the file in `pid` (to reach deleted
+    /// files).
     fn table_for(
         &mut self,
         pid: u32,
         file: &Arc<MappedFile>,
         range: Option<(u64, u64)>,
-    ) -> Option<ContentKey> {
+    ) -> FileState {
         match self.files.get(file) {
-            Some(FileState::Loaded(key)) if self.tables.contains_key(key) => {
-                return Some(key.clone())
-            }
-            Some(FileState::Missing) => return None,
-            _ => {}
+            Some(FileState::Loaded(key)) if !self.tables.contains_key(key) => {}
+            Some(state) => return state.clone(),
+            None => {}
         }
-        let state = match self.load_table(pid, file, range) {
-            Some(key) => FileState::Loaded(key),
-            None => FileState::Missing,
-        };
-        let key = match &state {
-            FileState::Loaded(key) => Some(key.clone()),
-            FileState::Missing => None,
-        };
-        self.files.insert(file.clone(), state);
-        key
+        let state = self.load_table(pid, file, range);
+        self.files.insert(file.clone(), state.clone());
+        state
     }
 
-    fn load_table(
-        &mut self,
-        pid: u32,
-        file: &MappedFile,
-        range: Option<(u64, u64)>,
-    ) -> Option<ContentKey> {
+    fn load_table(&mut self, pid: u32, file: &MappedFile, range: Option<(u64, u64)>) -> FileState {
         let table = match self.compiler.load(pid, file, range) {
             Ok(table) => table,
             Err(error) => {
                 log::debug!("BPF engine: no unwind table: {error}");
                 self.table_stats.files_without_table += 1;
-                return None;
+                return FileState::Missing;
             }
         };
         if self.tables.contains_key(&table.key) {
-            return Some(table.key.clone());
+            return FileState::Loaded(table.key.clone());
         }
         let rows = &table.table.rows;
         let first_row = match self.rows.store(rows) {
@@ -922,14 +916,16 @@ impl BpfEngine {
                 match self.rows.store(rows) {
                     Some(first) => first,
                     None => {
-                        log::warn!(
-                            "BPF engine: no room for the {} unwind rows of {} (frame pointers \
-                             are used for it); give the engine more table memory",
+                        log::info!(
+                            "BPF engine: no room for the {} unwind rows of {} in the row map \
+                             ({} of {} rows free): its samples are unwound in userspace",
                             rows.len(),
-                            file.path
+                            file.path,
+                            self.rows.free_rows(),
+                            self.rows.capacity_rows()
                         );
                         self.table_stats.tables_not_fitting += 1;
-                        return None;
+                        return FileState::NotLoaded;
                     }
                 }
             }
@@ -942,7 +938,7 @@ impl BpfEngine {
                 segments: table.table.segments.clone(),
             },
         );
-        Some(table.key.clone())
+        FileState::Loaded(table.key.clone())
     }
 
     /// Frees the rows of tables no tracked process uses any more.
@@ -978,7 +974,9 @@ impl BpfEngine {
             dev: metadata.dev(),
             inode: metadata.ino(),
         });
-        let key = self.table_for(std::process::id(), &file, None)?;
+        let FileState::Loaded(key) = self.table_for(std::process::id(), &file, None) else {
+            return None;
+        };
         let table = self.tables.get(&key)?;
         Some(LoadedFileReport {
             rows: table.row_count,

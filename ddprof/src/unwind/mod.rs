@@ -125,6 +125,12 @@ impl Unwinder {
         // The first frame's PC, and the PC a signal interrupted, are exact;
         // every other one is a return address, looked up at the call (pc - 1).
         let mut exact_pc = true;
+        // RBP was restored from the stack (by a frame-pointer step or a row
+        // that saves it), rather than being the sampled register, which
+        // code built without frame pointers uses as it likes: only a
+        // restored RBP of 0 (or a return address of 0 found through it)
+        // proves that frame pointers reached the thread's root.
+        let mut bp_restored = false;
         let mut pushed = 0usize;
         loop {
             if pushed >= max_frames {
@@ -164,7 +170,12 @@ impl Unwinder {
                 used_frame_pointer = true;
                 self.stats.frame_pointer_steps += 1;
                 result = step_frame_pointer(&mut next, &mut reader);
+                if !bp_restored && matches!(result, StepResult::Outermost) {
+                    return StackEnd::NoUnwindInfo;
+                }
             }
+            let root_credible = bp_restored || !used_frame_pointer;
+            bp_restored = bp_restored || used_frame_pointer || next.bp != current.bp;
             match result {
                 StepResult::Caller => exact_pc = false,
                 StepResult::Interrupted => exact_pc = true,
@@ -184,7 +195,11 @@ impl Unwinder {
                 }
             }
             if next.ip == 0 {
-                return StackEnd::Complete;
+                return if root_credible {
+                    StackEnd::Complete
+                } else {
+                    StackEnd::NoUnwindInfo
+                };
             }
             if next.sp <= current.sp {
                 return StackEnd::NoProgress;
