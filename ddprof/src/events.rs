@@ -50,7 +50,11 @@ pub enum Scope {
 pub struct EventOptions {
     /// Bytes of user stack the kernel copies per sample.
     pub stack_sample_size: u32,
-    /// Whether to also sample in the kernel (needs privileges).
+    /// Whether the events also count, and sample, the time threads spend
+    /// in the kernel on their own behalf (system calls, page faults): such
+    /// samples are attributed to the user stack that entered the kernel.
+    /// Needs `perf_event_paranoid` <= 1 or CAP_PERFMON; refused, the events
+    /// are opened user-only (and the time in the kernel goes unseen).
     pub include_kernel: bool,
 }
 
@@ -191,8 +195,8 @@ pub fn open(
     })
 }
 
-/// Opens every event of `specs` on every online CPU. When kernel sampling is
-/// refused, retries user-only before giving up.
+/// Opens every event of `specs` on every online CPU. When sampling the
+/// kernel is refused, says so once and retries user-only before giving up.
 pub fn open_all(
     specs: &[EventSpec],
     scope: Scope,
@@ -206,7 +210,15 @@ pub fn open_all(
             let fd = match open(spec, scope, cpu, &options) {
                 Err(OpenError::Permission { .. }) if options.include_kernel => {
                     options.include_kernel = false;
-                    open(spec, scope, cpu, &options)?
+                    let fd = open(spec, scope, cpu, &options)?;
+                    log::warn!(
+                        "time spent in the kernel (system calls, page faults) is not sampled: \
+                         kernel.perf_event_paranoid is {} and ddprof lacks CAP_PERFMON; \
+                         lower it with `sysctl kernel.perf_event_paranoid=1` or grant \
+                         CAP_PERFMON to include it",
+                        paranoid_level()
+                    );
+                    fd
                 }
                 other => other?,
             };

@@ -95,7 +95,9 @@ impl Engine {
             .collect::<Result<Vec<EventFd>, std::io::Error>>()?;
         let mut perf = PerfEngine::new(duplicates, options)?;
         let bpf_options = BpfEngineOptions {
-            kernel_stacks: launch::event_options(cli).include_kernel,
+            // Samples taken in the kernel carry the user stack; kernel
+            // frames themselves are not reported yet.
+            kernel_stacks: false,
             // --ring-buffer-kib sizes whichever buffer receives the samples.
             ring_buffer_bytes: cli
                 .ring_buffer_kib

@@ -95,12 +95,13 @@ enum NotProfiled {
     Handoff(#[from] handoff::HandoffError),
 }
 
-/// The event options every mode uses: user-space samples only (the perf
-/// engine unwinds user stacks; kernel frames would need more privileges).
+/// The event options every mode uses: time in the kernel is sampled where
+/// permitted (as `perf record` does), each such sample attributed to the
+/// user stack that made the system call.
 pub fn event_options(cli: &Cli) -> EventOptions {
     EventOptions {
         stack_sample_size: cli.stack_sample_size,
-        include_kernel: false,
+        include_kernel: true,
     }
 }
 
