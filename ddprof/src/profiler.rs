@@ -8,6 +8,7 @@
 //! the target is gone, the period is symbolized, encoded as pprof and
 //! written; the whole run's folded stacks become `flamegraph.svg` and
 //! `stacks.folded` at exit.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::aggregate::{Aggregator, AggregatorOptions};
@@ -113,10 +114,24 @@ impl Engine {
             ..BpfEngineOptions::default()
         };
         // Loads, verifies and attaches the program once; `auto` falls back
-        // to the perf engine (with the reason) when that fails.
-        let (bpf, decision) =
-            choose_engine_with(cli.engine, || BpfEngine::new(events, bpf_options))
-                .map_err(|error| ProfilerError::Setup(format!("--engine bpf: {error}")))?;
+        // to the perf engine (with the reason) when that fails. That takes
+        // 50-100 ms, while the command runs: meanwhile another thread keeps
+        // the perf buffers from filling (at 32 KB a sample, a 1 MiB buffer
+        // holds 30 ms at 999 Hz), so that nothing is lost at start.
+        let loading = AtomicBool::new(true);
+        let (bpf, decision) = std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                while loading.load(Ordering::Acquire) {
+                    perf.read_ahead();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            let chosen = choose_engine_with(cli.engine, || BpfEngine::new(events, bpf_options));
+            loading.store(false, Ordering::Release);
+            let _ = reader.join();
+            chosen
+        })
+        .map_err(|error| ProfilerError::Setup(format!("--engine bpf: {error}")))?;
         log::info!("engine: {}", decision.reason);
         Ok(match bpf {
             Some(mut samples) => {

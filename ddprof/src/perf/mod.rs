@@ -248,6 +248,13 @@ impl PerfEngine {
         self.deliver(processes, None, finished, on_sample)
     }
 
+    /// Moves what the buffers hold into the engine's queue without applying
+    /// or unwinding anything: keeps the buffers from filling while the
+    /// caller is busy elsewhere (the BPF program's load and verification).
+    pub fn read_ahead(&mut self) {
+        self.drain_buffers();
+    }
+
     /// Processes whose fork, exec or executable mmap has been read but is
     /// held back (not applied to the table yet).
     pub fn pids_with_new_code(&self) -> std::collections::HashSet<u32> {
