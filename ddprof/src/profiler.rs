@@ -22,6 +22,7 @@ use crate::process::ProcessTable;
 use crate::profile::{encode_pprof, ProfileError, ProfileMetadata};
 use crate::sample::Sample;
 use crate::symbolize::{Symbolizer, SymbolizerOptions};
+use ddprof_common::sample::BpfCounter;
 
 /// What is being profiled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,12 +219,17 @@ impl Engine {
                 records.flush(processes, on_sample);
                 if let Ok(counters) = samples.counters() {
                     log::debug!("BPF program: {counters}");
+                    // What took the slow path, and why, for the user.
+                    log::info!(
+                        "BPF engine: {} samples unwound in the kernel, {} handed to the perf \
+                         engine ({} of them mid-stack: a table not in the row map or a mapping \
+                         not yet described), {} unwound by the perf engine in all",
+                        counters.get(BpfCounter::Emitted),
+                        counters.get(BpfCounter::HandedToPerf),
+                        counters.get(BpfCounter::HandedOffMidStack),
+                        records.sample_counters().samples
+                    );
                 }
-                log::debug!(
-                    "perf engine beside it: {:?}, {:?}",
-                    records.sample_counters(),
-                    records.losses()
-                );
             }
         }
     }
