@@ -105,11 +105,16 @@ pub enum Frame {
     StackTableFull,
 }
 
-/// Samples of one (process, thread, stack) in a period.
+/// Samples of one (process, thread, names, stack) in a period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackSample {
     pub pid: u32,
     pub tid: u32,
+    /// The process's name when the samples were taken: a process that
+    /// exec'd during the period has samples under each program's name.
+    pub process_name: Option<Arc<str>>,
+    /// The thread's name when the samples were taken.
+    pub thread_name: Option<Arc<str>>,
     /// Index in [`PeriodProfile::stacks`].
     pub stack: u32,
     pub count: u64,
@@ -149,10 +154,6 @@ pub struct PeriodProfile {
     /// Distinct stacks, as indexes into `frames`, innermost first.
     pub stacks: Vec<Box<[u32]>>,
     pub samples: Vec<StackSample>,
-    /// Process names as they were when the samples arrived.
-    pub process_names: HashMap<u32, String>,
-    /// Thread names, keyed by (pid, tid).
-    pub thread_names: HashMap<(u32, u32), String>,
     pub stats: PeriodStats,
 }
 
@@ -297,6 +298,36 @@ impl WallClock {
     }
 }
 
+/// What a [`StackSample`] counts: pid, tid, stack, and the ids of the
+/// process and thread names in force at the samples' time.
+type SampleKey = (u32, u32, u32, Option<u32>, Option<u32>);
+
+/// The period's process and thread names, each stored once.
+#[derive(Debug, Default)]
+struct NameTable {
+    ids: FastMap<Arc<str>, u32>,
+    names: Vec<Arc<str>>,
+}
+
+impl NameTable {
+    /// The id of `name` (`None` for no name or an empty one).
+    fn id(&mut self, name: Option<&str>) -> Option<u32> {
+        let name = name.filter(|name| !name.is_empty())?;
+        if let Some(id) = self.ids.get(name) {
+            return Some(*id);
+        }
+        let id = self.names.len() as u32;
+        let name: Arc<str> = Arc::from(name);
+        self.names.push(name.clone());
+        self.ids.insert(name, id);
+        Some(id)
+    }
+
+    fn name(&self, id: Option<u32>) -> Option<Arc<str>> {
+        id.map(|id| self.names[id as usize].clone())
+    }
+}
+
 #[derive(Debug, Default)]
 struct PeriodState {
     frames: Vec<Frame>,
@@ -304,9 +335,8 @@ struct PeriodState {
     stacks: Vec<Box<[u32]>>,
     stack_ids: FastMap<Box<[u32]>, u32>,
     samples: Vec<StackSample>,
-    sample_ids: FastMap<(u32, u32, u32), u32>,
-    process_names: HashMap<u32, String>,
-    thread_names: HashMap<(u32, u32), String>,
+    sample_ids: FastMap<SampleKey, u32>,
+    names: NameTable,
     timeline_events: usize,
     stats: PeriodStats,
 }
@@ -430,11 +460,20 @@ impl Aggregator {
             }
         };
 
-        let key = (sample.pid, sample.tid, stack);
+        // The names as they are now, which is as they were at the sample's
+        // time: the engines apply the process events up to a sample's time
+        // before they deliver it.
+        let process_name = period.names.id(processes.process_name(sample.pid));
+        let thread_name = period
+            .names
+            .id(processes.thread_name(sample.pid, sample.tid));
+        let key = (sample.pid, sample.tid, stack, process_name, thread_name);
         let index = *period.sample_ids.entry(key).or_insert_with(|| {
             period.samples.push(StackSample {
                 pid: sample.pid,
                 tid: sample.tid,
+                process_name: period.names.name(process_name),
+                thread_name: period.names.name(thread_name),
                 stack,
                 count: 0,
                 cpu_nanos: 0,
@@ -456,17 +495,6 @@ impl Aggregator {
                 period.stats.timeline_dropped += 1;
             }
         }
-
-        remember_name(
-            &mut period.process_names,
-            sample.pid,
-            processes.process_name(sample.pid),
-        );
-        remember_name(
-            &mut period.thread_names,
-            (sample.pid, sample.tid),
-            processes.thread_name(sample.pid, sample.tid),
-        );
     }
 
     /// Hands over the period's aggregate and starts a new, empty one.
@@ -482,27 +510,7 @@ impl Aggregator {
             frames: state.frames,
             stacks: state.stacks,
             samples: state.samples,
-            process_names: state.process_names,
-            thread_names: state.thread_names,
             stats: state.stats,
-        }
-    }
-}
-
-/// Records the latest known name, allocating only when it changed.
-fn remember_name<K: std::hash::Hash + Eq>(
-    names: &mut HashMap<K, String>,
-    key: K,
-    name: Option<&str>,
-) {
-    let Some(name) = name.filter(|n| !n.is_empty()) else {
-        return;
-    };
-    match names.get_mut(&key) {
-        Some(known) if known == name => {}
-        Some(known) => *known = name.to_string(),
-        None => {
-            names.insert(key, name.to_string());
         }
     }
 }
@@ -612,12 +620,60 @@ mod tests {
             }
         ));
         assert_eq!(frames.last(), Some(&&Frame::Truncated));
-        assert_eq!(period.thread_names[&(10, 11)], "worker");
-        assert_eq!(period.process_names[&10], "proc");
+        assert_eq!(worker.thread_name.as_deref(), Some("worker"));
+        assert_eq!(worker.process_name.as_deref(), Some("proc"));
         // The period's state is gone after the take.
         let next = aggregator.take_period(now, now);
         assert!(next.samples.is_empty() && next.stacks.is_empty());
         assert_eq!(next.files.len(), 1);
+    }
+
+    #[test]
+    fn samples_keep_the_names_in_force_when_they_were_taken() {
+        let mut table = table();
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let leaf = || sample(10, vec![0x10100], StackEnd::Complete);
+        aggregator.add(&table, &leaf());
+        aggregator.add(&table, &leaf());
+        // The process execs another program (same pid), which maps the same
+        // file at the same place and runs the same code.
+        table.set_comm(10, 10, "next", true);
+        table.add_mapping(&MappingRecord {
+            pid: 10,
+            start: 0x10000,
+            len: 0x10000,
+            file_offset: 0x2000,
+            dev: 1,
+            inode: 2,
+            prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+            path: std::env::current_exe()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+        });
+        aggregator.add(&table, &leaf());
+        let now = SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        let mut named: Vec<(Option<&str>, Option<&str>, u32, u64)> = period
+            .samples
+            .iter()
+            .map(|s| {
+                (
+                    s.process_name.as_deref(),
+                    s.thread_name.as_deref(),
+                    s.stack,
+                    s.count,
+                )
+            })
+            .collect();
+        named.sort();
+        assert_eq!(
+            named,
+            [
+                (Some("next"), Some("next"), 0, 1),
+                (Some("proc"), Some("proc"), 0, 2)
+            ]
+        );
     }
 
     #[test]

@@ -349,17 +349,14 @@ pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> p
             num(key_process_id, u64::from(stack_sample.pid)),
             num(key_thread_id, u64::from(stack_sample.tid)),
         ];
-        if let Some(name) = period.process_names.get(&stack_sample.pid) {
+        if let Some(name) = &stack_sample.process_name {
             labels.push(pb::Label {
                 key: key_process_name,
                 str: strings.id(name),
                 ..pb::Label::default()
             });
         }
-        if let Some(name) = period
-            .thread_names
-            .get(&(stack_sample.pid, stack_sample.tid))
-        {
+        if let Some(name) = &stack_sample.thread_name {
             labels.push(pb::Label {
                 key: key_thread_name,
                 str: strings.id(name),
@@ -455,6 +452,8 @@ mod tests {
             samples: vec![StackSample {
                 pid: 7,
                 tid: 8,
+                process_name: Some("app".into()),
+                thread_name: Some("worker".into()),
                 stack: 0,
                 count: 3,
                 cpu_nanos: 30,
@@ -463,8 +462,6 @@ mod tests {
                     cpu_nanos: 10,
                 }],
             }],
-            process_names: HashMap::from([(7, "app".to_string())]),
-            thread_names: HashMap::from([((7, 8), "worker".to_string())]),
             stats: PeriodStats::default(),
         };
         let symbolized = SymbolizedProfile {

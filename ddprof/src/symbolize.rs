@@ -680,13 +680,13 @@ mod tests {
             samples: vec![StackSample {
                 pid: 1,
                 tid: 1,
+                process_name: None,
+                thread_name: None,
                 stack: 0,
                 count: 1,
                 cpu_nanos: 1,
                 timeline: vec![],
             }],
-            process_names: HashMap::new(),
-            thread_names: HashMap::new(),
             stats: PeriodStats::default(),
         };
         let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
