@@ -874,3 +874,230 @@ fn binaries_deleted_while_running_are_still_symbolized() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Names of the symbols a file defines (`.symtab` and `.dynsym`), as
+/// `nm --defined-only` lists them: the names its frames can have.
+fn symbol_names(path: &Path) -> Vec<String> {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let file = object::File::parse(&*data).unwrap();
+    let mut names: Vec<String> = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|symbol| symbol.is_definition())
+        .filter_map(|symbol| symbol.name().ok().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What a readable name must not keep of Rust's legacy mangling: its
+/// escapes and its `::h<16 hex digits>` hash.
+fn rust_mangling_left(name: &str) -> bool {
+    let hash = name
+        .rsplit_once("::h")
+        .is_some_and(|(_, tail)| tail.len() == 16 && tail.bytes().all(|b| b.is_ascii_hexdigit()));
+    hash || ["$LT$", "$GT$", "$u20$", "$C$", "$RF$", "$u7b$"]
+        .iter()
+        .any(|escape| name.contains(escape))
+}
+
+/// A Rust release binary of this machine: the toolchain's `rustfmt` (v0
+/// mangling), and the release binaries of this workspace and workload
+/// (legacy, and v0 for the standard library); C++ from the workload and
+/// libstdc++.
+#[test]
+fn demangles_every_symbol_of_real_rust_and_cpp_binaries() {
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc runs");
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    let libstdcxx = Command::new("c++")
+        .arg("-print-file-name=libstdc++.so.6")
+        .output()
+        .expect("c++ runs");
+    let libstdcxx = PathBuf::from(String::from_utf8_lossy(&libstdcxx.stdout).trim());
+    let binaries = [
+        sysroot.join("bin/rustfmt"),
+        ddprof_tests::ddprof_bin().to_path_buf(),
+        ddprof_tests::workloads::build_workload("chain.rs"),
+        ddprof_tests::workloads::build_workload("chain.cpp"),
+        libstdcxx,
+    ];
+    for binary in &binaries {
+        let names = symbol_names(binary);
+        let (mut rust, mut cpp, mut cpp_kept) = (0usize, 0usize, Vec::<String>::new());
+        for name in &names {
+            let demangled = ddprof::symbolize::demangle(name);
+            let is_rust = rustc_demangle_accepts(name);
+            if is_rust {
+                rust += 1;
+                assert!(
+                    !rust_mangling_left(&demangled) && demangled != *name,
+                    "{}: {name} demangled to {demangled}",
+                    binary.display()
+                );
+            } else if name.starts_with("_Z") {
+                cpp += 1;
+                assert!(
+                    !rust_mangling_left(&demangled),
+                    "{}: {name} demangled to {demangled}",
+                    binary.display()
+                );
+                if demangled == *name {
+                    cpp_kept.push(name.clone());
+                }
+            }
+        }
+        eprintln!(
+            "{}: {} symbols, {rust} Rust and {} C++ demangled, {} C++ kept mangled {:?}",
+            binary.display(),
+            names.len(),
+            cpp - cpp_kept.len(),
+            cpp_kept.len(),
+            &cpp_kept[..cpp_kept.len().min(3)]
+        );
+        assert!(
+            rust + cpp >= 5,
+            "{}: too few mangled names",
+            binary.display()
+        );
+        assert!(
+            cpp_kept.len() * 1000 <= cpp,
+            "{}: C++ names left mangled: {cpp_kept:?}",
+            binary.display()
+        );
+    }
+}
+
+/// Whether `name` is a Rust symbol: legacy (`_ZN…17h<hash>E`, with an
+/// optional `.llvm.` suffix) or v0 (`_R`).
+fn rustc_demangle_accepts(name: &str) -> bool {
+    if name.starts_with("_R") {
+        return true;
+    }
+    let path = name.split(".llvm.").next().unwrap_or(name);
+    path.starts_with("_ZN")
+        && path.len() > 20
+        && path.ends_with('E')
+        && path.is_char_boundary(path.len() - 20)
+        && path[path.len() - 20..].starts_with("17h")
+        && path[path.len() - 17..path.len() - 1]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
+}
+
+/// Every function of real Rust release binaries, symbolized as profiles
+/// are (blazesym's DWARF and ELF symbols, then demangling), has a readable
+/// name: this workspace's ddprof (legacy mangling, line-tables-only DWARF)
+/// and the toolchain's rustfmt (v0 mangling).
+#[test]
+fn rust_functions_are_symbolized_with_readable_names() {
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc runs");
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    for binary in [
+        ddprof_tests::ddprof_bin().to_path_buf(),
+        sysroot.join("bin/rustfmt"),
+    ] {
+        let binary = binary.canonicalize().unwrap();
+        let data = std::fs::read(&binary).unwrap();
+        let elf = object::File::parse(&*data).unwrap();
+        // Mapped as the kernel would map it, at an arbitrary base.
+        const BASE: u64 = 0x5500_0000_0000;
+        let pid = std::process::id();
+        let mut table = ProcessTable::new();
+        let metadata = std::fs::metadata(&binary).unwrap();
+        let mut code = Vec::new();
+        for segment in elf.segments() {
+            let executable = matches!(
+                segment.flags(),
+                object::SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0
+            );
+            if !executable {
+                continue;
+            }
+            let (offset, size) = segment.file_range();
+            code.push((segment.address(), segment.address() + size, offset));
+            table.add_mapping(&ddprof::process::MappingRecord {
+                pid,
+                start: BASE + segment.address(),
+                len: size,
+                file_offset: offset,
+                dev: std::os::unix::fs::MetadataExt::dev(&metadata),
+                inode: std::os::unix::fs::MetadataExt::ino(&metadata),
+                prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+                path: binary.to_string_lossy().into_owned(),
+            });
+        }
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let mut functions = 0;
+        // File offset → the names of the symbols starting there.
+        let mut symbols_at: std::collections::HashMap<u64, Vec<String>> = Default::default();
+        for symbol in elf.symbols() {
+            let address = symbol.address();
+            let in_code = code
+                .iter()
+                .find(|(start, end, _)| (*start..*end).contains(&address));
+            let (Some((start, _, offset)), Ok(name)) = (in_code, symbol.name()) else {
+                continue;
+            };
+            if symbol.kind() != object::SymbolKind::Text || symbol.size() == 0 {
+                continue;
+            }
+            functions += 1;
+            symbols_at
+                .entry(address - start + offset)
+                .or_default()
+                .push(name.to_string());
+            let frames = vec![BASE + address];
+            aggregator.add(
+                &table,
+                &sample(pid, pid, functions, frames, StackEnd::Complete),
+            );
+        }
+        let now = SystemTime::now();
+        let symbolized = Symbolizer::new(SymbolizerOptions::default())
+            .symbolize(aggregator.take_period(now, now));
+        let mut unreadable = Vec::new();
+        let mut rust_functions = 0;
+        for (frame, lines) in symbolized.period.frames.iter().zip(&symbolized.frames) {
+            let ddprof::aggregate::Frame::File { offset, .. } = frame else {
+                panic!("{frame:?} is not in the binary");
+            };
+            let name = &*lines.last().unwrap().function;
+            // A Rust function's name is a path (`crate::module::function`,
+            // `<Type as Trait>::method`): DWARF's bare names are qualified.
+            let rust = symbols_at[offset].iter().all(|s| rustc_demangle_accepts(s));
+            rust_functions += usize::from(rust);
+            if rust_mangling_left(name)
+                || name.starts_with("_ZN")
+                || name.starts_with("_R")
+                || name.starts_with('[')
+                || (rust && !name.contains("::"))
+            {
+                unreadable.push((symbols_at[offset][0].clone(), name.to_string()));
+            }
+        }
+        eprintln!(
+            "{}: {functions} functions, {} frames ({rust_functions} Rust), {} unreadable {:?}",
+            binary.display(),
+            symbolized.frames.len(),
+            unreadable.len(),
+            &unreadable[..unreadable.len().min(5)]
+        );
+        assert!(
+            functions > 1000,
+            "{}: {functions} functions",
+            binary.display()
+        );
+        assert!(
+            unreadable.is_empty(),
+            "{}: {unreadable:?}",
+            binary.display()
+        );
+    }
+}
