@@ -521,7 +521,7 @@ fn symbolizes_a_binary_deleted_while_it_runs(engine: &str) {
     let binary = out.0.join("chain_deleted");
     std::fs::copy(build_workload("chain.c"), &binary).unwrap();
     let profile_dir = out.0.join("profiles");
-    let mut profiler = ddprof(&profile_dir)
+    let profiler = ddprof(&profile_dir)
         .args(["--engine", engine, "-e", "sCPU freq=999", "--"])
         .arg(&binary)
         .arg("2.5")
@@ -552,6 +552,7 @@ fn symbolizes_a_binary_deleted_while_it_runs(engine: &str) {
             .entry(frames.first().cloned().unwrap_or_default())
             .or_default() += 1;
     }
+    eprintln!("{engine}: samples by leaf: {leaves:?}");
     let total: u64 = leaves.values().sum();
     let named = leaves.get("chain_leaf_70").copied().unwrap_or(0)
         + leaves.get("chain_leaf_30").copied().unwrap_or(0);

@@ -833,45 +833,182 @@ fn files_of_another_mount_namespace_are_read_from_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A copy of the workload, started, whose file is deleted while it runs.
+struct DeletedBinary {
+    running: Running,
+    binary: PathBuf,
+    elf: Elf,
+}
+
+impl DeletedBinary {
+    fn start(dir: &Path, name: &str) -> Self {
+        let binary = build_workload_as(&dir.join(name), &[]);
+        let elf = Elf::read(&binary);
+        let running = Running::start(&binary);
+        Self {
+            running,
+            binary,
+            elf,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.running.pid()
+    }
+
+    /// As when a package upgrade removes a running service's binary.
+    fn delete(&self) {
+        std::fs::remove_file(&self.binary).unwrap();
+    }
+
+    /// `output_middle → output_leaf → output_hot`, at the addresses of the
+    /// mapping `path` names (the binary's path, marked deleted or not).
+    fn frames(&self, table: &ProcessTable, path: &str) -> Vec<u64> {
+        let mapping = table
+            .get(self.pid())
+            .unwrap()
+            .mappings
+            .iter()
+            .find(|m| m.file.path == path)
+            .cloned()
+            .unwrap_or_else(|| panic!("no mapping of {path}"));
+        let elf = &self.elf;
+        let at = |vaddr: u64| mapping.start + elf.file_offset(vaddr) - mapping.file_offset;
+        vec![
+            at(elf.function("output_hot").0 + 4),
+            at(elf.return_addresses("output_leaf", "output_hot")[0]),
+            at(elf.return_addresses("output_middle", "output_leaf")[0]),
+        ]
+    }
+
+    fn path(&self) -> String {
+        self.binary.to_str().unwrap().to_string()
+    }
+}
+
+/// The stacks of a symbolized period, outermost first.
+fn symbolized_stacks(symbolized: &SymbolizedProfile) -> Vec<Vec<String>> {
+    (0..symbolized.period.stacks.len() as u32)
+        .map(|stack| {
+            symbolized
+                .stack_names(stack)
+                .map(|n| n.to_string())
+                .collect()
+        })
+        .collect()
+}
+
+const DELETED_STACK: [&str; 4] = ["[truncated]", "output_middle", "output_leaf", "output_hot"];
+
+/// Binaries deleted while their process runs, symbolized after the
+/// process exited, in the three ways the profiler learns of them: the
+/// process table as the exec's mmap records give it (the path as it was,
+/// no mark), first sampled before or after the deletion, and as
+/// `/proc/PID/maps` gives it after the deletion (` (deleted)` mark).
 #[test]
 fn binaries_deleted_while_running_are_still_symbolized() {
     let dir = scratch_dir("deleted");
-    let binary = build_workload(&dir);
-    let elf = Elf::read(&binary);
-    let mut running = Running::start(&binary);
+    let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+    let end = StackEnd::NoUnwindInfo;
+
+    // Sampled before and after the deletion.
+    let mut before = DeletedBinary::start(&dir, "deleted_after_sampled");
+    let mut table = ProcessTable::new();
+    table.load_from_proc(before.pid()).unwrap();
+    let frames = before.frames(&table, &before.path());
+    aggregator.add(
+        &table,
+        &sample(before.pid(), before.pid(), 0, frames.clone(), end),
+    );
+    before.delete();
+    aggregator.add(&table, &sample(before.pid(), before.pid(), 1, frames, end));
+    // First sampled after the deletion, under the path it was mapped by.
+    let mut after = DeletedBinary::start(&dir, "deleted_before_sampled");
+    table.load_from_proc(after.pid()).unwrap();
+    after.delete();
+    let frames = after.frames(&table, &after.path());
+    aggregator.add(&table, &sample(after.pid(), after.pid(), 2, frames, end));
+    // Read from /proc after the deletion.
+    let mut marked = DeletedBinary::start(&dir, "deleted_before_read");
+    marked.delete();
+    table.load_from_proc(marked.pid()).unwrap();
+    let frames = marked.frames(&table, &format!("{} (deleted)", marked.path()));
+    aggregator.add(&table, &sample(marked.pid(), marked.pid(), 3, frames, end));
+    // Every process is gone before the period is symbolized.
+    for running in [&mut before, &mut after, &mut marked] {
+        running.running.kill();
+        table.exit(running.pid(), running.pid());
+    }
+    let now = SystemTime::now();
+    let period = aggregator.take_period(now, now);
+    let mut paths: Vec<&str> = period.files.iter().map(|f| f.path.as_str()).collect();
+    paths.sort();
+    let mut expected = [before.path(), after.path(), marked.path()];
+    expected.sort();
+    assert_eq!(paths, expected, "files are named without the deleted mark");
+    let symbolized = symbolizer.symbolize(period);
+    let stacks = symbolized_stacks(&symbolized);
+    assert_eq!(stacks.len(), 3, "{stacks:?}");
+    for stack in &stacks {
+        assert_eq!(stack, &DELETED_STACK, "{stacks:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A file unused for a whole period is let go, and held again, through the
+/// process's mapping, when the process uses it again after its deletion.
+#[test]
+fn deleted_binaries_are_held_again_when_used_again() {
+    let dir = scratch_dir("deleted-again");
+    let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+    let end = StackEnd::NoUnwindInfo;
+    let mut running = DeletedBinary::start(&dir, "deleted_in_idle_period");
     let pid = running.pid();
-    // As when a package upgrade replaces a running service's binary.
-    std::fs::remove_file(&binary).unwrap();
     let mut table = ProcessTable::new();
     table.load_from_proc(pid).unwrap();
-    let deleted = format!("{} (deleted)", binary.display());
-    let mapping = table
-        .get(pid)
-        .unwrap()
-        .mappings
-        .iter()
-        .find(|m| m.file.path == deleted)
-        .cloned()
-        .expect("the binary's code is mapped as deleted");
-    let at = |vaddr: u64| mapping.start + elf.file_offset(vaddr) - mapping.file_offset;
-    let frames = vec![
-        at(elf.function("output_hot").0 + 4),
-        at(elf.return_addresses("output_leaf", "output_hot")[0]),
-        at(elf.return_addresses("output_middle", "output_leaf")[0]),
-    ];
-    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
-    aggregator.add(&table, &sample(pid, pid, 0, frames, StackEnd::NoUnwindInfo));
-    running.kill();
-    table.exit(pid, pid);
+    let frames = running.frames(&table, &running.path());
+    let take = |aggregator: &mut Aggregator| {
+        let now = SystemTime::now();
+        aggregator.take_period(now, now)
+    };
 
-    let now = SystemTime::now();
-    let symbolized =
-        Symbolizer::new(SymbolizerOptions::default()).symbolize(aggregator.take_period(now, now));
-    let names: Vec<String> = symbolized.stack_names(0).map(|n| n.to_string()).collect();
+    aggregator.add(&table, &sample(pid, pid, 0, frames.clone(), end));
+    let first = take(&mut aggregator);
+    assert!(first.files[0].is_held());
+    let first_path = first.files[0].open_path.clone();
     assert_eq!(
-        names,
-        ["[truncated]", "output_middle", "output_leaf", "output_hot"]
+        symbolized_stacks(&symbolizer.symbolize(first)),
+        [DELETED_STACK]
     );
+    // A period without samples of the file lets it go.
+    let idle = take(&mut aggregator);
+    assert!(
+        idle.files[0].is_held(),
+        "still held for the period that used it"
+    );
+    symbolizer.symbolize(idle);
+    let let_go = take(&mut aggregator);
+    assert!(!let_go.files[0].is_held());
+    symbolizer.symbolize(let_go);
+
+    running.delete();
+    aggregator.add(&table, &sample(pid, pid, 1, frames, end));
+    running.running.kill();
+    table.exit(pid, pid);
+    let again = take(&mut aggregator);
+    assert!(
+        again.files[0].is_held(),
+        "held again through /proc/{pid}/map_files"
+    );
+    eprintln!(
+        "read through {first_path}, then {}",
+        again.files[0].open_path
+    );
+    // A symbolizer that has not read the file yet: it must read it now.
+    let mut fresh = Symbolizer::new(SymbolizerOptions::default());
+    assert_eq!(symbolized_stacks(&fresh.symbolize(again)), [DELETED_STACK]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -428,16 +428,12 @@ mod tests {
     #[test]
     fn encodes_samples_labels_and_inlined_lines() {
         let start = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut app = ObjectFile::by_path("/bin/app", 1, 2);
+        app.build_id = Some(vec![0xab, 0xcd]);
         let period = PeriodProfile {
             start,
             end: start + Duration::from_secs(60),
-            files: vec![Arc::new(ObjectFile {
-                path: "/bin/app".into(),
-                dev: 1,
-                inode: 2,
-                build_id: Some(vec![0xab, 0xcd]),
-                open_path: "/bin/app".into(),
-            })],
+            files: vec![Arc::new(app)],
             frames: vec![
                 Frame::File {
                     file: FileId(0),

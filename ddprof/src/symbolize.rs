@@ -170,9 +170,10 @@ impl Symbolizer {
             .enable_inlined_fns(true)
             // Demangled here, to keep the mangled name as the system name.
             .enable_demangling(false)
-            // Files are identified by (path, device, inode) here; a file
-            // replaced on disk is a new file with its own cache entry.
-            .enable_auto_reload(false)
+            // Files are read through `/proc/self/fd/N` (see
+            // `ObjectFile::open_path`): a descriptor number reused for
+            // another file must not find the first file's data.
+            .enable_auto_reload(true)
             .set_debug_dirs(Some(&options.debug_dirs))
             .build();
         Self {
@@ -260,9 +261,15 @@ impl Symbolizer {
         let period_number = self.period_number;
         let cache = self.files.entry(key.clone()).or_default();
         cache.last_period = period_number;
-        if cache.open_path.is_empty() {
-            cache.open_path = file.open_path.clone();
+        if cache.open_path != file.open_path {
+            // The file is read through a new descriptor (it was let go for
+            // a period): blazesym's data under the old one is stale.
+            let stale = std::mem::replace(&mut cache.open_path, file.open_path.clone());
+            if !stale.is_empty() {
+                self.evict_from_blazesym(&stale);
+            }
         }
+        let cache = self.files.get_mut(&key).expect("entry created above");
         let mut missing: Vec<u64> = Vec::new();
         for &(index, offset) in offsets {
             match cache.addresses.get(&offset) {
@@ -473,14 +480,20 @@ impl Symbolizer {
                 continue;
             };
             self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
-            let evict = blazesym::symbolize::evict::Evict::Elf(
-                blazesym::symbolize::evict::Elf::new(PathBuf::from(&cache.open_path)),
-            );
-            if let Err(error) = self.blazesym.evict(&evict) {
-                log::debug!("cannot evict {}: {error}", key.0);
-            }
+            self.evict_from_blazesym(&cache.open_path);
         }
         self.perf_maps.retain(|_, map| map.last_period >= oldest);
+    }
+
+    /// Drops what blazesym parsed from `open_path` (and the descriptor it
+    /// holds on it).
+    fn evict_from_blazesym(&mut self, open_path: &str) {
+        let evict = blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(
+            PathBuf::from(open_path),
+        ));
+        if let Err(error) = self.blazesym.evict(&evict) {
+            log::debug!("cannot evict {open_path}: {error}");
+        }
     }
 }
 
@@ -792,13 +805,11 @@ mod tests {
         let period = PeriodProfile {
             start: now,
             end: now,
-            files: vec![Arc::new(ObjectFile {
-                path: "/nonexistent/libgone.so".into(),
-                dev: 0,
-                inode: 0,
-                build_id: None,
-                open_path: "/nonexistent/libgone.so".into(),
-            })],
+            files: vec![Arc::new(ObjectFile::by_path(
+                "/nonexistent/libgone.so",
+                0,
+                0,
+            ))],
             frames: vec![
                 Frame::File {
                     file: FileId(0),
