@@ -405,3 +405,167 @@ fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
         "one line:\n{stderr}"
     );
 }
+
+/// The blocks of `go tool pprof -traces`: (labels, frames innermost first).
+fn pprof_traces(profile: &Path) -> Vec<(HashMap<String, String>, Vec<String>)> {
+    let text = go_pprof(&["-traces"], profile);
+    let mut traces = Vec::new();
+    for block in text.split("-----------+").skip(1) {
+        let mut labels = HashMap::new();
+        let mut frames = Vec::new();
+        for line in block.lines().skip(1) {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with("---") {
+                continue;
+            }
+            match line.split_once(":  ") {
+                Some((key, value)) if frames.is_empty() => {
+                    labels.insert(key.trim().to_string(), value.trim().to_string());
+                }
+                // The leaf line starts with the sample's value.
+                _ => frames.push(line.rsplit("  ").next().unwrap_or(line).trim().to_string()),
+            }
+        }
+        if !frames.is_empty() {
+            traces.push((labels, frames));
+        }
+    }
+    traces
+}
+
+#[test]
+fn the_perf_engine_names_samples_before_an_exec_after_the_program_that_ran() {
+    names_samples_before_an_exec_after_the_program_that_ran("perf");
+}
+
+#[test]
+fn the_bpf_engine_names_samples_before_an_exec_after_the_program_that_ran() {
+    names_samples_before_an_exec_after_the_program_that_ran("bpf");
+}
+
+/// `execer` burns 1 s under its own name, then execs `forker_child`, which
+/// burns 1 s under its name, in the same process and the same period.
+fn names_samples_before_an_exec_after_the_program_that_ran(engine: &str) {
+    let execer = build_workload("execer.c");
+    let child = build_workload("forker_child.c");
+    let out = Scratch::new(&format!("exec-name-{engine}"));
+    let (output, stderr) = run(ddprof(&out.0)
+        .args(["--engine", engine, "-e", "sCPU freq=999", "--"])
+        .arg(&execer)
+        .arg("1")
+        .arg(&child)
+        .arg("1000"));
+    assert!(output.status.success(), "{stderr}");
+    let profiles = pprof_files(&out.0);
+    assert_eq!(profiles.len(), 1, "one period holds both programs");
+
+    // (process name, leaf) → samples, from the pprof labels.
+    let mut named: HashMap<(String, String), u64> = HashMap::new();
+    for (labels, frames) in pprof_traces(&profiles[0]) {
+        let process = labels.get("process_name").cloned().unwrap_or_default();
+        let leaf = frames.first().cloned().unwrap_or_default();
+        *named.entry((process, leaf)).or_default() += 1;
+    }
+    let count = |process: &str, leaf: &str| {
+        named
+            .get(&(process.to_string(), leaf.to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    eprintln!("{engine}: samples by (process name, leaf): {named:?}");
+    let before = count("execer", "execer_burn");
+    let after = count("forker_child", "forker_child_burn");
+    // 1 s of CPU each at 999 Hz, less what the other tests' load takes.
+    assert!(before > 200 && after > 200, "{engine}: {named:?}");
+    assert_eq!(
+        count("forker_child", "execer_burn") + count("execer", "forker_child_burn"),
+        0,
+        "{engine}: samples named after the other program: {named:?}"
+    );
+
+    // stacks.folded: the root is the name in force at the sample's time.
+    let stacks = folded(&out.0);
+    let rooted = |root: &str, leaf: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|(frames, _)| {
+                frames.first().is_some_and(|f| f == root)
+                    && frames.last().is_some_and(|f| f == leaf)
+            })
+            .map(|(_, count)| count)
+            .sum()
+    };
+    assert_eq!(rooted("execer", "execer_burn"), before, "{stacks:?}");
+    assert_eq!(
+        rooted("forker_child", "forker_child_burn"),
+        after,
+        "{stacks:?}"
+    );
+}
+
+#[test]
+fn the_perf_engine_symbolizes_a_binary_deleted_while_it_runs() {
+    symbolizes_a_binary_deleted_while_it_runs("perf");
+}
+
+#[test]
+fn the_bpf_engine_symbolizes_a_binary_deleted_while_it_runs() {
+    symbolizes_a_binary_deleted_while_it_runs("bpf");
+}
+
+/// As when a package upgrade removes a running service's binary: the copy
+/// of `chain` is deleted 0.5 s after it started and runs 2 s more; the
+/// profile is written after it exited.
+fn symbolizes_a_binary_deleted_while_it_runs(engine: &str) {
+    let out = Scratch::new(&format!("deleted-{engine}"));
+    let binary = out.0.join("chain_deleted");
+    std::fs::copy(build_workload("chain.c"), &binary).unwrap();
+    let profile_dir = out.0.join("profiles");
+    let profiler = ddprof(&profile_dir)
+        .args(["--engine", engine, "-e", "sCPU freq=999", "--"])
+        .arg(&binary)
+        .arg("2.5")
+        .spawn()
+        .expect("ddprof starts");
+    // ddprof execs into the command: the pid is the workload's once its
+    // name is.
+    let comm = format!("/proc/{}/comm", profiler.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_to_string(&comm).map_or(true, |c| c.trim() != "chain_deleted") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workload did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    std::fs::remove_file(&binary).unwrap();
+    let output = profiler.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{engine}: {stderr}");
+
+    let profiles = pprof_files(&profile_dir);
+    assert_eq!(profiles.len(), 1, "{profiles:?}");
+    let mut leaves: HashMap<String, u64> = HashMap::new();
+    for (_, frames) in pprof_traces(&profiles[0]) {
+        *leaves
+            .entry(frames.first().cloned().unwrap_or_default())
+            .or_default() += 1;
+    }
+    eprintln!("{engine}: samples by leaf: {leaves:?}");
+    let total: u64 = leaves.values().sum();
+    let named = leaves.get("chain_leaf_70").copied().unwrap_or(0)
+        + leaves.get("chain_leaf_30").copied().unwrap_or(0);
+    // 2.5 s of CPU at 999 Hz (less what the other tests' load takes),
+    // nearly all of it in the two leaves.
+    assert!(total > 500, "{engine}: {leaves:?}");
+    assert!(
+        named * 100 >= total * 95,
+        "{engine}: the deleted binary's functions must be named: {leaves:?}"
+    );
+    assert_eq!(
+        leaves.get("[chain_deleted]"),
+        None,
+        "{engine}: frames named after the file: {leaves:?}"
+    );
+}

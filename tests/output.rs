@@ -833,44 +833,408 @@ fn files_of_another_mount_namespace_are_read_from_it() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A copy of the workload, started, whose file is deleted while it runs.
+struct DeletedBinary {
+    running: Running,
+    binary: PathBuf,
+    elf: Elf,
+}
+
+impl DeletedBinary {
+    fn start(dir: &Path, name: &str) -> Self {
+        let binary = build_workload_as(&dir.join(name), &[]);
+        let elf = Elf::read(&binary);
+        let running = Running::start(&binary);
+        Self {
+            running,
+            binary,
+            elf,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.running.pid()
+    }
+
+    /// As when a package upgrade removes a running service's binary.
+    fn delete(&self) {
+        std::fs::remove_file(&self.binary).unwrap();
+    }
+
+    /// `output_middle → output_leaf → output_hot`, at the addresses of the
+    /// mapping `path` names (the binary's path, marked deleted or not).
+    fn frames(&self, table: &ProcessTable, path: &str) -> Vec<u64> {
+        let mapping = table
+            .get(self.pid())
+            .unwrap()
+            .mappings
+            .iter()
+            .find(|m| m.file.path == path)
+            .cloned()
+            .unwrap_or_else(|| panic!("no mapping of {path}"));
+        let elf = &self.elf;
+        let at = |vaddr: u64| mapping.start + elf.file_offset(vaddr) - mapping.file_offset;
+        vec![
+            at(elf.function("output_hot").0 + 4),
+            at(elf.return_addresses("output_leaf", "output_hot")[0]),
+            at(elf.return_addresses("output_middle", "output_leaf")[0]),
+        ]
+    }
+
+    fn path(&self) -> String {
+        self.binary.to_str().unwrap().to_string()
+    }
+}
+
+/// The stacks of a symbolized period, outermost first.
+fn symbolized_stacks(symbolized: &SymbolizedProfile) -> Vec<Vec<String>> {
+    (0..symbolized.period.stacks.len() as u32)
+        .map(|stack| {
+            symbolized
+                .stack_names(stack)
+                .map(|n| n.to_string())
+                .collect()
+        })
+        .collect()
+}
+
+const DELETED_STACK: [&str; 4] = ["[truncated]", "output_middle", "output_leaf", "output_hot"];
+
+/// Binaries deleted while their process runs, symbolized after the
+/// process exited, in the three ways the profiler learns of them: the
+/// process table as the exec's mmap records give it (the path as it was,
+/// no mark), first sampled before or after the deletion, and as
+/// `/proc/PID/maps` gives it after the deletion (` (deleted)` mark).
 #[test]
 fn binaries_deleted_while_running_are_still_symbolized() {
     let dir = scratch_dir("deleted");
-    let binary = build_workload(&dir);
-    let elf = Elf::read(&binary);
-    let mut running = Running::start(&binary);
+    let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+    let end = StackEnd::NoUnwindInfo;
+
+    // Sampled before and after the deletion.
+    let mut before = DeletedBinary::start(&dir, "deleted_after_sampled");
+    let mut table = ProcessTable::new();
+    table.load_from_proc(before.pid()).unwrap();
+    let frames = before.frames(&table, &before.path());
+    aggregator.add(
+        &table,
+        &sample(before.pid(), before.pid(), 0, frames.clone(), end),
+    );
+    before.delete();
+    aggregator.add(&table, &sample(before.pid(), before.pid(), 1, frames, end));
+    // First sampled after the deletion, under the path it was mapped by.
+    let mut after = DeletedBinary::start(&dir, "deleted_before_sampled");
+    table.load_from_proc(after.pid()).unwrap();
+    after.delete();
+    let frames = after.frames(&table, &after.path());
+    aggregator.add(&table, &sample(after.pid(), after.pid(), 2, frames, end));
+    // Read from /proc after the deletion.
+    let mut marked = DeletedBinary::start(&dir, "deleted_before_read");
+    marked.delete();
+    table.load_from_proc(marked.pid()).unwrap();
+    let frames = marked.frames(&table, &format!("{} (deleted)", marked.path()));
+    aggregator.add(&table, &sample(marked.pid(), marked.pid(), 3, frames, end));
+    // Every process is gone before the period is symbolized.
+    for running in [&mut before, &mut after, &mut marked] {
+        running.running.kill();
+        table.exit(running.pid(), running.pid());
+    }
+    let now = SystemTime::now();
+    let period = aggregator.take_period(now, now);
+    let mut paths: Vec<&str> = period.files.iter().map(|f| f.path.as_str()).collect();
+    paths.sort();
+    let mut expected = [before.path(), after.path(), marked.path()];
+    expected.sort();
+    assert_eq!(paths, expected, "files are named without the deleted mark");
+    let symbolized = symbolizer.symbolize(period);
+    let stacks = symbolized_stacks(&symbolized);
+    assert_eq!(stacks.len(), 3, "{stacks:?}");
+    for stack in &stacks {
+        assert_eq!(stack, &DELETED_STACK, "{stacks:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A file unused for a whole period is let go, and held again, through the
+/// process's mapping, when the process uses it again after its deletion.
+#[test]
+fn deleted_binaries_are_held_again_when_used_again() {
+    let dir = scratch_dir("deleted-again");
+    let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+    let end = StackEnd::NoUnwindInfo;
+    let mut running = DeletedBinary::start(&dir, "deleted_in_idle_period");
     let pid = running.pid();
-    // As when a package upgrade replaces a running service's binary.
-    std::fs::remove_file(&binary).unwrap();
     let mut table = ProcessTable::new();
     table.load_from_proc(pid).unwrap();
-    let deleted = format!("{} (deleted)", binary.display());
-    let mapping = table
-        .get(pid)
-        .unwrap()
-        .mappings
-        .iter()
-        .find(|m| m.file.path == deleted)
-        .cloned()
-        .expect("the binary's code is mapped as deleted");
-    let at = |vaddr: u64| mapping.start + elf.file_offset(vaddr) - mapping.file_offset;
-    let frames = vec![
-        at(elf.function("output_hot").0 + 4),
-        at(elf.return_addresses("output_leaf", "output_hot")[0]),
-        at(elf.return_addresses("output_middle", "output_leaf")[0]),
-    ];
-    let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
-    aggregator.add(&table, &sample(pid, pid, 0, frames, StackEnd::NoUnwindInfo));
-    running.kill();
-    table.exit(pid, pid);
+    let frames = running.frames(&table, &running.path());
+    let take = |aggregator: &mut Aggregator| {
+        let now = SystemTime::now();
+        aggregator.take_period(now, now)
+    };
 
-    let now = SystemTime::now();
-    let symbolized =
-        Symbolizer::new(SymbolizerOptions::default()).symbolize(aggregator.take_period(now, now));
-    let names: Vec<String> = symbolized.stack_names(0).map(|n| n.to_string()).collect();
+    aggregator.add(&table, &sample(pid, pid, 0, frames.clone(), end));
+    let first = take(&mut aggregator);
+    assert!(first.files[0].is_held());
+    let first_path = first.files[0].open_path.clone();
     assert_eq!(
-        names,
-        ["[truncated]", "output_middle", "output_leaf", "output_hot"]
+        symbolized_stacks(&symbolizer.symbolize(first)),
+        [DELETED_STACK]
     );
+    // A period without samples of the file lets it go.
+    let idle = take(&mut aggregator);
+    assert!(
+        idle.files[0].is_held(),
+        "still held for the period that used it"
+    );
+    symbolizer.symbolize(idle);
+    let let_go = take(&mut aggregator);
+    assert!(!let_go.files[0].is_held());
+    symbolizer.symbolize(let_go);
+
+    running.delete();
+    aggregator.add(&table, &sample(pid, pid, 1, frames, end));
+    running.running.kill();
+    table.exit(pid, pid);
+    let again = take(&mut aggregator);
+    assert!(
+        again.files[0].is_held(),
+        "held again through /proc/{pid}/map_files"
+    );
+    eprintln!(
+        "read through {first_path}, then {}",
+        again.files[0].open_path
+    );
+    // A symbolizer that has not read the file yet: it must read it now.
+    let mut fresh = Symbolizer::new(SymbolizerOptions::default());
+    assert_eq!(symbolized_stacks(&fresh.symbolize(again)), [DELETED_STACK]);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Names of the symbols a file defines (`.symtab` and `.dynsym`), as
+/// `nm --defined-only` lists them: the names its frames can have.
+fn symbol_names(path: &Path) -> Vec<String> {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let file = object::File::parse(&*data).unwrap();
+    let mut names: Vec<String> = file
+        .symbols()
+        .chain(file.dynamic_symbols())
+        .filter(|symbol| symbol.is_definition())
+        .filter_map(|symbol| symbol.name().ok().map(str::to_string))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What a readable name must not keep of Rust's legacy mangling: its
+/// escapes and its `::h<16 hex digits>` hash.
+fn rust_mangling_left(name: &str) -> bool {
+    let hash = name
+        .rsplit_once("::h")
+        .is_some_and(|(_, tail)| tail.len() == 16 && tail.bytes().all(|b| b.is_ascii_hexdigit()));
+    hash || ["$LT$", "$GT$", "$u20$", "$C$", "$RF$", "$u7b$"]
+        .iter()
+        .any(|escape| name.contains(escape))
+}
+
+/// A Rust release binary of this machine: the toolchain's `rustfmt` (v0
+/// mangling), and the release binaries of this workspace and workload
+/// (legacy, and v0 for the standard library); C++ from the workload and
+/// libstdc++.
+#[test]
+fn demangles_every_symbol_of_real_rust_and_cpp_binaries() {
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc runs");
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    let libstdcxx = Command::new("c++")
+        .arg("-print-file-name=libstdc++.so.6")
+        .output()
+        .expect("c++ runs");
+    let libstdcxx = PathBuf::from(String::from_utf8_lossy(&libstdcxx.stdout).trim());
+    let binaries = [
+        sysroot.join("bin/rustfmt"),
+        ddprof_tests::ddprof_bin().to_path_buf(),
+        ddprof_tests::workloads::build_workload("chain.rs"),
+        ddprof_tests::workloads::build_workload("chain.cpp"),
+        libstdcxx,
+    ];
+    for binary in &binaries {
+        let names = symbol_names(binary);
+        let (mut rust, mut cpp, mut cpp_kept) = (0usize, 0usize, Vec::<String>::new());
+        for name in &names {
+            let demangled = ddprof::symbolize::demangle(name);
+            let is_rust = rustc_demangle_accepts(name);
+            if is_rust {
+                rust += 1;
+                assert!(
+                    !rust_mangling_left(&demangled) && demangled != *name,
+                    "{}: {name} demangled to {demangled}",
+                    binary.display()
+                );
+            } else if name.starts_with("_Z") {
+                cpp += 1;
+                assert!(
+                    !rust_mangling_left(&demangled),
+                    "{}: {name} demangled to {demangled}",
+                    binary.display()
+                );
+                if demangled == *name {
+                    cpp_kept.push(name.clone());
+                }
+            }
+        }
+        eprintln!(
+            "{}: {} symbols, {rust} Rust and {} C++ demangled, {} C++ kept mangled {:?}",
+            binary.display(),
+            names.len(),
+            cpp - cpp_kept.len(),
+            cpp_kept.len(),
+            &cpp_kept[..cpp_kept.len().min(3)]
+        );
+        assert!(
+            rust + cpp >= 5,
+            "{}: too few mangled names",
+            binary.display()
+        );
+        assert!(
+            cpp_kept.len() * 1000 <= cpp,
+            "{}: C++ names left mangled: {cpp_kept:?}",
+            binary.display()
+        );
+    }
+}
+
+/// Whether `name` is a Rust symbol: legacy (`_ZN…17h<hash>E`, with an
+/// optional `.llvm.` suffix) or v0 (`_R`).
+fn rustc_demangle_accepts(name: &str) -> bool {
+    if name.starts_with("_R") {
+        return true;
+    }
+    let path = name.split(".llvm.").next().unwrap_or(name);
+    path.starts_with("_ZN")
+        && path.len() > 20
+        && path.ends_with('E')
+        && path.is_char_boundary(path.len() - 20)
+        && path[path.len() - 20..].starts_with("17h")
+        && path[path.len() - 17..path.len() - 1]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
+}
+
+/// Every function of real Rust release binaries, symbolized as profiles
+/// are (blazesym's DWARF and ELF symbols, then demangling), has a readable
+/// name: this workspace's ddprof (legacy mangling, line-tables-only DWARF)
+/// and the toolchain's rustfmt (v0 mangling).
+#[test]
+fn rust_functions_are_symbolized_with_readable_names() {
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .expect("rustc runs");
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim());
+    for binary in [
+        ddprof_tests::ddprof_bin().to_path_buf(),
+        sysroot.join("bin/rustfmt"),
+    ] {
+        let binary = binary.canonicalize().unwrap();
+        let data = std::fs::read(&binary).unwrap();
+        let elf = object::File::parse(&*data).unwrap();
+        // Mapped as the kernel would map it, at an arbitrary base.
+        const BASE: u64 = 0x5500_0000_0000;
+        let pid = std::process::id();
+        let mut table = ProcessTable::new();
+        let metadata = std::fs::metadata(&binary).unwrap();
+        let mut code = Vec::new();
+        for segment in elf.segments() {
+            let executable = matches!(
+                segment.flags(),
+                object::SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0
+            );
+            if !executable {
+                continue;
+            }
+            let (offset, size) = segment.file_range();
+            code.push((segment.address(), segment.address() + size, offset));
+            table.add_mapping(&ddprof::process::MappingRecord {
+                pid,
+                start: BASE + segment.address(),
+                len: size,
+                file_offset: offset,
+                dev: std::os::unix::fs::MetadataExt::dev(&metadata),
+                inode: std::os::unix::fs::MetadataExt::ino(&metadata),
+                prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+                path: binary.to_string_lossy().into_owned(),
+            });
+        }
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let mut functions = 0;
+        // File offset → the names of the symbols starting there.
+        let mut symbols_at: std::collections::HashMap<u64, Vec<String>> = Default::default();
+        for symbol in elf.symbols() {
+            let address = symbol.address();
+            let in_code = code
+                .iter()
+                .find(|(start, end, _)| (*start..*end).contains(&address));
+            let (Some((start, _, offset)), Ok(name)) = (in_code, symbol.name()) else {
+                continue;
+            };
+            if symbol.kind() != object::SymbolKind::Text || symbol.size() == 0 {
+                continue;
+            }
+            functions += 1;
+            symbols_at
+                .entry(address - start + offset)
+                .or_default()
+                .push(name.to_string());
+            let frames = vec![BASE + address];
+            aggregator.add(
+                &table,
+                &sample(pid, pid, functions, frames, StackEnd::Complete),
+            );
+        }
+        let now = SystemTime::now();
+        let symbolized = Symbolizer::new(SymbolizerOptions::default())
+            .symbolize(aggregator.take_period(now, now));
+        let mut unreadable = Vec::new();
+        let mut rust_functions = 0;
+        for (frame, lines) in symbolized.period.frames.iter().zip(&symbolized.frames) {
+            let ddprof::aggregate::Frame::File { offset, .. } = frame else {
+                panic!("{frame:?} is not in the binary");
+            };
+            let name = &*lines.last().unwrap().function;
+            // A Rust function's name is a path (`crate::module::function`,
+            // `<Type as Trait>::method`): DWARF's bare names are qualified.
+            let rust = symbols_at[offset].iter().all(|s| rustc_demangle_accepts(s));
+            rust_functions += usize::from(rust);
+            if rust_mangling_left(name)
+                || name.starts_with("_ZN")
+                || name.starts_with("_R")
+                || name.starts_with('[')
+                || (rust && !name.contains("::"))
+            {
+                unreadable.push((symbols_at[offset][0].clone(), name.to_string()));
+            }
+        }
+        eprintln!(
+            "{}: {functions} functions, {} frames ({rust_functions} Rust), {} unreadable {:?}",
+            binary.display(),
+            symbolized.frames.len(),
+            unreadable.len(),
+            &unreadable[..unreadable.len().min(5)]
+        );
+        assert!(
+            functions > 1000,
+            "{}: {functions} functions",
+            binary.display()
+        );
+        assert!(
+            unreadable.is_empty(),
+            "{}: {unreadable:?}",
+            binary.display()
+        );
+    }
 }

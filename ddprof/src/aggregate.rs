@@ -43,19 +43,59 @@ impl AggregatorOptions {
 }
 
 /// A mapped file as profiles report it, with its GNU build id (read once).
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug)]
 pub struct ObjectFile {
+    /// The path the file was mapped from (without the kernel's
+    /// ` (deleted)` mark).
     pub path: String,
     pub dev: u64,
     pub inode: u64,
     pub build_id: Option<Vec<u8>>,
-    /// Where the profiler reads the file: `path` itself, or, for a file the
-    /// profiler's mount namespace does not see (containers), a descriptor
-    /// opened through `/proc/PID/root` while the process was alive.
+    /// Where the symbolizer reads the file: `/proc/self/fd/N` for a file
+    /// held open, else `path`.
     pub open_path: String,
+    /// The file, opened while a process mapped it, so that it can be read
+    /// after the process exited even if it was deleted or replaced on disk
+    /// or lives in another mount namespace.
+    held: Option<std::fs::File>,
 }
 
 impl ObjectFile {
+    /// A file read by its path, without holding it open.
+    pub fn by_path(path: &str, dev: u64, inode: u64) -> Self {
+        Self::new(path, dev, inode, None)
+    }
+
+    fn new(path: &str, dev: u64, inode: u64, held: Option<std::fs::File>) -> Self {
+        let open_path = open_path(path, held.as_ref());
+        Self {
+            path: path.to_string(),
+            dev,
+            inode,
+            build_id: read_build_id(&open_path),
+            open_path,
+            held,
+        }
+    }
+
+    /// The same file, held through `held` (or no longer held).
+    fn with_handle(&self, held: Option<std::fs::File>) -> Self {
+        Self {
+            path: self.path.clone(),
+            dev: self.dev,
+            inode: self.inode,
+            build_id: self.build_id.clone(),
+            open_path: open_path(&self.path, held.as_ref()),
+            held,
+        }
+    }
+
+    /// Whether the file is held open (read through `open_path` whatever
+    /// happens to its path).
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+
     /// The build id as lowercase hex ("" when the file has none).
     pub fn build_id_hex(&self) -> String {
         self.build_id
@@ -71,9 +111,50 @@ impl ObjectFile {
     }
 }
 
-/// Files of other mount namespaces held open for symbolization; past this,
-/// they are read by their path (and likely not found).
-const MAX_HELD_FILES: usize = 256;
+/// `/proc/self/fd/N` for a held file, else its path.
+fn open_path(path: &str, held: Option<&std::fs::File>) -> String {
+    use std::os::fd::AsRawFd;
+    match held {
+        Some(file) => format!("/proc/self/fd/{}", file.as_raw_fd()),
+        None => path.to_string(),
+    }
+}
+
+/// The most files held open at once, and the share of the descriptor
+/// limit they may take (blazesym holds one more descriptor per file it
+/// has parsed; the perf events need theirs).
+const MAX_HELD_FILES: usize = 4096;
+const HELD_FILES_SHARE_OF_LIMIT: usize = 4;
+
+fn held_files_limit() -> usize {
+    use nix::sys::resource::{getrlimit, Resource};
+    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft);
+    let share = usize::try_from(soft).unwrap_or(usize::MAX) / HELD_FILES_SHARE_OF_LIMIT;
+    share.min(MAX_HELD_FILES)
+}
+
+/// Opens the mapped file while `pid`, which maps it, is alive: by our own
+/// path when it leads to the mapped inode; else through the process's root
+/// (a file of another mount namespace, a container's `/usr/lib/libc.so.6`
+/// that is not ours) or through its mapping (a file deleted or replaced on
+/// disk since it was mapped, as by a package upgrade). The path of a
+/// mapping record does not say which: perf names the file as it was at
+/// mmap time, `/proc/PID/maps` marks deleted ones.
+fn open_mapped_file(pid: u32, mapping: &Mapping, path: &str) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = mapping.file.inode;
+    [
+        path.to_string(),
+        format!("/proc/{pid}/root{path}"),
+        format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            mapping.start, mapping.end
+        ),
+    ]
+    .into_iter()
+    .filter_map(|candidate| std::fs::File::open(candidate).ok())
+    .find(|file| inode == 0 || file.metadata().is_ok_and(|m| m.ino() == inode))
+}
 
 /// Index of a file in [`PeriodProfile::files`]; stable for the whole run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -105,11 +186,16 @@ pub enum Frame {
     StackTableFull,
 }
 
-/// Samples of one (process, thread, stack) in a period.
+/// Samples of one (process, thread, names, stack) in a period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackSample {
     pub pid: u32,
     pub tid: u32,
+    /// The process's name when the samples were taken: a process that
+    /// exec'd during the period has samples under each program's name.
+    pub process_name: Option<Arc<str>>,
+    /// The thread's name when the samples were taken.
+    pub thread_name: Option<Arc<str>>,
     /// Index in [`PeriodProfile::stacks`].
     pub stack: u32,
     pub count: u64,
@@ -149,10 +235,6 @@ pub struct PeriodProfile {
     /// Distinct stacks, as indexes into `frames`, innermost first.
     pub stacks: Vec<Box<[u32]>>,
     pub samples: Vec<StackSample>,
-    /// Process names as they were when the samples arrived.
-    pub process_names: HashMap<u32, String>,
-    /// Thread names, keyed by (pid, tid).
-    pub thread_names: HashMap<(u32, u32), String>,
     pub stats: PeriodStats,
 }
 
@@ -164,80 +246,113 @@ impl PeriodProfile {
 
 /// Files seen during the run, with their build ids; lives across periods so
 /// each build id is read once.
-#[derive(Debug, Default)]
+///
+/// Every file is held open from the first sample of a period that uses it
+/// (the process that maps it is alive then) until the end of the first
+/// period that does not use it: the symbolizer, which reads the files after
+/// the period, finds them even when the process has exited and the file
+/// was deleted meanwhile, and files no longer used are let go.
+#[derive(Debug)]
 struct FileRegistry {
     files: Vec<Arc<ObjectFile>>,
+    /// The period each file was last used in, by [`FileId`].
+    last_used: Vec<u64>,
+    /// The current period's number.
+    period: u64,
+    held: usize,
+    max_held: usize,
     by_identity: HashMap<(String, u64, u64), FileId>,
     /// Fast path keyed by the process table's shared file; holding the `Arc`
     /// keeps the pointer from being reused by another file.
     by_pointer: FastMap<usize, (Arc<MappedFile>, FileId)>,
     /// Names of anonymous regions (`[vdso]`, memfds), shared by their frames.
     regions: FastMap<usize, (Arc<MappedFile>, Arc<str>)>,
-    /// Descriptors behind `/proc/self/fd/N` open paths.
-    held: Vec<std::fs::File>,
+}
+
+impl Default for FileRegistry {
+    fn default() -> Self {
+        Self {
+            files: Vec::new(),
+            last_used: Vec::new(),
+            period: 0,
+            held: 0,
+            max_held: held_files_limit(),
+            by_identity: HashMap::new(),
+            by_pointer: FastMap::default(),
+            regions: FastMap::default(),
+        }
+    }
 }
 
 impl FileRegistry {
     fn intern(&mut self, pid: u32, mapping: &Mapping) -> FileId {
         let mapped = &mapping.file;
         let pointer = Arc::as_ptr(mapped) as usize;
-        if let Some((_, id)) = self.by_pointer.get(&pointer) {
-            return *id;
-        }
-        let identity = (mapped.path.clone(), mapped.dev, mapped.inode);
-        let id = match self.by_identity.get(&identity) {
-            Some(id) => *id,
+        let id = match self.by_pointer.get(&pointer) {
+            Some((_, id)) => *id,
             None => {
-                let id = FileId(self.files.len() as u32);
-                let open_path = self.open_path(pid, mapping);
-                self.files.push(Arc::new(ObjectFile {
-                    path: mapped.path.clone(),
-                    dev: mapped.dev,
-                    inode: mapped.inode,
-                    build_id: read_build_id(&open_path),
-                    open_path,
-                }));
-                self.by_identity.insert(identity, id);
+                let id = self.intern_new(pid, mapping);
+                self.by_pointer.insert(pointer, (mapped.clone(), id));
                 id
             }
         };
-        self.by_pointer.insert(pointer, (mapped.clone(), id));
+        let index = id.0 as usize;
+        if self.last_used[index] != self.period {
+            self.last_used[index] = self.period;
+            // Let go at the end of a period that did not use it: hold it
+            // again now that a live process does.
+            if !self.files[index].is_held() {
+                if let Some(held) = self.open(pid, mapping, &self.files[index].path.clone()) {
+                    self.files[index] = Arc::new(self.files[index].with_handle(Some(held)));
+                }
+            }
+        }
         id
     }
 
-    /// The path that reaches the mapped file from here. A process in
-    /// another mount namespace (a container) may map a `/usr/lib/libc.so.6`
-    /// that is not ours, and a binary replaced on disk is only reachable
-    /// through the mapping: when our path does not lead to the same inode,
-    /// the file is opened through `/proc/PID/root` or `/proc/PID/map_files`
-    /// now, while the process exists, and kept open.
-    fn open_path(&mut self, pid: u32, mapping: &Mapping) -> String {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::fs::MetadataExt;
+    fn intern_new(&mut self, pid: u32, mapping: &Mapping) -> FileId {
         let mapped = &mapping.file;
-        let ours = std::fs::metadata(&mapped.path).map(|m| m.ino());
-        if mapped.inode == 0 || ours.as_ref().ok() == Some(&mapped.inode) {
-            return mapped.path.clone();
+        let path = mapped
+            .path
+            .strip_suffix(" (deleted)")
+            .unwrap_or(&mapped.path);
+        let identity = (path.to_string(), mapped.dev, mapped.inode);
+        if let Some(id) = self.by_identity.get(&identity) {
+            return *id;
         }
-        if self.held.len() >= MAX_HELD_FILES {
-            return mapped.path.clone();
+        let id = FileId(self.files.len() as u32);
+        let held = self.open(pid, mapping, path);
+        self.files.push(Arc::new(ObjectFile::new(
+            path,
+            mapped.dev,
+            mapped.inode,
+            held,
+        )));
+        self.last_used.push(self.period);
+        self.by_identity.insert(identity, id);
+        id
+    }
+
+    fn open(&mut self, pid: u32, mapping: &Mapping, path: &str) -> Option<std::fs::File> {
+        if self.held >= self.max_held {
+            return None;
         }
-        let theirs = if mapped.path.ends_with(" (deleted)") {
-            format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                mapping.start, mapping.end
-            )
-        } else {
-            format!("/proc/{pid}/root{}", mapped.path)
-        };
-        match std::fs::File::open(&theirs) {
-            Ok(file) if file.metadata().map(|m| m.ino()).ok() == Some(mapped.inode) => {
-                let open_path = format!("/proc/self/fd/{}", file.as_raw_fd());
-                self.held.push(file);
-                open_path
+        let file = open_mapped_file(pid, mapping, path)?;
+        self.held += 1;
+        Some(file)
+    }
+
+    /// Ends the current period: files it did not use are let go (the
+    /// periods that used them have been symbolized: they hold their own
+    /// reference until then).
+    fn end_period(&mut self) {
+        for (file, last_used) in self.files.iter_mut().zip(&self.last_used) {
+            if *last_used != self.period && file.is_held() {
+                *file = Arc::new(file.with_handle(None));
+                self.held -= 1;
             }
-            _ => mapped.path.clone(),
         }
+        self.period += 1;
     }
 
     fn region_name(&mut self, mapped: &Arc<MappedFile>) -> Option<Arc<str>> {
@@ -297,6 +412,36 @@ impl WallClock {
     }
 }
 
+/// What a [`StackSample`] counts: pid, tid, stack, and the ids of the
+/// process and thread names in force at the samples' time.
+type SampleKey = (u32, u32, u32, Option<u32>, Option<u32>);
+
+/// The period's process and thread names, each stored once.
+#[derive(Debug, Default)]
+struct NameTable {
+    ids: FastMap<Arc<str>, u32>,
+    names: Vec<Arc<str>>,
+}
+
+impl NameTable {
+    /// The id of `name` (`None` for no name or an empty one).
+    fn id(&mut self, name: Option<&str>) -> Option<u32> {
+        let name = name.filter(|name| !name.is_empty())?;
+        if let Some(id) = self.ids.get(name) {
+            return Some(*id);
+        }
+        let id = self.names.len() as u32;
+        let name: Arc<str> = Arc::from(name);
+        self.names.push(name.clone());
+        self.ids.insert(name, id);
+        Some(id)
+    }
+
+    fn name(&self, id: Option<u32>) -> Option<Arc<str>> {
+        id.map(|id| self.names[id as usize].clone())
+    }
+}
+
 #[derive(Debug, Default)]
 struct PeriodState {
     frames: Vec<Frame>,
@@ -304,9 +449,8 @@ struct PeriodState {
     stacks: Vec<Box<[u32]>>,
     stack_ids: FastMap<Box<[u32]>, u32>,
     samples: Vec<StackSample>,
-    sample_ids: FastMap<(u32, u32, u32), u32>,
-    process_names: HashMap<u32, String>,
-    thread_names: HashMap<(u32, u32), String>,
+    sample_ids: FastMap<SampleKey, u32>,
+    names: NameTable,
     timeline_events: usize,
     stats: PeriodStats,
 }
@@ -430,11 +574,20 @@ impl Aggregator {
             }
         };
 
-        let key = (sample.pid, sample.tid, stack);
+        // The names as they are now, which is as they were at the sample's
+        // time: the engines apply the process events up to a sample's time
+        // before they deliver it.
+        let process_name = period.names.id(processes.process_name(sample.pid));
+        let thread_name = period
+            .names
+            .id(processes.thread_name(sample.pid, sample.tid));
+        let key = (sample.pid, sample.tid, stack, process_name, thread_name);
         let index = *period.sample_ids.entry(key).or_insert_with(|| {
             period.samples.push(StackSample {
                 pid: sample.pid,
                 tid: sample.tid,
+                process_name: period.names.name(process_name),
+                thread_name: period.names.name(thread_name),
                 stack,
                 count: 0,
                 cpu_nanos: 0,
@@ -456,17 +609,6 @@ impl Aggregator {
                 period.stats.timeline_dropped += 1;
             }
         }
-
-        remember_name(
-            &mut period.process_names,
-            sample.pid,
-            processes.process_name(sample.pid),
-        );
-        remember_name(
-            &mut period.thread_names,
-            (sample.pid, sample.tid),
-            processes.thread_name(sample.pid, sample.tid),
-        );
     }
 
     /// Hands over the period's aggregate and starts a new, empty one.
@@ -475,34 +617,16 @@ impl Aggregator {
         // Re-read the clock offset each period so wall-clock adjustments
         // (NTP steps) do not accumulate into the timestamps.
         self.clock = WallClock::now();
+        let files = self.files.files.clone();
+        self.files.end_period();
         PeriodProfile {
             start,
             end,
-            files: self.files.files.clone(),
+            files,
             frames: state.frames,
             stacks: state.stacks,
             samples: state.samples,
-            process_names: state.process_names,
-            thread_names: state.thread_names,
             stats: state.stats,
-        }
-    }
-}
-
-/// Records the latest known name, allocating only when it changed.
-fn remember_name<K: std::hash::Hash + Eq>(
-    names: &mut HashMap<K, String>,
-    key: K,
-    name: Option<&str>,
-) {
-    let Some(name) = name.filter(|n| !n.is_empty()) else {
-        return;
-    };
-    match names.get_mut(&key) {
-        Some(known) if known == name => {}
-        Some(known) => *known = name.to_string(),
-        None => {
-            names.insert(key, name.to_string());
         }
     }
 }
@@ -612,12 +736,60 @@ mod tests {
             }
         ));
         assert_eq!(frames.last(), Some(&&Frame::Truncated));
-        assert_eq!(period.thread_names[&(10, 11)], "worker");
-        assert_eq!(period.process_names[&10], "proc");
+        assert_eq!(worker.thread_name.as_deref(), Some("worker"));
+        assert_eq!(worker.process_name.as_deref(), Some("proc"));
         // The period's state is gone after the take.
         let next = aggregator.take_period(now, now);
         assert!(next.samples.is_empty() && next.stacks.is_empty());
         assert_eq!(next.files.len(), 1);
+    }
+
+    #[test]
+    fn samples_keep_the_names_in_force_when_they_were_taken() {
+        let mut table = table();
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let leaf = || sample(10, vec![0x10100], StackEnd::Complete);
+        aggregator.add(&table, &leaf());
+        aggregator.add(&table, &leaf());
+        // The process execs another program (same pid), which maps the same
+        // file at the same place and runs the same code.
+        table.set_comm(10, 10, "next", true);
+        table.add_mapping(&MappingRecord {
+            pid: 10,
+            start: 0x10000,
+            len: 0x10000,
+            file_offset: 0x2000,
+            dev: 1,
+            inode: 2,
+            prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+            path: std::env::current_exe()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+        });
+        aggregator.add(&table, &leaf());
+        let now = SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        let mut named: Vec<(Option<&str>, Option<&str>, u32, u64)> = period
+            .samples
+            .iter()
+            .map(|s| {
+                (
+                    s.process_name.as_deref(),
+                    s.thread_name.as_deref(),
+                    s.stack,
+                    s.count,
+                )
+            })
+            .collect();
+        named.sort();
+        assert_eq!(
+            named,
+            [
+                (Some("next"), Some("next"), 0, 1),
+                (Some("proc"), Some("proc"), 0, 2)
+            ]
+        );
     }
 
     #[test]

@@ -264,8 +264,8 @@ impl FoldedStacks {
         let mut key: Vec<u32> = Vec::new();
         for sample in &profile.period.samples {
             key.clear();
-            let process: Arc<str> = match profile.period.process_names.get(&sample.pid) {
-                Some(name) => Arc::from(name.as_str()),
+            let process: Arc<str> = match &sample.process_name {
+                Some(name) => name.clone(),
                 None => Arc::from(format!("[pid {}]", sample.pid)),
             };
             key.push(self.name_id(&process));
@@ -469,14 +469,14 @@ mod tests {
                     .map(|&(stack, count)| StackSample {
                         pid: 5,
                         tid: 5,
+                        process_name: Some("app".into()),
+                        thread_name: None,
                         stack,
                         count,
                         cpu_nanos: count,
                         timeline: vec![],
                     })
                     .collect(),
-                process_names: HashMap::from([(5, "app".to_string())]),
-                thread_names: HashMap::new(),
                 stats: PeriodStats::default(),
             },
             frames: symbols,

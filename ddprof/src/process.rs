@@ -244,10 +244,10 @@ impl ProcessTable {
     /// `/proc` (for `-p`, `--global` and the launcher's target).
     pub fn load_from_proc(&mut self, pid: u32) -> std::io::Result<()> {
         self.generation = Generation::next();
-        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))?
-            .trim_end()
+        let name = read_lossy(format!("/proc/{pid}/comm"))?
+            .trim_end_matches('\n')
             .to_string();
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let maps = read_lossy(format!("/proc/{pid}/maps"))?;
         let mut process = Process {
             name: name.clone(),
             ..Process::default()
@@ -257,8 +257,8 @@ impl ProcessTable {
                 let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
                     continue;
                 };
-                let thread_name = std::fs::read_to_string(task.path().join("comm"))
-                    .map(|n| n.trim_end().to_string())
+                let thread_name = read_lossy(task.path().join("comm"))
+                    .map(|n| n.trim_end_matches('\n').to_string())
                     .unwrap_or_else(|_| name.clone());
                 process.threads.insert(tid, thread_name);
             }
@@ -271,6 +271,17 @@ impl ProcessTable {
         }
         Ok(())
     }
+}
+
+/// Reads a `/proc` file as text. Names and paths are bytes to the kernel:
+/// a command or file name that is not UTF-8, or a UTF-8 name cut inside a
+/// character (comm keeps 15 bytes), must not make the process unreadable.
+fn read_lossy(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
+    let bytes = std::fs::read(path)?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(error) => String::from_utf8_lossy(error.as_bytes()).into_owned(),
+    })
 }
 
 /// Parses one line of `/proc/PID/maps`.
@@ -395,6 +406,47 @@ mod tests {
         assert_eq!(r.path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
         assert!(r.prot & libc::PROT_EXEC as u32 != 0);
         assert!(parse_maps_line(3, "garbage").is_none());
+    }
+
+    #[test]
+    fn loads_processes_whose_names_are_not_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        // A program file named with a byte that is not UTF-8: its comm and
+        // its mapping's path carry that byte.
+        let dir = std::env::temp_dir().join(format!("ddprof-names-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let name = std::ffi::OsStr::from_bytes(b"sl\xffeep-\xe6\x97\xa5");
+        let program = dir.join(name);
+        std::fs::copy("/bin/sleep", &program).unwrap();
+        let mut child = std::process::Command::new(&program)
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Wait until the exec has mapped the program.
+        let maps = format!("/proc/{pid}/maps");
+        while std::fs::read(&maps).map_or(true, |m| !m.windows(3).any(|w| w == b"\xffee")) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let mut table = ProcessTable::new();
+        let loaded = table.load_from_proc(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        std::fs::remove_dir_all(&dir).unwrap();
+        loaded.unwrap();
+        assert_eq!(table.process_name(pid), Some("sl\u{fffd}eep-日"));
+        assert_eq!(table.thread_name(pid, pid), Some("sl\u{fffd}eep-日"));
+        let paths: Vec<&str> = table
+            .get(pid)
+            .unwrap()
+            .mappings
+            .iter()
+            .map(|m| m.file.path.as_str())
+            .collect();
+        assert!(
+            paths.iter().any(|p| p.ends_with("/sl\u{fffd}eep-日")),
+            "{paths:?}"
+        );
     }
 
     #[test]

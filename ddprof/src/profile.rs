@@ -349,17 +349,14 @@ pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> p
             num(key_process_id, u64::from(stack_sample.pid)),
             num(key_thread_id, u64::from(stack_sample.tid)),
         ];
-        if let Some(name) = period.process_names.get(&stack_sample.pid) {
+        if let Some(name) = &stack_sample.process_name {
             labels.push(pb::Label {
                 key: key_process_name,
                 str: strings.id(name),
                 ..pb::Label::default()
             });
         }
-        if let Some(name) = period
-            .thread_names
-            .get(&(stack_sample.pid, stack_sample.tid))
-        {
+        if let Some(name) = &stack_sample.thread_name {
             labels.push(pb::Label {
                 key: key_thread_name,
                 str: strings.id(name),
@@ -431,16 +428,12 @@ mod tests {
     #[test]
     fn encodes_samples_labels_and_inlined_lines() {
         let start = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut app = ObjectFile::by_path("/bin/app", 1, 2);
+        app.build_id = Some(vec![0xab, 0xcd]);
         let period = PeriodProfile {
             start,
             end: start + Duration::from_secs(60),
-            files: vec![Arc::new(ObjectFile {
-                path: "/bin/app".into(),
-                dev: 1,
-                inode: 2,
-                build_id: Some(vec![0xab, 0xcd]),
-                open_path: "/bin/app".into(),
-            })],
+            files: vec![Arc::new(app)],
             frames: vec![
                 Frame::File {
                     file: FileId(0),
@@ -455,6 +448,8 @@ mod tests {
             samples: vec![StackSample {
                 pid: 7,
                 tid: 8,
+                process_name: Some("app".into()),
+                thread_name: Some("worker".into()),
                 stack: 0,
                 count: 3,
                 cpu_nanos: 30,
@@ -463,8 +458,6 @@ mod tests {
                     cpu_nanos: 10,
                 }],
             }],
-            process_names: HashMap::from([(7, "app".to_string())]),
-            thread_names: HashMap::from([((7, 8), "worker".to_string())]),
             stats: PeriodStats::default(),
         };
         let symbolized = SymbolizedProfile {

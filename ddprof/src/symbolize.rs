@@ -170,9 +170,10 @@ impl Symbolizer {
             .enable_inlined_fns(true)
             // Demangled here, to keep the mangled name as the system name.
             .enable_demangling(false)
-            // Files are identified by (path, device, inode) here; a file
-            // replaced on disk is a new file with its own cache entry.
-            .enable_auto_reload(false)
+            // Files are read through `/proc/self/fd/N` (see
+            // `ObjectFile::open_path`): a descriptor number reused for
+            // another file must not find the first file's data.
+            .enable_auto_reload(true)
             .set_debug_dirs(Some(&options.debug_dirs))
             .build();
         Self {
@@ -260,9 +261,15 @@ impl Symbolizer {
         let period_number = self.period_number;
         let cache = self.files.entry(key.clone()).or_default();
         cache.last_period = period_number;
-        if cache.open_path.is_empty() {
-            cache.open_path = file.open_path.clone();
+        if cache.open_path != file.open_path {
+            // The file is read through a new descriptor (it was let go for
+            // a period): blazesym's data under the old one is stale.
+            let stale = std::mem::replace(&mut cache.open_path, file.open_path.clone());
+            if !stale.is_empty() {
+                self.evict_from_blazesym(&stale);
+            }
         }
+        let cache = self.files.get_mut(&key).expect("entry created above");
         let mut missing: Vec<u64> = Vec::new();
         for &(index, offset) in offsets {
             match cache.addresses.get(&offset) {
@@ -286,7 +293,11 @@ impl Symbolizer {
                     .iter()
                     .map(|result| sym_lines(result, self.inlined_functions))
                     .collect();
-                self.qualify_with_elf_symbols(&file.open_path, &missing, &mut lines);
+                let starts: Vec<Option<u64>> = results
+                    .iter()
+                    .map(|result| result.as_sym().map(|sym| sym.addr))
+                    .collect();
+                self.qualify_with_elf_symbols(&file.open_path, &missing, &starts, &mut lines);
                 lines
                     .into_iter()
                     .map(|lines| lines.map(|lines| self.intern_lines(lines)))
@@ -318,13 +329,16 @@ impl Symbolizer {
 
     /// Debug info built with line tables only (Rust's release default)
     /// names functions without their path (`parse` for
-    /// `serde_json::de::parse`). Where DWARF gave such an unqualified name,
-    /// the ELF symbol table's mangled name for the same address is used when
-    /// it demangles to a path ending in that name.
+    /// `serde_json::de::parse`, `fmt<u32>`, `{closure#0}`). Where DWARF gave
+    /// such an unqualified name, the ELF symbol table's mangled name of the
+    /// same function is used: the symbol that starts where the DWARF
+    /// function starts, or (for functions split in parts) whose demangled
+    /// path ends in the DWARF name.
     fn qualify_with_elf_symbols(
         &mut self,
         path: &str,
         offsets: &[u64],
+        starts: &[Option<u64>],
         lines: &mut [Option<Vec<OwnedLine>>],
     ) {
         let unqualified: Vec<usize> = lines
@@ -356,7 +370,9 @@ impl Symbolizer {
                 continue;
             }
             let qualified = demangle(&sym.name);
-            if qualified.ends_with(&format!("::{}", outermost.function)) {
+            let same_function = starts[index] == Some(sym.addr)
+                || qualified.ends_with(&format!("::{}", outermost.function));
+            if same_function && qualified != *sym.name {
                 outermost.function = qualified;
                 outermost.system_name = sym.name.to_string();
             }
@@ -464,14 +480,20 @@ impl Symbolizer {
                 continue;
             };
             self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
-            let evict = blazesym::symbolize::evict::Evict::Elf(
-                blazesym::symbolize::evict::Elf::new(PathBuf::from(&cache.open_path)),
-            );
-            if let Err(error) = self.blazesym.evict(&evict) {
-                log::debug!("cannot evict {}: {error}", key.0);
-            }
+            self.evict_from_blazesym(&cache.open_path);
         }
         self.perf_maps.retain(|_, map| map.last_period >= oldest);
+    }
+
+    /// Drops what blazesym parsed from `open_path` (and the descriptor it
+    /// holds on it).
+    fn evict_from_blazesym(&mut self, open_path: &str) {
+        let evict = blazesym::symbolize::evict::Evict::Elf(blazesym::symbolize::evict::Elf::new(
+            PathBuf::from(open_path),
+        ));
+        if let Err(error) = self.blazesym.evict(&evict) {
+            log::debug!("cannot evict {open_path}: {error}");
+        }
     }
 }
 
@@ -486,8 +508,10 @@ fn reload_perf_map(map: &mut PerfMap, path: &Path) {
     if version == map.version {
         return;
     }
-    if let Ok(text) = std::fs::read_to_string(path) {
-        map.entries = parse_perf_map(&text);
+    // JIT names are whatever bytes the runtime wrote: decode lossily
+    // rather than lose the whole map to one non-UTF-8 name.
+    if let Ok(bytes) = std::fs::read(path) {
+        map.entries = parse_perf_map(&String::from_utf8_lossy(&bytes));
         map.version = version;
     }
 }
@@ -537,40 +561,39 @@ fn sym_lines(result: &Symbolized<'_>, with_inlined: bool) -> Option<Vec<OwnedLin
     Some(lines)
 }
 
-/// Whether `name` is a Rust (legacy or v0) or C++ mangled name.
+/// Whether `name` is a Rust (legacy or v0) or C++ (Itanium) mangled name.
 fn is_mangled(name: &str) -> bool {
-    name.starts_with("_ZN") || name.starts_with("_Z") || name.starts_with("_R")
+    name.starts_with("_Z") || name.starts_with("_R")
 }
 
-/// Demangles Rust (legacy and v0) and C++ names; other names are returned as is.
+/// Demangles Rust (legacy and v0) and C++ names; other names, and names
+/// neither demangler accepts, are returned as they are. Safe on any text.
+///
+/// Rust is tried first: a legacy Rust name (`_ZN…E`) is also a valid C++
+/// nested name, which the C++ demangler would render with Rust's escapes
+/// left in (`_$LT$core..hash..sip..Hasher$LT$S$GT$…::write::h4f7b…`).
+/// `rustc_demangle` only accepts a `_ZN` name whose path is followed by
+/// nothing but compiler suffixes such as `.llvm.NNN`, so C++ names (which
+/// go on with their parameter types) fall through to `cpp_demangle`.
 pub fn demangle(name: &str) -> String {
-    let rust_legacy = name.starts_with("_ZN") && looks_like_rust_hash(name);
-    if name.starts_with("_R") || rust_legacy {
-        if let Ok(demangled) = rustc_demangle::try_demangle(name) {
-            return format!("{demangled:#}");
-        }
-    }
-    if name.starts_with("_Z") {
-        if let Ok(symbol) = cpp_demangle::Symbol::new(name) {
-            if let Ok(demangled) = symbol.demangle() {
-                return demangled;
-            }
-        }
-    }
-    name.to_string()
-}
-
-/// Rust's legacy mangling ends the path with a `17h<16 hex digits>E` hash.
-fn looks_like_rust_hash(name: &str) -> bool {
-    let name = name.split('.').next().unwrap_or(name);
-    let Some(body) = name.strip_suffix('E') else {
-        return false;
+    let rust = || {
+        // `#`: without the legacy `::h<16 hex>` hash and v0's crate
+        // disambiguators.
+        let demangled = rustc_demangle::try_demangle(name).ok()?;
+        Some(format!("{demangled:#}"))
     };
-    body.len() > 19
-        && body[body.len() - 19..].starts_with("17h")
-        && body[body.len() - 16..]
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit())
+    let cpp = || cpp_demangle::Symbol::new(name).ok()?.demangle().ok();
+    let demangled = if name.starts_with("_R") {
+        rust()
+    } else if name.starts_with("_Z") {
+        rust().or_else(cpp)
+    } else {
+        None
+    };
+    // An empty path (`_ZNE`) is no better a name than the symbol itself.
+    demangled
+        .filter(|demangled| !demangled.is_empty())
+        .unwrap_or_else(|| name.to_string())
 }
 
 #[cfg(test)]
@@ -586,6 +609,131 @@ mod tests {
         assert_eq!(demangle("_ZN3foo3barEv"), "foo::bar()");
         assert_eq!(demangle("_RNvCs1234_7mycrate4main"), "mycrate::main");
         assert_eq!(demangle("plain_c"), "plain_c");
+    }
+
+    #[test]
+    fn demangles_rust_legacy_escapes_hashes_and_llvm_suffixes() {
+        // Names as rustc 1.95 emits them (taken from this crate's binary).
+        assert_eq!(
+            demangle(
+                "_ZN71_$LT$core..hash..sip..Hasher$LT$S$GT$$u20$as$u20$core..hash..Hasher$GT$\
+                 5write17h4f7b0c5e9a1d2b3cE"
+            ),
+            "<core::hash::sip::Hasher<S> as core::hash::Hasher>::write"
+        );
+        assert_eq!(
+            demangle(
+                "_ZN102_$LT$core..iter..adapters..map..Map$LT$I$C$F$GT$$u20$as$u20$\
+                 core..iter..traits..iterator..Iterator$GT$4next17h35274fbfe399fcc4E\
+                 .llvm.4573431548263953443"
+            ),
+            "<core::iter::adapters::map::Map<I,F> as core::iter::traits::iterator::Iterator>::next"
+        );
+        assert_eq!(
+            demangle(
+                "_ZN100_$LT$$RF$object..read..read_cache..ReadCache$LT$R$GT$$u20$as$u20$\
+                 object..read..read_ref..ReadRef$GT$13read_bytes_at17hc82619d9945b8d46E"
+            ),
+            "<&object::read::read_cache::ReadCache<R> as object::read::read_ref::ReadRef>\
+             ::read_bytes_at"
+        );
+        // A closure and a name with a `.` component.
+        assert_eq!(
+            demangle("_ZN5chain4main28_$u7b$$u7b$closure$u7d$$u7d$17h0123456789abcdefE"),
+            "chain::main::{{closure}}"
+        );
+    }
+
+    #[test]
+    fn demangles_rust_v0() {
+        assert_eq!(
+            demangle(
+                "_RINvMs_NtCs8NGFtPOz2WJ_5regex8buildersNtB5_7Builder3newARej1_BS_EB7_\
+                 .llvm.10105073780950452105"
+            ),
+            "<regex::builders::Builder>::new::<[&str; 1], &str>"
+        );
+        assert_eq!(
+            demangle("_RNvNtCs1234_7mycrate3foo3bar"),
+            "mycrate::foo::bar"
+        );
+    }
+
+    #[test]
+    fn demangles_cpp() {
+        assert_eq!(
+            demangle("_ZN9__gnu_cxx13new_allocatorIcE8allocateEmPKv"),
+            "__gnu_cxx::new_allocator<char>::allocate(unsigned long, void const*)"
+        );
+        assert_eq!(
+            demangle("_ZNSt6vectorIiSaIiEE9push_backERKi"),
+            "std::vector<int, std::allocator<int> >::push_back(int const&)"
+        );
+        assert_eq!(
+            demangle("_ZN5chain3fooEv.cold"),
+            "chain::foo() [clone .cold]"
+        );
+        // A C++ name that is also a well-formed Rust path without a hash
+        // demangles to the same text either way.
+        assert_eq!(demangle("_ZN3foo3barE"), "foo::bar");
+    }
+
+    #[test]
+    fn demangles_non_ascii_rust_identifiers() {
+        // `fn café` and `mod 日本 { fn 東京<T> }` as rustc 1.95 mangles
+        // them, legacy (escaped code points) and v0 (Punycode).
+        assert_eq!(
+            demangle("_ZN3uni8caf$ue9$17he3c018b6b14604ffE"),
+            "uni::café"
+        );
+        assert_eq!(
+            demangle("_ZN3uni15_$u65e5$$u672c$15_$u6771$$u4eac$17h4bd40f00674f8998E"),
+            "uni::日本::東京"
+        );
+        assert_eq!(demangle("_RNvCs4eYjyvNHrqb_3uniu7caf_dma"), "uni::café");
+        assert_eq!(
+            demangle("_RINvNtCs4eYjyvNHrqb_3uniu6wgv71au7_1lqs71dhEB4_"),
+            "uni::日本::東京::<u8>"
+        );
+    }
+
+    #[test]
+    fn demangling_is_safe_on_any_text() {
+        let samples = [
+            "café",
+            "日本",
+            "🦀🔥",
+            "_ZN日本語テキストE",
+            "_ZN4café17h0123456789abcdefE",
+            "_ZN5caf\u{e9}17h0123456789abcdefE",
+            "_ZN2日本17h0123456789abcdéfE",
+            "_R🦀",
+            "_RNvCs1234_7mycrate6日本",
+            "_Z日本",
+            "_ZN3foo日本Ev",
+            "_Z",
+            "_R",
+            "_ZN",
+            "_ZNE",
+            "_ZN17h0123456789abcdefE",
+            "_ZN3fooE.llvm.日本",
+            "",
+            "$LT$",
+            "_ZN3foo🔥E",
+        ];
+        for name in samples {
+            // Every split point of every sample, so that multi-byte
+            // characters land on every position a parser might slice at.
+            for (index, _) in name.char_indices().chain([(name.len(), ' ')]) {
+                for text in [&name[..index], &name[index..]] {
+                    let demangled = demangle(text);
+                    assert!(!demangled.is_empty() || text.is_empty(), "{text:?}");
+                }
+            }
+        }
+        // What no demangler accepts comes back unchanged.
+        assert_eq!(demangle("_ZN日本語テキストE"), "_ZN日本語テキストE");
+        assert_eq!(demangle("🦀🔥"), "🦀🔥");
     }
 
     #[inline(never)]
@@ -657,13 +805,11 @@ mod tests {
         let period = PeriodProfile {
             start: now,
             end: now,
-            files: vec![Arc::new(ObjectFile {
-                path: "/nonexistent/libgone.so".into(),
-                dev: 0,
-                inode: 0,
-                build_id: None,
-                open_path: "/nonexistent/libgone.so".into(),
-            })],
+            files: vec![Arc::new(ObjectFile::by_path(
+                "/nonexistent/libgone.so",
+                0,
+                0,
+            ))],
             frames: vec![
                 Frame::File {
                     file: FileId(0),
@@ -680,13 +826,13 @@ mod tests {
             samples: vec![StackSample {
                 pid: 1,
                 tid: 1,
+                process_name: None,
+                thread_name: None,
                 stack: 0,
                 count: 1,
                 cpu_nanos: 1,
                 timeline: vec![],
             }],
-            process_names: HashMap::new(),
-            thread_names: HashMap::new(),
             stats: PeriodStats::default(),
         };
         let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
