@@ -224,7 +224,16 @@ fn samply_source(root: &Path) -> Option<PathBuf> {
         .arg(&source)
         .status()
         .ok()?;
-    copied.success().then_some(source)
+    if !copied.success() {
+        return None;
+    }
+    // The copy sits under this workspace's target/: keep cargo from taking
+    // it for one of the workspace's members.
+    let manifest = source.join("Cargo.toml");
+    let mut text = std::fs::read_to_string(&manifest).ok()?;
+    text.push_str("\n[workspace]\n");
+    std::fs::write(&manifest, text).ok()?;
+    Some(source)
 }
 
 fn build_workload(workload: &Workload) -> Result<PathBuf> {
