@@ -8,6 +8,7 @@
 //! buffer in both cases.
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use perf_event_open_sys as sys;
 
@@ -195,8 +196,26 @@ pub fn open(
     })
 }
 
+/// Set when events had to be opened user-only (see
+/// [`warn_if_kernel_time_refused`]).
+static KERNEL_TIME_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Says once, when profiling goes ahead, that time in the kernel is not
+/// sampled because the events had to be opened user-only.
+pub fn warn_if_kernel_time_refused() {
+    if KERNEL_TIME_REFUSED.swap(false, Ordering::Relaxed) {
+        log::warn!(
+            "time spent in the kernel (system calls, page faults) is not sampled: \
+             kernel.perf_event_paranoid is {} and ddprof lacks CAP_PERFMON; lower it with \
+             `sysctl kernel.perf_event_paranoid=1` or grant CAP_PERFMON to include it",
+            paranoid_level()
+        );
+    }
+}
+
 /// Opens every event of `specs` on every online CPU. When sampling the
-/// kernel is refused, says so once and retries user-only before giving up.
+/// kernel is refused, retries user-only (and remembers it for
+/// [`warn_if_kernel_time_refused`]) before giving up.
 pub fn open_all(
     specs: &[EventSpec],
     scope: Scope,
@@ -211,13 +230,7 @@ pub fn open_all(
                 Err(OpenError::Permission { .. }) if options.include_kernel => {
                     options.include_kernel = false;
                     let fd = open(spec, scope, cpu, &options)?;
-                    log::warn!(
-                        "time spent in the kernel (system calls, page faults) is not sampled: \
-                         kernel.perf_event_paranoid is {} and ddprof lacks CAP_PERFMON; \
-                         lower it with `sysctl kernel.perf_event_paranoid=1` or grant \
-                         CAP_PERFMON to include it",
-                        paranoid_level()
-                    );
+                    KERNEL_TIME_REFUSED.store(true, Ordering::Relaxed);
                     fd
                 }
                 other => other?,

@@ -426,6 +426,8 @@ pub fn run(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<(), Profil
         Target::Global => None,
     };
     let mut engine = Engine::start(cli, target, events)?;
+    // (-p and --global opened the events in this process.)
+    crate::events::warn_if_kernel_time_refused();
     if let Err(error) = launch::capabilities::drop_after_setup() {
         log::warn!("profiler: {error}");
     }

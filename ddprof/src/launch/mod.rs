@@ -198,6 +198,7 @@ fn profile_self(cli: &Cli) -> Result<(), NotProfiled> {
     let events = events::open_all(&specs, Scope::SelfOnExec, &event_options(cli))?;
     handoff::send_events(&launcher_socket, &events, &specs, HANDOFF_TIMEOUT)?;
     handoff::wait_for_ack(&launcher_socket, HANDOFF_TIMEOUT)?;
+    events::warn_if_kernel_time_refused();
     // The launcher's copies close at the exec anyway; the daemon's keep the
     // events alive.
     drop(events);
