@@ -8,8 +8,10 @@
 //! executable (`target/<profile>/deps/<test>` → `target/<profile>/ddprof`).
 //! `DDPROF_BIN=/path/to/ddprof` skips the build and uses that binary.
 pub mod binary;
+pub mod corpus;
 pub mod launcher;
 pub mod outputs;
+pub mod processes;
 
 pub use binary::ddprof_bin;
 
