@@ -841,3 +841,63 @@ fn ddprof_with_the_bpf_engine_unwinds_threads() {
         "{worker_b} of {total} in worker-b's chain"
     );
 }
+
+/// The program hands the samples of processes its maps do not describe yet
+/// to the perf engine (it returns 1: the kernel writes the sample with its
+/// stack copy). Every one of them must reach the profile: a shell loop of
+/// short-lived children is sampled at the rate its CPU time calls for, and
+/// the summary says how many went that way. (Until the entry point stopped
+/// using aya's `#[perf_event]` wrapper, which returns 0 whatever the
+/// function returns, they were all dropped: 27 % of the expected samples.)
+#[test]
+fn samples_handed_to_the_perf_engine_reach_the_profile() {
+    let child = ddprof_tests::workloads::build_workload("forker_child.c");
+    let output_dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bpf-handoff-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&output_dir);
+    let frequency = 999.0;
+    let started = Command::new(ddprof_tests::ddprof_bin())
+        .args(["--engine", "bpf", "--event", "sCPU freq=999", "--output"])
+        .arg(&output_dir)
+        .args(["--log-level", "notice", "--"])
+        .args(["sh", "-c", "for i in $(seq 60); do \"$0\" 40; done"])
+        .arg(&child)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ddprof runs");
+    let pid = started.id();
+    let mut stderr_pipe = started.stderr.expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr_pipe, &mut text);
+        text
+    });
+    let reaped = ddprof_tests::processes::wait_with_cpu_time(pid, Duration::from_secs(120))
+        .expect("the command is reaped");
+    assert!(reaped.status.success());
+    // The daemon logs the summary after the command exits; stderr closes then.
+    let stderr = reader.join().unwrap();
+    let summary = ddprof_tests::outputs::summary_fields(&stderr);
+    let expected = reaped.cpu.as_secs_f64() * frequency;
+    let samples = summary["samples"] as f64;
+    let handed: u64 = stderr
+        .lines()
+        .find_map(|line| {
+            let rest = line.split("unwound in the kernel, ").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no hand-off line:\n{stderr}"));
+    eprintln!(
+        "{samples} samples for {:.2} s of CPU ({expected:.0} expected), {handed} handed to the perf engine",
+        reaped.cpu.as_secs_f64()
+    );
+    assert!(handed > 0, "no sample was handed over:\n{stderr}");
+    assert!(
+        samples >= expected * 0.9,
+        "{samples} samples, {expected:.0} expected:\n{stderr}"
+    );
+    assert!(
+        summary["full_stacks"] as f64 >= samples * 0.97,
+        "{summary:?}"
+    );
+}

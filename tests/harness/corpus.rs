@@ -159,7 +159,10 @@ fn aliases_in(path: &Path) -> HashMap<String, String> {
         }
     }
     let mut aliases = HashMap::new();
-    for names in names_by_address.into_values().filter(|names| names.len() > 1) {
+    for names in names_by_address
+        .into_values()
+        .filter(|names| names.len() > 1)
+    {
         let shortest = names
             .iter()
             .min_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
@@ -277,7 +280,8 @@ pub const ENTRIES: &[Entry] = &[
 pub fn corpus_dir() -> PathBuf {
     let dir = workloads_build_dir().join("corpus");
     std::fs::create_dir_all(&dir).expect("create the corpus directory");
-    dir.canonicalize().expect("canonicalize the corpus directory")
+    dir.canonicalize()
+        .expect("canonicalize the corpus directory")
 }
 
 /// The target directory (`target/`), where the table is written.
@@ -315,10 +319,18 @@ fn write_if_changed(path: &Path, contents: &[u8]) {
 
 /// Runs `build(temporary output)` unless `output` is newer than every
 /// input, then moves the result to `output`.
-fn build_if_stale(output: &Path, inputs: &[&Path], what: &str, build: impl FnOnce(&Path) -> Command) {
+fn build_if_stale(
+    output: &Path,
+    inputs: &[&Path],
+    what: &str,
+    build: impl FnOnce(&Path) -> Command,
+) {
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     if let Some(built) = modified(output) {
-        if inputs.iter().all(|input| modified(input).is_some_and(|m| m <= built)) {
+        if inputs
+            .iter()
+            .all(|input| modified(input).is_some_and(|m| m <= built))
+        {
             return;
         }
     }
@@ -394,7 +406,11 @@ fn prepare_lld_c(dir: &Path) -> Workload {
             .arg(&source);
         command
     });
-    assert!(linked_by_lld(&binary), "{} was not linked by lld", binary.display());
+    assert!(
+        linked_by_lld(&binary),
+        "{} was not linked by lld",
+        binary.display()
+    );
     Workload::new([binary.as_os_str(), OsStr::new("--work"), OsStr::new("2")])
 }
 
@@ -545,12 +561,17 @@ fn prepare_sqlite3(dir: &Path) -> Workload {
     let schema = dir.join("schema.sql");
     write_if_changed(&schema, SQLITE_SCHEMA.as_bytes());
     let database = dir.join("corpus.sqlite");
-    build_if_stale(&database, &[&schema], "sqlite3 (creating the database)", |out| {
-        let _ = std::fs::remove_file(out);
-        let mut command = Command::new("sqlite3");
-        command.arg(out).arg(SQLITE_SCHEMA);
-        command
-    });
+    build_if_stale(
+        &database,
+        &[&schema],
+        "sqlite3 (creating the database)",
+        |out| {
+            let _ = std::fs::remove_file(out);
+            let mut command = Command::new("sqlite3");
+            command.arg(out).arg(SQLITE_SCHEMA);
+            command
+        },
+    );
     Workload::new([
         OsString::from("sqlite3"),
         OsString::from("-readonly"),
@@ -745,7 +766,12 @@ pub struct Measured {
 }
 
 impl Measured {
-    fn new(tool: Tool, cpu: Duration, stacks: &[(u32, Stack)], workload: &HashSet<u32>) -> Measured {
+    fn new(
+        tool: Tool,
+        cpu: Duration,
+        stacks: &[(u32, Stack)],
+        workload: &HashSet<u32>,
+    ) -> Measured {
         let mut samples = 0;
         let mut complete = 0;
         let mut foreign_samples = 0;
@@ -762,8 +788,10 @@ impl Measured {
             let leaf = stack.frames.first().map_or("[unknown]", String::as_str);
             *leaves.entry(leaf).or_default() += stack.count;
         }
-        let mut leaves: Vec<(String, u64)> =
-            leaves.into_iter().map(|(f, n)| (f.to_string(), n)).collect();
+        let mut leaves: Vec<(String, u64)> = leaves
+            .into_iter()
+            .map(|(f, n)| (f.to_string(), n))
+            .collect();
         leaves.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         Measured {
             tool,
@@ -797,7 +825,12 @@ impl Measured {
         self.leaves
             .iter()
             .take(n)
-            .map(|(f, count)| (f.as_str(), 100.0 * *count as f64 / self.samples.max(1) as f64))
+            .map(|(f, count)| {
+                (
+                    f.as_str(),
+                    100.0 * *count as f64 / self.samples.max(1) as f64,
+                )
+            })
             .collect()
     }
 }
@@ -815,7 +848,10 @@ impl Scratch {
         let dir = std::env::temp_dir().join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create a scratch directory");
-        Scratch(dir.canonicalize().expect("canonicalize the scratch directory"))
+        Scratch(
+            dir.canonicalize()
+                .expect("canonicalize the scratch directory"),
+        )
     }
 }
 
@@ -867,15 +903,22 @@ fn run_tool(mut command: Command) -> Result<ToolRun, String> {
         let _ = stderr_pipe.read_to_end(&mut text);
         let _ = sender.send(String::from_utf8_lossy(&text).into_owned());
     });
-    let reaped = wait_with_cpu_time(child.id(), RUN_TIMEOUT)
-        .map_err(|e| format!("{command:?}: {e}"))?;
-    let stderr = receiver
-        .recv_timeout(RUN_TIMEOUT)
-        .map_err(|_| format!("{command:?}: stderr still open {} s after the command exited (profiler hung?)", RUN_TIMEOUT.as_secs()))?;
-    let events = events.stop().map_err(|e| format!("following the run's processes: {e}"))?;
+    let reaped =
+        wait_with_cpu_time(child.id(), RUN_TIMEOUT).map_err(|e| format!("{command:?}: {e}"))?;
+    let stderr = receiver.recv_timeout(RUN_TIMEOUT).map_err(|_| {
+        format!(
+            "{command:?}: stderr still open {} s after the command exited (profiler hung?)",
+            RUN_TIMEOUT.as_secs()
+        )
+    })?;
+    let events = events
+        .stop()
+        .map_err(|e| format!("following the run's processes: {e}"))?;
     let workload = workload_processes(&events, child.id());
     if workload.is_empty() {
-        return Err(format!("the command never started (no exec seen):\n{stderr}"));
+        return Err(format!(
+            "the command never started (no exec seen):\n{stderr}"
+        ));
     }
     Ok(ToolRun {
         reaped,
@@ -884,7 +927,13 @@ fn run_tool(mut command: Command) -> Result<ToolRun, String> {
     })
 }
 
-fn measure_ddprof(workload: &Workload, engine: &str, scratch: &Path, run_dir: &Path, tool: Tool) -> Result<Measured, String> {
+fn measure_ddprof(
+    workload: &Workload,
+    engine: &str,
+    scratch: &Path,
+    run_dir: &Path,
+    tool: Tool,
+) -> Result<Measured, String> {
     let output = scratch.join("ddprof-out");
     let mut command = crate::ddprof_command();
     command
@@ -908,7 +957,11 @@ fn measure_ddprof(workload: &Workload, engine: &str, scratch: &Path, run_dir: &P
         ));
     }
     let mut stacks = Vec::new();
-    let files = if output.is_dir() { pprof_files(&output) } else { Vec::new() };
+    let files = if output.is_dir() {
+        pprof_files(&output)
+    } else {
+        Vec::new()
+    };
     if files.is_empty() {
         return Err(format!("ddprof wrote no pprof file:\n{stderr}"));
     }
@@ -931,18 +984,31 @@ fn perf(buildid_dir: &Path) -> Command {
     command
 }
 
-fn measure_perf_record(workload: &Workload, scratch: &Path, run_dir: &Path) -> Result<Measured, String> {
+fn measure_perf_record(
+    workload: &Workload,
+    scratch: &Path,
+    run_dir: &Path,
+) -> Result<Measured, String> {
     let buildid_dir = scratch.join("buildid");
     for file in &workload.deleted_while_running {
         run_checked(
-            perf(&buildid_dir).args(["buildid-cache", "--add"]).arg(file),
+            perf(&buildid_dir)
+                .args(["buildid-cache", "--add"])
+                .arg(file),
             "perf buildid-cache",
         );
     }
     let data = scratch.join("perf.data");
     let mut command = perf(&buildid_dir);
     command
-        .args(["record", "--no-buildid-cache", "--buildid-mmap", "-e", "task-clock", "-F"])
+        .args([
+            "record",
+            "--no-buildid-cache",
+            "--buildid-mmap",
+            "-e",
+            "task-clock",
+            "-F",
+        ])
         .arg(FREQUENCY_HZ.to_string())
         .args(["--call-graph", "dwarf,32768", "-o"])
         .arg(&data)
@@ -964,7 +1030,13 @@ fn measure_perf_record(workload: &Workload, scratch: &Path, run_dir: &Path) -> R
     let script = perf(&buildid_dir)
         .args(["script", "-i"])
         .arg(&data)
-        .args(["-F", "pid,tid,ip,sym,dso", "--max-stack", "1024", "--no-inline"])
+        .args([
+            "-F",
+            "pid,tid,ip,sym,dso",
+            "--max-stack",
+            "1024",
+            "--no-inline",
+        ])
         .output()
         .map_err(|e| format!("cannot run perf script: {e}"))?;
     if !script.status.success() {
@@ -1010,7 +1082,10 @@ pub fn perf_frame_name(symbol: &str, dso: &str, names: &mut FunctionNames) -> St
 /// Parses `perf script -F pid,tid,ip,sym,dso` into (pid, user stack) per
 /// sample; kernel frames are left out (ddprof attributes kernel time to the
 /// user stack that made the system call).
-pub fn parse_perf_script(text: &str, names: &mut FunctionNames) -> Result<Vec<(u32, Stack)>, String> {
+pub fn parse_perf_script(
+    text: &str,
+    names: &mut FunctionNames,
+) -> Result<Vec<(u32, Stack)>, String> {
     let mut stacks = Vec::new();
     let mut current: Option<(u32, Vec<String>)> = None;
     for line in text.lines() {
@@ -1019,7 +1094,11 @@ pub fn parse_perf_script(text: &str, names: &mut FunctionNames) -> Result<Vec<(u
         }
         if !line.starts_with('\t') {
             // `  PID/TID `: a new sample.
-            stacks.extend(current.take().map(|(pid, frames)| (pid, Stack { frames, count: 1 })));
+            stacks.extend(
+                current
+                    .take()
+                    .map(|(pid, frames)| (pid, Stack { frames, count: 1 })),
+            );
             let pid = line
                 .trim()
                 .split('/')
@@ -1192,9 +1271,9 @@ pub fn read_pprof(path: &Path, names: &mut FunctionNames) -> Result<Vec<(u32, St
             .ok_or_else(|| format!("{}: a sample without process_id", path.display()))?;
         let mut frames = Vec::with_capacity(sample.location_id.len());
         for id in &sample.location_id {
-            let location = locations
-                .get(id)
-                .ok_or_else(|| format!("{}: a sample refers to no location {id}", path.display()))?;
+            let location = locations.get(id).ok_or_else(|| {
+                format!("{}: a sample refers to no location {id}", path.display())
+            })?;
             let file = mapping_files.get(&location.mapping_id).copied();
             if file.is_some_and(|f| f.starts_with("[kernel")) {
                 continue;
@@ -1376,20 +1455,54 @@ mod tests {
 
     #[test]
     fn entries_are_judged_by_the_outermost_frame() {
-        assert!(reaches_entry(&frames(&["leaf", "main", "__libc_start_call_main", "__libc_start_main_impl", "_start"])));
-        assert!(reaches_entry(&frames(&["read", "[dd]", "__libc_start_main", "[dd]"])));
-        assert!(reaches_entry(&frames(&["crypto/sha256.block", "main.main.func2", "runtime.goexit"])));
-        assert!(!reaches_entry(&frames(&["leaf", "main", "__libc_start_main_impl", "[truncated]"])));
-        assert!(!reaches_entry(&frames(&["leaf", "main", "__libc_start_main", "[unknown]"])));
+        assert!(reaches_entry(&frames(&[
+            "leaf",
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "_start"
+        ])));
+        assert!(reaches_entry(&frames(&[
+            "read",
+            "[dd]",
+            "__libc_start_main",
+            "[dd]"
+        ])));
+        assert!(reaches_entry(&frames(&[
+            "crypto/sha256.block",
+            "main.main.func2",
+            "runtime.goexit"
+        ])));
+        assert!(!reaches_entry(&frames(&[
+            "leaf",
+            "main",
+            "__libc_start_main_impl",
+            "[truncated]"
+        ])));
+        assert!(!reaches_entry(&frames(&[
+            "leaf",
+            "main",
+            "__libc_start_main",
+            "[unknown]"
+        ])));
         assert!(!reaches_entry(&frames(&["leaf", "[xz]"])));
         assert!(!reaches_entry(&frames(&[])));
     }
 
     #[test]
     fn names_lose_symbol_versions_and_rust_hashes() {
-        assert_eq!(canonical_function("__libc_start_main@@GLIBC_2.34"), "__libc_start_main");
-        assert_eq!(canonical_function("core::fmt::write::h0123456789abcdef"), "core::fmt::write");
-        assert_eq!(canonical_function("std::rt::lang_start::{{closure}}"), "std::rt::lang_start::{{closure}}");
+        assert_eq!(
+            canonical_function("__libc_start_main@@GLIBC_2.34"),
+            "__libc_start_main"
+        );
+        assert_eq!(
+            canonical_function("core::fmt::write::h0123456789abcdef"),
+            "core::fmt::write"
+        );
+        assert_eq!(
+            canonical_function("std::rt::lang_start::{{closure}}"),
+            "std::rt::lang_start::{{closure}}"
+        );
         assert_eq!(canonical_function("a::hash"), "a::hash");
     }
 
@@ -1408,7 +1521,10 @@ mod tests {
         let stacks = parse_perf_script(text, &mut FunctionNames::default()).unwrap();
         assert_eq!(stacks.len(), 2);
         assert_eq!(stacks[0].0, 13404);
-        assert_eq!(stacks[0].1.frames, frames(&["read", "[dd]", "__libc_start_main", "[dd]"]));
+        assert_eq!(
+            stacks[0].1.frames,
+            frames(&["read", "[dd]", "__libc_start_main", "[dd]"])
+        );
         assert!(reaches_entry(&stacks[0].1.frames));
         assert_eq!(stacks[1].0, 13405);
         assert_eq!(stacks[1].1.frames, frames(&["operator()", "[unknown]"]));

@@ -41,7 +41,10 @@ pub enum ProcessEvent {
         child_pid: u32,
         child_tgid: u32,
     },
-    Exec { time_ns: u64, tgid: u32 },
+    Exec {
+        time_ns: u64,
+        tgid: u32,
+    },
 }
 
 impl ProcessEvent {
@@ -111,7 +114,9 @@ pub fn workload_processes(events: &[ProcessEvent], tool_pid: u32) -> HashSet<u32
                         workload.insert(tgid);
                     }
                 }
-                ProcessEvent::Exec { tgid, .. } if tool_execs >= 1 && tool_children.contains(&tgid) => {
+                ProcessEvent::Exec { tgid, .. }
+                    if tool_execs >= 1 && tool_children.contains(&tgid) =>
+                {
                     workload.insert(tgid);
                 }
                 _ => {}
@@ -374,8 +379,9 @@ fn parse_messages(mut bytes: &[u8], events: &mut Vec<ProcessEvent>) {
                     child_tgid: u32_at(event, 28)?,
                 })
             })(),
-            (Some(PROC_EVENT_EXEC), Some(time_ns)) => u32_at(event, 20)
-                .map(|tgid| ProcessEvent::Exec { time_ns, tgid }),
+            (Some(PROC_EVENT_EXEC), Some(time_ns)) => {
+                u32_at(event, 20).map(|tgid| ProcessEvent::Exec { time_ns, tgid })
+            }
             _ => None,
         };
         events.extend(parsed);
