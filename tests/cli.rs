@@ -220,7 +220,7 @@ fn an_unknown_switch_user_never_runs_the_command() {
             "{stderr}"
         );
     }
-    std::fs::remove_file(config).unwrap();
+    std::fs::remove_dir_all(config.parent().unwrap()).unwrap();
 }
 
 /// The value and the origin comment of `key` in `--show-config`'s output.
@@ -276,7 +276,7 @@ fn show_config_is_toml_with_flag_over_file_over_environment() {
     let (value, origin) = shown(&stdout, &table, "output");
     assert_eq!(origin, "from DD_PROFILING_OUTPUT_DIR");
     assert!(value.as_str().unwrap().contains("ddprof-cli-"), "{value}");
-    std::fs::remove_file(config).unwrap();
+    std::fs::remove_dir_all(config.parent().unwrap()).unwrap();
 }
 
 /// `ddprof ARGS` in a private mount namespace, after `setup` (shell) has
