@@ -82,6 +82,15 @@ pub enum OpenError {
     },
     #[error("no process {pid} ({source})")]
     NoSuchProcess { pid: i32, source: io::Error },
+    #[error(
+        "the kernel refused freq={hz} ({source}): kernel.perf_event_max_sample_rate is {max}; \
+         lower the frequency or raise the limit with `sysctl kernel.perf_event_max_sample_rate={hz}`"
+    )]
+    FrequencyAboveMax {
+        hz: u64,
+        max: u64,
+        source: io::Error,
+    },
     #[error("perf_event_open failed: {0}")]
     Other(io::Error),
 }
@@ -91,6 +100,28 @@ pub fn paranoid_level() -> String {
     std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".to_string())
+}
+
+/// `kernel.perf_event_max_sample_rate`: the highest `freq=` the kernel
+/// accepts (it lowers the limit by itself when sampling interrupts take too
+/// long, so it is read again where it matters).
+pub fn max_sample_rate() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The frequency of `spec` and the kernel's limit, when the first is above
+/// the second.
+fn frequency_above_max(spec: &EventSpec) -> Option<(u64, u64)> {
+    let SampleRate::Frequency(hz) = spec.rate else {
+        return None;
+    };
+    max_sample_rate()
+        .filter(|max| hz > *max)
+        .map(|max| (hz, max))
 }
 
 /// The attributes ddprof uses for `spec` in `scope`.
@@ -184,6 +215,10 @@ pub fn open(
                 }
             }
             Some(libc::ESRCH) => OpenError::NoSuchProcess { pid, source },
+            Some(libc::EINVAL) => match frequency_above_max(spec) {
+                Some((hz, max)) => OpenError::FrequencyAboveMax { hz, max, source },
+                None => OpenError::Other(source),
+            },
             _ => OpenError::Other(source),
         });
     }
@@ -315,6 +350,30 @@ mod tests {
         )
         .expect("a process may always sample itself, user-space only");
         assert_eq!(event.cpu, -1);
+    }
+
+    #[test]
+    fn names_the_sample_rate_limit_when_the_frequency_is_above_it() {
+        let max = max_sample_rate().expect("kernel.perf_event_max_sample_rate is readable");
+        let spec = crate::config::parse_events(&format!("sCPU freq={}", max + 1)).unwrap()[0];
+        let options = EventOptions {
+            stack_sample_size: 8192,
+            include_kernel: false,
+        };
+        let pid = std::process::id() as i32;
+        let error = open(&spec, Scope::Process(pid), -1, &options).unwrap_err();
+        assert!(
+            matches!(error, OpenError::FrequencyAboveMax { hz, max: limit, .. } if hz == max + 1 && limit == max),
+            "{error}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains(&format!("kernel.perf_event_max_sample_rate is {max}")),
+            "{message}"
+        );
+        // At the limit the kernel accepts it.
+        let spec = crate::config::parse_events(&format!("sCPU freq={max}")).unwrap()[0];
+        open(&spec, Scope::Process(pid), -1, &options).expect("freq at the limit opens");
     }
 
     #[test]

@@ -5,13 +5,16 @@
 #![cfg_attr(not(test), no_main)]
 #![cfg_attr(test, allow(dead_code))]
 
-use ddprof::config::{Cli, ConfigError};
+use ddprof::config::{Config, Origin};
 use ddprof::logging::print_error;
 use ddprof::profiler::Target;
 use ddprof::{launch, logging};
 
 /// Exit status of a usage error (as clap uses).
 const EXIT_USAGE: u8 = 2;
+/// Exit status when the command is not run because how it must run (user,
+/// capabilities) cannot be honoured.
+const EXIT_NOT_RUN: u8 = 1;
 
 #[cfg(not(test))]
 #[unsafe(no_mangle)]
@@ -22,29 +25,61 @@ pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) ->
 }
 
 fn run() -> u8 {
-    let cli = match Cli::load() {
-        Ok(cli) => cli,
-        // clap prints its own message (and `--help`/`--version`) and exits.
-        Err(ConfigError::Args(error)) => error.exit(),
-        Err(error) => {
-            print_error(format_args!("error: {error}"));
-            return EXIT_USAGE;
-        }
+    let config = match Config::load() {
+        Ok(config) => config,
+        // A bad command line: clap prints its message and exits 2 (and
+        // prints `--help`/`--version` and exits 0).
+        Err(error) => error.exit(),
     };
+    let cli = &config.cli;
     logging::init(cli.log_level, cli.log_mode);
     if cli.show_config {
-        println!("{cli:#?}");
-        return 0;
+        print!("{}", config.to_toml());
+        return match config.problems_line() {
+            Some(problems) => {
+                print_error(format_args!("error: {problems}"));
+                EXIT_USAGE
+            }
+            None => 0,
+        };
+    }
+    let launch_problem = config.launch_problem().filter(|_| !cli.command.is_empty());
+    if let Some(problem) = launch_problem {
+        print_error(format_args!(
+            "error: {problem}: the command does not run (it must not run with more privileges than asked)"
+        ));
+        return EXIT_NOT_RUN;
     }
     let attach_target = match (cli.pid, cli.global) {
         (Some(pid), _) => Some(Target::Pid(pid as u32)),
         (None, true) => Some(Target::Global),
         (None, false) => None,
     };
+    let problems = config.problems_line();
     match attach_target {
         Some(_) if !cli.command.is_empty() => {
+            let typed =
+                [config.origin("pid"), config.origin("global")].contains(&&Origin::CommandLine);
+            if typed {
+                print_error(format_args!(
+                    "error: give either a COMMAND or -p/--global, not both"
+                ));
+                return EXIT_USAGE;
+            }
+            // -p/--global came from the file or the environment: the
+            // command typed here still runs.
+            let setting = if cli.pid.is_some() { "pid" } else { "global" };
+            let reason = format!(
+                "`{setting}` ({}) asks to profile another target, but a COMMAND was given",
+                config.origin(setting).describe(setting)
+            );
+            launch::run_command(cli, Some(reason))
+        }
+        // Nothing else to run: the problems are errors.
+        Some(_) if problems.is_some() => {
             print_error(format_args!(
-                "error: give either a COMMAND or -p/--global, not both"
+                "error: {}",
+                problems.as_deref().unwrap_or_default()
             ));
             EXIT_USAGE
         }
@@ -54,7 +89,7 @@ fn run() -> u8 {
             ));
             0
         }
-        Some(target) => match launch::attach(&cli, target) {
+        Some(target) => match launch::attach(cli, target) {
             Ok(()) => 0,
             Err(error) => {
                 print_error(format_args!("error: {error}"));
@@ -62,11 +97,14 @@ fn run() -> u8 {
             }
         },
         None if cli.command.is_empty() => {
+            if let Some(problems) = problems {
+                print_error(format_args!("error: {problems}"));
+            }
             print_error(format_args!(
                 "error: nothing to profile: give a COMMAND, -p PID or --global (see --help)"
             ));
             EXIT_USAGE
         }
-        None => launch::run_command(&cli),
+        None => launch::run_command(cli, problems),
     }
 }

@@ -40,7 +40,7 @@
 //! # Ok(())
 //! # }
 //! ```
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -71,6 +71,32 @@ pub enum OutputError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// Files that no directory accepted, each tried in every directory.
+    #[error(
+        "could not write {} ({}); free some space or fix the permissions, or choose another directory with --output",
+        .files.join(", "),
+        .causes.join("; ")
+    )]
+    NotWritten {
+        /// The file names (`stacks.folded`, `flamegraph.svg`, `SERVICE-TIME.pprof`).
+        files: Vec<String>,
+        /// `DIR: error`, once per distinct cause.
+        causes: Vec<String>,
+    },
+}
+
+impl OutputError {
+    /// `DIR: error`: where and why, without the file name.
+    fn place_and_cause(&self) -> String {
+        match self {
+            OutputError::CreateDir { path, source } => format!("{}: {source}", path.display()),
+            OutputError::Write { path, source } => format!(
+                "{}: {source}",
+                path.parent().unwrap_or(Path::new("")).display()
+            ),
+            OutputError::NotWritten { causes, .. } => causes.join("; "),
+        }
+    }
 }
 
 /// The local output directory.
@@ -125,17 +151,235 @@ impl LocalOutput {
 
     /// Writes `flamegraph.svg` and `stacks.folded` for the whole run.
     pub fn finish(&self, folded: &FoldedStacks) -> Result<FinalOutputs, OutputError> {
-        let outputs = FinalOutputs {
-            flamegraph: self.dir.join(FLAMEGRAPH_FILE),
-            folded: self.dir.join(FOLDED_FILE),
-        };
-        write_atomically(&outputs.folded, |file| folded.write_folded(file))?;
-        let title = format!("{} (ddprof)", self.service);
-        write_atomically(&outputs.flamegraph, |file| {
-            folded.write_flamegraph(&title, file)
-        })?;
-        Ok(outputs)
+        Ok(FinalOutputs {
+            folded: self.write_folded(folded)?,
+            flamegraph: self.write_flamegraph(folded)?,
+        })
     }
+
+    /// Writes `stacks.folded`.
+    pub fn write_folded(&self, folded: &FoldedStacks) -> Result<PathBuf, OutputError> {
+        let path = self.dir.join(FOLDED_FILE);
+        write_atomically(&path, |file| folded.write_folded(file))?;
+        Ok(path)
+    }
+
+    /// Writes `flamegraph.svg`.
+    pub fn write_flamegraph(&self, folded: &FoldedStacks) -> Result<PathBuf, OutputError> {
+        let path = self.dir.join(FLAMEGRAPH_FILE);
+        let title = format!("{} (ddprof)", self.service);
+        write_atomically(&path, |file| folded.write_flamegraph(&title, file))?;
+        Ok(path)
+    }
+
+    /// Checks that files can be written here (creates, writes and removes
+    /// a small one).
+    pub fn probe(&self) -> Result<(), OutputError> {
+        let path = self.dir.join(".ddprof-write-probe");
+        write_atomically(&path, |file| file.write_all(b"ddprof"))?;
+        let _ = std::fs::remove_file(&path);
+        Ok(())
+    }
+
+    /// The file name of a profile starting at `start` (before any `-2` suffix).
+    fn profile_name(&self, start: SystemTime) -> String {
+        format!("{}-{}.pprof", self.service, utc_timestamp(start))
+    }
+}
+
+/// Unwritten profiles kept in memory at most, waiting for a directory that
+/// accepts them; beyond it the oldest are dropped (with a warning).
+pub const MAX_PENDING_BYTES: usize = 64 << 20;
+
+/// A profile no directory has accepted yet.
+struct PendingProfile {
+    start: SystemTime,
+    pprof_gz: Vec<u8>,
+}
+
+/// The outputs of a whole run, written where they can be: the requested
+/// directory; when it cannot be written (checked at start, and at every
+/// write), a fallback directory, `$TMPDIR/ddprof-out-PID`, with one warning
+/// naming it; when neither can, the profiles stay in memory and every later
+/// period tries again. At the end, the error names every file that could
+/// not be written.
+pub struct OutputWriter {
+    service: String,
+    /// The requested directory, then the fallback.
+    dirs: [PathBuf; 2],
+    /// The directory in use: once the requested one failed, the fallback.
+    current: usize,
+    pending: VecDeque<PendingProfile>,
+    pending_bytes: usize,
+}
+
+impl OutputWriter {
+    /// Checks at once that `dir` can be written (creating it), and warns
+    /// in one line, naming where the outputs go instead, when it cannot.
+    pub fn start(dir: &Path, service: &str) -> Self {
+        let fallback = std::env::temp_dir().join(format!("ddprof-out-{}", std::process::id()));
+        Self::with_fallback(dir, &fallback, service)
+    }
+
+    /// [`OutputWriter::start`] with an explicit fallback directory.
+    pub fn with_fallback(dir: &Path, fallback: &Path, service: &str) -> Self {
+        let mut writer = Self {
+            service: service.to_string(),
+            dirs: [dir.to_path_buf(), fallback.to_path_buf()],
+            current: 0,
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+        };
+        if let Err(errors) =
+            writer.write_somewhere(|output| output.probe().map(|()| output.dir.clone()))
+        {
+            log::warn!(
+                "cannot write in {}; the profiles are kept in memory until a directory accepts them",
+                causes(&errors).join("; ")
+            );
+        }
+        writer
+    }
+
+    /// The directory the outputs go to now.
+    pub fn dir(&self) -> &Path {
+        &self.dirs[self.current]
+    }
+
+    /// Writes one gzip'd pprof profile, after those still waiting. On
+    /// failure the profiles stay in memory for the next call (or
+    /// [`OutputWriter::finish`]); the error says why.
+    pub fn write_profile(
+        &mut self,
+        pprof_gz: Vec<u8>,
+        start: SystemTime,
+    ) -> Result<Vec<PathBuf>, OutputError> {
+        self.pending_bytes += pprof_gz.len();
+        self.pending.push_back(PendingProfile { start, pprof_gz });
+        while self.pending_bytes > MAX_PENDING_BYTES && self.pending.len() > 1 {
+            if let Some(dropped) = self.pending.pop_front() {
+                self.pending_bytes -= dropped.pprof_gz.len();
+                log::warn!(
+                    "dropped the unwritten profile of {} (more than {} MiB of profiles wait for a directory)",
+                    utc_timestamp(dropped.start),
+                    MAX_PENDING_BYTES >> 20
+                );
+            }
+        }
+        self.write_pending()
+    }
+
+    fn write_pending(&mut self) -> Result<Vec<PathBuf>, OutputError> {
+        let mut written = Vec::new();
+        while let Some(profile) = self.pending.pop_front() {
+            match self
+                .write_somewhere(|output| output.write_profile(&profile.pprof_gz, profile.start))
+            {
+                Ok(path) => {
+                    self.pending_bytes -= profile.pprof_gz.len();
+                    written.push(path);
+                }
+                Err(errors) => {
+                    self.pending.push_front(profile);
+                    return Err(OutputError::NotWritten {
+                        files: self.pending_names(),
+                        causes: causes(&errors),
+                    });
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// Writes the profiles still waiting, then `stacks.folded` and
+    /// `flamegraph.svg` when the run has samples; returns every file
+    /// written, or an error naming every file that was not.
+    pub fn finish(&mut self, folded: &FoldedStacks) -> Result<Vec<PathBuf>, OutputError> {
+        let mut failed = Vec::new();
+        let mut errors = Vec::new();
+        let mut written = match self.write_pending() {
+            Ok(written) => written,
+            Err(error) => {
+                failed.extend(self.pending_names());
+                errors.push(error);
+                Vec::new()
+            }
+        };
+        if folded.total_samples() > 0 {
+            // Both are tried, whatever happens to the first.
+            let folded_file = self.write_somewhere(|output| output.write_folded(folded));
+            let flamegraph = self.write_somewhere(|output| output.write_flamegraph(folded));
+            for (name, result) in [(FOLDED_FILE, folded_file), (FLAMEGRAPH_FILE, flamegraph)] {
+                match result {
+                    Ok(path) => written.push(path),
+                    Err(file_errors) => {
+                        failed.push(name.to_string());
+                        errors.extend(file_errors);
+                    }
+                }
+            }
+        }
+        if failed.is_empty() {
+            return Ok(written);
+        }
+        Err(OutputError::NotWritten {
+            files: failed,
+            causes: causes(&errors),
+        })
+    }
+
+    fn pending_names(&self) -> Vec<String> {
+        let output = LocalOutput {
+            dir: self.dir().to_path_buf(),
+            service: file_name_safe(&self.service),
+        };
+        self.pending
+            .iter()
+            .map(|profile| output.profile_name(profile.start))
+            .collect()
+    }
+
+    /// Runs `write` in the directory in use, and on failure in the next
+    /// one, which then stays in use (one warning says so). Returns every
+    /// error when no directory took it.
+    fn write_somewhere(
+        &mut self,
+        write: impl Fn(&LocalOutput) -> Result<PathBuf, OutputError>,
+    ) -> Result<PathBuf, Vec<OutputError>> {
+        let mut errors = Vec::new();
+        loop {
+            let attempt = LocalOutput::create(&self.dirs[self.current], &self.service)
+                .and_then(|output| write(&output));
+            match attempt {
+                Ok(path) => {
+                    if !errors.is_empty() {
+                        log::warn!(
+                            "cannot write in {}; the outputs go to {} instead",
+                            causes(&errors).join("; "),
+                            self.dir().display()
+                        );
+                    }
+                    return Ok(path);
+                }
+                Err(error) => errors.push(error),
+            }
+            if self.current + 1 == self.dirs.len() {
+                return Err(errors);
+            }
+            self.current += 1;
+        }
+    }
+}
+
+/// `DIR: error` of each error, each once.
+fn causes(errors: &[OutputError]) -> Vec<String> {
+    let mut causes: Vec<String> = Vec::new();
+    for cause in errors.iter().map(OutputError::place_and_cause) {
+        if !causes.contains(&cause) {
+            causes.push(cause);
+        }
+    }
+    causes
 }
 
 /// Writes through a temporary file renamed into place, so a reader never
@@ -532,6 +776,89 @@ mod tests {
         assert!(std::fs::read_to_string(empty.flamegraph)
             .unwrap()
             .contains("<svg"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A scratch directory holding `blocker`, a plain file: directories
+    /// "under" it cannot be created, even by root.
+    fn scratch(test: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("ddprof-writer-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let blocker = dir.join("blocker");
+        std::fs::write(&blocker, "not a directory").unwrap();
+        (dir, blocker)
+    }
+
+    fn file_names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn an_unwritable_directory_sends_the_outputs_to_the_fallback() {
+        let (dir, blocker) = scratch("fallback");
+        let fallback = dir.join("fallback");
+        let mut writer = OutputWriter::with_fallback(&blocker.join("out"), &fallback, "svc");
+        // Found at start, not at the first write.
+        assert_eq!(writer.dir(), fallback);
+        let start = UNIX_EPOCH + Duration::from_secs(1_795_317_300);
+        let written = writer.write_profile(b"one".to_vec(), start).unwrap();
+        assert_eq!(written, [fallback.join("svc-20261122T031500Z.pprof")]);
+        let mut folded = FoldedStacks::default();
+        folded.add(&profile(&["leaf", "main"], &[(0, 4)]));
+        writer.finish(&folded).unwrap();
+        assert_eq!(
+            file_names(&fallback),
+            [
+                FLAMEGRAPH_FILE,
+                "stacks.folded",
+                "svc-20261122T031500Z.pprof"
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn profiles_wait_in_memory_and_the_final_error_names_every_file() {
+        let (dir, blocker) = scratch("pending");
+        let mut writer =
+            OutputWriter::with_fallback(&blocker.join("out"), &blocker.join("fallback"), "svc");
+        let first = UNIX_EPOCH + Duration::from_secs(1_795_317_300);
+        let second = first + Duration::from_secs(60);
+        let error = writer.write_profile(b"one".to_vec(), first).unwrap_err();
+        assert!(
+            matches!(&error, OutputError::NotWritten { files, .. } if files == &["svc-20261122T031500Z.pprof"]),
+            "{error}"
+        );
+        writer.write_profile(b"two".to_vec(), second).unwrap_err();
+        let mut folded = FoldedStacks::default();
+        folded.add(&profile(&["leaf", "main"], &[(0, 4)]));
+        let message = writer.finish(&folded).unwrap_err().to_string();
+        assert!(
+            message.starts_with(
+                "could not write svc-20261122T031500Z.pprof, svc-20261122T031600Z.pprof, \
+                 stacks.folded, flamegraph.svg ("
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains(&blocker.display().to_string()),
+            "{message}"
+        );
+
+        // Once a directory accepts them, every waiting profile is written.
+        std::fs::remove_file(&blocker).unwrap();
+        let written = writer.finish(&folded).unwrap();
+        assert_eq!(written.len(), 4, "{written:?}");
+        assert_eq!(
+            std::fs::read(blocker.join("fallback/svc-20261122T031500Z.pprof")).unwrap(),
+            b"one"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

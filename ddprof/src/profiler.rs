@@ -16,7 +16,7 @@ use crate::bpf::{choose_engine_with, BpfEngine, BpfEngineOptions, DEFAULT_RING_B
 use crate::config::{Cli, SampleRate};
 use crate::events::EventFd;
 use crate::launch;
-use crate::output::{FoldedStacks, LocalOutput, OutputError, Summary};
+use crate::output::{FoldedStacks, OutputError, OutputWriter, Summary};
 use crate::perf::{monotonic_now, PerfEngine, PerfEngineOptions, PerfError, HOLD_BACK};
 use crate::process::ProcessTable;
 use crate::profile::{encode_pprof, ProfileError, ProfileMetadata};
@@ -288,7 +288,7 @@ struct Pipeline {
     aggregator: Aggregator,
     symbolizer: Symbolizer,
     folded: FoldedStacks,
-    output: Option<LocalOutput>,
+    output: Option<OutputWriter>,
     metadata: ProfileMetadata,
     show_samples: bool,
     period_start: SystemTime,
@@ -300,7 +300,8 @@ struct Pipeline {
 impl Pipeline {
     fn new(cli: &Cli) -> Result<Self, ProfilerError> {
         let output = match cli.output_dir() {
-            Some(dir) => Some(LocalOutput::create(&dir, &cli.service_name())?),
+            // Checks the directory now, not when the command has exited.
+            Some(dir) => Some(OutputWriter::start(&dir, &cli.service_name())),
             None => {
                 log::warn!(
                     "an agent is configured but uploading is not implemented yet: \
@@ -370,9 +371,17 @@ impl Pipeline {
             symbolize_time.as_secs_f64() * 1e3,
             bytes.len()
         );
-        if let Some(output) = &self.output {
-            let path = output.write_profile(&bytes, start)?;
-            log::info!("wrote {} ({} bytes)", path.display(), bytes.len());
+        if let Some(output) = &mut self.output {
+            match output.write_profile(bytes, start) {
+                Ok(written) => {
+                    for path in written {
+                        log::info!("wrote {}", path.display());
+                    }
+                }
+                // Kept in memory: the next period, or `finish`, tries again.
+                Err(error) if !last => log::warn!("{error}; trying again at the next period"),
+                Err(_) => {}
+            }
         }
         self.profiles += 1;
         Ok(())
@@ -384,15 +393,12 @@ impl Pipeline {
             // A flame graph of nothing cannot be drawn; the empty profile
             // above already says that the run took no samples.
             log::info!("no samples were taken: no flamegraph.svg or stacks.folded written");
-            return Ok(());
         }
-        if let Some(output) = &self.output {
-            let written = output.finish(&self.folded)?;
-            log::info!(
-                "wrote {} and {}",
-                written.flamegraph.display(),
-                written.folded.display()
-            );
+        if let Some(output) = &mut self.output {
+            // Also writes the profiles earlier periods could not.
+            for path in output.finish(&self.folded)? {
+                log::info!("wrote {}", path.display());
+            }
         }
         Ok(())
     }
@@ -454,7 +460,8 @@ pub fn run(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<(), Profil
             period_deadline += period;
         }
     }
-    pipeline.finish()?;
+    // The summary is worth printing even when some outputs could not be written.
+    let finished = pipeline.finish();
     let summary = Summary::measure(
         pipeline.samples,
         engine.lost(),
@@ -468,5 +475,5 @@ pub fn run(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<(), Profil
             summary.lost
         );
     }
-    Ok(())
+    finished
 }

@@ -12,11 +12,12 @@
 //!    (PATH lookup like `execvp`), which keeps the launcher's PID, so the
 //!    caller sees the command's own exit status.
 //!
-//! Any failure in 1–3 prints one warning naming the cause and the command runs
-//! unprofiled. Only the command's own failures end ddprof: not found (127),
-//! not executable (126), or an unusable `--switch-user` / failed
-//! `--drop-capabilities` (1: running it otherwise would give it more rights
-//! than asked for).
+//! Any failure in 1–3, or a configuration problem from the environment or
+//! the config file (steps 1–3 are then skipped), prints one warning naming
+//! the cause and the command runs unprofiled. Only the command's own failures
+//! end ddprof: not found (127), not executable (126), or an unusable
+//! `--switch-user` / failed `--drop-capabilities` (1: running it otherwise
+//! would give it more rights than asked for).
 //!
 //! The daemon cannot take the command down: it is not its parent or in its
 //! process group, it drops `CAP_KILL` and every capability it does not use
@@ -110,9 +111,11 @@ fn specs(cli: &Cli) -> Vec<EventSpec> {
     parse_events(&cli.events).unwrap_or_default()
 }
 
-/// Runs `cli.command` (profiled unless `--enable false`). Returns only when
-/// the command could not be started, with ddprof's exit status.
-pub fn run_command(cli: &Cli) -> u8 {
+/// Runs `cli.command`, profiled unless `--enable false` or `not_profiled`
+/// gives a reason not to (a configuration problem, said in the one warning).
+/// Returns only when the command could not be started, with ddprof's exit
+/// status.
+pub fn run_command(cli: &Cli, not_profiled: Option<String>) -> u8 {
     let Some(program) = cli.command.first() else {
         print_error(format_args!("no command given"));
         return 2;
@@ -133,13 +136,22 @@ pub fn run_command(cli: &Cli) -> u8 {
     let caller_sigpipe = signals::SavedDisposition::replace(libc::SIGPIPE, libc::SIG_IGN).ok();
     let switch_user = match cli.switch_user.as_deref().map(user::resolve).transpose() {
         Ok(user) => user,
+        // Running it as the caller instead would give it more privileges
+        // than asked.
         Err(error) => {
-            print_error(format_args!("{error}"));
+            print_error(format_args!(
+                "--switch-user: {error}: the command does not run (not as the caller either: \
+                 it must not run with more privileges than asked)"
+            ));
             return 1;
         }
     };
     if cli.enabled {
-        if let Err(cause) = profile_self(cli) {
+        let profiled = match not_profiled {
+            Some(reason) => Err(reason),
+            None => profile_self(cli).map_err(|cause| cause.to_string()),
+        };
+        if let Err(cause) = profiled {
             log::warn!("running the command without profiling: {cause}");
         }
     }

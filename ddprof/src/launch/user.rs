@@ -10,9 +10,9 @@ use nix::unistd::{Gid, Uid, User};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserError {
-    #[error("--switch-user: no user `{0}` on this machine")]
+    #[error("no user `{0}` on this machine")]
     Unknown(String),
-    #[error("--switch-user: cannot look up `{name}`: {source}")]
+    #[error("cannot look up the user `{name}`: {source}")]
     Lookup { name: String, source: nix::Error },
     #[error("--switch-user: cannot become `{name}` ({step}: {source}); this needs root or CAP_SETUID and CAP_SETGID")]
     Switch {

@@ -1,8 +1,9 @@
-//! Command line and environment configuration.
+//! Command line, config file and environment configuration.
 //!
-//! Every option reads a Datadog environment variable as its default and is
-//! overridden by the flag; `--config FILE` (TOML, the same keys as the long
-//! flag names) sits between the two: flag > environment > file > default.
+//! Every option can be set three ways, in this order of precedence:
+//! the flag on the command line, then the `--config FILE` (TOML), then its
+//! Datadog environment variable, then the default ([`sources`] does the
+//! layering and remembers where each setting came from).
 //!
 //! A config file uses the long option names as keys, with `_` or `-`:
 //!
@@ -13,23 +14,25 @@
 //! inlined_functions = true
 //! ```
 //!
-//! Values are strings, numbers or booleans and are checked like flags (the
-//! error names the option and what it expects); unknown keys are rejected.
-//! `config`, `command`, `help` and `version` cannot be set from a file.
+//! Values are strings, numbers or booleans and are checked like flags;
+//! unknown keys are refused. `config`, `command`, `show_config`, `help` and
+//! `version` cannot be set from a file.
+pub mod sources;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
-use std::ffi::OsString;
+use clap::{Parser, ValueEnum};
+use serde::Serialize;
 
-use clap::parser::ValueSource;
-use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, ValueEnum};
+pub use sources::{Config, ConfigProblem, Origin};
 
 /// Default sampling frequency of `sCPU` in Hz (what Datadog's ddprof uses).
 pub const DEFAULT_CPU_FREQUENCY: u64 = 99;
 /// Default size of the user stack copied per sample by the perf engine.
 pub const DEFAULT_STACK_SAMPLE_SIZE: u32 = 32000;
 
-#[derive(Parser, Debug, Clone)]
+#[derive(Parser, Serialize, Debug, Clone)]
 #[command(
     name = "ddprof",
     version,
@@ -54,11 +57,11 @@ pub struct Cli {
     pub service_version: Option<String>,
 
     /// Extra tags, `key:value` separated by commas
-    #[arg(short = 'T', long, env = "DD_TAGS")]
+    #[arg(short = 'T', long, env = "DD_TAGS", value_parser = parse_tags)]
     pub tags: Option<String>,
 
-    /// Full URL of the Datadog agent (overrides host and port)
-    #[arg(short = 'U', long, env = "DD_TRACE_AGENT_URL")]
+    /// Full URL of the Datadog agent (overrides host and port): `http://HOST:PORT`, `https://HOST[:PORT]`, `unix:///PATH` or `/PATH` (a Unix socket)
+    #[arg(short = 'U', long, env = "DD_TRACE_AGENT_URL", value_parser = parse_agent_url)]
     pub url: Option<String>,
 
     /// Host of the Datadog agent
@@ -73,7 +76,7 @@ pub struct Cli {
     #[arg(short = 'u', long, env = "DD_PROFILING_UPLOAD_PERIOD", default_value_t = 59, value_parser = parse_upload_period)]
     pub upload_period: u64,
 
-    /// Events to sample: `sCPU` (task-clock, 99 Hz), optionally `freq=HZ` or `period=NS`; several separated by `;`
+    /// Events to sample: `sCPU` (task-clock, 99 Hz), optionally `freq=HZ` (at most `kernel.perf_event_max_sample_rate`) or `period=NS`; several separated by `;`
     #[arg(
         short = 'e',
         long = "event",
@@ -132,8 +135,8 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_DROP_CAPABILITIES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub drop_capabilities: bool,
 
-    /// Run the command as this user
-    #[arg(long, env = "DD_PROFILING_SWITCH_USER")]
+    /// Run the command as this user (name or UID); if there is no such user the command does not run
+    #[arg(long, env = "DD_PROFILING_SWITCH_USER", value_parser = parse_user)]
     pub switch_user: Option<String>,
 
     /// Log level
@@ -144,35 +147,40 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_LOG_MODE", value_enum, default_value_t = LogMode::Stderr)]
     pub log_mode: LogMode,
 
-    /// Print the resolved configuration and exit
+    /// Print the resolved settings as TOML, each with where it came from, and exit
     #[arg(long, default_value_t = false)]
+    #[serde(skip)]
     pub show_config: bool,
 
-    /// Read options from this TOML file (keys are the long option names)
+    /// Read options from this TOML file (keys are the long option names, e.g. `upload_period = 10`); flags override it, and it overrides the environment
     #[arg(long, env = "DD_PROFILING_CONFIG")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
 
     /// Print the version and exit
     #[arg(long, action = clap::ArgAction::Version)]
+    #[serde(skip)]
     pub version: Option<bool>,
 
-    /// The command to run and profile
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    /// The command to run and profile, with its arguments (options after it, or after `--`, are its own)
+    // No `allow_hyphen_values`: an unknown option before the command is an
+    // error, not the command; once the command has started, everything
+    // after it is its arguments.
+    #[arg(trailing_var_arg = true, value_name = "COMMAND")]
+    #[serde(skip)]
     pub command: Vec<String>,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
 pub enum EngineChoice {
     Auto,
     Bpf,
     Perf,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Error,
     Warn,
@@ -181,7 +189,8 @@ pub enum LogLevel {
     Debug,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
 pub enum LogMode {
     Stdout,
     Stderr,
@@ -216,11 +225,110 @@ fn parse_nice(value: &str) -> Result<i32, String> {
     parse_number_in(value, -20, 19, "a niceness")
 }
 
-/// Checks `-e` when the command line is read; the value stays text.
+/// Checks `-e` when the configuration is read (syntax, and frequencies
+/// against this machine's limit); the value stays text.
 fn parse_event_list(value: &str) -> Result<String, String> {
-    parse_events(value)
+    let specs = parse_events(value).map_err(|error| error.to_string())?;
+    if let Some(max) = crate::events::max_sample_rate() {
+        check_frequencies(&specs, max).map_err(|error| error.to_string())?;
+    }
+    Ok(value.to_string())
+}
+
+/// The kernel refuses (EINVAL) a sampling frequency above
+/// `kernel.perf_event_max_sample_rate`: say so before anything runs.
+pub fn check_frequencies(specs: &[EventSpec], max: u64) -> Result<(), EventSpecError> {
+    for spec in specs {
+        if let SampleRate::Frequency(hz) = spec.rate {
+            if hz > max {
+                return Err(EventSpecError::AboveMaxRate { hz, max });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--switch-user`: the user must exist (it is looked up again just before
+/// the switch).
+fn parse_user(value: &str) -> Result<String, String> {
+    crate::launch::user::resolve(value)
         .map(|_| value.to_string())
         .map_err(|error| error.to_string())
+}
+
+/// `-T`: `key:value` tags separated by commas (a value may contain `:`).
+fn parse_tags(value: &str) -> Result<String, String> {
+    for tag in value.split(',').map(str::trim) {
+        let well_formed = tag
+            .split_once(':')
+            .is_some_and(|(key, value)| !key.trim().is_empty() && !value.trim().is_empty());
+        if !well_formed {
+            return Err(format!(
+                "`{tag}` is not a key:value tag (expected key:value pairs separated by commas, \
+                 e.g. team:core,region:eu)"
+            ));
+        }
+    }
+    Ok(value.to_string())
+}
+
+/// `-U`: `http://HOST[:PORT][/…]`, `https://…`, `unix:///PATH` or a bare
+/// absolute `/PATH` (a Unix socket).
+fn parse_agent_url(value: &str) -> Result<String, String> {
+    let refused = || {
+        format!(
+            "`{value}` is not an agent URL (expected http://HOST:PORT, https://HOST[:PORT], \
+             unix:///PATH or an absolute /PATH to a Unix socket)"
+        )
+    };
+    let is_socket_path = |path: &str| path.len() > 1 && path.starts_with('/');
+    if let Some(path) = value.strip_prefix("unix://") {
+        return if is_socket_path(path) {
+            Ok(value.to_string())
+        } else {
+            Err(refused())
+        };
+    }
+    if value.starts_with('/') {
+        return if is_socket_path(value) {
+            Ok(value.to_string())
+        } else {
+            Err(refused())
+        };
+    }
+    let rest = value
+        .strip_prefix("http://")
+        .or_else(|| value.strip_prefix("https://"))
+        .ok_or_else(refused)?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    // `[::1]:8126` (IPv6) or `host:8126`.
+    let (host_ok, port) = match authority.strip_prefix('[') {
+        Some(bracketed) => {
+            let (address, after) = bracketed.split_once(']').ok_or_else(refused)?;
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':').ok_or_else(refused)?),
+            };
+            (address.parse::<std::net::Ipv6Addr>().is_ok(), port)
+        }
+        None => {
+            let (host, port) = match authority.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            };
+            let host_ok = !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+            (host_ok, port)
+        }
+    };
+    let port_ok = port.is_none_or(|port| port.parse::<u16>().is_ok_and(|port| port > 0));
+    if host_ok && port_ok {
+        Ok(value.to_string())
+    } else {
+        Err(refused())
+    }
 }
 
 fn parse_stack_size(value: &str) -> Result<u32, String> {
@@ -265,6 +373,11 @@ pub enum EventSpecError {
     BadOption(String),
     #[error("no event given (expected e.g. `sCPU` or `sCPU freq=999`)")]
     Empty,
+    #[error(
+        "freq={hz} is above kernel.perf_event_max_sample_rate ({max} on this machine): \
+         lower it, or raise the limit with `sysctl kernel.perf_event_max_sample_rate={hz}`"
+    )]
+    AboveMaxRate { hz: u64, max: u64 },
 }
 
 /// Parses `-e` values: `sCPU`, `sCPU freq=999`, `sCPU period=1000000`,
@@ -307,10 +420,14 @@ impl Cli {
         Duration::from_secs(self.upload_period)
     }
 
-    /// The agent to upload to, if one is configured by flag or environment.
+    /// The agent to upload to, if one is configured (a bare `/PATH` is
+    /// written as `unix:///PATH`).
     pub fn agent_url(&self) -> Option<String> {
         if let Some(url) = &self.url {
-            return Some(url.clone());
+            return Some(match url.starts_with('/') {
+                true => format!("unix://{url}"),
+                false => url.clone(),
+            });
         }
         if self.host.is_none() && self.port.is_none() {
             return None;
@@ -342,223 +459,9 @@ impl Cli {
     }
 }
 
-/// Why the configuration could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// A bad command line or environment variable (also `--help`, which clap
-    /// reports as an "error" that prints the help and exits 0).
-    #[error(transparent)]
-    Args(#[from] clap::Error),
-    #[error("cannot read the config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("config file {path}: {message}")]
-    File { path: PathBuf, message: String },
-}
-
-/// Options that make no sense in a config file.
-const NOT_IN_FILE: &[&str] = &["config", "help", "version", "command"];
-
-impl Cli {
-    /// Reads the command line, the environment and `--config FILE`, with the
-    /// precedence flag > environment > file > default.
-    pub fn load() -> Result<Cli, ConfigError> {
-        Self::load_from(std::env::args_os())
-    }
-
-    /// [`Cli::load`] with explicit arguments (the first is the program name).
-    ///
-    /// The file is applied by re-reading the command line with the file's
-    /// settings inserted as `--name=value` flags in front of it, for every
-    /// option whose value so far only came from its default: clap then checks
-    /// file values exactly like flags, and flags and environment variables
-    /// keep their precedence.
-    pub fn load_from<I, T>(args: I) -> Result<Cli, ConfigError>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<OsString>,
-    {
-        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-        let command = Cli::command();
-        let matches = command.clone().try_get_matches_from(&args)?;
-        let cli = Cli::from_arg_matches(&matches)?;
-        let Some(path) = cli.config.clone() else {
-            return Ok(cli);
-        };
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let file_error = |message: String| ConfigError::File {
-            path: path.clone(),
-            message,
-        };
-        let table: toml::Table = text
-            .parse()
-            .map_err(|error: toml::de::Error| file_error(error.message().to_string()))?;
-        let mut file_flags: Vec<OsString> = Vec::new();
-        for (key, value) in &table {
-            let long = key.replace('_', "-");
-            let arg = command
-                .get_arguments()
-                .find(|arg| arg.get_long() == Some(long.as_str()))
-                .filter(|arg| !NOT_IN_FILE.contains(&arg.get_id().as_str()))
-                .ok_or_else(|| {
-                    file_error(format!(
-                        "unknown key `{key}` (expected a long option name such as `upload_period`)"
-                    ))
-                })?;
-            let set_elsewhere = matches!(
-                matches.value_source(arg.get_id().as_str()),
-                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-            );
-            if set_elsewhere {
-                continue;
-            }
-            let text = match value {
-                toml::Value::String(text) => text.clone(),
-                toml::Value::Integer(number) => number.to_string(),
-                toml::Value::Float(number) => number.to_string(),
-                toml::Value::Boolean(flag) => flag.to_string(),
-                other => {
-                    return Err(file_error(format!(
-                        "`{key}` must be a string, a number or a boolean, not a {}",
-                        other.type_str()
-                    )))
-                }
-            };
-            if matches!(arg.get_action(), ArgAction::SetTrue) {
-                match value.as_bool() {
-                    Some(true) => file_flags.push(format!("--{long}").into()),
-                    Some(false) => {}
-                    None => {
-                        return Err(file_error(format!(
-                            "invalid value '{text}' for `{key}`: expected true or false"
-                        )))
-                    }
-                }
-                continue;
-            }
-            // A file value equal to the default changes nothing, and must not
-            // make clap see e.g. `global = false` as conflicting with `-p`.
-            let is_default = arg
-                .get_default_values()
-                .iter()
-                .any(|default| default.to_str() == Some(text.as_str()));
-            if !is_default {
-                file_flags.push(format!("--{long}={text}").into());
-            }
-        }
-        if file_flags.is_empty() {
-            return Ok(cli);
-        }
-        let mut merged = Vec::with_capacity(args.len() + file_flags.len());
-        merged.extend(args.first().cloned());
-        merged.extend(file_flags);
-        merged.extend(args.iter().skip(1).cloned());
-        let matches = command.try_get_matches_from(merged).map_err(|error| {
-            let rendered = error.render().to_string();
-            let first_line = rendered.lines().next().unwrap_or_default();
-            file_error(
-                first_line
-                    .strip_prefix("error: ")
-                    .unwrap_or(first_line)
-                    .to_string(),
-            )
-        })?;
-        Ok(Cli::from_arg_matches(&matches)?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn write_config(name: &str, text: &str) -> PathBuf {
-        let path =
-            std::env::temp_dir().join(format!("ddprof-config-{}-{name}.toml", std::process::id()));
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-
-    #[test]
-    fn config_file_sits_between_flags_and_defaults() {
-        let path = write_config(
-            "precedence",
-            "service = \"from-file\"\nupload_period = 10\ninlined_functions = true\nshow-samples = true\n",
-        );
-        let cli =
-            Cli::load_from(["ddprof", "--config", path.to_str().unwrap(), "--", "true"]).unwrap();
-        assert_eq!(cli.service.as_deref(), Some("from-file"));
-        assert_eq!(cli.upload_period, 10);
-        assert!(cli.inlined_functions);
-        assert!(cli.show_samples);
-        assert_eq!(cli.command, vec!["true".to_string()]);
-
-        let cli = Cli::load_from([
-            "ddprof",
-            "--config",
-            path.to_str().unwrap(),
-            "-u",
-            "20",
-            "--service=flag",
-            "true",
-        ])
-        .unwrap();
-        assert_eq!(cli.upload_period, 20);
-        assert_eq!(cli.service.as_deref(), Some("flag"));
-        std::fs::remove_file(path).unwrap();
-    }
-
-    #[test]
-    fn config_file_errors_name_the_option() {
-        let path = write_config("bad-value", "upload_period = 0\n");
-        let error = Cli::load_from(["ddprof", "--config", path.to_str().unwrap(), "true"])
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("--upload-period"), "{error}");
-        assert!(
-            error.contains("expected a number of seconds from 1 to 3600"),
-            "{error}"
-        );
-
-        std::fs::write(&path, "no_such_option = 1\n").unwrap();
-        let error = Cli::load_from(["ddprof", "--config", path.to_str().unwrap(), "true"])
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("unknown key `no_such_option`"), "{error}");
-
-        std::fs::write(&path, "tags = [1, 2]\n").unwrap();
-        let error = Cli::load_from(["ddprof", "--config", path.to_str().unwrap(), "true"])
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("`tags` must be a string"), "{error}");
-
-        std::fs::write(&path, "service = \n").unwrap();
-        let error = Cli::load_from(["ddprof", "--config", path.to_str().unwrap(), "true"])
-            .unwrap_err()
-            .to_string();
-        assert!(error.starts_with("config file"), "{error}");
-        std::fs::remove_file(path).unwrap();
-    }
-
-    #[test]
-    fn flag_errors_say_what_was_expected() {
-        let error = Cli::load_from(["ddprof", "--nice", "40", "true"])
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("--nice"), "{error}");
-        assert!(
-            error.contains("expected a niceness from -20 to 19"),
-            "{error}"
-        );
-        let error = Cli::load_from(["ddprof", "-e", "sFOO", "true"])
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("--event"), "{error}");
-    }
 
     #[test]
     fn parses_event_specs() {
@@ -590,6 +493,66 @@ mod tests {
             Err(EventSpecError::BadOption("hz".into()))
         );
         assert_eq!(parse_events(" ; "), Err(EventSpecError::Empty));
+    }
+
+    #[test]
+    fn frequencies_above_the_kernel_limit_are_refused() {
+        let specs = parse_events("sCPU freq=1000;sCPU period=1").unwrap();
+        assert_eq!(check_frequencies(&specs, 1000), Ok(()));
+        let error = check_frequencies(&specs, 999).unwrap_err();
+        assert_eq!(error, EventSpecError::AboveMaxRate { hz: 1000, max: 999 });
+        assert!(error
+            .to_string()
+            .contains("kernel.perf_event_max_sample_rate (999 on this machine)"));
+    }
+
+    #[test]
+    fn tags_are_key_value_pairs() {
+        assert!(parse_tags("team:core").is_ok());
+        assert!(parse_tags("team:core, url:http://x:1").is_ok());
+        for bad in ["notakeyvalue", "a:b,c", ":x", "k:", "a:b,,c:d"] {
+            let error = parse_tags(bad).unwrap_err();
+            assert!(error.contains("is not a key:value tag"), "{bad}: {error}");
+        }
+        assert!(parse_tags("a:b,oops").unwrap_err().starts_with("`oops`"));
+    }
+
+    #[test]
+    fn agent_urls_are_http_https_or_unix_sockets() {
+        for good in [
+            "http://localhost:8126",
+            "https://agent.example.com",
+            "http://10.0.0.1:8126/",
+            "http://[::1]:8126",
+            "unix:///var/run/datadog/apm.socket",
+            "/var/run/datadog/apm.socket",
+        ] {
+            assert_eq!(parse_agent_url(good).as_deref(), Ok(good), "{good}");
+        }
+        for bad in [
+            "not a url",
+            "localhost:8126",
+            "http://",
+            "http://host:port",
+            "http://host:0",
+            "http://host:70000",
+            "ftp://host",
+            "unix://relative",
+            "/",
+            "http://[nope]:1",
+        ] {
+            let error = parse_agent_url(bad).unwrap_err();
+            assert!(
+                error.starts_with(&format!("`{bad}` is not an agent URL")),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bare_socket_path_is_a_unix_url() {
+        let cli = Cli::parse_from(["ddprof", "-U", "/run/agent.sock", "true"]);
+        assert_eq!(cli.agent_url().as_deref(), Some("unix:///run/agent.sock"));
     }
 
     #[test]

@@ -1,0 +1,410 @@
+//! The real binary's command line, config file and environment: what is a
+//! usage error (typed on the command line), what only turns profiling off
+//! (the environment and the config file: the command still runs), where
+//! each setting comes from, and the output directory's checks.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use ddprof_tests::ddprof_bin;
+use ddprof_tests::outputs::pprof_files;
+
+/// CPU for the profiler to sample (about a second of shell arithmetic),
+/// then a line on stderr that says the command has finished.
+const BUSY_THEN_FINISHED: &str =
+    "i=0; while [ $i -lt 400000 ]; do i=$((i+1)); done; echo finished >&2";
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ddprof-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// ddprof writing its profiles into a scratch directory (shared by the
+/// tests, never emptied while they run).
+fn ddprof() -> Command {
+    let mut command = ddprof_tests::ddprof_command();
+    let profiles = std::env::temp_dir().join(format!("ddprof-cli-{}-profiles", std::process::id()));
+    command.env("DD_PROFILING_OUTPUT_DIR", profiles);
+    command
+}
+
+fn run(command: &mut Command) -> Output {
+    command
+        .stdin(Stdio::null())
+        .output()
+        .expect("running ddprof")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn max_sample_rate() -> u64 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn unknown_options_before_the_command_are_usage_errors() {
+    let output = run(ddprof().args(["--foo", "--", "sh", "-c", "echo ran"]));
+    assert_eq!(output.status.code(), Some(2));
+    assert_eq!(text(&output.stdout), "", "the command must not run");
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("unexpected argument '--foo'"), "{stderr}");
+
+    // After the command, or after `--`, options are the command's own.
+    let output = run(ddprof().args(["echo", "-l", "--foo", "-p", "1"]));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout), "-l --foo -p 1\n");
+    let output = run(ddprof().args(["--", "echo", "--foo"]));
+    assert_eq!(text(&output.stdout), "--foo\n");
+}
+
+#[test]
+fn environment_and_config_file_errors_run_the_command_unprofiled() {
+    let dir = scratch("unprofiled");
+    let bad_value = dir.join("bad-value.toml");
+    std::fs::write(&bad_value, "upload_period = \"weekly\"\n").unwrap();
+    let not_toml = dir.join("not-toml.toml");
+    std::fs::write(&not_toml, "service = checkout\n").unwrap();
+    let above_max = format!("sCPU freq={}", max_sample_rate() + 1);
+    // (variables, flags, what the warning must say)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<&'a str>, String);
+    let cases: Vec<Case> = vec![
+        (
+            vec![("DD_PROFILING_UPLOAD_PERIOD", "soon")],
+            vec![],
+            "DD_PROFILING_UPLOAD_PERIOD: invalid value `soon`: expected a number of seconds from 1 to 3600"
+                .into(),
+        ),
+        (
+            vec![("DD_TAGS", "notakeyvalue")],
+            vec![],
+            "DD_TAGS: invalid value `notakeyvalue`: `notakeyvalue` is not a key:value tag".into(),
+        ),
+        (
+            vec![("DD_TRACE_AGENT_URL", "not a url")],
+            vec![],
+            "DD_TRACE_AGENT_URL: invalid value `not a url`: `not a url` is not an agent URL".into(),
+        ),
+        (
+            vec![("DD_PROFILING_NATIVE_EVENTS", &above_max)],
+            vec![],
+            format!(
+                "is above kernel.perf_event_max_sample_rate ({} on this machine)",
+                max_sample_rate()
+            ),
+        ),
+        (
+            vec![],
+            vec!["--config", bad_value.to_str().unwrap()],
+            format!(
+                "config file {}: `upload_period`: invalid value `weekly`: expected a number of seconds",
+                bad_value.display()
+            ),
+        ),
+        (
+            vec![("DD_PROFILING_CONFIG", not_toml.to_str().unwrap())],
+            vec![],
+            format!("config file {} is not valid TOML: line 1, column", not_toml.display()),
+        ),
+        (
+            vec![],
+            vec!["--config", "/nonexistent/ddprof.toml"],
+            "cannot read the config file /nonexistent/ddprof.toml".into(),
+        ),
+    ];
+    for (environment, flags, expected) in cases {
+        let output = run(ddprof()
+            .envs(environment.iter().copied())
+            .args(&flags)
+            .args(["--log-level", "notice", "sh", "-c", "echo ran; exit 7"]));
+        let stderr = text(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(7),
+            "{environment:?} {flags:?}: {stderr}"
+        );
+        assert_eq!(text(&output.stdout), "ran\n");
+        // One line, even at the notice level: no profiler started.
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("warning: running the command without profiling: "),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(&expected),
+            "expected `{expected}` in {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_values_typed_on_the_command_line_are_usage_errors_quoting_them() {
+    let max = max_sample_rate();
+    let above_max = format!("sCPU freq={}", max + 1);
+    for (args, expected) in [
+        (
+            ["-T", "notakeyvalue"],
+            "`notakeyvalue` is not a key:value tag".to_string(),
+        ),
+        (
+            ["-U", "not a url"],
+            "`not a url` is not an agent URL (expected http://HOST:PORT".to_string(),
+        ),
+        (
+            ["-e", above_max.as_str()],
+            format!(
+                "freq={} is above kernel.perf_event_max_sample_rate ({max} on this machine)",
+                max + 1
+            ),
+        ),
+    ] {
+        let output = run(ddprof().args(args).args(["sh", "-c", "echo ran"]));
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(text(&output.stdout), "", "the command must not run");
+        assert!(stderr.contains(&expected), "{args:?}: {stderr}");
+    }
+    // Valid values pass.
+    let output = run(ddprof().args([
+        "-T",
+        "team:core,region:eu",
+        "-U",
+        "unix:///var/run/datadog/apm.socket",
+        "--show-config",
+    ]));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+}
+
+#[test]
+fn an_unknown_switch_user_never_runs_the_command() {
+    let config = scratch("switch-user").join("broken.toml");
+    std::fs::write(&config, "switch_user = nobody\n").unwrap();
+    let mut typed = ddprof();
+    typed.args(["--switch-user", "no-such-user-ddprof"]);
+    let mut from_environment = ddprof();
+    from_environment.env("DD_PROFILING_SWITCH_USER", "no-such-user-ddprof");
+    let mut from_broken_file = ddprof();
+    from_broken_file.arg("--config").arg(&config);
+    let runs = [
+        // Typed: a usage error.
+        (typed, 2),
+        // From the environment: as the caller it would have more rights
+        // than asked, so it does not run either.
+        (from_environment, 1),
+        // A config file that cannot be parsed and may set the user.
+        (from_broken_file, 1),
+    ];
+    for (mut command, status) in runs {
+        let output = run(command.args(["sh", "-c", "echo ran"]));
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(status), "{stderr}");
+        assert_eq!(text(&output.stdout), "", "the command must not run");
+        if status == 1 {
+            assert_eq!(stderr.lines().count(), 1, "{stderr}");
+            assert!(
+                stderr.contains(
+                    "the command does not run (it must not run with more privileges than asked)"
+                ),
+                "{stderr}"
+            );
+        }
+        assert!(
+            stderr.contains("no user `no-such-user-ddprof`") || stderr.contains("switch_user"),
+            "{stderr}"
+        );
+    }
+    std::fs::remove_dir_all(config.parent().unwrap()).unwrap();
+}
+
+/// The value and the origin comment of `key` in `--show-config`'s output.
+fn shown<'a>(text: &'a str, table: &'a toml::Table, key: &str) -> (&'a toml::Value, &'a str) {
+    let line = text
+        .lines()
+        .find(|line| line.starts_with(&format!("{key} = ")))
+        .unwrap_or_else(|| panic!("no `{key}` in\n{text}"));
+    let origin = line
+        .rsplit_once("  # ")
+        .map(|(_, origin)| origin)
+        .unwrap_or("");
+    (&table[key], origin)
+}
+
+#[test]
+fn show_config_is_toml_with_flag_over_file_over_environment() {
+    let config = scratch("show-config").join("ddprof.toml");
+    std::fs::write(
+        &config,
+        "service = \"from-file\"\nenvironment = \"file-env\"\nupload_period = 10\ntags = \"a:b\"\n",
+    )
+    .unwrap();
+    let output = run(ddprof()
+        .arg("--config")
+        .arg(&config)
+        .env("DD_ENV", "from-env")
+        .env("DD_TAGS", "c:d")
+        .env("DD_VERSION", "1.0")
+        .args(["--tags", "e:f", "--show-config", "true"]));
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    let table: toml::Table = stdout
+        .parse()
+        .unwrap_or_else(|error| panic!("not TOML: {error}\n{stdout}"));
+    let from_file = format!("from {}", config.display());
+    let (value, origin) = shown(&stdout, &table, "tags");
+    assert_eq!(
+        (value.as_str(), origin),
+        (Some("e:f"), "from --tags"),
+        "flag over all"
+    );
+    let (value, origin) = shown(&stdout, &table, "environment");
+    assert_eq!(value.as_str(), Some("file-env"), "file over environment");
+    assert_eq!(origin, format!("{from_file} (environment)"));
+    let (value, origin) = shown(&stdout, &table, "upload_period");
+    assert_eq!(value.as_integer(), Some(10));
+    assert_eq!(origin, format!("{from_file} (upload_period)"));
+    let (value, origin) = shown(&stdout, &table, "service_version");
+    assert_eq!((value.as_str(), origin), (Some("1.0"), "from DD_VERSION"));
+    let (value, origin) = shown(&stdout, &table, "stack_sample_size");
+    assert_eq!((value.as_integer(), origin), (Some(32000), "default"));
+    let (value, origin) = shown(&stdout, &table, "output");
+    assert_eq!(origin, "from DD_PROFILING_OUTPUT_DIR");
+    assert!(value.as_str().unwrap().contains("ddprof-cli-"), "{value}");
+    std::fs::remove_dir_all(config.parent().unwrap()).unwrap();
+}
+
+/// `ddprof ARGS` in a private mount namespace, after `setup` (shell) has
+/// mounted what the test needs there: nothing leaks out of the test.
+fn in_private_mounts(setup: &str, args: &[&str]) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{setup} && exec \"$0\" \"$@\""))
+        .arg(ddprof_bin())
+        .args(args);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("DD_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+#[test]
+fn an_unwritable_output_directory_is_found_at_start_and_the_profile_kept() {
+    let dir = scratch("read-only");
+    let read_only = dir.join("ro");
+    let fallback_parent = dir.join("tmp");
+    std::fs::create_dir_all(&read_only).unwrap();
+    std::fs::create_dir_all(&fallback_parent).unwrap();
+    let output = run(in_private_mounts(
+        &format!(
+            "mount -t tmpfs -o ro,size=64k ddprof-test {}",
+            read_only.display()
+        ),
+        &[
+            "--output",
+            read_only.join("out").to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            BUSY_THEN_FINISHED,
+        ],
+    )
+    .env("TMPDIR", &fallback_parent));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("warning:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    let warning = warnings[0];
+    assert!(
+        warning.contains(&format!(
+            "cannot write in {}/out: Read-only file system",
+            read_only.display()
+        )),
+        "{warning}"
+    );
+    // Said at start, while the command still ran.
+    let lines: Vec<&str> = stderr.lines().collect();
+    let position = |needle: &str| lines.iter().position(|line| line.contains(needle));
+    assert!(position("warning:") < position("finished"), "{stderr}");
+    let fallback = Path::new(
+        warning
+            .rsplit_once("the outputs go to ")
+            .and_then(|(_, rest)| rest.strip_suffix(" instead"))
+            .unwrap_or_else(|| panic!("no fallback named in {warning}")),
+    );
+    assert!(fallback.starts_with(&fallback_parent), "{warning}");
+    assert_eq!(
+        pprof_files(fallback).len(),
+        1,
+        "{:?}",
+        std::fs::read_dir(fallback)
+    );
+    assert!(fallback.join("flamegraph.svg").is_file());
+    assert!(fallback.join("stacks.folded").is_file());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn on_a_full_disk_the_error_names_every_file() {
+    let dir = scratch("full");
+    let full = dir.join("full");
+    let full_tmp = dir.join("tmp");
+    std::fs::create_dir_all(&full).unwrap();
+    std::fs::create_dir_all(&full_tmp).unwrap();
+    // Two tiny file systems, filled up: the output directory and the fallback.
+    let setup = [&full, &full_tmp]
+        .iter()
+        .map(|mount| {
+            format!(
+                "mount -t tmpfs -o size=64k ddprof-test {0} && \
+                 {{ dd if=/dev/zero of={0}/fill bs=4k 2>/dev/null; true; }}",
+                mount.display()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" && ");
+    let output = run(in_private_mounts(
+        &setup,
+        &[
+            "--output",
+            full.join("out").to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            BUSY_THEN_FINISHED,
+        ],
+    )
+    .env("TMPDIR", &full_tmp));
+    let stderr = text(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the command is unaffected: {stderr}"
+    );
+    let error = stderr
+        .lines()
+        .find(|line| line.contains("could not write"))
+        .unwrap_or_else(|| panic!("no error naming the files in {stderr}"));
+    for file in ["stacks.folded", "flamegraph.svg", ".pprof"] {
+        assert!(error.contains(file), "{file} not named: {error}");
+    }
+    assert!(error.contains("No space left on device"), "{error}");
+    // The start-up check said it first, before the command finished.
+    let lines: Vec<&str> = stderr.lines().collect();
+    let position = |needle: &str| lines.iter().position(|line| line.contains(needle));
+    assert!(
+        position("cannot write in") < position("finished"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
