@@ -36,10 +36,26 @@ fn output_of(command: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// `rustc +nightly --print sysroot`, or why there is no nightly.
+/// `rustc +nightly --print sysroot`, installing the nightly (minimal
+/// profile, with rust-src) through rustup when there is none: a fresh
+/// machine has only stable.
 fn nightly_sysroot() -> Result<PathBuf> {
-    let sysroot = output_of(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
-        .context("no nightly toolchain: install one with `rustup toolchain install nightly`")?;
+    let query = || output_of(Command::new("rustc").args(["+nightly", "--print", "sysroot"]));
+    let sysroot = match query() {
+        Ok(sysroot) => sysroot,
+        Err(_) => {
+            say("no nightly toolchain: installing one with rustup (minimal profile, rust-src)");
+            let status = Command::new("rustup")
+                .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+                .args(["--component", "rust-src"])
+                .status()
+                .context("cannot run rustup")?;
+            if !status.success() {
+                bail!("`rustup toolchain install nightly` failed");
+            }
+            query().context("rustc +nightly still does not run after installing it")?
+        }
+    };
     Ok(PathBuf::from(sysroot.trim()))
 }
 
