@@ -15,7 +15,9 @@
 //! sqlite3, xz and python3.
 use std::time::Instant;
 
-use ddprof_tests::corpus::{details, measure, table, target_dir, EntryResult, Tool, ENTRIES, FREQUENCY_HZ};
+use ddprof_tests::corpus::{
+    details, measure, table, target_dir, EntryResult, Tool, ENTRIES, FREQUENCY_HZ,
+};
 
 #[test]
 fn ddprof_matches_perf_record_on_the_real_program_corpus() {
@@ -32,10 +34,11 @@ fn ddprof_matches_perf_record_on_the_real_program_corpus() {
         }
     }
     let mut results = Vec::new();
-    for entry in ENTRIES
-        .iter()
-        .filter(|e| selected.as_ref().is_none_or(|names| names.iter().any(|n| n == e.name)))
-    {
+    for entry in ENTRIES.iter().filter(|e| {
+        selected
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|n| n == e.name))
+    }) {
         let workload = entry.prepare();
         let runs = Tool::ALL
             .iter()

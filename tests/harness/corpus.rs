@@ -20,7 +20,9 @@ use std::sync::mpsc::channel;
 use std::time::Duration;
 
 use crate::outputs::pprof_files;
-use crate::processes::{wait_with_cpu_time, workload_processes, ProcessEvents, Reaped};
+use crate::processes::{
+    wait_with_cpu_time, without_address_randomization, workload_processes, ProcessEvents, Reaped,
+};
 use crate::workloads::{build_workload, workloads_build_dir, workloads_source_dir};
 
 /// The sampling frequency of every tool (ddprof `-e 'sCPU freq=999'`, perf
@@ -40,11 +42,12 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 ///   `ld.so`, whose own `_start` runs before the program's, and goes on at
 ///   `_dl_start_user` to run the libraries' initializers);
 /// - `clone`, `clone3`: glibc's new threads (and `posix_spawn` children);
-/// - `runtime.goexit`: the return address under every goroutine's first
-///   function; `runtime.rt0_go` and `runtime.mstart`: the roots of the Go
-///   runtime's system stacks (`g0`) of the main and other threads;
-///   `runtime.systemstack`, `runtime.mcall`, `runtime.morestack`: the
-///   switches onto `g0`, whose callers are on another stack.
+/// - Go: `runtime.goexit` under every goroutine, `runtime.rt0_go` and
+///   `runtime.mstart` (the runtime's `TOPFRAME`s: the main thread's and
+///   the other threads' system stacks) and `runtime.clone`, which calls
+///   `mstart` in a new thread; `runtime.systemstack`, `runtime.mcall` and
+///   `runtime.morestack` switch onto the system stack, and their callers
+///   are on another stack.
 pub const ENTRY_FUNCTIONS: &[&str] = &[
     "_start",
     "_dl_start_user",
@@ -53,6 +56,7 @@ pub const ENTRY_FUNCTIONS: &[&str] = &[
     "runtime.goexit",
     "runtime.rt0_go",
     "runtime.mstart",
+    "runtime.clone",
     "runtime.systemstack",
     "runtime.mcall",
     "runtime.morestack",
@@ -82,13 +86,15 @@ fn is_unnamed_file_frame(name: &str) -> bool {
 }
 
 /// A function name as both tools can agree on it: without an ELF symbol
-/// version (`__libc_start_main@@GLIBC_2.34`) or a Rust legacy hash
-/// (`::h0123456789abcdef`).
+/// version (`__libc_start_main@@GLIBC_2.34`), the Go linker's suffix for
+/// assembly functions (`crypto/sha256.block.abi0`, `block` in Go's own
+/// tables) or a Rust legacy hash (`::h0123456789abcdef`).
 pub fn canonical_function(name: &str) -> String {
     let name = match name.find('@') {
         Some(at) if at > 0 => &name[..at],
         _ => name,
     };
+    let name = name.strip_suffix(".abi0").unwrap_or(name);
     let name = match name.rsplit_once("::h") {
         Some((path, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
             path
@@ -159,7 +165,10 @@ fn aliases_in(path: &Path) -> HashMap<String, String> {
         }
     }
     let mut aliases = HashMap::new();
-    for names in names_by_address.into_values().filter(|names| names.len() > 1) {
+    for names in names_by_address
+        .into_values()
+        .filter(|names| names.len() > 1)
+    {
         let shortest = names
             .iter()
             .min_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
@@ -248,7 +257,7 @@ pub const ENTRIES: &[Entry] = &[
     },
     Entry {
         name: "xz",
-        what: "`xz -9 -T1` of 6 MB of generated text",
+        what: "`xz -9 -T1` of 3 MB of generated text",
         prepare: prepare_xz,
     },
     Entry {
@@ -277,7 +286,8 @@ pub const ENTRIES: &[Entry] = &[
 pub fn corpus_dir() -> PathBuf {
     let dir = workloads_build_dir().join("corpus");
     std::fs::create_dir_all(&dir).expect("create the corpus directory");
-    dir.canonicalize().expect("canonicalize the corpus directory")
+    dir.canonicalize()
+        .expect("canonicalize the corpus directory")
 }
 
 /// The target directory (`target/`), where the table is written.
@@ -315,10 +325,18 @@ fn write_if_changed(path: &Path, contents: &[u8]) {
 
 /// Runs `build(temporary output)` unless `output` is newer than every
 /// input, then moves the result to `output`.
-fn build_if_stale(output: &Path, inputs: &[&Path], what: &str, build: impl FnOnce(&Path) -> Command) {
+fn build_if_stale(
+    output: &Path,
+    inputs: &[&Path],
+    what: &str,
+    build: impl FnOnce(&Path) -> Command,
+) {
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     if let Some(built) = modified(output) {
-        if inputs.iter().all(|input| modified(input).is_some_and(|m| m <= built)) {
+        if inputs
+            .iter()
+            .all(|input| modified(input).is_some_and(|m| m <= built))
+        {
             return;
         }
     }
@@ -394,7 +412,11 @@ fn prepare_lld_c(dir: &Path) -> Workload {
             .arg(&source);
         command
     });
-    assert!(linked_by_lld(&binary), "{} was not linked by lld", binary.display());
+    assert!(
+        linked_by_lld(&binary),
+        "{} was not linked by lld",
+        binary.display()
+    );
     Workload::new([binary.as_os_str(), OsStr::new("--work"), OsStr::new("2")])
 }
 
@@ -513,10 +535,10 @@ def words(count):
     return out
 
 
-text = " ".join(words(600000))
+text = " ".join(words(2500000))
 counts = collections.Counter(re.findall(r"w[0-9a-f]+", text))
 ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-print(fib(30), len(json.dumps(ranked)), ranked[0])
+print(fib(35), len(json.dumps(ranked)), ranked[0])
 "#;
 
 /// Debian's own python3 (not a version manager's shim, which is a shell
@@ -545,12 +567,17 @@ fn prepare_sqlite3(dir: &Path) -> Workload {
     let schema = dir.join("schema.sql");
     write_if_changed(&schema, SQLITE_SCHEMA.as_bytes());
     let database = dir.join("corpus.sqlite");
-    build_if_stale(&database, &[&schema], "sqlite3 (creating the database)", |out| {
-        let _ = std::fs::remove_file(out);
-        let mut command = Command::new("sqlite3");
-        command.arg(out).arg(SQLITE_SCHEMA);
-        command
-    });
+    build_if_stale(
+        &database,
+        &[&schema],
+        "sqlite3 (creating the database)",
+        |out| {
+            let _ = std::fs::remove_file(out);
+            let mut command = Command::new("sqlite3");
+            command.arg(out).arg(SQLITE_SCHEMA);
+            command
+        },
+    );
     Workload::new([
         OsString::from("sqlite3"),
         OsString::from("-readonly"),
@@ -561,7 +588,7 @@ fn prepare_sqlite3(dir: &Path) -> Workload {
 
 fn prepare_xz(dir: &Path) -> Workload {
     let data = dir.join("text.txt");
-    write_if_changed(&data, &generated_text(6 << 20, 0x9E37_79B9_7F4A_7C15));
+    write_if_changed(&data, &generated_text(3 << 20, 0x9E37_79B9_7F4A_7C15));
     Workload::new([
         OsString::from("xz"),
         OsString::from("-9"),
@@ -736,6 +763,9 @@ pub struct Measured {
     pub complete: u64,
     /// Samples per leaf function, most first.
     pub leaves: Vec<(String, u64)>,
+    /// Samples per outermost frame, most first: what the completeness
+    /// judgment saw.
+    pub outermost: Vec<(String, u64)>,
     /// Samples of other processes (not counted above).
     pub foreign_samples: u64,
     /// The workload's processes, as the kernel reported them.
@@ -745,11 +775,17 @@ pub struct Measured {
 }
 
 impl Measured {
-    fn new(tool: Tool, cpu: Duration, stacks: &[(u32, Stack)], workload: &HashSet<u32>) -> Measured {
+    fn new(
+        tool: Tool,
+        cpu: Duration,
+        stacks: &[(u32, Stack)],
+        workload: &HashSet<u32>,
+    ) -> Measured {
         let mut samples = 0;
         let mut complete = 0;
         let mut foreign_samples = 0;
         let mut leaves: HashMap<&str, u64> = HashMap::new();
+        let mut outermost: HashMap<&str, u64> = HashMap::new();
         for (pid, stack) in stacks {
             if !workload.contains(pid) {
                 foreign_samples += stack.count;
@@ -761,16 +797,16 @@ impl Measured {
             }
             let leaf = stack.frames.first().map_or("[unknown]", String::as_str);
             *leaves.entry(leaf).or_default() += stack.count;
+            let root = stack.frames.last().map_or("[unknown]", String::as_str);
+            *outermost.entry(root).or_default() += stack.count;
         }
-        let mut leaves: Vec<(String, u64)> =
-            leaves.into_iter().map(|(f, n)| (f.to_string(), n)).collect();
-        leaves.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         Measured {
             tool,
             cpu,
             samples,
             complete,
-            leaves,
+            leaves: most_first(leaves),
+            outermost: most_first(outermost),
             foreign_samples,
             processes: workload.len(),
             notes: Vec::new(),
@@ -794,12 +830,35 @@ impl Measured {
 
     /// The `n` leaf functions with the most samples and their percentages.
     pub fn top_leaves(&self, n: usize) -> Vec<(&str, f64)> {
-        self.leaves
+        self.shares(&self.leaves, n)
+    }
+
+    /// The `n` outermost frames with the most samples and their percentages.
+    pub fn top_outermost(&self, n: usize) -> Vec<(&str, f64)> {
+        self.shares(&self.outermost, n)
+    }
+
+    fn shares<'a>(&self, counts: &'a [(String, u64)], n: usize) -> Vec<(&'a str, f64)> {
+        counts
             .iter()
             .take(n)
-            .map(|(f, count)| (f.as_str(), 100.0 * *count as f64 / self.samples.max(1) as f64))
+            .map(|(f, count)| {
+                (
+                    f.as_str(),
+                    100.0 * *count as f64 / self.samples.max(1) as f64,
+                )
+            })
             .collect()
     }
+}
+
+fn most_first(counts: HashMap<&str, u64>) -> Vec<(String, u64)> {
+    let mut counts: Vec<(String, u64)> = counts
+        .into_iter()
+        .map(|(f, n)| (f.to_string(), n))
+        .collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    counts
 }
 
 /// A scratch directory for one run, removed afterwards.
@@ -815,7 +874,10 @@ impl Scratch {
         let dir = std::env::temp_dir().join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create a scratch directory");
-        Scratch(dir.canonicalize().expect("canonicalize the scratch directory"))
+        Scratch(
+            dir.canonicalize()
+                .expect("canonicalize the scratch directory"),
+        )
     }
 }
 
@@ -867,15 +929,22 @@ fn run_tool(mut command: Command) -> Result<ToolRun, String> {
         let _ = stderr_pipe.read_to_end(&mut text);
         let _ = sender.send(String::from_utf8_lossy(&text).into_owned());
     });
-    let reaped = wait_with_cpu_time(child.id(), RUN_TIMEOUT)
-        .map_err(|e| format!("{command:?}: {e}"))?;
-    let stderr = receiver
-        .recv_timeout(RUN_TIMEOUT)
-        .map_err(|_| format!("{command:?}: stderr still open {} s after the command exited (profiler hung?)", RUN_TIMEOUT.as_secs()))?;
-    let events = events.stop().map_err(|e| format!("following the run's processes: {e}"))?;
+    let reaped =
+        wait_with_cpu_time(child.id(), RUN_TIMEOUT).map_err(|e| format!("{command:?}: {e}"))?;
+    let stderr = receiver.recv_timeout(RUN_TIMEOUT).map_err(|_| {
+        format!(
+            "{command:?}: stderr still open {} s after the command exited (profiler hung?)",
+            RUN_TIMEOUT.as_secs()
+        )
+    })?;
+    let events = events
+        .stop()
+        .map_err(|e| format!("following the run's processes: {e}"))?;
     let workload = workload_processes(&events, child.id());
     if workload.is_empty() {
-        return Err(format!("the command never started (no exec seen):\n{stderr}"));
+        return Err(format!(
+            "the command never started (no exec seen):\n{stderr}"
+        ));
     }
     Ok(ToolRun {
         reaped,
@@ -884,7 +953,13 @@ fn run_tool(mut command: Command) -> Result<ToolRun, String> {
     })
 }
 
-fn measure_ddprof(workload: &Workload, engine: &str, scratch: &Path, run_dir: &Path, tool: Tool) -> Result<Measured, String> {
+fn measure_ddprof(
+    workload: &Workload,
+    engine: &str,
+    scratch: &Path,
+    run_dir: &Path,
+    tool: Tool,
+) -> Result<Measured, String> {
     let output = scratch.join("ddprof-out");
     let mut command = crate::ddprof_command();
     command
@@ -908,7 +983,11 @@ fn measure_ddprof(workload: &Workload, engine: &str, scratch: &Path, run_dir: &P
         ));
     }
     let mut stacks = Vec::new();
-    let files = if output.is_dir() { pprof_files(&output) } else { Vec::new() };
+    let files = if output.is_dir() {
+        pprof_files(&output)
+    } else {
+        Vec::new()
+    };
     if files.is_empty() {
         return Err(format!("ddprof wrote no pprof file:\n{stderr}"));
     }
@@ -931,28 +1010,48 @@ fn perf(buildid_dir: &Path) -> Command {
     command
 }
 
-fn measure_perf_record(workload: &Workload, scratch: &Path, run_dir: &Path) -> Result<Measured, String> {
+fn measure_perf_record(
+    workload: &Workload,
+    scratch: &Path,
+    run_dir: &Path,
+) -> Result<Measured, String> {
     let buildid_dir = scratch.join("buildid");
     for file in &workload.deleted_while_running {
         run_checked(
-            perf(&buildid_dir).args(["buildid-cache", "--add"]).arg(file),
+            perf(&buildid_dir)
+                .args(["buildid-cache", "--add"])
+                .arg(file),
             "perf buildid-cache",
         );
     }
     let data = scratch.join("perf.data");
     let mut command = perf(&buildid_dir);
     command
-        .args(["record", "--no-buildid-cache", "--buildid-mmap", "-e", "task-clock", "-F"])
+        .args([
+            "record",
+            "--no-buildid-cache",
+            "--buildid-mmap",
+            "-e",
+            "task-clock",
+            "-F",
+        ])
         .arg(FREQUENCY_HZ.to_string())
         .args(["--call-graph", "dwarf,32768", "-o"])
         .arg(&data)
         .arg("--")
         .args(&workload.command)
         .current_dir(run_dir);
+    // perf record 6.1 keeps the mappings a process had before its exec
+    // (its parent's, when a shell or a compiler driver started it, or its
+    // own previous program's). With address randomization, its unwinding
+    // of such a program then stops at `__libc_start_call_main` in about
+    // half the runs (measured here: 0.1 % or 100 % complete, run to run);
+    // without it, where the new libc lands where the old one was, it does
+    // not. The reference runs without randomization; ddprof runs as users
+    // run it.
+    without_address_randomization(&mut command);
     // perf record forks the command and waits for it: the command's CPU
-    // time is perf's children's. (A wrapper between perf and the command
-    // would cost perf its unwinding: it keeps the wrapper's mappings in the
-    // command after the exec and stops at `__libc_start_call_main`.)
+    // time is that of perf's children.
     let ToolRun {
         reaped,
         stderr,
@@ -964,7 +1063,13 @@ fn measure_perf_record(workload: &Workload, scratch: &Path, run_dir: &Path) -> R
     let script = perf(&buildid_dir)
         .args(["script", "-i"])
         .arg(&data)
-        .args(["-F", "pid,tid,ip,sym,dso", "--max-stack", "1024", "--no-inline"])
+        .args([
+            "-F",
+            "pid,tid,ip,sym,dso",
+            "--max-stack",
+            "1024",
+            "--no-inline",
+        ])
         .output()
         .map_err(|e| format!("cannot run perf script: {e}"))?;
     if !script.status.success() {
@@ -1010,7 +1115,10 @@ pub fn perf_frame_name(symbol: &str, dso: &str, names: &mut FunctionNames) -> St
 /// Parses `perf script -F pid,tid,ip,sym,dso` into (pid, user stack) per
 /// sample; kernel frames are left out (ddprof attributes kernel time to the
 /// user stack that made the system call).
-pub fn parse_perf_script(text: &str, names: &mut FunctionNames) -> Result<Vec<(u32, Stack)>, String> {
+pub fn parse_perf_script(
+    text: &str,
+    names: &mut FunctionNames,
+) -> Result<Vec<(u32, Stack)>, String> {
     let mut stacks = Vec::new();
     let mut current: Option<(u32, Vec<String>)> = None;
     for line in text.lines() {
@@ -1019,7 +1127,11 @@ pub fn parse_perf_script(text: &str, names: &mut FunctionNames) -> Result<Vec<(u
         }
         if !line.starts_with('\t') {
             // `  PID/TID `: a new sample.
-            stacks.extend(current.take().map(|(pid, frames)| (pid, Stack { frames, count: 1 })));
+            stacks.extend(
+                current
+                    .take()
+                    .map(|(pid, frames)| (pid, Stack { frames, count: 1 })),
+            );
             let pid = line
                 .trim()
                 .split('/')
@@ -1192,9 +1304,9 @@ pub fn read_pprof(path: &Path, names: &mut FunctionNames) -> Result<Vec<(u32, St
             .ok_or_else(|| format!("{}: a sample without process_id", path.display()))?;
         let mut frames = Vec::with_capacity(sample.location_id.len());
         for id in &sample.location_id {
-            let location = locations
-                .get(id)
-                .ok_or_else(|| format!("{}: a sample refers to no location {id}", path.display()))?;
+            let location = locations.get(id).ok_or_else(|| {
+                format!("{}: a sample refers to no location {id}", path.display())
+            })?;
             let file = mapping_files.get(&location.mapping_id).copied();
             if file.is_some_and(|f| f.starts_with("[kernel")) {
                 continue;
@@ -1348,11 +1460,12 @@ pub fn details(results: &[EntryResult]) -> String {
                 Ok(m) => {
                     writeln!(
                         out,
-                        "  {}: processes={} foreign_samples={} top-5: {}",
+                        "  {}: processes={} foreign_samples={}\n    top-5 leaves: {}\n    outermost frames: {}",
                         tool.label(),
                         m.processes,
                         m.foreign_samples,
-                        format_leaves(&m.top_leaves(5))
+                        format_leaves(&m.top_leaves(5)),
+                        format_leaves(&m.top_outermost(5))
                     )
                     .unwrap();
                     for note in &m.notes {
@@ -1376,21 +1489,59 @@ mod tests {
 
     #[test]
     fn entries_are_judged_by_the_outermost_frame() {
-        assert!(reaches_entry(&frames(&["leaf", "main", "__libc_start_call_main", "__libc_start_main_impl", "_start"])));
-        assert!(reaches_entry(&frames(&["read", "[dd]", "__libc_start_main", "[dd]"])));
-        assert!(reaches_entry(&frames(&["crypto/sha256.block", "main.main.func2", "runtime.goexit"])));
-        assert!(!reaches_entry(&frames(&["leaf", "main", "__libc_start_main_impl", "[truncated]"])));
-        assert!(!reaches_entry(&frames(&["leaf", "main", "__libc_start_main", "[unknown]"])));
+        assert!(reaches_entry(&frames(&[
+            "leaf",
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "_start"
+        ])));
+        assert!(reaches_entry(&frames(&[
+            "read",
+            "[dd]",
+            "__libc_start_main",
+            "[dd]"
+        ])));
+        assert!(reaches_entry(&frames(&[
+            "crypto/sha256.block",
+            "main.main.func2",
+            "runtime.goexit"
+        ])));
+        assert!(!reaches_entry(&frames(&[
+            "leaf",
+            "main",
+            "__libc_start_main_impl",
+            "[truncated]"
+        ])));
+        assert!(!reaches_entry(&frames(&[
+            "leaf",
+            "main",
+            "__libc_start_main",
+            "[unknown]"
+        ])));
         assert!(!reaches_entry(&frames(&["leaf", "[xz]"])));
         assert!(!reaches_entry(&frames(&[])));
     }
 
     #[test]
     fn names_lose_symbol_versions_and_rust_hashes() {
-        assert_eq!(canonical_function("__libc_start_main@@GLIBC_2.34"), "__libc_start_main");
-        assert_eq!(canonical_function("core::fmt::write::h0123456789abcdef"), "core::fmt::write");
-        assert_eq!(canonical_function("std::rt::lang_start::{{closure}}"), "std::rt::lang_start::{{closure}}");
+        assert_eq!(
+            canonical_function("__libc_start_main@@GLIBC_2.34"),
+            "__libc_start_main"
+        );
+        assert_eq!(
+            canonical_function("core::fmt::write::h0123456789abcdef"),
+            "core::fmt::write"
+        );
+        assert_eq!(
+            canonical_function("std::rt::lang_start::{{closure}}"),
+            "std::rt::lang_start::{{closure}}"
+        );
         assert_eq!(canonical_function("a::hash"), "a::hash");
+        assert_eq!(
+            canonical_function("crypto/sha256.block.abi0"),
+            "crypto/sha256.block"
+        );
     }
 
     #[test]
@@ -1408,10 +1559,25 @@ mod tests {
         let stacks = parse_perf_script(text, &mut FunctionNames::default()).unwrap();
         assert_eq!(stacks.len(), 2);
         assert_eq!(stacks[0].0, 13404);
-        assert_eq!(stacks[0].1.frames, frames(&["read", "[dd]", "__libc_start_main", "[dd]"]));
+        assert_eq!(
+            stacks[0].1.frames,
+            frames(&["read", "[dd]", "__libc_start_main", "[dd]"])
+        );
         assert!(reaches_entry(&stacks[0].1.frames));
         assert_eq!(stacks[1].0, 13405);
         assert_eq!(stacks[1].1.frames, frames(&["operator()", "[unknown]"]));
+    }
+
+    #[test]
+    fn the_names_of_one_address_become_one() {
+        let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+        let mut names = FunctionNames::default();
+        // `write` and `__write` (and, in libc6-dbg's symbols,
+        // `__libc_write` and `__GI___libc_write`) are one function.
+        assert_eq!(names.canonical("__write@@GLIBC_2.2.5", Some(libc)), "write");
+        assert_eq!(names.canonical("write", Some(libc)), "write");
+        assert_eq!(names.canonical("__write", None), "__write");
+        assert_eq!(names.canonical("malloc", Some("/nonexistent")), "malloc");
     }
 
     #[test]

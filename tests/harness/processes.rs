@@ -41,7 +41,10 @@ pub enum ProcessEvent {
         child_pid: u32,
         child_tgid: u32,
     },
-    Exec { time_ns: u64, tgid: u32 },
+    Exec {
+        time_ns: u64,
+        tgid: u32,
+    },
 }
 
 impl ProcessEvent {
@@ -111,7 +114,9 @@ pub fn workload_processes(events: &[ProcessEvent], tool_pid: u32) -> HashSet<u32
                         workload.insert(tgid);
                     }
                 }
-                ProcessEvent::Exec { tgid, .. } if tool_execs >= 1 && tool_children.contains(&tgid) => {
+                ProcessEvent::Exec { tgid, .. }
+                    if tool_execs >= 1 && tool_children.contains(&tgid) =>
+                {
                     workload.insert(tgid);
                 }
                 _ => {}
@@ -213,6 +218,28 @@ fn children_cpu_time(pid: u32) -> io::Result<Duration> {
         .unwrap_or(100) as u64;
     let total = ticks(16)? + ticks(17)?;
     Ok(Duration::from_micros(total * 1_000_000 / per_second))
+}
+
+/// Runs `command` with address space layout randomization off (the
+/// `ADDR_NO_RANDOMIZE` personality, inherited by its children, as
+/// `setarch --addr-no-randomize` does).
+pub fn without_address_randomization(
+    command: &mut std::process::Command,
+) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes two personality(2) calls, which take and return integers.
+    unsafe {
+        command.pre_exec(|| {
+            let current = libc::personality(0xffff_ffff);
+            if current == -1
+                || libc::personality((current | libc::ADDR_NO_RANDOMIZE) as libc::c_ulong) == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
 }
 
 fn subscribe() -> io::Result<OwnedFd> {
@@ -374,8 +401,9 @@ fn parse_messages(mut bytes: &[u8], events: &mut Vec<ProcessEvent>) {
                     child_tgid: u32_at(event, 28)?,
                 })
             })(),
-            (Some(PROC_EVENT_EXEC), Some(time_ns)) => u32_at(event, 20)
-                .map(|tgid| ProcessEvent::Exec { time_ns, tgid }),
+            (Some(PROC_EVENT_EXEC), Some(time_ns)) => {
+                u32_at(event, 20).map(|tgid| ProcessEvent::Exec { time_ns, tgid })
+            }
             _ => None,
         };
         events.extend(parsed);
