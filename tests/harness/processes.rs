@@ -220,6 +220,28 @@ fn children_cpu_time(pid: u32) -> io::Result<Duration> {
     Ok(Duration::from_micros(total * 1_000_000 / per_second))
 }
 
+/// Runs `command` with address space layout randomization off (the
+/// `ADDR_NO_RANDOMIZE` personality, inherited by its children, as
+/// `setarch --addr-no-randomize` does).
+pub fn without_address_randomization(
+    command: &mut std::process::Command,
+) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes two personality(2) calls, which take and return integers.
+    unsafe {
+        command.pre_exec(|| {
+            let current = libc::personality(0xffff_ffff);
+            if current == -1
+                || libc::personality((current | libc::ADDR_NO_RANDOMIZE) as libc::c_ulong) == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
 fn subscribe() -> io::Result<OwnedFd> {
     // SAFETY: socket(2) takes integers; the descriptor it returns is owned
     // by the OwnedFd from here on.

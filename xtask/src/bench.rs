@@ -621,8 +621,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     println!("{report}");
     if args.write_docs {
-        std::fs::write(workspace_root().join("docs/Benchmarks.md"), &report)?;
+        let path = workspace_root().join("docs/Benchmarks.md");
+        // The corpus section comes from the corpus test, not from here.
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let kept = old.find(CORPUS_SECTION).map_or("", |start| &old[start..]);
+        std::fs::write(&path, format!("{report}{kept}"))?;
         say("wrote docs/Benchmarks.md");
     }
     Ok(())
 }
+
+/// The heading of docs/Benchmarks.md's section on the real-program corpus
+/// (tests/corpus.rs), which `--write-docs` keeps.
+const CORPUS_SECTION: &str = "## Real-program corpus";

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: everything CI checks, in one command.
 //!
-//! Installs what the tests need (go tool pprof), builds the BPF object and a
+//! Installs what the tests need (go tool pprof, the corpus's programs and
+//! perf), builds the BPF object and a
 //! release ddprof, checks formatting, lints and docs, then runs every unit
 //! and integration test (root-only ones included) and prints the totals.
 use std::io::{BufRead, BufReader};
@@ -22,6 +23,13 @@ const PREREQUISITES: &[(&str, &str)] = &[
     ("cc", "gcc"),
     ("c++", "g++"),
     ("objcopy", "binutils"),
+    // The real-program corpus (tests/corpus.rs): its reference and programs.
+    ("perf", "linux-perf"),
+    ("openssl", "openssl"),
+    ("sqlite3", "sqlite3"),
+    ("xz", "xz-utils"),
+    ("ld.lld", "lld"),
+    ("python3", "python3"),
 ];
 
 fn install_prerequisites() -> Result<()> {
