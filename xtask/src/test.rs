@@ -32,11 +32,29 @@ const PREREQUISITES: &[(&str, &str)] = &[
     ("python3", "python3"),
 ];
 
+/// Debian packages the tests use that provide no command: glibc's detached
+/// debug symbols, which name glibc's aliases the way perf record does (the
+/// corpus compares function names with it).
+const PACKAGES_WITHOUT_COMMAND: &[&str] = &["libc6-dbg"];
+
+fn package_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("install ok installed"))
+}
+
 fn install_prerequisites() -> Result<()> {
     let missing: Vec<&str> = PREREQUISITES
         .iter()
         .filter(|(command, _)| !have(command))
         .map(|(_, package)| *package)
+        .chain(
+            PACKAGES_WITHOUT_COMMAND
+                .iter()
+                .copied()
+                .filter(|package| !package_installed(package)),
+        )
         .collect();
     if missing.is_empty() {
         return Ok(());
