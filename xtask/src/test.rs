@@ -29,7 +29,8 @@ const PREREQUISITES: &[(&str, &str)] = &[
     ("sqlite3", "sqlite3"),
     ("xz", "xz-utils"),
     ("ld.lld", "lld"),
-    ("python3", "python3"),
+    // Debian's own python3 (the corpus runs /usr/bin/python3, not a pyenv shim).
+    ("/usr/bin/python3", "python3"),
 ];
 
 /// Debian packages the tests use that provide no command: glibc's detached
