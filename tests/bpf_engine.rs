@@ -856,27 +856,18 @@ fn samples_handed_to_the_perf_engine_reach_the_profile() {
         Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bpf-handoff-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&output_dir);
     let frequency = 999.0;
-    let started = Command::new(ddprof_tests::ddprof_bin())
-        .args(["--engine", "bpf", "--event", "sCPU freq=999", "--output"])
-        .arg(&output_dir)
-        .args(["--log-level", "notice", "--"])
-        .args(["sh", "-c", "for i in $(seq 60); do \"$0\" 40; done"])
-        .arg(&child)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("ddprof runs");
-    let pid = started.id();
-    let mut stderr_pipe = started.stderr.expect("piped stderr");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr_pipe, &mut text);
-        text
-    });
-    let reaped = ddprof_tests::processes::wait_with_cpu_time(pid, Duration::from_secs(120))
-        .expect("the command is reaped");
-    assert!(reaped.status.success());
-    // The daemon logs the summary after the command exits; stderr closes then.
-    let stderr = reader.join().unwrap();
+    let run = ddprof_tests::processes::run_reaped(
+        Command::new(ddprof_tests::ddprof_bin())
+            .args(["--engine", "bpf", "--event", "sCPU freq=999", "--output"])
+            .arg(&output_dir)
+            .args(["--log-level", "notice", "--"])
+            .args(["sh", "-c", "for i in $(seq 60); do \"$0\" 40; done"])
+            .arg(&child),
+        Duration::from_secs(120),
+    )
+    .expect("ddprof runs");
+    let (reaped, stderr) = (run.reaped, run.stderr);
+    assert!(reaped.status.success(), "{stderr}");
     let summary = ddprof_tests::outputs::summary_fields(&stderr);
     let expected = reaped.cpu.as_secs_f64() * frequency;
     let samples = summary["samples"] as f64;

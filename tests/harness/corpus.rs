@@ -15,13 +15,13 @@ use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::mpsc::channel;
+use std::process::Command;
 use std::time::Duration;
 
 use crate::outputs::pprof_files;
 use crate::processes::{
-    wait_with_cpu_time, without_address_randomization, workload_processes, ProcessEvents, Reaped,
+    run_reaped, without_address_randomization, workload_processes, ProcessEvents, Reaped,
+    RunOutcome,
 };
 use crate::workloads::{build_workload, workloads_build_dir, workloads_source_dir};
 
@@ -912,35 +912,18 @@ struct ToolRun {
 /// stderr to its end (for ddprof, when the profiler, which shares it, has
 /// exited) and finds the processes of the command it started.
 fn run_tool(mut command: Command) -> Result<ToolRun, String> {
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
     let events = ProcessEvents::listen().map_err(|e| {
         format!("cannot follow the run's processes (netlink process connector, needs root): {e}")
     })?;
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {command:?}: {e}"))?;
-    let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
-    let (sender, receiver) = channel();
-    std::thread::spawn(move || {
-        let mut text = Vec::new();
-        let _ = stderr_pipe.read_to_end(&mut text);
-        let _ = sender.send(String::from_utf8_lossy(&text).into_owned());
-    });
-    let reaped =
-        wait_with_cpu_time(child.id(), RUN_TIMEOUT).map_err(|e| format!("{command:?}: {e}"))?;
-    let stderr = receiver.recv_timeout(RUN_TIMEOUT).map_err(|_| {
-        format!(
-            "{command:?}: stderr still open {} s after the command exited (profiler hung?)",
-            RUN_TIMEOUT.as_secs()
-        )
-    })?;
+    let RunOutcome {
+        pid,
+        reaped,
+        stderr,
+    } = run_reaped(&mut command, RUN_TIMEOUT)?;
     let events = events
         .stop()
         .map_err(|e| format!("following the run's processes: {e}"))?;
-    let workload = workload_processes(&events, child.id());
+    let workload = workload_processes(&events, pid);
     if workload.is_empty() {
         return Err(format!(
             "the command never started (no exec seen):\n{stderr}"

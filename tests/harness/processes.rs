@@ -412,6 +412,53 @@ fn parse_messages(mut bytes: &[u8], events: &mut Vec<ProcessEvent>) {
     }
 }
 
+/// What [`run_reaped`] left: how the command ended, its CPU time, its stderr.
+pub struct RunOutcome {
+    pub pid: u32,
+    pub reaped: Reaped,
+    pub stderr: String,
+}
+
+/// Runs `command` (stdin and stdout null, stderr piped), reaps it with
+/// [`wait_with_cpu_time`] and reads its stderr to the end. ddprof's profiler
+/// shares the command's stderr and writes its summary after the command
+/// exits: the end of stderr comes when the profiler has exited too, at most
+/// `timeout` after the command.
+pub fn run_reaped(
+    command: &mut std::process::Command,
+    timeout: Duration,
+) -> Result<RunOutcome, String> {
+    use std::io::Read;
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {command:?}: {e}"))?;
+    let pid = child.id();
+    let mut stderr_pipe = child.stderr.take().expect("stderr is piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = stderr_pipe.read_to_end(&mut text);
+        let _ = sender.send(String::from_utf8_lossy(&text).into_owned());
+    });
+    // Reaped here (wait4, for the CPU time), not through `child`.
+    let reaped = wait_with_cpu_time(pid, timeout).map_err(|e| format!("{command:?}: {e}"))?;
+    let stderr = receiver.recv_timeout(timeout).map_err(|_| {
+        format!(
+            "{command:?}: stderr still open {} s after the command exited (profiler hung?)",
+            timeout.as_secs()
+        )
+    })?;
+    Ok(RunOutcome {
+        pid,
+        reaped,
+        stderr,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
