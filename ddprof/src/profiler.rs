@@ -119,18 +119,8 @@ impl Engine {
         // 50-100 ms, while the command runs: meanwhile another thread keeps
         // the perf buffers from filling (at 32 KB a sample, a 1 MiB buffer
         // holds 30 ms at 999 Hz), so that nothing is lost at start.
-        let loading = AtomicBool::new(true);
-        let (bpf, decision) = std::thread::scope(|scope| {
-            let reader = scope.spawn(|| {
-                while loading.load(Ordering::Acquire) {
-                    perf.read_ahead();
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            });
-            let chosen = choose_engine_with(cli.engine, || BpfEngine::new(events, bpf_options));
-            loading.store(false, Ordering::Release);
-            let _ = reader.join();
-            chosen
+        let (bpf, decision) = keep_reading_while(&mut perf, || {
+            choose_engine_with(cli.engine, || BpfEngine::new(events, bpf_options))
         })
         .map_err(|error| ProfilerError::Setup(format!("--engine bpf: {error}")))?;
         log::info!("engine: {}", decision.reason);
@@ -189,7 +179,8 @@ impl Engine {
                 // New mappings (exec, mmap) reach the BPF maps for the next
                 // samples; processes whose new code is still held back are
                 // read from /proc.
-                samples.sync_with_young(processes, &records.pids_with_new_code());
+                let young = records.pids_with_new_code();
+                keep_reading_while(records, || samples.sync_with_young(processes, &young));
                 Ok(finished)
             }
         }
@@ -243,6 +234,30 @@ impl Engine {
             } => samples.losses().lost + records.losses().lost,
         }
     }
+}
+
+/// Runs `work` (which may take a while: a sync compiles the unwind tables of
+/// new programs, 0.1 s for cc1's 430 K rows) on another thread while this
+/// one keeps the perf buffers drained. Meanwhile the program hands the
+/// samples of those very programs to the perf buffers, 32 KB each: a 1 MiB
+/// buffer is full after 30 ms at 999 Hz.
+fn keep_reading_while<T: Send>(records: &mut PerfEngine, work: impl FnOnce() -> T + Send) -> T {
+    let working = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            let result = work();
+            working.store(false, Ordering::Release);
+            result
+        });
+        while working.load(Ordering::Acquire) {
+            records.read_ahead();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        match worker.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
 }
 
 /// Hands the BPF samples to `on_sample` in time order, each after the perf

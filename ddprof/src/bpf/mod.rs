@@ -602,6 +602,8 @@ pub struct BpfEngine {
     files: HashMap<Arc<MappedFile>, FileState>,
     /// Per process, the entries last written and the tables they use.
     synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
+    /// The tables of the entry being written by `sync_process` so far.
+    syncing: Vec<ContentKey>,
     /// Per process, a fingerprint of the table's mappings when last synced
     /// (so that a sync of unchanged processes costs no table lookups).
     fingerprints: HashMap<u32, u64>,
@@ -649,6 +651,7 @@ impl BpfEngine {
             tables: HashMap::new(),
             files: HashMap::new(),
             synced: HashMap::new(),
+            syncing: Vec::new(),
             fingerprints: HashMap::new(),
             dirty: HashSet::new(),
             synced_generation: None,
@@ -824,7 +827,10 @@ impl BpfEngine {
             self.table_stats.processes_truncated += 1;
         }
         let mut entries = Vec::with_capacity(process.mappings.len().min(MAX_PROCESS_MAPPINGS));
-        let mut keys = Vec::new();
+        // The tables this entry uses, as they are loaded: making room for a
+        // later one must not free an earlier one (its rows would be handed
+        // out again while this entry points at them).
+        self.syncing.clear();
         for mapping in process.mappings.iter().take(MAX_PROCESS_MAPPINGS) {
             let mut entry = MappingEntry {
                 start: mapping.start,
@@ -847,7 +853,7 @@ impl BpfEngine {
                         entry.row_count = table.row_count;
                     }
                 }
-                keys.push(key);
+                self.syncing.push(key);
             }
             entries.push(entry);
         }
@@ -874,6 +880,7 @@ impl BpfEngine {
                 return;
             }
         }
+        let keys = std::mem::take(&mut self.syncing);
         self.synced.insert(pid, (entries, keys));
     }
 
@@ -947,6 +954,7 @@ impl BpfEngine {
             .synced
             .values()
             .flat_map(|(_, keys)| keys.iter())
+            .chain(&self.syncing)
             .collect();
         let unused: Vec<ContentKey> = self
             .tables
