@@ -181,10 +181,14 @@ fn snapshot(pid: Pid, tid: Pid, stack_bytes: usize) -> Snapshot {
     stack.truncate(read);
     ptrace::cont(tid, None).unwrap();
     Snapshot {
+        // All of them, as a perf sample carries them (by DWARF number).
         regs: UserRegs {
-            ip: regs.rip,
-            sp: regs.rsp,
-            bp: regs.rbp,
+            others: [
+                regs.rax, regs.rdx, regs.rcx, regs.rbx, regs.rsi, regs.rdi, 0, 0, regs.r8, regs.r9,
+                regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
+            ],
+            others_known: true,
+            ..UserRegs::new(regs.rip, regs.rsp, regs.rbp)
         },
         stack,
     }

@@ -27,32 +27,44 @@
 //! information (between FDEs, after the last one) is covered by a
 //! [`RowKind::NoInfo`] row, where the unwinder falls back to frame pointers.
 //!
+//! # Registers
+//!
+//! The walk tracks IP, SP and RBP through every frame. The other
+//! general-purpose registers are known in the first frame (from the sample)
+//! and keep their values in a caller as long as no frame stepped through
+//! had a rule for them (DWARF's "same value"): hand-written assembly such as
+//! OpenSSL's uses them as the CFA's base (`CFA = RAX + 8`), also across
+//! calls to its own helpers that leave them alone.
+//!
 //! Everything here is plain integer math over `Copy` values: no allocation,
 //! no recursion, no panics, no unchecked indexing, loops bounded by
 //! constants, so the BPF verifier accepts the same code.
 
-/// What a row says about the caller's frame. Stored as a `u8` in
-/// [`UnwindRow::kind`]; unknown values decode to [`RowKind::Unsupported`].
+/// What a row says about the caller's frame. Stored in the low three bits
+/// of [`UnwindRow::kind_bits`]; every value decodes to a kind.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RowKind {
     /// No unwind information for this range: use frame pointers.
     NoInfo = 0,
-    /// `CFA = SP + cfa_offset`.
-    CfaSp = 1,
-    /// `CFA = RBP + cfa_offset`.
-    CfaFp = 2,
-    /// `CFA = *(RBP + cfa_offset)`: GCC's dynamic stack realignment (DRAP)
-    /// frames (`DW_OP_breg6 off; DW_OP_deref`), where the caller's SP was
-    /// saved in the realigned frame. The caller's RBP is always read, at
-    /// `RBP + rbp_offset` (relative to RBP, not to the CFA: GCC describes it
-    /// as `DW_CFA_expression rbp (DW_OP_breg6 0)`).
-    CfaFpDeref = 3,
+    /// `CFA = R + cfa_offset`, `R` being [`UnwindRow::cfa_register`]
+    /// (RSP or RBP in compiled code; any register in hand-written code).
+    Cfa = 1,
+    /// `CFA = *(R + offset) + addend` ([`UnwindRow::deref_offsets`]): the
+    /// caller's SP was saved in the frame. OpenSSL's perlasm
+    /// (`.cfi_cfa_expression %rsp+40,deref,+8`) for frames of variable size.
+    CfaDeref = 2,
+    /// As [`RowKind::CfaDeref`], but the caller's RBP is at `RBP +
+    /// rbp_offset` (relative to RBP, not to the CFA, and always read): GCC's
+    /// dynamic stack realignment (DRAP) frames, `CFA = *(RBP - 8)` and
+    /// `DW_CFA_expression rbp (DW_OP_breg6 0)`.
+    CfaDerefDrap = 3,
     /// A PLT entry: `CFA = SP + cfa_offset + 8` when `(IP & 15) >=
-    /// rbp_offset` and `SP + cfa_offset` otherwise (the DWARF expression
-    /// glibc's linker emits for `.plt`: the second half of each 16-byte entry
-    /// runs after the `push` of the relocation index). The saved RBP is
-    /// never set in a PLT: `rbp_offset` holds the threshold instead.
+    /// rbp_offset` and `SP + cfa_offset` otherwise: a 16-byte entry whose
+    /// `push` (of the relocation index, or of `GOT[1]` in the header) ends
+    /// at byte `rbp_offset`, as in the DWARF expression GNU ld emits for
+    /// `.plt` (`DW_OP_lit15; DW_OP_and; DW_OP_lit11; DW_OP_ge; ...`). The
+    /// saved RBP is never set in a PLT: `rbp_offset` holds the threshold.
     Plt = 4,
     /// A signal trampoline (`__restore_rt`): SP points at the `ucontext_t`
     /// the kernel pushed, and the interrupted registers are read from it:
@@ -69,11 +81,11 @@ pub enum RowKind {
 
 impl RowKind {
     pub const fn from_raw(raw: u8) -> RowKind {
-        match raw {
+        match raw & KIND_MASK {
             0 => RowKind::NoInfo,
-            1 => RowKind::CfaSp,
-            2 => RowKind::CfaFp,
-            3 => RowKind::CfaFpDeref,
+            1 => RowKind::Cfa,
+            2 => RowKind::CfaDeref,
+            3 => RowKind::CfaDerefDrap,
             4 => RowKind::Plt,
             5 => RowKind::Signal,
             6 => RowKind::Stop,
@@ -85,25 +97,45 @@ impl RowKind {
 /// The return address is at `CFA - 8` on x86_64 (the `call` pushed it).
 pub const DEFAULT_RA_OFFSET_BY_8: i8 = -1;
 
+/// DWARF register numbers (x86_64 psABI): 0 RAX, 1 RDX, 2 RCX, 3 RBX,
+/// 4 RSI, 5 RDI, 6 RBP, 7 RSP, 8-15 R8-R15.
+pub const DWARF_RBP: u8 = 6;
+pub const DWARF_RSP: u8 = 7;
+/// General-purpose registers have DWARF numbers below this.
+pub const GPR_COUNT: usize = 16;
+
+/// [`UnwindRow::kind_bits`]: the [`RowKind`].
+const KIND_MASK: u8 = 0b0111;
+/// [`UnwindRow::kind_bits`]: the row has a rule for a general-purpose
+/// register other than RSP and RBP, so the caller's value of those is not
+/// the current one.
+const SAVES_OTHERS: u8 = 0b1000;
+/// [`UnwindRow::kind_bits`]: the CFA's base register (DWARF number).
+const REGISTER_SHIFT: u8 = 4;
+
 /// One row of an unwind table: 12 bytes, 4-byte aligned.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct UnwindRow {
     /// First ELF virtual address this row covers (see the module docs).
     pub start: u32,
-    /// The CFA offset (meaning depends on [`RowKind`]).
+    /// The CFA offset (meaning depends on [`RowKind`]; for the `CfaDeref`
+    /// kinds two `i16`, see [`UnwindRow::deref_offsets`]).
     pub cfa_offset: i32,
     /// Where the caller's RBP is saved: at `CFA + rbp_offset`; 0 means RBP
     /// is unchanged. For [`RowKind::Plt`], the `IP & 15` threshold; for
-    /// [`RowKind::Signal`], the offset from SP; for [`RowKind::CfaFpDeref`],
-    /// the offset from RBP.
+    /// [`RowKind::Signal`], the offset from SP; for
+    /// [`RowKind::CfaDerefDrap`], the offset from RBP.
     pub rbp_offset: i16,
     /// Where the return address is, in units of 8 bytes: at
     /// `CFA + ra_offset_by_8 * 8` (normally -1). For [`RowKind::Signal`],
     /// relative to SP.
     pub ra_offset_by_8: i8,
-    /// A [`RowKind`] value.
-    pub kind: u8,
+    /// Bits 0-2: a [`RowKind`]; bit 3: other registers saved (see
+    /// [`UnwindRow::saves_other_registers`]); bits 4-7: the CFA's base
+    /// register. Packed so that a row stays 12 bytes (rows are most of the
+    /// BPF maps' memory).
+    pub kind_bits: u8,
 }
 
 /// Size in bytes of one row, as stored in BPF maps and in memory.
@@ -112,12 +144,31 @@ const _: () = assert!(ROW_SIZE == 12);
 
 impl UnwindRow {
     pub const fn row_kind(&self) -> RowKind {
-        RowKind::from_raw(self.kind)
+        RowKind::from_raw(self.kind_bits)
+    }
+
+    /// DWARF number of the register the CFA (or, for the `CfaDeref` kinds,
+    /// the address the CFA is read from) is relative to.
+    pub const fn cfa_register(&self) -> u8 {
+        self.kind_bits >> REGISTER_SHIFT
+    }
+
+    /// The row has a rule for a general-purpose register other than RSP
+    /// and RBP (a callee-saved register pushed, or one it cannot describe):
+    /// the caller's values of those registers are unknown from here on.
+    pub const fn saves_other_registers(&self) -> bool {
+        self.kind_bits & SAVES_OTHERS != 0
+    }
+
+    /// For the `CfaDeref` kinds: `(offset, addend)` of `CFA = *(R + offset)
+    /// + addend`, packed in `cfa_offset` (low and high 16 bits).
+    pub const fn deref_offsets(&self) -> (i16, i16) {
+        (self.cfa_offset as i16, (self.cfa_offset >> 16) as i16)
     }
 
     /// A row with the same rule as `self` (the start is ignored).
     pub fn same_rule(&self, other: &UnwindRow) -> bool {
-        self.kind == other.kind
+        self.kind_bits == other.kind_bits
             && self.cfa_offset == other.cfa_offset
             && self.rbp_offset == other.rbp_offset
             && self.ra_offset_by_8 == other.ra_offset_by_8
@@ -129,7 +180,64 @@ impl UnwindRow {
             cfa_offset: 0,
             rbp_offset: 0,
             ra_offset_by_8: 0,
-            kind: kind as u8,
+            kind_bits: kind as u8,
+        }
+    }
+
+    /// `CFA = register + offset`, return address at `CFA - 8`, RBP unchanged.
+    pub const fn cfa(register: u8, offset: i32) -> UnwindRow {
+        UnwindRow {
+            start: 0,
+            cfa_offset: offset,
+            rbp_offset: 0,
+            ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
+            kind_bits: RowKind::Cfa as u8 | (register & 15) << REGISTER_SHIFT,
+        }
+    }
+
+    /// `CFA = *(register + offset) + addend` ([`RowKind::CfaDeref`] or
+    /// [`RowKind::CfaDerefDrap`]), return address at `CFA - 8`.
+    pub const fn cfa_deref(kind: RowKind, register: u8, offset: i16, addend: i16) -> UnwindRow {
+        UnwindRow {
+            start: 0,
+            cfa_offset: (offset as u16 as u32 | (addend as u16 as u32) << 16) as i32,
+            rbp_offset: 0,
+            ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
+            kind_bits: kind as u8 | (register & 15) << REGISTER_SHIFT,
+        }
+    }
+
+    /// A PLT entry ([`RowKind::Plt`]): `CFA = SP + cfa_offset`, plus 8
+    /// from byte `push_end` of the 16-byte entry on.
+    pub const fn plt(cfa_offset: i32, push_end: u8) -> UnwindRow {
+        UnwindRow {
+            start: 0,
+            cfa_offset,
+            rbp_offset: (push_end & 15) as i16,
+            ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
+            kind_bits: RowKind::Plt as u8 | DWARF_RSP << REGISTER_SHIFT,
+        }
+    }
+
+    pub const fn at(self, start: u32) -> UnwindRow {
+        UnwindRow { start, ..self }
+    }
+
+    pub const fn with_rbp_offset(self, rbp_offset: i16) -> UnwindRow {
+        UnwindRow { rbp_offset, ..self }
+    }
+
+    pub const fn with_ra_offset_by_8(self, ra_offset_by_8: i8) -> UnwindRow {
+        UnwindRow {
+            ra_offset_by_8,
+            ..self
+        }
+    }
+
+    pub const fn saving_other_registers(self) -> UnwindRow {
+        UnwindRow {
+            kind_bits: self.kind_bits | SAVES_OTHERS,
+            ..self
         }
     }
 }
@@ -141,6 +249,37 @@ pub struct Regs {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// The other general-purpose registers by DWARF number (entries 6 and 7
+    /// are not used: see `bp` and `sp`), valid while `others_known`.
+    pub others: [u64; GPR_COUNT],
+    /// `others` hold this frame's values: the sample's, and no frame
+    /// stepped through since had a rule for one of them.
+    pub others_known: bool,
+}
+
+impl Regs {
+    /// Registers where only IP, SP and RBP are known.
+    pub const fn new(ip: u64, sp: u64, bp: u64) -> Regs {
+        Regs {
+            ip,
+            sp,
+            bp,
+            others: [0; GPR_COUNT],
+            others_known: false,
+        }
+    }
+
+    /// The value of the register with DWARF number `register` in this
+    /// frame, if known.
+    #[inline(always)]
+    pub fn register(&self, register: u8) -> Option<u64> {
+        match register {
+            DWARF_RSP => Some(self.sp),
+            DWARF_RBP => Some(self.bp),
+            _ if self.others_known => self.others.get(usize::from(register)).copied(),
+            _ => None,
+        }
+    }
 }
 
 /// What [`step`] did.
@@ -157,7 +296,8 @@ pub enum StepResult {
     Outermost = 2,
     /// The row has no information ([`RowKind::NoInfo`]); use frame pointers.
     NoInfo = 3,
-    /// The row's rule is not expressible; try frame pointers.
+    /// The row's rule is not expressible, or its CFA is based on a
+    /// register whose value is not known here; try frame pointers.
     Unsupported = 4,
     /// A memory read failed; `regs` are unchanged.
     ReadFailed = 5,
@@ -178,22 +318,30 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
     regs: &mut Regs,
     mut read_u64: F,
 ) -> StepResult {
-    let cfa_offset = row.cfa_offset as i64;
-    let cfa = match row.row_kind() {
-        RowKind::CfaSp => add_signed(regs.sp, cfa_offset),
-        RowKind::CfaFp => add_signed(regs.bp, cfa_offset),
-        RowKind::CfaFpDeref => match read_u64(add_signed(regs.bp, cfa_offset)) {
-            Some(cfa) => cfa,
-            None => return StepResult::ReadFailed,
+    let kind = row.row_kind();
+    let cfa = match kind {
+        RowKind::Cfa => match regs.register(row.cfa_register()) {
+            Some(base) => add_signed(base, row.cfa_offset as i64),
+            None => return StepResult::Unsupported,
         },
+        RowKind::CfaDeref | RowKind::CfaDerefDrap => {
+            let Some(base) = regs.register(row.cfa_register()) else {
+                return StepResult::Unsupported;
+            };
+            let (offset, addend) = row.deref_offsets();
+            match read_u64(add_signed(base, offset as i64)) {
+                Some(saved_sp) => add_signed(saved_sp, addend as i64),
+                None => return StepResult::ReadFailed,
+            }
+        }
         RowKind::Plt => {
             let second_half = (regs.ip & 15) >= (row.rbp_offset as u64 & 15);
             let pushed = if second_half { 8 } else { 0 };
-            add_signed(regs.sp, cfa_offset).wrapping_add(pushed)
+            add_signed(regs.sp, row.cfa_offset as i64).wrapping_add(pushed)
         }
         RowKind::Signal => {
             let ip = read_u64(add_signed(regs.sp, row.ra_offset_by_8 as i64 * 8));
-            let sp = read_u64(add_signed(regs.sp, cfa_offset));
+            let sp = read_u64(add_signed(regs.sp, row.cfa_offset as i64));
             let bp = if row.rbp_offset == 0 {
                 Some(regs.bp)
             } else {
@@ -201,7 +349,11 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
             };
             return match (ip, sp, bp) {
                 (Some(ip), Some(sp), Some(bp)) => {
-                    *regs = Regs { ip, sp, bp };
+                    regs.ip = ip;
+                    regs.sp = sp;
+                    regs.bp = bp;
+                    // (The ucontext holds them too; nothing needs them yet.)
+                    regs.others_known = false;
                     StepResult::Interrupted
                 }
                 _ => StepResult::ReadFailed,
@@ -214,8 +366,8 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
     let Some(ip) = read_u64(add_signed(cfa, row.ra_offset_by_8 as i64 * 8)) else {
         return StepResult::ReadFailed;
     };
-    let saved_bp_at = match row.row_kind() {
-        RowKind::CfaFpDeref => Some(add_signed(regs.bp, row.rbp_offset as i64)),
+    let saved_bp_at = match kind {
+        RowKind::CfaDerefDrap => Some(add_signed(regs.bp, row.rbp_offset as i64)),
         RowKind::Plt => None,
         _ if row.rbp_offset == 0 => None,
         _ => Some(add_signed(cfa, row.rbp_offset as i64)),
@@ -231,13 +383,19 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
             None => return StepResult::ReadFailed,
         },
     };
-    *regs = Regs { ip, sp: cfa, bp };
+    regs.ip = ip;
+    regs.sp = cfa;
+    regs.bp = bp;
+    if row.saves_other_registers() {
+        regs.others_known = false;
+    }
     StepResult::Caller
 }
 
 /// One frame-pointer step (`push rbp; mov rbp, rsp` frames): the caller's
 /// RBP is at `RBP`, the return address at `RBP + 8`, and its SP is
 /// `RBP + 16`. A zero RBP ends the chain (the ABI's outermost frame).
+/// Nothing says what the frame did with the other registers.
 #[inline(always)]
 pub fn step_frame_pointer<F: FnMut(u64) -> Option<u64>>(
     regs: &mut Regs,
@@ -252,11 +410,10 @@ pub fn step_frame_pointer<F: FnMut(u64) -> Option<u64>>(
     let Some(bp) = read_u64(regs.bp) else {
         return StepResult::ReadFailed;
     };
-    *regs = Regs {
-        ip,
-        sp: regs.bp.wrapping_add(16),
-        bp,
-    };
+    regs.ip = ip;
+    regs.sp = regs.bp.wrapping_add(16);
+    regs.bp = bp;
+    regs.others_known = false;
     StepResult::Caller
 }
 
@@ -324,13 +481,52 @@ mod tests {
         }
     }
 
-    fn row(kind: RowKind, cfa_offset: i32, rbp_offset: i16) -> UnwindRow {
-        UnwindRow {
-            start: 0,
-            cfa_offset,
-            rbp_offset,
-            ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
-            kind: kind as u8,
+    const RAX: u8 = 0;
+    const RBX: u8 = 3;
+    const R9: u8 = 9;
+
+    fn sp_row(cfa_offset: i32, rbp_offset: i16) -> UnwindRow {
+        UnwindRow::cfa(DWARF_RSP, cfa_offset).with_rbp_offset(rbp_offset)
+    }
+
+    fn fp_row(cfa_offset: i32, rbp_offset: i16) -> UnwindRow {
+        UnwindRow::cfa(DWARF_RBP, cfa_offset).with_rbp_offset(rbp_offset)
+    }
+
+    /// IP, SP, RBP and the other registers, all known.
+    fn all_known(ip: u64, sp: u64, bp: u64, others: &[(u8, u64)]) -> Regs {
+        let mut regs = Regs::new(ip, sp, bp);
+        regs.others_known = true;
+        for &(register, value) in others {
+            regs.others[register as usize] = value;
+        }
+        regs
+    }
+
+    #[test]
+    fn packed_fields_round_trip() {
+        let row = UnwindRow::cfa_deref(RowKind::CfaDeref, 15, -32768, 32767)
+            .saving_other_registers()
+            .at(0x1234);
+        assert_eq!(row.row_kind(), RowKind::CfaDeref);
+        assert_eq!(row.cfa_register(), 15);
+        assert!(row.saves_other_registers());
+        assert_eq!(row.deref_offsets(), (-32768, 32767));
+        assert_eq!(row.start, 0x1234);
+        let row = UnwindRow::cfa(DWARF_RSP, -5);
+        assert_eq!(
+            (row.row_kind(), row.cfa_register(), row.cfa_offset),
+            (RowKind::Cfa, DWARF_RSP, -5)
+        );
+        assert!(!row.saves_other_registers());
+        // Every byte decodes to some kind.
+        for bits in 0..=255u8 {
+            let row = UnwindRow {
+                kind_bits: bits,
+                ..row
+            };
+            assert_eq!(row.row_kind() as u8, bits & 7);
+            assert_eq!(row.cfa_register(), bits >> 4);
         }
     }
 
@@ -340,46 +536,22 @@ mod tests {
         // Frame of 0x20 bytes below the return address; RBP pushed at CFA-16.
         stack.set(0x1000 + 0x20 - 8, 0xdead_beef);
         stack.set(0x1000 + 0x20 - 16, 0x7777);
-        let mut regs = Regs {
-            ip: 0x400100,
-            sp: 0x1000,
-            bp: 1,
-        };
-        let r = step(&row(RowKind::CfaSp, 0x20, -16), &mut regs, |a| {
-            stack.read(a)
-        });
+        let mut regs = Regs::new(0x400100, 0x1000, 1);
+        let r = step(&sp_row(0x20, -16), &mut regs, |a| stack.read(a));
         assert_eq!(r, StepResult::Caller);
-        assert_eq!(
-            regs,
-            Regs {
-                ip: 0xdead_beef,
-                sp: 0x1020,
-                bp: 0x7777
-            }
-        );
+        assert_eq!(regs, Regs::new(0xdead_beef, 0x1020, 0x7777));
     }
 
     #[test]
     fn sp_based_row_without_saved_rbp_keeps_it() {
         let mut stack = Stack::new(0x1000);
         stack.set(0x1000, 0x1234);
-        let mut regs = Regs {
-            ip: 1,
-            sp: 0x1000,
-            bp: 42,
-        };
+        let mut regs = Regs::new(1, 0x1000, 42);
         assert_eq!(
-            step(&row(RowKind::CfaSp, 8, 0), &mut regs, |a| stack.read(a)),
+            step(&sp_row(8, 0), &mut regs, |a| stack.read(a)),
             StepResult::Caller
         );
-        assert_eq!(
-            regs,
-            Regs {
-                ip: 0x1234,
-                sp: 0x1008,
-                bp: 42
-            }
-        );
+        assert_eq!(regs, Regs::new(0x1234, 0x1008, 42));
     }
 
     #[test]
@@ -388,23 +560,12 @@ mod tests {
         // is at CFA - 48, below SP; RBP already holds the caller's value.
         let mut stack = Stack::new(0x1000);
         stack.set(0x1010, 0x4444);
-        let mut regs = Regs {
-            ip: 1,
-            sp: 0x1000,
-            bp: 0x5150,
-        };
+        let mut regs = Regs::new(1, 0x1000, 0x5150);
         assert_eq!(
-            step(&row(RowKind::CfaSp, 24, -48), &mut regs, |a| stack.read(a)),
+            step(&sp_row(24, -48), &mut regs, |a| stack.read(a)),
             StepResult::Caller
         );
-        assert_eq!(
-            regs,
-            Regs {
-                ip: 0x4444,
-                sp: 0x1018,
-                bp: 0x5150
-            }
-        );
+        assert_eq!(regs, Regs::new(0x4444, 0x1018, 0x5150));
     }
 
     #[test]
@@ -413,48 +574,105 @@ mod tests {
         // rbp points at the saved rbp; CFA = rbp + 16.
         stack.set(0x1040, 0x5555);
         stack.set(0x1048, 0x4242);
-        let mut regs = Regs {
-            ip: 1,
-            sp: 0x1000,
-            bp: 0x1040,
-        };
+        let mut regs = Regs::new(1, 0x1000, 0x1040);
         assert_eq!(
-            step(&row(RowKind::CfaFp, 16, -16), &mut regs, |a| stack.read(a)),
+            step(&fp_row(16, -16), &mut regs, |a| stack.read(a)),
             StepResult::Caller
         );
-        assert_eq!(
-            regs,
-            Regs {
-                ip: 0x4242,
-                sp: 0x1050,
-                bp: 0x5555
-            }
-        );
+        assert_eq!(regs, Regs::new(0x4242, 0x1050, 0x5555));
     }
 
     #[test]
-    fn fp_deref_row_reads_cfa_from_frame() {
+    fn cfa_from_another_register_needs_its_value() {
+        // OpenSSL: mov %rsp,%rax; .cfi_def_cfa_register %rax; push %rbx...
+        let mut stack = Stack::new(0x1000);
+        stack.set(0x1038, 0x4321); // RA at RAX + 8 - 8
+        let row = UnwindRow::cfa(RAX, 8);
+        let mut regs = all_known(1, 0x1000, 9, &[(RAX, 0x1038), (RBX, 77)]);
+        assert_eq!(step(&row, &mut regs, |a| stack.read(a)), StepResult::Caller);
+        let expected = all_known(0x4321, 0x1040, 9, &[(RAX, 0x1038), (RBX, 77)]);
+        assert_eq!(regs, expected);
+        assert_eq!(regs.register(RBX), Some(77));
+        // Unknown (only IP, SP and RBP came with the sample): no guess.
+        let start = Regs::new(1, 0x1000, 9);
+        let mut regs = start;
+        assert_eq!(
+            step(&row, &mut regs, |a| stack.read(a)),
+            StepResult::Unsupported
+        );
+        assert_eq!(regs, start);
+    }
+
+    #[test]
+    fn rows_that_save_other_registers_forget_them() {
+        let mut stack = Stack::new(0x1000);
+        stack.set(0x1008, 0x4321);
+        stack.set(0x1018, 0x5678);
+        let mut regs = all_known(1, 0x1000, 9, &[(R9, 0x1020)]);
+        // A leaf helper that leaves R9 alone: the caller's R9 is the same.
+        assert_eq!(
+            step(&sp_row(16, 0), &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!(regs.register(R9), Some(0x1020));
+        // A function that pushed RBX (or anything but RSP/RBP): forgotten.
+        assert_eq!(
+            step(&sp_row(16, 0).saving_other_registers(), &mut regs, |a| {
+                stack.read(a)
+            }),
+            StepResult::Caller
+        );
+        assert_eq!((regs.ip, regs.sp), (0x5678, 0x1020));
+        assert_eq!(regs.register(R9), None);
+        assert_eq!(regs.register(DWARF_RSP), Some(0x1020));
+        // Frame pointers say nothing about them either.
+        let mut regs = all_known(1, 0x1000, 0x1000, &[(R9, 5)]);
+        assert_eq!(
+            step_frame_pointer(&mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!(regs.register(R9), None);
+    }
+
+    #[test]
+    fn deref_row_reads_saved_sp_and_adds() {
+        // OpenSSL's `.cfi_cfa_expression %rsp+40,deref,+8`: the entry SP was
+        // stored at RSP + 40 of a realigned frame.
+        let mut stack = Stack::new(0x1000);
+        stack.set(0x1028, 0x1100); // *(rsp + 40): the caller's SP - 8
+        stack.set(0x1100, 0x9999); // RA at CFA - 8 = 0x1108 - 8
+        stack.set(0x10f8, 0x3333); // saved rbp at CFA - 16
+        let row = UnwindRow::cfa_deref(RowKind::CfaDeref, DWARF_RSP, 40, 8).with_rbp_offset(-16);
+        let mut regs = Regs::new(1, 0x1000, 0x7);
+        assert_eq!(step(&row, &mut regs, |a| stack.read(a)), StepResult::Caller);
+        assert_eq!(regs, Regs::new(0x9999, 0x1108, 0x3333));
+        // From RBP, with a bigger addend and RBP unchanged.
+        let row = UnwindRow::cfa_deref(RowKind::CfaDeref, DWARF_RBP, 0x28, 64);
+        let mut regs = Regs::new(1, 0x1000, 0x1000);
+        stack.set(0x1028, 0x1108 - 64);
+        assert_eq!(step(&row, &mut regs, |a| stack.read(a)), StepResult::Caller);
+        assert_eq!(regs, Regs::new(0x9999, 0x1108, 0x1000));
+        // The saved SP cannot be read: nothing changes.
+        let start = Regs::new(1, 0x800, 0x7);
+        let mut regs = start;
+        let row = UnwindRow::cfa_deref(RowKind::CfaDeref, DWARF_RSP, 40, 8);
+        assert_eq!(
+            step(&row, &mut regs, |a| stack.read(a)),
+            StepResult::ReadFailed
+        );
+        assert_eq!(regs, start);
+    }
+
+    #[test]
+    fn drap_row_reads_cfa_from_frame_and_rbp_from_rbp() {
         let mut stack = Stack::new(0x1000);
         stack.set(0x1038, 0x1100); // *(rbp - 8) = CFA
         stack.set(0x10f8, 0x9999); // RA at CFA - 8
         stack.set(0x1040, 0x3333); // saved rbp at RBP + 0
-        let mut regs = Regs {
-            ip: 1,
-            sp: 0x1000,
-            bp: 0x1040,
-        };
-        let r = step(&row(RowKind::CfaFpDeref, -8, 0), &mut regs, |a| {
-            stack.read(a)
-        });
-        assert_eq!(r, StepResult::Caller);
-        assert_eq!(
-            regs,
-            Regs {
-                ip: 0x9999,
-                sp: 0x1100,
-                bp: 0x3333
-            }
-        );
+        let row = UnwindRow::cfa_deref(RowKind::CfaDerefDrap, DWARF_RBP, -8, 0);
+        let mut regs = Regs::new(1, 0x1000, 0x1040);
+        assert_eq!(step(&row, &mut regs, |a| stack.read(a)), StepResult::Caller);
+        assert_eq!(regs, Regs::new(0x9999, 0x1100, 0x3333));
     }
 
     #[test]
@@ -462,21 +680,13 @@ mod tests {
         let mut stack = Stack::new(0x1000);
         stack.set(0x1000, 0xaaaa);
         stack.set(0x1008, 0xbbbb);
-        let plt = row(RowKind::Plt, 8, 11);
+        let plt = UnwindRow::plt(8, 11);
         // First half of the entry: RA at SP.
-        let mut regs = Regs {
-            ip: 0x1020,
-            sp: 0x1000,
-            bp: 7,
-        };
+        let mut regs = Regs::new(0x1020, 0x1000, 7);
         assert_eq!(step(&plt, &mut regs, |a| stack.read(a)), StepResult::Caller);
         assert_eq!((regs.ip, regs.sp, regs.bp), (0xaaaa, 0x1008, 7));
         // After `push`: RA at SP + 8.
-        let mut regs = Regs {
-            ip: 0x102b,
-            sp: 0x1000,
-            bp: 7,
-        };
+        let mut regs = Regs::new(0x102b, 0x1000, 7);
         assert_eq!(step(&plt, &mut regs, |a| stack.read(a)), StepResult::Caller);
         assert_eq!((regs.ip, regs.sp, regs.bp), (0xbbbb, 0x1010, 7));
     }
@@ -492,72 +702,50 @@ mod tests {
             cfa_offset: 160,
             rbp_offset: 120,
             ra_offset_by_8: 21,
-            kind: RowKind::Signal as u8,
+            kind_bits: RowKind::Signal as u8,
         };
-        let mut regs = Regs {
-            ip: 1,
-            sp: 0x1000,
-            bp: 0,
-        };
+        let mut regs = all_known(1, 0x1000, 0, &[(RAX, 3)]);
         assert_eq!(
             step(&signal, &mut regs, |a| stack.read(a)),
             StepResult::Interrupted
         );
-        assert_eq!(
-            regs,
-            Regs {
-                ip: 0x401234,
-                sp: 0x7000,
-                bp: 0x6000
-            }
-        );
+        assert_eq!((regs.ip, regs.sp, regs.bp), (0x401234, 0x7000, 0x6000));
+        assert_eq!(regs.register(RAX), None);
     }
 
     #[test]
     fn stop_noinfo_unsupported_and_faults_leave_regs_alone() {
         let stack = Stack::new(0x1000);
-        let start = Regs {
-            ip: 1,
-            sp: 0x1000,
-            bp: 2,
-        };
+        let start = Regs::new(1, 0x1000, 2);
         for (kind, expected) in [
             (RowKind::Stop, StepResult::Outermost),
             (RowKind::NoInfo, StepResult::NoInfo),
             (RowKind::Unsupported, StepResult::Unsupported),
         ] {
             let mut regs = start;
-            assert_eq!(
-                step(&row(kind, 8, 0), &mut regs, |a| stack.read(a)),
-                expected
-            );
+            let row = UnwindRow {
+                kind_bits: kind as u8,
+                ..sp_row(8, 0)
+            };
+            assert_eq!(step(&row, &mut regs, |a| stack.read(a)), expected);
             assert_eq!(regs, start);
         }
-        // Unknown kinds decode as unsupported.
-        let mut regs = start;
-        let mut bogus = row(RowKind::CfaSp, 8, 0);
-        bogus.kind = 200;
-        assert_eq!(
-            step(&bogus, &mut regs, |a| stack.read(a)),
-            StepResult::Unsupported
-        );
         // CFA below the stack: the read fails.
         let mut regs = start;
         assert_eq!(
-            step(&row(RowKind::CfaSp, -64, 0), &mut regs, |a| stack.read(a)),
+            step(&sp_row(-64, 0), &mut regs, |a| stack.read(a)),
             StepResult::ReadFailed
         );
         assert_eq!(regs, start);
         // Extreme offsets wrap instead of panicking.
-        let mut regs = Regs {
-            ip: 0,
-            sp: u64::MAX,
-            bp: u64::MAX,
-        };
+        let mut regs = Regs::new(0, u64::MAX, u64::MAX);
         assert_eq!(
-            step(&row(RowKind::CfaSp, i32::MAX, i16::MIN), &mut regs, |a| {
-                stack.read(a)
-            }),
+            step(&sp_row(i32::MAX, i16::MIN), &mut regs, |a| stack.read(a)),
+            StepResult::ReadFailed
+        );
+        let row = UnwindRow::cfa_deref(RowKind::CfaDerefDrap, DWARF_RSP, i16::MIN, i16::MAX);
+        assert_eq!(
+            step(&row, &mut regs, |a| stack.read(a)),
             StepResult::ReadFailed
         );
     }
@@ -567,23 +755,12 @@ mod tests {
         let mut stack = Stack::new(0x1000);
         stack.set(0x1010, 0x1030); // saved rbp
         stack.set(0x1018, 0x400500); // return address
-        let mut regs = Regs {
-            ip: 1,
-            sp: 0x1000,
-            bp: 0x1010,
-        };
+        let mut regs = Regs::new(1, 0x1000, 0x1010);
         assert_eq!(
             step_frame_pointer(&mut regs, |a| stack.read(a)),
             StepResult::Caller
         );
-        assert_eq!(
-            regs,
-            Regs {
-                ip: 0x400500,
-                sp: 0x1020,
-                bp: 0x1030
-            }
-        );
+        assert_eq!(regs, Regs::new(0x400500, 0x1020, 0x1030));
         regs.bp = 0;
         assert_eq!(
             step_frame_pointer(&mut regs, |a| stack.read(a)),
@@ -594,8 +771,8 @@ mod tests {
     #[test]
     fn lookup_finds_covering_row() {
         let rows: [UnwindRow; 4] = [
-            UnwindRow::with_kind(0x100, RowKind::CfaSp),
-            UnwindRow::with_kind(0x104, RowKind::CfaFp),
+            UnwindRow::with_kind(0x100, RowKind::Cfa),
+            UnwindRow::with_kind(0x104, RowKind::CfaDeref),
             UnwindRow::with_kind(0x200, RowKind::NoInfo),
             UnwindRow::with_kind(0x300, RowKind::Stop),
         ];

@@ -282,16 +282,9 @@ fn sample(ctx: &PerfEventContext) -> u32 {
 #[inline(always)]
 fn user_regs(data: *const bpf_perf_event_data) -> Option<Regs> {
     // SAFETY: reads of the program context at constant offsets.
-    let (cs, ip, sp, bp) = unsafe {
-        (
-            (*data).regs.cs,
-            (*data).regs.rip,
-            (*data).regs.rsp,
-            (*data).regs.rbp,
-        )
-    };
-    if cs & 3 == 3 {
-        return Some(Regs { ip, sp, bp });
+    let interrupted = unsafe { &(*data).regs };
+    if interrupted.cs & 3 == 3 {
+        return Some(regs_of(interrupted));
     }
     // SAFETY: bpf_get_current_task_btf never fails in a perf_event program;
     // bpf_task_pt_regs returns the kernel address of the task's saved user
@@ -314,11 +307,22 @@ fn user_regs(data: *const bpf_perf_event_data) -> Option<Regs> {
     if saved.cs & 3 != 3 || saved.rip == 0 {
         return None;
     }
-    Some(Regs {
-        ip: saved.rip,
-        sp: saved.rsp,
-        bp: saved.rbp,
-    })
+    Some(regs_of(&saved))
+}
+
+/// The registers the unwinder tracks, the others by DWARF number.
+#[inline(always)]
+fn regs_of(regs: &pt_regs) -> Regs {
+    Regs {
+        ip: regs.rip,
+        sp: regs.rsp,
+        bp: regs.rbp,
+        others: [
+            regs.rax, regs.rdx, regs.rcx, regs.rbx, regs.rsi, regs.rdi, 0, 0, regs.r8, regs.r9,
+            regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
+        ],
+        others_known: true,
+    }
 }
 
 /// One `bpf_loop` iteration: records the current PC and steps to the caller.

@@ -1,7 +1,8 @@
 //! Builds the unwind table of each ELF file given on the command line and
 //! prints its size and build time: `cargo run -p ddprof --example
 //! unwind_table_stats -- /lib/x86_64-linux-gnu/libc.so.6`.
-use ddprof::unwind::{compile_elf, RowKind};
+use ddprof::unwind::{compile_elf, RowKind, UnwindRow};
+use ddprof_common::unwind::{DWARF_RBP as RBP, DWARF_RSP as RSP};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
@@ -12,23 +13,35 @@ fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         let table = compile_elf(&cache, None)?;
         let elapsed = started.elapsed();
-        let count = |kind: RowKind| table.rows.iter().filter(|r| r.row_kind() == kind).count();
+        let count = |matches: &dyn Fn(&UnwindRow) -> bool| {
+            table.rows.iter().filter(|row| matches(row)).count()
+        };
+        let kind = |kind: RowKind| count(&|row| row.row_kind() == kind);
+        let cfa_from = |register: u8| {
+            count(&|row| row.row_kind() == RowKind::Cfa && row.cfa_register() == register)
+        };
         println!(
             "{path}: file {size} bytes, {} rows, {} table bytes, {} FDEs ({} skipped, {} failed), \
-             rows by kind: sp {} fp {} fp-deref {} plt {} signal {} stop {} unsupported {} no-info {}, built in {:.1} ms",
+             {} PLT stubs from code, rows by kind: sp {} fp {} other-register {} deref {} \
+             drap {} plt {} signal {} stop {} unsupported {} no-info {} (saving other \
+             registers {}), built in {:.1} ms",
             table.rows.len(),
             table.size_bytes(),
             table.stats.fdes,
             table.stats.skipped_fdes,
             table.stats.failed_fdes,
-            count(RowKind::CfaSp),
-            count(RowKind::CfaFp),
-            count(RowKind::CfaFpDeref),
-            count(RowKind::Plt),
-            count(RowKind::Signal),
-            count(RowKind::Stop),
-            count(RowKind::Unsupported),
-            count(RowKind::NoInfo),
+            table.stats.plt_stubs,
+            cfa_from(RSP),
+            cfa_from(RBP),
+            kind(RowKind::Cfa) - cfa_from(RSP) - cfa_from(RBP),
+            kind(RowKind::CfaDeref),
+            kind(RowKind::CfaDerefDrap),
+            kind(RowKind::Plt),
+            kind(RowKind::Signal),
+            kind(RowKind::Stop),
+            kind(RowKind::Unsupported),
+            kind(RowKind::NoInfo),
+            count(&|row| row.saves_other_registers()),
             elapsed.as_secs_f64() * 1e3,
         );
     }

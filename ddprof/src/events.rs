@@ -16,13 +16,50 @@ use crate::config::{EventKind, EventSpec, SampleRate};
 
 /// `perf_event_attr.sample_regs_user` bits (x86_64 `enum perf_event_x86_regs`).
 pub mod x86_regs {
-    pub const BP: u64 = 6;
-    pub const SP: u64 = 7;
-    pub const IP: u64 = 8;
-    /// The registers the unwinders need, in the order the kernel writes them
-    /// (ascending bit number): BP, SP, IP.
-    pub const MASK: u64 = (1 << BP) | (1 << SP) | (1 << IP);
-    pub const COUNT: usize = 3;
+    /// Where a sampled register goes: the unwinders track IP, SP and RBP
+    /// through every frame, and the other general-purpose registers (by
+    /// DWARF number) as long as no frame changed them: hand-written
+    /// assembly (OpenSSL) bases its CFA on any of them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Slot {
+        Ip,
+        Sp,
+        Bp,
+        Other(u8),
+    }
+
+    /// The registers the unwinders need, in the order the kernel writes
+    /// them (ascending bit number): `(bit, slot)`.
+    pub const SAMPLED: [(u64, Slot); 17] = [
+        (0, Slot::Other(0)), // AX
+        (1, Slot::Other(3)), // BX
+        (2, Slot::Other(2)), // CX
+        (3, Slot::Other(1)), // DX
+        (4, Slot::Other(4)), // SI
+        (5, Slot::Other(5)), // DI
+        (6, Slot::Bp),
+        (7, Slot::Sp),
+        (8, Slot::Ip),
+        (16, Slot::Other(8)), // R8 ..
+        (17, Slot::Other(9)),
+        (18, Slot::Other(10)),
+        (19, Slot::Other(11)),
+        (20, Slot::Other(12)),
+        (21, Slot::Other(13)),
+        (22, Slot::Other(14)),
+        (23, Slot::Other(15)), // .. R15
+    ];
+
+    pub const MASK: u64 = {
+        let mut mask = 0;
+        let mut i = 0;
+        while i < SAMPLED.len() {
+            mask |= 1 << SAMPLED[i].0;
+            i += 1;
+        }
+        mask
+    };
+    pub const COUNT: usize = SAMPLED.len();
 }
 
 /// `sample_type` of every sampling event.

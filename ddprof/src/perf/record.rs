@@ -20,7 +20,14 @@ const EXPECTED_SAMPLE_TYPE: u64 = sys::PERF_SAMPLE_IP as u64
     | sys::PERF_SAMPLE_STACK_USER as u64;
 const _: () = assert!(events::SAMPLE_TYPE == EXPECTED_SAMPLE_TYPE);
 const _: () = assert!(x86_regs::MASK.count_ones() as usize == x86_regs::COUNT);
-const _: () = assert!(x86_regs::BP < x86_regs::SP && x86_regs::SP < x86_regs::IP);
+const _: () = {
+    // The kernel writes the registers in ascending bit order.
+    let mut i = 1;
+    while i < x86_regs::COUNT {
+        assert!(x86_regs::SAMPLED[i - 1].0 < x86_regs::SAMPLED[i].0);
+        i += 1;
+    }
+};
 
 /// Size of the record header (`struct perf_event_header`).
 pub const HEADER_SIZE: usize = 8;
@@ -219,11 +226,20 @@ fn parse_sample(cursor: &mut Cursor<'_>) -> Option<RawSample> {
     let regs = if abi == sys::PERF_SAMPLE_REGS_ABI_NONE as u64 {
         None
     } else {
-        // In ascending bit order: BP, SP, IP.
-        let bp = cursor.u64()?;
-        let sp = cursor.u64()?;
-        let ip = cursor.u64()?;
-        Some(UserRegs { ip, sp, bp })
+        let mut regs = UserRegs::new(0, 0, 0);
+        for (_, slot) in x86_regs::SAMPLED {
+            let value = cursor.u64()?;
+            match slot {
+                x86_regs::Slot::Ip => regs.ip = value,
+                x86_regs::Slot::Sp => regs.sp = value,
+                x86_regs::Slot::Bp => regs.bp = value,
+                x86_regs::Slot::Other(register) => {
+                    *regs.others.get_mut(usize::from(register))? = value;
+                }
+            }
+        }
+        regs.others_known = true;
+        Some(regs)
     };
     let stack_size = usize::try_from(cursor.u64()?).ok()?;
     let stack = if stack_size == 0 {
@@ -341,10 +357,17 @@ pub(crate) mod tests {
             .u32(1)
             .u32(0)
             .u64(1_001_000)
-            .u64(sys::PERF_SAMPLE_REGS_ABI_64 as u64)
-            .u64(0x7ff0_0000_0100)
-            .u64(0x7ff0_0000_0000)
-            .u64(0x401000)
+            .u64(sys::PERF_SAMPLE_REGS_ABI_64 as u64);
+        let builder = x86_regs::SAMPLED
+            .iter()
+            .fold(builder, |builder, (_, slot)| {
+                builder.u64(match slot {
+                    x86_regs::Slot::Ip => 0x401000,
+                    x86_regs::Slot::Sp => 0x7ff0_0000_0000,
+                    x86_regs::Slot::Bp => 0x7ff0_0000_0100,
+                    x86_regs::Slot::Other(register) => 0xa000 + u64::from(*register),
+                })
+            })
             .u64(stack.len() as u64)
             .bytes(stack);
         let builder = if stack.is_empty() {
@@ -365,14 +388,15 @@ pub(crate) mod tests {
         };
         assert_eq!((sample.pid, sample.tid, sample.cpu), (42, 43, 1));
         assert_eq!(sample.period, 1_001_000);
+        let regs = sample.regs.unwrap();
         assert_eq!(
-            sample.regs,
-            Some(UserRegs {
-                ip: 0x401000,
-                sp: 0x7ff0_0000_0000,
-                bp: 0x7ff0_0000_0100
-            })
+            (regs.ip, regs.sp, regs.bp),
+            (0x401000, 0x7ff0_0000_0000, 0x7ff0_0000_0100)
         );
+        // The others by DWARF number (0 RAX, 1 RDX, 2 RCX, 3 RBX, ...).
+        for register in (0..6).chain(8..16) {
+            assert_eq!(regs.register(register), Some(0xa000 + u64::from(register)));
+        }
         assert_eq!(sample.stack, stack[..40]);
     }
 
@@ -516,7 +540,7 @@ pub(crate) mod tests {
         assert!(parse(&lying).is_err());
         // A stack size larger than the record.
         let mut huge = full;
-        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 24;
+        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 * x86_regs::COUNT;
         huge[stack_size_at..stack_size_at + 8].copy_from_slice(&u64::MAX.to_ne_bytes());
         assert!(parse(&huge).is_err());
         // A comm record too short for its trailer.

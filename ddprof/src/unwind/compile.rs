@@ -6,8 +6,9 @@
 //! range; consecutive rows with the same rule are merged. Rules the row
 //! format cannot express become [`RowKind::Unsupported`] rows (the unwinder
 //! then tries frame pointers); code not covered by any FDE gets a
-//! [`RowKind::NoInfo`] row.
-use ddprof_common::unwind::{RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, ROW_SIZE};
+//! [`RowKind::NoInfo`] row, except PLT stubs, whose rules are read from
+//! their code when the linker gave them no CFI (see [`super::plt`]).
+use ddprof_common::unwind::{RowKind, UnwindRow, DWARF_RBP, DWARF_RSP, GPR_COUNT, ROW_SIZE};
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation,
     Reader, RegisterRule, UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow, X86_64,
@@ -82,6 +83,8 @@ pub struct CompileStats {
     pub failed_fdes: u64,
     /// Rows of kind `Unsupported` in the final table.
     pub unsupported_rows: u64,
+    /// PLT stubs without CFI whose rule was read from their code.
+    pub plt_stubs: u64,
 }
 
 /// The unwind table of one ELF file, shared by every process that maps it.
@@ -187,6 +190,9 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     if !found_cfi {
         return Err(CompileError::NoCfi);
     }
+    let (plt_rows, plt_stubs) = super::plt::uncovered_plt_rows(&file, &fdes);
+    stats.plt_stubs = plt_stubs;
+    fdes.extend(plt_rows);
     let rows = assemble_rows(fdes, &mut stats);
     Ok(UnwindTable {
         rows,
@@ -331,6 +337,18 @@ fn expression_ops<'a, S: UnwindSection<Slice<'a>>>(
     Some(ops)
 }
 
+/// The DWARF number of a general-purpose register (the rows' 4-bit field).
+fn general_register(register: gimli::Register) -> Option<u8> {
+    u8::try_from(register.0)
+        .ok()
+        .filter(|&n| usize::from(n) < GPR_COUNT)
+}
+
+/// A general-purpose register the walk does not restore (not RSP or RBP).
+fn is_other_register(register: gimli::Register) -> bool {
+    general_register(register).is_some_and(|n| n != DWARF_RSP && n != DWARF_RBP)
+}
+
 fn is_deref8<R: Reader>(op: &Operation<R>) -> bool {
     matches!(
         op,
@@ -357,7 +375,58 @@ fn single_register_offset<R: Reader>(
     }
 }
 
-/// The PLT expression GNU ld and lld emit for `.plt`:
+/// A constant added by the tail of an expression: nothing, `plus_uconst
+/// N`, or `lit/const N; plus` (or `minus`).
+fn added_constant<R: Reader>(ops: &[Operation<R>]) -> Option<i64> {
+    let constant = |op: &Operation<R>| match *op {
+        Operation::UnsignedConstant { value } => i64::try_from(value).ok(),
+        Operation::SignedConstant { value } => Some(value),
+        _ => None,
+    };
+    match ops {
+        [] => Some(0),
+        [Operation::PlusConstant { value }] => i64::try_from(*value).ok(),
+        [c, Operation::Plus] => constant(c),
+        [c, Operation::Minus] => constant(c)?.checked_neg(),
+        _ => None,
+    }
+}
+
+/// `CFA = *(register + offset) + addend`: `DW_OP_breg<n> offset; DW_OP_deref`
+/// and an optional constant (OpenSSL's `.cfi_cfa_expression
+/// %rsp+40,deref,+8`; GCC's DRAP `DW_OP_breg6 -8; DW_OP_deref`).
+fn deref_expression<R: Reader>(ops: &[Operation<R>]) -> Option<(u8, i64, i64)> {
+    match ops {
+        [Operation::RegisterOffset {
+            register, offset, ..
+        }, deref, rest @ ..]
+            if is_deref8(deref) =>
+        {
+            Some((general_register(*register)?, *offset, added_constant(rest)?))
+        }
+        _ => None,
+    }
+}
+
+/// Where a `DW_CFA_expression` rule says a register is saved. The CFA is
+/// on the DWARF stack when such an expression starts.
+enum SaveSlot {
+    /// At `CFA + offset`.
+    Cfa(i64),
+    /// At `register + offset` (this frame's value of the register).
+    Register(u8, i64),
+}
+
+fn save_slot<R: Reader>(ops: &[Operation<R>]) -> Option<SaveSlot> {
+    match ops {
+        [Operation::RegisterOffset {
+            register, offset, ..
+        }] => Some(SaveSlot::Register(general_register(*register)?, *offset)),
+        ops => added_constant(ops).map(SaveSlot::Cfa),
+    }
+}
+
+/// The PLT expression GNU ld emits for `.plt`:
 /// `breg7 <base>; breg16 0; lit15; and; lit<threshold>; ge; lit3; shl; plus`.
 fn plt_expression<R: Reader>(ops: &[Operation<R>]) -> Option<(i64, u64)> {
     match ops {
@@ -394,66 +463,38 @@ fn convert_row<'a, S: UnwindSection<Slice<'a>>>(
         return UnwindRow::with_kind(0, RowKind::Stop);
     }
 
-    let (kind, cfa_offset) = match row.cfa() {
+    let cfa = match row.cfa() {
         CfaRule::RegisterAndOffset { register, offset } => {
-            let kind = match *register {
-                X86_64::RSP => RowKind::CfaSp,
-                X86_64::RBP => RowKind::CfaFp,
+            match (general_register(*register), i32::try_from(*offset)) {
+                (Some(register), Ok(offset)) => UnwindRow::cfa(register, offset),
                 _ => return UNSUPPORTED,
-            };
-            (kind, *offset)
+            }
         }
         CfaRule::Expression(expression) => {
             let Some(ops) = ops_of(expression) else {
                 return UNSUPPORTED;
             };
-            match ops.as_slice() {
-                [Operation::RegisterOffset {
-                    register: X86_64::RBP,
-                    offset,
-                    ..
-                }, deref]
-                    if is_deref8(deref) =>
-                {
-                    (RowKind::CfaFpDeref, *offset)
+            if let Some((base, threshold)) = plt_expression(&ops) {
+                return plt_row(base, threshold, ra_rule, rbp_rule);
+            }
+            let Some((register, offset, addend)) = deref_expression(&ops) else {
+                return UNSUPPORTED;
+            };
+            // The kernel's and glibc's signal trampolines: every register,
+            // the return address too, is read from the ucontext at SP.
+            if matches!(ra_rule, Some(RegisterRule::Expression(_))) {
+                if register != DWARF_RSP || addend != 0 {
+                    return UNSUPPORTED;
                 }
-                [Operation::RegisterOffset {
-                    register: X86_64::RSP,
-                    offset,
-                    ..
-                }, deref]
-                    if is_deref8(deref) =>
-                {
-                    return signal_row(*offset, ra_rule, rbp_rule, ops_of);
+                return signal_row(offset, ra_rule, rbp_rule, ops_of);
+            }
+            match (i16::try_from(offset), i16::try_from(addend)) {
+                (Ok(offset), Ok(addend)) => {
+                    UnwindRow::cfa_deref(RowKind::CfaDeref, register, offset, addend)
                 }
-                ops => match plt_expression(ops) {
-                    Some((base, threshold)) => {
-                        let Ok(cfa_offset) = i32::try_from(base) else {
-                            return UNSUPPORTED;
-                        };
-                        // RBP is untouched in a PLT entry; an RBP rule would
-                        // be a surprise worth not guessing about.
-                        if !matches!(rbp_rule, None | Some(RegisterRule::SameValue)) {
-                            return UNSUPPORTED;
-                        }
-                        if !matches!(ra_rule, Some(RegisterRule::Offset(-8))) {
-                            return UNSUPPORTED;
-                        }
-                        return UnwindRow {
-                            start: 0,
-                            cfa_offset,
-                            rbp_offset: threshold as i16,
-                            ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
-                            kind: RowKind::Plt as u8,
-                        };
-                    }
-                    None => return UNSUPPORTED,
-                },
+                _ => return UNSUPPORTED,
             }
         }
-    };
-    let Ok(cfa_offset) = i32::try_from(cfa_offset) else {
-        return UNSUPPORTED;
     };
 
     let ra_offset_by_8 = match ra_rule {
@@ -463,41 +504,93 @@ fn convert_row<'a, S: UnwindSection<Slice<'a>>>(
         },
         _ => return UNSUPPORTED,
     };
+    let cfa = cfa.with_ra_offset_by_8(ra_offset_by_8);
 
-    let rbp_offset = match (kind, rbp_rule) {
+    let slot = match rbp_rule {
         // Unchanged (an undefined RBP is left as is: callers that need it
         // restore it from their own frame).
-        (RowKind::CfaSp | RowKind::CfaFp, None)
-        | (RowKind::CfaSp | RowKind::CfaFp, Some(RegisterRule::SameValue))
-        | (RowKind::CfaSp | RowKind::CfaFp, Some(RegisterRule::Undefined)) => 0,
-        // Saved at CFA + offset (never at CFA + 0 on x86_64: that is the
-        // caller's frame, so 0 is free to mean "unchanged").
-        (RowKind::CfaSp | RowKind::CfaFp, Some(RegisterRule::Offset(offset))) if offset != 0 => {
-            match i16::try_from(offset) {
-                Ok(offset) => offset,
-                Err(_) => return UNSUPPORTED,
-            }
-        }
-        // DRAP frames: RBP saved at RBP + offset.
-        (RowKind::CfaFpDeref, Some(RegisterRule::Expression(expression))) => {
-            match ops_of(&expression)
-                .and_then(|ops| single_register_offset(&ops, X86_64::RBP))
-                .and_then(|offset| i16::try_from(offset).ok())
-            {
-                Some(offset) => offset,
+        None | Some(RegisterRule::SameValue) | Some(RegisterRule::Undefined) => None,
+        Some(RegisterRule::Offset(offset)) => Some(SaveSlot::Cfa(offset)),
+        Some(RegisterRule::Expression(expression)) => match ops_of(&expression) {
+            Some(ops) => match save_slot(&ops) {
+                Some(slot) => Some(slot),
                 None => return UNSUPPORTED,
-            }
-        }
+            },
+            None => return UNSUPPORTED,
+        },
         _ => return UNSUPPORTED,
     };
+    let converted = match slot {
+        None => cfa,
+        Some(slot) => match with_saved_rbp(cfa, slot) {
+            Some(row) => row,
+            None => return UNSUPPORTED,
+        },
+    };
 
-    UnwindRow {
-        start: 0,
-        cfa_offset,
-        rbp_offset,
-        ra_offset_by_8,
-        kind: kind as u8,
+    // Registers the walk keeps as "same value" until a frame has a rule
+    // for them (the return address and vector registers do not count).
+    let saves_others = row
+        .registers()
+        .any(|(register, rule)| is_other_register(*register) && *rule != RegisterRule::SameValue);
+    if saves_others {
+        converted.saving_other_registers()
+    } else {
+        converted
     }
+}
+
+/// `cfa` with the caller's RBP saved at `slot`, if the format can say so.
+fn with_saved_rbp(cfa: UnwindRow, slot: SaveSlot) -> Option<UnwindRow> {
+    let cfa_relative = match (slot, cfa.row_kind()) {
+        // Never at CFA + 0 on x86_64 (that is the caller's frame), so 0 is
+        // free to mean "unchanged".
+        (SaveSlot::Cfa(offset), _) => offset,
+        // Register + offset = CFA - cfa_offset + offset.
+        (SaveSlot::Register(register, offset), RowKind::Cfa) if register == cfa.cfa_register() => {
+            offset.checked_sub(i64::from(cfa.cfa_offset))?
+        }
+        // DRAP: relative to RBP, whatever the CFA.
+        (SaveSlot::Register(DWARF_RBP, offset), RowKind::CfaDeref) => {
+            let (deref_offset, addend) = cfa.deref_offsets();
+            let drap = UnwindRow::cfa_deref(
+                RowKind::CfaDerefDrap,
+                cfa.cfa_register(),
+                deref_offset,
+                addend,
+            );
+            return Some(
+                drap.with_ra_offset_by_8(cfa.ra_offset_by_8)
+                    .with_rbp_offset(i16::try_from(offset).ok()?),
+            );
+        }
+        _ => return None,
+    };
+    if cfa_relative == 0 {
+        return None;
+    }
+    Some(cfa.with_rbp_offset(i16::try_from(cfa_relative).ok()?))
+}
+
+/// A [`RowKind::Plt`] row from the PLT expression's base and threshold.
+fn plt_row(
+    base: i64,
+    threshold: u64,
+    ra_rule: Option<RegisterRule<usize>>,
+    rbp_rule: Option<RegisterRule<usize>>,
+) -> UnwindRow {
+    let Ok(cfa_offset) = i32::try_from(base) else {
+        return UNSUPPORTED;
+    };
+    // RBP is untouched in a PLT entry; an RBP rule would be a surprise
+    // worth not guessing about.
+    if !matches!(rbp_rule, None | Some(RegisterRule::SameValue)) {
+        return UNSUPPORTED;
+    }
+    if !matches!(ra_rule, Some(RegisterRule::Offset(-8))) {
+        return UNSUPPORTED;
+    }
+    UnwindRow::plt(cfa_offset, threshold as u8)
 }
 
 /// `CFA = *(SP + sp_slot)`: a signal trampoline whose registers are saved
@@ -536,7 +629,7 @@ fn signal_row<'a>(
             cfa_offset,
             rbp_offset,
             ra_offset_by_8,
-            kind: RowKind::Signal as u8,
+            kind_bits: RowKind::Signal as u8,
         },
         _ => UNSUPPORTED,
     }

@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod compile;
 pub mod debug_file;
+mod plt;
 
 pub use cache::{CachedTable, TableCache};
 pub use compile::{compile_elf, CompileError, LoadSegment, UnwindTable};
@@ -19,13 +20,9 @@ use crate::sample::StackEnd;
 use ddprof_common::unwind::{step, step_frame_pointer};
 use std::sync::Arc;
 
-/// The user registers a sample carries (x86_64).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct UserRegs {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-}
+/// The user registers a sample carries (x86_64): IP, SP, RBP and the other
+/// general-purpose registers when the sample has them.
+pub type UserRegs = Regs;
 
 /// Counters of how frames were unwound, for reports and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,6 +32,9 @@ pub struct UnwindStats {
     /// Frames stepped with frame pointers (no table, no row, or a row the
     /// format could not express).
     pub frame_pointer_steps: u64,
+    /// Of those, frames whose row was unsupported (CFI the format cannot
+    /// express, or a CFA based on a register not known in that frame).
+    pub unsupported_steps: u64,
 }
 
 /// Walks user stacks copied by the kernel, with tables built once per file
@@ -117,11 +117,7 @@ impl Unwinder {
 
         let process = processes.get(pid);
         let mut memo: Option<MappingMemo> = None;
-        let mut current = Regs {
-            ip: regs.ip,
-            sp: regs.sp,
-            bp: regs.bp,
-        };
+        let mut current = *regs;
         // The first frame's PC, and the PC a signal interrupted, are exact;
         // every other one is a return address, looked up at the call (pc - 1).
         let mut exact_pc = true;
@@ -167,6 +163,9 @@ impl Unwinder {
             };
             let mut used_frame_pointer = false;
             if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
+                if result == StepResult::Unsupported {
+                    self.stats.unsupported_steps += 1;
+                }
                 used_frame_pointer = true;
                 self.stats.frame_pointer_steps += 1;
                 result = step_frame_pointer(&mut next, &mut reader);

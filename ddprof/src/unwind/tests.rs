@@ -4,7 +4,7 @@ use super::cache::ContentKey;
 use super::compile::{assemble_rows, collect_fdes, CompileStats, LoadSegment};
 use super::*;
 use crate::process::MappingRecord;
-use ddprof_common::unwind::DEFAULT_RA_OFFSET_BY_8;
+use ddprof_common::unwind::{DWARF_RBP, DWARF_RSP};
 use gimli::write::{
     Address, CallFrameInstruction as Cfi, CommonInformationEntry, EndianVec, Expression,
     FrameDescriptionEntry, FrameTable,
@@ -81,20 +81,15 @@ fn rows_of(fdes: Vec<Fde>) -> Vec<UnwindRow> {
 }
 
 fn sp(start: u32, cfa_offset: i32, rbp_offset: i16) -> UnwindRow {
-    UnwindRow {
-        start,
-        cfa_offset,
-        rbp_offset,
-        ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
-        kind: RowKind::CfaSp as u8,
-    }
+    UnwindRow::cfa(DWARF_RSP, cfa_offset)
+        .with_rbp_offset(rbp_offset)
+        .at(start)
 }
 
 fn fp(start: u32, cfa_offset: i32, rbp_offset: i16) -> UnwindRow {
-    UnwindRow {
-        kind: RowKind::CfaFp as u8,
-        ..sp(start, cfa_offset, rbp_offset)
-    }
+    UnwindRow::cfa(DWARF_RBP, cfa_offset)
+        .with_rbp_offset(rbp_offset)
+        .at(start)
 }
 
 fn kind_at(start: u32, kind: RowKind) -> UnwindRow {
@@ -233,16 +228,17 @@ fn plt_expression_becomes_plt_row() {
         vec![
             sp(0x5000, 16, 0),
             sp(0x5006, 24, 0),
-            UnwindRow {
-                start: 0x5010,
-                cfa_offset: 8,
-                rbp_offset: 11,
-                ra_offset_by_8: -1,
-                kind: RowKind::Plt as u8,
-            },
+            UnwindRow::plt(8, 11).at(0x5010),
             kind_at(0x5040, RowKind::NoInfo),
         ]
     );
+    // GNU ld's IBT `.plt` (`endbr64; push $n; jmp`): the push ends at byte 9.
+    let rows = rows_of(vec![fde(
+        0x5100,
+        0x20,
+        vec![(0, Cfi::CfaExpression(plt_expression(9)))],
+    )]);
+    assert_eq!(rows[0], UnwindRow::plt(8, 9).at(0x5100));
 }
 
 fn breg(register: Register, offset: i64) -> Expression {
@@ -279,7 +275,7 @@ fn signal_trampoline_reads_ucontext() {
                 cfa_offset: 160,
                 rbp_offset: 120,
                 ra_offset_by_8: 21,
-                kind: RowKind::Signal as u8,
+                kind_bits: RowKind::Signal as u8,
             },
             kind_at(0x6010, RowKind::NoInfo),
         ]
@@ -304,19 +300,149 @@ fn drap_realignment_reads_cfa_from_frame() {
         rows,
         vec![
             sp(0x7000, 8, 0),
-            // CFA in r10: not expressible.
-            kind_at(0x7004, RowKind::Unsupported),
-            UnwindRow {
-                start: 0x7010,
-                cfa_offset: -8,
-                rbp_offset: 0,
-                ra_offset_by_8: -1,
-                kind: RowKind::CfaFpDeref as u8,
-            },
+            // CFA in r10: known in the first frame only.
+            UnwindRow::cfa(10, 0).at(0x7004),
+            UnwindRow::cfa_deref(RowKind::CfaDerefDrap, DWARF_RBP, -8, 0).at(0x7010),
             // RBP's rule is still an expression, relative to RBP: with an
             // RSP-based CFA that cannot be expressed.
             kind_at(0x7030, RowKind::Unsupported),
             kind_at(0x7040, RowKind::NoInfo),
+        ]
+    );
+}
+
+fn breg_deref_plus(register: Register, offset: i64, addend: u64) -> Expression {
+    let mut e = breg_deref(register, offset);
+    e.op_plus_uconst(addend);
+    e
+}
+
+const RAX: u8 = 0;
+const RSI: u8 = 4;
+
+#[test]
+fn openssl_frames_compile_to_register_and_deref_rows() {
+    // OpenSSL's perlasm (bn_mul_mont, sha512): `mov %rsp,%rax` and CFA in
+    // RAX while pushing; after realigning RSP the entry SP is stored at
+    // 40(%rsp) (`.cfi_cfa_expression %rsp+40,deref,+8`), later read
+    // through RBP; the epilogue has it in RSI.
+    let rows = rows_of(vec![fde(
+        0xb000,
+        0x60,
+        vec![
+            (3, Cfi::CfaRegister(X86_64::RAX)),
+            (4, Cfi::Offset(X86_64::RBX, -16)),
+            (5, Cfi::Offset(X86_64::RBP, -24)),
+            (
+                0x10,
+                Cfi::CfaExpression(breg_deref_plus(X86_64::RSP, 40, 8)),
+            ),
+            (
+                0x40,
+                Cfi::CfaExpression(breg_deref_plus(X86_64::RBP, 88, 8)),
+            ),
+            (0x48, Cfi::Cfa(X86_64::RSI, 8)),
+            (0x50, Cfi::Restore(X86_64::RBX)),
+            (0x50, Cfi::Restore(X86_64::RBP)),
+            (0x50, Cfi::Cfa(X86_64::RSP, 8)),
+        ],
+    )]);
+    let deref = |register, offset, addend| {
+        UnwindRow::cfa_deref(RowKind::CfaDeref, register, offset, addend)
+            .with_rbp_offset(-24)
+            .saving_other_registers()
+    };
+    assert_eq!(
+        rows,
+        vec![
+            sp(0xb000, 8, 0),
+            UnwindRow::cfa(RAX, 8).at(0xb003),
+            // RBX pushed: the caller's RBX (and the like) are not the
+            // current ones any more.
+            UnwindRow::cfa(RAX, 8).saving_other_registers().at(0xb004),
+            UnwindRow::cfa(RAX, 8)
+                .with_rbp_offset(-24)
+                .saving_other_registers()
+                .at(0xb005),
+            deref(DWARF_RSP, 40, 8).at(0xb010),
+            deref(DWARF_RBP, 88, 8).at(0xb040),
+            UnwindRow::cfa(RSI, 8)
+                .with_rbp_offset(-24)
+                .saving_other_registers()
+                .at(0xb048),
+            sp(0xb050, 8, 0),
+            kind_at(0xb060, RowKind::NoInfo),
+        ]
+    );
+}
+
+#[test]
+fn deref_addends_in_any_form() {
+    // `lit8; plus`, `const 56; plus` and `lit8; minus` mean what plus_uconst does.
+    let with_tail = |ops: &[(constants::DwOp, Option<i64>)]| {
+        let mut e = breg_deref(X86_64::RSP, 16);
+        for &(op, value) in ops {
+            match value {
+                Some(value) => e.op_consts(value),
+                None => e.op(op),
+            }
+        }
+        e
+    };
+    let plus = (constants::DW_OP_plus, None);
+    let minus = (constants::DW_OP_minus, None);
+    let lit8 = (constants::DW_OP_lit8, None);
+    let cases = [
+        (with_tail(&[lit8, plus]), 8),
+        (with_tail(&[(constants::DW_OP_consts, Some(56)), plus]), 56),
+        (with_tail(&[lit8, minus]), -8),
+        (with_tail(&[]), 0),
+    ];
+    for (expression, addend) in cases {
+        let rows = rows_of(vec![fde(
+            0xd000,
+            0x10,
+            vec![(0, Cfi::CfaExpression(expression))],
+        )]);
+        assert_eq!(
+            rows[0],
+            UnwindRow::cfa_deref(RowKind::CfaDeref, DWARF_RSP, 16, addend).at(0xd000),
+            "addend {addend}"
+        );
+    }
+}
+
+#[test]
+fn rbp_saved_by_expression_is_placed_relative_to_the_cfa() {
+    // The CFA is on the DWARF stack when a register's expression starts.
+    let mut cfa_minus_16 = Expression::new();
+    cfa_minus_16.op_consts(-16);
+    cfa_minus_16.op(constants::DW_OP_plus);
+    let rows = rows_of(vec![fde(
+        0xc000,
+        0x30,
+        vec![
+            (1, Cfi::CfaOffset(24)),
+            // At RSP + 8 = CFA - 16.
+            (1, Cfi::Expression(X86_64::RBP, breg(X86_64::RSP, 8))),
+            (0x10, Cfi::CfaOffset(32)),
+            (0x10, Cfi::Expression(X86_64::RBP, cfa_minus_16)),
+            // Under a CFA read from the frame, relative to RBP (as DRAP).
+            (
+                0x20,
+                Cfi::CfaExpression(breg_deref_plus(X86_64::RSP, 16, 8)),
+            ),
+            (0x20, Cfi::Expression(X86_64::RBP, breg(X86_64::RBP, 0))),
+        ],
+    )]);
+    assert_eq!(
+        rows,
+        vec![
+            sp(0xc000, 8, 0),
+            sp(0xc001, 24, -16),
+            sp(0xc010, 32, -16),
+            UnwindRow::cfa_deref(RowKind::CfaDerefDrap, DWARF_RSP, 16, 8).at(0xc020),
+            kind_at(0xc030, RowKind::NoInfo),
         ]
     );
 }
@@ -327,12 +453,33 @@ fn inexpressible_rules_become_unsupported_rows() {
     other_expression.op_breg(X86_64::RSP, 8);
     other_expression.op_breg(X86_64::RSP, 0);
     other_expression.op(constants::DW_OP_plus);
+    let mut double_deref = breg_deref(X86_64::RSP, 8);
+    double_deref.op_deref();
+    let double_deref_2 = double_deref.clone();
     let mut huge_expression = Expression::new();
     for _ in 0..20 {
         huge_expression.op(constants::DW_OP_nop);
     }
     let cases: Vec<(&str, Vec<(u32, Cfi)>)> = vec![
-        ("CFA in another register", vec![(0, Cfi::Cfa(R10, 8))]),
+        (
+            "CFA in a vector register",
+            vec![(0, Cfi::Cfa(X86_64::XMM0, 8))],
+        ),
+        (
+            "CFA read twice",
+            vec![(0, Cfi::CfaExpression(double_deref))],
+        ),
+        (
+            "CFA read from too far",
+            vec![(0, Cfi::CfaExpression(breg_deref(X86_64::RSP, 40_000)))],
+        ),
+        (
+            "signal-like CFA with a non-register return address",
+            vec![
+                (0, Cfi::CfaExpression(breg_deref(X86_64::RSP, 160))),
+                (0, Cfi::Expression(X86_64::RA, double_deref_2)),
+            ],
+        ),
         (
             "unknown CFA expression",
             vec![(0, Cfi::CfaExpression(other_expression))],
@@ -366,8 +513,16 @@ fn inexpressible_rules_become_unsupported_rows() {
             vec![(0, Cfi::Offset(X86_64::RBP, -8 * 10_000))],
         ),
         (
-            "signal-like CFA without register expressions",
-            vec![(0, Cfi::CfaExpression(breg_deref(X86_64::RSP, 160)))],
+            "RBP saved relative to another register",
+            vec![(0, Cfi::Expression(X86_64::RBP, breg(X86_64::RBX, 8)))],
+        ),
+        (
+            "RBP as a value expression",
+            vec![(0, Cfi::ValExpression(X86_64::RBP, breg(X86_64::RSP, 8)))],
+        ),
+        (
+            "RBP saved at the CFA itself",
+            vec![(0, Cfi::Offset(X86_64::RBP, 0))],
         ),
     ];
     for (what, instructions) in cases {
@@ -496,6 +651,25 @@ const STACK: u64 = 0x7ff0_0000;
 /// trampoline [0x1400, 0x1410): signal frame
 /// no CFI [0x1500, 0x1600)
 fn synthetic() -> (ProcessTable, Unwinder) {
+    with_rows(vec![
+        sp(0x1000, 16, 0),
+        sp(0x1100, 32, -16),
+        fp(0x1200, 16, -16),
+        kind_at(0x1300, RowKind::Stop),
+        kind_at(0x1310, RowKind::NoInfo),
+        UnwindRow {
+            start: 0x1400,
+            cfa_offset: 160,
+            rbp_offset: 120,
+            ra_offset_by_8: 21,
+            kind_bits: RowKind::Signal as u8,
+        },
+        kind_at(0x1410, RowKind::NoInfo),
+    ])
+}
+
+/// A process with one mapping at `MAP_START` of a fake file with `rows`.
+fn with_rows(rows: Vec<UnwindRow>) -> (ProcessTable, Unwinder) {
     let mut processes = ProcessTable::new();
     processes.add_mapping(&MappingRecord {
         pid: PID,
@@ -508,21 +682,7 @@ fn synthetic() -> (ProcessTable, Unwinder) {
         path: "/synthetic/prog".into(),
     });
     let table = UnwindTable {
-        rows: vec![
-            sp(0x1000, 16, 0),
-            sp(0x1100, 32, -16),
-            fp(0x1200, 16, -16),
-            kind_at(0x1300, RowKind::Stop),
-            kind_at(0x1310, RowKind::NoInfo),
-            UnwindRow {
-                start: 0x1400,
-                cfa_offset: 160,
-                rbp_offset: 120,
-                ra_offset_by_8: 21,
-                kind: RowKind::Signal as u8,
-            },
-            kind_at(0x1410, RowKind::NoInfo),
-        ],
+        rows,
         segments: vec![LoadSegment {
             file_offset: 0,
             vaddr: 0,
@@ -559,11 +719,7 @@ fn four_frame_stack() -> (UserRegs, Vec<u8>) {
         (main_rbp, 0),                         // main saved _start's RBP
         (main_rbp + 8, MAP_START + 0x1305),    // main's return address
     ];
-    let regs = UserRegs {
-        ip: MAP_START + 0x1050,
-        sp: STACK,
-        bp: 0x1234,
-    };
+    let regs = UserRegs::new(MAP_START + 0x1050, STACK, 0x1234);
     (regs, stack_with(0x100, &words))
 }
 
@@ -650,11 +806,7 @@ fn signal_frames_resume_at_the_exact_interrupted_pc() {
             (interrupted_sp + 24, MAP_START + 0x1305), // f2's RA: _start
         ],
     );
-    let regs = UserRegs {
-        ip: MAP_START + 0x1402,
-        sp: STACK,
-        bp: 7,
-    };
+    let regs = UserRegs::new(MAP_START + 0x1402, STACK, 7);
     let mut frames = Vec::new();
     let end = unwinder.unwind(&processes, PID, &regs, &stack, 64, &mut frames);
     assert_eq!(end, StackEnd::Complete);
@@ -691,11 +843,7 @@ fn frame_pointers_where_there_is_no_row() {
             (STACK + 0x88, MAP_START + 0x1305),
         ],
     );
-    let regs = UserRegs {
-        ip: MAP_START + 0x1550,
-        sp: STACK,
-        bp: STACK + 0x20,
-    };
+    let regs = UserRegs::new(MAP_START + 0x1550, STACK, STACK + 0x20);
     let mut frames = Vec::new();
     let end = unwinder.unwind(&processes, PID, &regs, &stack, 64, &mut frames);
     assert_eq!(end, StackEnd::Complete);
@@ -860,4 +1008,185 @@ fn bias_uses_the_segment_holding_the_mapping_even_unaligned() {
     }];
     let bias = LoadSegment::bias_for_mapping(&lld, 0x5555_5555_5000, 0).unwrap();
     assert_eq!(0x5555_5555_5820u64.wrapping_sub(bias), 0x1820);
+}
+
+/// main [0x1200, 0x1300) with frame pointers, _start, a leaf helper that
+/// keeps every register, one that pushes RBX, an OpenSSL-like function
+/// (CFA = RAX + 8, then CFA = *(RSP + 40) + 8; RBP at CFA - 24) and a PLT
+/// entry — all compiled from hand-made CFI.
+fn assembly_process() -> (ProcessTable, Unwinder) {
+    let rows = rows_of(vec![
+        fde(
+            0x1200,
+            0x100,
+            vec![
+                (1, Cfi::CfaOffset(16)),
+                (1, Cfi::Offset(X86_64::RBP, -16)),
+                (4, Cfi::CfaRegister(X86_64::RBP)),
+            ],
+        ),
+        fde(0x1300, 0x10, vec![(0, Cfi::Undefined(X86_64::RA))]),
+        fde(0x2000, 0x10, vec![]),
+        fde(
+            0x2010,
+            0x10,
+            vec![(1, Cfi::CfaOffset(16)), (1, Cfi::Offset(X86_64::RBX, -16))],
+        ),
+        fde(
+            0x2100,
+            0x100,
+            vec![
+                (0, Cfi::CfaRegister(X86_64::RAX)),
+                (0, Cfi::Offset(X86_64::RBX, -16)),
+                (0, Cfi::Offset(X86_64::RBP, -24)),
+                (
+                    0x40,
+                    Cfi::CfaExpression(breg_deref_plus(X86_64::RSP, 40, 8)),
+                ),
+            ],
+        ),
+        fde(
+            0x3000,
+            0x20,
+            vec![(0, Cfi::CfaExpression(plt_expression(11)))],
+        ),
+    ]);
+    with_rows(rows)
+}
+
+/// main's frame at STACK + 0x80, returning to _start.
+const MAIN_RBP: u64 = STACK + 0x80;
+const MAIN_FRAME: [(u64, u64); 2] = [(MAIN_RBP, 0), (MAIN_RBP + 8, MAP_START + 0x1305)];
+
+/// The OpenSSL-like function's frame: CFA = STACK + 0x68, returning into
+/// main, main's RBP saved at CFA - 24.
+const ASSEMBLY_CFA: u64 = STACK + 0x68;
+
+fn assembly_frame() -> Vec<(u64, u64)> {
+    let mut words = vec![
+        (ASSEMBLY_CFA - 8, MAP_START + 0x1250),
+        (ASSEMBLY_CFA - 24, MAIN_RBP),
+    ];
+    words.extend(MAIN_FRAME);
+    words
+}
+
+fn walk(
+    processes: &ProcessTable,
+    unwinder: &mut Unwinder,
+    regs: &UserRegs,
+    words: &[(u64, u64)],
+) -> (StackEnd, Vec<u64>) {
+    let stack = stack_with(0x100, words);
+    let mut frames = Vec::new();
+    let end = unwinder.unwind(processes, PID, regs, &stack, 64, &mut frames);
+    let frames = frames.iter().map(|pc| pc - MAP_START).collect();
+    (end, frames)
+}
+
+/// Registers of a sample: all known, RAX = `rax`.
+fn sampled(ip: u64, bp: u64, rax: u64) -> UserRegs {
+    let mut regs = UserRegs::new(MAP_START + ip, STACK, bp);
+    regs.others[usize::from(RAX)] = rax;
+    regs.others_known = true;
+    regs
+}
+
+#[test]
+fn cfa_in_another_register_unwinds_with_the_sampled_value() {
+    let (processes, mut unwinder) = assembly_process();
+    let words = assembly_frame();
+    // In the function itself, RAX = CFA - 8.
+    let regs = sampled(0x2110, 7, ASSEMBLY_CFA - 8);
+    let (end, frames) = walk(&processes, &mut unwinder, &regs, &words);
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(frames, vec![0x2110, 0x1250, 0x1305]);
+    // Without the sample's RAX there is no rule: frame pointers (RBP = 7
+    // is none) do not reach the root.
+    let (end, frames) = walk(
+        &processes,
+        &mut unwinder,
+        &UserRegs::new(MAP_START + 0x2110, STACK, 7),
+        &words,
+    );
+    assert_ne!(end, StackEnd::Complete);
+    assert_eq!(frames, vec![0x2110]);
+    assert_eq!(unwinder.stats().unsupported_steps, 1);
+}
+
+#[test]
+fn registers_keep_their_value_through_helpers_that_leave_them_alone() {
+    let (processes, mut unwinder) = assembly_process();
+    // A leaf helper (CFA = RSP + 8) called from the function's RAX range
+    // (AES-GCM's `_aesni_ctr32_ghash_6x`): RAX is still the caller's.
+    let mut words = assembly_frame();
+    words.push((STACK, MAP_START + 0x2120));
+    let (end, frames) = walk(
+        &processes,
+        &mut unwinder,
+        &sampled(0x2005, 7, ASSEMBLY_CFA - 8),
+        &words,
+    );
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(frames, vec![0x2005, 0x2120, 0x1250, 0x1305]);
+    // A helper that pushed RBX may have changed any of them: the caller's
+    // RAX is not trusted.
+    let mut words = assembly_frame();
+    words.push((STACK + 8, MAP_START + 0x2120));
+    let (end, frames) = walk(
+        &processes,
+        &mut unwinder,
+        &sampled(0x2015, 7, ASSEMBLY_CFA - 8),
+        &words,
+    );
+    assert_ne!(end, StackEnd::Complete);
+    assert_eq!(frames, vec![0x2015, 0x2120]);
+}
+
+#[test]
+fn cfa_read_from_the_frame_unwinds() {
+    let (processes, mut unwinder) = assembly_process();
+    // The entry SP - 8 was stored at RSP + 40; no other register needed.
+    let mut words = assembly_frame();
+    words.push((STACK + 40, ASSEMBLY_CFA - 8));
+    let regs = UserRegs::new(MAP_START + 0x2150, STACK, 7);
+    let (end, frames) = walk(&processes, &mut unwinder, &regs, &words);
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(frames, vec![0x2150, 0x1250, 0x1305]);
+    // From a helper it called: RSP + 40 as of the caller's frame.
+    let mut words = assembly_frame();
+    words.push((STACK, MAP_START + 0x2160));
+    words.push((STACK + 8 + 40, ASSEMBLY_CFA - 8));
+    let regs = UserRegs::new(MAP_START + 0x2008, STACK, 7);
+    let (end, frames) = walk(&processes, &mut unwinder, &regs, &words);
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(frames, vec![0x2008, 0x2160, 0x1250, 0x1305]);
+    // The saved SP lies outside the copied bytes: the copy was too short.
+    let regs = UserRegs::new(MAP_START + 0x2150, STACK, 7);
+    let mut frames = Vec::new();
+    let stack = stack_with(0x100, &words);
+    assert_eq!(
+        unwinder.unwind(&processes, PID, &regs, &stack[..0x20], 64, &mut frames),
+        StackEnd::StackExhausted
+    );
+}
+
+#[test]
+fn plt_entry_after_its_push() {
+    let (processes, mut unwinder) = assembly_process();
+    // In a lazy PLT entry after `push $n` (byte 11): the return address is
+    // one word up.
+    let mut words = MAIN_FRAME.to_vec();
+    words.push((STACK + 8, MAP_START + 0x1250));
+    let regs = UserRegs::new(MAP_START + 0x301b, STACK, MAIN_RBP);
+    let (end, frames) = walk(&processes, &mut unwinder, &regs, &words);
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(frames, vec![0x301b, 0x1250, 0x1305]);
+    // Before it, at SP.
+    let mut words = MAIN_FRAME.to_vec();
+    words.push((STACK, MAP_START + 0x1250));
+    let regs = UserRegs::new(MAP_START + 0x3016, STACK, MAIN_RBP);
+    let (end, frames) = walk(&processes, &mut unwinder, &regs, &words);
+    assert_eq!(end, StackEnd::Complete);
+    assert_eq!(frames, vec![0x3016, 0x1250, 0x1305]);
 }
