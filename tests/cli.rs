@@ -7,6 +7,7 @@ use std::process::{Command, Output, Stdio};
 
 use ddprof_tests::ddprof_bin;
 use ddprof_tests::outputs::pprof_files;
+use ddprof_tests::{run_without_input as run, text};
 
 /// CPU for the profiler to sample (about a second of shell arithmetic),
 /// then a line on stderr that says the command has finished.
@@ -20,24 +21,8 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// ddprof writing its profiles into a scratch directory (shared by the
-/// tests, never emptied while they run).
 fn ddprof() -> Command {
-    let mut command = ddprof_tests::ddprof_command();
-    let profiles = std::env::temp_dir().join(format!("ddprof-cli-{}-profiles", std::process::id()));
-    command.env("DD_PROFILING_OUTPUT_DIR", profiles);
-    command
-}
-
-fn run(command: &mut Command) -> Output {
-    command
-        .stdin(Stdio::null())
-        .output()
-        .expect("running ddprof")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    ddprof_tests::ddprof_command_with_scratch_output("cli")
 }
 
 fn max_sample_rate() -> u64 {

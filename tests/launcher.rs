@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ddprof_tests::ddprof_bin;
@@ -13,6 +13,7 @@ use ddprof_tests::launcher::{
     capability_lines, deny_perf_event_open, hex_field, hex_status_lines, is_running, number_field,
     wait_until_gone, Lines,
 };
+use ddprof_tests::{run_without_input as run, text};
 
 const SIGCHLD_PROBE: &str = env!("CARGO_BIN_EXE_sigchld-probe");
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -26,22 +27,7 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 fn ddprof() -> Command {
-    let mut command = ddprof_tests::ddprof_command();
-    // Profiles go to a scratch directory, never into the source tree.
-    let output = std::env::temp_dir().join(format!("ddprof-launcher-tests-{}", std::process::id()));
-    command.env("DD_PROFILING_OUTPUT_DIR", output);
-    command
-}
-
-fn run(command: &mut Command) -> Output {
-    command
-        .stdin(Stdio::null())
-        .output()
-        .expect("running ddprof")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    ddprof_tests::ddprof_command_with_scratch_output("launcher")
 }
 
 /// ddprof's own warning lines (not the daemon's start-up notice or the

@@ -180,7 +180,9 @@ impl Engine {
                 // samples; processes whose new code is still held back are
                 // read from /proc.
                 let young = records.pids_with_new_code();
-                keep_reading_while(records, || samples.sync_with_young(processes, &young));
+                if samples.sync_due(processes, &young) {
+                    keep_reading_while(records, || samples.sync_with_young(processes, &young));
+                }
                 Ok(finished)
             }
         }

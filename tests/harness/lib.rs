@@ -26,6 +26,31 @@ pub fn ddprof_command() -> std::process::Command {
     }
     command
 }
+
+/// [`ddprof_command`] writing its profiles into a scratch directory named
+/// after `tests` and this test process (shared by its tests, never emptied
+/// while they run, never the source tree).
+pub fn ddprof_command_with_scratch_output(tests: &str) -> std::process::Command {
+    let mut command = ddprof_command();
+    let profiles =
+        std::env::temp_dir().join(format!("ddprof-{tests}-{}-profiles", std::process::id()));
+    command.env("DD_PROFILING_OUTPUT_DIR", profiles);
+    command
+}
+
+/// Runs `command` to its end with no standard input.
+pub fn run_without_input(command: &mut std::process::Command) -> std::process::Output {
+    command
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running ddprof")
+}
+
+/// Bytes a process wrote, as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
 pub mod symbols;
 pub mod workloads;
 

@@ -604,6 +604,8 @@ pub struct BpfEngine {
     synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
     /// The tables of the entry being written by `sync_process` so far.
     syncing: Vec<ContentKey>,
+    /// Processes the program handed to the perf engine, not synced yet.
+    handed_off: HashSet<u32>,
     /// Per process, a fingerprint of the table's mappings when last synced
     /// (so that a sync of unchanged processes costs no table lookups).
     fingerprints: HashMap<u32, u64>,
@@ -652,6 +654,7 @@ impl BpfEngine {
             files: HashMap::new(),
             synced: HashMap::new(),
             syncing: Vec::new(),
+            handed_off: HashSet::new(),
             fingerprints: HashMap::new(),
             dirty: HashSet::new(),
             synced_generation: None,
@@ -759,14 +762,13 @@ impl BpfEngine {
     /// now, which shortens by the hold-back the time a new program runs
     /// with maps that do not describe it.
     pub fn sync_with_young(&mut self, processes: &ProcessTable, young: &HashSet<u32>) {
+        if !self.sync_due(processes, young) {
+            return;
+        }
         // So are the processes whose samples the program handed to the
         // perf engine since the last sync.
         let mut young = young.clone();
-        young.extend(self.program.take_handed_off());
-        // Nothing new since the last sync: the maps are already true.
-        if young.is_empty() && self.synced_generation == Some(processes.generation()) {
-            return;
-        }
+        young.extend(self.handed_off.drain());
         self.synced_generation = Some(processes.generation());
         for &pid in &young {
             let mut fresh = ProcessTable::new();
@@ -786,6 +788,17 @@ impl BpfEngine {
         self.dirty
             .extend(processes.pids().filter(|pid| !young.contains(pid)));
         self.sync_dirty(processes);
+    }
+
+    /// Whether [`BpfEngine::sync_with_young`] has anything to do: young
+    /// processes, processes the program handed over since the last sync,
+    /// or a table that changed. Cheap (one map walk), so that a caller can
+    /// skip setting up for a sync that may be slow.
+    pub fn sync_due(&mut self, processes: &ProcessTable, young: &HashSet<u32>) -> bool {
+        self.handed_off.extend(self.program.take_handed_off());
+        !young.is_empty()
+            || !self.handed_off.is_empty()
+            || self.synced_generation != Some(processes.generation())
     }
 
     fn sync_dirty(&mut self, processes: &ProcessTable) {
