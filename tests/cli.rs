@@ -3,7 +3,7 @@
 //! (the environment and the config file: the command still runs), where
 //! each setting comes from, and the output directory's checks.
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 use ddprof_tests::ddprof_bin;
 use ddprof_tests::outputs::pprof_files;
