@@ -434,6 +434,7 @@ fn nominal_period_nanos(cli: &Cli) -> u64 {
 /// Runs the profiler until the target is gone (or, for `--global`, until
 /// SIGINT/SIGTERM), flushing the last period before returning.
 pub fn run(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<(), ProfilerError> {
+    launch::sandbox::one_malloc_arena();
     if cli.show_samples && log::max_level() < log::LevelFilter::Info {
         log::set_max_level(log::LevelFilter::Info);
     }
