@@ -283,31 +283,7 @@ impl Symbolizer {
         missing.sort_unstable();
         missing.dedup();
 
-        let source = Source::Elf(Elf::new(&file.open_path));
-        let resolved: Vec<Option<Vec<SymbolLine>>> = match self
-            .blazesym
-            .symbolize(&source, Input::FileOffset(&missing))
-        {
-            Ok(results) => {
-                let mut lines: Vec<Option<Vec<OwnedLine>>> = results
-                    .iter()
-                    .map(|result| sym_lines(result, self.inlined_functions))
-                    .collect();
-                let starts: Vec<Option<u64>> = results
-                    .iter()
-                    .map(|result| result.as_sym().map(|sym| sym.addr))
-                    .collect();
-                self.qualify_with_elf_symbols(&file.open_path, &missing, &starts, &mut lines);
-                lines
-                    .into_iter()
-                    .map(|lines| lines.map(|lines| self.intern_lines(lines)))
-                    .collect()
-            }
-            Err(error) => {
-                log::debug!("cannot symbolize {}: {error}", file.path);
-                vec![None; missing.len()]
-            }
-        };
+        let resolved = self.resolve_elf_offsets(&file.open_path, &file.path, &missing);
         let fallback = self.named(&format!("[{}]", file.file_name()));
         let mut found: HashMap<u64, FrameSymbols> = HashMap::with_capacity(missing.len());
         for (offset, lines) in missing.iter().zip(resolved) {
@@ -325,6 +301,75 @@ impl Symbolizer {
             }
         }
         cache.addresses.extend(found);
+    }
+
+    /// Names the code at `offsets` (file offsets) of the ELF file at
+    /// `open_path`, with blazesym: `None` where nothing names it. A file
+    /// that blazesym cannot read, or whose data makes it fail in any way
+    /// (corrupt DWARF or symbol tables, a file truncated under us), names
+    /// nothing; its data is dropped from blazesym's caches then, so that
+    /// nothing half-read stays behind.
+    fn resolve_elf_offsets(
+        &mut self,
+        open_path: &str,
+        display_path: &str,
+        offsets: &[u64],
+    ) -> Vec<Option<Vec<SymbolLine>>> {
+        let inlined_functions = self.inlined_functions;
+        // Parsers of hostile input are the likeliest place for a bug; one
+        // must cost this file's names, not the profile.
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let source = Source::Elf(Elf::new(open_path));
+            let results = self
+                .blazesym
+                .symbolize(&source, Input::FileOffset(offsets))?;
+            let mut lines: Vec<Option<Vec<OwnedLine>>> = results
+                .iter()
+                .map(|result| sym_lines(result, inlined_functions))
+                .collect();
+            let starts: Vec<Option<u64>> = results
+                .iter()
+                .map(|result| result.as_sym().map(|sym| sym.addr))
+                .collect();
+            self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
+            Ok::<_, blazesym::Error>(lines)
+        }));
+        match attempt {
+            Ok(Ok(lines)) => lines
+                .into_iter()
+                .map(|lines| lines.map(|lines| self.intern_lines(lines)))
+                .collect(),
+            Ok(Err(error)) => {
+                log::debug!("cannot symbolize {display_path}: {error}");
+                vec![None; offsets.len()]
+            }
+            Err(_) => {
+                log::warn!(
+                    "reading the symbols of {display_path} failed (corrupt file?); \
+                     its frames are named after the file"
+                );
+                self.evict_from_blazesym(open_path);
+                vec![None; offsets.len()]
+            }
+        }
+    }
+
+    /// Names the code at `offsets` (file offsets) of the ELF file at `path`
+    /// as profiles name it: its functions (innermost inlined function
+    /// first), or `[file name]` where the file names nothing. For tools and
+    /// tests that symbolize files outside a profile.
+    pub fn symbolize_file_offsets(&mut self, path: &str, offsets: &[u64]) -> Vec<FrameSymbols> {
+        let resolved = self.resolve_elf_offsets(path, path, offsets);
+        self.evict_from_blazesym(path);
+        let file_name = path.rsplit('/').next().unwrap_or(path);
+        let fallback = self.named(&format!("[{file_name}]"));
+        resolved
+            .into_iter()
+            .map(|lines| match lines {
+                Some(lines) if !lines.is_empty() => FrameSymbols::from(lines),
+                _ => fallback.clone(),
+            })
+            .collect()
     }
 
     /// Debug info built with line tables only (Rust's release default)

@@ -209,7 +209,13 @@ impl TableCache {
             debuglink.as_deref(),
         );
         let debug_cache = debug_file::open(&root, &candidates, metadata.ino()).map(ReadCache::new);
-        let table = compile_elf(&cache, debug_cache.as_ref()).map_err(compile_error)?;
+        // The file is whatever the target mapped: a bug that its bytes
+        // trigger in a parser must cost this file's table, not the profiler.
+        let table = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            compile_elf(&cache, debug_cache.as_ref())
+        }))
+        .unwrap_or(Err(CompileError::Corrupt))
+        .map_err(compile_error)?;
         Ok(self.insert(key, table))
     }
 

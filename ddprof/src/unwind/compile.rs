@@ -31,6 +31,8 @@ pub enum CompileError {
     NoCfi,
     #[error("the file has no executable PT_LOAD segment")]
     NoExecutableSegment,
+    #[error("the file's call frame information could not be read (corrupt file?)")]
+    Corrupt,
 }
 
 /// A `PT_LOAD` segment that holds code: how file offsets map to the ELF
@@ -243,8 +245,17 @@ pub(crate) fn collect_fdes<'a, S>(
                 if row.start_address() >= row.end_address() {
                     continue;
                 }
+                let address = row.start_address().max(start);
+                // A CFI program that moves backwards or past its FDE's end
+                // (`DW_CFA_set_loc`, wrapping advances) is corrupt: its rows
+                // would unsort the table, and a binary search in it would
+                // find other functions' rules.
+                let backwards = rows.last().is_some_and(|&(last, _)| address <= last);
+                if backwards || address >= end {
+                    return Err(gimli::Error::AddressOverflow);
+                }
                 let converted = convert_row(row, section, encoding);
-                rows.push((row.start_address().max(start), converted));
+                rows.push((address, converted));
             }
             Ok(())
         })();
