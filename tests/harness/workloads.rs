@@ -25,13 +25,16 @@ pub fn workloads_build_dir() -> PathBuf {
 /// unless an executable newer than the source is there, and returns its path.
 /// C and C++ are built `-O2 -fomit-frame-pointer -g` (no frame pointers, as
 /// most distribution code), Rust `-C opt-level=2 -C force-frame-pointers=no -g`.
-/// The executable is named after the source: `chain`, `chain_cpp`, `chain_rs`.
+/// The executable is named after the source: `chain`, `chain_cpp`, `chain_rs`;
+/// a C source named `*_plugin.c` is a shared library, `lib*_plugin.so`.
 pub fn build_workload(source: &str) -> PathBuf {
     let source_path = workloads_source_dir().join(source);
     let (stem, extension) = source
         .rsplit_once('.')
         .unwrap_or_else(|| panic!("workload `{source}` has no extension"));
+    let shared_library = source.ends_with("_plugin.c");
     let name = match extension {
+        "c" if shared_library => format!("lib{stem}.so"),
         "c" => stem.to_string(),
         "cpp" => format!("{stem}_cpp"),
         "rs" => format!("{stem}_rs"),
@@ -73,6 +76,9 @@ pub fn build_workload(source: &str) -> PathBuf {
             let compiler = if extension == "cpp" { "c++" } else { "cc" };
             let mut command = Command::new(compiler);
             command.args(["-O2", "-fomit-frame-pointer", "-g", "-Wall", "-pthread"]);
+            if shared_library {
+                command.args(["-shared", "-fPIC"]);
+            }
             command
         }
     };
