@@ -143,6 +143,10 @@ fn bad_values_typed_on_the_command_line_are_usage_errors_quoting_them() {
             "`not a url` is not an agent URL (expected http://HOST:PORT".to_string(),
         ),
         (
+            ["--internal-stats", "localhost"],
+            "`localhost`: expected unix:///PATH, /PATH, udp://HOST:PORT or HOST:PORT".to_string(),
+        ),
+        (
             ["-e", above_max.as_str()],
             format!(
                 "freq={} is above kernel.perf_event_max_sample_rate ({max} on this machine)",

@@ -304,6 +304,7 @@ fn write_profile(
         &symbolized,
         &ProfileMetadata {
             sampling_period_nanos: PERIOD_NANOS,
+            comments: Vec::new(),
         },
     )
     .unwrap();
@@ -652,6 +653,7 @@ fn measures_a_busy_minute_profile() {
 
     let metadata = ProfileMetadata {
         sampling_period_nanos: PERIOD_NANOS,
+        comments: Vec::new(),
     };
     let encode_start = Instant::now();
     let bytes = profile::encode_pprof(&cold, &metadata).unwrap();

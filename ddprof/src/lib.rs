@@ -16,6 +16,7 @@
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym).
 //! - [`profile`]: pprof encoding.
 //! - [`output`]: local pprof files, flame graph and folded stacks.
+//! - [`overhead`]: what profiling costs (own CPU and memory, samples lost), per period and for the run.
 //! - [`profiler`]: the profiler's main loop that wires the stages together.
 pub mod aggregate;
 pub mod bpf;
@@ -24,6 +25,7 @@ pub mod events;
 pub mod launch;
 pub mod logging;
 pub mod output;
+pub mod overhead;
 pub mod perf;
 pub mod process;
 pub mod profile;

@@ -17,7 +17,7 @@
 //!     inlined_functions: false, // -I
 //!     ..SymbolizerOptions::default()
 //! });
-//! let metadata = ProfileMetadata { sampling_period_nanos: 1_000_000_000 / 99 };
+//! let metadata = ProfileMetadata { sampling_period_nanos: 1_000_000_000 / 99, comments: Vec::new() };
 //! let output = LocalOutput::create("ddprof-out".as_ref(), "my-service")?;
 //! let mut folded = FoldedStacks::default();
 //! let (mut profiles, mut total, mut full) = (0, 0, 0);
@@ -45,7 +45,7 @@ use std::fmt;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::symbolize::SymbolizedProfile;
 
@@ -600,6 +600,8 @@ pub struct Summary {
     pub profiles: u64,
     pub profiler_cpu_ms: u64,
     pub peak_rss_kib: u64,
+    /// CPU time of the profiled tasks (0: not known).
+    pub target_cpu_ms: u64,
 }
 
 impl Summary {
@@ -610,8 +612,22 @@ impl Summary {
             lost,
             full_stacks,
             profiles,
-            profiler_cpu_ms: own_cpu_time().as_millis() as u64,
-            peak_rss_kib: peak_rss_kib().unwrap_or(0),
+            profiler_cpu_ms: crate::overhead::own_cpu_time().as_millis() as u64,
+            peak_rss_kib: crate::overhead::peak_rss_kib(),
+            target_cpu_ms: 0,
+        }
+    }
+
+    /// The run's figures, as the overhead meter counted them.
+    pub fn of_run(run: &crate::overhead::Overhead, profiles: u64) -> Self {
+        Self {
+            samples: run.samples,
+            lost: run.lost,
+            full_stacks: run.samples - run.truncated,
+            profiles,
+            profiler_cpu_ms: run.profiler_cpu.as_millis() as u64,
+            peak_rss_kib: run.peak_rss_kib,
+            target_cpu_ms: run.target_cpu.as_millis() as u64,
         }
     }
 }
@@ -627,30 +643,17 @@ impl fmt::Display for Summary {
             self.profiles,
             self.profiler_cpu_ms,
             self.peak_rss_kib
-        )
+        )?;
+        if self.target_cpu_ms > 0 {
+            write!(
+                f,
+                " target_cpu_ms={} profiler_cpu_share={:.2}%",
+                self.target_cpu_ms,
+                100.0 * self.profiler_cpu_ms as f64 / self.target_cpu_ms as f64
+            )?;
+        }
+        Ok(())
     }
-}
-
-/// User plus system CPU time of this process (all threads).
-pub fn own_cpu_time() -> Duration {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) else {
-        return Duration::ZERO;
-    };
-    let to_duration = |t: nix::sys::time::TimeVal| {
-        Duration::from_secs(t.tv_sec().max(0) as u64)
-            + Duration::from_micros(t.tv_usec().max(0) as u64)
-    };
-    to_duration(usage.user_time()) + to_duration(usage.system_time())
-}
-
-/// Peak resident set size (`VmHWM` in `/proc/self/status`), in KiB.
-pub fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -658,6 +661,7 @@ mod tests {
     use super::*;
     use crate::aggregate::{Frame, PeriodProfile, PeriodStats, StackSample};
     use crate::symbolize::SymbolLine;
+    use std::time::Duration;
 
     #[test]
     fn formats_utc_timestamps() {

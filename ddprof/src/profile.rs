@@ -157,6 +157,9 @@ const FIRST_FILE_BASE: u64 = 0x1_0000;
 pub struct ProfileMetadata {
     /// Nominal CPU time between two samples (1e9 / frequency), pprof's `period`.
     pub sampling_period_nanos: u64,
+    /// pprof's free-form comments: the period's overhead figures
+    /// (`ddprof.overhead.NAME=VALUE`, see [`crate::overhead`]).
+    pub comments: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -388,6 +391,11 @@ pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> p
         }
     }
 
+    let comments = metadata
+        .comments
+        .iter()
+        .map(|comment| strings.id(comment))
+        .collect();
     pb::Profile {
         sample_type,
         sample: samples,
@@ -401,7 +409,7 @@ pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> p
         duration_nanos: unix_nanos(period.end).saturating_sub(unix_nanos(period.start)),
         period_type: Some(period_type),
         period: metadata.sampling_period_nanos.min(i64::MAX as u64) as i64,
-        comment: Vec::new(),
+        comment: comments,
         default_sample_type: 0,
     }
 }
@@ -469,6 +477,7 @@ mod tests {
         };
         let metadata = ProfileMetadata {
             sampling_period_nanos: 10_101_010,
+            comments: vec!["ddprof.overhead.samples=10".into()],
         };
         let gz = encode_pprof(&symbolized, &metadata).unwrap();
         let mut raw = Vec::new();
@@ -488,6 +497,8 @@ mod tests {
         );
         assert_eq!(decoded.period, 10_101_010);
         assert_eq!(decoded.duration_nanos, 60_000_000_000);
+        let comments: Vec<&str> = decoded.comment.iter().map(|&id| s(id)).collect();
+        assert_eq!(comments, ["ddprof.overhead.samples=10"]);
         // One timeline sample and the rest without a timestamp.
         assert_eq!(decoded.sample.len(), 2);
         assert_eq!(decoded.sample[0].value, [1, 10]);

@@ -17,6 +17,7 @@ use crate::config::{Cli, SampleRate};
 use crate::events::EventFd;
 use crate::launch;
 use crate::output::{FoldedStacks, OutputError, OutputWriter, Summary};
+use crate::overhead::{OverheadMeter, StatsdAddress, StatsdSink};
 use crate::perf::{monotonic_now, PerfEngine, PerfEngineOptions, PerfError, HOLD_BACK};
 use crate::process::ProcessTable;
 use crate::profile::{encode_pprof, ProfileError, ProfileMetadata};
@@ -309,8 +310,8 @@ struct Pipeline {
     metadata: ProfileMetadata,
     show_samples: bool,
     period_start: SystemTime,
-    samples: u64,
-    full_stacks: u64,
+    overhead: OverheadMeter,
+    internal_stats: Option<StatsdSink>,
     profiles: u64,
 }
 
@@ -337,20 +338,19 @@ impl Pipeline {
             output,
             metadata: ProfileMetadata {
                 sampling_period_nanos: nominal_period_nanos(cli),
+                comments: Vec::new(),
             },
             show_samples: cli.show_samples,
             period_start: SystemTime::now(),
-            samples: 0,
-            full_stacks: 0,
+            overhead: OverheadMeter::start(nominal_period_nanos(cli)),
+            internal_stats: internal_stats_sink(cli),
             profiles: 0,
         })
     }
 
     fn add(&mut self, processes: &ProcessTable, sample: Sample) {
-        self.samples += 1;
-        if sample.end.is_complete() {
-            self.full_stacks += 1;
-        }
+        self.overhead
+            .add_sample(sample.weight, sample.end.is_complete());
         if self.show_samples {
             log::info!(
                 "sample pid={} tid={} ({}) cpu={} time={} weight={} end={:?} frames={:x?}",
@@ -370,21 +370,28 @@ impl Pipeline {
     /// Ends the current period: symbolizes it, writes its profile, and
     /// starts the next one. An empty period writes nothing unless it is the
     /// run's only one.
-    fn flush_period(&mut self, last: bool) -> Result<(), ProfilerError> {
+    /// `lost_total`: the samples the engine lost since the run started.
+    fn flush_period(&mut self, last: bool, lost_total: u64) -> Result<(), ProfilerError> {
         let end = SystemTime::now();
         let start = std::mem::replace(&mut self.period_start, end);
         let period = self.aggregator.take_period(start, end);
         if period.stats.samples == 0 && !(last && self.profiles == 0) {
             return Ok(());
         }
-        let samples = period.stats.samples;
+        // The figures cover everything since the previous profile (an
+        // empty period writes none), start-up included in the first.
+        let overhead = self.overhead.end_period(lost_total);
+        self.metadata.comments = overhead.comments();
+        if let Some(sink) = &mut self.internal_stats {
+            sink.send(&overhead);
+        }
         let symbolizing = Instant::now();
         let symbolized = self.symbolizer.symbolize(period);
         let symbolize_time = symbolizing.elapsed();
         self.folded.add(&symbolized);
         let bytes = encode_pprof(&symbolized, &self.metadata)?;
         log::info!(
-            "period: {samples} samples, symbolized in {:.1} ms, pprof {} bytes",
+            "period: {overhead}; symbolized in {:.1} ms, pprof {} bytes",
             symbolize_time.as_secs_f64() * 1e3,
             bytes.len()
         );
@@ -404,8 +411,8 @@ impl Pipeline {
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<(), ProfilerError> {
-        self.flush_period(true)?;
+    fn finish(&mut self, lost_total: u64) -> Result<(), ProfilerError> {
+        self.flush_period(true, lost_total)?;
         if self.folded.total_samples() == 0 {
             // A flame graph of nothing cannot be drawn; the empty profile
             // above already says that the run took no samples.
@@ -419,6 +426,24 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// `--internal-stats`: the DogStatsD socket, when one is configured and can
+/// be opened (if not, one warning; profiling goes on without it).
+fn internal_stats_sink(cli: &Cli) -> Option<StatsdSink> {
+    let text = cli.internal_stats.as_deref()?;
+    let address: StatsdAddress = text
+        .parse()
+        .map_err(|error| log::warn!("--internal-stats: {error}"))
+        .ok()?;
+    let service = cli.service_name();
+    let tags = [
+        ("service", service.as_str()),
+        ("profiler_version", env!("CARGO_PKG_VERSION")),
+    ];
+    StatsdSink::connect(&address, &tags)
+        .map_err(|error| log::warn!("--internal-stats {text}: {error}; not sending statistics"))
+        .ok()
 }
 
 /// pprof's `period`: the CPU time a sample stands for at the configured rate.
@@ -474,18 +499,13 @@ pub fn run(cli: &Cli, target: Target, events: Vec<EventFd>) -> Result<(), Profil
             break;
         }
         if Instant::now() >= period_deadline {
-            pipeline.flush_period(false)?;
+            pipeline.flush_period(false, engine.lost())?;
             period_deadline += period;
         }
     }
     // The summary is worth printing even when some outputs could not be written.
-    let finished = pipeline.finish();
-    let summary = Summary::measure(
-        pipeline.samples,
-        engine.lost(),
-        pipeline.full_stacks,
-        pipeline.profiles,
-    );
+    let finished = pipeline.finish(engine.lost());
+    let summary = Summary::of_run(&pipeline.overhead.run(), pipeline.profiles);
     log::info!("{summary}");
     if summary.lost > 0 {
         log::warn!(

@@ -127,6 +127,10 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_SHOW_SAMPLES", default_value_t = false)]
     pub show_samples: bool,
 
+    /// Also send each period's overhead figures (samples, lost, profiler CPU and RSS) as DogStatsD gauges to this socket: `unix:///PATH`, `/PATH` (Unix datagram), `udp://HOST:PORT` or `HOST:PORT`
+    #[arg(long, env = "DD_PROFILING_INTERNAL_STATS", value_parser = parse_internal_stats)]
+    pub internal_stats: Option<String>,
+
     /// Niceness of the profiler process
     #[arg(long, env = "DD_PROFILING_NICE", allow_negative_numbers = true, value_parser = parse_nice)]
     pub nice: Option<i32>,
@@ -207,6 +211,12 @@ where
         Ok(number) if number >= min && number <= max => Ok(number),
         _ => Err(format!("expected {what} from {min} to {max}")),
     }
+}
+
+fn parse_internal_stats(value: &str) -> Result<String, String> {
+    value
+        .parse::<crate::overhead::StatsdAddress>()
+        .map(|_| value.to_string())
 }
 
 fn parse_upload_period(value: &str) -> Result<u64, String> {

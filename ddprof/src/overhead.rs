@@ -1,0 +1,481 @@
+//! What profiling costs, told to the user: per period and for the run, the
+//! samples taken, lost and truncated, the profiler's own CPU time and memory,
+//! and that CPU time as a share of the CPU time the profiled tasks used.
+//!
+//! The profiler's CPU is `getrusage` of its own process (every thread) and
+//! of the children it waited for, the same quantity the benchmark reads from
+//! outside (`wait4` or the cgroup of the profiler's processes). The target's
+//! CPU is what the samples stand for: with `sCPU` each sample carries the
+//! task-clock nanoseconds since the previous one (its weight), so their sum
+//! is the CPU time of the profiled tasks; a lost sample counts for the
+//! nominal period.
+use std::fmt;
+use std::time::Duration;
+
+/// The profiler's own resource use at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OwnUsage {
+    /// User + system CPU time of this process and its waited-for children.
+    pub cpu: Duration,
+    /// Resident set size now (`VmRSS`), in KiB.
+    pub rss_kib: u64,
+    /// Peak resident set size so far (`VmHWM`), in KiB.
+    pub peak_rss_kib: u64,
+}
+
+impl OwnUsage {
+    pub fn now() -> Self {
+        let (rss_kib, peak_rss_kib) = memory_kib();
+        Self {
+            cpu: own_cpu_time(),
+            rss_kib,
+            peak_rss_kib,
+        }
+    }
+}
+
+/// User plus system CPU time of this process (all threads) and of the
+/// children it waited for.
+pub fn own_cpu_time() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let total = |who| {
+        let Ok(usage) = getrusage(who) else {
+            return Duration::ZERO;
+        };
+        let to_duration = |t: nix::sys::time::TimeVal| {
+            Duration::from_secs(t.tv_sec().max(0) as u64)
+                + Duration::from_micros(t.tv_usec().max(0) as u64)
+        };
+        to_duration(usage.user_time()) + to_duration(usage.system_time())
+    };
+    total(UsageWho::RUSAGE_SELF) + total(UsageWho::RUSAGE_CHILDREN)
+}
+
+/// `VmRSS` and `VmHWM` of this process, in KiB (0 where unreadable).
+fn memory_kib() -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Peak resident set size of this process (`VmHWM`), in KiB.
+pub fn peak_rss_kib() -> u64 {
+    memory_kib().1
+}
+
+/// The figures of one period (or, from [`OverheadMeter::run`], of the run).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Overhead {
+    /// Wall-clock length of the period.
+    pub duration: Duration,
+    pub samples: u64,
+    /// Samples the kernel could not deliver (full ring buffers).
+    pub lost: u64,
+    /// Samples whose user stack did not reach its root.
+    pub truncated: u64,
+    pub profiler_cpu: Duration,
+    /// CPU time of the profiled tasks, from the samples.
+    pub target_cpu: Duration,
+    pub rss_kib: u64,
+    pub peak_rss_kib: u64,
+}
+
+impl Overhead {
+    /// The profiler's CPU time as a share of the target's, in percent:
+    /// `None` when the target used no CPU time.
+    pub fn cpu_share_percent(&self) -> Option<f64> {
+        (!self.target_cpu.is_zero())
+            .then(|| 100.0 * self.profiler_cpu.as_secs_f64() / self.target_cpu.as_secs_f64())
+    }
+
+    /// The profiler's CPU time per second of wall-clock time, in millicores.
+    pub fn profiler_millicores(&self) -> f64 {
+        if self.duration.is_zero() {
+            return 0.0;
+        }
+        1000.0 * self.profiler_cpu.as_secs_f64() / self.duration.as_secs_f64()
+    }
+
+    /// `(name, value)` pairs, as the pprof comments, the log lines and the
+    /// DogStatsD gauges name them.
+    pub fn fields(&self) -> Vec<(&'static str, f64)> {
+        let mut fields = vec![
+            ("samples", self.samples as f64),
+            ("lost", self.lost as f64),
+            ("truncated", self.truncated as f64),
+            ("profiler_cpu_ms", self.profiler_cpu.as_secs_f64() * 1e3),
+            ("target_cpu_ms", self.target_cpu.as_secs_f64() * 1e3),
+            ("profiler_millicores", self.profiler_millicores()),
+            ("rss_kib", self.rss_kib as f64),
+            ("peak_rss_kib", self.peak_rss_kib as f64),
+        ];
+        if let Some(share) = self.cpu_share_percent() {
+            fields.push(("profiler_cpu_share_percent", share));
+        }
+        fields
+    }
+
+    /// One `ddprof.overhead.NAME=VALUE` comment per figure, for the pprof
+    /// profile of the period.
+    pub fn comments(&self) -> Vec<String> {
+        self.fields()
+            .into_iter()
+            .map(|(name, value)| format!("ddprof.overhead.{name}={}", format_value(value)))
+            .collect()
+    }
+}
+
+fn format_value(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{}", value as i64)
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+impl fmt::Display for Overhead {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} samples, {} lost, {} truncated; profiler CPU {:.0} ms",
+            self.samples,
+            self.lost,
+            self.truncated,
+            self.profiler_cpu.as_secs_f64() * 1e3,
+        )?;
+        match self.cpu_share_percent() {
+            Some(share) => write!(
+                f,
+                " ({share:.2} % of the profiled tasks' {:.0} ms)",
+                self.target_cpu.as_secs_f64() * 1e3
+            )?,
+            None => write!(f, " (the profiled tasks used no CPU time)")?,
+        }
+        write!(
+            f,
+            ", RSS {:.1} MiB (peak {:.1} MiB)",
+            self.rss_kib as f64 / 1024.0,
+            self.peak_rss_kib as f64 / 1024.0
+        )
+    }
+}
+
+/// Turns the running counters of the profiler loop into per-period and
+/// whole-run [`Overhead`]s.
+#[derive(Debug, Clone)]
+pub struct OverheadMeter {
+    /// Nominal CPU nanoseconds of one sample, what a lost sample counts for.
+    sample_period_nanos: u64,
+    run_start: std::time::Instant,
+    period_start: std::time::Instant,
+    /// Own CPU time at the end of the previous period: the first period
+    /// counts from the process's start, so that start-up (loading the BPF
+    /// program, compiling tables) is part of the cost reported.
+    period_start_cpu: Duration,
+    period: Counts,
+    run: Counts,
+    lost_before: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    samples: u64,
+    truncated: u64,
+    weight_nanos: u64,
+    lost: u64,
+}
+
+impl OverheadMeter {
+    pub fn start(sample_period_nanos: u64) -> Self {
+        let now = std::time::Instant::now();
+        Self {
+            sample_period_nanos,
+            run_start: now,
+            period_start: now,
+            period_start_cpu: Duration::ZERO,
+            period: Counts::default(),
+            run: Counts::default(),
+            lost_before: 0,
+        }
+    }
+
+    /// Counts one sample of the current period.
+    pub fn add_sample(&mut self, weight_nanos: u64, complete: bool) {
+        for counts in [&mut self.period, &mut self.run] {
+            counts.samples += 1;
+            counts.truncated += u64::from(!complete);
+            counts.weight_nanos = counts.weight_nanos.saturating_add(weight_nanos);
+        }
+    }
+
+    /// Ends the period: its figures, given the engine's count of samples
+    /// lost since the run started.
+    pub fn end_period(&mut self, lost_total: u64) -> Overhead {
+        let lost = lost_total.saturating_sub(self.lost_before);
+        self.lost_before = lost_total.max(self.lost_before);
+        self.period.lost = lost;
+        self.run.lost += lost;
+        let usage = OwnUsage::now();
+        let now = std::time::Instant::now();
+        let overhead = self.overhead(
+            &self.period,
+            now - self.period_start,
+            usage.cpu.saturating_sub(self.period_start_cpu),
+            usage,
+        );
+        self.period = Counts::default();
+        self.period_start = now;
+        self.period_start_cpu = usage.cpu;
+        overhead
+    }
+
+    /// The whole run's figures so far (call after the last [`end_period`]).
+    ///
+    /// [`end_period`]: OverheadMeter::end_period
+    pub fn run(&self) -> Overhead {
+        let usage = OwnUsage::now();
+        self.overhead(&self.run, self.run_start.elapsed(), usage.cpu, usage)
+    }
+
+    fn overhead(
+        &self,
+        counts: &Counts,
+        duration: Duration,
+        profiler_cpu: Duration,
+        usage: OwnUsage,
+    ) -> Overhead {
+        let lost_nanos = counts.lost.saturating_mul(self.sample_period_nanos);
+        Overhead {
+            duration,
+            samples: counts.samples,
+            lost: counts.lost,
+            truncated: counts.truncated,
+            profiler_cpu,
+            target_cpu: Duration::from_nanos(counts.weight_nanos.saturating_add(lost_nanos)),
+            rss_kib: usage.rss_kib,
+            peak_rss_kib: usage.peak_rss_kib,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_split_the_counts_and_the_run_adds_them_up() {
+        let mut meter = OverheadMeter::start(10_000_000);
+        for _ in 0..90 {
+            meter.add_sample(10_000_000, true);
+        }
+        for _ in 0..10 {
+            meter.add_sample(10_000_000, false);
+        }
+        // Burn a little CPU so that the profiler's share is measurable.
+        let mut x = 1u64;
+        let burn_until = std::time::Instant::now() + Duration::from_millis(30);
+        while std::time::Instant::now() < burn_until {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let first = meter.end_period(5);
+        assert_eq!((first.samples, first.lost, first.truncated), (100, 5, 10));
+        // 100 samples of 10 ms and 5 lost ones of the nominal 10 ms.
+        assert_eq!(first.target_cpu, Duration::from_millis(1050));
+        assert!(first.profiler_cpu >= Duration::from_millis(20), "{first:?}");
+        let share = first.cpu_share_percent().unwrap();
+        assert!(share > 1.0 && share < 50.0, "{share}");
+        assert!(first.peak_rss_kib >= first.rss_kib && first.rss_kib > 0);
+
+        meter.add_sample(20_000_000, true);
+        let second = meter.end_period(5);
+        assert_eq!((second.samples, second.lost, second.truncated), (1, 0, 0));
+        assert_eq!(second.target_cpu, Duration::from_millis(20));
+
+        let run = meter.run();
+        assert_eq!((run.samples, run.lost, run.truncated), (101, 5, 10));
+        assert_eq!(run.target_cpu, Duration::from_millis(1070));
+        assert!(run.profiler_cpu >= first.profiler_cpu + second.profiler_cpu);
+    }
+
+    #[test]
+    fn a_period_without_target_cpu_has_no_share() {
+        let mut meter = OverheadMeter::start(10_000_000);
+        let period = meter.end_period(0);
+        assert_eq!(period.cpu_share_percent(), None);
+        assert!(period.to_string().contains("used no CPU time"), "{period}");
+        assert!(!period.comments().iter().any(|c| c.contains("cpu_share")));
+    }
+
+    #[test]
+    fn comments_and_the_log_line_carry_every_figure() {
+        let overhead = Overhead {
+            duration: Duration::from_secs(10),
+            samples: 990,
+            lost: 3,
+            truncated: 7,
+            profiler_cpu: Duration::from_millis(25),
+            target_cpu: Duration::from_millis(10_000),
+            rss_kib: 20480,
+            peak_rss_kib: 30720,
+        };
+        assert_eq!(
+            overhead.comments(),
+            [
+                "ddprof.overhead.samples=990",
+                "ddprof.overhead.lost=3",
+                "ddprof.overhead.truncated=7",
+                "ddprof.overhead.profiler_cpu_ms=25",
+                "ddprof.overhead.target_cpu_ms=10000",
+                "ddprof.overhead.profiler_millicores=2.50",
+                "ddprof.overhead.rss_kib=20480",
+                "ddprof.overhead.peak_rss_kib=30720",
+                "ddprof.overhead.profiler_cpu_share_percent=0.25",
+            ]
+        );
+        assert_eq!(
+            overhead.to_string(),
+            "990 samples, 3 lost, 7 truncated; profiler CPU 25 ms (0.25 % of the profiled \
+             tasks' 10000 ms), RSS 20.0 MiB (peak 30.0 MiB)"
+        );
+    }
+}
+
+/// Where `--internal-stats` sends the overhead figures as DogStatsD gauges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatsdAddress {
+    /// `unix:///PATH` or `/PATH`: a Unix datagram socket (the agent's
+    /// `dsd_socket`).
+    Unix(std::path::PathBuf),
+    /// `udp://HOST:PORT` or `HOST:PORT`.
+    Udp(String),
+}
+
+impl std::str::FromStr for StatsdAddress {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Some(path) = text.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "`{text}`: a Unix socket path must be absolute (unix:///PATH)"
+                ));
+            }
+            return Ok(StatsdAddress::Unix(path.into()));
+        }
+        if text.starts_with('/') {
+            return Ok(StatsdAddress::Unix(text.into()));
+        }
+        let address = text.strip_prefix("udp://").unwrap_or(text);
+        match address.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                Ok(StatsdAddress::Udp(address.to_string()))
+            }
+            _ => Err(format!(
+                "`{text}`: expected unix:///PATH, /PATH, udp://HOST:PORT or HOST:PORT"
+            )),
+        }
+    }
+}
+
+/// Sends the overhead figures of each period as DogStatsD gauges
+/// (`datadog.profiling.ddprof.NAME`), without ever blocking the profiler: a
+/// datagram that cannot go out now is dropped, and one warning per failure
+/// streak says so.
+#[derive(Debug)]
+pub struct StatsdSink {
+    socket: StatsdSocket,
+    tags: String,
+    failing: bool,
+}
+
+#[derive(Debug)]
+enum StatsdSocket {
+    Unix(std::os::unix::net::UnixDatagram, std::path::PathBuf),
+    Udp(std::net::UdpSocket),
+}
+
+/// Metric names start with this.
+pub const STATSD_PREFIX: &str = "datadog.profiling.ddprof.";
+
+impl StatsdSink {
+    /// `tags`: `key:value` pairs added to every gauge.
+    pub fn connect(address: &StatsdAddress, tags: &[(&str, &str)]) -> std::io::Result<Self> {
+        let socket = match address {
+            StatsdAddress::Unix(path) => {
+                let socket = std::os::unix::net::UnixDatagram::unbound()?;
+                socket.set_nonblocking(true)?;
+                StatsdSocket::Unix(socket, path.clone())
+            }
+            StatsdAddress::Udp(address) => {
+                use std::net::ToSocketAddrs;
+                let target = address.to_socket_addrs()?.next().ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("{address} resolves to no address"),
+                    )
+                })?;
+                let local: std::net::SocketAddr = if target.is_ipv4() {
+                    ([0, 0, 0, 0], 0).into()
+                } else {
+                    (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+                };
+                let socket = std::net::UdpSocket::bind(local)?;
+                socket.connect(target)?;
+                socket.set_nonblocking(true)?;
+                StatsdSocket::Udp(socket)
+            }
+        };
+        let tags = tags
+            .iter()
+            .map(|(key, value)| format!("{key}:{value}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(Self {
+            socket,
+            tags,
+            failing: false,
+        })
+    }
+
+    /// The datagram for one period: one gauge per line.
+    pub fn datagram(&self, overhead: &Overhead) -> String {
+        let mut datagram = String::new();
+        for (name, value) in overhead.fields() {
+            datagram.push_str(STATSD_PREFIX);
+            datagram.push_str(name);
+            datagram.push(':');
+            datagram.push_str(&format_value(value));
+            datagram.push_str("|g");
+            if !self.tags.is_empty() {
+                datagram.push_str("|#");
+                datagram.push_str(&self.tags);
+            }
+            datagram.push('\n');
+        }
+        datagram
+    }
+
+    pub fn send(&mut self, overhead: &Overhead) {
+        let datagram = self.datagram(overhead);
+        let sent = match &self.socket {
+            StatsdSocket::Unix(socket, path) => socket.send_to(datagram.as_bytes(), path),
+            StatsdSocket::Udp(socket) => socket.send(datagram.as_bytes()),
+        };
+        match sent {
+            Ok(_) => self.failing = false,
+            Err(error) if !self.failing => {
+                self.failing = true;
+                log::warn!("cannot send the internal statistics: {error}");
+            }
+            Err(_) => {}
+        }
+    }
+}

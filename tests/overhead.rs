@@ -1,0 +1,309 @@
+//! What profiling costs, as ddprof reports it, checked against what the
+//! kernel measured from outside for the same run: the profiler's own CPU
+//! time in the summary against `wait4`'s figure for the profiler process,
+//! the figures of each period in its log line, its pprof comments and its
+//! DogStatsD gauges (`--internal-stats`, Unix datagram and UDP).
+//!
+//! One test function, so that the test process can be the subreaper of the
+//! detached profiler (which a wrapped run reparents) and reap it itself.
+use ddprof_tests::outputs::{pprof_files, summary_fields};
+use ddprof_tests::processes::wait_with_cpu_time;
+use ddprof_tests::workloads::build_workload;
+use prost::Message;
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+/// The pprof comments of a profile file.
+fn pprof_comments(path: &Path) -> Vec<String> {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Profile {
+        #[prost(string, repeated, tag = "6")]
+        string_table: Vec<String>,
+        #[prost(int64, repeated, tag = "13")]
+        comment: Vec<i64>,
+    }
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&std::fs::read(path).unwrap()[..])
+        .read_to_end(&mut raw)
+        .unwrap();
+    let profile = Profile::decode(&raw[..]).unwrap();
+    profile
+        .comment
+        .iter()
+        .map(|&id| profile.string_table[id as usize].clone())
+        .collect()
+}
+
+/// `ddprof.overhead.NAME=VALUE` comments as a map.
+fn overhead_comments(path: &Path) -> HashMap<String, f64> {
+    pprof_comments(path)
+        .iter()
+        .filter_map(|c| c.strip_prefix("ddprof.overhead."))
+        .filter_map(|c| {
+            let (name, value) = c.split_once('=')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The detached profiler of this test: a `ddprof-profiler` process that was
+/// reparented to this process (its subreaper).
+fn find_reparented_profiler() -> Option<u32> {
+    let me = std::process::id().to_string();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+        };
+        if field("Name:").as_deref() == Some("ddprof-profiler")
+            && field("PPid:").as_deref() == Some(me.as_str())
+        {
+            return field("Pid:")?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Gauges of a DogStatsD datagram: `name -> (value, tags)`.
+fn gauges(datagram: &str) -> HashMap<String, (f64, String)> {
+    datagram
+        .lines()
+        .map(|line| {
+            let (name, rest) = line.split_once(':').expect("name:value");
+            let mut parts = rest.split('|');
+            let value: f64 = parts.next().unwrap().parse().expect("a number");
+            assert_eq!(parts.next(), Some("g"), "a gauge: {line}");
+            let tags = parts
+                .next()
+                .and_then(|t| t.strip_prefix('#'))
+                .unwrap_or_default()
+                .to_string();
+            (name.to_string(), (value, tags))
+        })
+        .collect()
+}
+
+#[test]
+// The children are reaped with `wait4` (`wait_with_cpu_time`), which is the
+// point: their CPU time as the kernel accounts it.
+#[allow(clippy::zombie_processes)]
+fn reported_overhead_agrees_with_what_the_kernel_measured() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only sets a flag of this
+    // process.
+    assert_eq!(
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
+        0
+    );
+    let chain = build_workload("chain.c");
+    for engine in ["bpf", "perf"] {
+        let scratch =
+            std::env::temp_dir().join(format!("ddprof-overhead-{engine}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).unwrap();
+        let out = scratch.join("out");
+        let socket_path = scratch.join("dsd.socket");
+        let statsd = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+        statsd
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+
+        // Wrapped: `ddprof` execs into the workload; the profiler is its
+        // detached grandchild, reparented here.
+        let mut command = ddprof_tests::ddprof_command();
+        command
+            .args([
+                "-l",
+                "notice",
+                "--engine",
+                engine,
+                "-e",
+                "sCPU freq=999",
+                "-u",
+                "1",
+            ])
+            .arg("--internal-stats")
+            .arg(format!("unix://{}", socket_path.display()))
+            .arg("--output")
+            .arg(&out)
+            .arg("--")
+            .arg(&chain)
+            .arg("3")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        let mut stderr_pipe = child.stderr.take().unwrap();
+        let stderr_reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            stderr_pipe.read_to_string(&mut text).unwrap();
+            text
+        });
+        let target = wait_with_cpu_time(child.id(), Duration::from_secs(60)).unwrap();
+        assert!(target.status.success(), "{engine}: {:?}", target.status);
+        let profiler_pid = (0..500)
+            .find_map(|_| {
+                find_reparented_profiler().or_else(|| {
+                    std::thread::sleep(Duration::from_millis(10));
+                    None
+                })
+            })
+            .expect("the detached profiler was reparented to this process");
+        let profiler = wait_with_cpu_time(profiler_pid, Duration::from_secs(60)).unwrap();
+        let stderr = stderr_reader.join().unwrap();
+        assert!(profiler.status.success(), "{engine}: {stderr}");
+
+        // The summary: the profiler's CPU time as wait4 measured it, within
+        // 15 % (and 3 ms, what the exit after the summary line may take).
+        let summary = summary_fields(&stderr);
+        let reported = Duration::from_millis(summary["profiler_cpu_ms"]);
+        let measured = profiler.cpu + profiler.children_cpu;
+        let difference = reported.abs_diff(measured);
+        eprintln!(
+            "{engine}: profiler CPU reported {reported:?}, measured by wait4 {measured:?}; \
+             target CPU {:?} (summary {} ms)",
+            target.cpu + target.children_cpu,
+            summary["target_cpu_ms"]
+        );
+        assert!(
+            difference.as_secs_f64() <= 0.15 * measured.as_secs_f64()
+                || difference <= Duration::from_millis(3),
+            "{engine}: reported {reported:?}, measured {measured:?}:\n{stderr}"
+        );
+        // The target's CPU time as the samples count it, against wait4's.
+        let target_cpu = (target.cpu + target.children_cpu).as_secs_f64();
+        let target_reported = summary["target_cpu_ms"] as f64 / 1e3;
+        assert!(
+            (target_reported - target_cpu).abs() <= 0.05 * target_cpu,
+            "{engine}: target CPU {target_reported} s reported, {target_cpu} s measured"
+        );
+        let share_line = stderr.lines().find(|l| l.contains("summary:")).unwrap();
+        assert!(share_line.contains(" profiler_cpu_share="), "{share_line}");
+
+        // Each period: a log line, pprof comments and gauges, adding up to
+        // the summary.
+        let period_lines: Vec<&str> = stderr.lines().filter(|l| l.contains(" period: ")).collect();
+        assert!(
+            period_lines.len() >= 2,
+            "{engine}: periods of 1 s:\n{stderr}"
+        );
+        for line in &period_lines {
+            assert!(
+                line.contains(" samples, ")
+                    && line.contains(" lost, ")
+                    && line.contains(" truncated; profiler CPU ")
+                    && line.contains("% of the profiled tasks'")
+                    && line.contains(", RSS "),
+                "{line}"
+            );
+        }
+        let profiles = pprof_files(&out);
+        assert_eq!(profiles.len(), period_lines.len(), "{profiles:?}");
+        let mut samples = 0.0;
+        let mut profiler_cpu_ms = 0.0;
+        for profile in &profiles {
+            let comments = overhead_comments(profile);
+            for name in [
+                "samples",
+                "lost",
+                "truncated",
+                "profiler_cpu_ms",
+                "target_cpu_ms",
+                "profiler_millicores",
+                "rss_kib",
+                "peak_rss_kib",
+            ] {
+                assert!(comments.contains_key(name), "{name}: {comments:?}");
+            }
+            assert!(comments["rss_kib"] > 1000.0, "{comments:?}");
+            samples += comments["samples"];
+            profiler_cpu_ms += comments["profiler_cpu_ms"];
+        }
+        assert_eq!(samples as u64, summary["samples"], "{engine}");
+        assert!(
+            (profiler_cpu_ms - summary["profiler_cpu_ms"] as f64).abs()
+                <= 0.15 * summary["profiler_cpu_ms"] as f64 + 3.0,
+            "{engine}: periods add up to {profiler_cpu_ms} ms of {} ms",
+            summary["profiler_cpu_ms"]
+        );
+
+        // One datagram per period, the same figures.
+        let mut gauge_samples = 0.0;
+        for _ in 0..profiles.len() {
+            let mut buffer = [0u8; 4096];
+            let size = statsd.recv(&mut buffer).expect("a datagram per period");
+            let datagram = std::str::from_utf8(&buffer[..size]).unwrap();
+            let gauges = gauges(datagram);
+            let (value, tags) = &gauges["datadog.profiling.ddprof.samples"];
+            assert!(tags.contains("service:chain"), "{tags}");
+            assert!(
+                gauges.contains_key("datadog.profiling.ddprof.profiler_cpu_ms")
+                    && gauges.contains_key("datadog.profiling.ddprof.rss_kib")
+                    && gauges.contains_key("datadog.profiling.ddprof.lost"),
+                "{datagram}"
+            );
+            gauge_samples += value;
+        }
+        assert_eq!(gauge_samples as u64, summary["samples"], "{engine}");
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+
+    // UDP, with the profiler in the foreground (-p): wait4 on it directly.
+    let receiver = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    receiver
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let port = receiver.local_addr().unwrap().port();
+    let mut workload = std::process::Command::new(&chain)
+        .arg("3")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = std::env::temp_dir().join(format!("ddprof-overhead-pid-{}", std::process::id()));
+    let profiler = ddprof_tests::ddprof_command()
+        .args(["-l", "notice", "-e", "sCPU freq=999", "--internal-stats"])
+        .arg(format!("udp://127.0.0.1:{port}"))
+        .arg("--output")
+        .arg(&out)
+        .args(["-p", &workload.id().to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let profiler_pid = profiler.id();
+    let mut stderr_pipe = profiler.stderr.unwrap();
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        stderr_pipe.read_to_string(&mut text).unwrap();
+        text
+    });
+    assert!(workload.wait().unwrap().success());
+    let reaped = wait_with_cpu_time(profiler_pid, Duration::from_secs(60)).unwrap();
+    let stderr = stderr_reader.join().unwrap();
+    assert!(reaped.status.success(), "{stderr}");
+    let summary = summary_fields(&stderr);
+    let reported = Duration::from_millis(summary["profiler_cpu_ms"]);
+    let measured = reaped.cpu + reaped.children_cpu;
+    eprintln!("-p: profiler CPU reported {reported:?}, measured by wait4 {measured:?}");
+    assert!(
+        reported.abs_diff(measured).as_secs_f64() <= 0.15 * measured.as_secs_f64()
+            || reported.abs_diff(measured) <= Duration::from_millis(3),
+        "-p: reported {reported:?}, measured {measured:?}:\n{stderr}"
+    );
+    let mut buffer = [0u8; 4096];
+    let size = receiver.recv(&mut buffer).expect("a datagram over UDP");
+    let gauges = gauges(std::str::from_utf8(&buffer[..size]).unwrap());
+    assert!(
+        gauges["datadog.profiling.ddprof.samples"].0 > 0.0,
+        "{gauges:?}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
