@@ -7,9 +7,11 @@
 //! - `test`: build, install the test prerequisites, run every test.
 //! - `docs`: regenerate docs/Commands.md from the CLI definition.
 //! - `bench`: ddprof's engines against perf record and samply (docs/Benchmarks.md).
+//! - `soak`: ddprof beside a busy, churning program for 30 minutes; its RSS each minute.
 mod bench;
 mod bpf_toolchain;
 mod docs;
+mod soak;
 mod test;
 
 use std::path::{Path, PathBuf};
@@ -54,6 +56,8 @@ enum Task {
     },
     /// Measure ddprof's engines against perf record and samply on the same workloads
     Bench(bench::BenchArgs),
+    /// Profile a busy, churning program for a long time (30 min) and report the profiler's RSS each minute
+    Soak(soak::SoakArgs),
     /// Run a command and print its wall and CPU time (used by `bench`)
     #[command(hide = true)]
     Measure {
@@ -227,6 +231,7 @@ fn main() -> ExitCode {
             say(&format!("ddprof: {}", binary.display()));
             ExitCode::SUCCESS
         }),
+        Task::Soak(args) => soak::run(&args).map(|()| ExitCode::SUCCESS),
         Task::Run { args } => build_all(true).and_then(|binary| run_ddprof(&binary, &args)),
         Task::Demo { seconds } => demo(seconds),
         Task::Test { args } => test::run(&args),
