@@ -174,12 +174,23 @@ pub fn encode_pprof(
     profile: &SymbolizedProfile,
     metadata: &ProfileMetadata,
 ) -> Result<Vec<u8>, ProfileError> {
-    let raw = build_pprof(profile, metadata).encode_to_vec();
-    let mut encoder = flate2::write::GzEncoder::new(
-        Vec::with_capacity(raw.len() / 4),
-        flate2::Compression::default(),
-    );
-    encoder.write_all(&raw)?;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    // Samples first, each encoded as it is built (field 2, `sample`), then
+    // every other field: protobuf readers accept fields in any order, and
+    // repeated ones keep theirs.
+    let mut scratch = Vec::new();
+    let mut failed = None;
+    let rest = build_pprof_streaming_samples(profile, metadata, |sample| {
+        scratch.clear();
+        prost::encoding::message::encode(2, sample, &mut scratch);
+        if let Err(error) = encoder.write_all(&scratch) {
+            failed.get_or_insert(error);
+        }
+    });
+    if let Some(error) = failed {
+        return Err(error.into());
+    }
+    encoder.write_all(&rest.encode_to_vec())?;
     Ok(encoder.finish()?)
 }
 
@@ -216,6 +227,22 @@ fn unix_nanos(time: SystemTime) -> i64 {
 
 /// Builds the pprof message (uncompressed).
 pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> pb::Profile {
+    let mut samples = Vec::new();
+    let mut built =
+        build_pprof_streaming_samples(profile, metadata, |sample| samples.push(sample.clone()));
+    built.sample = samples;
+    built
+}
+
+/// Builds the profile but hands each sample to `emit` instead of keeping
+/// it: the returned profile has no samples. A minute at 999 Hz with the
+/// timeline is 60,000 samples, about 25 MB as `pb::Sample`s; streamed, the
+/// profiler's peak memory does not grow with the period.
+fn build_pprof_streaming_samples(
+    profile: &SymbolizedProfile,
+    metadata: &ProfileMetadata,
+    mut emit: impl FnMut(&pb::Sample),
+) -> pb::Profile {
     let period = &profile.period;
     let mut strings = StringTable::new();
     let value_type = |strings: &mut StringTable, kind: &str, unit: &str| pb::ValueType {
@@ -337,57 +364,65 @@ pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> p
     let key_thread_id = strings.id("thread id");
     let key_thread_name = strings.id("thread_name");
     let key_timestamp = strings.id("end_timestamp_ns");
-    let mut samples = Vec::with_capacity(period.samples.len());
+    // One sample buffer, refilled for each sample.
+    let mut sample = pb::Sample::default();
+    let num = |key, value: u64| pb::Label {
+        key,
+        num: value.min(i64::MAX as u64) as i64,
+        ..pb::Label::default()
+    };
+    let value = |sample: &mut pb::Sample, count: u64, nanos: u64| {
+        sample.value.clear();
+        sample
+            .value
+            .extend([count as i64, nanos.min(i64::MAX as u64) as i64]);
+    };
     for stack_sample in &period.samples {
-        let location_id: Vec<u64> = period.stacks[stack_sample.stack as usize]
-            .iter()
-            .map(|&frame| u64::from(frame) + 1)
-            .collect();
-        let num = |key, value: u64| pb::Label {
-            key,
-            num: value.min(i64::MAX as u64) as i64,
-            ..pb::Label::default()
-        };
-        let mut labels = vec![
+        sample.location_id.clear();
+        sample.location_id.extend(
+            period.stacks[stack_sample.stack as usize]
+                .iter()
+                .map(|&frame| u64::from(frame) + 1),
+        );
+        sample.label.clear();
+        sample.label.extend([
             num(key_process_id, u64::from(stack_sample.pid)),
             num(key_thread_id, u64::from(stack_sample.tid)),
-        ];
+        ]);
         if let Some(name) = &stack_sample.process_name {
-            labels.push(pb::Label {
+            sample.label.push(pb::Label {
                 key: key_process_name,
                 str: strings.id(name),
                 ..pb::Label::default()
             });
         }
         if let Some(name) = &stack_sample.thread_name {
-            labels.push(pb::Label {
+            sample.label.push(pb::Label {
                 key: key_thread_name,
                 str: strings.id(name),
                 ..pb::Label::default()
             });
         }
-        let value = |count: u64, nanos: u64| vec![count as i64, nanos.min(i64::MAX as u64) as i64];
+        let shared_labels = sample.label.len();
         let mut timed_nanos = 0u64;
         for timed in &stack_sample.timeline {
             timed_nanos = timed_nanos.saturating_add(timed.cpu_nanos);
-            let mut label = labels.clone();
-            label.push(num(key_timestamp, timed.end_timestamp_ns));
-            samples.push(pb::Sample {
-                location_id: location_id.clone(),
-                value: value(1, timed.cpu_nanos),
-                label,
-            });
+            sample.label.truncate(shared_labels);
+            sample
+                .label
+                .push(num(key_timestamp, timed.end_timestamp_ns));
+            value(&mut sample, 1, timed.cpu_nanos);
+            emit(&sample);
         }
+        sample.label.truncate(shared_labels);
         let rest_count = stack_sample.count - stack_sample.timeline.len() as u64;
         if rest_count > 0 {
-            samples.push(pb::Sample {
-                location_id,
-                value: value(
-                    rest_count,
-                    stack_sample.cpu_nanos.saturating_sub(timed_nanos),
-                ),
-                label: labels,
-            });
+            value(
+                &mut sample,
+                rest_count,
+                stack_sample.cpu_nanos.saturating_sub(timed_nanos),
+            );
+            emit(&sample);
         }
     }
 
@@ -398,7 +433,7 @@ pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> p
         .collect();
     pb::Profile {
         sample_type,
-        sample: samples,
+        sample: Vec::new(),
         mapping: mappings,
         location: locations,
         function: functions,
