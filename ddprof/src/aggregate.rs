@@ -453,6 +453,48 @@ struct PeriodState {
     names: NameTable,
     timeline_events: usize,
     stats: PeriodStats,
+    raw_stacks: RawStackCache,
+}
+
+/// Stacks already normalized this period, by their raw addresses: a stack
+/// seen before costs one hash of its addresses instead of a mapping lookup
+/// and a frame-table probe per frame (300 of them for a deep recursion).
+/// Addresses mean the same stack only while the process table is unchanged,
+/// so the cache is emptied whenever its generation moves on.
+#[derive(Debug, Default)]
+struct RawStackCache {
+    generation: u64,
+    ids: FastMap<Box<[u64]>, u32>,
+    /// pid, flags, kernel frame count, kernel frames, user frames.
+    key: Vec<u64>,
+}
+
+impl RawStackCache {
+    /// Entries kept at most; past it the cache starts over (one period of
+    /// address-randomized short-lived processes can make every raw stack
+    /// distinct).
+    const MAX_ENTRIES: usize = 65_536;
+
+    /// Fills the key for `sample` and returns its stack id if known.
+    fn lookup(&mut self, generation: u64, sample: &Sample) -> Option<u32> {
+        if generation != self.generation || self.ids.len() >= Self::MAX_ENTRIES {
+            self.ids.clear();
+            self.generation = generation;
+        }
+        self.key.clear();
+        self.key.push(u64::from(sample.pid));
+        self.key
+            .push(u64::from(sample.truncated() && !sample.frames.is_empty()));
+        self.key.push(sample.kernel_frames.len() as u64);
+        self.key.extend_from_slice(&sample.kernel_frames);
+        self.key.extend_from_slice(&sample.frames);
+        self.ids.get(self.key.as_slice()).copied()
+    }
+
+    /// Remembers the stack id of the key [`RawStackCache::lookup`] filled.
+    fn remember(&mut self, stack: u32) {
+        self.ids.insert(self.key.as_slice().into(), stack);
+    }
 }
 
 impl PeriodState {
@@ -503,6 +545,21 @@ impl Aggregator {
             period.stats.full_stacks += 1;
         }
 
+        let stack = match period.raw_stacks.lookup(processes.generation(), sample) {
+            Some(stack) => stack,
+            None => {
+                let stack = self.normalize_stack(processes, sample);
+                self.period.raw_stacks.remember(stack);
+                stack
+            }
+        };
+        self.count(processes, sample, stack);
+    }
+
+    /// The period's stack id of `sample`'s frames, normalized to files and
+    /// offsets with the process table as it is now.
+    fn normalize_stack(&mut self, processes: &ProcessTable, sample: &Sample) -> u32 {
+        let period = &mut self.period;
         self.scratch.clear();
         // Every frame but the first is a return address: look up the call
         // instruction before it, which may even be in another function.
@@ -549,7 +606,7 @@ impl Aggregator {
             self.scratch.push(id);
         }
 
-        let stack = match period.stack_ids.get(self.scratch.as_slice()) {
+        match period.stack_ids.get(self.scratch.as_slice()) {
             Some(id) => *id,
             None if period.stacks.len() < self.options.max_stacks => {
                 let id = period.stacks.len() as u32;
@@ -572,8 +629,12 @@ impl Aggregator {
                     }
                 }
             }
-        };
+        }
+    }
 
+    /// Counts one sample of `stack`, with its names and timestamp.
+    fn count(&mut self, processes: &ProcessTable, sample: &Sample, stack: u32) {
+        let period = &mut self.period;
         // The names as they are now, which is as they were at the sample's
         // time: the engines apply the process events up to a sample's time
         // before they deliver it.
