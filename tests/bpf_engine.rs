@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ddprof::bpf::EngineChoice;
 use ddprof::bpf::{
     choose_engine, BpfEngine, BpfEngineOptions, BpfError, BpfProgram, Engine, MapSizes,
 };
-use ddprof::config::{parse_events, EngineChoice};
+use ddprof::events::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
 use ddprof::process::ProcessTable;
 use ddprof::sample::{Sample, StackEnd};
@@ -414,7 +415,7 @@ fn exec_and_new_mappings_reach_the_maps_from_the_table_at_each_poll() {
 /// process events of the exec go to the table, and to the engine's hook
 /// when `hooks` (else the engine finds the changes in the table at poll).
 fn exec_then_profile(hooks: bool) {
-    use ddprof::sample::ProcessEvent;
+    use ddprof::process::ProcessEvent;
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
     // A shell that execs the workload after the engine has started on it.

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ddprof::bpf::{BpfProgram, MapSizes};
-use ddprof::config::parse_events;
+use ddprof::events::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
 use ddprof_common::sample::BpfCounter;
 

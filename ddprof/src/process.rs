@@ -19,6 +19,32 @@ pub struct MappingRecord {
     pub path: String,
 }
 
+/// Process life-cycle and mapping changes, in the order the kernel reported
+/// them; the stages that need a process view (unwinding, normalization)
+/// apply these before the samples that follow them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessEvent {
+    /// A new executable mapping (perf `PERF_RECORD_MMAP2`).
+    Map(MappingRecord),
+    /// A thread's name changed; `exec` is set when the process exec'd, which
+    /// replaces every mapping it had.
+    Comm {
+        pid: u32,
+        tid: u32,
+        name: String,
+        exec: bool,
+    },
+    /// A thread or process was created.
+    Fork {
+        pid: u32,
+        ppid: u32,
+        tid: u32,
+        ptid: u32,
+    },
+    /// A thread or process exited.
+    Exit { pid: u32, tid: u32 },
+}
+
 /// A mapped file, shared by every process that maps it.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct MappedFile {
@@ -225,8 +251,7 @@ impl ProcessTable {
         }
     }
 
-    pub fn apply(&mut self, event: &crate::sample::ProcessEvent) {
-        use crate::sample::ProcessEvent;
+    pub fn apply(&mut self, event: &ProcessEvent) {
         match event {
             ProcessEvent::Map(record) => self.add_mapping(record),
             ProcessEvent::Comm {

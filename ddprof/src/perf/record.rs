@@ -5,8 +5,7 @@
 use perf_event_open_sys::bindings as sys;
 
 use crate::events::{self, x86_regs};
-use crate::process::MappingRecord;
-use crate::sample::ProcessEvent;
+use crate::process::{MappingRecord, ProcessEvent};
 use crate::unwind::UserRegs;
 
 /// The sample layout this parser decodes. If `events.rs` asks the kernel for

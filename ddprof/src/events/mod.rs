@@ -12,7 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use perf_event_open_sys as sys;
 
-use crate::config::{EventKind, EventSpec, SampleRate};
+mod spec;
+
+pub use spec::{
+    check_frequencies, parse_events, EventKind, EventSpec, EventSpecError, SampleRate,
+    DEFAULT_CPU_FREQUENCY,
+};
 
 /// `perf_event_attr.sample_regs_user` bits (x86_64 `enum perf_event_x86_regs`).
 pub mod x86_regs {
@@ -356,7 +361,7 @@ mod tests {
 
     #[test]
     fn attributes_ask_for_regs_and_stack() {
-        let spec = crate::config::parse_events("sCPU freq=999").unwrap()[0];
+        let spec = parse_events("sCPU freq=999").unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 32000,
             include_kernel: false,
@@ -374,7 +379,7 @@ mod tests {
 
     #[test]
     fn opens_a_task_clock_event_on_this_process() {
-        let spec = crate::config::parse_events("sCPU").unwrap()[0];
+        let spec = parse_events("sCPU").unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
@@ -392,7 +397,7 @@ mod tests {
     #[test]
     fn names_the_sample_rate_limit_when_the_frequency_is_above_it() {
         let max = max_sample_rate().expect("kernel.perf_event_max_sample_rate is readable");
-        let spec = crate::config::parse_events(&format!("sCPU freq={}", max + 1)).unwrap()[0];
+        let spec = parse_events(&format!("sCPU freq={}", max + 1)).unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
@@ -409,13 +414,13 @@ mod tests {
             "{message}"
         );
         // At the limit the kernel accepts it.
-        let spec = crate::config::parse_events(&format!("sCPU freq={max}")).unwrap()[0];
+        let spec = parse_events(&format!("sCPU freq={max}")).unwrap()[0];
         open(&spec, Scope::Process(pid), -1, &options).expect("freq at the limit opens");
     }
 
     #[test]
     fn names_missing_processes() {
-        let spec = crate::config::parse_events("sCPU").unwrap()[0];
+        let spec = parse_events("sCPU").unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
