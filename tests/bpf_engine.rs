@@ -592,7 +592,7 @@ fn biggest_library_table_loads_and_verifies() {
     // Its table, compiled the way the engine does.
     let mut cache = ddprof::unwind::TableCache::with_limit(1 << 30);
     let metadata = std::fs::metadata(&library).unwrap();
-    let mapped = ddprof::process::MappedFile {
+    let mapped = ddprof::files::MappedFile {
         path: library.to_string_lossy().into_owned(),
         dev: std::os::unix::fs::MetadataExt::dev(&metadata),
         inode: std::os::unix::fs::MetadataExt::ino(&metadata),

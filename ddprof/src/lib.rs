@@ -11,6 +11,7 @@
 //! - [`bpf`]: the eBPF engine (in-kernel unwinding).
 //! - [`sampler`]: one sampler in front of both engines (the BPF samples merged with the perf records).
 //! - [`unwind`]: unwind tables compiled from `.eh_frame`/`.debug_frame` and the user-side unwinder.
+//! - [`files`]: file identity (mapping key, content key, build id) and opening mapped files through `/proc`.
 //! - [`process`]: processes, threads and mappings as the kernel reports them.
 //! - [`sample`]: the sample stream between engines and aggregation.
 //! - [`aggregate`]: folds samples per period into counted stacks.
@@ -24,6 +25,7 @@ pub mod aggregate;
 pub mod bpf;
 pub mod config;
 pub mod events;
+pub mod files;
 pub mod launch;
 pub mod logging;
 pub mod output;

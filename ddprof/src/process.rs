@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::files::MappedFile;
+
 /// A mapping as reported by the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MappingRecord {
@@ -43,14 +45,6 @@ pub enum ProcessEvent {
     },
     /// A thread or process exited.
     Exit { pid: u32, tid: u32 },
-}
-
-/// A mapped file, shared by every process that maps it.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct MappedFile {
-    pub path: String,
-    pub dev: u64,
-    pub inode: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -117,7 +111,7 @@ impl Process {
 #[derive(Debug, Default)]
 pub struct ProcessTable {
     processes: HashMap<u32, Process>,
-    files: HashMap<(String, u64, u64), Arc<MappedFile>>,
+    files: HashMap<MappedFile, Arc<MappedFile>>,
     /// Renewed by every change, so that consumers that mirror the table
     /// (the BPF maps) can tell cheaply that nothing changed.
     generation: Generation,
@@ -177,15 +171,14 @@ impl ProcessTable {
     }
 
     fn intern_file(&mut self, path: &str, dev: u64, inode: u64) -> Arc<MappedFile> {
+        let key = MappedFile {
+            path: path.to_string(),
+            dev,
+            inode,
+        };
         self.files
-            .entry((path.to_string(), dev, inode))
-            .or_insert_with(|| {
-                Arc::new(MappedFile {
-                    path: path.to_string(),
-                    dev,
-                    inode,
-                })
-            })
+            .entry(key)
+            .or_insert_with_key(|key| Arc::new(key.clone()))
             .clone()
     }
 

@@ -36,9 +36,10 @@ pub use choose::{choose_engine, choose_engine_with, Engine, EngineChoice, Engine
 pub use rows::RowStore;
 
 use crate::events::EventFd;
-use crate::process::{MappedFile, ProcessEvent, ProcessTable};
+use crate::files::{ContentKey, MappedFile};
+use crate::process::{ProcessEvent, ProcessTable};
 use crate::sample::{LossCounters, Sample};
-use crate::unwind::cache::{ContentKey, TableCache};
+use crate::unwind::cache::TableCache;
 use crate::unwind::LoadSegment;
 
 /// The BPF object built by `cargo xtask build-ebpf`, when this binary has one.
