@@ -150,6 +150,7 @@ fn profile_with(pid: u32, include_kernel: bool) -> Profile {
     let options = EventOptions {
         stack_sample_size: 8,
         include_kernel,
+        kernel_stacks: false,
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root opens task-clock events on its child");
@@ -436,6 +437,7 @@ fn exec_then_profile(hooks: bool) {
         &EventOptions {
             stack_sample_size: 8,
             include_kernel: false,
+            kernel_stacks: false,
         },
     )
     .unwrap();
@@ -612,6 +614,7 @@ fn biggest_library_table_loads_and_verifies() {
         &EventOptions {
             stack_sample_size: 8,
             include_kernel: false,
+            kernel_stacks: false,
         },
     )
     .unwrap();

@@ -69,6 +69,7 @@ fn profile(program: &Path, args: &[&str], options: RunOptions) -> Run {
     let event_options = EventOptions {
         stack_sample_size: options.stack_sample_size,
         include_kernel: false,
+        kernel_stacks: false,
     };
     let child = if options.stopped {
         spawn_stopped(program, args)
@@ -649,6 +650,7 @@ fn global_scope_tracks_a_workload_among_every_process() {
     let options = EventOptions {
         stack_sample_size: 8192,
         include_kernel: false,
+        kernel_stacks: false,
     };
     let events = events::open_all(&spec, Scope::Global, &options).expect("open CPU-wide events");
     let mut engine = PerfEngine::new(events, PerfEngineOptions::default()).unwrap();

@@ -31,6 +31,10 @@ pub struct SamplerOptions {
     pub perf: PerfEngineOptions,
     /// Bytes of the BPF engine's sample ring buffer.
     pub bpf_ring_buffer_bytes: usize,
+    /// `--include-kernel`: the BPF program also takes the kernel stack of
+    /// samples taken in the kernel (the perf engine's come with the
+    /// records: [`crate::events::EventOptions::kernel_stacks`]).
+    pub kernel_stacks: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,9 +103,7 @@ impl Sampler {
             .map_err(SamplerError::Duplicate)?;
         let mut perf = PerfEngine::new(duplicates, options.perf)?;
         let bpf_options = BpfEngineOptions {
-            // Samples taken in the kernel carry the user stack; kernel
-            // frames themselves are not reported yet.
-            kernel_stacks: false,
+            kernel_stacks: options.kernel_stacks,
             ring_buffer_bytes: options.bpf_ring_buffer_bytes,
             workload_pids,
             ..BpfEngineOptions::default()

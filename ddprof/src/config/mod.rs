@@ -124,6 +124,10 @@ pub struct Cli {
     #[arg(short = 'I', long, env = "DD_PROFILING_INLINED_FUNCTIONS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub inlined_functions: bool,
 
+    /// Also report the kernel frames of samples taken in the kernel, named from kallsyms (default: off for a COMMAND or -p, on with --global)
+    #[arg(long, env = "DD_PROFILING_INCLUDE_KERNEL", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub include_kernel: Option<bool>,
+
     /// Keep sample timestamps for the timeline view
     #[arg(long, env = "DD_PROFILING_TIMELINE", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub timeline: bool,

@@ -30,6 +30,9 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
         .map(str::parse::<StatsdAddress>)
         .transpose()
         .map_err(ResolveError::InternalStats)?;
+    // Kernel frames are what a whole-machine profile is about; a command's
+    // profile is about its own code.
+    let kernel_stacks = cli.include_kernel.unwrap_or(cli.global);
     // --ring-buffer-kib sizes whichever buffer receives the samples.
     let ring_buffer_bytes = cli.ring_buffer_kib.map(|kib| kib as usize * 1024);
     let profiler = ProfilerOptions {
@@ -41,6 +44,7 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
                 max_frames: MAX_USER_FRAMES,
             },
             bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or(DEFAULT_BPF_RING_BUFFER_BYTES),
+            kernel_stacks,
         },
         aggregator: AggregatorOptions::new(cli.timeline),
         symbolizer: SymbolizerOptions {
@@ -68,6 +72,7 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
         event_options: EventOptions {
             stack_sample_size: cli.stack_sample_size,
             include_kernel: true,
+            kernel_stacks,
         },
         profiler,
     })
@@ -101,6 +106,28 @@ mod tests {
         assert_eq!(options.profiler.sampling_period_nanos, 123_456);
         let options = resolved(&["ddprof", "--", "x"]);
         assert_eq!(options.profiler.sampling_period_nanos, 1_000_000_000 / 99);
+    }
+
+    #[test]
+    fn kernel_stacks_are_on_for_the_whole_machine_unless_turned_off() {
+        let kernel_stacks = |args: &[&str]| {
+            let options = resolved(args);
+            assert_eq!(
+                options.event_options.kernel_stacks,
+                options.profiler.sampler.kernel_stacks
+            );
+            options.profiler.sampler.kernel_stacks
+        };
+        assert!(!kernel_stacks(&["ddprof", "--", "x"]));
+        assert!(kernel_stacks(&["ddprof", "--include-kernel", "--", "x"]));
+        assert!(kernel_stacks(&["ddprof", "--global"]));
+        assert!(!kernel_stacks(&[
+            "ddprof",
+            "--global",
+            "--include-kernel",
+            "false"
+        ]));
+        assert!(!kernel_stacks(&["ddprof", "-p", "1"]));
     }
 
     #[test]

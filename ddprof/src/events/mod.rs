@@ -73,6 +73,7 @@ pub const SAMPLE_TYPE: u64 = sys::bindings::PERF_SAMPLE_IP as u64
     | sys::bindings::PERF_SAMPLE_TIME as u64
     | sys::bindings::PERF_SAMPLE_CPU as u64
     | sys::bindings::PERF_SAMPLE_PERIOD as u64
+    | sys::bindings::PERF_SAMPLE_CALLCHAIN as u64
     | sys::bindings::PERF_SAMPLE_REGS_USER as u64
     | sys::bindings::PERF_SAMPLE_STACK_USER as u64;
 
@@ -99,6 +100,11 @@ pub struct EventOptions {
     /// Needs `perf_event_paranoid` <= 1 or CAP_PERFMON; refused, the events
     /// are opened user-only (and the time in the kernel goes unseen).
     pub include_kernel: bool,
+    /// `--include-kernel`: each sample taken in the kernel also carries its
+    /// kernel call chain (the perf engine's; the BPF program takes its own
+    /// with `bpf_get_stack`). The user part of the chain is never asked
+    /// for: the engines unwind user stacks themselves.
+    pub kernel_stacks: bool,
 }
 
 /// An opened perf event and what it is.
@@ -193,6 +199,10 @@ pub fn attributes(
     attr.sample_regs_user = x86_regs::MASK;
     attr.sample_stack_user = options.stack_sample_size;
     attr.set_exclude_kernel(u64::from(!options.include_kernel));
+    // The call chain is always in the record (fixed layout), empty unless
+    // kernel stacks are asked for.
+    attr.set_exclude_callchain_user(1);
+    attr.set_exclude_callchain_kernel(u64::from(!options.kernel_stacks));
     attr.set_exclude_hv(1);
     // `mmap2` only selects the record format: the kernel emits executable
     // mapping records at all only when `mmap` is set too.
@@ -365,6 +375,7 @@ mod tests {
         let options = EventOptions {
             stack_sample_size: 32000,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let attr = attributes(&spec, Scope::SelfOnExec, &options);
         assert_eq!(attr.sample_type, SAMPLE_TYPE);
@@ -383,6 +394,7 @@ mod tests {
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let event = open(
             &spec,
@@ -401,6 +413,7 @@ mod tests {
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let pid = std::process::id() as i32;
         let error = open(&spec, Scope::Process(pid), -1, &options).unwrap_err();
@@ -424,6 +437,7 @@ mod tests {
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let error = open(&spec, Scope::Process(i32::MAX), -1, &options).unwrap_err();
         assert!(

@@ -241,6 +241,7 @@ mod tests {
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let pid = std::process::id() as i32;
         // More than one batch, with both specs.
@@ -266,6 +267,7 @@ mod tests {
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let pid = std::process::id() as i32;
         let event = open(&specs[0], Scope::Process(pid), -1, &options).unwrap();

@@ -422,6 +422,7 @@ mod tests {
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let events = open_process_events(&specs, pid, &options).unwrap();
         let cpus = events::online_cpus().len();

@@ -420,7 +420,7 @@ impl PerfEngine {
             cpu: raw.cpu,
             weight: raw.period,
             frames: self.frames.clone(),
-            kernel_frames: Vec::new(),
+            kernel_frames: raw.kernel_frames,
             end,
         };
         self.counters.samples += 1;
@@ -473,6 +473,7 @@ mod tests {
         let options = EventOptions {
             stack_sample_size: 4096,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let me = std::process::id();
         // A test runs on its own thread: follow that thread (a pid would mean the main thread).

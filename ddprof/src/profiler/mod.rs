@@ -76,6 +76,8 @@ struct Pipeline {
     overhead: OverheadMeter,
     internal_stats: Option<StatsdSink>,
     profiles: u64,
+    /// `--include-kernel`, said in every profile.
+    kernel_stacks: bool,
 }
 
 impl Pipeline {
@@ -105,6 +107,7 @@ impl Pipeline {
             overhead: OverheadMeter::start(options.sampling_period_nanos),
             internal_stats: internal_stats_sink(options),
             profiles: 0,
+            kernel_stacks: options.sampler.kernel_stacks,
         })
     }
 
@@ -142,6 +145,9 @@ impl Pipeline {
         // empty period writes none), start-up included in the first.
         let overhead = self.overhead.end_period(lost_total);
         self.metadata.comments = overhead.comments();
+        self.metadata
+            .comments
+            .push(format!("ddprof.include_kernel={}", self.kernel_stacks));
         if let Some(sink) = &mut self.internal_stats {
             sink.send(&overhead);
         }
