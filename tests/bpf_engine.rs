@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ddprof::bpf::EngineChoice;
 use ddprof::bpf::{
     choose_engine, BpfEngine, BpfEngineOptions, BpfError, BpfProgram, Engine, MapSizes,
 };
-use ddprof::config::{parse_events, EngineChoice};
+use ddprof::events::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
 use ddprof::process::ProcessTable;
 use ddprof::sample::{Sample, StackEnd};
@@ -149,6 +150,7 @@ fn profile_with(pid: u32, include_kernel: bool) -> Profile {
     let options = EventOptions {
         stack_sample_size: 8,
         include_kernel,
+        kernel_stacks: false,
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root opens task-clock events on its child");
@@ -414,7 +416,7 @@ fn exec_and_new_mappings_reach_the_maps_from_the_table_at_each_poll() {
 /// process events of the exec go to the table, and to the engine's hook
 /// when `hooks` (else the engine finds the changes in the table at poll).
 fn exec_then_profile(hooks: bool) {
-    use ddprof::sample::ProcessEvent;
+    use ddprof::process::ProcessEvent;
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
     // A shell that execs the workload after the engine has started on it.
@@ -435,6 +437,7 @@ fn exec_then_profile(hooks: bool) {
         &EventOptions {
             stack_sample_size: 8,
             include_kernel: false,
+            kernel_stacks: false,
         },
     )
     .unwrap();
@@ -591,7 +594,7 @@ fn biggest_library_table_loads_and_verifies() {
     // Its table, compiled the way the engine does.
     let mut cache = ddprof::unwind::TableCache::with_limit(1 << 30);
     let metadata = std::fs::metadata(&library).unwrap();
-    let mapped = ddprof::process::MappedFile {
+    let mapped = ddprof::files::MappedFile {
         path: library.to_string_lossy().into_owned(),
         dev: std::os::unix::fs::MetadataExt::dev(&metadata),
         inode: std::os::unix::fs::MetadataExt::ino(&metadata),
@@ -611,6 +614,7 @@ fn biggest_library_table_loads_and_verifies() {
         &EventOptions {
             stack_sample_size: 8,
             include_kernel: false,
+            kernel_stacks: false,
         },
     )
     .unwrap();

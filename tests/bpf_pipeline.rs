@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ddprof::bpf::{BpfProgram, MapSizes};
-use ddprof::config::parse_events;
+use ddprof::events::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
 use ddprof_common::sample::BpfCounter;
 
@@ -27,6 +27,7 @@ fn embedded_program_counts_samples_of_a_busy_process() {
     let options = EventOptions {
         stack_sample_size: 8,
         include_kernel: false,
+        kernel_stacks: false,
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root can open task-clock events on its child");

@@ -426,7 +426,7 @@ fn exited_process_is_symbolized_and_every_output_reads_back() {
     }
     assert!(!raw.contains("output_mix"), "no inlined frames without -I");
     // The mapping carries the binary's path and build id.
-    let build_id = ddprof::aggregate::read_build_id(binary.to_str().unwrap()).unwrap();
+    let build_id = ddprof::files::read_build_id(binary.to_str().unwrap()).unwrap();
     let build_id: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
     assert_contains(&raw, &format!("{} {build_id}", binary.display()));
 
@@ -563,7 +563,7 @@ fn stripped_binaries_use_split_debug_info() {
     let stripped = by_build_id.join("chain_stripped");
     let debug = by_build_id.join("chain_stripped.debug");
     split_debug_info(&binary, &stripped, &debug);
-    let build_id = ddprof::aggregate::read_build_id(stripped.to_str().unwrap()).unwrap();
+    let build_id = ddprof::files::read_build_id(stripped.to_str().unwrap()).unwrap();
     let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
     let debug_dir = dir.join("debug");
     let target = debug_dir.join(format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]));
@@ -815,7 +815,7 @@ fn files_of_another_mount_namespace_are_read_from_it() {
     let period = aggregator.take_period(now, now);
     let file = &period.files[0];
     assert_eq!(Path::new(&file.path), host_binary.canonicalize().unwrap());
-    let container_id = ddprof::aggregate::read_build_id(container_binary.to_str().unwrap());
+    let container_id = ddprof::files::read_build_id(container_binary.to_str().unwrap());
     assert_eq!(
         file.build_id, container_id,
         "the build id is the container's file's"

@@ -13,7 +13,8 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized};
 use blazesym::MaybeDefault;
 
-use crate::aggregate::{FileId, Frame, ObjectFile, PeriodProfile};
+use crate::aggregate::{FileId, Frame, PeriodProfile};
+use crate::files::{MappedFile, ObjectFile};
 
 /// Files not referenced for this many periods are dropped from the caches.
 const EVICT_AFTER_PERIODS: u64 = 10;
@@ -142,7 +143,7 @@ pub struct Symbolizer {
     blazesym: blazesym::symbolize::Symbolizer,
     /// `-I`: report inlined functions as frames of their own.
     inlined_functions: bool,
-    files: HashMap<(String, u64, u64), FileCache>,
+    files: HashMap<MappedFile, FileCache>,
     cached_addresses: usize,
     perf_maps: HashMap<u32, PerfMap>,
     kernel: HashMap<u64, FrameSymbols>,
@@ -257,7 +258,7 @@ impl Symbolizer {
         offsets: &[(usize, u64)],
         frames: &mut [Option<FrameSymbols>],
     ) {
-        let key = (file.path.clone(), file.dev, file.inode);
+        let key = file.identity();
         let period_number = self.period_number;
         let cache = self.files.entry(key.clone()).or_default();
         cache.last_period = period_number;
@@ -514,7 +515,7 @@ impl Symbolizer {
 
     fn evict_unused(&mut self) {
         let oldest = self.period_number.saturating_sub(EVICT_AFTER_PERIODS);
-        let stale: Vec<(String, u64, u64)> = self
+        let stale: Vec<MappedFile> = self
             .files
             .iter()
             .filter(|(_, cache)| cache.last_period < oldest)
