@@ -27,6 +27,7 @@ pub mod cap {
     pub const SETPCAP: u32 = 8;
     pub const IPC_LOCK: u32 = 14;
     pub const SYS_PTRACE: u32 = 19;
+    pub const SYSLOG: u32 = 34;
     pub const SYS_ADMIN: u32 = 21;
     pub const PERFMON: u32 = 38;
     pub const BPF: u32 = 39;
@@ -43,8 +44,16 @@ pub const KEPT_BY_PROFILER: &[u32] = &[
     cap::CHECKPOINT_RESTORE,
 ];
 
-/// What the profiler keeps only until its engine is set up.
-pub const KEPT_FOR_SETUP: &[u32] = &[cap::BPF, cap::PERFMON, cap::SYS_ADMIN, cap::IPC_LOCK];
+/// What the profiler keeps only until its engine is set up (CAP_SYSLOG: to
+/// copy the kernel's symbols for `--include-kernel`, see
+/// `symbolize::KallsymsSnapshot`).
+pub const KEPT_FOR_SETUP: &[u32] = &[
+    cap::BPF,
+    cap::PERFMON,
+    cap::SYS_ADMIN,
+    cap::IPC_LOCK,
+    cap::SYSLOG,
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum CapabilityError {

@@ -573,7 +573,8 @@ pub(crate) mod tests {
         assert!(parse(&lying).is_err());
         // A stack size larger than the record.
         let mut huge = full;
-        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 * x86_regs::COUNT;
+        // header, ip, pid+tid, time, cpu, period, callchain nr, abi, registers
+        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 * x86_regs::COUNT;
         huge[stack_size_at..stack_size_at + 8].copy_from_slice(&u64::MAX.to_ne_bytes());
         assert!(parse(&huge).is_err());
         // A comm record too short for its trailer.

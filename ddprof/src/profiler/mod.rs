@@ -22,7 +22,7 @@ use crate::process::ProcessTable;
 use crate::profile::{encode_pprof, ProfileError, ProfileMetadata};
 use crate::sample::Sample;
 use crate::sampler::{Sampler, SamplerError, SamplerOptions};
-use crate::symbolize::{Symbolizer, SymbolizerOptions};
+use crate::symbolize::{KallsymsSnapshot, Symbolizer, SymbolizerOptions};
 
 pub use target::{Target, TargetWatch};
 
@@ -226,6 +226,7 @@ pub struct Profiler {
     options: ProfilerOptions,
     processes: ProcessTable,
     sampler: Sampler,
+    kallsyms: Option<KallsymsSnapshot>,
 }
 
 impl Profiler {
@@ -251,10 +252,18 @@ impl Profiler {
             Target::Global => all_pids(),
         };
         let sampler = Sampler::start(&options.sampler, events, workload_pids, &processes)?;
+        // Kernel addresses are readable only until the set-up capabilities
+        // are dropped.
+        let kallsyms = options
+            .sampler
+            .kernel_stacks
+            .then(KallsymsSnapshot::take)
+            .flatten();
         Ok(Self {
             options: options.clone(),
             processes,
             sampler,
+            kallsyms,
         })
     }
 
@@ -266,11 +275,15 @@ impl Profiler {
             options,
             mut processes,
             mut sampler,
+            kallsyms,
         } = self;
         if options.show_samples && log::max_level() < log::LevelFilter::Info {
             log::set_max_level(log::LevelFilter::Info);
         }
         let mut pipeline = Pipeline::new(&options)?;
+        if let Some(snapshot) = kallsyms {
+            pipeline.symbolizer.use_kallsyms(snapshot);
+        }
         let period = options.upload_period;
         let mut period_deadline = Instant::now() + period;
         loop {
