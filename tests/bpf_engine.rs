@@ -150,7 +150,9 @@ fn profile_with(pid: u32, include_kernel: bool) -> Profile {
     let options = EventOptions {
         stack_sample_size: 8,
         include_kernel,
-        kernel_stacks: false,
+        // The program's bpf_get_stack reads the kernel call chain the event
+        // samples: it must ask for one.
+        kernel_stacks: include_kernel,
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root opens task-clock events on its child");

@@ -101,9 +101,11 @@ pub struct EventOptions {
     /// are opened user-only (and the time in the kernel goes unseen).
     pub include_kernel: bool,
     /// `--include-kernel`: each sample taken in the kernel also carries its
-    /// kernel call chain (the perf engine's; the BPF program takes its own
-    /// with `bpf_get_stack`). The user part of the chain is never asked
-    /// for: the engines unwind user stacks themselves.
+    /// kernel call chain. Both engines need it: the BPF program's
+    /// `bpf_get_stack` returns the chain the event computed for the sample
+    /// when the event samples one (and `PERF_SAMPLE_CALLCHAIN` is always in
+    /// the layout). The user part of the chain is never asked for: the
+    /// engines unwind user stacks themselves.
     pub kernel_stacks: bool,
 }
 

@@ -173,7 +173,7 @@ fn daemon_main(setup: DaemonSetup<'_>) {
     let _stop = stop::install()
         .map_err(|error| log::warn!("profiler: cannot install its SIGTERM handler: {error}"))
         .ok();
-    super::settle_profiler(options.nice);
+    super::settle_profiler(options);
     log::info!(
         "profiler started: pid={} target={} events={} {}",
         std::process::id(),

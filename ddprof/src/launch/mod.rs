@@ -255,7 +255,7 @@ pub fn attach(options: &LaunchOptions, target: Target) -> Result<(), LaunchError
     // Stop requests must not kill the process before the last period is
     // flushed: the loop checks `stop::requested()`.
     let stop_signals = stop::install().map_err(LaunchError::StopSignals)?;
-    settle_profiler(options.nice);
+    settle_profiler(options);
     log::info!(
         "profiler started: pid={} target={:?} events={} {}",
         std::process::id(),
@@ -340,8 +340,8 @@ fn raise_descriptor_limit() {
 /// The profiler's own settings once its events are in place: `--nice`, one
 /// CPU, only the capabilities it uses, and no way to signal or trace other
 /// processes ([`sandbox`]).
-fn settle_profiler(nice: Option<i32>) {
-    if let Some(nice) = nice {
+fn settle_profiler(options: &LaunchOptions) {
+    if let Some(nice) = options.nice {
         // SAFETY: setpriority on this process only.
         if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
             log::warn!(
@@ -351,7 +351,7 @@ fn settle_profiler(nice: Option<i32>) {
         }
     }
     pin_to_one_cpu();
-    if let Err(error) = capabilities::drop_for_profiler() {
+    if let Err(error) = capabilities::drop_for_profiler(options.profiler.sampler.kernel_stacks) {
         log::warn!("profiler: {error}");
     }
     if let Err(error) = sandbox::forbid_touching_other_processes() {
