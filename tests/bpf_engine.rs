@@ -3,7 +3,7 @@
 //! pointers) are unwound in the kernel with the DWARF rows the engine loads.
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ddprof::bpf::EngineChoice;
@@ -15,36 +15,16 @@ use ddprof::events::{self, EventOptions, Scope};
 use ddprof::process::ProcessTable;
 use ddprof::sample::{Sample, StackEnd};
 use ddprof_common::sample::{BpfCounter, MAX_USER_FRAMES};
+use ddprof_tests::guards::{monotonic_nanos, KillOnDrop};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 /// Builds `tests/workloads/bpf_stacks.c` without frame pointers (once: the
 /// tests run in parallel threads).
 fn workload_binary() -> PathBuf {
     static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BINARY.get_or_init(build_workload).clone()
-}
-
-fn build_workload() -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/bpf_stacks.c");
-    let output = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bpf_stacks");
-    let status = Command::new("cc")
-        .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
-        .arg(&output)
-        .arg(&source)
-        .status()
-        .expect("cc runs (install gcc)");
-    assert!(status.success(), "cc failed on {}", source.display());
-    output
-}
-
-/// A child process killed when the test ends, passed or not.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    BINARY
+        .get_or_init(|| ddprof_tests::workloads::build_workload("bpf_stacks.c"))
+        .clone()
 }
 
 /// Starts the workload and waits until it runs its own code.
@@ -492,7 +472,7 @@ fn exec_then_profile(hooks: bool) {
             .unwrap();
     }
     // Only samples taken from now on are sure to see the updated maps.
-    let updated_at = monotonic_now();
+    let updated_at = monotonic_nanos();
     let mut samples = Vec::new();
     let started = Instant::now();
     while started.elapsed() < PROFILE_TIMEOUT
@@ -537,17 +517,6 @@ fn exec_then_profile(hooks: bool) {
         engine.sync(&processes);
     }
     assert!(!engine.tracked_processes().contains(&pid));
-}
-
-/// CLOCK_MONOTONIC nanoseconds, the clock of `Sample::time`.
-fn monotonic_now() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// The biggest libLLVM / libstdc++ on the machine.
@@ -608,7 +577,7 @@ fn biggest_library_table_loads_and_verifies() {
     let compile_time = compile_started.elapsed();
     let rows = table.table.rows.len() as u32;
 
-    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut sleeper = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
     let specs = parse_events("sCPU freq=99").unwrap();
     let fds = events::open_all(
         &specs,
@@ -631,8 +600,7 @@ fn biggest_library_table_loads_and_verifies() {
     let loaded = engine
         .load_file(&mapped.path)
         .expect("the table fits the row map sized for it");
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
+    sleeper.stop();
     eprintln!(
         "{}: {} rows, {} bytes ({:.1} MiB) in the row map, compiled in {compile_time:?}; \
          program {:?}; {}",

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use ddprof_tests::ddprof_bin;
+use ddprof_tests::guards::KillOnDrop;
 use ddprof_tests::outputs::{go_pprof, pprof_files, summary_fields as summary};
 use ddprof_tests::workloads::build_workload;
 
@@ -367,7 +368,7 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
 
 #[test]
 fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
-    let mut sleeper = ddprof_tests::as_nobody("sleep").arg("10").spawn().unwrap();
+    let mut sleeper = KillOnDrop(ddprof_tests::as_nobody("sleep").arg("10").spawn().unwrap());
     let out = Scratch::new("nobody-bpf");
     Command::new("chmod")
         .arg("777")
@@ -388,8 +389,7 @@ fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
         .args(["-p", &sleeper.id().to_string()])
         .output()
         .unwrap();
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
+    sleeper.stop();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success(),

@@ -3,6 +3,7 @@
 //! samples are made of real return addresses inside it, and the process is
 //! gone before symbolization. Every pprof file is read back with
 //! `go tool pprof -raw`.
+use ddprof_tests::guards::monotonic_nanos;
 use ddprof_tests::outputs::{go_pprof, pprof_files};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -263,12 +264,6 @@ fn workload_stacks(table: &ProcessTable, pid: u32, binary: &Path, elf: &Elf) -> 
         hot_pcs,
         libc_pcs,
     }
-}
-
-/// CLOCK_MONOTONIC, the clock of `Sample::time`.
-fn monotonic_nanos() -> u64 {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
-    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
 }
 
 fn sample(pid: u32, tid: u32, index: u64, frames: Vec<u64>, end: StackEnd) -> Sample {
