@@ -17,6 +17,7 @@
 //! - [`aggregate`]: folds samples per period into counted stacks.
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym).
 //! - [`profile`]: pprof encoding.
+//! - [`export`]: uploads to the Datadog agent or intake (bounded queue, retries).
 //! - [`output`]: local pprof files, flame graph and folded stacks.
 //! - [`overhead`]: what profiling costs (own CPU and memory, samples lost), per period and for the run.
 //! - [`profiler`]: the profiler's main loop that wires the stages together; what is profiled and stop requests.
@@ -25,6 +26,7 @@ pub mod aggregate;
 pub mod bpf;
 pub mod config;
 pub mod events;
+pub mod export;
 pub mod files;
 pub mod launch;
 pub mod logging;

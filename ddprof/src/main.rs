@@ -52,7 +52,7 @@ fn run() -> u8 {
     }
     // What the settings mean for each stage (every value was checked when
     // it was read: this cannot fail but for a bug).
-    let options = match config::resolve(cli) {
+    let mut options = match config::resolve(cli) {
         Ok(options) => options,
         Err(error) => {
             print_error(format_args!("error: {error}"));
@@ -64,7 +64,19 @@ fn run() -> u8 {
         (None, true) => Some(Target::Global),
         (None, false) => None,
     };
-    let problems = config.problems_line();
+    // The export settings (agentless API key, site): a problem like a bad
+    // variable (the command still runs, unprofiled).
+    let export_problem = match config::resolve_export(cli) {
+        Ok(export) => {
+            options.profiler.export = export;
+            None
+        }
+        Err(error) => Some(error.to_string()),
+    };
+    let problems = match (config.problems_line(), export_problem) {
+        (Some(problems), Some(export)) => Some(format!("{problems}; {export}")),
+        (problems, export) => problems.or(export),
+    };
     match attach_target {
         Some(_) if !cli.command.is_empty() => {
             let typed =

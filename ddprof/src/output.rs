@@ -445,7 +445,7 @@ pub fn utc_timestamp(time: SystemTime) -> String {
 /// Proleptic Gregorian date of a day count since 1970-01-01, computed per
 /// 400-year era (146,097 days), whose years start on March 1st so that the
 /// leap day is the era-year's last day.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let shifted = days + 719_468; // days from 0000-03-01 to 1970-01-01
     let era = shifted.div_euclid(146_097);
     let day_of_era = shifted.rem_euclid(146_097);

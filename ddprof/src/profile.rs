@@ -174,7 +174,59 @@ pub fn encode_pprof(
     profile: &SymbolizedProfile,
     metadata: &ProfileMetadata,
 ) -> Result<Vec<u8>, ProfileError> {
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let encoded = encode_pprof_compressed(
+        profile,
+        metadata,
+        Compressions {
+            gzip: true,
+            zstd: false,
+        },
+    )?;
+    Ok(encoded.gzip.unwrap_or_default())
+}
+
+/// Which compressed forms to produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compressions {
+    /// For local files and `go tool pprof`.
+    pub gzip: bool,
+    /// For the upload (level [`crate::export::ZSTD_LEVEL`], as libdatadog).
+    pub zstd: bool,
+}
+
+/// The pprof in each asked-for compression.
+#[derive(Debug, Default)]
+pub struct CompressedPprof {
+    pub gzip: Option<Vec<u8>>,
+    pub zstd: Option<Vec<u8>>,
+}
+
+/// Encodes the profile once, streaming the protobuf into every asked-for
+/// compressor at the same time.
+pub fn encode_pprof_compressed(
+    profile: &SymbolizedProfile,
+    metadata: &ProfileMetadata,
+    compressions: Compressions,
+) -> Result<CompressedPprof, ProfileError> {
+    let mut gzip = compressions
+        .gzip
+        .then(|| flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default()));
+    let mut zstd = match compressions.zstd {
+        true => Some(zstd::stream::write::Encoder::new(
+            Vec::new(),
+            crate::export::ZSTD_LEVEL,
+        )?),
+        false => None,
+    };
+    let mut write_all = |bytes: &[u8]| -> std::io::Result<()> {
+        if let Some(encoder) = &mut gzip {
+            encoder.write_all(bytes)?;
+        }
+        if let Some(encoder) = &mut zstd {
+            encoder.write_all(bytes)?;
+        }
+        Ok(())
+    };
     // Samples first, each encoded as it is built (field 2, `sample`), then
     // every other field: protobuf readers accept fields in any order, and
     // repeated ones keep theirs.
@@ -183,15 +235,18 @@ pub fn encode_pprof(
     let rest = build_pprof_streaming_samples(profile, metadata, |sample| {
         scratch.clear();
         prost::encoding::message::encode(2, sample, &mut scratch);
-        if let Err(error) = encoder.write_all(&scratch) {
+        if let Err(error) = write_all(&scratch) {
             failed.get_or_insert(error);
         }
     });
     if let Some(error) = failed {
         return Err(error.into());
     }
-    encoder.write_all(&rest.encode_to_vec())?;
-    Ok(encoder.finish()?)
+    write_all(&rest.encode_to_vec())?;
+    Ok(CompressedPprof {
+        gzip: gzip.map(|encoder| encoder.finish()).transpose()?,
+        zstd: zstd.map(|encoder| encoder.finish()).transpose()?,
+    })
 }
 
 #[derive(Default)]

@@ -221,6 +221,14 @@ impl Sampler {
         }
     }
 
+    /// The engine in use (`bpf` or `perf`), as event.json `info` says it.
+    pub fn engine_name(&self) -> &'static str {
+        match &self.engine {
+            Engine::Perf(_) => "perf",
+            Engine::Bpf { .. } => "bpf",
+        }
+    }
+
     /// Samples lost by the kernel so far (ring buffers full).
     pub fn lost(&self) -> u64 {
         match &self.engine {

@@ -10,6 +10,7 @@
 pub mod binary;
 pub mod corpus;
 pub mod guards;
+pub mod intake;
 pub mod launcher;
 pub mod outputs;
 pub mod processes;

@@ -17,6 +17,7 @@
 //! Values are strings, numbers or booleans and are checked like flags;
 //! unknown keys are refused. `config`, `command`, `show_config`, `help` and
 //! `version` cannot be set from a file.
+mod export;
 mod resolve;
 pub mod sources;
 
@@ -26,6 +27,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Serialize;
 
+pub use export::{export_options, resolve_export, ExportConfigError};
 pub use resolve::{resolve, ResolveError};
 pub use sources::{Config, ConfigProblem, Origin};
 
@@ -76,6 +78,30 @@ pub struct Cli {
     /// Port of the Datadog agent
     #[arg(short = 'P', long, env = "DD_TRACE_AGENT_PORT", value_parser = parse_port)]
     pub port: Option<u16>,
+
+    /// Upload straight to Datadog's intake, without an agent (needs DD_API_KEY)
+    #[arg(long, env = "DD_PROFILING_AGENTLESS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub agentless: bool,
+
+    /// Datadog site of agentless uploads (default datadoghq.com)
+    #[arg(long, env = "DD_SITE")]
+    pub site: Option<String>,
+
+    /// Seconds an upload may take before it is retried
+    #[arg(long, env = "DD_PROFILING_UPLOAD_TIMEOUT", default_value_t = 10, value_parser = parse_upload_timeout)]
+    pub upload_timeout: u64,
+
+    /// Profiles kept while the agent cannot take them (past it the oldest are dropped)
+    #[arg(long, env = "DD_PROFILING_UPLOAD_QUEUE_PROFILES", default_value_t = 16, value_parser = parse_queue_profiles)]
+    pub upload_queue_profiles: u32,
+
+    /// MiB of profiles kept while the agent cannot take them (past it the oldest are dropped)
+    #[arg(long, env = "DD_PROFILING_UPLOAD_QUEUE_MIB", default_value_t = 32, value_parser = parse_queue_mib)]
+    pub upload_queue_mib: u32,
+
+    /// Seconds the profiles still waiting get at exit before the profiler exits anyway
+    #[arg(long, env = "DD_PROFILING_UPLOAD_EXIT_GRACE", default_value_t = 5, value_parser = parse_exit_grace)]
+    pub upload_exit_grace: u64,
 
     /// Seconds between two profiles
     #[arg(short = 'u', long, env = "DD_PROFILING_UPLOAD_PERIOD", default_value_t = 59, value_parser = parse_upload_period)]
@@ -203,6 +229,22 @@ fn parse_internal_stats(value: &str) -> Result<String, String> {
 
 fn parse_upload_period(value: &str) -> Result<u64, String> {
     parse_number_in(value, 1, 3600, "a number of seconds")
+}
+
+fn parse_upload_timeout(value: &str) -> Result<u64, String> {
+    parse_number_in(value, 1, 600, "a number of seconds")
+}
+
+fn parse_exit_grace(value: &str) -> Result<u64, String> {
+    parse_number_in(value, 0, 600, "a number of seconds")
+}
+
+fn parse_queue_profiles(value: &str) -> Result<u32, String> {
+    parse_number_in(value, 1, 1024, "a number of profiles")
+}
+
+fn parse_queue_mib(value: &str) -> Result<u32, String> {
+    parse_number_in(value, 1, 4096, "a number of MiB")
 }
 
 fn parse_port(value: &str) -> Result<u16, String> {
@@ -345,12 +387,12 @@ impl Cli {
     }
 
     /// Where local outputs go: `--output`, else `./ddprof-out` when no agent
-    /// is configured, else nowhere.
+    /// (nor `--agentless`) is configured, else nowhere.
     pub fn output_dir(&self) -> Option<PathBuf> {
         match (&self.output, self.agent_url()) {
             (Some(dir), _) => Some(dir.clone()),
-            (None, None) => Some(PathBuf::from("ddprof-out")),
-            (None, Some(_)) => None,
+            (None, None) if !self.agentless => Some(PathBuf::from("ddprof-out")),
+            (None, _) => None,
         }
     }
 

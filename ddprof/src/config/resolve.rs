@@ -55,6 +55,8 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
         sampling_period_nanos: sampling_period_nanos(&events),
         service: cli.service_name(),
         output_dir: cli.output_dir(),
+        // Filled by `resolve_export` (its errors are configuration problems).
+        export: None,
         internal_stats,
         show_samples: cli.show_samples,
     };

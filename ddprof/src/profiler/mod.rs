@@ -16,10 +16,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::aggregate::{Aggregator, AggregatorOptions};
 use crate::events::EventFd;
+use crate::export::entity::Entity;
+use crate::export::request::RequestContext;
+use crate::export::{ExportOptions, Exporter, PeriodFigures, PeriodProfile};
 use crate::output::{FoldedStacks, OutputError, OutputWriter, Summary};
 use crate::overhead::{OverheadMeter, StatsdAddress, StatsdSink};
 use crate::process::ProcessTable;
-use crate::profile::{encode_pprof, ProfileError, ProfileMetadata};
+use crate::profile::{encode_pprof_compressed, Compressions, ProfileError, ProfileMetadata};
 use crate::sample::Sample;
 use crate::sampler::{Sampler, SamplerError, SamplerOptions};
 use crate::symbolize::{KallsymsSnapshot, Symbolizer, SymbolizerOptions};
@@ -42,6 +45,8 @@ pub struct ProfilerOptions {
     /// Where local outputs go (`--output`, else `./ddprof-out` without an
     /// agent), if anywhere.
     pub output_dir: Option<PathBuf>,
+    /// Where profiles are uploaded (an agent or `--agentless`), if anywhere.
+    pub export: Option<ExportOptions>,
     /// `--internal-stats`: where the per-period figures go as DogStatsD.
     pub internal_stats: Option<StatsdAddress>,
     /// `--show-samples`: one log line per sample.
@@ -70,6 +75,8 @@ struct Pipeline {
     symbolizer: Symbolizer,
     folded: FoldedStacks,
     output: Option<OutputWriter>,
+    /// Uploads to the agent or intake, when one is configured.
+    exporter: Option<Exporter>,
     metadata: ProfileMetadata,
     show_samples: bool,
     period_start: SystemTime,
@@ -81,19 +88,14 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    fn new(options: &ProfilerOptions) -> Result<Self, ProfilerError> {
-        let output = match &options.output_dir {
-            // Checks the directory now, not when the command has exited.
-            Some(dir) => Some(OutputWriter::start(dir, &options.service)),
-            None => {
-                log::warn!(
-                    "an agent is configured but uploading is not implemented yet: \
-                     pass --output DIR to keep the profiles"
-                );
-                None
-            }
-        };
+    fn new(options: &ProfilerOptions, target: Target, engine: &str) -> Result<Self, ProfilerError> {
+        // Checks the directory now, not when the command has exited.
+        let output = options
+            .output_dir
+            .as_ref()
+            .map(|dir| OutputWriter::start(dir, &options.service));
         Ok(Self {
+            exporter: start_exporter(options, target, engine),
             aggregator: Aggregator::new(options.aggregator),
             symbolizer: Symbolizer::new(options.symbolizer.clone()),
             folded: FoldedStacks::default(),
@@ -139,6 +141,9 @@ impl Pipeline {
         let start = std::mem::replace(&mut self.period_start, end);
         let period = self.aggregator.take_period(start, end);
         if period.stats.samples == 0 && !(last && self.profiles == 0) {
+            // The next profile covers this empty stretch too: each
+            // profile's end stays the next one's start.
+            self.period_start = start;
             return Ok(());
         }
         // The figures cover everything since the previous profile (an
@@ -155,13 +160,37 @@ impl Pipeline {
         let symbolized = self.symbolizer.symbolize(period);
         let symbolize_time = symbolizing.elapsed();
         self.folded.add(&symbolized);
-        let bytes = encode_pprof(&symbolized, &self.metadata)?;
+        // Encoded once; gzip'd for files, zstd'd for the upload.
+        let compressions = Compressions {
+            gzip: self.output.is_some(),
+            zstd: self.exporter.is_some(),
+        };
+        let encoded = encode_pprof_compressed(&symbolized, &self.metadata, compressions)?;
         log::info!(
             "period: {overhead}; symbolized in {:.1} ms, pprof {} bytes",
             symbolize_time.as_secs_f64() * 1e3,
-            bytes.len()
+            encoded
+                .gzip
+                .as_ref()
+                .or(encoded.zstd.as_ref())
+                .map_or(0, Vec::len)
         );
-        if let Some(output) = &mut self.output {
+        if let (Some(exporter), Some(pprof_zstd)) = (&self.exporter, encoded.zstd) {
+            exporter.submit(PeriodProfile {
+                start,
+                end,
+                pprof_zstd,
+                figures: PeriodFigures {
+                    samples: overhead.samples,
+                    lost: overhead.lost,
+                    truncated: overhead.truncated,
+                    profiler_cpu_nanos: overhead.profiler_cpu.as_nanos() as u64,
+                    rss_kib: overhead.rss_kib,
+                    peak_rss_kib: overhead.peak_rss_kib,
+                },
+            });
+        }
+        if let (Some(output), Some(bytes)) = (&mut self.output, encoded.gzip) {
             match output.write_profile(bytes, start) {
                 Ok(written) => {
                     for path in written {
@@ -184,6 +213,16 @@ impl Pipeline {
             // above already says that the run took no samples.
             log::info!("no samples were taken: no flamegraph.svg or stacks.folded written");
         }
+        if let Some(exporter) = self.exporter.take() {
+            let endpoint = exporter.endpoint().to_string();
+            let totals = exporter.finish();
+            log::info!(
+                "export to {endpoint}: {} profiles sent, {} dropped, {} not sent at exit",
+                totals.sent,
+                totals.dropped,
+                totals.unsent
+            );
+        }
         if let Some(output) = &mut self.output {
             // Also writes the profiles earlier periods could not.
             for path in output.finish(&self.folded)? {
@@ -192,6 +231,28 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// The exporter, when an agent or `--agentless` is configured (checked at
+/// start; if the HTTP client cannot be set up, one warning and profiling
+/// goes on without uploads).
+fn start_exporter(options: &ProfilerOptions, target: Target, engine: &str) -> Option<Exporter> {
+    let export = options.export.clone()?;
+    // The profiled process's container, not the profiler's.
+    let entity = match target {
+        Target::Launched { pid } | Target::Pid(pid) => Entity::of_process(pid),
+        Target::Global => Entity::default(),
+    };
+    let context = RequestContext {
+        options: export,
+        entity,
+        engine: engine.to_string(),
+        started: SystemTime::now(),
+        cpu_cores: std::thread::available_parallelism().map_or(1, |cores| cores.get()),
+    };
+    Exporter::start(context)
+        .map_err(|error| log::warn!("not uploading profiles: {error}"))
+        .ok()
 }
 
 /// `--internal-stats`: the DogStatsD socket, when one is configured and can
@@ -224,6 +285,7 @@ fn all_pids() -> Vec<u32> {
 /// capabilities it only needed for the set-up in between.
 pub struct Profiler {
     options: ProfilerOptions,
+    target: Target,
     processes: ProcessTable,
     sampler: Sampler,
     kallsyms: Option<KallsymsSnapshot>,
@@ -261,6 +323,7 @@ impl Profiler {
             .flatten();
         Ok(Self {
             options: options.clone(),
+            target,
             processes,
             sampler,
             kallsyms,
@@ -273,6 +336,7 @@ impl Profiler {
     pub fn run(self, watch: Option<TargetWatch>) -> Result<(), ProfilerError> {
         let Self {
             options,
+            target,
             mut processes,
             mut sampler,
             kallsyms,
@@ -280,7 +344,7 @@ impl Profiler {
         if options.show_samples && log::max_level() < log::LevelFilter::Info {
             log::set_max_level(log::LevelFilter::Info);
         }
-        let mut pipeline = Pipeline::new(&options)?;
+        let mut pipeline = Pipeline::new(&options, target, sampler.engine_name())?;
         if let Some(snapshot) = kallsyms {
             pipeline.symbolizer.use_kallsyms(snapshot);
         }

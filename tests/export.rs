@@ -1,0 +1,619 @@
+//! The export stage end to end: the real ddprof binary profiles the chain
+//! workload and uploads to a stand-in intake (`harness/intake.rs`) over
+//! loopback HTTP or a Unix socket, which reads every request as the intake
+//! does. The reference test sends libdatadog's own exporter's request for the
+//! same profile bytes and tags to the same stand-in and compares the two.
+use std::collections::{BTreeSet, HashMap};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ddprof_tests::intake::{Behaviour, Intake, Received};
+use ddprof_tests::workloads::build_workload;
+
+/// A scratch directory (the profiler's working directory: it must not
+/// write `ddprof-out` there when an agent is configured).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("ddprof-export-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn ddprof(cwd: &Path, url: &str) -> Command {
+    let mut command = ddprof_tests::ddprof_command();
+    command
+        .current_dir(cwd)
+        .args(["-l", "notice", "-U", url, "-e", "sCPU freq=999"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Runs to the end (stderr closes when the detached profiler exits).
+fn run(command: &mut Command) -> (std::process::ExitStatus, String) {
+    let output = command.output().expect("ddprof runs");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn chain() -> PathBuf {
+    build_workload("chain.c")
+}
+
+/// The checks every profile of the chain workload passes.
+fn assert_chain_profile(received: &Received, stderr: &str) {
+    let profile = received.profile();
+    let functions = profile.function_names();
+    for wanted in [
+        "chain_leaf_70",
+        "chain_leaf_30",
+        "chain_e",
+        "chain_a",
+        "main",
+    ] {
+        assert!(
+            functions.contains(wanted),
+            "{wanted} not in {functions:?}\n{stderr}"
+        );
+    }
+    let labels = profile.labels();
+    assert!(!labels.is_empty(), "no samples\n{stderr}");
+    for sample_labels in &labels {
+        let keys: BTreeSet<&str> = sample_labels.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(
+            keys.contains("process_id") && keys.contains("thread_name"),
+            "{sample_labels:?}"
+        );
+    }
+    assert!(
+        labels
+            .iter()
+            .flatten()
+            .any(|(key, value)| key == "thread_name" && value == "chain"),
+        "{labels:?}"
+    );
+}
+
+fn summary_samples(stderr: &str) -> u64 {
+    ddprof_tests::outputs::summary_fields(stderr)["samples"]
+}
+
+#[test]
+fn profiles_reach_an_http_agent_in_the_exporters_wire_format() {
+    let intake = Intake::http(Behaviour::Accept);
+    let scratch = Scratch::new("http");
+    let (status, stderr) = run(ddprof(&scratch.0, &intake.url)
+        .args([
+            "-S",
+            "export-chain",
+            "-E",
+            "test",
+            "-V",
+            "1.2.3",
+            "-T",
+            "team:core,region:eu",
+        ])
+        .env("DD_EXTERNAL_ENV", "it-false,cn-chain,pu-123")
+        .arg("--")
+        .arg(chain())
+        .arg("2"));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
+    let received = intake.received();
+    assert_eq!(received.len(), 1, "one period, one profile:\n{stderr}");
+    let request = &received[0];
+    assert_chain_profile(request, &stderr);
+
+    // Headers.
+    assert_eq!(request.header("DD-EVP-ORIGIN"), Some("ddprof"));
+    assert_eq!(
+        request.header("DD-EVP-ORIGIN-VERSION"),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    assert!(request
+        .header("User-Agent")
+        .is_some_and(|ua| ua.starts_with("ddprof/")));
+    assert_eq!(
+        request.header("Datadog-External-Env"),
+        Some("it-false,cn-chain,pu-123")
+    );
+    let entity = request.header("Datadog-Entity-ID").unwrap_or_default();
+    assert!(
+        entity.starts_with("in-") || entity.starts_with("ci-"),
+        "{:?}",
+        request.headers
+    );
+    assert_eq!(request.header("DD-API-KEY"), None);
+
+    // Tags.
+    let tags: HashMap<String, String> = request.tags().into_iter().collect();
+    let expected = [
+        ("service", "export-chain"),
+        ("env", "test"),
+        ("version", "1.2.3"),
+        ("team", "core"),
+        ("region", "eu"),
+        ("language", "native"),
+        ("profiler_version", env!("CARGO_PKG_VERSION")),
+        ("cpu_arch", std::env::consts::ARCH),
+        ("profile_seq", "0"),
+    ];
+    for (key, value) in expected {
+        assert_eq!(
+            tags.get(key).map(String::as_str),
+            Some(value),
+            "{key} in {tags:?}"
+        );
+    }
+    assert!(
+        tags["runtime_platform"].starts_with("x86_64-unknown-linux-"),
+        "{tags:?}"
+    );
+    assert!(tags["number_of_cpu_cores"].parse::<u32>().unwrap() >= 1);
+    let runtime_id = &tags["runtime-id"];
+    assert_eq!(
+        runtime_id.split('-').map(str::len).collect::<Vec<_>>(),
+        [8, 4, 4, 4, 12],
+        "{runtime_id}"
+    );
+    assert!(
+        !tags.contains_key("host"),
+        "no host unless the user sets one: {tags:?}"
+    );
+
+    // event.json.
+    let event = &request.event;
+    assert_eq!(event["attachments"], serde_json::json!(["profile.pprof"]));
+    assert!(event["endpoint_counts"].is_null());
+    assert_eq!(event["process_tags"], format!("entrypoint.name:chain"));
+    let internal = &event["internal"];
+    assert_eq!(
+        internal["samples"].as_u64(),
+        Some(summary_samples(&stderr)),
+        "{event}"
+    );
+    assert!(
+        internal["profiler_cpu_nanos"].as_u64().unwrap() > 0,
+        "{event}"
+    );
+    assert!(
+        internal["profiler_rss_kib"].as_u64().unwrap() > 0,
+        "{event}"
+    );
+    assert_eq!(internal["dropped_profiles"], 0);
+    let wall = request.end.duration_since(request.start).unwrap();
+    assert!(
+        wall > Duration::from_secs(1) && wall < Duration::from_secs(10),
+        "{event}"
+    );
+
+    // One notice line says where it went; nothing written locally.
+    let sent: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains(&format!("sent to {}", intake.url)))
+        .collect();
+    assert_eq!(sent.len(), 1, "{stderr}");
+    assert!(sent[0].contains("bytes"), "{}", sent[0]);
+    assert!(
+        !scratch.0.join("ddprof-out").exists(),
+        "no local output beside an agent"
+    );
+}
+
+#[test]
+fn profiles_reach_an_agent_on_a_unix_socket_and_a_local_directory_together() {
+    let intake = Intake::unix(Behaviour::Accept, "unix");
+    let scratch = Scratch::new("unix");
+    let local = scratch.0.join("profiles");
+    let (status, stderr) = run(ddprof(&scratch.0, &intake.url)
+        .args(["--engine", "perf", "--output"])
+        .arg(&local)
+        .env("DD_PROFILING_RUNTIME_ID", "0e7a4c1d-runtime-id-from-env")
+        .env("DD_TAGS", "host:box-1")
+        .arg("--")
+        .arg(chain())
+        .arg("2"));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
+    let received = intake.received();
+    assert_eq!(received.len(), 1, "{stderr}");
+    assert_chain_profile(&received[0], &stderr);
+    assert_eq!(received[0].header("Host"), Some("localhost"));
+    assert_eq!(
+        received[0].tag("runtime-id").as_deref(),
+        Some("0e7a4c1d-runtime-id-from-env")
+    );
+    assert_eq!(received[0].tag("host").as_deref(), Some("box-1"));
+    assert_eq!(
+        received[0].tag("service").as_deref(),
+        Some("chain"),
+        "default service: the command"
+    );
+    assert_eq!(
+        ddprof_tests::outputs::pprof_files(&local).len(),
+        1,
+        "--output keeps working beside an agent:\n{stderr}"
+    );
+}
+
+#[test]
+fn refused_uploads_are_retried_and_every_period_arrives_once_in_order_without_gaps() {
+    let intake = Intake::http(Behaviour::RefuseFirst(3));
+    let scratch = Scratch::new("refused");
+    let (status, stderr) = run(ddprof(&scratch.0, &intake.url)
+        .args(["-u", "1", "--"])
+        .arg(chain())
+        .arg("5"));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
+    let received = intake.received();
+    assert!(
+        received.len() >= 4,
+        "{} profiles in 5 s at -u 1:\n{stderr}",
+        received.len()
+    );
+    assert_eq!(
+        intake.attempts(),
+        received.len() + 3,
+        "3 refused, then each once:\n{stderr}"
+    );
+    for (index, request) in received.iter().enumerate() {
+        assert_eq!(
+            request.tag("profile_seq"),
+            Some(index.to_string()),
+            "in order, once each"
+        );
+        assert_eq!(request.event["internal"]["dropped_profiles"], 0);
+    }
+    for pair in received.windows(2) {
+        assert_eq!(pair[0].end, pair[1].start, "each end is the next start");
+    }
+    let total: u64 = received
+        .iter()
+        .map(|r| r.event["internal"]["samples"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, summary_samples(&stderr), "every sample arrived once");
+    let warnings = stderr.matches("cannot upload profiles to").count();
+    assert_eq!(warnings, 1, "one warning per failure streak:\n{stderr}");
+    assert!(
+        stderr.contains("takes profiles again (after 3 failed attempts)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_agent_down_longer_than_the_bound_loses_the_oldest_and_says_how_many() {
+    // Refuses for ~4 s of backoff (0.25 + 0.5 + 1 + 2 s) while a profile
+    // comes every second; the queue holds 2.
+    let intake = Intake::http(Behaviour::RefuseFirst(5));
+    let scratch = Scratch::new("bound");
+    let (status, stderr) = run(ddprof(&scratch.0, &intake.url)
+        .args(["-u", "1", "--upload-queue-profiles", "2", "--"])
+        .arg(chain())
+        .arg("7"));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
+    let received = intake.received();
+    let summary_line = stderr
+        .lines()
+        .find(|line| line.contains("profiles sent,"))
+        .unwrap_or_else(|| panic!("no export summary:\n{stderr}"));
+    // `export to URL: S profiles sent, D dropped, U not sent at exit`.
+    let counts: Vec<u64> = summary_line
+        .rsplit(": ")
+        .next()
+        .unwrap()
+        .split(", ")
+        .map(|field| field.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    let number_before = |word: &str| -> u64 {
+        match word {
+            "sent" => counts[0],
+            _ => counts[1],
+        }
+    };
+    let (sent, dropped) = (number_before("sent"), number_before("dropped"));
+    assert_eq!(sent as usize, received.len(), "{summary_line}");
+    assert!(dropped >= 1, "{summary_line}\n{stderr}");
+    // The drops are said in the log, and counted in the profiles that
+    // went out next: the sequence numbers' gaps are exactly the drops.
+    assert!(
+        stderr.contains("dropped the 1 oldest waiting to go out"),
+        "{stderr}"
+    );
+    let reported: u64 = received
+        .iter()
+        .map(|r| r.event["internal"]["dropped_profiles"].as_u64().unwrap())
+        .sum();
+    assert_eq!(reported, dropped, "{summary_line}");
+    let sequences: Vec<u64> = received
+        .iter()
+        .map(|r| r.tag("profile_seq").unwrap().parse().unwrap())
+        .collect();
+    let last = *sequences.last().unwrap();
+    assert_eq!(
+        last + 1,
+        sent + dropped,
+        "every period sent or counted: {sequences:?}"
+    );
+    assert!(
+        sequences.windows(2).all(|w| w[0] < w[1]),
+        "in order: {sequences:?}"
+    );
+    // Never more than the bound waiting: the drops happen as soon as a
+    // third profile would wait.
+    assert!(dropped + 2 >= last, "{sequences:?} dropped {dropped}");
+}
+
+#[test]
+fn an_agent_that_never_answers_delays_the_exit_by_at_most_the_grace_period() {
+    let intake = Intake::http(Behaviour::NeverAnswer);
+    let scratch = Scratch::new("silent");
+    let started = Instant::now();
+    let mut child = ddprof(&scratch.0, &intake.url)
+        .args(["--upload-timeout", "60", "--upload-exit-grace", "2", "--"])
+        .arg(chain())
+        .arg("1")
+        .spawn()
+        .unwrap();
+    let mut stderr_pipe = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        stderr_pipe.read_to_string(&mut text).unwrap();
+        (text, Instant::now())
+    });
+    let status = child.wait().unwrap();
+    let command_exit = started.elapsed();
+    let (stderr, closed) = reader.join().unwrap();
+    let profiler_exit = closed.duration_since(started);
+    assert!(status.success(), "{stderr}");
+    assert!(
+        command_exit < Duration::from_secs(3),
+        "the command ran 1 s: {command_exit:?}"
+    );
+    let delay = profiler_exit.saturating_sub(command_exit);
+    assert!(
+        delay < Duration::from_secs(2) + Duration::from_millis(1500),
+        "the profiler exited {delay:?} after the command (grace 2 s):\n{stderr}"
+    );
+    assert!(intake.attempts() >= 1, "{stderr}");
+    assert!(stderr.contains("1 profile(s) not sent"), "{stderr}");
+}
+
+#[test]
+fn a_refused_profile_is_said_once_with_the_response_body_and_not_sent_again() {
+    let body = "{\"errors\":[\"tags_profiler: invalid tag\"]}";
+    let intake = Intake::http(Behaviour::BadRequest(body.into()));
+    let scratch = Scratch::new("refused-for-good");
+    let (status, stderr) = run(ddprof(&scratch.0, &intake.url)
+        .arg("--")
+        .arg(chain())
+        .arg("1"));
+    assert!(status.success(), "{stderr}");
+    assert_eq!(intake.attempts(), 1, "a 400 is not retried:\n{stderr}");
+    assert_eq!(stderr.matches(body).count(), 1, "{stderr}");
+    assert!(stderr.contains("HTTP 400"), "{stderr}");
+}
+
+#[test]
+fn bad_export_settings_are_errors_at_start_and_the_key_is_never_shown() {
+    let key = "abcdef0123456789abcdef0123456789";
+    let scratch = Scratch::new("settings");
+    // No key: the command runs, unprofiled, and the variable is named.
+    let (status, stderr) =
+        run(ddprof(&scratch.0, "http://127.0.0.1:1").args(["--agentless", "--", "true"]));
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("running the command without profiling"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("set DD_API_KEY"), "{stderr}");
+    // A short key: named, not quoted.
+    let (status, stderr) = run(ddprof(&scratch.0, "http://127.0.0.1:1")
+        .args(["--agentless", "--", "true"])
+        .env("DD_API_KEY", "0123short"));
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("DD_API_KEY: a 9-character value is not an API key"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("0123short"), "{stderr}");
+    // A malformed tag on the command line: a usage error quoting it.
+    let (status, stderr) =
+        run(ddprof(&scratch.0, "http://127.0.0.1:1").args(["-T", "team:core,oops", "--", "true"]));
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`oops` is not a key:value tag"), "{stderr}");
+    // From DD_TAGS: quoted and named, the command runs.
+    let (status, stderr) = run(ddprof(&scratch.0, "http://127.0.0.1:1")
+        .args(["--", "true"])
+        .env("DD_TAGS", "oops"));
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("DD_TAGS: invalid value `oops`"), "{stderr}");
+    // --show-config never prints the key.
+    let output = ddprof_tests::ddprof_command()
+        .args(["--agentless", "--show-config", "--", "true"])
+        .env("DD_API_KEY", key)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.contains("agentless = true"), "{shown}");
+    assert!(!shown.contains(key), "{shown}");
+}
+
+/// libdatadog's exporter (`libdd-profiling` 1.0.0) and ours, for the same
+/// profile bytes, times and tags, sent to the same stand-in intake:
+/// the same parts, the same event.json keys (and values, except those
+/// listed), the same header names.
+#[test]
+fn the_request_matches_the_one_libdatadogs_exporter_builds() {
+    use libdd_profiling::exporter::{self, File, ProfileExporter, Tag};
+
+    // libdatadog reads it from its own process's environment.
+    std::env::set_var("DD_EXTERNAL_ENV", "it-false,cn-chain");
+    let ours_intake = Intake::http(Behaviour::Accept);
+    let scratch = Scratch::new("reference");
+    let (status, stderr) = run(ddprof(&scratch.0, &ours_intake.url)
+        .args(["-S", "reference", "-E", "test", "-T", "team:core", "--"])
+        .env("DD_EXTERNAL_ENV", "it-false,cn-chain")
+        .arg(chain())
+        .arg("1"));
+    assert!(status.success(), "{stderr}");
+    let ours = ours_intake.received().pop().expect("our request");
+
+    // The same profile bytes and tags through libdatadog's exporter.
+    let theirs_intake = Intake::http(Behaviour::Accept);
+    let profile_part = ours
+        .parts
+        .iter()
+        .find(|p| p.name == "profile.pprof")
+        .unwrap();
+    let tags: Vec<Tag> = ours
+        .tags()
+        .into_iter()
+        // libdatadog adds its own runtime_platform.
+        .filter(|(key, _)| key != "runtime_platform")
+        .map(|(key, value)| Tag::new(key, value).unwrap())
+        .collect();
+    let endpoint = exporter::config::agent(theirs_intake.url.parse().unwrap()).unwrap();
+    let reference = ProfileExporter::new(
+        "ddprof",
+        env!("CARGO_PKG_VERSION"),
+        "native",
+        Some(tags),
+        endpoint,
+    )
+    .unwrap();
+    let encoded = libdd_profiling::internal::EncodedProfile {
+        start: ours.start,
+        end: ours.end,
+        buffer: profile_part.bytes.clone(),
+        endpoints_stats: Default::default(),
+    };
+    let no_files: &[File] = &[];
+    let request = reference
+        .build(
+            encoded,
+            no_files,
+            no_files,
+            None,
+            Some(ours.event["internal"].clone()),
+            Some(ours.event["info"].clone()),
+        )
+        .unwrap();
+    let response = reference.send(request, None).unwrap();
+    assert_eq!(theirs_intake.violations(), Vec::<String>::new());
+    assert_eq!(response.status().as_u16(), 202);
+    let theirs = theirs_intake
+        .received()
+        .pop()
+        .expect("libdatadog's request");
+
+    // Print both for the record (headers, event.json).
+    for (who, request) in [("ddprof", &ours), ("libdatadog", &theirs)] {
+        let mut headers: Vec<_> = request.headers.iter().collect();
+        headers.sort();
+        println!("=== {who}: POST {}", request.path);
+        for (name, value) in headers {
+            println!("{name}: {value}");
+        }
+        for part in &request.parts {
+            println!(
+                "part name={:?} filename={:?} content-type={:?} bytes={}",
+                part.name,
+                part.filename,
+                part.content_type,
+                part.bytes.len()
+            );
+        }
+        println!(
+            "event.json: {}",
+            serde_json::to_string_pretty(&request.event).unwrap()
+        );
+    }
+
+    // Parts: same names, file names, content types, and the same profile.
+    let describe = |r: &Received| -> Vec<(String, Option<String>, Option<String>)> {
+        r.parts
+            .iter()
+            .map(|p| (p.name.clone(), p.filename.clone(), p.content_type.clone()))
+            .collect()
+    };
+    assert_eq!(describe(&ours), describe(&theirs));
+    assert_eq!(ours.pprof, theirs.pprof);
+
+    // event.json: the same keys; ours adds `process_tags` (newer exporters
+    // send it; libdatadog 1.0.0 does not).
+    let keys = |r: &Received| -> BTreeSet<String> {
+        r.event.as_object().unwrap().keys().cloned().collect()
+    };
+    let mut expected_keys = keys(&theirs);
+    expected_keys.insert("process_tags".into());
+    assert_eq!(keys(&ours), expected_keys);
+    for key in [
+        "attachments",
+        "start",
+        "end",
+        "family",
+        "version",
+        "endpoint_counts",
+        "info",
+    ] {
+        assert_eq!(ours.event[key], theirs.event[key], "{key}");
+    }
+    // Values that differ by design: the tag order (libdatadog puts
+    // runtime_platform last) and `internal.libdatadog_version`.
+    let tag_set = |r: &Received| -> BTreeSet<(String, String)> { r.tags().into_iter().collect() };
+    assert_eq!(tag_set(&ours), tag_set(&theirs));
+    let mut their_internal = theirs.event["internal"].clone();
+    their_internal
+        .as_object_mut()
+        .unwrap()
+        .remove("libdatadog_version");
+    assert_eq!(ours.event["internal"], their_internal);
+
+    // Headers: the same names, except by design: the body's framing
+    // (ours `Content-Length`, libdatadog's form is streamed `chunked`),
+    // reqwest's `Accept: */*`, and the entity headers (libdatadog describes
+    // its own process and here sent none; ddprof describes the profiled
+    // command: `Datadog-Entity-ID: in-<cgroup inode>`). Values that differ
+    // by design: User-Agent (`ddprof/<ours>` vs `DDProf/<libdatadog>`),
+    // the multipart boundary, Host (two stand-ins).
+    let by_design = [
+        "accept",
+        "content-length",
+        "transfer-encoding",
+        "datadog-entity-id",
+        "datadog-container-id",
+    ];
+    let names = |r: &Received| -> BTreeSet<String> {
+        r.headers
+            .keys()
+            .filter(|name| !by_design.contains(&name.as_str()))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(names(&ours), names(&theirs));
+    for same in [
+        "dd-evp-origin",
+        "dd-evp-origin-version",
+        "datadog-external-env",
+        "connection",
+    ] {
+        assert_eq!(ours.header(same), theirs.header(same), "{same}");
+    }
+}
