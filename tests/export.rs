@@ -361,13 +361,77 @@ fn an_agent_down_longer_than_the_bound_loses_the_oldest_and_says_how_many() {
 }
 
 #[test]
+fn a_closed_port_keeps_at_most_the_bound_waiting_and_counts_the_rest() {
+    // A port nothing listens on: every connection is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let scratch = Scratch::new("closed");
+    // Built before the clock starts.
+    let workload = chain();
+    ddprof_tests::ddprof_bin();
+    let started = Instant::now();
+    let (status, stderr) = run(ddprof(&scratch.0, &url)
+        .args([
+            "-u",
+            "1",
+            "--upload-queue-profiles",
+            "2",
+            "--upload-exit-grace",
+            "1",
+            "--",
+        ])
+        .arg(&workload)
+        .arg("5"));
+    let elapsed = started.elapsed();
+    assert!(status.success(), "{stderr}");
+    let summary_line = stderr
+        .lines()
+        .find(|line| line.contains("profiles sent,"))
+        .unwrap_or_else(|| panic!("no export summary:\n{stderr}"));
+    // `export to URL: S profiles sent, D dropped, U not sent at exit`.
+    let counts: Vec<u64> = summary_line
+        .rsplit(": ")
+        .next()
+        .unwrap()
+        .split(", ")
+        .map(|field| field.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    let (sent, dropped, unsent) = (counts[0], counts[1], counts[2]);
+    assert_eq!(sent, 0, "{summary_line}");
+    assert!(
+        unsent <= 2,
+        "never more than the bound waiting: {summary_line}"
+    );
+    assert!(dropped >= 2, "5 periods, 2 kept: {summary_line}\n{stderr}");
+    let profiles = ddprof_tests::outputs::summary_fields(&stderr)["profiles"];
+    assert_eq!(sent + dropped + unsent, profiles, "{summary_line}");
+    assert_eq!(
+        stderr.matches("cannot upload profiles to").count(),
+        1,
+        "one warning per failure streak:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("Connection refused") || stderr.contains("connection refused"),
+        "{stderr}"
+    );
+    assert!(elapsed < Duration::from_secs(15), "{elapsed:?}");
+}
+
+#[test]
 fn an_agent_that_never_answers_delays_the_exit_by_at_most_the_grace_period() {
     let intake = Intake::http(Behaviour::NeverAnswer);
     let scratch = Scratch::new("silent");
+    // Built before the clock starts.
+    let workload = chain();
+    ddprof_tests::ddprof_bin();
     let started = Instant::now();
     let mut child = ddprof(&scratch.0, &intake.url)
         .args(["--upload-timeout", "60", "--upload-exit-grace", "2", "--"])
-        .arg(chain())
+        .arg(&workload)
         .arg("1")
         .spawn()
         .unwrap();
@@ -616,4 +680,77 @@ fn the_request_matches_the_one_libdatadogs_exporter_builds() {
     ] {
         assert_eq!(ours.header(same), theirs.header(same), "{same}");
     }
+}
+
+#[test]
+fn a_profiler_stopped_by_sigterm_uploads_its_last_period_before_exiting() {
+    let intake = Intake::http(Behaviour::Accept);
+    let scratch = Scratch::new("sigterm");
+    ddprof_tests::ddprof_bin();
+    let workload = std::process::Command::new(chain())
+        .arg("30")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut workload = ddprof_tests::guards::KillOnDrop(workload);
+    let profiler = ddprof(&scratch.0, &intake.url)
+        .args(["-u", "1", "-p"])
+        .arg(workload.0.id().to_string())
+        .spawn()
+        .unwrap();
+    let mut profiler = ddprof_tests::guards::KillOnDrop(profiler);
+    // Two whole periods, then a stop in the middle of the third.
+    if !intake.wait_for(Duration::from_secs(20), |received| received.len() >= 2) {
+        profiler.stop();
+        let mut stderr = String::new();
+        let _ = profiler
+            .0
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr);
+        panic!("two periods not uploaded in 20 s:\n{stderr}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(profiler.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = profiler.0.wait().unwrap();
+    let mut stderr = String::new();
+    profiler
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert!(stopped.elapsed() < Duration::from_secs(5), "{stderr}");
+    workload.stop();
+    assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
+    let received = intake.received();
+    assert!(
+        received.len() >= 3,
+        "{} profiles:\n{stderr}",
+        received.len()
+    );
+    for pair in received.windows(2) {
+        assert_eq!(pair[0].end, pair[1].start, "contiguous periods");
+    }
+    // The last one is the part-period the stop cut short.
+    let last = received.last().unwrap();
+    let last_length = last.end.duration_since(last.start).unwrap();
+    assert!(last_length < Duration::from_millis(1500), "{last_length:?}");
+    assert_eq!(
+        received
+            .iter()
+            .map(|r| r.event["internal"]["samples"].as_u64().unwrap())
+            .sum::<u64>(),
+        summary_samples(&stderr),
+        "{stderr}"
+    );
+    assert_chain_profile(&received[0], &stderr);
 }
