@@ -25,6 +25,25 @@ pub fn ddprof_bin() -> &'static Path {
         build
             .current_dir(workspace)
             .args(["build", "--quiet", "-p", "ddprof", "--bin", "ddprof"]);
+        // Cargo hands the test process its package's variables
+        // (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, …). Some build scripts
+        // (ring's) rerun when those change, which rebuilt ddprof and its TLS
+        // stack (~40 s) at every switch between `cargo test` and this build.
+        const PER_PACKAGE: [&str; 7] = [
+            "CARGO_PKG_",
+            "CARGO_BIN_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+        ];
+        for (key, _) in std::env::vars_os() {
+            let name = key.to_string_lossy();
+            if PER_PACKAGE.iter().any(|prefix| name.starts_with(prefix)) {
+                build.env_remove(&key);
+            }
+        }
         if profile_dir
             .file_name()
             .is_some_and(|name| name == "release")
