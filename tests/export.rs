@@ -164,7 +164,17 @@ fn profiles_reach_an_http_agent_in_the_exporters_wire_format() {
         tags["runtime_platform"].starts_with("x86_64-unknown-linux-"),
         "{tags:?}"
     );
-    assert!(tags["number_of_cpu_cores"].parse::<u32>().unwrap() >= 1);
+    // The machine's, not the profiler's single pinned CPU.
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let cores: usize = online
+        .trim()
+        .split(',')
+        .map(|range| match range.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum();
+    assert_eq!(tags["number_of_cpu_cores"], cores.to_string(), "{tags:?}");
     let runtime_id = &tags["runtime-id"];
     assert_eq!(
         runtime_id.split('-').map(str::len).collect::<Vec<_>>(),

@@ -277,6 +277,33 @@ fn random_bytes(count: usize) -> Vec<u8> {
     bytes
 }
 
+/// The machine's online CPUs (`/sys/devices/system/cpu/online`, e.g.
+/// `0-3,6`): not this thread's affinity, which may be one CPU.
+pub fn online_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|text| count_cpu_list(text.trim()))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |cores| cores.get()))
+}
+
+/// The number of CPUs in a kernel CPU list (`0-3,6` → 5).
+fn count_cpu_list(list: &str) -> Option<usize> {
+    let mut count = 0;
+    for range in list.split(',').filter(|range| !range.is_empty()) {
+        count += match range.split_once('-') {
+            Some((first, last)) => {
+                let (first, last): (usize, usize) = (first.parse().ok()?, last.parse().ok()?);
+                last.checked_sub(first)? + 1
+            }
+            None => {
+                range.parse::<usize>().ok()?;
+                1
+            }
+        };
+    }
+    (count > 0).then_some(count)
+}
+
 /// A random (version 4) UUID: a run's `runtime-id`.
 pub fn new_runtime_id() -> String {
     let mut bytes = random_bytes(16);
@@ -326,6 +353,14 @@ mod tests {
         let time = UNIX_EPOCH + Duration::new(1_795_968_233, 7);
         assert_eq!(rfc3339_nanos(time), "2026-11-29T16:03:53.000000007Z");
         assert_eq!(rfc3339_nanos(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
+    }
+
+    #[test]
+    fn cpu_lists_are_counted() {
+        assert_eq!(count_cpu_list("0-3,6"), Some(5));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("x"), None);
+        assert!(online_cpus() >= 1);
     }
 
     #[test]

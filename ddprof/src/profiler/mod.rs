@@ -248,7 +248,8 @@ fn start_exporter(options: &ProfilerOptions, target: Target, engine: &str) -> Op
         entity,
         engine: engine.to_string(),
         started: SystemTime::now(),
-        cpu_cores: std::thread::available_parallelism().map_or(1, |cores| cores.get()),
+        // The machine's (the profiler itself is pinned to one CPU).
+        cpu_cores: crate::export::request::online_cpus(),
     };
     Exporter::start(context)
         .map_err(|error| log::warn!("not uploading profiles: {error}"))
