@@ -544,6 +544,52 @@ fn recursion_reaches_main(variant: BpfVariant) {
 }
 
 #[test]
+fn stacks_deeper_than_the_limit_stop_at_512_frames() {
+    deep_recursion_stops_at_the_limit(BpfVariant::Loop);
+}
+
+/// 512 frames take the entry and 31 tail calls, within the 32 a chain may
+/// make before Linux 5.17.
+#[test]
+fn stacks_deeper_than_the_limit_stop_at_512_frames_with_tail_calls() {
+    deep_recursion_stops_at_the_limit(BpfVariant::TailCall);
+}
+
+fn deep_recursion_stops_at_the_limit(variant: BpfVariant) {
+    let binary = workload_binary();
+    let symbols = Symbols::read(&binary);
+    let child = start_workload(&binary, "deep", 60.0);
+    let pid = child.0.id();
+    let profile = profile_variant(pid, false, Some(variant));
+    drop(child);
+    report(&profile, &format!("deep, {variant}"));
+
+    let mut in_leaf = 0;
+    for sample in &profile.samples {
+        let names = symbols.names(&profile.processes, sample);
+        if names.first().map(String::as_str) == Some("chain_leaf") {
+            in_leaf += 1;
+            assert_eq!(sample.frames.len(), MAX_USER_FRAMES, "{:?}", sample.end);
+            assert_eq!(sample.end, StackEnd::DepthLimit);
+            assert!(names[1..].iter().all(|n| n == "recurse"));
+        }
+    }
+    assert!(
+        in_leaf * 10 >= profile.samples.len() * 8 && in_leaf >= 200,
+        "{in_leaf} of {} samples in the leaf",
+        profile.samples.len()
+    );
+    assert!(
+        profile
+            .engine
+            .counters()
+            .unwrap()
+            .get(BpfCounter::DepthLimit)
+            >= in_leaf as u64
+    );
+}
+
+#[test]
 fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
