@@ -742,6 +742,51 @@ fn ddprof_with_the_tail_call_variant_profiles_a_syscall_workload() {
     );
 }
 
+/// A bad `DDPROF_BPF_VARIANT` is one clear line: `--engine bpf` stops the
+/// profiler with it, `auto` warns and profiles with the perf engine; the
+/// command runs either way.
+#[test]
+fn a_bad_variant_in_the_environment_is_one_clear_line() {
+    let binary = workload_binary();
+    for (engine, profiled) in [("bpf", false), ("auto", true)] {
+        let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("bpf-bad-variant-{engine}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&output_dir);
+        let output = Command::new(ddprof_tests::ddprof_bin())
+            .env(VARIANT_ENV, "fast")
+            .args(["--engine", engine, "--output"])
+            .arg(&output_dir)
+            .arg("--")
+            .arg(&binary)
+            .args(["chain", "0.5"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("ddprof runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{engine}: {stderr}");
+        assert_eq!(stdout.trim(), "ready", "{engine}: the command ran");
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("DDPROF_BPF_VARIANT"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{engine}: {stderr}");
+        assert!(
+            lines[0].contains(
+                "bad BPF program variant: DDPROF_BPF_VARIANT=\"fast\": use `bpf_loop` or `tail-call`"
+            ),
+            "{engine}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let folded = output_dir.join("stacks.folded");
+        while profiled && !folded.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(folded.exists(), profiled, "{engine}: {stderr}");
+    }
+}
+
 #[test]
 fn exec_and_new_mappings_reach_the_maps_through_process_events() {
     exec_then_profile(true);
