@@ -12,6 +12,7 @@
 //! exit) and by [`BpfEngine::poll`], which loads the tables of any process
 //! of the table it has not seen yet (the initial `/proc` snapshot).
 mod choose;
+mod programs;
 mod rows;
 mod variant;
 
@@ -248,50 +249,13 @@ fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// A perf_event program of the object, by name.
-fn perf_program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut PerfEvent, BpfError> {
-    ebpf.program_mut(name)
-        .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{name}`")))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| classify(&e))
-}
-
-/// A refused program load, classified (with the end of the verifier's log
-/// on stderr when `DDPROF_BPF_VERIFIER_LOG` is set, for diagnosis).
-fn load_error(error: aya::programs::ProgramError, name: &str) -> BpfError {
-    if std::env::var_os("DDPROF_BPF_VERIFIER_LOG").is_some() {
-        let full = error.to_string();
-        let start = full.len().saturating_sub(6000);
-        let start = (start..full.len())
-            .find(|&i| full.is_char_boundary(i))
-            .unwrap_or(0);
-        eprintln!("verifier log of {name} (tail): {}", &full[start..]);
-    }
-    classify_load(error)
-}
-
-/// On a kernel older than the engine's 5.10, any refusal but a permission
-/// one says so: the kernel's own error (an unknown map type or helper) is
-/// kept as the detail. (The version only words the message; what is loaded
-/// is decided by probing.)
-fn too_old(error: BpfError) -> BpfError {
-    match (error, kernel_version()) {
-        (BpfError::Rejected(text) | BpfError::Map { message: text, .. }, Some((major, minor)))
-            if (major, minor) < (5, 10) =>
-        {
-            BpfError::KernelTooOld(format!("Linux {major}.{minor}: {text}"))
-        }
-        (error, _) => error,
-    }
-}
-
 impl BpfProgram {
     /// Loads the embedded object with maps of the given sizes and the
     /// program variant this kernel runs (see [`choose_variant`]).
     pub fn load(sizes: MapSizes, kernel_stacks: bool) -> Result<Self, BpfError> {
         let object = BPF_OBJECT.ok_or(BpfError::NotBuilt)?;
-        let variant = variant::chosen_variant().map_err(too_old)?;
-        Self::load_object(object, sizes, kernel_stacks, variant).map_err(too_old)
+        let variant = variant::chosen_variant().map_err(programs::too_old)?;
+        Self::load_object(object, sizes, kernel_stacks, variant).map_err(programs::too_old)
     }
 
     /// Loads the embedded object with the given program variant (its entry
@@ -303,7 +267,7 @@ impl BpfProgram {
         variant: BpfVariant,
     ) -> Result<Self, BpfError> {
         let object = BPF_OBJECT.ok_or(BpfError::NotBuilt)?;
-        Self::load_object(object, sizes, kernel_stacks, variant).map_err(too_old)
+        Self::load_object(object, sizes, kernel_stacks, variant).map_err(programs::too_old)
     }
 
     fn load_object(
@@ -359,29 +323,12 @@ impl BpfProgram {
         // The continuation first: the entry may only run once the
         // `WALK_PROGRAMS` slot holds it.
         let tail = match variant.tail_program() {
-            Some(name) => {
-                let program = perf_program_mut(&mut ebpf, name)?;
-                program.load().map_err(|e| load_error(e, name))?;
-                let info = program.info().ok();
-                let fd = program
-                    .fd()
-                    .and_then(|fd| fd.try_clone().map_err(Into::into))
-                    .map_err(|e| classify(&e))?;
-                const MAP: &str = "WALK_PROGRAMS";
-                let map_error = |message: String| BpfError::Map { map: MAP, message };
-                let map = ebpf
-                    .map_mut(MAP)
-                    .ok_or_else(|| map_error("missing".into()))?;
-                let mut slots =
-                    aya::maps::ProgramArray::try_from(map).map_err(|e| map_error(e.to_string()))?;
-                slots.set(0, &fd, 0).map_err(|e| map_error(e.to_string()))?;
-                info
-            }
+            Some(name) => programs::load_continuation(&mut ebpf, name)?,
             None => None,
         };
         let name = variant.entry_program();
-        let program = perf_program_mut(&mut ebpf, name)?;
-        program.load().map_err(|e| load_error(e, name))?;
+        let program = programs::perf_program_mut(&mut ebpf, name)?;
+        program.load().map_err(|e| programs::load_error(e, name))?;
         let load_time = started.elapsed();
         let info = program.info().ok();
         let stats = ProgramStats {
