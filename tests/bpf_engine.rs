@@ -3,48 +3,29 @@
 //! pointers) are unwound in the kernel with the DWARF rows the engine loads.
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ddprof::bpf::EngineChoice;
 use ddprof::bpf::{
     choose_engine, choose_variant, kernel_has_bpf_loop, probe_variants, BpfEngine,
     BpfEngineOptions, BpfError, BpfProgram, BpfVariant, Engine, MapSizes, BPF_OBJECT, VARIANT_ENV,
 };
-use ddprof::config::{parse_events, EngineChoice};
+use ddprof::events::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
 use ddprof::process::ProcessTable;
 use ddprof::sample::{Sample, StackEnd};
 use ddprof_common::sample::{BpfCounter, MAX_USER_FRAMES};
+use ddprof_tests::guards::{monotonic_nanos, KillOnDrop};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 /// Builds `tests/workloads/bpf_stacks.c` without frame pointers (once: the
 /// tests run in parallel threads).
 fn workload_binary() -> PathBuf {
     static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BINARY.get_or_init(build_workload).clone()
-}
-
-fn build_workload() -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/bpf_stacks.c");
-    let output = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bpf_stacks");
-    let status = Command::new("cc")
-        .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
-        .arg(&output)
-        .arg(&source)
-        .status()
-        .expect("cc runs (install gcc)");
-    assert!(status.success(), "cc failed on {}", source.display());
-    output
-}
-
-/// A child process killed when the test ends, passed or not.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    BINARY
+        .get_or_init(|| ddprof_tests::workloads::build_workload("bpf_stacks.c"))
+        .clone()
 }
 
 /// Starts the workload and waits until it runs its own code.
@@ -150,6 +131,9 @@ fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) 
     let options = EventOptions {
         stack_sample_size: 8,
         include_kernel,
+        // The program's bpf_get_stack reads the kernel call chain the event
+        // samples: it must ask for one.
+        kernel_stacks: include_kernel,
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root opens task-clock events on its child");
@@ -801,7 +785,7 @@ fn exec_and_new_mappings_reach_the_maps_from_the_table_at_each_poll() {
 /// process events of the exec go to the table, and to the engine's hook
 /// when `hooks` (else the engine finds the changes in the table at poll).
 fn exec_then_profile(hooks: bool) {
-    use ddprof::sample::ProcessEvent;
+    use ddprof::process::ProcessEvent;
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
     // A shell that execs the workload after the engine has started on it.
@@ -822,6 +806,7 @@ fn exec_then_profile(hooks: bool) {
         &EventOptions {
             stack_sample_size: 8,
             include_kernel: false,
+            kernel_stacks: false,
         },
     )
     .unwrap();
@@ -874,7 +859,7 @@ fn exec_then_profile(hooks: bool) {
             .unwrap();
     }
     // Only samples taken from now on are sure to see the updated maps.
-    let updated_at = monotonic_now();
+    let updated_at = monotonic_nanos();
     let mut samples = Vec::new();
     let started = Instant::now();
     while started.elapsed() < PROFILE_TIMEOUT
@@ -919,17 +904,6 @@ fn exec_then_profile(hooks: bool) {
         engine.sync(&processes);
     }
     assert!(!engine.tracked_processes().contains(&pid));
-}
-
-/// CLOCK_MONOTONIC nanoseconds, the clock of `Sample::time`.
-fn monotonic_now() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// The biggest libLLVM / libstdc++ on the machine.
@@ -978,7 +952,7 @@ fn biggest_library_table_loads_and_verifies() {
     // Its table, compiled the way the engine does.
     let mut cache = ddprof::unwind::TableCache::with_limit(1 << 30);
     let metadata = std::fs::metadata(&library).unwrap();
-    let mapped = ddprof::process::MappedFile {
+    let mapped = ddprof::files::MappedFile {
         path: library.to_string_lossy().into_owned(),
         dev: std::os::unix::fs::MetadataExt::dev(&metadata),
         inode: std::os::unix::fs::MetadataExt::ino(&metadata),
@@ -990,7 +964,7 @@ fn biggest_library_table_loads_and_verifies() {
     let compile_time = compile_started.elapsed();
     let rows = table.table.rows.len() as u32;
 
-    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut sleeper = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
     let specs = parse_events("sCPU freq=99").unwrap();
     let fds = events::open_all(
         &specs,
@@ -998,6 +972,7 @@ fn biggest_library_table_loads_and_verifies() {
         &EventOptions {
             stack_sample_size: 8,
             include_kernel: false,
+            kernel_stacks: false,
         },
     )
     .unwrap();
@@ -1012,8 +987,7 @@ fn biggest_library_table_loads_and_verifies() {
     let loaded = engine
         .load_file(&mapped.path)
         .expect("the table fits the row map sized for it");
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
+    sleeper.stop();
     eprintln!(
         "{}: {} rows, {} bytes ({:.1} MiB) in the row map, compiled in {compile_time:?}; \
          program {:?}; {}",

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use ddprof_tests::ddprof_bin;
+use ddprof_tests::guards::KillOnDrop;
 use ddprof_tests::outputs::{go_pprof, pprof_files, summary_fields as summary};
 use ddprof_tests::workloads::build_workload;
 
@@ -367,7 +368,7 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
 
 #[test]
 fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
-    let mut sleeper = ddprof_tests::as_nobody("sleep").arg("10").spawn().unwrap();
+    let mut sleeper = KillOnDrop(ddprof_tests::as_nobody("sleep").arg("10").spawn().unwrap());
     let out = Scratch::new("nobody-bpf");
     Command::new("chmod")
         .arg("777")
@@ -388,8 +389,7 @@ fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
         .args(["-p", &sleeper.id().to_string()])
         .output()
         .unwrap();
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
+    sleeper.stop();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success(),
@@ -568,4 +568,93 @@ fn symbolizes_a_binary_deleted_while_it_runs(engine: &str) {
         None,
         "{engine}: frames named after the file: {leaves:?}"
     );
+}
+
+#[test]
+fn the_bpf_engine_reports_kernel_frames_with_include_kernel() {
+    reports_kernel_frames_with_include_kernel("bpf");
+}
+
+#[test]
+fn the_perf_engine_reports_kernel_frames_with_include_kernel() {
+    reports_kernel_frames_with_include_kernel("perf");
+}
+
+/// `dd` copying /dev/zero to /dev/null spends nearly all its time in
+/// read(2) and write(2): with `--include-kernel` its samples end in kernel
+/// frames named from kallsyms, below dd's own user frames; without it, no
+/// kernel frame is reported. Each profile says which it was.
+fn reports_kernel_frames_with_include_kernel(engine: &str) {
+    for include_kernel in [true, false] {
+        let scratch = Scratch::new(&format!("kernel-{engine}-{include_kernel}"));
+        let (output, stderr) = run(ddprof(&scratch.0)
+            .args([
+                "--engine",
+                engine,
+                "-e",
+                "sCPU freq=999",
+                "--include-kernel",
+            ])
+            .arg(include_kernel.to_string())
+            .args([
+                "--",
+                "dd",
+                "if=/dev/zero",
+                "of=/dev/null",
+                "bs=1M",
+                "count=60000",
+            ]));
+        assert!(output.status.success(), "{engine}: {stderr}");
+        let stacks = folded(&scratch.0);
+        let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+        assert!(total >= 300, "{engine}: {total} samples:\n{stderr}");
+        let in_syscall: u64 = stacks
+            .iter()
+            .filter(|(frames, _)| frames.iter().any(|frame| frame == "do_syscall_64"))
+            .map(|(_, count)| count)
+            .sum();
+        if include_kernel {
+            assert!(
+                in_syscall * 2 >= total,
+                "{engine}: {in_syscall} of {total} samples in do_syscall_64:\n{stacks:?}"
+            );
+            // Kernel frames are the innermost: from the system call entry
+            // down every frame is a kallsyms name; the root is dd's own.
+            let kernel_names = kallsyms_names();
+            for (frames, _) in stacks
+                .iter()
+                .filter(|(frames, _)| frames.iter().any(|frame| frame == "do_syscall_64"))
+            {
+                let entry = frames.iter().position(|f| f == "do_syscall_64").unwrap();
+                assert!(
+                    frames[entry..].iter().all(|f| kernel_names.contains(f)),
+                    "{engine}: a user frame below the kernel's in {frames:?}"
+                );
+                assert!(
+                    !kernel_names.contains(&frames[0]),
+                    "{engine}: no user frame at the root of {frames:?}"
+                );
+            }
+        } else {
+            assert_eq!(
+                in_syscall, 0,
+                "{engine}: kernel frames without --include-kernel"
+            );
+        }
+        let profiles = pprof_files(&scratch.0);
+        let comments = go_pprof(&["-comments"], &profiles[0]);
+        assert!(
+            comments.contains(&format!("ddprof.include_kernel={include_kernel}")),
+            "{engine}: {comments}"
+        );
+    }
+}
+
+/// Every function name of the running kernel (root reads real ones).
+fn kallsyms_names() -> std::collections::HashSet<String> {
+    std::fs::read_to_string("/proc/kallsyms")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(2).map(str::to_string))
+        .collect()
 }

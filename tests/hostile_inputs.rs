@@ -320,7 +320,7 @@ fn fuzz_the_table_compiler_and_symbol_reader_with_mutated_system_libraries() {
         let path = file.to_str().unwrap();
         outcomes.executions += 1;
         let read = catch_unwind(AssertUnwindSafe(|| {
-            let _ = ddprof::aggregate::read_build_id(path);
+            let _ = ddprof::files::read_build_id(path);
             let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
             symbolizer.symbolize_file_offsets(path, &offsets)
         }));

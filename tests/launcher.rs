@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ddprof_tests::ddprof_bin;
+use ddprof_tests::guards::KillOnDrop;
 use ddprof_tests::launcher::{
     capability_lines, deny_perf_event_open, hex_field, hex_status_lines, is_running, number_field,
     wait_until_gone, Lines,
@@ -493,27 +494,8 @@ fn summary_samples(stderr: &str) -> u64 {
 
 /// A busy shell loop, killed when dropped so that a failing test never
 /// leaves it spinning.
-struct BusyLoop(std::process::Child);
-
-impl BusyLoop {
-    fn id(&self) -> u32 {
-        self.0.id()
-    }
-
-    fn stop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for BusyLoop {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn busy_loop() -> BusyLoop {
-    BusyLoop(
+fn busy_loop() -> KillOnDrop {
+    KillOnDrop(
         Command::new("sh")
             .args(["-c", "while :; do :; done"])
             .spawn()

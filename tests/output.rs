@@ -3,6 +3,7 @@
 //! samples are made of real return addresses inside it, and the process is
 //! gone before symbolization. Every pprof file is read back with
 //! `go tool pprof -raw`.
+use ddprof_tests::guards::monotonic_nanos;
 use ddprof_tests::outputs::{go_pprof, pprof_files};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -265,12 +266,6 @@ fn workload_stacks(table: &ProcessTable, pid: u32, binary: &Path, elf: &Elf) -> 
     }
 }
 
-/// CLOCK_MONOTONIC, the clock of `Sample::time`.
-fn monotonic_nanos() -> u64 {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
-    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
-}
-
 fn sample(pid: u32, tid: u32, index: u64, frames: Vec<u64>, end: StackEnd) -> Sample {
     Sample {
         pid,
@@ -426,7 +421,7 @@ fn exited_process_is_symbolized_and_every_output_reads_back() {
     }
     assert!(!raw.contains("output_mix"), "no inlined frames without -I");
     // The mapping carries the binary's path and build id.
-    let build_id = ddprof::aggregate::read_build_id(binary.to_str().unwrap()).unwrap();
+    let build_id = ddprof::files::read_build_id(binary.to_str().unwrap()).unwrap();
     let build_id: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
     assert_contains(&raw, &format!("{} {build_id}", binary.display()));
 
@@ -563,7 +558,7 @@ fn stripped_binaries_use_split_debug_info() {
     let stripped = by_build_id.join("chain_stripped");
     let debug = by_build_id.join("chain_stripped.debug");
     split_debug_info(&binary, &stripped, &debug);
-    let build_id = ddprof::aggregate::read_build_id(stripped.to_str().unwrap()).unwrap();
+    let build_id = ddprof::files::read_build_id(stripped.to_str().unwrap()).unwrap();
     let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
     let debug_dir = dir.join("debug");
     let target = debug_dir.join(format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]));
@@ -815,7 +810,7 @@ fn files_of_another_mount_namespace_are_read_from_it() {
     let period = aggregator.take_period(now, now);
     let file = &period.files[0];
     assert_eq!(Path::new(&file.path), host_binary.canonicalize().unwrap());
-    let container_id = ddprof::aggregate::read_build_id(container_binary.to_str().unwrap());
+    let container_id = ddprof::files::read_build_id(container_binary.to_str().unwrap());
     assert_eq!(
         file.build_id, container_id,
         "the build id is the container's file's"

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ddprof::config::{parse_events, Cli};
+use ddprof::config::Cli;
+use ddprof::events::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
 use ddprof::perf::{PerfEngine, PerfEngineOptions, SampleCounters};
 use ddprof::process::ProcessTable;
@@ -68,6 +69,7 @@ fn profile(program: &Path, args: &[&str], options: RunOptions) -> Run {
     let event_options = EventOptions {
         stack_sample_size: options.stack_sample_size,
         include_kernel: false,
+        kernel_stacks: false,
     };
     let child = if options.stopped {
         spawn_stopped(program, args)
@@ -444,12 +446,14 @@ fn an_unprivileged_user_samples_its_own_child() {
 #[test]
 fn options_follow_the_command_line() {
     use clap::Parser;
-    let cli = Cli::parse_from(["ddprof", "--ring-buffer-kib", "64", "--", "x"]);
-    let options = PerfEngineOptions::from_cli(&cli);
+    let perf_options = |args: &[&str]| -> PerfEngineOptions {
+        let cli = Cli::parse_from(args);
+        ddprof::config::resolve(&cli).unwrap().profiler.sampler.perf
+    };
+    let options = perf_options(&["ddprof", "--ring-buffer-kib", "64", "--", "x"]);
     assert_eq!(options.ring_buffer_bytes, 64 * 1024);
-    let cli = Cli::parse_from(["ddprof", "--", "x"]);
     assert_eq!(
-        PerfEngineOptions::from_cli(&cli).ring_buffer_bytes,
+        perf_options(&["ddprof", "--", "x"]).ring_buffer_bytes,
         ddprof::perf::DEFAULT_RING_BUFFER_BYTES
     );
 }
@@ -646,6 +650,7 @@ fn global_scope_tracks_a_workload_among_every_process() {
     let options = EventOptions {
         stack_sample_size: 8192,
         include_kernel: false,
+        kernel_stacks: false,
     };
     let events = events::open_all(&spec, Scope::Global, &options).expect("open CPU-wide events");
     let mut engine = PerfEngine::new(events, PerfEngineOptions::default()).unwrap();

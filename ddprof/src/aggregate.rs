@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::process::{MappedFile, Mapping, ProcessTable};
+use crate::files::{open_mapped, MappedFile, ObjectFile};
+use crate::process::{Mapping, ProcessTable};
 use crate::sample::Sample;
 
 /// The per-sample tables hash small keys millions of times; they need no
@@ -42,84 +43,6 @@ impl AggregatorOptions {
     }
 }
 
-/// A mapped file as profiles report it, with its GNU build id (read once).
-#[derive(Debug)]
-pub struct ObjectFile {
-    /// The path the file was mapped from (without the kernel's
-    /// ` (deleted)` mark).
-    pub path: String,
-    pub dev: u64,
-    pub inode: u64,
-    pub build_id: Option<Vec<u8>>,
-    /// Where the symbolizer reads the file: `/proc/self/fd/N` for a file
-    /// held open, else `path`.
-    pub open_path: String,
-    /// The file, opened while a process mapped it, so that it can be read
-    /// after the process exited even if it was deleted or replaced on disk
-    /// or lives in another mount namespace.
-    held: Option<std::fs::File>,
-}
-
-impl ObjectFile {
-    /// A file read by its path, without holding it open.
-    pub fn by_path(path: &str, dev: u64, inode: u64) -> Self {
-        Self::new(path, dev, inode, None)
-    }
-
-    fn new(path: &str, dev: u64, inode: u64, held: Option<std::fs::File>) -> Self {
-        let open_path = open_path(path, held.as_ref());
-        Self {
-            path: path.to_string(),
-            dev,
-            inode,
-            build_id: read_build_id(&open_path),
-            open_path,
-            held,
-        }
-    }
-
-    /// The same file, held through `held` (or no longer held).
-    fn with_handle(&self, held: Option<std::fs::File>) -> Self {
-        Self {
-            path: self.path.clone(),
-            dev: self.dev,
-            inode: self.inode,
-            build_id: self.build_id.clone(),
-            open_path: open_path(&self.path, held.as_ref()),
-            held,
-        }
-    }
-
-    /// Whether the file is held open (read through `open_path` whatever
-    /// happens to its path).
-    pub fn is_held(&self) -> bool {
-        self.held.is_some()
-    }
-
-    /// The build id as lowercase hex ("" when the file has none).
-    pub fn build_id_hex(&self) -> String {
-        self.build_id
-            .iter()
-            .flatten()
-            .map(|byte| format!("{byte:02x}"))
-            .collect()
-    }
-
-    /// The file name without its directory, for frames that cannot be symbolized.
-    pub fn file_name(&self) -> &str {
-        self.path.rsplit('/').next().unwrap_or(&self.path)
-    }
-}
-
-/// `/proc/self/fd/N` for a held file, else its path.
-fn open_path(path: &str, held: Option<&std::fs::File>) -> String {
-    use std::os::fd::AsRawFd;
-    match held {
-        Some(file) => format!("/proc/self/fd/{}", file.as_raw_fd()),
-        None => path.to_string(),
-    }
-}
-
 /// The most files held open at once, and the share of the descriptor
 /// limit they may take (blazesym holds one more descriptor per file it
 /// has parsed; the perf events need theirs).
@@ -131,29 +54,6 @@ fn held_files_limit() -> usize {
     let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft);
     let share = usize::try_from(soft).unwrap_or(usize::MAX) / HELD_FILES_SHARE_OF_LIMIT;
     share.min(MAX_HELD_FILES)
-}
-
-/// Opens the mapped file while `pid`, which maps it, is alive: by our own
-/// path when it leads to the mapped inode; else through the process's root
-/// (a file of another mount namespace, a container's `/usr/lib/libc.so.6`
-/// that is not ours) or through its mapping (a file deleted or replaced on
-/// disk since it was mapped, as by a package upgrade). The path of a
-/// mapping record does not say which: perf names the file as it was at
-/// mmap time, `/proc/PID/maps` marks deleted ones.
-fn open_mapped_file(pid: u32, mapping: &Mapping, path: &str) -> Option<std::fs::File> {
-    use std::os::unix::fs::MetadataExt;
-    let inode = mapping.file.inode;
-    [
-        path.to_string(),
-        format!("/proc/{pid}/root{path}"),
-        format!(
-            "/proc/{pid}/map_files/{:x}-{:x}",
-            mapping.start, mapping.end
-        ),
-    ]
-    .into_iter()
-    .filter_map(|candidate| std::fs::File::open(candidate).ok())
-    .find(|file| inode == 0 || file.metadata().is_ok_and(|m| m.ino() == inode))
 }
 
 /// Index of a file in [`PeriodProfile::files`]; stable for the whole run.
@@ -261,7 +161,7 @@ struct FileRegistry {
     period: u64,
     held: usize,
     max_held: usize,
-    by_identity: HashMap<(String, u64, u64), FileId>,
+    by_identity: HashMap<MappedFile, FileId>,
     /// Fast path keyed by the process table's shared file; holding the `Arc`
     /// keeps the pointer from being reused by another file.
     by_pointer: FastMap<usize, (Arc<MappedFile>, FileId)>,
@@ -316,7 +216,11 @@ impl FileRegistry {
             .path
             .strip_suffix(" (deleted)")
             .unwrap_or(&mapped.path);
-        let identity = (path.to_string(), mapped.dev, mapped.inode);
+        let identity = MappedFile {
+            path: path.to_string(),
+            dev: mapped.dev,
+            inode: mapped.inode,
+        };
         if let Some(id) = self.by_identity.get(&identity) {
             return *id;
         }
@@ -337,9 +241,17 @@ impl FileRegistry {
         if self.held >= self.max_held {
             return None;
         }
-        let file = open_mapped_file(pid, mapping, path)?;
+        // The mapped inode or nothing: another file now at that path would
+        // give another program's names.
+        let mapped = MappedFile {
+            path: path.to_string(),
+            ..mapping.file.as_ref().clone()
+        };
+        let opened = open_mapped(pid, &mapped, Some((mapping.start, mapping.end)))
+            .ok()
+            .filter(|opened| opened.same_inode)?;
         self.held += 1;
-        Some(file)
+        Some(opened.file)
     }
 
     /// Ends the current period: files it did not use are let go (the
@@ -366,15 +278,6 @@ impl FileRegistry {
             .or_insert_with(|| (mapped.clone(), Arc::from(mapped.path.as_str())));
         Some(name.clone())
     }
-}
-
-/// Reads the GNU build id of an ELF file without reading the whole file.
-pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
-    use object::Object;
-    let file = std::fs::File::open(path).ok()?;
-    let cache = object::ReadCache::new(file);
-    let elf = object::File::parse(&cache).ok()?;
-    elf.build_id().ok().flatten().map(<[u8]>::to_vec)
 }
 
 /// Mapping names that are not files the symbolizer could open.
@@ -453,6 +356,48 @@ struct PeriodState {
     names: NameTable,
     timeline_events: usize,
     stats: PeriodStats,
+    raw_stacks: RawStackCache,
+}
+
+/// Stacks already normalized this period, by their raw addresses: a stack
+/// seen before costs one hash of its addresses instead of a mapping lookup
+/// and a frame-table probe per frame (300 of them for a deep recursion).
+/// Addresses mean the same stack only while the process table is unchanged,
+/// so the cache is emptied whenever its generation moves on.
+#[derive(Debug, Default)]
+struct RawStackCache {
+    generation: u64,
+    ids: FastMap<Box<[u64]>, u32>,
+    /// pid, flags, kernel frame count, kernel frames, user frames.
+    key: Vec<u64>,
+}
+
+impl RawStackCache {
+    /// Entries kept at most; past it the cache starts over (one period of
+    /// address-randomized short-lived processes can make every raw stack
+    /// distinct).
+    const MAX_ENTRIES: usize = 65_536;
+
+    /// Fills the key for `sample` and returns its stack id if known.
+    fn lookup(&mut self, generation: u64, sample: &Sample) -> Option<u32> {
+        if generation != self.generation || self.ids.len() >= Self::MAX_ENTRIES {
+            self.ids.clear();
+            self.generation = generation;
+        }
+        self.key.clear();
+        self.key.push(u64::from(sample.pid));
+        self.key
+            .push(u64::from(sample.truncated() && !sample.frames.is_empty()));
+        self.key.push(sample.kernel_frames.len() as u64);
+        self.key.extend_from_slice(&sample.kernel_frames);
+        self.key.extend_from_slice(&sample.frames);
+        self.ids.get(self.key.as_slice()).copied()
+    }
+
+    /// Remembers the stack id of the key [`RawStackCache::lookup`] filled.
+    fn remember(&mut self, stack: u32) {
+        self.ids.insert(self.key.as_slice().into(), stack);
+    }
 }
 
 impl PeriodState {
@@ -503,6 +448,21 @@ impl Aggregator {
             period.stats.full_stacks += 1;
         }
 
+        let stack = match period.raw_stacks.lookup(processes.generation(), sample) {
+            Some(stack) => stack,
+            None => {
+                let stack = self.normalize_stack(processes, sample);
+                self.period.raw_stacks.remember(stack);
+                stack
+            }
+        };
+        self.count(processes, sample, stack);
+    }
+
+    /// The period's stack id of `sample`'s frames, normalized to files and
+    /// offsets with the process table as it is now.
+    fn normalize_stack(&mut self, processes: &ProcessTable, sample: &Sample) -> u32 {
+        let period = &mut self.period;
         self.scratch.clear();
         // Every frame but the first is a return address: look up the call
         // instruction before it, which may even be in another function.
@@ -549,7 +509,7 @@ impl Aggregator {
             self.scratch.push(id);
         }
 
-        let stack = match period.stack_ids.get(self.scratch.as_slice()) {
+        match period.stack_ids.get(self.scratch.as_slice()) {
             Some(id) => *id,
             None if period.stacks.len() < self.options.max_stacks => {
                 let id = period.stacks.len() as u32;
@@ -572,8 +532,12 @@ impl Aggregator {
                     }
                 }
             }
-        };
+        }
+    }
 
+    /// Counts one sample of `stack`, with its names and timestamp.
+    fn count(&mut self, processes: &ProcessTable, sample: &Sample, stack: u32) {
+        let period = &mut self.period;
         // The names as they are now, which is as they were at the sample's
         // time: the engines apply the process events up to a sample's time
         // before they deliver it.

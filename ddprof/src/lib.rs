@@ -3,13 +3,15 @@
 //! The modules follow the data flow:
 //! launch → sample (bpf | perf) → unwind → aggregate → symbolize → profile → export.
 //!
-//! - [`config`]: command line, environment and config file.
+//! - [`config`]: command line, environment and config file, resolved into each stage's options.
 //! - [`launch`]: the wrapper (fd hand-off, detached profiler), `-p` and `--global`.
 //! - [`logging`]: the `log` logger (`--log-level`, `--log-mode`).
 //! - [`events`]: perf_event_open and the perf event attributes both engines use.
 //! - [`perf`]: the perf ring-buffer engine (user-side DWARF unwinding).
 //! - [`bpf`]: the eBPF engine (in-kernel unwinding).
+//! - [`sampler`]: one sampler in front of both engines (the BPF samples merged with the perf records).
 //! - [`unwind`]: unwind tables compiled from `.eh_frame`/`.debug_frame` and the user-side unwinder.
+//! - [`files`]: file identity (mapping key, content key, build id) and opening mapped files through `/proc`.
 //! - [`process`]: processes, threads and mappings as the kernel reports them.
 //! - [`sample`]: the sample stream between engines and aggregation.
 //! - [`aggregate`]: folds samples per period into counted stacks.
@@ -17,11 +19,13 @@
 //! - [`profile`]: pprof encoding.
 //! - [`output`]: local pprof files, flame graph and folded stacks.
 //! - [`overhead`]: what profiling costs (own CPU and memory, samples lost), per period and for the run.
-//! - [`profiler`]: the profiler's main loop that wires the stages together.
+//! - [`profiler`]: the profiler's main loop that wires the stages together; what is profiled and stop requests.
+//! - [`user`]: users and groups (`--switch-user`).
 pub mod aggregate;
 pub mod bpf;
 pub mod config;
 pub mod events;
+pub mod files;
 pub mod launch;
 pub mod logging;
 pub mod output;
@@ -31,5 +35,7 @@ pub mod process;
 pub mod profile;
 pub mod profiler;
 pub mod sample;
+pub mod sampler;
 pub mod symbolize;
 pub mod unwind;
+pub mod user;

@@ -13,7 +13,24 @@ use std::sync::OnceLock;
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
-use crate::config::{LogLevel, LogMode};
+#[derive(clap::ValueEnum, serde::Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Notice,
+    Info,
+    Debug,
+}
+
+#[derive(clap::ValueEnum, serde::Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogMode {
+    Stdout,
+    Stderr,
+    Syslog,
+    Disabled,
+}
 
 /// The syslog identity: `openlog` keeps the pointer, so it must live forever.
 const SYSLOG_IDENT: &std::ffi::CStr = c"ddprof";

@@ -5,7 +5,7 @@
 #![cfg_attr(not(test), no_main)]
 #![cfg_attr(test, allow(dead_code))]
 
-use ddprof::config::{Config, Origin};
+use ddprof::config::{self, Config, Origin};
 use ddprof::logging::print_error;
 use ddprof::profiler::Target;
 use ddprof::{launch, logging};
@@ -50,6 +50,15 @@ fn run() -> u8 {
         ));
         return EXIT_NOT_RUN;
     }
+    // What the settings mean for each stage (every value was checked when
+    // it was read: this cannot fail but for a bug).
+    let options = match config::resolve(cli) {
+        Ok(options) => options,
+        Err(error) => {
+            print_error(format_args!("error: {error}"));
+            return EXIT_USAGE;
+        }
+    };
     let attach_target = match (cli.pid, cli.global) {
         (Some(pid), _) => Some(Target::Pid(pid as u32)),
         (None, true) => Some(Target::Global),
@@ -73,7 +82,7 @@ fn run() -> u8 {
                 "`{setting}` ({}) asks to profile another target, but a COMMAND was given",
                 config.origin(setting).describe(setting)
             );
-            launch::run_command(cli, Some(reason))
+            launch::run_command(&options, Some(reason))
         }
         // Nothing else to run: the problems are errors.
         Some(_) if problems.is_some() => {
@@ -89,7 +98,7 @@ fn run() -> u8 {
             ));
             0
         }
-        Some(target) => match launch::attach(cli, target) {
+        Some(target) => match launch::attach(&options, target) {
             Ok(()) => 0,
             Err(error) => {
                 print_error(format_args!("error: {error}"));
@@ -105,6 +114,6 @@ fn run() -> u8 {
             ));
             EXIT_USAGE
         }
-        None => launch::run_command(cli, problems),
+        None => launch::run_command(&options, problems),
     }
 }

@@ -358,6 +358,15 @@ pub enum StatsdAddress {
     Udp(String),
 }
 
+impl std::fmt::Display for StatsdAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StatsdAddress::Unix(path) => write!(f, "unix://{}", path.display()),
+            StatsdAddress::Udp(address) => write!(f, "udp://{address}"),
+        }
+    }
+}
+
 impl std::str::FromStr for StatsdAddress {
     type Err = String;
 

@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::files::MappedFile;
+
 /// A mapping as reported by the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MappingRecord {
@@ -19,12 +21,30 @@ pub struct MappingRecord {
     pub path: String,
 }
 
-/// A mapped file, shared by every process that maps it.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct MappedFile {
-    pub path: String,
-    pub dev: u64,
-    pub inode: u64,
+/// Process life-cycle and mapping changes, in the order the kernel reported
+/// them; the stages that need a process view (unwinding, normalization)
+/// apply these before the samples that follow them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcessEvent {
+    /// A new executable mapping (perf `PERF_RECORD_MMAP2`).
+    Map(MappingRecord),
+    /// A thread's name changed; `exec` is set when the process exec'd, which
+    /// replaces every mapping it had.
+    Comm {
+        pid: u32,
+        tid: u32,
+        name: String,
+        exec: bool,
+    },
+    /// A thread or process was created.
+    Fork {
+        pid: u32,
+        ppid: u32,
+        tid: u32,
+        ptid: u32,
+    },
+    /// A thread or process exited.
+    Exit { pid: u32, tid: u32 },
 }
 
 #[derive(Debug, Clone)]
@@ -91,7 +111,7 @@ impl Process {
 #[derive(Debug, Default)]
 pub struct ProcessTable {
     processes: HashMap<u32, Process>,
-    files: HashMap<(String, u64, u64), Arc<MappedFile>>,
+    files: HashMap<MappedFile, Arc<MappedFile>>,
     /// Renewed by every change, so that consumers that mirror the table
     /// (the BPF maps) can tell cheaply that nothing changed.
     generation: Generation,
@@ -151,15 +171,14 @@ impl ProcessTable {
     }
 
     fn intern_file(&mut self, path: &str, dev: u64, inode: u64) -> Arc<MappedFile> {
+        let key = MappedFile {
+            path: path.to_string(),
+            dev,
+            inode,
+        };
         self.files
-            .entry((path.to_string(), dev, inode))
-            .or_insert_with(|| {
-                Arc::new(MappedFile {
-                    path: path.to_string(),
-                    dev,
-                    inode,
-                })
-            })
+            .entry(key)
+            .or_insert_with_key(|key| Arc::new(key.clone()))
             .clone()
     }
 
@@ -225,8 +244,7 @@ impl ProcessTable {
         }
     }
 
-    pub fn apply(&mut self, event: &crate::sample::ProcessEvent) {
-        use crate::sample::ProcessEvent;
+    pub fn apply(&mut self, event: &ProcessEvent) {
         match event {
             ProcessEvent::Map(record) => self.add_mapping(record),
             ProcessEvent::Comm {

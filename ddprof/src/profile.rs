@@ -452,9 +452,8 @@ fn build_pprof_streaming_samples(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::{
-        FileId, ObjectFile, PeriodProfile, PeriodStats, StackSample, TimedSample,
-    };
+    use crate::aggregate::{FileId, PeriodProfile, PeriodStats, StackSample, TimedSample};
+    use crate::files::ObjectFile;
     use crate::symbolize::SymbolLine;
     use std::io::Read;
     use std::time::Duration;

@@ -26,32 +26,6 @@ impl Sample {
     }
 }
 
-/// Process life-cycle and mapping changes, in the order the kernel reported
-/// them; the stages that need a process view (unwinding, normalization)
-/// apply these before the samples that follow them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProcessEvent {
-    /// A new executable mapping (perf `PERF_RECORD_MMAP2`).
-    Map(crate::process::MappingRecord),
-    /// A thread's name changed; `exec` is set when the process exec'd, which
-    /// replaces every mapping it had.
-    Comm {
-        pid: u32,
-        tid: u32,
-        name: String,
-        exec: bool,
-    },
-    /// A thread or process was created.
-    Fork {
-        pid: u32,
-        ppid: u32,
-        tid: u32,
-        ptid: u32,
-    },
-    /// A thread or process exited.
-    Exit { pid: u32, tid: u32 },
-}
-
 /// Counters of what did not become a sample, reported at exit and per profile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LossCounters {

@@ -13,7 +13,8 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized};
 use blazesym::MaybeDefault;
 
-use crate::aggregate::{FileId, Frame, ObjectFile, PeriodProfile};
+use crate::aggregate::{FileId, Frame, PeriodProfile};
+use crate::files::{MappedFile, ObjectFile};
 
 /// Files not referenced for this many periods are dropped from the caches.
 const EVICT_AFTER_PERIODS: u64 = 10;
@@ -142,12 +143,67 @@ pub struct Symbolizer {
     blazesym: blazesym::symbolize::Symbolizer,
     /// `-I`: report inlined functions as frames of their own.
     inlined_functions: bool,
-    files: HashMap<(String, u64, u64), FileCache>,
+    files: HashMap<MappedFile, FileCache>,
     cached_addresses: usize,
     perf_maps: HashMap<u32, PerfMap>,
     kernel: HashMap<u64, FrameSymbols>,
+    /// Where kernel names come from (see [`KallsymsSnapshot`]); the
+    /// running kernel's `/proc/kallsyms` when `None`.
+    kallsyms: Option<KallsymsSnapshot>,
     strings: HashSet<Arc<str>>,
     period_number: u64,
+}
+
+/// A copy of `/proc/kallsyms`, taken while the profiler may still read
+/// kernel addresses: with `kernel.perf_event_paranoid` above 1, the file
+/// shows them only to a reader with CAP_SYSLOG (a capability the profiler
+/// drops once set up), and as zeros to everyone else.
+#[derive(Debug)]
+pub struct KallsymsSnapshot {
+    /// An in-memory file (not part of the profiler's RSS: never mapped).
+    copy: std::fs::File,
+}
+
+impl KallsymsSnapshot {
+    /// Copies `/proc/kallsyms` as this process sees it now; `None`, with
+    /// one warning, when it cannot be read or shows no addresses.
+    pub fn take() -> Option<Self> {
+        use nix::sys::memfd::{memfd_create, MFdFlags};
+        use std::io::{BufRead, Seek};
+        let copy = || -> std::io::Result<Option<std::fs::File>> {
+            let mut copy =
+                std::fs::File::from(memfd_create(c"ddprof-kallsyms", MFdFlags::MFD_CLOEXEC)?);
+            std::io::copy(&mut std::fs::File::open("/proc/kallsyms")?, &mut copy)?;
+            copy.rewind()?;
+            let mut first = String::new();
+            std::io::BufReader::new(&copy).read_line(&mut first)?;
+            let hidden = first
+                .split_whitespace()
+                .next()
+                .is_none_or(|address| address.trim_start_matches('0').is_empty());
+            Ok((!hidden).then_some(copy))
+        };
+        match copy() {
+            Ok(Some(copy)) => Some(Self { copy }),
+            Ok(None) => {
+                log::warn!(
+                    "kernel frames will be unnamed: /proc/kallsyms shows no addresses to this \
+                     process (it needs CAP_SYSLOG, or kernel.kptr_restrict=0 with \
+                     kernel.perf_event_paranoid<=1)"
+                );
+                None
+            }
+            Err(error) => {
+                log::warn!("kernel frames will be unnamed: cannot read /proc/kallsyms: {error}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.copy.as_raw_fd()))
+    }
 }
 
 impl std::fmt::Debug for Symbolizer {
@@ -183,9 +239,17 @@ impl Symbolizer {
             cached_addresses: 0,
             perf_maps: HashMap::new(),
             kernel: HashMap::new(),
+            kallsyms: None,
             strings: HashSet::new(),
             period_number: 0,
         }
+    }
+
+    /// Names kernel frames from `snapshot` rather than from the running
+    /// kernel's `/proc/kallsyms`.
+    pub fn use_kallsyms(&mut self, snapshot: KallsymsSnapshot) {
+        self.kallsyms = Some(snapshot);
+        self.kernel.clear();
     }
 
     /// Symbolizes every frame of the period.
@@ -257,7 +321,7 @@ impl Symbolizer {
         offsets: &[(usize, u64)],
         frames: &mut [Option<FrameSymbols>],
     ) {
-        let key = (file.path.clone(), file.dev, file.inode);
+        let key = file.identity();
         let period_number = self.period_number;
         let cache = self.files.entry(key.clone()).or_default();
         cache.last_period = period_number;
@@ -449,6 +513,12 @@ impl Symbolizer {
                 // kallsyms only: searching for a vmlinux image costs seconds
                 // of I/O and is rarely installed on production hosts.
                 vmlinux: MaybeDefault::None,
+                kallsyms: self
+                    .kallsyms
+                    .as_ref()
+                    .map_or(MaybeDefault::Default, |snapshot| {
+                        MaybeDefault::Some(snapshot.path())
+                    }),
                 debug_syms: false,
                 ..Kernel::default()
             });
@@ -514,7 +584,7 @@ impl Symbolizer {
 
     fn evict_unused(&mut self) {
         let oldest = self.period_number.saturating_sub(EVICT_AFTER_PERIODS);
-        let stale: Vec<(String, u64, u64)> = self
+        let stale: Vec<MappedFile> = self
             .files
             .iter()
             .filter(|(_, cache)| cache.last_period < oldest)

@@ -9,6 +9,7 @@
 //! `DDPROF_BIN=/path/to/ddprof` skips the build and uses that binary.
 pub mod binary;
 pub mod corpus;
+pub mod guards;
 pub mod launcher;
 pub mod outputs;
 pub mod processes;

@@ -1,7 +1,14 @@
 //! Which engine samples: the decision and its one-line reason, in one place.
-use crate::config::EngineChoice;
-
 use super::{BpfError, BpfProgram, MapSizes};
+
+/// `--engine`: what the user asked for.
+#[derive(clap::ValueEnum, serde::Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineChoice {
+    Auto,
+    Bpf,
+    Perf,
+}
 
 /// The engine that will sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,14 +34,15 @@ use ddprof_common::sample::{
 use ddprof_common::unwind::ROW_SIZE;
 use perf_event_open_sys as sys;
 
-pub use choose::{choose_engine, choose_engine_with, Engine, EngineDecision};
+pub use choose::{choose_engine, choose_engine_with, Engine, EngineChoice, EngineDecision};
 pub use rows::RowStore;
 pub use variant::{choose_variant, kernel_has_bpf_loop, probe_variants, BpfVariant, VARIANT_ENV};
 
 use crate::events::EventFd;
-use crate::process::{MappedFile, ProcessTable};
-use crate::sample::{LossCounters, ProcessEvent, Sample};
-use crate::unwind::cache::{ContentKey, TableCache};
+use crate::files::{ContentKey, MappedFile};
+use crate::process::{ProcessEvent, ProcessTable};
+use crate::sample::{LossCounters, Sample};
+use crate::unwind::cache::TableCache;
 use crate::unwind::LoadSegment;
 
 /// The BPF object built by `cargo xtask build-ebpf`, when this binary has one.

@@ -17,18 +17,23 @@
 //! Values are strings, numbers or booleans and are checked like flags;
 //! unknown keys are refused. `config`, `command`, `show_config`, `help` and
 //! `version` cannot be set from a file.
+mod resolve;
 pub mod sources;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use serde::Serialize;
 
+pub use resolve::{resolve, ResolveError};
 pub use sources::{Config, ConfigProblem, Origin};
 
-/// Default sampling frequency of `sCPU` in Hz (what Datadog's ddprof uses).
-pub const DEFAULT_CPU_FREQUENCY: u64 = 99;
+use crate::bpf::EngineChoice;
+use crate::logging::{LogLevel, LogMode};
+
+use crate::events::{check_frequencies, parse_events};
+
 /// Default size of the user stack copied per sample by the perf engine.
 pub const DEFAULT_STACK_SAMPLE_SIZE: u32 = 32000;
 
@@ -119,6 +124,10 @@ pub struct Cli {
     #[arg(short = 'I', long, env = "DD_PROFILING_INLINED_FUNCTIONS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub inlined_functions: bool,
 
+    /// Also report the kernel frames of samples taken in the kernel, named from kallsyms (default: off for a COMMAND or -p, on with --global)
+    #[arg(long, env = "DD_PROFILING_INCLUDE_KERNEL", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub include_kernel: Option<bool>,
+
     /// Keep sample timestamps for the timeline view
     #[arg(long, env = "DD_PROFILING_TIMELINE", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub timeline: bool,
@@ -175,33 +184,6 @@ pub struct Cli {
     pub command: Vec<String>,
 }
 
-#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineChoice {
-    Auto,
-    Bpf,
-    Perf,
-}
-
-#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogLevel {
-    Error,
-    Warn,
-    Notice,
-    Info,
-    Debug,
-}
-
-#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogMode {
-    Stdout,
-    Stderr,
-    Syslog,
-    Disabled,
-}
-
 /// Parses a number within `min..=max`; the error says what was expected.
 fn parse_number_in<T>(value: &str, min: T, max: T, what: &str) -> Result<T, String>
 where
@@ -245,23 +227,10 @@ fn parse_event_list(value: &str) -> Result<String, String> {
     Ok(value.to_string())
 }
 
-/// The kernel refuses (EINVAL) a sampling frequency above
-/// `kernel.perf_event_max_sample_rate`: say so before anything runs.
-pub fn check_frequencies(specs: &[EventSpec], max: u64) -> Result<(), EventSpecError> {
-    for spec in specs {
-        if let SampleRate::Frequency(hz) = spec.rate {
-            if hz > max {
-                return Err(EventSpecError::AboveMaxRate { hz, max });
-            }
-        }
-    }
-    Ok(())
-}
-
 /// `--switch-user`: the user must exist (it is looked up again just before
 /// the switch).
 fn parse_user(value: &str) -> Result<String, String> {
-    crate::launch::user::resolve(value)
+    crate::user::resolve(value)
         .map(|_| value.to_string())
         .map_err(|error| error.to_string())
 }
@@ -353,78 +322,6 @@ fn parse_stack_size(value: &str) -> Result<u32, String> {
     Ok(size)
 }
 
-/// How often an event samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SampleRate {
-    /// Samples per second (the kernel adjusts the period).
-    Frequency(u64),
-    /// One sample every N units of the event (nanoseconds for CPU time).
-    Period(u64),
-}
-
-/// The kinds of event ddprof samples on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    /// `sCPU`: CPU time of the profiled tasks (the task-clock software event).
-    CpuTime,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EventSpec {
-    pub kind: EventKind,
-    pub rate: SampleRate,
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum EventSpecError {
-    #[error("unknown event `{0}` (expected sCPU)")]
-    UnknownEvent(String),
-    #[error("malformed event option `{0}` (expected freq=HZ or period=N)")]
-    BadOption(String),
-    #[error("no event given (expected e.g. `sCPU` or `sCPU freq=999`)")]
-    Empty,
-    #[error(
-        "freq={hz} is above kernel.perf_event_max_sample_rate ({max} on this machine): \
-         lower it, or raise the limit with `sysctl kernel.perf_event_max_sample_rate={hz}`"
-    )]
-    AboveMaxRate { hz: u64, max: u64 },
-}
-
-/// Parses `-e` values: `sCPU`, `sCPU freq=999`, `sCPU period=1000000`,
-/// several separated by `;`.
-pub fn parse_events(text: &str) -> Result<Vec<EventSpec>, EventSpecError> {
-    let mut specs = Vec::new();
-    for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-        let mut words = part.split_whitespace();
-        let name = words.next().ok_or(EventSpecError::Empty)?;
-        let kind = match name {
-            "sCPU" => EventKind::CpuTime,
-            other => return Err(EventSpecError::UnknownEvent(other.to_string())),
-        };
-        let mut rate = SampleRate::Frequency(DEFAULT_CPU_FREQUENCY);
-        for word in words {
-            let (key, value) = word
-                .split_once('=')
-                .ok_or_else(|| EventSpecError::BadOption(word.to_string()))?;
-            let number: u64 = value
-                .parse()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| EventSpecError::BadOption(word.to_string()))?;
-            rate = match key {
-                "freq" | "f" => SampleRate::Frequency(number),
-                "period" | "p" => SampleRate::Period(number),
-                _ => return Err(EventSpecError::BadOption(word.to_string())),
-            };
-        }
-        specs.push(EventSpec { kind, rate });
-    }
-    if specs.is_empty() {
-        return Err(EventSpecError::Empty);
-    }
-    Ok(specs)
-}
-
 impl Cli {
     pub fn upload_period(&self) -> Duration {
         Duration::from_secs(self.upload_period)
@@ -472,49 +369,6 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_event_specs() {
-        assert_eq!(
-            parse_events("sCPU").unwrap(),
-            vec![EventSpec {
-                kind: EventKind::CpuTime,
-                rate: SampleRate::Frequency(99)
-            }]
-        );
-        assert_eq!(
-            parse_events("sCPU freq=999").unwrap()[0].rate,
-            SampleRate::Frequency(999)
-        );
-        assert_eq!(
-            parse_events(" sCPU period=1000000 ;").unwrap()[0].rate,
-            SampleRate::Period(1_000_000)
-        );
-        assert_eq!(
-            parse_events("sFOO"),
-            Err(EventSpecError::UnknownEvent("sFOO".into()))
-        );
-        assert_eq!(
-            parse_events("sCPU freq=0"),
-            Err(EventSpecError::BadOption("freq=0".into()))
-        );
-        assert_eq!(
-            parse_events("sCPU hz"),
-            Err(EventSpecError::BadOption("hz".into()))
-        );
-        assert_eq!(parse_events(" ; "), Err(EventSpecError::Empty));
-    }
-
-    #[test]
-    fn frequencies_above_the_kernel_limit_are_refused() {
-        let specs = parse_events("sCPU freq=1000;sCPU period=1").unwrap();
-        assert_eq!(check_frequencies(&specs, 1000), Ok(()));
-        let error = check_frequencies(&specs, 999).unwrap_err();
-        assert_eq!(error, EventSpecError::AboveMaxRate { hz: 1000, max: 999 });
-        assert!(error
-            .to_string()
-            .contains("kernel.perf_event_max_sample_rate (999 on this machine)"));
-    }
 
     #[test]
     fn tags_are_key_value_pairs() {

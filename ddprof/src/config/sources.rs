@@ -488,7 +488,7 @@ fn toml_error_line(error: &toml::de::Error, text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::LogLevel;
+    use crate::logging::LogLevel;
 
     /// Loads with `environment` as the only variables.
     fn load(args: &[&str], environment: &[(&str, &str)]) -> Result<Config, clap::Error> {

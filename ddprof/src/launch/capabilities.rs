@@ -12,6 +12,7 @@
 //! | `CAP_BPF`, `CAP_PERFMON` | load the BPF program and attach it to the perf events        | [`drop_after_setup`] |
 //! | `CAP_SYS_ADMIN`       | BPF and perf on kernels older than 5.8, which lack `CAP_BPF`/`CAP_PERFMON` | [`drop_after_setup`] |
 //! | `CAP_IPC_LOCK`        | lock BPF maps on kernels that charge them to `RLIMIT_MEMLOCK` (before 5.11) | [`drop_after_setup`] |
+//! | `CAP_SYSLOG` (only with `--include-kernel`) | copy `/proc/kallsyms` with its addresses (hidden without it when `perf_event_paranoid` > 1) | [`drop_after_setup`] |
 //!
 //! Everything else, including `CAP_KILL` (the profiler must not be able to
 //! signal a target of another user) and `CAP_SETUID`/`CAP_SETGID`, goes as
@@ -27,6 +28,7 @@ pub mod cap {
     pub const SETPCAP: u32 = 8;
     pub const IPC_LOCK: u32 = 14;
     pub const SYS_PTRACE: u32 = 19;
+    pub const SYSLOG: u32 = 34;
     pub const SYS_ADMIN: u32 = 21;
     pub const PERFMON: u32 = 38;
     pub const BPF: u32 = 39;
@@ -45,6 +47,10 @@ pub const KEPT_BY_PROFILER: &[u32] = &[
 
 /// What the profiler keeps only until its engine is set up.
 pub const KEPT_FOR_SETUP: &[u32] = &[cap::BPF, cap::PERFMON, cap::SYS_ADMIN, cap::IPC_LOCK];
+
+/// Also kept until the set-up ends with `--include-kernel`: to copy the
+/// kernel's symbols (`symbolize::KallsymsSnapshot`).
+pub const KEPT_FOR_KERNEL_SYMBOLS: u32 = cap::SYSLOG;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CapabilityError {
@@ -260,9 +266,13 @@ pub fn drop_from_command() -> Result<(), CapabilityError> {
 }
 
 /// Called by the profiler once its events are in place: keeps only
-/// [`KEPT_BY_PROFILER`] and [`KEPT_FOR_SETUP`] (those it has), everywhere.
-pub fn drop_for_profiler() -> Result<(), CapabilityError> {
-    let kept = CapSet(CapSet::of(KEPT_BY_PROFILER).0 | CapSet::of(KEPT_FOR_SETUP).0);
+/// [`KEPT_BY_PROFILER`] and [`KEPT_FOR_SETUP`] (those it has), everywhere,
+/// and [`KEPT_FOR_KERNEL_SYMBOLS`] when `kernel_symbols`.
+pub fn drop_for_profiler(kernel_symbols: bool) -> Result<(), CapabilityError> {
+    let mut kept = CapSet(CapSet::of(KEPT_BY_PROFILER).0 | CapSet::of(KEPT_FOR_SETUP).0);
+    if kernel_symbols {
+        kept = CapSet(kept.0 | CapSet::of(&[KEPT_FOR_KERNEL_SYMBOLS]).0);
+    }
     let everything_else = CapSet(!kept.0);
     // The ambient set is cleared whole: the profiler never execs.
     // SAFETY: PR_CAP_AMBIENT_CLEAR_ALL touches no memory.

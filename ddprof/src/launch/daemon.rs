@@ -19,9 +19,9 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 
 use super::handoff::{self, HandoffError};
-use super::signals;
-use crate::config::{Cli, EventSpec, LogMode};
-use crate::profiler::{self, Target};
+use super::{signals, LaunchOptions};
+use crate::logging::LogMode;
+use crate::profiler::{stop, Target, TargetWatch};
 
 /// The profiler's process name (`ps`, `/proc/PID/comm`).
 pub const PROCESS_NAME: &std::ffi::CStr = c"ddprof-profiler";
@@ -38,8 +38,7 @@ pub enum SpawnError {
 
 /// What the daemon needs from the launcher.
 pub struct DaemonSetup<'a> {
-    pub cli: &'a Cli,
-    pub specs: &'a [EventSpec],
+    pub options: &'a LaunchOptions,
     /// The launcher's PID: the command keeps it.
     pub target_pid: i32,
     /// A pidfd of the launcher, opened before the fork.
@@ -133,8 +132,7 @@ fn discard_pending_sigchld() {
 
 fn daemon_main(setup: DaemonSetup<'_>) {
     let DaemonSetup {
-        cli,
-        specs,
+        options,
         target_pid,
         target_pidfd,
         socket,
@@ -149,9 +147,9 @@ fn daemon_main(setup: DaemonSetup<'_>) {
     unsafe { libc::prctl(libc::PR_SET_NAME, PROCESS_NAME.as_ptr(), 0, 0, 0) };
     let mut keep = vec![socket.as_raw_fd()];
     keep.extend(target_pidfd.as_ref().map(|fd| fd.as_raw_fd()));
-    detach_descriptors(cli.log_mode, &keep);
+    detach_descriptors(options.log_mode, &keep);
 
-    let events = match handoff::receive_events(&socket, specs) {
+    let events = match handoff::receive_events(&socket, &options.events) {
         Ok(events) => events,
         // The launcher gave up and already said why.
         Err(HandoffError::NoEvents) => return,
@@ -165,14 +163,17 @@ fn daemon_main(setup: DaemonSetup<'_>) {
         return;
     }
     drop(socket);
-    if let Some(pidfd) = target_pidfd {
-        super::remember_target_pidfd(target_pid, pidfd);
-    }
+    // The pidfd was opened before the command existed: PID reuse cannot
+    // fool the watch.
+    let watch = match target_pidfd {
+        Some(pidfd) => Some(TargetWatch::from_pidfd(target_pid, pidfd)),
+        None => TargetWatch::new(target_pid).ok(),
+    };
     // SIGTERM (e.g. from an administrator) flushes the last period too.
-    let _stop = super::stop::install()
+    let _stop = stop::install()
         .map_err(|error| log::warn!("profiler: cannot install its SIGTERM handler: {error}"))
         .ok();
-    super::settle_profiler(cli);
+    super::settle_profiler(options);
     log::info!(
         "profiler started: pid={} target={} events={} {}",
         std::process::id(),
@@ -180,13 +181,10 @@ fn daemon_main(setup: DaemonSetup<'_>) {
         events.len(),
         super::describe_capabilities()
     );
-    if let Err(error) = profiler::run(
-        cli,
-        Target::Launched {
-            pid: target_pid as u32,
-        },
-        events,
-    ) {
+    let target = Target::Launched {
+        pid: target_pid as u32,
+    };
+    if let Err(error) = super::run_profiler(&options.profiler, target, events, watch) {
         log::error!("profiler stopped: {error}");
     }
 }

@@ -19,8 +19,8 @@ use nix::sys::socket::{
     SockFlag, SockType, UnixAddr,
 };
 
-use crate::config::EventSpec;
 use crate::events::EventFd;
+use crate::events::EventSpec;
 
 const HEADER_MAGIC: &[u8] = b"DDPROF-EVENTS";
 /// Well below the kernel's `SCM_MAX_FD` (253) per message.
@@ -237,10 +237,11 @@ mod tests {
 
     #[test]
     fn hands_over_event_descriptors() {
-        let specs = crate::config::parse_events("sCPU; sCPU freq=999").unwrap();
+        let specs = crate::events::parse_events("sCPU; sCPU freq=999").unwrap();
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let pid = std::process::id() as i32;
         // More than one batch, with both specs.
@@ -262,10 +263,11 @@ mod tests {
 
     #[test]
     fn a_profiler_that_stopped_reading_cannot_block_the_launcher() {
-        let specs = crate::config::parse_events("sCPU").unwrap();
+        let specs = crate::events::parse_events("sCPU").unwrap();
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let pid = std::process::id() as i32;
         let event = open(&specs[0], Scope::Process(pid), -1, &options).unwrap();

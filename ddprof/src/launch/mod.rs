@@ -25,16 +25,19 @@
 //! any other process ([`sandbox`]), it runs at `--nice` on one CPU, and the
 //! launcher never waits for it longer than [`HANDOFF_TIMEOUT`].
 //!
-//! What the profiler loop (`profiler::run`) gets from here, in every mode:
+//! What the profiler ([`Profiler`]) gets from here, in every mode:
 //! - the events, already open, one per CPU per `-e` spec (per thread for `-p`);
-//! - the end of its target: [`target_watch`]`(pid)` gives a [`TargetWatch`]
-//!   whose [`TargetWatch::poll_fd`] becomes readable when the process exits
-//!   (poll it with the ring buffers); `--global` has no target;
-//! - stop requests: SIGINT/SIGTERM handlers are installed before `run` is
-//!   called; the loop checks [`stop::requested`] (and may poll the wake-up
-//!   descriptor of [`stop::StopSignals`]) and then flushes and returns;
-//! - capabilities: it must call [`capabilities::drop_after_setup`] once its
-//!   engine is set up (BPF program loaded and attached, buffers mapped);
+//! - the end of its target: a [`TargetWatch`] whose
+//!   [`TargetWatch::poll_fd`] becomes readable when the process exits (for
+//!   the launched command, over the pidfd the launcher opened before the
+//!   command existed); `--global` has no target;
+//! - stop requests: SIGINT/SIGTERM handlers ([`stop::install`]) are
+//!   installed before it runs; its loop checks [`stop::requested`] and then
+//!   flushes and returns;
+//! - capabilities: once [`Profiler::start`] has set up the engine (BPF
+//!   program loaded and attached, buffers mapped), the launcher drops those
+//!   it only needed for that ([`capabilities::drop_after_setup`]) before
+//!   [`Profiler::run`];
 //! - at exit it logs one notice line containing `summary:` and `samples=N`
 //!   (the integration tests read it).
 pub mod capabilities;
@@ -42,21 +45,39 @@ pub mod daemon;
 pub mod handoff;
 pub mod sandbox;
 pub mod signals;
-pub mod stop;
-pub mod target;
-pub mod user;
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use crate::config::{parse_events, Cli, EventSpec};
-use crate::events::{self, EventFd, EventOptions, OpenError, Scope};
-use crate::logging::print_error;
-use crate::profiler::{self, ProfilerError, Target};
+use crate::events::{self, EventFd, EventOptions, EventSpec, OpenError, Scope};
+use crate::logging::{print_error, LogMode};
+use crate::profiler::target::{self, Target, TargetWatch};
+use crate::profiler::{stop, Profiler, ProfilerError, ProfilerOptions};
+use crate::user;
 
-pub use target::{wait_for_exit, TargetWatch};
+/// What the launcher is asked to do, and what it hands to the profiler
+/// (resolved once from the configuration by [`crate::config`]).
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// The command to run and its arguments (wrapper mode).
+    pub command: Vec<String>,
+    /// `--enable false` runs the command unprofiled.
+    pub enabled: bool,
+    /// `--switch-user`: run the command as this user.
+    pub switch_user: Option<String>,
+    /// `--drop-capabilities`: remove CAP_SYS_ADMIN, CAP_PERFMON and CAP_BPF
+    /// from the command.
+    pub drop_capabilities: bool,
+    /// `--nice`: the profiler's niceness.
+    pub nice: Option<i32>,
+    /// Where the logs go (the daemon keeps stderr or stdout open for them).
+    pub log_mode: LogMode,
+    /// The events to open, one per CPU per spec.
+    pub events: Vec<EventSpec>,
+    pub event_options: EventOptions,
+    pub profiler: ProfilerOptions,
+}
 
 /// How long the launcher waits for the daemon to take the events before
 /// running the command unprofiled.
@@ -81,6 +102,8 @@ pub enum LaunchError {
     Threads { pid: i32, source: std::io::Error },
     #[error("cannot profile the whole machine: {0}")]
     Global(OpenError),
+    #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
+    StopSignals(#[source] std::io::Error),
     #[error(transparent)]
     Profiler(#[from] ProfilerError),
 }
@@ -96,31 +119,16 @@ enum NotProfiled {
     Handoff(#[from] handoff::HandoffError),
 }
 
-/// The event options every mode uses: time in the kernel is sampled where
-/// permitted (as `perf record` does), each such sample attributed to the
-/// user stack that made the system call.
-pub fn event_options(cli: &Cli) -> EventOptions {
-    EventOptions {
-        stack_sample_size: cli.stack_sample_size,
-        include_kernel: true,
-    }
-}
-
-fn specs(cli: &Cli) -> Vec<EventSpec> {
-    // clap already validated `-e`; an empty list cannot happen.
-    parse_events(&cli.events).unwrap_or_default()
-}
-
-/// Runs `cli.command`, profiled unless `--enable false` or `not_profiled`
+/// Runs `options.command`, profiled unless `--enable false` or `not_profiled`
 /// gives a reason not to (a configuration problem, said in the one warning).
 /// Returns only when the command could not be started, with ddprof's exit
 /// status.
-pub fn run_command(cli: &Cli, not_profiled: Option<String>) -> u8 {
-    let Some(program) = cli.command.first() else {
+pub fn run_command(options: &LaunchOptions, not_profiled: Option<String>) -> u8 {
+    let Some(program) = options.command.first() else {
         print_error(format_args!("no command given"));
         return 2;
     };
-    let argv: Result<Vec<CString>, _> = cli
+    let argv: Result<Vec<CString>, _> = options
         .command
         .iter()
         .map(|arg| CString::new(arg.as_bytes()))
@@ -134,7 +142,12 @@ pub fn run_command(cli: &Cli, not_profiled: Option<String>) -> u8 {
     // A warning written to a closed stderr must not kill the launcher (the
     // command would never run); the caller's disposition is back for the exec.
     let caller_sigpipe = signals::SavedDisposition::replace(libc::SIGPIPE, libc::SIG_IGN).ok();
-    let switch_user = match cli.switch_user.as_deref().map(user::resolve).transpose() {
+    let switch_user = match options
+        .switch_user
+        .as_deref()
+        .map(user::resolve)
+        .transpose()
+    {
         Ok(user) => user,
         // Running it as the caller instead would give it more privileges
         // than asked.
@@ -146,16 +159,16 @@ pub fn run_command(cli: &Cli, not_profiled: Option<String>) -> u8 {
             return 1;
         }
     };
-    if cli.enabled {
+    if options.enabled {
         let profiled = match not_profiled {
             Some(reason) => Err(reason),
-            None => profile_self(cli).map_err(|cause| cause.to_string()),
+            None => profile_self(options).map_err(|cause| cause.to_string()),
         };
         if let Err(cause) = profiled {
             log::warn!("running the command without profiling: {cause}");
         }
     }
-    if cli.drop_capabilities {
+    if options.drop_capabilities {
         if let Err(error) = capabilities::drop_from_command() {
             print_error(format_args!("{}", LaunchError::DropCapabilities(error)));
             return 1;
@@ -190,8 +203,7 @@ pub fn run_command(cli: &Cli, not_profiled: Option<String>) -> u8 {
 }
 
 /// Steps 1–3 of the launch: on success the daemon holds every event.
-fn profile_self(cli: &Cli) -> Result<(), NotProfiled> {
-    let specs = specs(cli);
+fn profile_self(options: &LaunchOptions) -> Result<(), NotProfiled> {
     let (launcher_socket, daemon_socket) = handoff::channel()?;
     let target_pid = std::process::id() as i32;
     // Opened before the fork so that the daemon's watch refers to this very
@@ -199,16 +211,15 @@ fn profile_self(cli: &Cli) -> Result<(), NotProfiled> {
     // never sees it.
     let target_pidfd = target::pidfd_open(target_pid).ok().flatten();
     daemon::spawn(daemon::DaemonSetup {
-        cli,
-        specs: &specs,
+        options,
         target_pid,
         target_pidfd,
         socket: daemon_socket,
         launcher_socket: launcher_socket.as_raw_fd(),
     })?;
     // Dropping `launcher_socket` on failure tells the daemon to exit.
-    let events = events::open_all(&specs, Scope::SelfOnExec, &event_options(cli))?;
-    handoff::send_events(&launcher_socket, &events, &specs, HANDOFF_TIMEOUT)?;
+    let events = events::open_all(&options.events, Scope::SelfOnExec, &options.event_options)?;
+    handoff::send_events(&launcher_socket, &events, &options.events, HANDOFF_TIMEOUT)?;
     handoff::wait_for_ack(&launcher_socket, HANDOFF_TIMEOUT)?;
     events::warn_if_kernel_time_refused();
     // The launcher's copies close at the exec anyway; the daemon's keep the
@@ -219,27 +230,32 @@ fn profile_self(cli: &Cli) -> Result<(), NotProfiled> {
 
 /// `-p PID` or `--global`: opens the events and runs the profiler in the
 /// foreground until the process exits or SIGINT/SIGTERM.
-pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
+pub fn attach(options: &LaunchOptions, target: Target) -> Result<(), LaunchError> {
     // Log lines written to a closed pipe must not kill the profiler.
     let _ = signals::SavedDisposition::replace(libc::SIGPIPE, libc::SIG_IGN);
-    let specs = specs(cli);
+    let specs = &options.events;
+    let event_options = &options.event_options;
     raise_descriptor_limit();
-    let events = match target {
-        Target::Pid(pid) => open_process_events(&specs, pid as i32, &event_options(cli))?,
-        Target::Global => events::open_all(&specs, Scope::Global, &event_options(cli))
-            .map_err(LaunchError::Global)?,
+    let (events, watched) = match target {
+        Target::Pid(pid) => (
+            open_process_events(specs, pid as i32, event_options)?,
+            Some(pid),
+        ),
+        Target::Global => (
+            events::open_all(specs, Scope::Global, event_options).map_err(LaunchError::Global)?,
+            None,
+        ),
         // A launched command is attached to by the launcher, not here; should
         // a caller ask, it is a running process like any other.
-        Target::Launched { pid } => open_process_events(&specs, pid as i32, &event_options(cli))?,
+        Target::Launched { pid } => (
+            open_process_events(specs, pid as i32, event_options)?,
+            Some(pid),
+        ),
     };
     // Stop requests must not kill the process before the last period is
     // flushed: the loop checks `stop::requested()`.
-    let stop_signals = stop::install().map_err(|error| {
-        ProfilerError::Setup(format!(
-            "cannot install the SIGINT/SIGTERM handlers: {error}"
-        ))
-    })?;
-    settle_profiler(cli);
+    let stop_signals = stop::install().map_err(LaunchError::StopSignals)?;
+    settle_profiler(options);
     log::info!(
         "profiler started: pid={} target={:?} events={} {}",
         std::process::id(),
@@ -247,9 +263,29 @@ pub fn attach(cli: &Cli, target: Target) -> Result<(), LaunchError> {
         events.len(),
         describe_capabilities()
     );
-    let result = profiler::run(cli, target, events);
+    let watch = watched.and_then(|pid| TargetWatch::new(pid as i32).ok());
+    let result = run_profiler(&options.profiler, target, events, watch);
     drop(stop_signals);
     Ok(result?)
+}
+
+/// Starts the profiler's engine, drops the capabilities only that set-up
+/// needed, and runs the profiler to its end (both modes: the daemon and
+/// `-p`/`--global` in the foreground).
+fn run_profiler(
+    options: &ProfilerOptions,
+    target: Target,
+    events: Vec<EventFd>,
+    watch: Option<TargetWatch>,
+) -> Result<(), ProfilerError> {
+    sandbox::one_malloc_arena();
+    let profiler = Profiler::start(options, target, events)?;
+    // (-p and --global opened the events in this process.)
+    events::warn_if_kernel_time_refused();
+    if let Err(error) = capabilities::drop_after_setup() {
+        log::warn!("profiler: {error}");
+    }
+    profiler.run(watch)
 }
 
 /// Opens the events for every thread of `pid` (with `inherit`, each event
@@ -304,8 +340,8 @@ fn raise_descriptor_limit() {
 /// The profiler's own settings once its events are in place: `--nice`, one
 /// CPU, only the capabilities it uses, and no way to signal or trace other
 /// processes ([`sandbox`]).
-fn settle_profiler(cli: &Cli) {
-    if let Some(nice) = cli.nice {
+fn settle_profiler(options: &LaunchOptions) {
+    if let Some(nice) = options.nice {
         // SAFETY: setpriority on this process only.
         if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
             log::warn!(
@@ -315,7 +351,7 @@ fn settle_profiler(cli: &Cli) {
         }
     }
     pin_to_one_cpu();
-    if let Err(error) = capabilities::drop_for_profiler() {
+    if let Err(error) = capabilities::drop_for_profiler(options.profiler.sampler.kernel_stacks) {
         log::warn!("profiler: {error}");
     }
     if let Err(error) = sandbox::forbid_touching_other_processes() {
@@ -365,32 +401,6 @@ pub fn describe_capabilities() -> String {
     )
 }
 
-/// The daemon's pidfd of its launched target, opened by the launcher before
-/// the command existed.
-static TARGET_PIDFD: Mutex<Option<(i32, OwnedFd)>> = Mutex::new(None);
-
-fn remember_target_pidfd(pid: i32, pidfd: OwnedFd) {
-    if let Ok(mut slot) = TARGET_PIDFD.lock() {
-        *slot = Some((pid, pidfd));
-    }
-}
-
-/// A watch over the profiled process, for the profiler loop: in the daemon,
-/// for the launched command, the pidfd the launcher opened before the exec;
-/// otherwise a new one.
-pub fn target_watch(pid: i32) -> std::io::Result<TargetWatch> {
-    if let Ok(mut slot) = TARGET_PIDFD.lock() {
-        if let Some((remembered, _)) = slot.as_ref() {
-            if *remembered == pid {
-                if let Some((_, pidfd)) = slot.take() {
-                    return Ok(TargetWatch::from_pidfd(pid, pidfd));
-                }
-            }
-        }
-    }
-    TargetWatch::new(pid)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,10 +418,11 @@ mod tests {
         let pid = std::process::id() as i32;
         let threads = target::threads(pid).unwrap();
         assert!(threads.len() >= 2, "{threads:?}");
-        let specs = parse_events("sCPU").unwrap();
+        let specs = events::parse_events("sCPU").unwrap();
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let events = open_process_events(&specs, pid, &options).unwrap();
         let cpus = events::online_cpus().len();

@@ -64,18 +64,6 @@ impl Default for PerfEngineOptions {
 }
 
 impl PerfEngineOptions {
-    /// The options the command line asks for (`--ring-buffer-kib`),
-    /// with a buffer sized for `--stack-sample-size` by default.
-    pub fn from_cli(cli: &crate::config::Cli) -> Self {
-        Self {
-            ring_buffer_bytes: cli
-                .ring_buffer_kib
-                .map(|kib| kib as usize * 1024)
-                .unwrap_or_else(|| default_ring_buffer_bytes(cli.stack_sample_size)),
-            max_frames: MAX_USER_FRAMES,
-        }
-    }
-
     /// Data pages per buffer: a power of two, at least 1.
     fn data_pages(&self) -> usize {
         let page = ring::page_size();
@@ -222,9 +210,9 @@ impl PerfEngine {
             };
             self.wait(wait)?;
         }
-        // Anything timestamped before this moment (minus HOLD_BACK) has been
-        // written by the time the buffers are read below.
-        let cutoff = monotonic_now().saturating_sub(HOLD_BACK.as_nanos() as u64);
+        // Anything timestamped before this has been written by the time the
+        // buffers are read below.
+        let cutoff = settled_time();
         self.drain_buffers();
         let finished = self.all_hung_up();
         Ok(self.deliver(
@@ -250,9 +238,12 @@ impl PerfEngine {
 
     /// Moves what the buffers hold into the engine's queue without applying
     /// or unwinding anything: keeps the buffers from filling while the
-    /// caller is busy elsewhere (the BPF program's load and verification).
-    pub fn read_ahead(&mut self) {
+    /// caller is busy elsewhere (the BPF program's load and verification),
+    /// and reads the records another engine's samples are merged with.
+    /// Returns whether every event has hung up.
+    pub fn read_ahead(&mut self) -> bool {
         self.drain_buffers();
+        self.all_hung_up()
     }
 
     /// Processes whose fork, exec or executable mmap has been read but is
@@ -429,7 +420,7 @@ impl PerfEngine {
             cpu: raw.cpu,
             weight: raw.period,
             frames: self.frames.clone(),
-            kernel_frames: Vec::new(),
+            kernel_frames: raw.kernel_frames,
             end,
         };
         self.counters.samples += 1;
@@ -440,8 +431,16 @@ impl PerfEngine {
     }
 }
 
+/// The time (CLOCK_MONOTONIC ns) before which every buffer's records have
+/// been written: a record of another CPU may still be on its way for
+/// [`HOLD_BACK`]. Taken before the buffers are read, it tells which queued
+/// records (and another engine's samples) can be delivered in order.
+pub fn settled_time() -> u64 {
+    monotonic_now().saturating_sub(HOLD_BACK.as_nanos() as u64)
+}
+
 /// CLOCK_MONOTONIC in nanoseconds, the clock of the records' timestamps.
-pub(crate) fn monotonic_now() -> u64 {
+fn monotonic_now() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -470,10 +469,11 @@ mod tests {
 
     #[test]
     fn samples_this_process_through_the_ring_buffers() {
-        let spec = crate::config::parse_events("sCPU freq=999").unwrap()[0];
+        let spec = crate::events::parse_events("sCPU freq=999").unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 4096,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let me = std::process::id();
         // A test runs on its own thread: follow that thread (a pid would mean the main thread).

@@ -5,8 +5,7 @@
 use perf_event_open_sys::bindings as sys;
 
 use crate::events::{self, x86_regs};
-use crate::process::MappingRecord;
-use crate::sample::ProcessEvent;
+use crate::process::{MappingRecord, ProcessEvent};
 use crate::unwind::UserRegs;
 
 /// The sample layout this parser decodes. If `events.rs` asks the kernel for
@@ -16,6 +15,7 @@ const EXPECTED_SAMPLE_TYPE: u64 = sys::PERF_SAMPLE_IP as u64
     | sys::PERF_SAMPLE_TIME as u64
     | sys::PERF_SAMPLE_CPU as u64
     | sys::PERF_SAMPLE_PERIOD as u64
+    | sys::PERF_SAMPLE_CALLCHAIN as u64
     | sys::PERF_SAMPLE_REGS_USER as u64
     | sys::PERF_SAMPLE_STACK_USER as u64;
 const _: () = assert!(events::SAMPLE_TYPE == EXPECTED_SAMPLE_TYPE);
@@ -50,6 +50,9 @@ pub struct RawSample {
     pub regs: Option<UserRegs>,
     /// The valid part (`dyn_size` bytes) of the user stack copy, from `regs.sp` up.
     pub stack: Vec<u8>,
+    /// Kernel program counters, innermost first (only with kernel stacks
+    /// asked for, and for samples taken in the kernel).
+    pub kernel_frames: Vec<u64>,
 }
 
 /// What one record means to the engine.
@@ -222,6 +225,7 @@ fn parse_sample(cursor: &mut Cursor<'_>) -> Option<RawSample> {
     let cpu = cursor.u32()?;
     let _reserved = cursor.u32()?;
     let period = cursor.u64()?;
+    let kernel_frames = parse_callchain(cursor)?;
     let abi = cursor.u64()?;
     let regs = if abi == sys::PERF_SAMPLE_REGS_ABI_NONE as u64 {
         None
@@ -259,7 +263,26 @@ fn parse_sample(cursor: &mut Cursor<'_>) -> Option<RawSample> {
         period,
         regs,
         stack,
+        kernel_frames,
     })
+}
+
+/// `PERF_SAMPLE_CALLCHAIN`: `nr` addresses, with context markers
+/// (`PERF_CONTEXT_KERNEL`, …: the top 4095 values) between the kernel and
+/// user parts. The user part is never asked for
+/// (`exclude_callchain_user`): the kernel addresses are what is kept.
+fn parse_callchain(cursor: &mut Cursor<'_>) -> Option<Vec<u64>> {
+    /// `PERF_CONTEXT_MAX` (-4095): values from it up are markers.
+    const FIRST_CONTEXT_MARKER: u64 = (-4095i64) as u64;
+    let count = usize::try_from(cursor.u64()?).ok()?;
+    let bytes = cursor.take(count.checked_mul(8)?)?;
+    Some(
+        bytes
+            .chunks_exact(8)
+            .map(|word| u64::from_ne_bytes(word.try_into().unwrap_or_default()))
+            .filter(|&address| address < FIRST_CONTEXT_MARKER)
+            .collect(),
+    )
 }
 
 fn parse_mmap2(body: &mut Cursor<'_>, misc: u32) -> Option<MappingRecord> {
@@ -357,6 +380,7 @@ pub(crate) mod tests {
             .u32(1)
             .u32(0)
             .u64(1_001_000)
+            .u64(0)
             .u64(sys::PERF_SAMPLE_REGS_ABI_64 as u64);
         let builder = x86_regs::SAMPLED
             .iter()
@@ -410,6 +434,11 @@ pub(crate) mod tests {
             .u32(0)
             .u32(0)
             .u64(1000)
+            // The kernel part of the call chain, behind its marker.
+            .u64(3)
+            .u64((-128i64) as u64)
+            .u64(0xffff_ffff_8100_0010)
+            .u64(0xffff_ffff_8100_0020)
             .u64(sys::PERF_SAMPLE_REGS_ABI_NONE as u64)
             .u64(0)
             .finish();
@@ -418,6 +447,10 @@ pub(crate) mod tests {
         };
         assert_eq!(sample.regs, None);
         assert!(sample.stack.is_empty());
+        assert_eq!(
+            sample.kernel_frames,
+            [0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]
+        );
     }
 
     #[test]
@@ -540,7 +573,8 @@ pub(crate) mod tests {
         assert!(parse(&lying).is_err());
         // A stack size larger than the record.
         let mut huge = full;
-        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 * x86_regs::COUNT;
+        // header, ip, pid+tid, time, cpu, period, callchain nr, abi, registers
+        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 * x86_regs::COUNT;
         huge[stack_size_at..stack_size_at + 8].copy_from_slice(&u64::MAX.to_ne_bytes());
         assert!(parse(&huge).is_err());
         // A comm record too short for its trailer.

@@ -3,8 +3,7 @@
 use std::collections::HashSet;
 
 use super::record::Record;
-use crate::process::ProcessTable;
-use crate::sample::ProcessEvent;
+use crate::process::{ProcessEvent, ProcessTable};
 
 /// A decoded record waiting for its turn; `sequence` keeps the read order of
 /// records with equal times.

@@ -2,7 +2,8 @@
 //! (and every mapping) of that file, within a bounded memory budget.
 use super::compile::{compile_elf, CompileError, UnwindTable};
 use super::debug_file;
-use crate::process::{MappedFile, Mapping};
+use crate::files::{open_mapped, ContentKey, MappedFile, OpenedFile};
+use crate::process::Mapping;
 use object::read::elf::ElfFile64;
 use object::{Object, ReadCache};
 use std::collections::HashMap;
@@ -14,20 +15,6 @@ use std::sync::{Arc, OnceLock};
 
 /// Default memory budget for cached tables.
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
-
-/// Identifies a file's content: tables are shared between paths and
-/// processes with the same content.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ContentKey {
-    BuildId(Vec<u8>),
-    /// Files without a build id.
-    File {
-        path: PathBuf,
-        size: u64,
-        mtime: i64,
-        mtime_nsec: i64,
-    },
-}
 
 /// A cached table and when it was last used (for eviction).
 #[derive(Debug)]
@@ -170,7 +157,11 @@ impl TableCache {
         if !mapped.path.starts_with('/') {
             return Err(LoadError::NotAFile(mapped.path.clone()));
         }
-        let (file, root) = open_mapped_file(pid, mapped, range)?;
+        let OpenedFile { file, root, .. } =
+            open_mapped(pid, mapped, range).map_err(|source| LoadError::Open {
+                path: mapped.path.clone(),
+                source,
+            })?;
         let metadata = file.metadata().map_err(|source| LoadError::Open {
             path: mapped.path.clone(),
             source,
@@ -279,52 +270,6 @@ impl TableCache {
         self.cached_bytes -= oldest.table.size_bytes();
         self.stats.tables_evicted += 1;
     }
-}
-
-/// Opens the mapped file: the path in our namespace when it is the same
-/// inode, else through `/proc/PID/root` (containers), else the mapping
-/// itself in `/proc/PID/map_files` (deleted files); when the inode is
-/// unknown, whichever opens first. Returns the file and the root prefix its
-/// path resolved under (for finding its debug file).
-fn open_mapped_file(
-    pid: u32,
-    mapped: &MappedFile,
-    range: Option<(u64, u64)>,
-) -> Result<(File, PathBuf), LoadError> {
-    let through_root = PathBuf::from(format!("/proc/{pid}/root"));
-    let mut candidates = vec![
-        (PathBuf::from(&mapped.path), PathBuf::new()),
-        (
-            through_root.join(mapped.path.trim_start_matches('/')),
-            through_root.clone(),
-        ),
-    ];
-    if let Some((start, end)) = range {
-        candidates.push((
-            PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}")),
-            through_root,
-        ));
-    }
-    let mut first_opened = None;
-    let mut last_error = None;
-    for (path, root) in candidates {
-        match File::open(&path) {
-            Ok(file) => {
-                let same_inode = file
-                    .metadata()
-                    .is_ok_and(|m| mapped.inode == 0 || m.ino() == mapped.inode);
-                if same_inode {
-                    return Ok((file, root));
-                }
-                first_opened.get_or_insert((file, root));
-            }
-            Err(error) => last_error = Some(error),
-        }
-    }
-    first_opened.ok_or_else(|| LoadError::Open {
-        path: mapped.path.clone(),
-        source: last_error.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)),
-    })
 }
 
 /// The vDSO image of this process: the kernel maps the same one into every

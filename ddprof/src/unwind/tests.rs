@@ -1,8 +1,8 @@
 //! Compiler tests on hand-made CFI (written with `gimli::write`) and
 //! unwinder tests on synthetic stacks.
-use super::cache::ContentKey;
 use super::compile::{assemble_rows, collect_fdes, CompileStats, LoadSegment};
 use super::*;
+use crate::files::ContentKey;
 use crate::process::MappingRecord;
 use ddprof_common::unwind::{DWARF_RBP, DWARF_RSP};
 use gimli::write::{
@@ -888,7 +888,7 @@ fn cache_shares_tables_and_evicts_within_budget() {
     // MappedFile with the same path and another inode is enough) shares
     // the table through its build id.
     let mut twin = mapping.clone();
-    twin.file = Arc::new(crate::process::MappedFile {
+    twin.file = Arc::new(crate::files::MappedFile {
         path: mapping.file.path.clone(),
         dev: mapping.file.dev,
         inode: 0,
@@ -898,7 +898,7 @@ fn cache_shares_tables_and_evicts_within_budget() {
     assert_eq!(cache.stats().tables_shared, 1);
     // A second, different table does not fit: the first is evicted.
     cache.preload(
-        Arc::new(crate::process::MappedFile {
+        Arc::new(crate::files::MappedFile {
             path: "/other".into(),
             dev: 0,
             inode: 1,
@@ -913,7 +913,7 @@ fn cache_shares_tables_and_evicts_within_budget() {
 #[test]
 fn vdso_table_comes_from_our_own_vdso() {
     let mut cache = TableCache::default();
-    let vdso = crate::process::MappedFile {
+    let vdso = crate::files::MappedFile {
         path: "[vdso]".into(),
         dev: 0,
         inode: 0,
@@ -929,7 +929,7 @@ fn vdso_table_comes_from_our_own_vdso() {
     let again = cache.load(2, &vdso, None).unwrap();
     assert!(Arc::ptr_eq(&table, &again));
     // Special mappings without a file get no table, cleanly.
-    let heap = crate::process::MappedFile {
+    let heap = crate::files::MappedFile {
         path: "[heap]".into(),
         dev: 0,
         inode: 0,

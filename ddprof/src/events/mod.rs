@@ -12,7 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use perf_event_open_sys as sys;
 
-use crate::config::{EventKind, EventSpec, SampleRate};
+mod spec;
+
+pub use spec::{
+    check_frequencies, parse_events, EventKind, EventSpec, EventSpecError, SampleRate,
+    DEFAULT_CPU_FREQUENCY,
+};
 
 /// `perf_event_attr.sample_regs_user` bits (x86_64 `enum perf_event_x86_regs`).
 pub mod x86_regs {
@@ -68,6 +73,7 @@ pub const SAMPLE_TYPE: u64 = sys::bindings::PERF_SAMPLE_IP as u64
     | sys::bindings::PERF_SAMPLE_TIME as u64
     | sys::bindings::PERF_SAMPLE_CPU as u64
     | sys::bindings::PERF_SAMPLE_PERIOD as u64
+    | sys::bindings::PERF_SAMPLE_CALLCHAIN as u64
     | sys::bindings::PERF_SAMPLE_REGS_USER as u64
     | sys::bindings::PERF_SAMPLE_STACK_USER as u64;
 
@@ -94,6 +100,13 @@ pub struct EventOptions {
     /// Needs `perf_event_paranoid` <= 1 or CAP_PERFMON; refused, the events
     /// are opened user-only (and the time in the kernel goes unseen).
     pub include_kernel: bool,
+    /// `--include-kernel`: each sample taken in the kernel also carries its
+    /// kernel call chain. Both engines need it: the BPF program's
+    /// `bpf_get_stack` returns the chain the event computed for the sample
+    /// when the event samples one (and `PERF_SAMPLE_CALLCHAIN` is always in
+    /// the layout). The user part of the chain is never asked for: the
+    /// engines unwind user stacks themselves.
+    pub kernel_stacks: bool,
 }
 
 /// An opened perf event and what it is.
@@ -188,6 +201,10 @@ pub fn attributes(
     attr.sample_regs_user = x86_regs::MASK;
     attr.sample_stack_user = options.stack_sample_size;
     attr.set_exclude_kernel(u64::from(!options.include_kernel));
+    // The call chain is always in the record (fixed layout), empty unless
+    // kernel stacks are asked for.
+    attr.set_exclude_callchain_user(1);
+    attr.set_exclude_callchain_kernel(u64::from(!options.kernel_stacks));
     attr.set_exclude_hv(1);
     // `mmap2` only selects the record format: the kernel emits executable
     // mapping records at all only when `mmap` is set too.
@@ -356,10 +373,11 @@ mod tests {
 
     #[test]
     fn attributes_ask_for_regs_and_stack() {
-        let spec = crate::config::parse_events("sCPU freq=999").unwrap()[0];
+        let spec = parse_events("sCPU freq=999").unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 32000,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let attr = attributes(&spec, Scope::SelfOnExec, &options);
         assert_eq!(attr.sample_type, SAMPLE_TYPE);
@@ -374,10 +392,11 @@ mod tests {
 
     #[test]
     fn opens_a_task_clock_event_on_this_process() {
-        let spec = crate::config::parse_events("sCPU").unwrap()[0];
+        let spec = parse_events("sCPU").unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let event = open(
             &spec,
@@ -392,10 +411,11 @@ mod tests {
     #[test]
     fn names_the_sample_rate_limit_when_the_frequency_is_above_it() {
         let max = max_sample_rate().expect("kernel.perf_event_max_sample_rate is readable");
-        let spec = crate::config::parse_events(&format!("sCPU freq={}", max + 1)).unwrap()[0];
+        let spec = parse_events(&format!("sCPU freq={}", max + 1)).unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let pid = std::process::id() as i32;
         let error = open(&spec, Scope::Process(pid), -1, &options).unwrap_err();
@@ -409,16 +429,17 @@ mod tests {
             "{message}"
         );
         // At the limit the kernel accepts it.
-        let spec = crate::config::parse_events(&format!("sCPU freq={max}")).unwrap()[0];
+        let spec = parse_events(&format!("sCPU freq={max}")).unwrap()[0];
         open(&spec, Scope::Process(pid), -1, &options).expect("freq at the limit opens");
     }
 
     #[test]
     fn names_missing_processes() {
-        let spec = crate::config::parse_events("sCPU").unwrap()[0];
+        let spec = parse_events("sCPU").unwrap()[0];
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
+            kernel_stacks: false,
         };
         let error = open(&spec, Scope::Process(i32::MAX), -1, &options).unwrap_err();
         assert!(

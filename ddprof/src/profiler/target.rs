@@ -1,8 +1,9 @@
-//! Watching the profiled process: when it exits, the profiler stops.
+//! What is profiled, and watching it: when the profiled process exits, the
+//! profiler stops.
 //!
 //! How the profiler loop detects the end of its target: it creates a
 //! [`TargetWatch`] for the PID (for the launched command,
-//! [`super::target_watch`] hands over the descriptor the launcher opened
+//! the daemon is given the descriptor the launcher opened
 //! before the command existed, so PID reuse cannot fool it), adds
 //! [`TargetWatch::poll_fd`] to the descriptors it polls (the ring buffers),
 //! and stops once it is readable or [`TargetWatch::has_exited`] says so.
@@ -13,6 +14,17 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+/// What is being profiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The command the launcher exec'd (it keeps this PID), and its children.
+    Launched { pid: u32 },
+    /// A running process (`-p`) and its children.
+    Pid(u32),
+    /// Every process (`--global`).
+    Global,
+}
 
 /// How often the `/proc` fallback looks at the target.
 const PROC_POLL_INTERVAL: Duration = Duration::from_millis(100);

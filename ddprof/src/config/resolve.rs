@@ -1,0 +1,144 @@
+//! The second step of the configuration: from what was typed ([`Cli`]) to
+//! what it means for each stage, resolved once. No stage sees [`Cli`].
+use crate::aggregate::AggregatorOptions;
+use crate::bpf::DEFAULT_RING_BUFFER_BYTES as DEFAULT_BPF_RING_BUFFER_BYTES;
+use crate::events::{parse_events, EventOptions, EventSpec, EventSpecError, SampleRate};
+use crate::launch::LaunchOptions;
+use crate::overhead::StatsdAddress;
+use crate::perf::{default_ring_buffer_bytes, PerfEngineOptions, MAX_USER_FRAMES};
+use crate::profiler::ProfilerOptions;
+use crate::sampler::SamplerOptions;
+use crate::symbolize::SymbolizerOptions;
+
+use super::Cli;
+
+/// A setting that passed its own check but cannot be used as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("--event: {0}")]
+    Events(#[from] EventSpecError),
+    #[error("--internal-stats: {0}")]
+    InternalStats(String),
+}
+
+/// What every stage is asked to do.
+pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
+    let events = parse_events(&cli.events)?;
+    let internal_stats = cli
+        .internal_stats
+        .as_deref()
+        .map(str::parse::<StatsdAddress>)
+        .transpose()
+        .map_err(ResolveError::InternalStats)?;
+    // Kernel frames are what a whole-machine profile is about; a command's
+    // profile is about its own code.
+    let kernel_stacks = cli.include_kernel.unwrap_or(cli.global);
+    // --ring-buffer-kib sizes whichever buffer receives the samples.
+    let ring_buffer_bytes = cli.ring_buffer_kib.map(|kib| kib as usize * 1024);
+    let profiler = ProfilerOptions {
+        sampler: SamplerOptions {
+            engine: cli.engine,
+            perf: PerfEngineOptions {
+                ring_buffer_bytes: ring_buffer_bytes
+                    .unwrap_or_else(|| default_ring_buffer_bytes(cli.stack_sample_size)),
+                max_frames: MAX_USER_FRAMES,
+            },
+            bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or(DEFAULT_BPF_RING_BUFFER_BYTES),
+            kernel_stacks,
+        },
+        aggregator: AggregatorOptions::new(cli.timeline),
+        symbolizer: SymbolizerOptions {
+            inlined_functions: cli.inlined_functions,
+            ..SymbolizerOptions::default()
+        },
+        upload_period: cli.upload_period(),
+        sampling_period_nanos: sampling_period_nanos(&events),
+        service: cli.service_name(),
+        output_dir: cli.output_dir(),
+        internal_stats,
+        show_samples: cli.show_samples,
+    };
+    Ok(LaunchOptions {
+        command: cli.command.clone(),
+        enabled: cli.enabled,
+        switch_user: cli.switch_user.clone(),
+        drop_capabilities: cli.drop_capabilities,
+        nice: cli.nice,
+        log_mode: cli.log_mode,
+        events,
+        // Time in the kernel is sampled where permitted (as `perf record`
+        // does), each such sample attributed to the user stack that made
+        // the system call.
+        event_options: EventOptions {
+            stack_sample_size: cli.stack_sample_size,
+            include_kernel: true,
+            kernel_stacks,
+        },
+        profiler,
+    })
+}
+
+/// pprof's `period`: the CPU time a sample stands for at the first event's
+/// rate.
+fn sampling_period_nanos(events: &[EventSpec]) -> u64 {
+    match events.first().map(|spec| spec.rate) {
+        Some(SampleRate::Frequency(hz)) => 1_000_000_000 / hz.max(1),
+        Some(SampleRate::Period(period)) => period,
+        None => 1_000_000_000 / crate::events::DEFAULT_CPU_FREQUENCY,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn resolved(args: &[&str]) -> LaunchOptions {
+        let cli = Cli::parse_from(args);
+        resolve(&cli).unwrap()
+    }
+
+    #[test]
+    fn the_sampling_period_follows_the_first_event() {
+        let options = resolved(&["ddprof", "-e", "sCPU freq=1000", "--", "x"]);
+        assert_eq!(options.profiler.sampling_period_nanos, 1_000_000);
+        let options = resolved(&["ddprof", "-e", "sCPU period=123456", "--", "x"]);
+        assert_eq!(options.profiler.sampling_period_nanos, 123_456);
+        let options = resolved(&["ddprof", "--", "x"]);
+        assert_eq!(options.profiler.sampling_period_nanos, 1_000_000_000 / 99);
+    }
+
+    #[test]
+    fn kernel_stacks_are_on_for_the_whole_machine_unless_turned_off() {
+        let kernel_stacks = |args: &[&str]| {
+            let options = resolved(args);
+            assert_eq!(
+                options.event_options.kernel_stacks,
+                options.profiler.sampler.kernel_stacks
+            );
+            options.profiler.sampler.kernel_stacks
+        };
+        assert!(!kernel_stacks(&["ddprof", "--", "x"]));
+        assert!(kernel_stacks(&["ddprof", "--include-kernel", "--", "x"]));
+        assert!(kernel_stacks(&["ddprof", "--global"]));
+        assert!(!kernel_stacks(&[
+            "ddprof",
+            "--global",
+            "--include-kernel",
+            "false"
+        ]));
+        assert!(!kernel_stacks(&["ddprof", "-p", "1"]));
+    }
+
+    #[test]
+    fn ring_buffer_kib_sizes_both_engines_buffers() {
+        let options = resolved(&["ddprof", "--ring-buffer-kib", "64", "--", "x"]);
+        assert_eq!(options.profiler.sampler.perf.ring_buffer_bytes, 64 * 1024);
+        assert_eq!(options.profiler.sampler.bpf_ring_buffer_bytes, 64 * 1024);
+        let options = resolved(&["ddprof", "--", "x"]);
+        assert_eq!(
+            options.profiler.sampler.bpf_ring_buffer_bytes,
+            DEFAULT_BPF_RING_BUFFER_BYTES
+        );
+    }
+}

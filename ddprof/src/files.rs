@@ -1,0 +1,196 @@
+//! File identity, in one place: which file a mapping maps ([`MappedFile`]),
+//! what its content is ([`ContentKey`], for sharing unwind tables between
+//! copies), its build id, and how to open it while a process maps it: by our
+//! path when that is the mapped inode, else through `/proc/PID/root` (a file
+//! of another mount namespace, a container's `/usr/lib/libc.so.6`), else
+//! through `/proc/PID/map_files` (a file deleted or replaced since it was
+//! mapped, as by a package upgrade). The path of a mapping record does not
+//! say which: perf names the file as it was at mmap time, `/proc/PID/maps`
+//! marks deleted ones. Used by unwinding, aggregation and symbolization.
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+/// Which file a mapping maps: its path as the kernel named it at mmap time,
+/// its device and inode (0 when unknown). The process table shares one per
+/// file among every process that maps it; the stages key their caches by it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MappedFile {
+    pub path: String,
+    pub dev: u64,
+    pub inode: u64,
+}
+
+/// Identifies a file's content: tables are shared between paths and
+/// processes with the same content.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ContentKey {
+    BuildId(Vec<u8>),
+    /// Files without a build id.
+    File {
+        path: PathBuf,
+        size: u64,
+        mtime: i64,
+        mtime_nsec: i64,
+    },
+}
+
+/// A mapped file opened for reading.
+#[derive(Debug)]
+pub struct OpenedFile {
+    pub file: File,
+    /// The prefix the path resolved under: empty for our own namespace,
+    /// `/proc/PID/root` otherwise (where the file's debug file is looked for).
+    pub root: PathBuf,
+    /// Whether it is the mapped inode (always true when that is unknown);
+    /// when no candidate is, the first one that opened.
+    pub same_inode: bool,
+}
+
+/// Opens `mapped` while process `pid` maps it: our path, then
+/// `/proc/PID/root` + path, then the mapping `range` (start, end) in
+/// `/proc/PID/map_files`; the first that is the mapped inode, else the
+/// first that opened, else the last error.
+pub fn open_mapped(
+    pid: u32,
+    mapped: &MappedFile,
+    range: Option<(u64, u64)>,
+) -> std::io::Result<OpenedFile> {
+    let through_root = PathBuf::from(format!("/proc/{pid}/root"));
+    let mut candidates = vec![
+        (PathBuf::from(&mapped.path), PathBuf::new()),
+        (
+            through_root.join(mapped.path.trim_start_matches('/')),
+            through_root.clone(),
+        ),
+    ];
+    if let Some((start, end)) = range {
+        candidates.push((
+            PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}")),
+            through_root,
+        ));
+    }
+    let mut first_opened = None;
+    let mut last_error = None;
+    for (path, root) in candidates {
+        match File::open(&path) {
+            Ok(file) => {
+                let same_inode = file
+                    .metadata()
+                    .is_ok_and(|m| mapped.inode == 0 || m.ino() == mapped.inode);
+                if same_inode {
+                    return Ok(OpenedFile {
+                        file,
+                        root,
+                        same_inode,
+                    });
+                }
+                first_opened.get_or_insert(OpenedFile {
+                    file,
+                    root,
+                    same_inode,
+                });
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    first_opened.ok_or_else(|| {
+        last_error.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+    })
+}
+
+/// Reads the GNU build id of an ELF file without reading the whole file.
+pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
+    use object::Object;
+    let file = std::fs::File::open(path).ok()?;
+    let cache = object::ReadCache::new(file);
+    let elf = object::File::parse(&cache).ok()?;
+    elf.build_id().ok().flatten().map(<[u8]>::to_vec)
+}
+
+/// A mapped file as profiles report it, with its GNU build id (read once).
+#[derive(Debug)]
+pub struct ObjectFile {
+    /// The path the file was mapped from (without the kernel's
+    /// ` (deleted)` mark).
+    pub path: String,
+    pub dev: u64,
+    pub inode: u64,
+    pub build_id: Option<Vec<u8>>,
+    /// Where the symbolizer reads the file: `/proc/self/fd/N` for a file
+    /// held open, else `path`.
+    pub open_path: String,
+    /// The file, opened while a process mapped it, so that it can be read
+    /// after the process exited even if it was deleted or replaced on disk
+    /// or lives in another mount namespace.
+    held: Option<std::fs::File>,
+}
+
+impl ObjectFile {
+    /// A file read by its path, without holding it open.
+    pub fn by_path(path: &str, dev: u64, inode: u64) -> Self {
+        Self::new(path, dev, inode, None)
+    }
+
+    pub(crate) fn new(path: &str, dev: u64, inode: u64, held: Option<std::fs::File>) -> Self {
+        let open_path = open_path(path, held.as_ref());
+        Self {
+            path: path.to_string(),
+            dev,
+            inode,
+            build_id: read_build_id(&open_path),
+            open_path,
+            held,
+        }
+    }
+
+    /// The same file, held through `held` (or no longer held).
+    pub(crate) fn with_handle(&self, held: Option<std::fs::File>) -> Self {
+        Self {
+            path: self.path.clone(),
+            dev: self.dev,
+            inode: self.inode,
+            build_id: self.build_id.clone(),
+            open_path: open_path(&self.path, held.as_ref()),
+            held,
+        }
+    }
+
+    /// Whether the file is held open (read through `open_path` whatever
+    /// happens to its path).
+    pub fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The build id as lowercase hex ("" when the file has none).
+    pub fn build_id_hex(&self) -> String {
+        self.build_id
+            .iter()
+            .flatten()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    }
+
+    /// Which file this is (the symbolizer's cache key).
+    pub fn identity(&self) -> MappedFile {
+        MappedFile {
+            path: self.path.clone(),
+            dev: self.dev,
+            inode: self.inode,
+        }
+    }
+
+    /// The file name without its directory, for frames that cannot be symbolized.
+    pub fn file_name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+}
+
+/// `/proc/self/fd/N` for a held file, else its path.
+fn open_path(path: &str, held: Option<&std::fs::File>) -> String {
+    use std::os::fd::AsRawFd;
+    match held {
+        Some(file) => format!("/proc/self/fd/{}", file.as_raw_fd()),
+        None => path.to_string(),
+    }
+}

@@ -1,0 +1,283 @@
+//! One sampler in front of both engines: the profiler loop asks it for
+//! samples and never learns where they came from.
+//!
+//! With the perf engine, samples and process records come from the perf
+//! ring buffers. With the BPF engine, the BPF program unwinds in the kernel
+//! and writes samples to its own ring buffer, while a perf engine on
+//! duplicates of the same descriptors reads the mmap/comm/task records (the
+//! program keeps the samples out of the perf buffers, except those it hands
+//! over) and keeps the [`ProcessTable`], which the BPF engine mirrors into
+//! its maps. The two streams are merged here by time: each BPF sample is
+//! delivered after the records up to its timestamp, so a process that has
+//! exited since is still known.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ddprof_common::sample::BpfCounter;
+
+use crate::bpf::{choose_engine_with, BpfEngine, BpfEngineOptions, BpfError, EngineChoice};
+use crate::events::EventFd;
+use crate::perf::{settled_time, PerfEngine, PerfEngineOptions, PerfError};
+use crate::process::ProcessTable;
+use crate::sample::Sample;
+
+/// What the sampler needs to know from the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SamplerOptions {
+    /// `--engine`: auto, bpf or perf.
+    pub engine: EngineChoice,
+    /// The perf engine's buffers (it always runs: it samples, or reads the
+    /// process records beside the BPF engine).
+    pub perf: PerfEngineOptions,
+    /// Bytes of the BPF engine's sample ring buffer.
+    pub bpf_ring_buffer_bytes: usize,
+    /// `--include-kernel`: the BPF program also takes the kernel stack of
+    /// samples taken in the kernel (the perf engine's come with the
+    /// records: [`crate::events::EventOptions::kernel_stacks`]).
+    pub kernel_stacks: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerError {
+    /// `--engine bpf` was asked for and the BPF engine cannot start (it
+    /// never falls back).
+    #[error("--engine bpf: {0}")]
+    BpfRequired(#[source] BpfError),
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+    #[error(transparent)]
+    Perf(#[from] PerfError),
+    #[error("cannot duplicate a perf event descriptor: {0}")]
+    Duplicate(#[source] std::io::Error),
+}
+
+/// The BPF engine's ring buffer wakes the loop only when a quarter full:
+/// this bounds how late samples (and map updates after an exec or mmap) are.
+/// A process the maps do not describe yet is not lost meanwhile: the program
+/// hands its samples to the perf engine. 50 ms rather than 10 ms cut the
+/// profiler's CPU per 1000 samples on the 300-deep recursion from ~41 to
+/// ~33 ms (`cargo xtask bench`).
+const BPF_MAX_POLL: Duration = Duration::from_millis(50);
+
+/// The samples of the profiled processes, from whichever engine was chosen.
+pub struct Sampler {
+    engine: Engine,
+}
+
+enum Engine {
+    Perf(PerfEngine),
+    Bpf {
+        samples: Box<BpfEngine>,
+        records: PerfEngine,
+        /// BPF samples newer than the records read so far, waiting for them.
+        pending: Vec<Sample>,
+    },
+}
+
+impl Sampler {
+    /// Chooses the engine for `options.engine` (logging the choice and its
+    /// reason) and starts it on `events`. `workload_pids` are the processes
+    /// already running (`-p`, `--global`), whose tables the BPF engine loads
+    /// before their first sample; `processes` is the table as known so far.
+    pub fn start(
+        options: &SamplerOptions,
+        events: Vec<EventFd>,
+        workload_pids: Vec<u32>,
+        processes: &ProcessTable,
+    ) -> Result<Self, SamplerError> {
+        // Map the perf buffers before anything slow (the BPF load takes
+        // ~0.1 s): exec and mmap records written while an event has no
+        // buffer are lost. The perf engine works on duplicates of the
+        // descriptors; it samples, or only reads the records when the BPF
+        // program takes the samples.
+        let duplicates = events
+            .iter()
+            .map(|event| {
+                Ok(EventFd {
+                    fd: event.fd.try_clone()?,
+                    cpu: event.cpu,
+                    spec: event.spec,
+                })
+            })
+            .collect::<Result<Vec<EventFd>, std::io::Error>>()
+            .map_err(SamplerError::Duplicate)?;
+        let mut perf = PerfEngine::new(duplicates, options.perf)?;
+        let bpf_options = BpfEngineOptions {
+            kernel_stacks: options.kernel_stacks,
+            ring_buffer_bytes: options.bpf_ring_buffer_bytes,
+            workload_pids,
+            ..BpfEngineOptions::default()
+        };
+        // Loads, verifies and attaches the program once; `auto` falls back
+        // to the perf engine (with the reason) when that fails. That takes
+        // 50-100 ms, while the command runs: meanwhile another thread keeps
+        // the perf buffers from filling (at 32 KB a sample, a 1 MiB buffer
+        // holds 30 ms at 999 Hz), so that nothing is lost at start.
+        let (bpf, decision) = keep_reading_while(&mut perf, || {
+            choose_engine_with(options.engine, || BpfEngine::new(events, bpf_options))
+        })
+        .map_err(SamplerError::BpfRequired)?;
+        log::info!("engine: {}", decision.reason);
+        let engine = match bpf {
+            Some(mut samples) => {
+                // A command that has exec'd already runs with the program
+                // attached: give the maps its mappings now, not at the first
+                // poll (the rest of the set-up takes a while). The records
+                // read so far are not applied yet: the processes with new
+                // code are read from /proc by the sync.
+                perf.read_ahead();
+                samples.sync_with_young(processes, &perf.pids_with_new_code());
+                Engine::Bpf {
+                    samples: Box::new(samples),
+                    records: perf,
+                    pending: Vec::new(),
+                }
+            }
+            None => Engine::Perf(perf),
+        };
+        Ok(Self { engine })
+    }
+
+    /// Waits up to `timeout` for samples, applies the process records to
+    /// `processes` in time order and hands each sample to `on_sample` with
+    /// the table as it was when the sample was taken. Returns whether every
+    /// profiled process is gone (the events hung up).
+    pub fn poll(
+        &mut self,
+        processes: &mut ProcessTable,
+        timeout: Duration,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> Result<bool, SamplerError> {
+        match &mut self.engine {
+            Engine::Perf(engine) => Ok(engine.poll(processes, timeout, on_sample)?.finished),
+            Engine::Bpf {
+                samples,
+                records,
+                pending,
+            } => {
+                // Wakes for the BPF ring buffer and for the perf buffers,
+                // which receive the samples the program hands over.
+                records.wait_with(Some(samples.ring_fd()), timeout.min(BPF_MAX_POLL))?;
+                let (batch, workload_gone) = samples.read_samples(Duration::ZERO)?;
+                pending.extend(batch);
+                // Records of other CPUs may still be on their way: samples
+                // newer than this wait for the next poll.
+                let cutoff = settled_time();
+                let hung_up = records.read_ahead();
+                let finished = hung_up || workload_gone;
+                deliver_merged(
+                    samples, records, pending, processes, !finished, cutoff, on_sample,
+                );
+                let until = if finished { u64::MAX } else { cutoff };
+                records.deliver_until(processes, until, on_sample);
+                // New mappings (exec, mmap) reach the BPF maps for the next
+                // samples; processes whose new code is still held back are
+                // read from /proc.
+                let young = records.pids_with_new_code();
+                if samples.sync_due(processes, &young) {
+                    keep_reading_while(records, || samples.sync_with_young(processes, &young));
+                }
+                Ok(finished)
+            }
+        }
+    }
+
+    /// Delivers everything still buffered (the target is gone or a stop
+    /// was requested).
+    pub fn flush(
+        &mut self,
+        processes: &mut ProcessTable,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) {
+        match &mut self.engine {
+            Engine::Perf(engine) => {
+                engine.flush(processes, on_sample);
+            }
+            Engine::Bpf {
+                samples,
+                records,
+                pending,
+            } => {
+                match samples.read_samples(Duration::ZERO) {
+                    Ok((batch, _)) => pending.extend(batch),
+                    Err(error) => log::warn!("{error}"),
+                }
+                deliver_merged(samples, records, pending, processes, false, 0, on_sample);
+                records.flush(processes, on_sample);
+                if let Ok(counters) = samples.counters() {
+                    log::debug!("BPF program: {counters}");
+                    // What took the slow path, and why, for the user.
+                    log::info!(
+                        "BPF engine: {} samples unwound in the kernel, {} handed to the perf \
+                         engine ({} of them mid-stack: a table not in the row map or a mapping \
+                         not yet described), {} unwound by the perf engine in all",
+                        counters.get(BpfCounter::Emitted),
+                        counters.get(BpfCounter::HandedToPerf),
+                        counters.get(BpfCounter::HandedOffMidStack),
+                        records.sample_counters().samples
+                    );
+                }
+            }
+        }
+    }
+
+    /// Samples lost by the kernel so far (ring buffers full).
+    pub fn lost(&self) -> u64 {
+        match &self.engine {
+            Engine::Perf(engine) => engine.losses().lost,
+            Engine::Bpf {
+                samples, records, ..
+            } => samples.losses().lost + records.losses().lost,
+        }
+    }
+}
+
+/// Runs `work` (which may take a while: a sync compiles the unwind tables of
+/// new programs, 0.1 s for cc1's 430 K rows) on another thread while this
+/// one keeps the perf buffers drained. Meanwhile the program hands the
+/// samples of those very programs to the perf buffers, 32 KB each: a 1 MiB
+/// buffer is full after 30 ms at 999 Hz.
+fn keep_reading_while<T: Send>(records: &mut PerfEngine, work: impl FnOnce() -> T + Send) -> T {
+    let working = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            let result = work();
+            working.store(false, Ordering::Release);
+            result
+        });
+        while working.load(Ordering::Acquire) {
+            records.read_ahead();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        match worker.join() {
+            Ok(result) => result,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// Hands the BPF samples to `on_sample` in time order, each after the perf
+/// records up to its time have been applied to `processes` (so a sample of
+/// a process that exits soon after still finds it). With `hold`, samples
+/// newer than `cutoff` stay pending.
+fn deliver_merged(
+    samples: &mut BpfEngine,
+    records: &mut PerfEngine,
+    pending: &mut Vec<Sample>,
+    processes: &mut ProcessTable,
+    hold: bool,
+    cutoff: u64,
+    on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+) {
+    pending.sort_by_key(|sample| sample.time);
+    let ready = if hold {
+        pending.partition_point(|sample| sample.time <= cutoff)
+    } else {
+        pending.len()
+    };
+    for sample in pending.drain(..ready) {
+        records.deliver_until(processes, sample.time, on_sample);
+        samples.before_sample(processes, sample.pid);
+        on_sample(processes, sample);
+    }
+}

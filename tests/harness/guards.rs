@@ -1,0 +1,43 @@
+//! What the tests share around the processes and clocks they use.
+use std::process::Child;
+
+/// A child process killed and reaped when dropped, whether the test passed
+/// or panicked: no workload outlives its test.
+#[derive(Debug)]
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    /// Kills and reaps the child now (dropping it later does nothing more).
+    pub fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of `Sample::time` and of the
+/// perf records.
+pub fn monotonic_nanos() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always there");
+    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+}
