@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use ddprof::bpf::EngineChoice;
 use ddprof::bpf::{
-    choose_engine, BpfEngine, BpfEngineOptions, BpfError, BpfProgram, Engine, MapSizes,
+    choose_engine, choose_variant, kernel_has_bpf_loop, probe_variants, BpfEngine,
+    BpfEngineOptions, BpfError, BpfProgram, BpfVariant, Engine, MapSizes, BPF_OBJECT, VARIANT_ENV,
 };
 use ddprof::events::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
@@ -119,13 +120,13 @@ struct Profile {
 const WANTED_SAMPLES: usize = 400;
 const PROFILE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Samples `pid` with the BPF engine.
-fn profile(pid: u32) -> Profile {
-    profile_with(pid, false)
-}
-
 /// Samples `pid`, also in the kernel when `include_kernel`.
 fn profile_with(pid: u32, include_kernel: bool) -> Profile {
+    profile_variant(pid, include_kernel, None)
+}
+
+/// Samples `pid` with the given program variant (`None`: the kernel's).
+fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) -> Profile {
     let specs = parse_events("sCPU freq=499").unwrap();
     let options = EventOptions {
         stack_sample_size: 8,
@@ -145,6 +146,7 @@ fn profile_with(pid: u32, include_kernel: bool) -> Profile {
         BpfEngineOptions {
             workload_pids: vec![pid],
             kernel_stacks: true,
+            variant,
             ..BpfEngineOptions::default()
         },
     )
@@ -195,8 +197,9 @@ fn report(profile: &Profile, label: &str) {
     }
     let stats = profile.engine.program().stats();
     eprintln!(
-        "{label}: {} samples; program {} insns, {} verified, loaded in {:?}; {}; tables {:?}; counters: {}",
+        "{label}: {} samples; {}: program {} insns, {} verified, loaded in {:?}; {}; tables {:?}; counters: {}",
         profile.samples.len(),
+        profile.engine.program().variant(),
         stats.instructions.unwrap_or(0),
         stats.verified_instructions.unwrap_or(0),
         stats.load_time,
@@ -216,14 +219,201 @@ fn program_passes_the_verifier() {
 }
 
 #[test]
+fn tail_call_variant_passes_the_verifier() {
+    let program = BpfProgram::load_variant(MapSizes::minimal(), true, BpfVariant::TailCall)
+        .expect("verifier accepts the tail-call variant");
+    let stats = program.stats();
+    eprintln!("tail-call variant: {stats:?}");
+    assert_eq!(program.variant(), BpfVariant::TailCall);
+    assert!(stats.instructions.unwrap_or(0) > 100);
+    assert!(stats.verified_instructions.unwrap_or(0) > 0);
+    assert!(stats.tail_instructions.unwrap_or(0) > 100);
+    assert!(stats.tail_verified_instructions.unwrap_or(0) > 0);
+    // Each program of the chain stays far below the verifier's 1M limit.
+    assert!(stats.verified_instructions.unwrap() < 1_000_000);
+    assert!(stats.tail_verified_instructions.unwrap() < 1_000_000);
+}
+
+/// The figures `ddprof --check` reports: on this kernel both variants load,
+/// and the probe finds `bpf_loop`, so the choice is the `bpf_loop` variant.
+#[test]
+fn both_variants_load_here_and_the_probe_prefers_bpf_loop() {
+    let probed = probe_variants();
+    assert_eq!(
+        probed.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
+        BpfVariant::ALL
+    );
+    for (variant, result) in &probed {
+        let stats = result.as_ref().unwrap_or_else(|e| panic!("{variant}: {e}"));
+        eprintln!("{variant}: {stats:?}");
+    }
+    assert!(kernel_has_bpf_loop().unwrap(), "Linux 6.18 has bpf_loop");
+    // (Unless a variant is forced for the whole run.)
+    if std::env::var_os(VARIANT_ENV).is_none() {
+        let (variant, reason) = choose_variant().unwrap();
+        assert_eq!(variant, BpfVariant::Loop);
+        assert_eq!(reason, "bpf_loop variant (kernel has bpf_loop)");
+        let program = BpfProgram::load(MapSizes::minimal(), false).unwrap();
+        assert_eq!(program.variant(), BpfVariant::Loop);
+    }
+}
+
+/// Newest helper of Linux 5.10: `bpf_redirect_peer`.
+const NEWEST_HELPER_OF_5_10: i32 = 155;
+/// Newest map type of Linux 5.10: `BPF_MAP_TYPE_INODE_STORAGE`.
+const NEWEST_MAP_TYPE_OF_5_10: u32 = 28;
+
+/// What the instructions of one program section of the BPF object use.
+#[derive(Debug, Default)]
+struct SectionUse {
+    helpers: std::collections::BTreeSet<i32>,
+    /// BPF-to-BPF calls (pseudo calls) and kfunc calls.
+    function_calls: usize,
+    /// Maps by name, with their `bpf_map_def` type.
+    maps: std::collections::BTreeMap<String, u32>,
+    /// Global data sections referenced (`.rodata`, …): array maps to aya.
+    data_sections: std::collections::BTreeSet<String>,
+    /// Relocations to anything else.
+    other_relocations: Vec<String>,
+}
+
+/// Decodes the helper calls and map references of the program in `section`
+/// of the embedded object.
+fn section_use(object: &object::File, section: &str) -> SectionUse {
+    use object::{ObjectSection, RelocationTarget};
+    let code = object
+        .section_by_name(section)
+        .unwrap_or_else(|| panic!("no section {section} in the BPF object"));
+    let bytes = code.data().unwrap();
+    assert_eq!(bytes.len() % 8, 0);
+    let mut found = SectionUse::default();
+    let mut at = 0;
+    while at < bytes.len() {
+        let opcode = bytes[at];
+        let src_reg = bytes[at + 1] >> 4;
+        let imm = i32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap());
+        match opcode {
+            // call: a helper (src 0), a BPF function (1) or a kfunc (2).
+            0x85 if src_reg == 0 => {
+                found.helpers.insert(imm);
+            }
+            0x85 | 0x8d => found.function_calls += 1,
+            _ => {}
+        }
+        // lddw takes two slots.
+        at += if opcode == 0x18 { 16 } else { 8 };
+    }
+    for (_, relocation) in code.relocations() {
+        let RelocationTarget::Symbol(index) = relocation.target() else {
+            found.other_relocations.push(format!("{relocation:?}"));
+            continue;
+        };
+        let symbol = object.symbol_by_index(index).unwrap();
+        let target = symbol
+            .section_index()
+            .map(|i| object.section_by_index(i).unwrap());
+        let target_name = target.as_ref().map_or("", |t| t.name().unwrap_or(""));
+        if target_name == "maps" {
+            // aya-ebpf's legacy map definition: type, key size, value size,
+            // max entries, flags (u32 each).
+            let data = target.unwrap().data().unwrap();
+            let start = symbol.address() as usize;
+            let map_type = u32::from_le_bytes(data[start..start + 4].try_into().unwrap());
+            found
+                .maps
+                .insert(symbol.name().unwrap().to_string(), map_type);
+        } else if [".rodata", ".data", ".bss"]
+            .iter()
+            .any(|prefix| target_name.starts_with(prefix))
+        {
+            found.data_sections.insert(target_name.to_string());
+        } else {
+            found
+                .other_relocations
+                .push(format!("{} in {target_name}", symbol.name().unwrap_or("?")));
+        }
+    }
+    found
+}
+
+/// The tail-call variant is for Linux 5.10 to 5.16: every helper its two
+/// programs call and every map type they use must exist in 5.10, read from
+/// the object embedded in ddprof (not from a list kept by hand), and it
+/// must load and verify here.
+#[test]
+fn tail_call_variant_uses_only_what_linux_5_10_has() {
+    let data = BPF_OBJECT.expect("the BPF object is built into this ddprof");
+    let object = object::File::parse(data).unwrap();
+    let sections = [
+        "perf_event/ddprof_sample_tail",
+        "perf_event/ddprof_walk_tail",
+    ];
+    for section in sections {
+        let used = section_use(&object, section);
+        eprintln!("{section}: {used:?}");
+        assert!(
+            used.helpers
+                .iter()
+                .all(|&id| id > 0 && id <= NEWEST_HELPER_OF_5_10),
+            "{section} calls helpers newer than Linux 5.10: {:?}",
+            used.helpers
+        );
+        // The chain continues through bpf_tail_call (12) and reads user
+        // memory with bpf_probe_read_user (112).
+        assert!(used.helpers.contains(&12), "{:?}", used.helpers);
+        assert!(used.helpers.contains(&112), "{:?}", used.helpers);
+        assert_eq!(
+            used.function_calls, 0,
+            "{section} calls BPF functions: with tail calls that needs the x86-64 JIT"
+        );
+        assert!(
+            used.maps
+                .values()
+                .all(|&map_type| map_type > 0 && map_type <= NEWEST_MAP_TYPE_OF_5_10),
+            "{section} uses map types newer than Linux 5.10: {:?}",
+            used.maps
+        );
+        // BPF_MAP_TYPE_PROG_ARRAY and BPF_MAP_TYPE_RINGBUF (5.8).
+        assert_eq!(used.maps.get("WALK_PROGRAMS"), Some(&3));
+        assert_eq!(used.maps.get("SAMPLES"), Some(&27));
+        assert!(used.other_relocations.is_empty(), "{used:?}");
+    }
+    // The entry program collects the sample; the continuation does not.
+    let entry = section_use(&object, sections[0]);
+    assert!(entry.helpers.contains(&67), "bpf_get_stack: {entry:?}");
+    // The decoding finds what the bpf_loop variant needs beyond 5.10:
+    // bpf_loop (181), bpf_get_current_task_btf (158), bpf_task_pt_regs (175).
+    let loop_variant = section_use(&object, "perf_event");
+    for helper in [181, 158, 175] {
+        assert!(
+            loop_variant.helpers.contains(&helper),
+            "{:?}",
+            loop_variant.helpers
+        );
+    }
+    BpfProgram::load_variant(MapSizes::minimal(), true, BpfVariant::TailCall)
+        .expect("the tail-call variant loads and verifies here");
+}
+
+#[test]
 fn chain_without_frame_pointers_unwinds_to_main() {
+    chain_unwinds_to_main(BpfVariant::Loop);
+}
+
+#[test]
+fn chain_without_frame_pointers_unwinds_to_main_with_tail_calls() {
+    chain_unwinds_to_main(BpfVariant::TailCall);
+}
+
+fn chain_unwinds_to_main(variant: BpfVariant) {
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
     let child = start_workload(&binary, "chain", 60.0);
     let pid = child.0.id();
-    let profile = profile(pid);
+    let profile = profile_variant(pid, false, Some(variant));
     drop(child);
-    report(&profile, "chain");
+    report(&profile, &format!("chain, {variant}"));
+    assert_eq!(profile.engine.program().variant(), variant);
 
     let ours: Vec<&Sample> = profile.samples.iter().filter(|s| s.pid == pid).collect();
     assert!(ours.len() >= 200, "only {} samples", ours.len());
@@ -275,13 +465,24 @@ fn chain_without_frame_pointers_unwinds_to_main() {
 
 #[test]
 fn recursion_300_deep_reaches_main() {
+    recursion_reaches_main(BpfVariant::Loop);
+}
+
+/// 306 frames: 20 runs of the tail-call chain (16 frames each).
+#[test]
+fn recursion_300_deep_reaches_main_with_tail_calls() {
+    recursion_reaches_main(BpfVariant::TailCall);
+}
+
+fn recursion_reaches_main(variant: BpfVariant) {
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
     let child = start_workload(&binary, "recurse", 60.0);
     let pid = child.0.id();
-    let profile = profile(pid);
+    let profile = profile_variant(pid, false, Some(variant));
     drop(child);
-    report(&profile, "recurse");
+    report(&profile, &format!("recurse, {variant}"));
+    assert_eq!(profile.engine.program().variant(), variant);
 
     assert!(
         profile.samples.len() >= 200,
@@ -323,6 +524,52 @@ fn recursion_300_deep_reaches_main() {
             .unwrap()
             .get(BpfCounter::DepthLimit),
         0
+    );
+}
+
+#[test]
+fn stacks_deeper_than_the_limit_stop_at_512_frames() {
+    deep_recursion_stops_at_the_limit(BpfVariant::Loop);
+}
+
+/// 512 frames take the entry and 31 tail calls, within the 32 a chain may
+/// make before Linux 5.17.
+#[test]
+fn stacks_deeper_than_the_limit_stop_at_512_frames_with_tail_calls() {
+    deep_recursion_stops_at_the_limit(BpfVariant::TailCall);
+}
+
+fn deep_recursion_stops_at_the_limit(variant: BpfVariant) {
+    let binary = workload_binary();
+    let symbols = Symbols::read(&binary);
+    let child = start_workload(&binary, "deep", 60.0);
+    let pid = child.0.id();
+    let profile = profile_variant(pid, false, Some(variant));
+    drop(child);
+    report(&profile, &format!("deep, {variant}"));
+
+    let mut in_leaf = 0;
+    for sample in &profile.samples {
+        let names = symbols.names(&profile.processes, sample);
+        if names.first().map(String::as_str) == Some("chain_leaf") {
+            in_leaf += 1;
+            assert_eq!(sample.frames.len(), MAX_USER_FRAMES, "{:?}", sample.end);
+            assert_eq!(sample.end, StackEnd::DepthLimit);
+            assert!(names[1..].iter().all(|n| n == "recurse"));
+        }
+    }
+    assert!(
+        in_leaf * 10 >= profile.samples.len() * 8 && in_leaf >= 200,
+        "{in_leaf} of {} samples in the leaf",
+        profile.samples.len()
+    );
+    assert!(
+        profile
+            .engine
+            .counters()
+            .unwrap()
+            .get(BpfCounter::DepthLimit)
+            >= in_leaf as u64
     );
 }
 
@@ -382,6 +629,146 @@ fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
             .get(BpfCounter::NoUserContext),
         0
     );
+}
+
+/// The tail-call variant cannot read the registers a task saved on kernel
+/// entry (`bpf_get_current_task_btf` is 5.11, `bpf_task_pt_regs` 5.15): it
+/// hands samples taken in the kernel to the perf engine, which unwinds them
+/// from the kernel's copy of the user registers and stack. What it emits
+/// itself are the samples taken in user mode, complete.
+#[test]
+fn tail_call_variant_hands_samples_in_the_kernel_to_the_perf_engine() {
+    let binary = workload_binary();
+    let symbols = Symbols::read(&binary);
+    let child = start_workload(&binary, "syscall", 60.0);
+    let pid = child.0.id();
+    let profile = profile_variant(pid, true, Some(BpfVariant::TailCall));
+    drop(child);
+    report(&profile, "syscall, tail-call variant");
+
+    let counters = profile.engine.counters().unwrap();
+    let seen = counters.get(BpfCounter::Seen);
+    let handed = counters.get(BpfCounter::HandedToPerf);
+    // The workload spends most of its time in read(): the loop variant's
+    // test sees at least half its samples in the kernel.
+    assert!(
+        handed * 3 >= seen && handed > 0,
+        "{handed} of {seen} samples handed to the perf engine"
+    );
+    assert_eq!(counters.get(BpfCounter::HandedOffMidStack), 0);
+    assert_eq!(counters.get(BpfCounter::NoUserContext), 0);
+    assert!(!profile.samples.is_empty());
+    let mut reached_main = 0;
+    for sample in &profile.samples {
+        assert!(sample.kernel_frames.is_empty(), "a sample in the kernel");
+        let names = symbols.names(&profile.processes, sample);
+        if sample.end == StackEnd::Complete && names.iter().any(|n| n == "main") {
+            reached_main += 1;
+        }
+    }
+    assert!(
+        reached_main * 100 >= profile.samples.len() * 99,
+        "{reached_main} of {} user-mode samples unwound to main",
+        profile.samples.len()
+    );
+}
+
+/// The whole profiler with the tail-call variant forced by the environment:
+/// the choice is logged, and the samples the program emits and those it
+/// hands over (in the kernel, in read()) make full stacks in the profile.
+#[test]
+fn ddprof_with_the_tail_call_variant_profiles_a_syscall_workload() {
+    let binary = workload_binary();
+    let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bpf-tail-call-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&output_dir);
+    let run = ddprof_tests::processes::run_reaped(
+        Command::new(ddprof_tests::ddprof_bin())
+            .env(VARIANT_ENV, "tail-call")
+            .args(["--engine", "bpf", "--event", "sCPU freq=999", "--output"])
+            .arg(&output_dir)
+            .args(["--log-level", "info", "--"])
+            .arg(&binary)
+            .args(["syscall", "2"]),
+        Duration::from_secs(120),
+    )
+    .expect("ddprof runs");
+    let (reaped, stderr) = (run.reaped, run.stderr);
+    assert!(reaped.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.ends_with("BPF program: tail-call variant (forced by DDPROF_BPF_VARIANT)")),
+        "{stderr}"
+    );
+    let summary = ddprof_tests::outputs::summary_fields(&stderr);
+    let (in_kernel, handed): (u64, u64) = stderr
+        .lines()
+        .find_map(|line| {
+            let rest = line.split("BPF engine: ").nth(1)?;
+            let mut words = rest.split_whitespace();
+            let in_kernel = words.next()?.parse().ok()?;
+            let handed = rest.split("in the kernel, ").nth(1)?;
+            Some((in_kernel, handed.split_whitespace().next()?.parse().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no hand-off line:\n{stderr}"));
+    eprintln!("summary {summary:?}; {in_kernel} unwound in the kernel, {handed} handed over");
+    assert!(in_kernel > 0 && handed > 0, "{stderr}");
+    let samples = summary["samples"];
+    assert!(samples >= 500, "{samples} samples in 2 s at 999 Hz");
+    assert!(summary["full_stacks"] * 100 >= samples * 99, "{summary:?}");
+    let folded = std::fs::read_to_string(output_dir.join("stacks.folded")).unwrap();
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.contains("main;chain_outer;chain_middle;read_leaf")),
+        "{folded}"
+    );
+}
+
+/// A bad `DDPROF_BPF_VARIANT` is one clear line: `--engine bpf` stops the
+/// profiler with it, `auto` warns and profiles with the perf engine; the
+/// command runs either way.
+#[test]
+fn a_bad_variant_in_the_environment_is_one_clear_line() {
+    let binary = workload_binary();
+    for (engine, profiled) in [("bpf", false), ("auto", true)] {
+        let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("bpf-bad-variant-{engine}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&output_dir);
+        let output = Command::new(ddprof_tests::ddprof_bin())
+            .env(VARIANT_ENV, "fast")
+            .args(["--engine", engine, "--output"])
+            .arg(&output_dir)
+            .arg("--")
+            .arg(&binary)
+            .args(["chain", "0.5"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("ddprof runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{engine}: {stderr}");
+        assert_eq!(stdout.trim(), "ready", "{engine}: the command ran");
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("DDPROF_BPF_VARIANT"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{engine}: {stderr}");
+        assert!(
+            lines[0].contains(
+                "bad BPF program variant: DDPROF_BPF_VARIANT=\"fast\": use `bpf_loop` or `tail-call`"
+            ),
+            "{engine}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let folded = output_dir.join("stacks.folded");
+        while profiled && !folded.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(folded.exists(), profiled, "{engine}: {stderr}");
+    }
 }
 
 #[test]

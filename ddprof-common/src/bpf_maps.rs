@@ -68,3 +68,15 @@ impl Default for ProcessMappings {
         }
     }
 }
+
+/// Frames the tail-call program variant (kernels without `bpf_loop`) walks
+/// per program run before it tail-calls itself for the next ones.
+pub const FRAMES_PER_TAIL_CALL_RUN: u32 = 16;
+/// Tail calls one chain may make on every kernel the tail-call variant is
+/// for: 32 before Linux 5.17 (`MAX_TAIL_CALL_CNT`, 33 since). The entry
+/// program plus that many runs must reach `MAX_USER_FRAMES`, so that the
+/// variant walks as deep as the `bpf_loop` one.
+pub const MAX_TAIL_CALLS: u32 = 32;
+const _: () = assert!(
+    FRAMES_PER_TAIL_CALL_RUN * (MAX_TAIL_CALLS + 1) >= crate::sample::MAX_USER_FRAMES as u32
+);

@@ -3,6 +3,8 @@
  *
  *   bpf_stacks chain SECONDS      main -> chain_outer -> chain_middle -> chain_leaf
  *   bpf_stacks recurse SECONDS    main -> recurse x 301 -> chain_leaf (300 deep)
+ *   bpf_stacks deep SECONDS       main -> recurse x 601 -> chain_leaf (beyond the
+ *                                 512-frame limit)
  *   bpf_stacks syscall SECONDS    main -> chain_outer -> chain_middle -> read_leaf,
  *                                 which spends its time in read(2) of /dev/zero
  *
@@ -68,18 +70,18 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s chain|recurse|syscall SECONDS\n", argv[0]);
+        fprintf(stderr, "usage: %s chain|recurse|deep|syscall SECONDS\n", argv[0]);
         return 2;
     }
-    int recursive = strcmp(argv[1], "recurse") == 0;
+    int depth = strcmp(argv[1], "recurse") == 0 ? 300 : strcmp(argv[1], "deep") == 0 ? 600 : 0;
     syscall_mode = strcmp(argv[1], "syscall") == 0;
     zero_fd = open("/dev/zero", O_RDONLY);
     double end = now() + atof(argv[2]);
     printf("ready\n");
     fflush(stdout);
     while (now() < end) {
-        if (recursive)
-            sink += recurse(300);
+        if (depth)
+            sink += recurse(depth);
         else
             chain_outer();
     }

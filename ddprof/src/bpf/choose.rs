@@ -73,13 +73,20 @@ fn choose_with(
                 reason: "BPF engine: program built in, permitted and accepted by the verifier"
                     .into(),
             },
-            Err(error) => EngineDecision {
-                engine: Engine::Perf,
-                reason: format!(
-                    "perf engine: {}",
-                    error.to_string().lines().next().unwrap_or("")
-                ),
-            },
+            Err(error) => {
+                // The reason is logged at info level only: a typo in the
+                // variant's environment variable must not go unseen.
+                if matches!(error, BpfError::BadVariant(_)) {
+                    log::warn!("{error}");
+                }
+                EngineDecision {
+                    engine: Engine::Perf,
+                    reason: format!(
+                        "perf engine: {}",
+                        error.to_string().lines().next().unwrap_or("")
+                    ),
+                }
+            }
         }),
     }
 }

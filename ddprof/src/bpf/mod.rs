@@ -12,7 +12,9 @@
 //! exit) and by [`BpfEngine::poll`], which loads the tables of any process
 //! of the table it has not seen yet (the initial `/proc` snapshot).
 mod choose;
+mod programs;
 mod rows;
+mod variant;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -34,6 +36,7 @@ use perf_event_open_sys as sys;
 
 pub use choose::{choose_engine, choose_engine_with, Engine, EngineChoice, EngineDecision};
 pub use rows::RowStore;
+pub use variant::{choose_variant, kernel_has_bpf_loop, probe_variants, BpfVariant, VARIANT_ENV};
 
 use crate::events::EventFd;
 use crate::files::{ContentKey, MappedFile};
@@ -47,9 +50,6 @@ use crate::unwind::LoadSegment;
 pub const BPF_OBJECT: Option<&[u8]> = Some(include_bytes!(env!("DDPROF_EBPF_OBJECT_PATH")));
 #[cfg(not(ddprof_bpf))]
 pub const BPF_OBJECT: Option<&[u8]> = None;
-
-/// Name of the perf_event program in the object.
-const PROGRAM: &str = "ddprof_sample";
 
 /// Bytes of the BPF ring buffer by default: room for ~800 samples of 80
 /// frames, several polls' worth at 999 Hz on a few CPUs.
@@ -69,8 +69,10 @@ pub enum BpfError {
          (kernel.unprivileged_bpf_disabled forbids unprivileged BPF)"
     )]
     Permission(String),
-    #[error("the kernel is too old for the BPF engine ({0}); it needs Linux 5.17 or newer")]
+    #[error("the kernel is too old for the BPF engine ({0}); it needs Linux 5.10 or newer")]
     KernelTooOld(String),
+    #[error("bad BPF program variant: {0}")]
+    BadVariant(String),
     #[error("the kernel rejected the BPF program: {0}")]
     Rejected(String),
     #[error("cannot attach the BPF program to a perf event: {0}")]
@@ -226,11 +228,15 @@ pub struct ProgramStats {
     pub instructions: Option<u32>,
     /// Wall time of the load (verification included).
     pub load_time: Duration,
+    /// The same figures for the tail-called program (tail-call variant).
+    pub tail_verified_instructions: Option<u32>,
+    pub tail_instructions: Option<u32>,
 }
 
 /// The loaded (verified) BPF program and its maps.
 pub struct BpfProgram {
     ebpf: Ebpf,
+    variant: BpfVariant,
     sizes: MapSizes,
     stats: ProgramStats,
 }
@@ -245,17 +251,32 @@ fn online_cpus() -> usize {
 }
 
 impl BpfProgram {
-    /// Loads the embedded object with maps of the given sizes and its
-    /// perf_event program into the kernel.
+    /// Loads the embedded object with maps of the given sizes and the
+    /// program variant this kernel runs (see [`choose_variant`]).
     pub fn load(sizes: MapSizes, kernel_stacks: bool) -> Result<Self, BpfError> {
         let object = BPF_OBJECT.ok_or(BpfError::NotBuilt)?;
-        if let Some((major, minor)) = kernel_version() {
-            if (major, minor) < (5, 17) {
-                return Err(BpfError::KernelTooOld(format!(
-                    "Linux {major}.{minor} has no bpf_loop"
-                )));
-            }
-        }
+        let variant = variant::chosen_variant().map_err(programs::too_old)?;
+        Self::load_object(object, sizes, kernel_stacks, variant).map_err(programs::too_old)
+    }
+
+    /// Loads the embedded object with the given program variant (its entry
+    /// program, and for the tail-call variant the continuation, set in
+    /// `WALK_PROGRAMS`).
+    pub fn load_variant(
+        sizes: MapSizes,
+        kernel_stacks: bool,
+        variant: BpfVariant,
+    ) -> Result<Self, BpfError> {
+        let object = BPF_OBJECT.ok_or(BpfError::NotBuilt)?;
+        Self::load_object(object, sizes, kernel_stacks, variant).map_err(programs::too_old)
+    }
+
+    fn load_object(
+        object: &[u8],
+        sizes: MapSizes,
+        kernel_stacks: bool,
+        variant: BpfVariant,
+    ) -> Result<Self, BpfError> {
         // Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; newer ones
         // to the memory cgroup. Raising the limit may be refused (no
         // CAP_SYS_RESOURCE): that only matters on old kernels.
@@ -300,24 +321,15 @@ impl BpfProgram {
             .override_global("KERNEL_STACKS", &kernel_stacks, true)
             .load(object)
             .map_err(|e| classify(&e))?;
-        let program: &mut PerfEvent = ebpf
-            .program_mut(PROGRAM)
-            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{PROGRAM}`")))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| classify(&e))?;
-        program.load().map_err(|e| {
-            // For diagnosing rejections: DDPROF_BPF_VERIFIER_LOG=stats|verbose
-            // prints the end of the verifier's log.
-            if std::env::var_os("DDPROF_BPF_VERIFIER_LOG").is_some() {
-                let full = e.to_string();
-                let start = full.len().saturating_sub(6000);
-                let start = (start..full.len())
-                    .find(|&i| full.is_char_boundary(i))
-                    .unwrap_or(0);
-                eprintln!("verifier log (tail): {}", &full[start..]);
-            }
-            classify_load(e)
-        })?;
+        // The continuation first: the entry may only run once the
+        // `WALK_PROGRAMS` slot holds it.
+        let tail = match variant.tail_program() {
+            Some(name) => programs::load_continuation(&mut ebpf, name)?,
+            None => None,
+        };
+        let name = variant.entry_program();
+        let program = programs::perf_program_mut(&mut ebpf, name)?;
+        program.load().map_err(|e| programs::load_error(e, name))?;
         let load_time = started.elapsed();
         let info = program.info().ok();
         let stats = ProgramStats {
@@ -327,8 +339,23 @@ impl BpfProgram {
                 .and_then(|i| i.size_translated())
                 .map(|bytes| bytes / 8),
             load_time,
+            tail_verified_instructions: tail.as_ref().and_then(|i| i.verified_instruction_count()),
+            tail_instructions: tail
+                .as_ref()
+                .and_then(|i| i.size_translated())
+                .map(|bytes| bytes / 8),
         };
-        Ok(Self { ebpf, sizes, stats })
+        Ok(Self {
+            ebpf,
+            variant,
+            sizes,
+            stats,
+        })
+    }
+
+    /// The variant loaded.
+    pub fn variant(&self) -> BpfVariant {
+        self.variant
     }
 
     pub fn sizes(&self) -> MapSizes {
@@ -342,10 +369,11 @@ impl BpfProgram {
     /// Attaches the program to one perf event opened elsewhere. The event's
     /// samples then go through the program, which decides what is kept.
     pub fn attach(&self, event: &EventFd) -> Result<(), BpfError> {
+        let name = self.variant.entry_program();
         let program: &PerfEvent = self
             .ebpf
-            .program(PROGRAM)
-            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{PROGRAM}`")))?
+            .program(name)
+            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{name}`")))?
             .try_into()
             .map_err(|e: aya::programs::ProgramError| classify(&e))?;
         let program_fd = program
@@ -364,10 +392,20 @@ impl BpfProgram {
     /// Time the program has run and how many times, while BPF run-time
     /// statistics are enabled (`aya::sys::enable_stats`, or the
     /// `kernel.bpf_stats_enabled` sysctl).
+    /// (With the tail-call variant, the time of the tail-called runs is
+    /// added; the count is of samples, the entry's runs.)
     pub fn run_stats(&self) -> Option<(Duration, u64)> {
-        let program: &PerfEvent = self.ebpf.program(PROGRAM)?.try_into().ok()?;
-        let info = program.info().ok()?;
-        Some((info.run_time(), info.run_count()))
+        let info = |name: &str| {
+            let program: &PerfEvent = self.ebpf.program(name)?.try_into().ok()?;
+            program.info().ok()
+        };
+        let entry = info(self.variant.entry_program())?;
+        let tail_time = self
+            .variant
+            .tail_program()
+            .and_then(info)
+            .map_or(Duration::ZERO, |tail| tail.run_time());
+        Some((entry.run_time() + tail_time, entry.run_count()))
     }
 
     /// One of the program's counters (summed over CPUs).
@@ -522,6 +560,9 @@ pub struct BpfEngineOptions {
     pub table_rows: Option<u32>,
     /// Upper bound of the row map's memory.
     pub max_table_bytes: usize,
+    /// The program variant; `None`: the one the kernel runs (or
+    /// `DDPROF_BPF_VARIANT`), see [`choose_variant`].
+    pub variant: Option<BpfVariant>,
 }
 
 impl Default for BpfEngineOptions {
@@ -533,6 +574,7 @@ impl Default for BpfEngineOptions {
             max_processes: None,
             table_rows: None,
             max_table_bytes: DEFAULT_MAX_TABLE_BYTES,
+            variant: None,
         }
     }
 }
@@ -633,12 +675,16 @@ impl BpfEngine {
             table_rows,
             processes,
         };
-        let mut program = BpfProgram::load(sizes, options.kernel_stacks)?;
+        let mut program = match options.variant {
+            Some(variant) => BpfProgram::load_variant(sizes, options.kernel_stacks, variant)?,
+            None => BpfProgram::load(sizes, options.kernel_stacks)?,
+        };
         let ring = program.take_ring()?;
         let rows = program.map_rows()?;
         let stats = program.stats();
         log::info!(
-            "BPF engine: program verified ({} instructions, {} processed by the verifier, {:?}); {}",
+            "BPF engine: {} verified ({} instructions, {} processed by the verifier, {:?}); {}",
+            program.variant(),
             stats.instructions.unwrap_or(0),
             stats.verified_instructions.unwrap_or(0),
             stats.load_time,

@@ -1,0 +1,71 @@
+//! Loading the programs of a variant: a program of the object by name, the
+//! tail-call continuation put in its prog array, load errors classified.
+use aya::programs::PerfEvent;
+use aya::Ebpf;
+
+use super::{classify, classify_load, kernel_version, BpfError};
+
+/// A perf_event program of the object, by name.
+pub(super) fn perf_program_mut<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &str,
+) -> Result<&'a mut PerfEvent, BpfError> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{name}`")))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| classify(&e))
+}
+
+/// A refused program load, classified (with the end of the verifier's log
+/// on stderr when `DDPROF_BPF_VERIFIER_LOG` is set, for diagnosis).
+pub(super) fn load_error(error: aya::programs::ProgramError, name: &str) -> BpfError {
+    if std::env::var_os("DDPROF_BPF_VERIFIER_LOG").is_some() {
+        let full = error.to_string();
+        let start = full.len().saturating_sub(6000);
+        let start = (start..full.len())
+            .find(|&i| full.is_char_boundary(i))
+            .unwrap_or(0);
+        eprintln!("verifier log of {name} (tail): {}", &full[start..]);
+    }
+    classify_load(error)
+}
+
+/// On a kernel older than the engine's 5.10, any refusal but a permission
+/// one says so: the kernel's own error (an unknown map type or helper) is
+/// kept as the detail. (The version only words the message; what is loaded
+/// is decided by probing.)
+pub(super) fn too_old(error: BpfError) -> BpfError {
+    match (error, kernel_version()) {
+        (BpfError::Rejected(text) | BpfError::Map { message: text, .. }, Some((major, minor)))
+            if (major, minor) < (5, 10) =>
+        {
+            BpfError::KernelTooOld(format!("Linux {major}.{minor}: {text}"))
+        }
+        (error, _) => error,
+    }
+}
+
+/// Loads the tail-call variant's continuation `name` and puts it in slot 0
+/// of `WALK_PROGRAMS`, where the entry program tail-calls it (before the
+/// entry is loaded, so that no chain finds the slot empty). Returns its
+/// program info, for the verifier's figures.
+pub(super) fn load_continuation(
+    ebpf: &mut Ebpf,
+    name: &str,
+) -> Result<Option<aya::programs::ProgramInfo>, BpfError> {
+    const MAP: &str = "WALK_PROGRAMS";
+    let program = perf_program_mut(ebpf, name)?;
+    program.load().map_err(|e| load_error(e, name))?;
+    let info = program.info().ok();
+    let fd = program
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(|e| classify(&e))?;
+    let map_error = |message: String| BpfError::Map { map: MAP, message };
+    let map = ebpf
+        .map_mut(MAP)
+        .ok_or_else(|| map_error("missing".into()))?;
+    let mut slots = aya::maps::ProgramArray::try_from(map).map_err(|e| map_error(e.to_string()))?;
+    slots.set(0, &fd, 0).map_err(|e| map_error(e.to_string()))?;
+    Ok(info)
+}
