@@ -3,6 +3,7 @@
 //! The modules follow the data flow:
 //! launch → sample (bpf | perf) → unwind → aggregate → symbolize → profile → export.
 //!
+//! - [`check`]: `ddprof --check`, what this machine allows and which engine would sample.
 //! - [`config`]: command line, environment and config file.
 //! - [`launch`]: the wrapper (fd hand-off, detached profiler), `-p` and `--global`.
 //! - [`logging`]: the `log` logger (`--log-level`, `--log-mode`).
@@ -20,6 +21,7 @@
 //! - [`profiler`]: the profiler's main loop that wires the stages together.
 pub mod aggregate;
 pub mod bpf;
+pub mod check;
 pub mod config;
 pub mod events;
 pub mod launch;

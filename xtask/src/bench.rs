@@ -197,16 +197,11 @@ fn samply_source(root: &Path) -> Option<PathBuf> {
     )
     .ok()?;
     std::fs::write(fetcher.join("src/lib.rs"), "").ok()?;
+    let nightly = crate::bpf_toolchain::pinned_nightly().ok()?;
     let metadata = Command::new("cargo")
         .current_dir(&fetcher)
-        .args([
-            "+nightly",
-            "metadata",
-            "-Z",
-            "bindeps",
-            "--format-version",
-            "1",
-        ])
+        .arg(format!("+{nightly}"))
+        .args(["metadata", "-Z", "bindeps", "--format-version", "1"])
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&metadata.stdout);
