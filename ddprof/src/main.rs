@@ -10,6 +10,13 @@ use ddprof::logging::print_error;
 use ddprof::profiler::Target;
 use ddprof::{launch, logging};
 
+/// The static (musl) build's allocator: musl's malloc is markedly slower
+/// for the profiler's many small, short-lived allocations (docs/Benchmarks.md,
+/// "Allocator of the static binary"); glibc's is kept where it is the libc.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit status of a usage error (as clap uses).
 const EXIT_USAGE: u8 = 2;
 /// Exit status when the command is not run because how it must run (user,

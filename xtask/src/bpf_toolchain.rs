@@ -196,6 +196,9 @@ fn build_linker(root: &Path, libllvm: &Path, major: u32) -> Result<()> {
             "install",
             "bpf-linker",
             "--locked",
+            // Rebuild even when a bpf-linker of this version is in `root`:
+            // it was built against another libLLVM.
+            "--force",
             "--version",
             BPF_LINKER_VERSION,
             "--no-default-features",
