@@ -25,6 +25,27 @@ fn newest_mtime(path: &Path) -> Option<SystemTime> {
         .max()
 }
 
+/// The nightly pinned in ddprof-ebpf/rust-toolchain.toml (the one place its
+/// date is written; `cargo xtask build-ebpf` installs it).
+fn pinned_nightly(workspace: &Path) -> Result<String, String> {
+    let pin = workspace.join("ddprof-ebpf/rust-toolchain.toml");
+    let text =
+        std::fs::read_to_string(&pin).map_err(|e| format!("cannot read {}: {e}", pin.display()))?;
+    text.lines()
+        .find_map(|line| {
+            let value = line.trim().strip_prefix("channel")?.trim_start();
+            Some(
+                value
+                    .strip_prefix('=')?
+                    .trim()
+                    .trim_matches('"')
+                    .to_string(),
+            )
+        })
+        .filter(|channel| !channel.is_empty())
+        .ok_or_else(|| format!("{} names no channel", pin.display()))
+}
+
 fn build_object(workspace: &Path, target_dir: &Path) -> Result<(), String> {
     let linker_dir = target_dir.join("bpf-toolchain/bin");
     if !linker_dir.join("bpf-linker").is_file() {
@@ -36,11 +57,12 @@ fn build_object(workspace: &Path, target_dir: &Path) -> Result<(), String> {
     let path =
         std::env::join_paths(std::iter::once(linker_dir).chain(std::env::split_paths(&path)))
             .map_err(|e| e.to_string())?;
+    let nightly = pinned_nightly(workspace)?;
     let mut command = Command::new("cargo");
     command
         .current_dir(workspace.join("ddprof-ebpf"))
+        .arg(format!("+{nightly}"))
         .args([
-            "+nightly",
             "build",
             "--release",
             "--target",
@@ -65,7 +87,7 @@ fn build_object(workspace: &Path, target_dir: &Path) -> Result<(), String> {
     command.env("CARGO_TARGET_DIR", target_dir.join("ebpf"));
     let output = command
         .output()
-        .map_err(|e| format!("cannot run cargo +nightly: {e}"))?;
+        .map_err(|e| format!("cannot run cargo +{nightly}: {e}"))?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         return Err(format!(
@@ -111,6 +133,7 @@ fn main() {
         workspace.join("ddprof-ebpf/Cargo.toml"),
         workspace.join("ddprof-ebpf/Cargo.lock"),
         workspace.join("ddprof-ebpf/.cargo"),
+        workspace.join("ddprof-ebpf/rust-toolchain.toml"),
         workspace.join("ddprof-common/src"),
     ];
     println!("cargo::rerun-if-changed={}", object.display());

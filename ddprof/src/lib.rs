@@ -3,6 +3,7 @@
 //! The modules follow the data flow:
 //! launch → sample (bpf | perf) → unwind → aggregate → symbolize → profile → export.
 //!
+//! - [`check`]: `ddprof --check`, what this machine allows and which engine would sample.
 //! - [`config`]: command line, environment and config file, resolved into each stage's options.
 //! - [`launch`]: the wrapper (fd hand-off, detached profiler), `-p` and `--global`.
 //! - [`logging`]: the `log` logger (`--log-level`, `--log-mode`).
@@ -24,6 +25,7 @@
 //! - [`user`]: users and groups (`--switch-user`).
 pub mod aggregate;
 pub mod bpf;
+pub mod check;
 pub mod config;
 pub mod events;
 pub mod export;

@@ -10,6 +10,13 @@ use ddprof::logging::print_error;
 use ddprof::profiler::Target;
 use ddprof::{launch, logging};
 
+/// The static (musl) build's allocator: musl's malloc is markedly slower
+/// for the profiler's many small, short-lived allocations (docs/Benchmarks.md,
+/// "Allocator of the static binary"); glibc's is kept where it is the libc.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit status of a usage error (as clap uses).
 const EXIT_USAGE: u8 = 2;
 /// Exit status when the command is not run because how it must run (user,
@@ -18,14 +25,29 @@ const EXIT_NOT_RUN: u8 = 1;
 
 #[cfg(not(test))]
 #[unsafe(no_mangle)]
-pub extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> libc::c_int {
-    // std reads the arguments itself (glibc hands them to its initialisers);
+pub extern "C" fn main(argc: libc::c_int, argv: *const *const libc::c_char) -> libc::c_int {
     // process::exit flushes stdout as a normal return from Rust's main would.
-    std::process::exit(run().into())
+    std::process::exit(run(command_line(argc, argv)).into())
 }
 
-fn run() -> u8 {
-    let config = match Config::load() {
+/// The arguments, from `main`'s own: std finds them by itself only where
+/// glibc hands them to its initialisers, and with `no_main` on musl (the
+/// static build) `std::env::args` is empty.
+#[cfg(not(test))]
+fn command_line(argc: libc::c_int, argv: *const *const libc::c_char) -> Vec<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    (0..usize::try_from(argc).unwrap_or(0))
+        .map(|index| {
+            // SAFETY: the C runtime passes argc valid, NUL-terminated
+            // strings in argv, which live as long as the process.
+            let argument = unsafe { std::ffi::CStr::from_ptr(*argv.add(index)) };
+            std::ffi::OsStr::from_bytes(argument.to_bytes()).to_os_string()
+        })
+        .collect()
+}
+
+fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
+    let config = match Config::load_from(arguments, |variable| std::env::var_os(variable)) {
         Ok(config) => config,
         // A bad command line: clap prints its message and exits 2 (and
         // prints `--help`/`--version` and exits 0).
@@ -42,6 +64,13 @@ fn run() -> u8 {
             }
             None => 0,
         };
+    }
+    if cli.check {
+        let report = ddprof::check::run();
+        for line in &report.lines {
+            println!("{line}");
+        }
+        return if report.can_profile { 0 } else { 1 };
     }
     let launch_problem = config.launch_problem().filter(|_| !cli.command.is_empty());
     if let Some(problem) = launch_problem {

@@ -57,3 +57,53 @@ pub fn ddprof_bin() -> &'static Path {
         binary
     })
 }
+
+/// The statically linked (musl) ddprof `cargo xtask dist` builds:
+/// `DDPROF_STATIC_BIN` when set, else built once per test process (a no-op
+/// when up to date) into `target/x86_64-unknown-linux-musl/<profile>/`,
+/// with the same settings as `cargo xtask dist` (the musl target and
+/// `musl-gcc` for crates that compile C must be installed; `cargo xtask
+/// dist` installs them).
+pub fn static_ddprof_bin() -> &'static Path {
+    const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        if let Some(path) = std::env::var_os("DDPROF_STATIC_BIN") {
+            return PathBuf::from(path);
+        }
+        let test_exe = std::env::current_exe().expect("the test executable's path");
+        let profile_dir = test_exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executables live in target/<profile>/deps")
+            .to_path_buf();
+        let release = profile_dir
+            .file_name()
+            .is_some_and(|name| name == "release");
+        let target_dir = profile_dir.parent().expect("target/<profile>");
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tests/ is inside the workspace");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .current_dir(workspace)
+            .args(["build", "--quiet", "-p", "ddprof", "--bin", "ddprof"])
+            .args(["--target", MUSL_TARGET])
+            .env("CC_x86_64_unknown_linux_musl", "musl-gcc");
+        if release {
+            build.arg("--release");
+        }
+        let status = build.status().expect("running cargo to build ddprof");
+        assert!(
+            status.success(),
+            "building the static ddprof failed ({status}): run `cargo xtask dist` once (it installs the musl target and musl-gcc)"
+        );
+        let binary = target_dir
+            .join(MUSL_TARGET)
+            .join(if release { "release" } else { "debug" })
+            .join("ddprof");
+        assert!(binary.is_file(), "no ddprof binary at {}", binary.display());
+        binary
+    })
+}

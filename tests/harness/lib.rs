@@ -7,15 +7,19 @@
 //! from the same target directory and profile as the running test
 //! executable (`target/<profile>/deps/<test>` → `target/<profile>/ddprof`).
 //! `DDPROF_BIN=/path/to/ddprof` skips the build and uses that binary.
+//! [`binary::static_ddprof_bin`] is the static (musl) ddprof of `cargo
+//! xtask dist` (`DDPROF_STATIC_BIN` overrides it).
 pub mod binary;
 pub mod corpus;
+pub mod e2e;
 pub mod guards;
 pub mod intake;
 pub mod launcher;
+pub mod old_kernel;
 pub mod outputs;
 pub mod processes;
 
-pub use binary::ddprof_bin;
+pub use binary::{ddprof_bin, static_ddprof_bin};
 
 /// A command running the ddprof under test, independent of the developer's
 /// `DD_*` environment.

@@ -1,6 +1,7 @@
-//! Finds or builds what it takes to compile the BPF program: the installed
-//! nightly toolchain, its `rust-src` component, and a `bpf-linker` that uses
-//! the same LLVM major version as that nightly.
+//! Finds or builds what it takes to compile the BPF program: the nightly
+//! toolchain pinned in `ddprof-ebpf/rust-toolchain.toml` (installed with
+//! rustup when missing), its `rust-src` component, and a `bpf-linker` built
+//! against that nightly's own LLVM.
 //!
 //! No LLVM of the nightly's version is packaged for this Debian, but the
 //! nightly ships its own shared libLLVM; bpf-linker is built against it
@@ -17,6 +18,29 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 pub struct BpfToolchain {
     /// Directory holding the `bpf-linker` to put first on PATH.
     pub linker_dir: PathBuf,
+    /// The pinned nightly, as rustup names it (`nightly-YYYY-MM-DD`).
+    pub nightly: String,
+}
+
+/// The file that pins the nightly, relative to the workspace root: the one
+/// place its date is written (ddprof/build.rs reads it too).
+pub const PIN_FILE: &str = "ddprof-ebpf/rust-toolchain.toml";
+
+/// The `channel = "…"` of a rust-toolchain.toml.
+pub fn channel_of(toml: &str) -> Option<String> {
+    toml.lines().find_map(|line| {
+        let value = line.trim().strip_prefix("channel")?.trim_start();
+        let value = value.strip_prefix('=')?.trim();
+        Some(value.trim_matches('"').to_string()).filter(|v| !v.is_empty())
+    })
+}
+
+/// The pinned nightly (`nightly-2026-05-20`), from [`PIN_FILE`].
+pub fn pinned_nightly() -> Result<String> {
+    let path = crate::workspace_root().join(PIN_FILE);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    channel_of(&text).with_context(|| format!("{} has no `channel = \"…\"` line", path.display()))
 }
 
 fn say(message: &str) {
@@ -36,50 +60,55 @@ fn output_of(command: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// `rustc +nightly --print sysroot`, installing the nightly (minimal
-/// profile, with rust-src) through rustup when there is none: a fresh
-/// machine has only stable.
-fn nightly_sysroot() -> Result<PathBuf> {
-    let query = || output_of(Command::new("rustc").args(["+nightly", "--print", "sysroot"]));
+/// `rustc +NIGHTLY --print sysroot`, installing the pinned nightly
+/// (minimal profile, with rust-src) through rustup when it is missing: a
+/// fresh machine has only stable.
+fn nightly_sysroot(nightly: &str) -> Result<PathBuf> {
+    let toolchain = format!("+{nightly}");
+    let query = || output_of(Command::new("rustc").args([&toolchain, "--print", "sysroot"]));
     let sysroot = match query() {
         Ok(sysroot) => sysroot,
         Err(_) => {
-            say("no nightly toolchain: installing one with rustup (minimal profile, rust-src)");
+            say(&format!(
+                "no {nightly} toolchain: installing it with rustup (minimal profile, rust-src; pinned in {PIN_FILE})"
+            ));
             let status = Command::new("rustup")
-                .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+                .args(["toolchain", "install", nightly, "--profile", "minimal"])
                 .args(["--component", "rust-src"])
                 .status()
                 .context("cannot run rustup")?;
             if !status.success() {
-                bail!("`rustup toolchain install nightly` failed");
+                bail!("`rustup toolchain install {nightly}` failed");
             }
-            query().context("rustc +nightly still does not run after installing it")?
+            query().with_context(|| {
+                format!("rustc {toolchain} still does not run after installing it")
+            })?
         }
     };
     Ok(PathBuf::from(sysroot.trim()))
 }
 
 /// The LLVM major version the nightly rustc uses (`LLVM version: 22.1.2`).
-fn nightly_llvm_major() -> Result<u32> {
-    let verbose = output_of(Command::new("rustc").args(["+nightly", "-vV"]))?;
+fn nightly_llvm_major(nightly: &str) -> Result<u32> {
+    let verbose = output_of(Command::new("rustc").args([&format!("+{nightly}"), "-vV"]))?;
     verbose
         .lines()
         .find_map(|line| line.strip_prefix("LLVM version: "))
         .and_then(|version| version.split('.').next()?.parse().ok())
-        .context("`rustc +nightly -vV` does not say which LLVM it uses")
+        .with_context(|| format!("`rustc +{nightly} -vV` does not say which LLVM it uses"))
 }
 
-fn ensure_rust_src(sysroot: &Path) -> Result<()> {
+fn ensure_rust_src(sysroot: &Path, nightly: &str) -> Result<()> {
     if sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
         return Ok(());
     }
     say("adding the nightly's rust-src component (needed for -Z build-std=core)");
     let status = Command::new("rustup")
-        .args(["component", "add", "rust-src", "--toolchain", "nightly"])
+        .args(["component", "add", "rust-src", "--toolchain", nightly])
         .status()
         .context("could not run rustup")?;
     if !status.success() {
-        bail!("`rustup component add rust-src --toolchain nightly` failed");
+        bail!("`rustup component add rust-src --toolchain {nightly}` failed");
     }
     Ok(())
 }
@@ -167,6 +196,9 @@ fn build_linker(root: &Path, libllvm: &Path, major: u32) -> Result<()> {
             "install",
             "bpf-linker",
             "--locked",
+            // Rebuild even when a bpf-linker of this version is in `root`:
+            // it was built against another libLLVM.
+            "--force",
             "--version",
             BPF_LINKER_VERSION,
             "--no-default-features",
@@ -187,16 +219,27 @@ fn build_linker(root: &Path, libllvm: &Path, major: u32) -> Result<()> {
     Ok(())
 }
 
-/// Makes sure nightly, rust-src and a matching bpf-linker are there.
+/// Whether the cached bpf-linker was built against this sysroot's libLLVM
+/// (its prefix links there): one built for another nightly of the same
+/// LLVM major would work, but the BPF object would not be reproducible.
+fn built_for_sysroot(root: &Path, sysroot: &Path) -> bool {
+    let linked = std::fs::canonicalize(root.join("llvm-prefix/lib/libLLVM.so"));
+    let sysroot = std::fs::canonicalize(sysroot);
+    matches!((linked, sysroot), (Ok(linked), Ok(sysroot)) if linked.starts_with(&sysroot))
+}
+
+/// Makes sure the pinned nightly, rust-src and a matching bpf-linker are there.
 pub fn ensure(target_dir: &Path) -> Result<BpfToolchain> {
-    let sysroot = nightly_sysroot()?;
-    ensure_rust_src(&sysroot)?;
-    let major = nightly_llvm_major()?;
+    let nightly = pinned_nightly()?;
+    let sysroot = nightly_sysroot(&nightly)?;
+    ensure_rust_src(&sysroot, &nightly)?;
+    let major = nightly_llvm_major(&nightly)?;
     let root = target_dir.join("bpf-toolchain");
     let cached = root.join("bin/bpf-linker");
-    if cached.is_file() && linker_matches(&cached, major) {
+    if cached.is_file() && linker_matches(&cached, major) && built_for_sysroot(&root, &sysroot) {
         return Ok(BpfToolchain {
             linker_dir: root.join("bin"),
+            nightly,
         });
     }
     if let Some(linker) = linker_on_path() {
@@ -204,6 +247,7 @@ pub fn ensure(target_dir: &Path) -> Result<BpfToolchain> {
             say(&format!("using {} (LLVM {major})", linker.display()));
             return Ok(BpfToolchain {
                 linker_dir: linker.parent().unwrap().to_path_buf(),
+                nightly,
             });
         }
         say(&format!(
@@ -221,5 +265,23 @@ pub fn ensure(target_dir: &Path) -> Result<BpfToolchain> {
     }
     Ok(BpfToolchain {
         linker_dir: root.join("bin"),
+        nightly,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::channel_of;
+
+    #[test]
+    fn reads_the_pinned_channel() {
+        let pin = std::fs::read_to_string(crate::workspace_root().join(super::PIN_FILE)).unwrap();
+        let channel = channel_of(&pin).unwrap();
+        assert!(channel.starts_with("nightly-20"), "{channel}");
+        assert_eq!(
+            channel_of("channel=\"nightly-2026-01-02\"").unwrap(),
+            "nightly-2026-01-02"
+        );
+        assert_eq!(channel_of("[toolchain]\n"), None);
+    }
 }

@@ -2,6 +2,7 @@
 //!
 //! - `build-ebpf`: make sure the BPF toolchain is there and build the BPF object.
 //! - `build`: the BPF object, then ddprof (release) with the object embedded.
+//! - `dist`: the same, statically linked (musl): `target/x86_64-unknown-linux-musl/release/ddprof`.
 //! - `run -- ARGS`: build, then run ddprof with ARGS.
 //! - `demo`: build, then profile the bundled demo workload.
 //! - `test`: build, install the test prerequisites, run every test.
@@ -10,6 +11,7 @@
 //! - `soak`: ddprof beside a busy, churning program for 30 minutes; its RSS each minute.
 mod bench;
 mod bpf_toolchain;
+mod dist;
 mod docs;
 mod soak;
 mod test;
@@ -37,6 +39,8 @@ enum Task {
         #[arg(long)]
         debug: bool,
     },
+    /// Build the static ddprof (musl, BPF object embedded) for any x86-64 Linux >= 4.15
+    Dist,
     /// Build everything (release) and run ddprof with the given arguments
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -138,12 +142,15 @@ fn build_ebpf() -> Result<PathBuf> {
     let path = std::env::join_paths(
         std::iter::once(toolchain.linker_dir.clone()).chain(std::env::split_paths(&path)),
     )?;
-    say("building the BPF object (cargo +nightly, bpfel-unknown-none)");
+    say(&format!(
+        "building the BPF object (cargo +{}, bpfel-unknown-none)",
+        toolchain.nightly
+    ));
     let mut command = Command::new("cargo");
     command
         .current_dir(workspace_root().join("ddprof-ebpf"))
+        .arg(format!("+{}", toolchain.nightly))
         .args([
-            "+nightly",
             "build",
             "--release",
             "--target",
@@ -229,6 +236,10 @@ fn main() -> ExitCode {
         }),
         Task::Build { debug } => build_all(!debug).map(|binary| {
             say(&format!("ddprof: {}", binary.display()));
+            ExitCode::SUCCESS
+        }),
+        Task::Dist => dist::run().map(|binary| {
+            say(&format!("static ddprof: {}", binary.display()));
             ExitCode::SUCCESS
         }),
         Task::Soak(args) => soak::run(&args).map(|()| ExitCode::SUCCESS),

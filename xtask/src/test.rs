@@ -1,9 +1,10 @@
 //! `cargo xtask test`: everything CI checks, in one command.
 //!
 //! Installs what the tests need (go tool pprof, the corpus's programs and
-//! perf), builds the BPF object and a
-//! release ddprof, checks formatting, lints and docs, then runs every unit
-//! and integration test (root-only ones included) and prints the totals.
+//! perf), builds the BPF object, a release ddprof and the static one
+//! (`dist`), checks formatting, lints and docs, then runs every unit and
+//! integration test (root-only ones included), then the end-to-end tests
+//! again against the static binary, and prints the totals.
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
@@ -118,6 +119,7 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     install_prerequisites()?;
     let binary = build_all(true)?;
+    let static_binary = crate::dist::run()?;
     let root = workspace_root();
     say("checking formatting, lints and docs");
     run_checked(
@@ -137,21 +139,32 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     crate::docs::run(true)?;
 
     say("running the tests (unit + integration, release)");
-    let mut child = Command::new("cargo")
-        .current_dir(&root)
-        .args(["test", "--workspace", "--release", "--no-fail-fast"])
-        .args(extra)
-        .env("DDPROF_BIN", &binary)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("could not run cargo test")?;
     let mut totals = Totals::default();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line?;
-        println!("{line}");
-        totals.add_line(&line);
-    }
-    let status = child.wait()?;
+    let mut every_run_passed = run_counting(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args(["test", "--workspace", "--release", "--no-fail-fast"])
+            .args(extra)
+            .env("DDPROF_BIN", &binary)
+            .env("DDPROF_STATIC_BIN", &static_binary),
+        &mut totals,
+    )?;
+    // The binary people install is the static one: the end-to-end tests
+    // again, against it (the 4.15 tests above already use it).
+    say(&format!(
+        "running the end-to-end tests against the static ddprof ({})",
+        static_binary.display()
+    ));
+    every_run_passed &= run_counting(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args(["test", "--release", "--no-fail-fast", "-p", "ddprof-tests"])
+            .args(["--test", "end_to_end"])
+            .args(extra)
+            .env("DDPROF_BIN", &static_binary)
+            .env("DDPROF_STATIC_BIN", &static_binary),
+        &mut totals,
+    )?;
     println!(
         "xtask: {} tests in {:.0} s (ignored: {})",
         totals.passed + totals.failed,
@@ -159,10 +172,25 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         totals.ignored
     );
     println!("{} passed, {} failed", totals.passed, totals.failed);
-    if !status.success() || totals.failed > 0 || totals.passed == 0 {
+    if !every_run_passed || totals.failed > 0 || totals.passed == 0 {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `cargo test …`, echoing its output and adding its `test result:`
+/// lines to `totals`; whether it succeeded.
+fn run_counting(command: &mut Command, totals: &mut Totals) -> Result<bool> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("could not run cargo test")?;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line?;
+        println!("{line}");
+        totals.add_line(&line);
+    }
+    Ok(child.wait()?.success())
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Values are strings, numbers or booleans and are checked like flags;
-//! unknown keys are refused. `config`, `command`, `show_config`, `help` and
+//! unknown keys are refused. `config`, `command`, `show_config`, `check`, `help` and
 //! `version` cannot be set from a file.
 mod export;
 mod resolve;
@@ -190,6 +190,11 @@ pub struct Cli {
     #[arg(long, default_value_t = false)]
     #[serde(skip)]
     pub show_config: bool,
+
+    /// Print what this machine allows (kernel, BTF, perf_event_paranoid, capabilities, perf_event_open, each BPF program variant) and which engine `auto` picks, one line each, and exit (non-zero when profiling is impossible)
+    #[arg(long, default_value_t = false)]
+    #[serde(skip)]
+    pub check: bool,
 
     /// Read options from this TOML file (keys are the long option names, e.g. `upload_period = 10`); flags override it, and it overrides the environment
     #[arg(long, env = "DD_PROFILING_CONFIG")]

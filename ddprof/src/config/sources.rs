@@ -29,7 +29,14 @@ use super::Cli;
 
 /// Options given only on the command line, never by a file or variable
 /// (`config` has its own variable, read first).
-const COMMAND_LINE_ONLY: &[&str] = &["config", "help", "version", "command", "show_config"];
+const COMMAND_LINE_ONLY: &[&str] = &[
+    "config",
+    "help",
+    "version",
+    "command",
+    "show_config",
+    "check",
+];
 
 /// Settings that decide how the command runs. When one of them cannot be
 /// known, the command does not run: running it as the caller when another

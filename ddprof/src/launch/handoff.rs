@@ -68,9 +68,9 @@ pub fn send_events(
     specs: &[EventSpec],
     timeout: Duration,
 ) -> Result<(), HandoffError> {
-    let timeout_value = nix::sys::time::TimeVal::new(
-        timeout.as_secs() as libc::time_t,
-        timeout.subsec_micros() as libc::suseconds_t,
+    // In microseconds: time_t and suseconds_t differ between libcs.
+    let timeout_value = <nix::sys::time::TimeVal as nix::sys::time::TimeValLike>::microseconds(
+        i64::try_from(timeout.as_micros()).unwrap_or(i64::MAX),
     );
     nix::sys::socket::setsockopt(
         socket,
