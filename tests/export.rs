@@ -152,6 +152,7 @@ fn profiles_reach_an_http_agent_in_the_exporters_wire_format() {
         ("profiler_version", env!("CARGO_PKG_VERSION")),
         ("cpu_arch", std::env::consts::ARCH),
         ("profile_seq", "0"),
+        ("include_kernel", "false"),
     ];
     for (key, value) in expected {
         assert_eq!(

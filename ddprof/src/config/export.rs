@@ -109,6 +109,7 @@ pub fn export_options(
             bytes: (cli.upload_queue_mib as usize) << 20,
         },
         exit_grace: Duration::from_secs(cli.upload_exit_grace),
+        include_kernel: super::resolve::kernel_stacks(cli),
         external_env: variable("DD_EXTERNAL_ENV"),
     }))
 }

@@ -30,9 +30,7 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
         .map(str::parse::<StatsdAddress>)
         .transpose()
         .map_err(ResolveError::InternalStats)?;
-    // Kernel frames are what a whole-machine profile is about; a command's
-    // profile is about its own code.
-    let kernel_stacks = cli.include_kernel.unwrap_or(cli.global);
+    let kernel_stacks = kernel_stacks(cli);
     // --ring-buffer-kib sizes whichever buffer receives the samples.
     let ring_buffer_bytes = cli.ring_buffer_kib.map(|kib| kib as usize * 1024);
     let profiler = ProfilerOptions {
@@ -78,6 +76,13 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
         },
         profiler,
     })
+}
+
+/// `--include-kernel`, by default on for the whole machine only: kernel
+/// frames are what a whole-machine profile is about; a command's profile is
+/// about its own code.
+pub(super) fn kernel_stacks(cli: &Cli) -> bool {
+    cli.include_kernel.unwrap_or(cli.global)
 }
 
 /// pprof's `period`: the CPU time a sample stands for at the first event's

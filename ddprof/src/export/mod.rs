@@ -87,6 +87,8 @@ pub struct ExportOptions {
     pub timeout: Duration,
     pub queue: QueueBounds,
     pub exit_grace: Duration,
+    /// `--include-kernel`, said in every profile's `include_kernel` tag.
+    pub include_kernel: bool,
     /// `DD_EXTERNAL_ENV`, sent as `Datadog-External-Env`.
     pub external_env: Option<String>,
 }

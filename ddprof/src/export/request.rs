@@ -85,6 +85,7 @@ pub fn profile_tags(context: &RequestContext, sequence: u64) -> Vec<Tag> {
         Tag::new("cpu_arch", std::env::consts::ARCH),
         Tag::new("number_of_cpu_cores", context.cpu_cores.to_string()),
         Tag::new("profile_seq", sequence.to_string()),
+        Tag::new("include_kernel", context.options.include_kernel.to_string()),
     ]);
     tags
 }
@@ -336,6 +337,7 @@ mod tests {
                 timeout: Duration::from_secs(10),
                 queue: QueueBounds::default(),
                 exit_grace: Duration::from_secs(5),
+                include_kernel: false,
                 external_env: Some("it-false,cn-app".into()),
             },
             entity: Entity {
@@ -415,7 +417,7 @@ mod tests {
             tags.starts_with("service:svc,team:core,language:native,"),
             "{tags}"
         );
-        assert!(tags.ends_with(",profile_seq:3"), "{tags}");
+        assert!(tags.ends_with(",profile_seq:3,include_kernel:false"), "{tags}");
         assert!(tags.contains("runtime-id:6f6d0b4a-2b7e-4a8d-9e0f-0123456789ab"));
     }
 
