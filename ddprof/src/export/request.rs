@@ -417,7 +417,10 @@ mod tests {
             tags.starts_with("service:svc,team:core,language:native,"),
             "{tags}"
         );
-        assert!(tags.ends_with(",profile_seq:3,include_kernel:false"), "{tags}");
+        assert!(
+            tags.ends_with(",profile_seq:3,include_kernel:false"),
+            "{tags}"
+        );
         assert!(tags.contains("runtime-id:6f6d0b4a-2b7e-4a8d-9e0f-0123456789ab"));
     }
 
