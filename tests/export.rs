@@ -9,28 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ddprof_tests::e2e::Scratch;
 use ddprof_tests::intake::{Behaviour, Intake, Received};
 use ddprof_tests::workloads::build_workload;
 
-/// A scratch directory (the profiler's working directory: it must not
-/// write `ddprof-out` there when an agent is configured).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("ddprof-export-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
+// `Scratch`: each test's scratch directory, also the profiler's working
+// directory (it must not write `ddprof-out` there when an agent is set).
 fn ddprof(cwd: &Path, url: &str) -> Command {
     let mut command = ddprof_tests::ddprof_command();
     command
