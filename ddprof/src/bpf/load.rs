@@ -41,12 +41,29 @@ pub enum BpfError {
     Rejected(String),
     #[error("cannot attach the BPF program to a perf event: {0}")]
     Attach(io::Error),
-    #[error("cannot use BPF map {map}: {message}")]
-    Map { map: &'static str, message: String },
+    #[error("cannot use BPF map {map}: {problem}")]
+    Map {
+        map: &'static str,
+        #[source]
+        problem: MapProblem,
+    },
     #[error("the BPF engine needs at least one perf event")]
     NoEvents,
     #[error("poll on the BPF ring buffer failed: {0}")]
     Poll(io::Error),
+}
+
+/// What went wrong with one of the object's maps.
+#[derive(Debug, thiserror::Error)]
+pub enum MapProblem {
+    #[error("the object has no such map")]
+    Missing,
+    #[error("not an array")]
+    NotAnArray,
+    #[error(transparent)]
+    Aya(#[from] aya::maps::MapError),
+    #[error("mmap: {0}")]
+    Mmap(io::Error),
 }
 
 /// The whole error chain on one line, then its first line (aya puts the
@@ -82,25 +99,30 @@ fn verifier_reason(log: &str) -> Option<&str> {
         .rfind(|line| !line.is_empty() && !STATS.iter().any(|s| line.starts_with(s)))
 }
 
-/// A failed program load: the syscall's error and the verifier's reason.
-pub(super) fn classify_load(error: aya::programs::ProgramError) -> BpfError {
-    if let aya::programs::ProgramError::LoadError {
+/// A failed load of program `name`: the syscall's error and the verifier's
+/// reason. A refusal of the `bpf_loop` variant by a kernel that the probe
+/// says lacks `bpf_loop` (forced with `DDPROF_BPF_VARIANT`) is a kernel too
+/// old for it.
+pub(super) fn classify_load(error: aya::programs::ProgramError, name: &str) -> BpfError {
+    let aya::programs::ProgramError::LoadError {
         io_error,
         verifier_log,
     } = &error
-    {
-        let log = format!("{verifier_log:?}");
-        let reason = verifier_reason(&log).unwrap_or("no verifier output");
-        let text = format!("{io_error}: {reason}");
-        return match io_error.raw_os_error() {
-            Some(libc::EPERM | libc::EACCES) => BpfError::Permission(text),
-            _ if reason.contains("unknown func bpf_loop") || reason.contains("#181") => {
-                BpfError::KernelTooOld(text)
-            }
-            _ => BpfError::Rejected(text),
-        };
+    else {
+        return classify(&error);
+    };
+    let log = format!("{verifier_log:?}");
+    let reason = verifier_reason(&log).unwrap_or("no verifier output");
+    let text = format!("{io_error}: {reason}");
+    let lacks_bpf_loop = || {
+        name == BpfVariant::Loop.entry_program()
+            && matches!(variant::kernel_has_bpf_loop(), Ok(false))
+    };
+    match io_error.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => BpfError::Permission(text),
+        _ if lacks_bpf_loop() => BpfError::KernelTooOld(text),
+        _ => BpfError::Rejected(text),
     }
-    classify(&error)
 }
 
 /// The running kernel's `(major, minor)`.
@@ -112,16 +134,20 @@ pub(super) fn kernel_version() -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-pub(super) fn classify(error: &dyn std::error::Error) -> BpfError {
+/// The errno the kernel answered, found in the error's chain of causes
+/// (aya keeps each failed syscall's `io::Error` as a source).
+fn kernel_errno(error: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    std::iter::successors(Some(error), |cause| cause.source())
+        .find_map(|cause| cause.downcast_ref::<io::Error>()?.raw_os_error())
+}
+
+/// An aya error, by the errno the kernel answered: EPERM or EACCES is a
+/// permission problem, anything else a refusal (worded by its first line).
+pub(super) fn classify(error: &(dyn std::error::Error + 'static)) -> BpfError {
     let text = first_line(error);
-    let lower = text.to_lowercase();
-    if lower.contains("operation not permitted") || lower.contains("permission denied") {
-        BpfError::Permission(text)
-    } else if lower.contains("unknown func bpf_loop") || lower.contains("invalid func unknown#181")
-    {
-        BpfError::KernelTooOld(text)
-    } else {
-        BpfError::Rejected(text)
+    match kernel_errno(error) {
+        Some(libc::EPERM | libc::EACCES) => BpfError::Permission(text),
+        _ => BpfError::Rejected(text),
     }
 }
 
@@ -375,16 +401,16 @@ impl BpfProgram {
     /// One of the program's counters (summed over CPUs).
     pub fn counter(&self, counter: BpfCounter) -> Result<u64, BpfError> {
         const MAP: &str = "COUNTERS";
-        let map_error = |message: String| BpfError::Map { map: MAP, message };
+        let map_error = |problem: MapProblem| BpfError::Map { map: MAP, problem };
         let map = self
             .ebpf
             .map(MAP)
-            .ok_or_else(|| map_error("missing".into()))?;
+            .ok_or_else(|| map_error(MapProblem::Missing))?;
         let map: aya::maps::PerCpuArray<_, u64> =
-            aya::maps::PerCpuArray::try_from(map).map_err(|e| map_error(e.to_string()))?;
+            aya::maps::PerCpuArray::try_from(map).map_err(|e| map_error(e.into()))?;
         let values = map
             .get(&(counter as u32), 0)
-            .map_err(|e| map_error(e.to_string()))?;
+            .map_err(|e| map_error(e.into()))?;
         Ok(values.iter().sum())
     }
 
@@ -401,11 +427,11 @@ impl BpfProgram {
         const MAP: &str = "SAMPLES";
         let map = self.ebpf.take_map(MAP).ok_or(BpfError::Map {
             map: MAP,
-            message: "missing".into(),
+            problem: MapProblem::Missing,
         })?;
         RingBuf::try_from(map).map_err(|e| BpfError::Map {
             map: MAP,
-            message: e.to_string(),
+            problem: e.into(),
         })
     }
 
@@ -413,18 +439,18 @@ impl BpfProgram {
         const MAP: &str = "ROWS";
         let map = self.ebpf.map(MAP).ok_or(BpfError::Map {
             map: MAP,
-            message: "missing".into(),
+            problem: MapProblem::Missing,
         })?;
         let aya::maps::Map::Array(data) = map else {
             return Err(BpfError::Map {
                 map: MAP,
-                message: "not an array".into(),
+                problem: MapProblem::NotAnArray,
             });
         };
         RowStore::map(data.fd().as_fd(), self.sizes.table_rows / ROWS_PER_CHUNK).map_err(|e| {
             BpfError::Map {
                 map: MAP,
-                message: format!("mmap: {e}"),
+                problem: MapProblem::Mmap(e),
             }
         })
     }
@@ -435,11 +461,11 @@ impl BpfProgram {
         const MAP: &str = "PROCESSES";
         let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
             map: MAP,
-            message: "missing".into(),
+            problem: MapProblem::Missing,
         })?;
         aya::maps::HashMap::try_from(map).map_err(|e| BpfError::Map {
             map: MAP,
-            message: e.to_string(),
+            problem: e.into(),
         })
     }
 
@@ -512,6 +538,29 @@ impl std::fmt::Display for BpfCounters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_are_classified_by_the_kernels_errno_not_their_text() {
+        let refused = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_create",
+            io_error: io::Error::from_raw_os_error(libc::EPERM),
+        });
+        assert!(matches!(classify(&refused), BpfError::Permission(_)));
+        let denied = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_prog_load",
+            io_error: io::Error::from_raw_os_error(libc::EACCES),
+        });
+        assert!(matches!(classify(&denied), BpfError::Permission(_)));
+        // A message that merely says "permission denied" is not a refusal
+        // by the kernel.
+        let worded = io::Error::other("permission denied by a message");
+        assert!(matches!(classify(&worded), BpfError::Rejected(_)));
+        let invalid = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_prog_load",
+            io_error: io::Error::from_raw_os_error(libc::EINVAL),
+        });
+        assert!(matches!(classify(&invalid), BpfError::Rejected(_)));
+    }
 
     #[test]
     fn verifier_reason_is_the_last_line_before_the_statistics() {
