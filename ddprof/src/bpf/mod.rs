@@ -28,7 +28,7 @@ mod variant;
 
 pub use choose::{choose_engine, choose_engine_with, Engine, EngineChoice, EngineDecision};
 pub use engine::{
-    BpfEngine, BpfEngineOptions, PollOutcome, DEFAULT_MAX_TABLE_BYTES, DEFAULT_RING_BUFFER_BYTES,
+    BpfEngine, BpfEngineOptions, DEFAULT_MAX_TABLE_BYTES, DEFAULT_RING_BUFFER_BYTES,
     TABLE_HEADROOM_ROWS,
 };
 pub use load::{
