@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader};
-use ddprof_common::bpf_maps::{ProcessMappings, ROWS_PER_CHUNK};
+use ddprof_common::bpf_maps::{names, ProcessMappings, ROWS_PER_CHUNK};
 use ddprof_common::sample::{BpfCounter, RawSample};
 use ddprof_common::unwind::ROW_SIZE;
 use perf_event_open_sys as sys;
@@ -305,10 +305,10 @@ impl BpfProgram {
             _ => {}
         }
         let mut ebpf = loader
-            .map_max_entries("SAMPLES", ring_bytes as u32)
-            .map_max_entries("ROWS", chunks)
-            .map_max_entries("PROCESSES", sizes.processes)
-            .override_global("KERNEL_STACKS", &kernel_stacks, true)
+            .map_max_entries(names::SAMPLES, ring_bytes as u32)
+            .map_max_entries(names::ROWS, chunks)
+            .map_max_entries(names::PROCESSES, sizes.processes)
+            .override_global(names::KERNEL_STACKS, &kernel_stacks, true)
             .load(object)
             .map_err(|e| classify(&e))?;
         // The continuation first: the entry may only run once the
@@ -400,7 +400,7 @@ impl BpfProgram {
 
     /// One of the program's counters (summed over CPUs).
     pub fn counter(&self, counter: BpfCounter) -> Result<u64, BpfError> {
-        const MAP: &str = "COUNTERS";
+        const MAP: &str = names::COUNTERS;
         let map_error = |problem: MapProblem| BpfError::Map { map: MAP, problem };
         let map = self
             .ebpf
@@ -424,7 +424,7 @@ impl BpfProgram {
     }
 
     pub(super) fn take_ring(&mut self) -> Result<RingBuf<MapData>, BpfError> {
-        const MAP: &str = "SAMPLES";
+        const MAP: &str = names::SAMPLES;
         let map = self.ebpf.take_map(MAP).ok_or(BpfError::Map {
             map: MAP,
             problem: MapProblem::Missing,
@@ -436,7 +436,7 @@ impl BpfProgram {
     }
 
     pub(super) fn map_rows(&self) -> Result<RowStore, BpfError> {
-        const MAP: &str = "ROWS";
+        const MAP: &str = names::ROWS;
         let map = self.ebpf.map(MAP).ok_or(BpfError::Map {
             map: MAP,
             problem: MapProblem::Missing,
@@ -457,8 +457,8 @@ impl BpfProgram {
 
     pub(super) fn process_map(
         &mut self,
-    ) -> Result<aya::maps::HashMap<&mut MapData, u32, PodProcessMappings>, BpfError> {
-        const MAP: &str = "PROCESSES";
+    ) -> Result<aya::maps::HashMap<&mut MapData, u32, ProcessMappings>, BpfError> {
+        const MAP: &str = names::PROCESSES;
         let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
             map: MAP,
             problem: MapProblem::Missing,
@@ -472,7 +472,7 @@ impl BpfProgram {
     /// The processes the program handed samples of to the perf engine since
     /// the last call (and clears the list).
     pub(super) fn take_handed_off(&mut self) -> Vec<u32> {
-        let Some(map) = self.ebpf.map_mut("HANDED_OFF") else {
+        let Some(map) = self.ebpf.map_mut(names::HANDED_OFF) else {
             return Vec::new();
         };
         let Ok(mut map) = aya::maps::HashMap::<&mut MapData, u32, u32>::try_from(map) else {
@@ -496,25 +496,15 @@ impl BpfProgram {
             table_used_bytes: 0,
             process_map_bytes: self.sizes.processes as usize * process_element,
             per_cpu_bytes: online_cpus()
-                * (std::mem::size_of::<RawSample>() + 8 * BpfCounter::ALL.len()),
+                * (std::mem::size_of::<RawSample>() + 8 * BpfCounter::COUNT),
         }
     }
 }
 
-// SAFETY: plain `repr(C)` integer structs without padding holes that matter
-// to the kernel (it copies them byte for byte).
-unsafe impl aya::Pod for PodProcessMappings {}
-
-/// `ProcessMappings` as an aya map value (the type lives in a crate that does
-/// not depend on aya).
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-pub(super) struct PodProcessMappings(pub(super) ProcessMappings);
-
 /// The BPF program's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BpfCounters {
-    values: [u64; BpfCounter::ALL.len()],
+    values: [u64; BpfCounter::COUNT],
 }
 
 impl BpfCounters {

@@ -2,6 +2,7 @@
 //! tail-call continuation put in its prog array, load errors classified.
 use aya::programs::PerfEvent;
 use aya::Ebpf;
+use ddprof_common::bpf_maps::names;
 
 use super::load::{classify, classify_load, kernel_version, BpfError, MapProblem};
 
@@ -54,7 +55,7 @@ pub(super) fn load_continuation(
     ebpf: &mut Ebpf,
     name: &str,
 ) -> Result<Option<aya::programs::ProgramInfo>, BpfError> {
-    const MAP: &str = "WALK_PROGRAMS";
+    const MAP: &str = names::WALK_PROGRAMS;
     let program = perf_program_mut(ebpf, name)?;
     program.load().map_err(|e| load_error(e, name))?;
     let info = program.info().ok();

@@ -10,7 +10,6 @@ use ddprof_common::bpf_maps::{
 use ddprof_common::unwind::ROW_SIZE;
 
 use super::engine::{is_alive, BpfEngine};
-use super::load::PodProcessMappings;
 use crate::files::{ContentKey, MappedFile};
 use crate::process::ProcessTable;
 use crate::unwind::LoadSegment;
@@ -187,9 +186,11 @@ impl BpfEngine {
         {
             return;
         }
-        let mut value = PodProcessMappings(ProcessMappings::default());
-        value.0.count = entries.len() as u32;
-        value.0.entries[..entries.len()].copy_from_slice(&entries);
+        let mut value = ProcessMappings {
+            count: entries.len() as u32,
+            ..ProcessMappings::default()
+        };
+        value.entries[..entries.len()].copy_from_slice(&entries);
         match self.program.process_map() {
             Ok(mut map) => {
                 if let Err(error) = map.insert(pid, value, 0) {
