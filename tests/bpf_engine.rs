@@ -18,7 +18,8 @@ use ddprof::process::ProcessTable;
 use ddprof::sample::{Sample, StackEnd};
 use ddprof_common::sample::{BpfCounter, MAX_USER_FRAMES};
 use ddprof_tests::guards::{monotonic_nanos, KillOnDrop};
-use object::{Object, ObjectSegment, ObjectSymbol};
+use ddprof_tests::symbols::ElfSymbols;
+use object::{Object, ObjectSymbol};
 
 /// Builds `tests/workloads/bpf_stacks.c` without frame pointers (once: the
 /// tests run in parallel threads).
@@ -44,42 +45,19 @@ fn start_workload(binary: &Path, mode: &str, seconds: f64) -> KillOnDrop {
     KillOnDrop(child)
 }
 
-/// Function names of an ELF file's symbol table, by ELF virtual address.
+/// The names of the frames of samples in one ELF file (the workload), by
+/// the harness's symbol reader.
 struct Symbols {
     path: String,
-    functions: Vec<(u64, u64, String)>,
-    /// `(p_offset, p_vaddr, p_filesz)` of the loadable segments.
-    segments: Vec<(u64, u64, u64)>,
+    elf: ElfSymbols,
 }
 
 impl Symbols {
     fn read(path: &Path) -> Symbols {
-        let data = std::fs::read(path).unwrap();
-        let file = object::File::parse(&*data).unwrap();
-        let mut functions: Vec<(u64, u64, String)> = file
-            .symbols()
-            .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
-            .map(|s| (s.address(), s.size(), s.name().unwrap_or("").to_string()))
-            .collect();
-        functions.sort();
-        let segments = file
-            .segments()
-            .map(|s| {
-                let (offset, size) = s.file_range();
-                (offset, s.address(), size)
-            })
-            .collect();
         Symbols {
             path: path.to_string_lossy().into_owned(),
-            functions,
-            segments,
+            elf: ElfSymbols::load(path).unwrap(),
         }
-    }
-
-    fn name_at(&self, vaddr: u64) -> Option<&str> {
-        let index = self.functions.partition_point(|f| f.0 <= vaddr);
-        let (start, size, name) = self.functions.get(index.checked_sub(1)?)?;
-        (vaddr < start + size).then_some(name.as_str())
     }
 
     /// The names of a sample's frames: functions of this file by name, other
@@ -98,11 +76,8 @@ impl Symbols {
                     let base = mapping.file.path.rsplit('/').next().unwrap_or("");
                     return format!("[{base}]");
                 }
-                let offset = mapping.file_offset_of(lookup);
-                self.segments
-                    .iter()
-                    .find(|(start, _, size)| offset >= *start && offset < start + size)
-                    .and_then(|(start, vaddr, _)| self.name_at(offset - start + vaddr))
+                self.elf
+                    .function_at_file_offset(mapping.file_offset_of(lookup))
                     .unwrap_or("?")
                     .to_string()
             })
