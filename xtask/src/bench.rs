@@ -3,9 +3,9 @@
 //! the start-up of `ddprof --global`, and the targets of issue 10.
 //!
 //! How each figure is measured (the report says it too):
-//! - **wall**: the workload's own elapsed time, from `xtask measure`, a tiny
-//!   wrapper that runs it and reports its wall and CPU time (fixed-work
-//!   workloads, so profiling overhead shows as a longer run).
+//! - **wall**: the workload's own elapsed time, from `measure` (measure.c),
+//!   a tiny C wrapper that runs it and reports its wall and CPU time
+//!   (fixed-work workloads, so profiling overhead shows as a longer run).
 //! - **tool CPU**: every run lives in a fresh cgroup (cgroup v1 `cpuacct`,
 //!   else cgroup v2 `cpu.stat`), which counts the CPU of all its processes,
 //!   ddprof's detached profiler included; the workload's own CPU (from the
@@ -483,6 +483,24 @@ fn samply_source(root: &Path) -> Option<PathBuf> {
 /// Where the bench's workloads are built.
 fn workload_dir() -> PathBuf {
     target_dir().join("bench")
+}
+
+/// Builds the wrapper that times every workload run (`measure.c`, beside
+/// this file) into the bench directory.
+fn build_measure() -> Result<PathBuf> {
+    let dir = workload_dir();
+    std::fs::create_dir_all(&dir)?;
+    let source = dir.join("measure.c");
+    std::fs::write(&source, include_str!("measure.c"))?;
+    let binary = dir.join("measure");
+    crate::run_checked(
+        Command::new("cc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&binary)
+            .arg(&source),
+    )
+    .context("cannot build the bench's measure wrapper")?;
+    Ok(binary)
 }
 
 /// Builds `tests/workloads/SOURCE` as `language` into the bench directory.
@@ -995,25 +1013,6 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
     Some(values[values.len() / 2])
 }
 
-pub fn measure(command: &[String]) -> Result<std::process::ExitCode> {
-    let started = Instant::now();
-    let status = Command::new(&command[0]).args(&command[1..]).status()?;
-    let wall = started.elapsed();
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)?;
-    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-    let cpu = Duration::from_micros(micros(usage.user_time()) + micros(usage.system_time()));
-    eprintln!(
-        "measure: wall_ns={} cpu_ns={}",
-        wall.as_nanos(),
-        cpu.as_nanos()
-    );
-    Ok(if status.success() {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::FAILURE
-    })
-}
-
 /// The medians of one (workload, tool, frequency).
 #[derive(Debug, Default, Clone, Copy)]
 struct Medians {
@@ -1270,7 +1269,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(binary) => binary.clone(),
         None => build_all(true)?,
     };
-    let measure_exe = std::env::current_exe()?;
+    let measure_exe = build_measure()?;
     let samply = if args.tools.is_empty() || args.tools.iter().any(|t| t == "samply") {
         samply()
     } else {
@@ -1342,7 +1341,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "Medians of {runs} runs per tool and frequency; each workload does `--work {}` (about {} s of CPU) \
          whatever the frequency.\n\n\
          - *tool CPU*: CPU of every process in the run's cgroup minus the workload's own CPU \
-         (measured by the `xtask measure` wrapper); for perf, plus the CPU of `perf script` \
+         (measured by the `measure` wrapper, `xtask/src/measure.c`, a small C program so that \
+         the tools, which profile it too, have next to nothing of it to symbolize); for perf, plus the CPU of `perf script` \
          (`{}`), which does perf's unwinding (dwarf) and symbolization.\n\
          - *marginal CPU / sample*: (CPU@{hi} − CPU@{lo}) / (samples@{hi} − samples@{lo}); \
          *fixed CPU*: CPU@{lo} − samples@{lo} × marginal (start-up, exit, per-run work).\n\
@@ -1393,8 +1393,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         };
         let mut measured = vec![
             measure_exe.display().to_string(),
-            "measure".into(),
-            "--".into(),
             binary.display().to_string(),
         ];
         measured.extend((workload.args)(args.work, &workload_dir()));
