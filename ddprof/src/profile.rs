@@ -208,9 +208,12 @@ pub fn encode_pprof_compressed(
     metadata: &ProfileMetadata,
     compressions: Compressions,
 ) -> Result<CompressedPprof, ProfileError> {
+    // The fastest level: with the timeline every sample is a pprof sample
+    // of its whole stack (~800 bytes raw on the 300-frame recursion), and
+    // the default level took ~3x longer for files only ~15 % smaller.
     let mut gzip = compressions
         .gzip
-        .then(|| flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default()));
+        .then(|| flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
     let mut zstd = match compressions.zstd {
         true => Some(zstd::stream::write::Encoder::new(
             Vec::new(),

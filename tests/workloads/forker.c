@@ -10,10 +10,13 @@
  *   parent "forker": forker_parent_burn, main, (libc start)
  *   exec'd children "forker_child": forker_child_burn, forker_child_work, main, (libc start)
  *
- * Usage: forker SECONDS CHILD_PATH
+ * Usage: forker SECONDS CHILD_PATH, or forker --work N CHILD_PATH (fixed work,
+ * for benchmarks: a fixed number of rounds whose children make a fixed number
+ * of burn calls, N units of about a second of CPU in all).
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,17 +51,26 @@ KEEP_FRAME pid_t forker_spawn(const char *path, char *const argv[]) {
     return pid;
 }
 
+/* `--work N`: N units of about a second of CPU on this project's 2-core VM:
+ * rounds of a ~30 ms child (1500 burn calls) and ~1 ms of the parent's. */
+#define ROUNDS_PER_WORK_UNIT 30
+
 int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: forker SECONDS CHILD_PATH\n");
+    int fixed = argc > 3 && strcmp(argv[1], "--work") == 0;
+    if (argc < 3 || (fixed && argc < 4)) {
+        fprintf(stderr, "usage: forker SECONDS CHILD_PATH | forker --work N CHILD_PATH\n");
         return 2;
     }
-    double end = now_seconds() + atof(argv[1]);
-    char *child_argv[] = {"forker_child", "30", NULL};
+    long rounds = fixed ? atol(argv[2]) * ROUNDS_PER_WORK_UNIT : 0;
+    const char *child_path = fixed ? argv[3] : argv[2];
+    double end = fixed ? 0 : now_seconds() + atof(argv[1]);
+    char *timed_argv[] = {"forker_child", "30", NULL};
+    char *fixed_argv[] = {"forker_child", "--calls", "1500", NULL};
+    char **child_argv = fixed ? fixed_argv : timed_argv;
     char *true_argv[] = {"true", NULL};
     unsigned long x = 1;
-    for (int round = 0; now_seconds() < end; round++) {
-        if (forker_spawn(argv[2], child_argv) < 0)
+    for (int round = 0; fixed ? round < rounds : now_seconds() < end; round++) {
+        if (forker_spawn(child_path, child_argv) < 0)
             return 1;
         if (round % 4 == 0 && forker_spawn("/bin/true", true_argv) < 0)
             return 1;

@@ -1,10 +1,12 @@
 /*
- * forker_child: what forker execs. Burns CPU for MILLISECONDS (argv[1]).
+ * forker_child: what forker execs. Burns CPU for MILLISECONDS (argv[1]), or
+ * makes a fixed number of burn calls with `--calls N` (forker --work).
  *
  * Expected stacks (innermost first):
  *   forker_child_burn, forker_child_work, main, (libc start)
  */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #ifdef __clang__
@@ -28,16 +30,26 @@ KEEP_FRAME unsigned long forker_child_burn(unsigned long x) {
     return x;
 }
 
-KEEP_FRAME unsigned long forker_child_work(double seconds) {
-    double end = now_seconds() + seconds;
+/* Burns for `seconds`, or makes `calls` burn calls when `calls` > 0. */
+KEEP_FRAME unsigned long forker_child_work(double seconds, long calls) {
     unsigned long x = 1;
+    if (calls > 0) {
+        for (; calls > 0; calls--)
+            x = forker_child_burn(x) + 1;
+        return x;
+    }
+    double end = now_seconds() + seconds;
     while (now_seconds() < end)
         x = forker_child_burn(x) + 1;
     return x;
 }
 
 int main(int argc, char **argv) {
+    if (argc > 2 && strcmp(argv[1], "--calls") == 0) {
+        forker_child_sink = forker_child_work(0, atol(argv[2]));
+        return 0;
+    }
     double milliseconds = argc > 1 ? atof(argv[1]) : 30.0;
-    forker_child_sink = forker_child_work(milliseconds / 1000.0);
+    forker_child_sink = forker_child_work(milliseconds / 1000.0, 0);
     return 0;
 }

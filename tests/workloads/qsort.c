@@ -12,9 +12,10 @@
  * compare_callback burns CPU on every comparison, so nearly every sample is
  * in it, called from inside libc.
  *
- * Usage: qsort SECONDS (default 2).
+ * Usage: qsort SECONDS (default 2), or qsort --work N (fixed work, for benchmarks).
  */
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #ifdef __clang__
@@ -51,7 +52,19 @@ KEEP_FRAME unsigned long sort_many(unsigned int *values, unsigned long seed) {
     return seed + values[0];
 }
 
+/* `--work N`: N units of about a second of CPU on this project's 2-core VM. */
+#define SORTS_PER_WORK_UNIT 110
+
 int main(int argc, char **argv) {
+    if (argc > 2 && strcmp(argv[1], "--work") == 0) {
+        static unsigned int fixed_values[VALUES];
+        long sorts = atol(argv[2]) * SORTS_PER_WORK_UNIT;
+        unsigned long fixed_seed = 1;
+        for (long i = 0; i < sorts; i++)
+            fixed_seed = sort_many(fixed_values, fixed_seed);
+        qsort_sink = fixed_seed;
+        return 0;
+    }
     double seconds = argc > 1 ? atof(argv[1]) : 2.0;
     double end = now_seconds() + seconds;
     static unsigned int values[VALUES];

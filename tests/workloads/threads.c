@@ -8,11 +8,14 @@
  *                      (libc: start_thread, clone3)
  *   main thread: blocked in pthread_join (no CPU samples expected).
  *
- * Usage: threads SECONDS (default 2).
+ * Usage: threads SECONDS (default 2), or threads --work N (fixed work, for
+ * benchmarks: each thread makes the same number of calls, N units of about a
+ * second of CPU in all).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #ifdef __clang__
@@ -23,11 +26,18 @@
 
 volatile unsigned long threads_sink;
 static double run_seconds = 2.0;
+/* With --work: the calls each thread makes (0: run for run_seconds). */
+static long fixed_calls = 0;
 
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Whether a thread that has made `calls` calls since `end` was set goes on. */
+static int keep_going(long calls, double end) {
+    return fixed_calls > 0 ? calls < fixed_calls : now_seconds() < end;
 }
 
 static unsigned long burn(unsigned long x, long iterations) {
@@ -44,7 +54,7 @@ KEEP_FRAME void *thread_a_work(void *arg) {
     pthread_setname_np(pthread_self(), "worker-a");
     double end = now_seconds() + run_seconds;
     unsigned long x = 1;
-    while (now_seconds() < end)
+    for (long calls = 0; keep_going(calls, end); calls++)
         x = thread_a_step(x);
     threads_sink = x;
     return NULL;
@@ -59,14 +69,20 @@ KEEP_FRAME void *thread_b_work(void *arg) {
     pthread_setname_np(pthread_self(), "worker-b");
     double end = now_seconds() + run_seconds;
     unsigned long x = 2;
-    while (now_seconds() < end)
+    for (long calls = 0; keep_going(calls, end); calls++)
         x = thread_b_step(x);
     threads_sink = x;
     return NULL;
 }
 
+/* `--work N`: N units of about a second of CPU on this project's 2-core VM,
+ * split between the two threads. */
+#define CALLS_PER_WORK_UNIT 20000
+
 int main(int argc, char **argv) {
-    if (argc > 1)
+    if (argc > 2 && strcmp(argv[1], "--work") == 0)
+        fixed_calls = atol(argv[2]) * CALLS_PER_WORK_UNIT / 2;
+    else if (argc > 1)
         run_seconds = atof(argv[1]);
     pthread_t a, b;
     if (pthread_create(&a, NULL, thread_a_work, NULL) != 0)

@@ -1,21 +1,36 @@
 //! `cargo xtask bench`: ddprof's engines against `perf record` and samply on
-//! the same workloads, at the same frequency, several runs each.
+//! the same workloads, at two sampling frequencies, several runs each; then
+//! the start-up of `ddprof --global`, and the targets of issue 10.
 //!
-//! How each figure is measured:
-//! - **wall**: the workload's own elapsed time, from `xtask measure`, a tiny
-//!   wrapper that runs it and reports its wall and CPU time (fixed-work
-//!   workloads, so profiling overhead shows as a longer run).
-//! - **profiler CPU**: every run lives in a fresh cpuacct cgroup, which
-//!   counts the CPU of all its processes, ddprof's detached profiler
-//!   included; the workload's own CPU (from the wrapper) is subtracted.
-//! - **samples**: what the tool itself reports (ddprof's `summary:` line,
-//!   perf's "(N samples)").
-//! - **peak RSS**: the profiler process's VmHWM, polled while it runs
-//!   (ddprof reports its own in the summary line).
-use std::collections::BTreeMap;
+//! How each figure is measured (the report says it too):
+//! - **wall**: the workload's own elapsed time, from `measure` (measure.c),
+//!   a tiny C wrapper that runs it and reports its wall and CPU time
+//!   (fixed-work workloads, so profiling overhead shows as a longer run).
+//! - **tool CPU**: every run lives in a fresh cgroup (cgroup v1 `cpuacct`,
+//!   else cgroup v2 `cpu.stat`), which counts the CPU of all its processes,
+//!   ddprof's detached profiler included; the workload's own CPU (from the
+//!   wrapper) is subtracted. For perf, `perf script` runs afterwards in a
+//!   cgroup of its own and its CPU is added: perf only unwinds (dwarf) and
+//!   names frames there, and a profile is what every tool must produce.
+//! - **marginal CPU per sample** and **fixed CPU**: from the runs at the
+//!   lowest and highest frequency, (CPU@hi − CPU@lo) / (samples@hi −
+//!   samples@lo), and CPU@lo − samples@lo × marginal.
+//! - **samples** and **root share**: read back from each tool's own output
+//!   (ddprof's `stacks.folded`, `perf script`, samply's profile and its
+//!   presymbolicated `.syms.json`) with one rule for all: a stack reaches
+//!   the root when its outermost frame is [`ROOT_FRAMES`] or one of the
+//!   workload's thread entries.
+//! - **peak RSS**: the highest sum of `VmRSS` over the tool's processes
+//!   (every process of the run's cgroup that is not the workload's),
+//!   sampled every 50 ms; for perf, the higher of `perf record`'s and
+//!   `perf script`'s.
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -24,21 +39,27 @@ use crate::{build_all, have, say, target_dir, workspace_root};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Runs per (workload, tool)
+    /// Runs per (workload, tool, frequency); the report gives medians
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Sampling frequency for every tool (Hz)
-    #[arg(long, default_value_t = 999)]
-    pub freq: u32,
+    /// Sampling frequencies (Hz); the marginal CPU per sample comes from the lowest and the highest
+    #[arg(long, value_delimiter = ',', default_values_t = [99u32, 999])]
+    pub freq: Vec<u32>,
     /// Work units per workload run (about one second of CPU each)
     #[arg(long, default_value_t = 4)]
     pub work: u32,
-    /// Workloads to run (default: all)
+    /// Workloads to run (default: all; chain,recursion with --quick)
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
     /// Tools to run (default: all)
     #[arg(long, value_delimiter = ',')]
     pub tools: Vec<String>,
+    /// Seconds `ddprof --global` runs in the start-up step (0: skip the step)
+    #[arg(long, default_value_t = 5)]
+    pub global_seconds: u32,
+    /// Smoke test: 1 run, the chain and recursion workloads (unless --runs / --workloads say otherwise)
+    #[arg(long)]
+    pub quick: bool,
     /// Write docs/Benchmarks.md from this run
     #[arg(long)]
     pub write_docs: bool,
@@ -47,76 +68,301 @@ pub struct BenchArgs {
     pub ddprof: Option<PathBuf>,
 }
 
-/// A workload of tests/workloads, built with the tests' flags.
+/// How a workload's source is built.
+#[derive(Clone, Copy)]
+enum Language {
+    /// With the tests' flags (`-O2 -fomit-frame-pointer -g -pthread`).
+    C,
+    /// cargo's release optimisation level (3), no frame pointers, debug
+    /// information for symbols and lines, as the tests' Rust workloads.
+    RustRelease,
+}
+
+/// A workload of tests/workloads.
 struct Workload {
     name: &'static str,
     source: &'static str,
-    /// Arguments that make it do a fixed amount of work.
-    args: fn(u32) -> Vec<String>,
+    language: Language,
+    /// Other programs of tests/workloads it runs (built beside it).
+    helpers: &'static [&'static str],
+    /// Arguments that make it do `work` units of work, given the directory
+    /// the workloads are built in.
+    args: fn(u32, &Path) -> Vec<String>,
+    /// Functions its threads start in (they count as roots, see [`ROOT_FRAMES`]).
+    thread_entries: &'static [&'static str],
+    /// One process, for the RSS target ("one profiled process").
+    single_process: bool,
+}
+
+fn work_args(work: u32, _: &Path) -> Vec<String> {
+    vec!["--work".into(), work.to_string()]
 }
 
 const WORKLOADS: &[Workload] = &[
     Workload {
         name: "chain",
         source: "chain.c",
-        args: |work| vec!["--work".into(), work.to_string()],
+        language: Language::C,
+        helpers: &[],
+        args: work_args,
+        thread_entries: &[],
+        single_process: true,
     },
     Workload {
         name: "recursion",
         source: "recursion.c",
-        args: |work| vec!["--work".into(), work.to_string()],
+        language: Language::C,
+        helpers: &[],
+        args: work_args,
+        thread_entries: &[],
+        single_process: true,
     },
+    Workload {
+        name: "threads",
+        source: "threads.c",
+        language: Language::C,
+        helpers: &[],
+        args: work_args,
+        thread_entries: &["thread_a_work", "thread_b_work"],
+        single_process: true,
+    },
+    Workload {
+        name: "qsort",
+        source: "qsort.c",
+        language: Language::C,
+        helpers: &[],
+        args: work_args,
+        thread_entries: &[],
+        single_process: true,
+    },
+    Workload {
+        name: "chain_rs",
+        source: "chain.rs",
+        language: Language::RustRelease,
+        helpers: &[],
+        args: work_args,
+        thread_entries: &[],
+        single_process: true,
+    },
+    Workload {
+        name: "forker",
+        source: "forker.c",
+        language: Language::C,
+        helpers: &["forker_child.c"],
+        args: |work, dir| {
+            vec![
+                "--work".into(),
+                work.to_string(),
+                dir.join("forker_child").display().to_string(),
+            ]
+        },
+        thread_entries: &[],
+        single_process: false,
+    },
+];
+
+/// The workloads `--quick` runs.
+const QUICK_WORKLOADS: &[&str] = &["chain", "recursion"];
+
+/// Outermost frames of a stack that reached its thread's root: the
+/// executable's entry and libc's, and the functions a new thread starts in.
+/// Names are compared without a symbol version (`@@GLIBC_2.34`) or offset.
+const ROOT_FRAMES: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_main_impl",
+    "clone",
+    "clone3",
+    "start_thread",
 ];
 
 const TOOLS: &[&str] = &[
     "unprofiled",
     "ddprof-bpf",
     "ddprof-perf",
-    "perf-dwarf",
     "perf-fp",
+    "perf-dwarf-8k",
+    "perf-dwarf-32k",
     "samply",
 ];
 
+/// The figures of one run of one tool.
 #[derive(Debug, Default, Clone)]
 struct RunResult {
     wall: Duration,
-    profiler_cpu: Option<Duration>,
+    workload_cpu: Duration,
+    /// CPU of the tool's processes, post-processing (`perf script`) included.
+    tool_cpu: Option<Duration>,
     samples: Option<u64>,
-    full_stacks: Option<u64>,
+    lost: Option<u64>,
+    /// Samples whose stack reaches the root ([`ROOT_FRAMES`]).
+    rooted: Option<u64>,
     peak_rss_kib: Option<u64>,
     output_bytes: Option<u64>,
 }
 
+/// A cgroup of its own for one run: counts the CPU of every process in it.
 struct Cgroup {
     path: PathBuf,
+    version: CgroupVersion,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CgroupVersion {
+    /// cgroup v1, `cpuacct.usage` (nanoseconds).
+    V1,
+    /// cgroup v2, `cpu.stat`'s `usage_usec`.
+    V2,
 }
 
 impl Cgroup {
     fn create(name: &str) -> Result<Self> {
-        let path = Path::new("/sys/fs/cgroup/cpuacct").join(name);
-        if !path.parent().unwrap().is_dir() {
-            bail!("no cpuacct cgroup hierarchy at /sys/fs/cgroup/cpuacct (cgroup v1 needed for `xtask bench`)");
-        }
+        let v1 = Path::new("/sys/fs/cgroup/cpuacct");
+        let v2 = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .iter()
+            .map(Path::new)
+            .find(|root| {
+                root.join("cgroup.procs").is_file() && root.join("cgroup.controllers").is_file()
+            });
+        let (root, version) = if v1.join("cpuacct.usage").is_file() {
+            (v1, CgroupVersion::V1)
+        } else if let Some(root) = v2 {
+            (root, CgroupVersion::V2)
+        } else {
+            bail!("no cgroup v1 cpuacct hierarchy nor cgroup v2 mounted under /sys/fs/cgroup (`xtask bench` measures CPU with one)");
+        };
+        let path = root.join(name);
         let _ = std::fs::remove_dir(&path);
         std::fs::create_dir(&path)
             .with_context(|| format!("cannot create {} (run as root)", path.display()))?;
-        Ok(Self { path })
+        Ok(Self { path, version })
     }
 
     fn usage(&self) -> Result<Duration> {
-        let text = std::fs::read_to_string(self.path.join("cpuacct.usage"))?;
-        Ok(Duration::from_nanos(text.trim().parse()?))
+        Ok(match self.version {
+            CgroupVersion::V1 => {
+                let text = std::fs::read_to_string(self.path.join("cpuacct.usage"))?;
+                Duration::from_nanos(text.trim().parse()?)
+            }
+            CgroupVersion::V2 => {
+                let text = std::fs::read_to_string(self.path.join("cpu.stat"))?;
+                let micros = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())
+                    .context("cpu.stat has no usage_usec")?;
+                Duration::from_micros(micros)
+            }
+        })
+    }
+
+    fn procs_file(&self) -> PathBuf {
+        self.path.join("cgroup.procs")
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.procs_file())
+            .map(|s| {
+                s.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn is_empty(&self) -> bool {
-        std::fs::read_to_string(self.path.join("cgroup.procs"))
-            .map_or(true, |s| s.trim().is_empty())
+        self.pids().is_empty()
+    }
+
+    /// Waits (up to a minute) until every process has left: ddprof's
+    /// profiler outlives the command briefly (final flush).
+    fn wait_until_empty(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `command` starts inside this cgroup (it joins before exec, so that
+    /// everything it starts is counted).
+    fn enter_on_spawn(&self, command: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let procs = self.procs_file();
+        // SAFETY: the closure only writes a file (async-signal-safe enough for a
+        // freshly forked single-threaded child) before exec.
+        unsafe {
+            command.pre_exec(move || std::fs::write(&procs, b"0"));
+        }
     }
 }
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+/// `VmRSS` and `VmHWM` (KiB) of a process.
+fn vm_rss_and_hwm_kib(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+    };
+    Some((field("VmRSS:")?, field("VmHWM:").unwrap_or(0)))
+}
+
+/// Samples every 50 ms the summed `VmRSS` of a cgroup's processes that
+/// are not the workload's, until stopped; returns the highest sum, or the
+/// highest `VmHWM` of one of them if higher (a peak shorter than 50 ms, such
+/// as a profiler's final symbolization, still counts).
+struct RssSampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl RssSampler {
+    /// `workload_exes`: the executables (canonical paths) of the workload's
+    /// processes, whose memory is not the tool's.
+    fn start(procs_file: PathBuf, workload_exes: Arc<HashSet<PathBuf>>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            loop {
+                let done = stopping.load(Ordering::Relaxed);
+                let pids = std::fs::read_to_string(&procs_file).unwrap_or_default();
+                let (mut sum, mut hwm) = (0, 0);
+                for (rss, high) in pids
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .filter(|pid| {
+                        std::fs::read_link(format!("/proc/{pid}/exe"))
+                            .map_or(true, |exe| !workload_exes.contains(&exe))
+                    })
+                    .filter_map(vm_rss_and_hwm_kib)
+                {
+                    sum += rss;
+                    hwm = hwm.max(high);
+                }
+                peak = peak.max(sum).max(hwm);
+                if done {
+                    return peak;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        Self { stop, thread }
+    }
+
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or(0)
     }
 }
 
@@ -234,8 +480,64 @@ fn samply_source(root: &Path) -> Option<PathBuf> {
     Some(source)
 }
 
+/// Where the bench's workloads are built.
+fn workload_dir() -> PathBuf {
+    target_dir().join("bench")
+}
+
+/// Builds the wrapper that times every workload run (`measure.c`, beside
+/// this file) into the bench directory.
+fn build_measure() -> Result<PathBuf> {
+    let dir = workload_dir();
+    std::fs::create_dir_all(&dir)?;
+    let source = dir.join("measure.c");
+    std::fs::write(&source, include_str!("measure.c"))?;
+    let binary = dir.join("measure");
+    crate::run_checked(
+        Command::new("cc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&binary)
+            .arg(&source),
+    )
+    .context("cannot build the bench's measure wrapper")?;
+    Ok(binary)
+}
+
+/// Builds `tests/workloads/SOURCE` as `language` into the bench directory.
+fn build_source(source: &str, name: &str, language: Language) -> Result<PathBuf> {
+    match language {
+        Language::C => crate::build_c_workload(source, "bench", name),
+        Language::RustRelease => {
+            let out_dir = workload_dir();
+            std::fs::create_dir_all(&out_dir)?;
+            let binary = out_dir.join(name);
+            crate::run_checked(
+                Command::new("rustc")
+                    .args([
+                        "-C",
+                        "opt-level=3",
+                        "-C",
+                        "force-frame-pointers=no",
+                        "-g",
+                        "--edition",
+                        "2021",
+                        "-o",
+                    ])
+                    .arg(&binary)
+                    .arg(workspace_root().join("tests/workloads").join(source)),
+            )
+            .with_context(|| format!("cannot build the workload {source}"))?;
+            Ok(binary)
+        }
+    }
+}
+
 fn build_workload(workload: &Workload) -> Result<PathBuf> {
-    crate::build_c_workload(workload.source, "bench", workload.name)
+    for helper in workload.helpers {
+        let name = helper.trim_end_matches(".c");
+        build_source(helper, name, Language::C)?;
+    }
+    build_source(workload.source, workload.name, workload.language)
 }
 
 fn dir_size(path: &Path) -> u64 {
@@ -250,16 +552,231 @@ fn field(text: &str, key: &str) -> Option<u64> {
         .find_map(|word| word.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
-fn vm_hwm_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| {
-        l.strip_prefix("VmHWM:")?
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()
-    })
+/// Whether `name` (as a tool printed it) is a root frame of a workload
+/// whose threads start in `thread_entries`.
+fn is_root_frame(name: &str, thread_entries: &[&str]) -> bool {
+    let name = name.trim();
+    let name = name.split('@').next().unwrap_or(name);
+    let name = name.split("+0x").next().unwrap_or(name);
+    // samply names ELF symbols without their first underscore (`start`,
+    // `_libc_start_main_impl`): leading underscores are not compared.
+    let bare = |s: &str| s.trim_start_matches('_').to_string();
+    let name = bare(name);
+    ROOT_FRAMES.iter().any(|root| bare(root) == name)
+        || thread_entries.iter().any(|entry| bare(entry) == name)
+}
+
+/// Stacks read back from a tool's output.
+#[derive(Debug, Default, Clone, Copy)]
+struct StackCounts {
+    samples: u64,
+    rooted: u64,
+    lost: Option<u64>,
+}
+
+/// ddprof's `stacks.folded`: `process;root;…;leaf COUNT` lines.
+fn read_folded(path: &Path, thread_entries: &[&str]) -> Result<StackCounts> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut counts = StackCounts::default();
+    for line in text.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(count) = count.parse::<u64>() else {
+            continue;
+        };
+        counts.samples += count;
+        // The first name is the process's.
+        if stack
+            .split(';')
+            .nth(1)
+            .is_some_and(|root| is_root_frame(root, thread_entries))
+        {
+            counts.rooted += count;
+        }
+    }
+    Ok(counts)
+}
+
+/// The arguments of `perf script` that print one header line per sample,
+/// then its frames innermost first (`ADDRESS SYMBOL`), then a blank line;
+/// deep stacks whole, no inline expansion (addr2line takes minutes).
+fn perf_script_args(perf_data: &Path) -> Vec<String> {
+    vec![
+        "perf".into(),
+        "script".into(),
+        "-i".into(),
+        perf_data.display().to_string(),
+        "-F".into(),
+        "comm,tid,ip,sym".into(),
+        "--max-stack".into(),
+        "1024".into(),
+        "--no-inline".into(),
+        "--show-lost-events".into(),
+    ]
+}
+
+/// Parses `perf script`'s output (see [`perf_script_args`]) as it comes.
+fn parse_perf_script(output: impl Read, thread_entries: &[&str]) -> StackCounts {
+    let mut counts = StackCounts::default();
+    let mut in_sample = false;
+    let mut outermost: Option<String> = None;
+    let mut lost = 0u64;
+    let finish = |outermost: &mut Option<String>, counts: &mut StackCounts| {
+        counts.samples += 1;
+        if outermost
+            .take()
+            .is_some_and(|name| is_root_frame(&name, thread_entries))
+        {
+            counts.rooted += 1;
+        }
+    };
+    for line in BufReader::new(output).split(b'\n').map_while(Result::ok) {
+        let line = String::from_utf8_lossy(&line);
+        if line.trim().is_empty() {
+            if in_sample {
+                finish(&mut outermost, &mut counts);
+                in_sample = false;
+            }
+            continue;
+        }
+        if line.contains("PERF_RECORD_LOST") {
+            // `… PERF_RECORD_LOST lost 12` / `PERF_RECORD_LOST_SAMPLES lost 3`
+            lost += line
+                .split_whitespace()
+                .skip_while(|w| *w != "lost")
+                .nth(1)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            continue;
+        }
+        if line.starts_with(char::is_whitespace) {
+            // `\t    16a90 _start`: the symbol follows the address.
+            let frame = line.trim_start();
+            let symbol = frame.split_once(' ').map_or("", |(_, s)| s);
+            outermost = Some(symbol.to_string());
+        } else {
+            if in_sample {
+                finish(&mut outermost, &mut counts);
+            }
+            in_sample = true;
+            outermost = None;
+        }
+    }
+    if in_sample {
+        finish(&mut outermost, &mut counts);
+    }
+    counts.lost = Some(lost);
+    counts
+}
+
+/// samply's profile (the Firefox profiler's processed format, optionally
+/// gzip'd) and the `.syms.json` that `--unstable-presymbolicate` writes
+/// beside it: threads → samples → stack → frame → func → name, frames named
+/// from the symbols file by (library, address) when it has them.
+fn read_samply_profile(profile: &Path, thread_entries: &[&str]) -> Result<StackCounts> {
+    let bytes =
+        std::fs::read(profile).with_context(|| format!("cannot read {}", profile.display()))?;
+    let json: serde_json::Value = if bytes.starts_with(&[0x1f, 0x8b]) {
+        serde_json::from_reader(flate2::read::GzDecoder::new(&bytes[..]))?
+    } else {
+        serde_json::from_slice(&bytes)?
+    };
+    let symbols = read_samply_symbols(&profile.with_extension("syms.json"));
+    let libs: Vec<String> = json["libs"]
+        .as_array()
+        .map(|libs| {
+            libs.iter()
+                .map(|lib| lib["debugName"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let index = |value: &serde_json::Value| value.as_u64().map(|v| v as usize);
+    let mut counts = StackCounts::default();
+    for thread in json["threads"].as_array().into_iter().flatten() {
+        let strings = &thread["stringArray"];
+        let stack_prefix = &thread["stackTable"]["prefix"];
+        let stack_frame = &thread["stackTable"]["frame"];
+        let frame_func = &thread["frameTable"]["func"];
+        let frame_address = &thread["frameTable"]["address"];
+        let func_name = &thread["funcTable"]["name"];
+        let func_resource = &thread["funcTable"]["resource"];
+        let resource_lib = &thread["resourceTable"]["lib"];
+        // The outermost frame's name of each stack, memoized.
+        let mut root_of: HashMap<usize, bool> = HashMap::new();
+        let mut is_rooted = |mut stack: usize| -> bool {
+            let start = stack;
+            if let Some(&known) = root_of.get(&start) {
+                return known;
+            }
+            while let Some(prefix) = index(&stack_prefix[stack]) {
+                stack = prefix;
+            }
+            let rooted = index(&stack_frame[stack]).is_some_and(|frame| {
+                let func = index(&frame_func[frame]);
+                let from_symbols = func
+                    .and_then(|func| index(&func_resource[func]))
+                    .and_then(|resource| index(&resource_lib[resource]))
+                    .and_then(|lib| libs.get(lib))
+                    .zip(frame_address[frame].as_u64())
+                    .and_then(|(lib, address)| symbols.get(&(lib.clone(), address)));
+                let name = match from_symbols {
+                    Some(name) => name.as_str(),
+                    None => func
+                        .and_then(|func| index(&func_name[func]))
+                        .and_then(|s| strings[s].as_str())
+                        .unwrap_or(""),
+                };
+                is_root_frame(name, thread_entries)
+            });
+            root_of.insert(start, rooted);
+            rooted
+        };
+        let samples = &thread["samples"];
+        let weights = samples["weight"].as_array();
+        for (i, stack) in samples["stack"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let weight = weights.and_then(|w| w.get(i)?.as_u64()).unwrap_or(1);
+            counts.samples += weight;
+            if index(stack).is_some_and(&mut is_rooted) {
+                counts.rooted += weight;
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// (library debug name, address) → symbol name, from samply's `.syms.json`.
+fn read_samply_symbols(path: &Path) -> HashMap<(String, u64), String> {
+    let mut names = HashMap::new();
+    let Ok(text) = std::fs::read(path) else {
+        return names;
+    };
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return names;
+    };
+    let strings = &json["string_table"];
+    for lib in json["data"].as_array().into_iter().flatten() {
+        let debug_name = lib["debug_name"].as_str().unwrap_or("").to_string();
+        let table = &lib["symbol_table"];
+        for known in lib["known_addresses"].as_array().into_iter().flatten() {
+            let (Some(address), Some(symbol)) = (known[0].as_u64(), known[1].as_u64()) else {
+                continue;
+            };
+            if let Some(name) = table[symbol as usize]["symbol"]
+                .as_u64()
+                .and_then(|s| strings[s as usize].as_str())
+            {
+                names.insert((debug_name.clone(), address), name.to_string());
+            }
+        }
+    }
+    names
 }
 
 /// The command line of one tool around the measured workload.
@@ -272,6 +789,19 @@ fn command_line(
     measured: &[String],
 ) -> Option<Vec<String>> {
     let path = |p: &Path| p.display().to_string();
+    let perf_record = |call_graph: &str| -> Vec<String> {
+        vec![
+            "perf".into(),
+            "record".into(),
+            "-F".into(),
+            freq.to_string(),
+            "--call-graph".into(),
+            call_graph.into(),
+            "-o".into(),
+            path(&out.join("perf.data")),
+            "--".into(),
+        ]
+    };
     let mut line: Vec<String> = match tool {
         "unprofiled" => vec![],
         "ddprof-bpf" | "ddprof-perf" => vec![
@@ -288,31 +818,14 @@ fn command_line(
             path(out),
             "--".into(),
         ],
-        "perf-dwarf" => vec![
-            "perf".into(),
-            "record".into(),
-            "-F".into(),
-            freq.to_string(),
-            "--call-graph".into(),
-            "dwarf,32768".into(),
-            "-o".into(),
-            path(&out.join("perf.data")),
-            "--".into(),
-        ],
-        "perf-fp" => vec![
-            "perf".into(),
-            "record".into(),
-            "-F".into(),
-            freq.to_string(),
-            "-g".into(),
-            "-o".into(),
-            path(&out.join("perf.data")),
-            "--".into(),
-        ],
+        "perf-fp" => perf_record("fp"),
+        "perf-dwarf-8k" => perf_record("dwarf,8192"),
+        "perf-dwarf-32k" => perf_record("dwarf,32768"),
         "samply" => vec![
             path(samply?),
             "record".into(),
             "--save-only".into(),
+            "--unstable-presymbolicate".into(),
             "-r".into(),
             freq.to_string(),
             "-o".into(),
@@ -325,54 +838,97 @@ fn command_line(
     Some(line)
 }
 
-fn run_once(tool: &str, line: &[String], run_id: &str) -> Result<RunResult> {
-    let cgroup = Cgroup::create(&format!("ddprof-bench-{run_id}"))?;
-    let procs = cgroup.path.join("cgroup.procs");
+/// Runs `line` in a fresh cgroup; returns its output, the CPU of every
+/// process in the cgroup and the peak summed RSS of those not running one
+/// of `workload_exes`.
+struct Measured {
+    stdout: Vec<u8>,
+    stderr: String,
+    status: std::process::ExitStatus,
+    cpu: Duration,
+    peak_rss_kib: u64,
+}
+
+fn run_in_cgroup(
+    line: &[String],
+    cgroup_name: &str,
+    workload_exes: &Arc<HashSet<PathBuf>>,
+    on_stdout: Option<&mut dyn FnMut(std::process::ChildStdout)>,
+) -> Result<Measured> {
+    let cgroup = Cgroup::create(cgroup_name)?;
     let mut command = Command::new(&line[0]);
     command
         .args(&line[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // Join the cgroup before exec so that everything the tool starts is counted.
-    use std::os::unix::process::CommandExt;
-    let procs_for_child = procs.clone();
-    // SAFETY: the closure only writes a file (async-signal-safe enough for a
-    // freshly forked single-threaded child) before exec.
-    unsafe {
-        command.pre_exec(move || std::fs::write(&procs_for_child, b"0"));
-    }
+    cgroup.enter_on_spawn(&mut command);
     let before = cgroup.usage()?;
-    let child = command
+    let rss = RssSampler::start(cgroup.procs_file(), workload_exes.clone());
+    let mut child = command
         .spawn()
         .with_context(|| format!("cannot run {line:?}"))?;
-    let pid = child.id();
-    let watcher = std::thread::spawn(move || {
-        let mut peak = None;
-        while let Some(hwm) = vm_hwm_kib(pid) {
-            peak = Some(hwm);
-            std::thread::sleep(Duration::from_millis(50));
+    let stderr_pipe = child.stderr.take();
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = stderr_pipe {
+            let _ = pipe.read_to_string(&mut text);
         }
-        peak
+        text
     });
-    let output = child.wait_with_output()?;
-    let polled_peak = watcher.join().unwrap_or(None);
-    // ddprof's profiler outlives the command briefly (final flush): wait for it.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !cgroup.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
+    let mut stdout = Vec::new();
+    if let Some(pipe) = child.stdout.take() {
+        match on_stdout {
+            Some(consume) => consume(pipe),
+            None => {
+                let mut pipe = pipe;
+                let _ = pipe.read_to_end(&mut stdout);
+            }
+        }
     }
-    let total = cgroup.usage()?.saturating_sub(before);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
+    let status = child.wait()?;
+    let stderr = stderr_reader.join().unwrap_or_default();
+    cgroup.wait_until_empty();
+    let cpu = cgroup.usage()?.saturating_sub(before);
+    let peak_rss_kib = rss.finish();
+    Ok(Measured {
+        stdout,
+        stderr,
+        status,
+        cpu,
+        peak_rss_kib,
+    })
+}
+
+/// What one run needs to know about the workload.
+struct RunContext<'a> {
+    workload: &'a Workload,
+    workload_exes: Arc<HashSet<PathBuf>>,
+}
+
+fn run_once(
+    tool: &str,
+    line: &[String],
+    out: &Path,
+    run_id: &str,
+    context: &RunContext,
+) -> Result<RunResult> {
+    let measured = run_in_cgroup(
+        line,
+        &format!("ddprof-bench-{run_id}"),
+        &context.workload_exes,
+        None,
+    )?;
+    let stderr = &measured.stderr;
+    if !measured.status.success() {
         // Some tools explain themselves on stdout, some after a blank line.
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stdout = String::from_utf8_lossy(&measured.stdout);
         let reason = stderr
             .lines()
             .chain(stdout.lines())
             .find(|l| !l.trim().is_empty())
             .unwrap_or("no message");
-        bail!("{tool} failed ({}): {}", output.status, reason.trim());
+        bail!("{tool} failed ({}): {}", measured.status, reason.trim());
     }
     let measure_line = stderr
         .lines()
@@ -383,32 +939,52 @@ fn run_once(tool: &str, line: &[String], run_id: &str) -> Result<RunResult> {
     let workload_cpu = Duration::from_nanos(field(measure_line, "cpu_ns").unwrap_or(0));
     let mut result = RunResult {
         wall,
+        workload_cpu,
         ..Default::default()
     };
-    if tool != "unprofiled" {
-        result.profiler_cpu = Some(total.saturating_sub(workload_cpu));
+    if tool == "unprofiled" {
+        return Ok(result);
     }
-    if tool.starts_with("ddprof") {
+    let mut tool_cpu = measured.cpu.saturating_sub(workload_cpu);
+    let mut peak_rss = measured.peak_rss_kib;
+    let entries = context.workload.thread_entries;
+    let counts = if tool.starts_with("ddprof") {
         let summary = stderr
             .lines()
             .rev()
             .find(|l| l.contains("summary:"))
             .unwrap_or("");
-        result.samples = field(summary, "samples");
-        result.full_stacks = field(summary, "full_stacks");
-        result.peak_rss_kib = field(summary, "peak_rss_kib");
+        let mut counts = read_folded(&out.join("stacks.folded"), entries)?;
+        counts.lost = field(summary, "lost");
+        counts
     } else if tool.starts_with("perf") {
-        result.samples = stderr.lines().find_map(|l| {
-            l.split('(')
-                .nth(1)?
-                .strip_suffix(" samples) ]")?
-                .parse()
-                .ok()
-        });
-        result.peak_rss_kib = polled_peak;
-    } else if tool == "samply" {
-        result.peak_rss_kib = polled_peak;
-    }
+        // perf unwinds (dwarf) and names the frames here: part of the tool.
+        let script = perf_script_args(&out.join("perf.data"));
+        let mut counts = StackCounts::default();
+        let scripted = run_in_cgroup(
+            &script,
+            &format!("ddprof-bench-{run_id}-script"),
+            &Arc::new(HashSet::new()),
+            Some(&mut |stdout| counts = parse_perf_script(stdout, entries)),
+        )?;
+        if !scripted.status.success() {
+            bail!(
+                "perf script failed ({}): {}",
+                scripted.status,
+                scripted.stderr.lines().next().unwrap_or("no message")
+            );
+        }
+        tool_cpu += scripted.cpu;
+        peak_rss = peak_rss.max(scripted.peak_rss_kib);
+        counts
+    } else {
+        read_samply_profile(&out.join("profile.json.gz"), entries)?
+    };
+    result.tool_cpu = Some(tool_cpu);
+    result.peak_rss_kib = Some(peak_rss);
+    result.samples = Some(counts.samples);
+    result.rooted = Some(counts.rooted);
+    result.lost = counts.lost;
     Ok(result)
 }
 
@@ -437,31 +1013,263 @@ fn median(mut values: Vec<f64>) -> Option<f64> {
     Some(values[values.len() / 2])
 }
 
-pub fn measure(command: &[String]) -> Result<std::process::ExitCode> {
+/// The medians of one (workload, tool, frequency).
+#[derive(Debug, Default, Clone, Copy)]
+struct Medians {
+    wall_s: Option<f64>,
+    workload_cpu_ms: Option<f64>,
+    tool_cpu_ms: Option<f64>,
+    samples: Option<f64>,
+    lost: Option<f64>,
+    root_share: Option<f64>,
+    rss_mib: Option<f64>,
+    output_kib: Option<f64>,
+}
+
+impl Medians {
+    fn of(results: &[RunResult]) -> Self {
+        let median_of = |figure: &dyn Fn(&RunResult) -> Option<f64>| {
+            median(results.iter().filter_map(figure).collect())
+        };
+        Self {
+            wall_s: median_of(&|r| Some(r.wall.as_secs_f64())),
+            workload_cpu_ms: median_of(&|r| Some(r.workload_cpu.as_secs_f64() * 1e3)),
+            tool_cpu_ms: median_of(&|r| Some(r.tool_cpu?.as_secs_f64() * 1e3)),
+            samples: median_of(&|r| Some(r.samples? as f64)),
+            lost: median_of(&|r| Some(r.lost? as f64)),
+            root_share: median_of(&|r| Some(r.rooted? as f64 / r.samples?.max(1) as f64 * 100.0)),
+            rss_mib: median_of(&|r| Some(r.peak_rss_kib? as f64 / 1024.0)),
+            output_kib: median_of(&|r| Some(r.output_bytes? as f64 / 1024.0)),
+        }
+    }
+}
+
+/// The summary of one (workload, tool) over the frequencies.
+#[derive(Debug, Default, Clone)]
+struct ToolFigures {
+    /// Per frequency, lowest first.
+    per_freq: Vec<(u32, Medians)>,
+    /// µs of tool CPU per extra sample.
+    marginal_us: Option<f64>,
+    /// ms of tool CPU that does not grow with the samples.
+    fixed_ms: Option<f64>,
+    /// µs of the workload's CPU per sample at the highest frequency that
+    /// unprofiled runs did not use (the kernel's side of sampling).
+    workload_added_us: Option<f64>,
+    failure: Option<String>,
+}
+
+impl ToolFigures {
+    fn compute(per_freq: Vec<(u32, Medians)>) -> Self {
+        let (mut marginal_us, mut fixed_ms) = (None, None);
+        if let (Some((_, low)), Some((_, high))) = (per_freq.first(), per_freq.last()) {
+            if let (Some(cpu_lo), Some(cpu_hi), Some(n_lo), Some(n_hi)) =
+                (low.tool_cpu_ms, high.tool_cpu_ms, low.samples, high.samples)
+            {
+                if n_hi > n_lo {
+                    let marginal_ms = (cpu_hi - cpu_lo) / (n_hi - n_lo);
+                    marginal_us = Some(marginal_ms * 1e3);
+                    fixed_ms = Some(cpu_lo - n_lo * marginal_ms);
+                }
+            }
+        }
+        Self {
+            per_freq,
+            marginal_us,
+            fixed_ms,
+            workload_added_us: None,
+            failure: None,
+        }
+    }
+
+    fn at_lowest(&self) -> Option<&Medians> {
+        self.per_freq.first().map(|(_, m)| m)
+    }
+
+    fn at_highest(&self) -> Option<&Medians> {
+        self.per_freq.last().map(|(_, m)| m)
+    }
+}
+
+fn show(value: Option<f64>, digits: usize) -> String {
+    value
+        .map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "–".into())
+}
+
+/// `a / b / …` over the frequencies.
+fn per_freq(
+    figures: &ToolFigures,
+    value: impl Fn(&Medians) -> Option<f64>,
+    digits: usize,
+) -> String {
+    figures
+        .per_freq
+        .iter()
+        .map(|(_, m)| show(value(m), digits))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// Everything measured, for the targets table.
+#[derive(Default)]
+struct BenchResults {
+    /// (workload, tool) → figures.
+    tools: BTreeMap<(String, String), ToolFigures>,
+    global: Option<GlobalStartup>,
+}
+
+impl BenchResults {
+    fn get(&self, workload: &str, tool: &str) -> Option<&ToolFigures> {
+        self.tools
+            .get(&(workload.to_string(), tool.to_string()))
+            .filter(|f| f.failure.is_none())
+    }
+}
+
+/// What `ddprof --global` cost to start.
+#[derive(Debug, Clone)]
+struct GlobalStartup {
+    command: String,
+    /// CPU of the ddprof processes when the start-up was done (`start-up: done`).
+    startup_cpu: Option<Duration>,
+    startup_wall: Option<Duration>,
+    /// CPU over the whole run, and its length.
+    total_cpu: Duration,
+    total_wall: Duration,
+    peak_rss_kib: u64,
+    /// ddprof's own `start-up:` and `engine:` lines.
+    log_lines: Vec<String>,
+    failure: Option<String>,
+}
+
+/// Runs `ddprof --global` for `seconds` in a cgroup of its own and takes
+/// the cgroup's CPU when ddprof logs that its start-up is done.
+fn global_startup(ddprof: &Path, seconds: u32, freq: u32) -> Result<GlobalStartup> {
+    let out = target_dir().join("bench/out/global");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let line: Vec<String> = vec![
+        ddprof.display().to_string(),
+        "--global".into(),
+        "-e".into(),
+        format!("sCPU freq={freq}"),
+        "--upload-period".into(),
+        "600".into(),
+        "--log-level".into(),
+        "info".into(),
+        "--output".into(),
+        out.display().to_string(),
+    ];
+    let cgroup = Arc::new(Cgroup::create("ddprof-bench-global")?);
+    let mut command = Command::new(&line[0]);
+    command
+        .args(&line[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cgroup.enter_on_spawn(&mut command);
+    let before = cgroup.usage()?;
+    let rss = RssSampler::start(cgroup.procs_file(), Arc::new(HashSet::new()));
     let started = Instant::now();
-    let status = Command::new(&command[0]).args(&command[1..]).status()?;
-    let wall = started.elapsed();
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)?;
-    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
-    let cpu = Duration::from_micros(micros(usage.user_time()) + micros(usage.system_time()));
-    eprintln!(
-        "measure: wall_ns={} cpu_ns={}",
-        wall.as_nanos(),
-        cpu.as_nanos()
-    );
-    Ok(if status.success() {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::FAILURE
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("cannot run {line:?}"))?;
+    let stderr = child.stderr.take().context("no stderr pipe")?;
+    let watched = cgroup.clone();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        let mut done_at = None;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("start-up: done") && done_at.is_none() {
+                done_at = Some((watched.usage().ok(), started.elapsed()));
+            }
+            // The start-up steps, the engine chosen and the program's
+            // figures; not the engine's later notices.
+            let message = line.split_once(": ").map_or(line.as_str(), |(_, m)| m);
+            let message = message.split_once(": ").map_or(message, |(_, m)| m);
+            if message.starts_with("start-up:")
+                || message.starts_with("engine:")
+                || message.starts_with("BPF engine: ") && message.contains(" verified ")
+                || message.starts_with("summary:")
+                || line.contains("error")
+            {
+                lines.push(line);
+            }
+        }
+        (lines, done_at)
+    });
+    std::thread::sleep(Duration::from_secs(seconds.into()));
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let status = child.wait()?;
+    let total_wall = started.elapsed();
+    let (log_lines, done_at) = reader.join().unwrap_or_default();
+    cgroup.wait_until_empty();
+    let total_cpu = cgroup.usage()?.saturating_sub(before);
+    let peak_rss_kib = rss.finish();
+    let (startup_cpu, startup_wall) = match done_at {
+        Some((cpu, wall)) => (cpu.map(|c| c.saturating_sub(before)), Some(wall)),
+        None => (None, None),
+    };
+    let failure = (!status.success() && startup_cpu.is_none()).then(|| {
+        format!(
+            "ddprof --global exited with {status}: {}",
+            log_lines.last().map_or("no message", String::as_str)
+        )
+    });
+    Ok(GlobalStartup {
+        command: shell_words(&line),
+        startup_cpu,
+        startup_wall,
+        total_cpu,
+        total_wall,
+        peak_rss_kib,
+        log_lines,
+        failure,
     })
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    let runs = if args.quick && args.runs == 3 {
+        1
+    } else {
+        args.runs
+    };
+    let mut freqs = args.freq.clone();
+    freqs.sort_unstable();
+    freqs.dedup();
+    if freqs.is_empty() || freqs.contains(&0) {
+        bail!("--freq needs one or more frequencies above 0 Hz, e.g. --freq 99,999");
+    }
+    let selected: Vec<String> = if args.workloads.is_empty() && args.quick {
+        QUICK_WORKLOADS.iter().map(|w| w.to_string()).collect()
+    } else {
+        args.workloads.clone()
+    };
+    for name in &selected {
+        if !WORKLOADS.iter().any(|w| w.name == name) {
+            bail!(
+                "unknown workload `{name}` (known: {})",
+                WORKLOADS
+                    .iter()
+                    .map(|w| w.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    for name in &args.tools {
+        if !TOOLS.contains(&name.as_str()) {
+            bail!("unknown tool `{name}` (known: {})", TOOLS.join(", "));
+        }
+    }
     let ddprof = match &args.ddprof {
         Some(binary) => binary.clone(),
         None => build_all(true)?,
     };
-    let measure_exe = std::env::current_exe()?;
+    let measure_exe = build_measure()?;
     let samply = if args.tools.is_empty() || args.tools.iter().any(|t| t == "samply") {
         samply()
     } else {
@@ -473,15 +1281,38 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .filter(|t| args.tools.is_empty() || args.tools.iter().any(|a| a == t))
         .filter(|t| !t.starts_with("perf") || have("perf"))
         .collect();
+    let workloads: Vec<&Workload> = WORKLOADS
+        .iter()
+        .filter(|w| selected.is_empty() || selected.iter().any(|a| a == w.name))
+        .collect();
+    let freq_list = freqs
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(" / ");
     let mut report = String::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     writeln!(report, "# Benchmarks\n")?;
     writeln!(
         report,
-        "Generated by `cargo xtask bench --runs {} --freq {} --work {}{}{}` on {} CPUs, kernel {}.",
-        args.runs,
-        args.freq,
+        "Generated by `cargo xtask bench --runs {runs} --freq {} --work {}{}{}{}{}{}` on {} CPUs, kernel {}.",
+        freqs.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
         args.work,
+        if selected.is_empty() {
+            String::new()
+        } else {
+            format!(" --workloads {}", selected.join(","))
+        },
+        if args.tools.is_empty() {
+            String::new()
+        } else {
+            format!(" --tools {}", args.tools.join(","))
+        },
+        if args.global_seconds == 5 {
+            String::new()
+        } else {
+            format!(" --global-seconds {}", args.global_seconds)
+        },
         if args.write_docs { " --write-docs" } else { "" },
         args.ddprof
             .as_ref()
@@ -495,7 +1326,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if samply.is_some() {
         writeln!(
             report,
-            "samply {SAMPLY_VERSION} is built from crates.io{}.\n",
+            "samply {SAMPLY_VERSION} is built from crates.io{}, and run with \
+             `--unstable-presymbolicate` so that it names frames during the run as ddprof does.\n",
             if samply_patch().is_file() {
                 " with `shared/bench/samply-pmu-less.patch` applied (the one-line fix that lets it \
                  fall back to cpu-clock on machines without a hardware PMU, like this one)"
@@ -504,126 +1336,251 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
         )?;
     }
-    writeln!(report, "Medians of {} runs. *overhead*: the workload's wall time over its unprofiled wall time. *profiler CPU*: CPU of every process in the run's cgroup minus the workload's own CPU. *CPU/1000 samples*: profiler CPU per thousand samples the tool reports.\n", args.runs)?;
-    for workload in WORKLOADS
-        .iter()
-        .filter(|w| args.workloads.is_empty() || args.workloads.iter().any(|a| a == w.name))
-    {
+    writeln!(
+        report,
+        "Medians of {runs} runs per tool and frequency; each workload does `--work {}` (about {} s of CPU) \
+         whatever the frequency.\n\n\
+         - *tool CPU*: CPU of every process in the run's cgroup minus the workload's own CPU \
+         (measured by the `measure` wrapper, `xtask/src/measure.c`, a small C program so that \
+         the tools, which profile it too, have next to nothing of it to symbolize); for perf, plus the CPU of `perf script` \
+         (`{}`), which does perf's unwinding (dwarf) and symbolization.\n\
+         - *marginal CPU / sample*: (CPU@{hi} − CPU@{lo}) / (samples@{hi} − samples@{lo}); \
+         *fixed CPU*: CPU@{lo} − samples@{lo} × marginal (start-up, exit, per-run work).\n\
+         - *slowdown*: the workload's wall time over its unprofiled wall time. *workload CPU \
+         added / sample*: (the workload's CPU − its unprofiled CPU) / samples: the kernel's work \
+         at each sample (timer interrupt, stack copy, and the BPF program's unwinding) is \
+         charged to the task it interrupts, so it is there and not in *tool CPU*.\n\
+         - *peak RSS*: the highest sum of `VmRSS` over the tool's processes (those of the run's \
+         cgroup not running the workload's executables), sampled every 50 ms, or the highest \
+         `VmHWM` of one of them if higher (peaks shorter than 50 ms); for perf, the \
+         higher of `perf record`'s and `perf script`'s. (Not the memory cgroup's peak: it \
+         would count the workload and the page cache of the tool's output.)\n\
+         - *samples*, *root share*: read back from each tool's output (ddprof's `stacks.folded`, \
+         `perf script`, samply's `profile.json.gz` with its `.syms.json`); a stack reaches the \
+         root when its outermost frame is one of {} (symbol versions, offsets and leading \
+         underscores ignored: samply drops the first underscore of ELF symbols) or \
+         the workload's thread entry function. *lost*: ddprof's summary; perf's \
+         `PERF_RECORD_LOST` records; samply does not say. *output*: every file the tool \
+         wrote (ddprof: pprof, `flamegraph.svg`, `stacks.folded`; perf: `perf.data`; samply: \
+         `profile.json.gz` and its `.syms.json`).\n",
+        args.work,
+        args.work,
+        shell_words(&perf_script_args(Path::new("perf.data"))),
+        ROOT_FRAMES
+            .iter()
+            .map(|f| format!("`{f}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        lo = freqs[0],
+        hi = freqs[freqs.len() - 1],
+    )?;
+    let mut results = BenchResults::default();
+    let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    for workload in &workloads {
         let binary = build_workload(workload)?;
+        let mut workload_exes: HashSet<PathBuf> = HashSet::new();
+        workload_exes.insert(canonical(&measure_exe));
+        workload_exes.insert(canonical(&binary));
+        for helper in workload.helpers {
+            workload_exes.insert(canonical(
+                &workload_dir().join(helper.trim_end_matches(".c")),
+            ));
+        }
+        workload_exes.insert(canonical(Path::new("/bin/true")));
+        let context = RunContext {
+            workload,
+            workload_exes: Arc::new(workload_exes),
+        };
         let mut measured = vec![
             measure_exe.display().to_string(),
-            "measure".into(),
-            "--".into(),
             binary.display().to_string(),
         ];
-        measured.extend((workload.args)(args.work));
-        writeln!(report, "## {}\n", workload.name)?;
-        writeln!(report, "| tool | wall (s) | overhead | profiler CPU (ms) | samples | CPU/1000 samples (ms) | full stacks | peak RSS (MiB) | output (KiB) |")?;
-        writeln!(
-            report,
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-        )?;
-        let mut baseline_wall = None;
-        let mut commands = BTreeMap::new();
-        // Every tool's command line, then the runs interleaved (run 1 of
-        // every tool, then run 2, …) so that a slow spell of the machine
-        // weighs on every tool alike instead of on one row.
-        let mut lines: Vec<(&str, PathBuf, Option<Vec<String>>)> = Vec::new();
+        measured.extend((workload.args)(args.work, &workload_dir()));
+        // Every (tool, frequency)'s command line, then the runs interleaved
+        // (run 1 of every one, then run 2, …) so that a slow spell of the
+        // machine weighs on every tool alike instead of on one row.
+        let mut commands: Vec<String> = Vec::new();
+        let mut lines: Vec<(&str, u32, PathBuf, Option<Vec<String>>)> = Vec::new();
         for tool in &tools {
-            let out = target_dir()
-                .join("bench/out")
-                .join(format!("{}-{tool}", workload.name));
-            let line = command_line(tool, &ddprof, samply.as_deref(), args.freq, &out, &measured)
-                .map(|line| {
-                    if line.is_empty() {
-                        measured.clone()
+            let tool_freqs: &[u32] = if *tool == "unprofiled" {
+                &freqs[..1]
+            } else {
+                &freqs
+            };
+            for &freq in tool_freqs {
+                let out = target_dir()
+                    .join("bench/out")
+                    .join(format!("{}-{tool}-{freq}", workload.name));
+                let line = command_line(tool, &ddprof, samply.as_deref(), freq, &out, &measured)
+                    .map(|line| {
+                        if line.is_empty() {
+                            measured.clone()
+                        } else {
+                            line
+                        }
+                    });
+                if let Some(line) = &line {
+                    let label = if *tool == "unprofiled" {
+                        tool.to_string()
                     } else {
-                        line
+                        format!("{tool} @ {freq} Hz")
+                    };
+                    commands.push(format!("- {label}: `{}`", shell_words(line)));
+                    if tool.starts_with("perf") {
+                        commands.push(format!(
+                            "  then `{}`",
+                            shell_words(&perf_script_args(&out.join("perf.data")))
+                        ));
                     }
-                });
-            if let Some(line) = &line {
-                commands.insert(tool.to_string(), shell_words(line));
+                }
+                lines.push((tool, freq, out, line));
             }
-            lines.push((tool, out, line));
         }
-        let mut results: BTreeMap<&str, Vec<RunResult>> = BTreeMap::new();
+        let mut outcomes: BTreeMap<(&str, u32), Vec<RunResult>> = BTreeMap::new();
         let mut failures: BTreeMap<&str, String> = BTreeMap::new();
-        for run in 0..args.runs {
-            for (tool, out, line) in &lines {
+        for run in 0..runs {
+            for (tool, freq, out, line) in &lines {
                 let Some(line) = line else { continue };
                 if failures.contains_key(tool) {
                     continue;
                 }
                 let _ = std::fs::remove_dir_all(out);
                 std::fs::create_dir_all(out)?;
-                say(&format!("{} / {tool}: run {}", workload.name, run + 1));
-                match run_once(tool, line, &format!("{}-{tool}-{run}", workload.name)) {
+                say(&format!(
+                    "{} / {tool} @ {freq} Hz: run {}",
+                    workload.name,
+                    run + 1
+                ));
+                let run_id = format!("{}-{tool}-{freq}-{run}", workload.name);
+                match run_once(tool, line, out, &run_id, &context) {
                     Ok(mut result) => {
                         result.output_bytes = Some(dir_size(out));
-                        results.entry(tool).or_default().push(result);
+                        outcomes.entry((tool, *freq)).or_default().push(result);
                     }
                     Err(error) => {
+                        say(&format!("{tool}: {error:#}"));
                         failures.insert(tool, format!("{error:#}"));
                     }
                 }
             }
         }
-        for (tool, _, line) in &lines {
-            if line.is_none() {
-                writeln!(report, "| {tool} | not available | | | | | | | |")?;
+        let baseline = outcomes
+            .get(&("unprofiled", freqs[0]))
+            .map(|r| Medians::of(r));
+        writeln!(report, "## {}\n", workload.name)?;
+        if let Some(base) = baseline {
+            writeln!(
+                report,
+                "Unprofiled: wall {} s, CPU {} s.\n",
+                show(base.wall_s, 3),
+                show(base.workload_cpu_ms.map(|ms| ms / 1e3), 3)
+            )?;
+        }
+        writeln!(
+            report,
+            "| tool | marginal CPU / sample (µs) | fixed CPU (ms) | tool CPU @ {freq_list} Hz (ms) | \
+             slowdown @ {freq_list} Hz | workload CPU added / sample @ {hi} Hz (µs) | peak RSS (MiB) | \
+             samples @ {freq_list} Hz | lost | root share | output (KiB) |",
+            hi = freqs[freqs.len() - 1]
+        )?;
+        writeln!(
+            report,
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        )?;
+        for tool in tools.iter().filter(|t| **t != "unprofiled") {
+            if !lines
+                .iter()
+                .any(|(t, _, _, line)| t == tool && line.is_some())
+            {
+                writeln!(report, "| {tool} | not available | | | | | | | | | |")?;
                 continue;
             }
+            let key = (workload.name.to_string(), tool.to_string());
             if let Some(failure) = failures.get(tool) {
                 writeln!(
                     report,
-                    "| {tool} | failed: {} | | | | | | | |",
+                    "| {tool} | failed: {} | | | | | | | | | |",
                     failure.replace('|', "/")
                 )?;
+                results.tools.insert(
+                    key,
+                    ToolFigures {
+                        failure: Some(failure.clone()),
+                        ..Default::default()
+                    },
+                );
                 continue;
             }
-            let results = results.remove(tool).unwrap_or_default();
-            // The median over the runs of one figure (runs without it are skipped).
-            let median_of = |figure: &dyn Fn(&RunResult) -> Option<f64>| {
-                median(results.iter().filter_map(figure).collect())
+            let per: Vec<(u32, Medians)> = freqs
+                .iter()
+                .map(|&f| {
+                    (
+                        f,
+                        outcomes
+                            .get(&(*tool, f))
+                            .map(|r| Medians::of(r))
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let mut figures = ToolFigures::compute(per);
+            let slowdown = |m: &Medians| Some(m.wall_s? / baseline?.wall_s?);
+            // What sampling costs inside the workload (the kernel's work at
+            // each sample, the BPF program's unwinding included, is charged
+            // to the task it interrupts).
+            let added_per_sample = |m: &Medians| {
+                Some((m.workload_cpu_ms? - baseline?.workload_cpu_ms?) / m.samples? * 1e3)
             };
-            let wall = median_of(&|r| Some(r.wall.as_secs_f64())).unwrap_or(0.0);
-            if *tool == "unprofiled" {
-                baseline_wall = Some(wall);
-            }
-            let overhead = baseline_wall
-                .map(|b| format!("{:.3}×", wall / b))
-                .unwrap_or_default();
-            let cpu_ms = median_of(&|r| Some(r.profiler_cpu?.as_secs_f64() * 1e3));
-            let samples = median_of(&|r| Some(r.samples? as f64));
-            let per_thousand = median_of(&|r| {
-                Some(r.profiler_cpu?.as_secs_f64() * 1e3 / (r.samples? as f64 / 1000.0))
-            });
-            let full =
-                median_of(&|r| Some(r.full_stacks? as f64 / r.samples?.max(1) as f64 * 100.0));
-            let rss = median_of(&|r| Some(r.peak_rss_kib? as f64 / 1024.0));
-            let bytes = median_of(&|r| Some(r.output_bytes? as f64 / 1024.0));
-            let show = |v: Option<f64>, digits: usize| {
-                v.map(|v| format!("{v:.digits$}"))
-                    .unwrap_or_else(|| "–".into())
-            };
+            let high = figures.at_highest().copied().unwrap_or_default();
+            let rss = figures
+                .per_freq
+                .iter()
+                .filter_map(|(_, m)| m.rss_mib)
+                .reduce(f64::max);
             writeln!(
                 report,
-                "| {tool} | {wall:.3} | {overhead} | {} | {} | {} | {} | {} | {} |",
-                show(cpu_ms, 1),
-                show(samples, 0),
-                show(per_thousand, 2),
-                full.map(|f| format!("{f:.1} %"))
-                    .unwrap_or_else(|| "–".into()),
+                "| {tool} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                show(figures.marginal_us, 2),
+                show(figures.fixed_ms, 1),
+                per_freq(&figures, |m| m.tool_cpu_ms, 1),
+                per_freq(&figures, |m| slowdown(m), 3),
+                show(added_per_sample(&high), 1),
                 show(rss, 1),
-                show(bytes, 0)
+                per_freq(&figures, |m| m.samples, 0),
+                show(high.lost, 0),
+                high.root_share
+                    .map(|f| format!("{f:.1} %"))
+                    .unwrap_or_else(|| "–".into()),
+                show(high.output_kib, 0)
             )?;
+            figures.workload_added_us = added_per_sample(&high);
+            results.tools.insert(key, figures);
         }
         writeln!(report, "\nCommands:\n")?;
-        for (tool, line) in commands {
-            writeln!(report, "- {tool}: `{line}`")?;
+        for line in commands {
+            writeln!(report, "{line}")?;
         }
         writeln!(report)?;
     }
+    if args.global_seconds > 0 {
+        say(&format!("ddprof --global for {} s", args.global_seconds));
+        let global =
+            global_startup(&ddprof, args.global_seconds, freqs[0]).unwrap_or_else(|error| {
+                GlobalStartup {
+                    command: String::new(),
+                    startup_cpu: None,
+                    startup_wall: None,
+                    total_cpu: Duration::ZERO,
+                    total_wall: Duration::ZERO,
+                    peak_rss_kib: 0,
+                    log_lines: Vec::new(),
+                    failure: Some(format!("{error:#}")),
+                }
+            });
+        write_global_section(&mut report, &global, args.global_seconds)?;
+        results.global = Some(global);
+    }
+    write_targets(&mut report, &results, &freqs, args.work)?;
     println!("{report}");
     if args.write_docs {
         let path = workspace_root().join("docs/Benchmarks.md");
@@ -636,6 +1593,267 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+fn write_global_section(report: &mut String, global: &GlobalStartup, seconds: u32) -> Result<()> {
+    writeln!(report, "## `--global` start-up\n")?;
+    if let Some(failure) = &global.failure {
+        writeln!(report, "Failed: {failure}\n")?;
+        return Ok(());
+    }
+    writeln!(
+        report,
+        "`{}` for {seconds} s, then SIGINT, in a cgroup of its own; the start-up's CPU is the \
+         cgroup's when ddprof logs `start-up: done`.\n",
+        global.command
+    )?;
+    writeln!(
+        report,
+        "| start-up CPU (ms) | start-up wall (ms) | whole run CPU (ms) | whole run wall (s) | peak RSS (MiB) |"
+    )?;
+    writeln!(report, "| --- | --- | --- | --- | --- |")?;
+    writeln!(
+        report,
+        "| {} | {} | {:.0} | {:.1} | {:.1} |\n",
+        show(global.startup_cpu.map(|d| d.as_secs_f64() * 1e3), 0),
+        show(global.startup_wall.map(|d| d.as_secs_f64() * 1e3), 0),
+        global.total_cpu.as_secs_f64() * 1e3,
+        global.total_wall.as_secs_f64(),
+        global.peak_rss_kib as f64 / 1024.0
+    )?;
+    if !global.log_lines.is_empty() {
+        writeln!(report, "ddprof's own account of its start-up:\n\n```")?;
+        for line in &global.log_lines {
+            writeln!(report, "{line}")?;
+        }
+        writeln!(report, "```\n")?;
+    }
+    Ok(())
+}
+
+/// The targets of issue 10, each with the measured figure.
+fn write_targets(
+    report: &mut String,
+    results: &BenchResults,
+    freqs: &[u32],
+    work: u32,
+) -> Result<()> {
+    writeln!(report, "## Targets (issue 10)\n")?;
+    writeln!(report, "From this run; ratios of medians.\n")?;
+    writeln!(report, "| target | measured | |")?;
+    writeln!(report, "| --- | --- | --- |")?;
+    let verdict = |met: Option<bool>| match met {
+        Some(true) => "met",
+        Some(false) => "**missed**",
+        None => "not measured",
+    };
+    let workloads_with = |tool: &str| -> Vec<(&str, &ToolFigures)> {
+        results
+            .tools
+            .iter()
+            .filter(|((_, t), f)| t == tool && f.failure.is_none())
+            .map(|((w, _), f)| (w.as_str(), f))
+            .collect()
+    };
+    // 1. eBPF marginal ≤ 2 µs at any depth.
+    let bpf = workloads_with("ddprof-bpf");
+    let worst = bpf
+        .iter()
+        .filter_map(|(w, f)| Some((*w, f.marginal_us?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    writeln!(
+        report,
+        "| eBPF engine marginal CPU per sample ≤ 2 µs on every workload (the profiler's CPU; \
+         the program's unwinding is charged to the workload, in brackets: *workload CPU added*) | {} | {} |",
+        worst
+            .map(|(w, v)| format!(
+                "worst {v:.2} µs ({w}); {}",
+                bpf.iter()
+                    .map(|(w, f)| format!(
+                        "{w} {} ({})",
+                        show(f.marginal_us, 2),
+                        show(f.workload_added_us, 1)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .unwrap_or_else(|| "–".into()),
+        verdict(worst.map(|(_, v)| v <= 2.0))
+    )?;
+    // 2, 3. On the deep workload: ≤ 1/4 of the perf engine's, ≤ 1/10 of samply's.
+    for (other, ratio) in [("ddprof-perf", 4.0), ("samply", 10.0)] {
+        let ours = results
+            .get("recursion", "ddprof-bpf")
+            .and_then(|f| f.marginal_us);
+        let theirs = results.get("recursion", other).and_then(|f| f.marginal_us);
+        let measured = match (ours, theirs) {
+            (Some(a), Some(b)) => format!("{a:.2} vs {b:.2} µs: 1/{:.1}", b / a),
+            _ => "–".into(),
+        };
+        writeln!(
+            report,
+            "| eBPF marginal CPU per sample ≤ 1/{ratio:.0} of {other}'s on recursion (300 frames) | {measured} | {} |",
+            verdict(ours.zip(theirs).map(|(a, b)| a * ratio <= b))
+        )?;
+    }
+    // 4. Whole profiler CPU at the lowest frequency < 1 % of the workload's.
+    let low = freqs[0];
+    for engine in ["ddprof-bpf", "ddprof-perf"] {
+        let shares: Vec<(&str, f64)> = workloads_with(engine)
+            .iter()
+            .filter_map(|(w, f)| {
+                let m = f.at_lowest()?;
+                Some((*w, m.tool_cpu_ms? / m.workload_cpu_ms? * 100.0))
+            })
+            .collect();
+        let worst = shares.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
+        writeln!(
+            report,
+            "| {engine}: whole profiler CPU at {low} Hz < 1 % of the workload's (`--work {work}`, start-up included) | {} | {} |",
+            worst
+                .map(|(w, v)| format!(
+                    "worst {v:.2} % ({w}); {}",
+                    shares
+                        .iter()
+                        .map(|(w, v)| format!("{w} {v:.2} %"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+                .unwrap_or_else(|| "–".into()),
+            verdict(worst.map(|(_, v)| v < 1.0))
+        )?;
+    }
+    // 5. Peak RSS ≤ 24 MiB for one profiled process.
+    for engine in ["ddprof-bpf", "ddprof-perf"] {
+        let peaks: Vec<(&str, f64)> = workloads_with(engine)
+            .iter()
+            .filter(|(w, _)| WORKLOADS.iter().any(|x| x.name == *w && x.single_process))
+            .filter_map(|(w, f)| {
+                Some((
+                    *w,
+                    f.per_freq
+                        .iter()
+                        .filter_map(|(_, m)| m.rss_mib)
+                        .reduce(f64::max)?,
+                ))
+            })
+            .collect();
+        let worst = peaks.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
+        writeln!(
+            report,
+            "| {engine}: peak RSS ≤ 24 MiB profiling one process | {} | {} |",
+            worst
+                .map(|(w, v)| format!("worst {v:.1} MiB ({w})"))
+                .unwrap_or_else(|| "–".into()),
+            verdict(worst.map(|(_, v)| v <= 24.0))
+        )?;
+    }
+    // 6. perf engine marginal ≤ samply's on every workload.
+    let pairs: Vec<(&str, f64, f64)> = workloads_with("ddprof-perf")
+        .iter()
+        .filter_map(|(w, f)| Some((*w, f.marginal_us?, results.get(w, "samply")?.marginal_us?)))
+        .collect();
+    let missed: Vec<String> = pairs
+        .iter()
+        .filter(|(_, ours, theirs)| ours > theirs)
+        .map(|(w, ours, theirs)| format!("{w} {ours:.2} vs {theirs:.2} µs"))
+        .collect();
+    writeln!(
+        report,
+        "| perf engine marginal CPU per sample ≤ samply's on every workload | {} | {} |",
+        if pairs.is_empty() {
+            "–".to_string()
+        } else if missed.is_empty() {
+            pairs
+                .iter()
+                .map(|(w, a, b)| format!("{w} {a:.2} vs {b:.2} µs"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            format!("above on {}", missed.join(", "))
+        },
+        verdict((!pairs.is_empty()).then_some(missed.is_empty()))
+    )?;
+    // 7. --global start-up ≤ 1 s of CPU.
+    let global = results.global.as_ref().and_then(|g| g.startup_cpu);
+    writeln!(
+        report,
+        "| `--global` start-up ≤ 1 s of CPU | {} | {} |\n",
+        global
+            .map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
+            .unwrap_or_else(|| "–".into()),
+        verdict(global.map(|d| d <= Duration::from_secs(1)))
+    )?;
+    Ok(())
+}
+
 /// The heading of docs/Benchmarks.md's section on the real-program corpus
 /// (tests/corpus.rs), which `--write-docs` keeps.
 const CORPUS_SECTION: &str = "## Real-program corpus";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_frames_ignore_versions_and_offsets() {
+        assert!(is_root_frame("__libc_start_main@@GLIBC_2.34", &[]));
+        assert!(is_root_frame("_start+0x25", &[]));
+        assert!(is_root_frame("clone3", &[]));
+        assert!(!is_root_frame("main", &[]));
+        assert!(!is_root_frame("[unknown]", &[]));
+        assert!(is_root_frame("thread_a_work", &["thread_a_work"]));
+        // As samply writes them.
+        assert!(is_root_frame("start", &[]));
+        assert!(is_root_frame("_libc_start_main_impl", &[]));
+    }
+
+    #[test]
+    fn perf_script_samples_are_counted_by_their_outermost_frame() {
+        let output = "chain  5711 \n\
+                      \t           16e09 chain_leaf_70\n\
+                      \t           27304 __libc_start_main@@GLIBC_2.34\n\
+                      \t           16a90 _start\n\
+                      \n\
+                      chain  5711 \n\
+                      \t           16e09 chain_leaf_70\n\
+                      \t           16e34 [unknown]\n\
+                      \n\
+                      perf 0 [000] 0.0: PERF_RECORD_LOST lost 7\n\
+                      worker-a  5712 \n\
+                      \t           16e09 thread_a_leaf\n\
+                      \t           16e34 thread_a_work\n";
+        let counts = parse_perf_script(output.as_bytes(), &["thread_a_work"]);
+        assert_eq!(
+            (counts.samples, counts.rooted, counts.lost),
+            (3, 2, Some(7))
+        );
+    }
+
+    #[test]
+    fn folded_stacks_skip_the_process_name() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stacks.folded");
+        std::fs::write(
+            &path,
+            "chain;_start;__libc_start_main;main;leaf 30\n\
+             chain;[truncated];leaf 5\n\
+             _start;leaf 1\n",
+        )
+        .unwrap();
+        let counts = read_folded(&path, &[]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((counts.samples, counts.rooted), (36, 30));
+    }
+
+    #[test]
+    fn marginal_and_fixed_cpu_come_from_the_lowest_and_highest_frequency() {
+        let at = |cpu: f64, samples: f64| Medians {
+            tool_cpu_ms: Some(cpu),
+            samples: Some(samples),
+            ..Default::default()
+        };
+        let figures = ToolFigures::compute(vec![(99, at(30.0, 400.0)), (999, at(66.0, 4000.0))]);
+        assert!((figures.marginal_us.unwrap() - 10.0).abs() < 1e-9);
+        assert!((figures.fixed_ms.unwrap() - 26.0).abs() < 1e-9);
+    }
+}

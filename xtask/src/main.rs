@@ -62,12 +62,6 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Profile a busy, churning program for a long time (30 min) and report the profiler's RSS each minute
     Soak(soak::SoakArgs),
-    /// Run a command and print its wall and CPU time (used by `bench`)
-    #[command(hide = true)]
-    Measure {
-        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
-        command: Vec<String>,
-    },
     /// Regenerate docs/Commands.md from the CLI definition
     Docs {
         /// Fail if docs/Commands.md is not up to date instead of writing it
@@ -225,7 +219,6 @@ fn main() -> ExitCode {
         Task::Demo { seconds } => demo(seconds),
         Task::Test { args } => test::run(&args),
         Task::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
-        Task::Measure { command } => bench::measure(&command),
         Task::Docs { check } => docs::run(check).map(|()| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|error| {

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
 use ddprof_common::bpf_maps::MappingEntry;
@@ -104,7 +104,11 @@ impl BpfEngine {
             return Err(BpfError::NoEvents);
         }
         let mut compiler = TableCache::with_limit(64 << 20);
-        let (snapshot, table_rows, processes) = size_for_workload(&mut compiler, &options);
+        let sizing = Instant::now();
+        let (snapshot, table_rows, processes, proc_time) =
+            size_for_workload(&mut compiler, &options);
+        let tables_time = sizing.elapsed().saturating_sub(proc_time);
+        let loading = Instant::now();
         let sizes = MapSizes {
             ring_buffer_bytes: options.ring_buffer_bytes,
             table_rows,
@@ -116,6 +120,7 @@ impl BpfEngine {
         };
         let ring = program.take_ring()?;
         let rows = program.map_rows()?;
+        let load_time = loading.elapsed();
         let stats = program.stats();
         log::info!(
             "BPF engine: {} verified ({} instructions, {} processed by the verifier, {:?}); {}",
@@ -145,10 +150,27 @@ impl BpfEngine {
             malformed: 0,
         };
         // The workload's tables are in the maps before its first sample.
+        let filling = Instant::now();
         engine.sync_with_young(&snapshot, &HashSet::new());
+        let fill_time = filling.elapsed();
+        let attaching = Instant::now();
         for event in &events {
             engine.program.attach(event)?;
         }
+        let ms = |time: Duration| time.as_secs_f64() * 1e3;
+        log::info!(
+            "start-up: BPF engine: /proc snapshot {:.0} ms ({} processes), unwind tables {:.0} ms, \
+             program load {:.0} ms, maps filled {:.0} ms ({} files, {} rows), attached to {} events {:.0} ms",
+            ms(proc_time),
+            snapshot.pids().count(),
+            ms(tables_time),
+            ms(load_time),
+            ms(fill_time),
+            engine.tables.len(),
+            engine.rows.capacity_rows() - engine.rows.free_rows(),
+            events.len(),
+            ms(attaching.elapsed())
+        );
         engine._events = events;
         Ok(engine)
     }
@@ -279,17 +301,20 @@ pub(super) fn is_alive(pid: u32) -> bool {
 
 /// Row-map and process-map sizes for the workload: the tables its processes
 /// map now, twice, plus room for what comes later, within the memory cap.
+/// Also returns how long reading `/proc` took.
 fn size_for_workload(
     compiler: &mut TableCache,
     options: &BpfEngineOptions,
-) -> (ProcessTable, u32, u32) {
+) -> (ProcessTable, u32, u32, Duration) {
     let max_rows = (options.max_table_bytes / ROW_SIZE).min(u32::MAX as usize / 2) as u32;
+    let reading = Instant::now();
     let mut processes = ProcessTable::new();
     for &pid in &options.workload_pids {
         if let Err(error) = processes.load_from_proc(pid) {
             log::debug!("BPF engine: cannot read /proc/{pid}: {error}");
         }
     }
+    let proc_time = reading.elapsed();
     let table_rows = match options.table_rows {
         Some(rows) => rows.min(max_rows),
         None => {
@@ -317,5 +342,5 @@ fn size_for_workload(
     let max_processes = options
         .max_processes
         .unwrap_or_else(|| (process_count.saturating_mul(2) + 64).clamp(128, 16384));
-    (processes, table_rows, max_processes)
+    (processes, table_rows, max_processes, proc_time)
 }

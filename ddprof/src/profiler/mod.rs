@@ -317,11 +317,18 @@ impl Profiler {
         let sampler = Sampler::start(&options.sampler, events, workload_pids, &processes)?;
         // Kernel addresses are readable only until the set-up capabilities
         // are dropped.
+        let copying = Instant::now();
         let kallsyms = options
             .sampler
             .kernel_stacks
             .then(KallsymsSnapshot::take)
             .flatten();
+        if kallsyms.is_some() {
+            log::info!(
+                "start-up: kallsyms copied in {:.0} ms",
+                copying.elapsed().as_secs_f64() * 1e3
+            );
+        }
         Ok(Self {
             options: options.clone(),
             target,
