@@ -171,7 +171,7 @@ impl RowStore {
         {
             return Err(io::Error::other("row window beyond the map"));
         }
-        let page = super::page_size();
+        let page = super::load::page_size();
         let map_start = offset / page * page;
         let map_len = (offset + len).div_ceil(page) * page - map_start;
         // SAFETY: a shared mapping of a BPF array map created mmapable, at
