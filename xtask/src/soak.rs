@@ -1,6 +1,6 @@
 //! `cargo xtask soak`: ddprof beside a busy, churning program for a long
 //! time (30 minutes by default), with the resident memory and CPU time of
-//! every profiler process read each minute, to show that nothing grows.
+//! every profiler process (the daemon and its worker) read each minute, to show that nothing grows.
 //!
 //! The profiled command is a shell running, for the whole soak, the chain
 //! workload (one CPU, steady stacks) and the churn workload (4 exec'd
@@ -31,25 +31,43 @@ pub struct SoakArgs {
 }
 
 /// One reading of the profiler's processes.
+#[derive(Default)]
 struct Reading {
     minute: u64,
     processes: usize,
+    /// RSS of every profiler process, summed.
     rss_kib: u64,
+    /// Of which the `ddprof-worker`'s.
+    worker_rss_kib: u64,
+    /// Proportional set size summed (pages the parent and its forked
+    /// worker share are counted once).
+    pss_kib: u64,
     cpu: Duration,
 }
 
-/// RSS and CPU time of every `ddprof-profiler` process whose command line
-/// holds `marker`.
-fn read_profilers(marker: &str) -> (usize, u64, Duration) {
+/// The profiler's processes: the daemon and, when it runs one, its worker.
+const PROFILER_COMMS: [&str; 2] = ["ddprof-profiler", "ddprof-worker"];
+
+/// `key:` of a `/proc` status-like file, in KiB.
+fn kib_field(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// RSS, PSS and CPU time of every profiler process (see [`PROFILER_COMMS`])
+/// whose command line holds `marker`.
+fn read_profilers(marker: &str) -> Reading {
     let ticks = 100.0; // USER_HZ
-    let (mut count, mut rss, mut cpu) = (0, 0, Duration::ZERO);
+    let mut reading = Reading::default();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return (0, 0, cpu);
+        return reading;
     };
     for entry in entries.flatten() {
         let path = entry.path();
         let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if comm.trim() != "ddprof-profiler" {
+        if !PROFILER_COMMS.contains(&comm.trim()) {
             continue;
         }
         let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
@@ -58,22 +76,30 @@ fn read_profilers(marker: &str) -> (usize, u64, Duration) {
         }
         let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
         let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
-        count += 1;
-        rss += status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0);
+        let rollup = std::fs::read_to_string(path.join("smaps_rollup")).unwrap_or_default();
+        reading.processes += 1;
+        let rss = kib_field(&status, "VmRSS:");
+        reading.rss_kib += rss;
+        if comm.trim() == "ddprof-worker" {
+            reading.worker_rss_kib += rss;
+        }
+        reading.pss_kib += kib_field(&rollup, "Pss:");
         // Fields after the command name: utime and stime are the 12th and
-        // 13th (fields 14 and 15 of the whole line).
+        // 13th (fields 14 and 15 of the whole line), cutime and cstime the
+        // 14th and 15th.
         if let Some((_, rest)) = stat.rsplit_once(')') {
             let fields: Vec<&str> = rest.split_whitespace().collect();
             let utime: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
             let stime: f64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-            cpu += Duration::from_secs_f64((utime + stime) / ticks);
+            // cutime and cstime: the workers the daemon has reaped.
+            let reaped: f64 = fields[13.min(fields.len())..15.min(fields.len())]
+                .iter()
+                .filter_map(|v| v.parse::<f64>().ok())
+                .sum();
+            reading.cpu += Duration::from_secs_f64((utime + stime + reaped) / ticks);
         }
     }
-    (count, rss, cpu)
+    reading
 }
 
 pub fn run(args: &SoakArgs) -> Result<()> {
@@ -139,21 +165,22 @@ pub fn run(args: &SoakArgs) -> Result<()> {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        let (processes, rss_kib, cpu) = read_profilers(&marker);
-        if processes == 0 {
+        let reading = Reading {
+            minute,
+            ..read_profilers(&marker)
+        };
+        if reading.processes == 0 {
             break;
         }
         crate::say(&format!(
-            "minute {minute}: {processes} profiler process(es), RSS {:.1} MiB, CPU {:.2} s",
-            rss_kib as f64 / 1024.0,
-            cpu.as_secs_f64()
+            "minute {minute}: {} profiler process(es), RSS {:.1} MiB (worker {:.1} MiB), PSS {:.1} MiB, CPU {:.2} s",
+            reading.processes,
+            mib(reading.rss_kib),
+            mib(reading.worker_rss_kib),
+            mib(reading.pss_kib),
+            reading.cpu.as_secs_f64()
         ));
-        readings.push(Reading {
-            minute,
-            processes,
-            rss_kib,
-            cpu,
-        });
+        readings.push(reading);
     }
     let status = running.wait()?;
     let log = log.join().unwrap_or_default();
@@ -165,8 +192,8 @@ pub fn run(args: &SoakArgs) -> Result<()> {
 
     let mut report = format!(
         "Soak of {} min, `--engine {}` at {} Hz, {}\n\nCommand: `{shown}`\n\n\
-         | minute | profiler processes | RSS (MiB) | profiler CPU (s, cumulative) |\n\
-         | --- | --- | --- | --- |\n",
+                  | minute | profiler processes | RSS, all (MiB) | of which the worker (MiB) | PSS, all (MiB) | profiler CPU (s, cumulative) |\n\
+         | --- | --- | --- | --- | --- | --- |\n",
         args.minutes,
         args.engine,
         args.frequency,
@@ -174,10 +201,12 @@ pub fn run(args: &SoakArgs) -> Result<()> {
     );
     for r in &readings {
         report.push_str(&format!(
-            "| {} | {} | {:.1} | {:.2} |\n",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
             r.minute,
             r.processes,
-            r.rss_kib as f64 / 1024.0,
+            mib(r.rss_kib),
+            mib(r.worker_rss_kib),
+            mib(r.pss_kib),
             r.cpu.as_secs_f64()
         ));
     }
@@ -223,6 +252,10 @@ pub fn run(args: &SoakArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
 }
 
 /// The time now in UTC, `YYYY-MM-DD HH:MM` (from `date`, to avoid a clock

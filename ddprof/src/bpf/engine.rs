@@ -23,9 +23,32 @@ use crate::process::ProcessTable;
 use crate::sample::{LossCounters, Sample};
 use crate::unwind::cache::TableCache;
 
-/// Bytes of the BPF ring buffer by default: room for ~800 samples of 80
-/// frames, several polls' worth at 999 Hz on a few CPUs.
+/// Bytes of the BPF ring buffer when the sampling rate is not known: room
+/// for ~800 samples of 80 frames, several polls' worth at 999 Hz on a few
+/// CPUs.
 pub const DEFAULT_RING_BUFFER_BYTES: usize = 4 << 20;
+
+/// The BPF ring buffer for `samples_per_second` (every CPU's): what that
+/// rate writes while the reader is away (250 ms), at a typical record's
+/// 2 KiB a sample, rounded up to a power of two (as the kernel requires)
+/// within 256 KiB..4 MiB. Its pages are mapped twice into the profiler (the
+/// kernel maps the data area back to back), so every byte here is two
+/// bytes of resident memory once the buffer has wrapped: sized from the
+/// rate rather than for the worst case. A burst that overflows it is
+/// counted as lost, and the loss says to raise `--ring-buffer-kib`.
+pub fn ring_buffer_bytes_for_rate(samples_per_second: u64) -> usize {
+    /// The longest the profiler loop leaves the buffer unread, with margin
+    /// (it waits on the buffer and wakes at least every 250 ms; the daemon
+    /// is niced and pinned, so a busy CPU can delay it).
+    const READER_AWAY_MILLIS: u64 = 250;
+    /// A record of ~250 frames: most stacks are far shallower.
+    const TYPICAL_RECORD_BYTES: u64 = 2048;
+    let bytes = samples_per_second.saturating_mul(READER_AWAY_MILLIS * TYPICAL_RECORD_BYTES) / 1000;
+    (bytes.max(1) as usize)
+        .checked_next_power_of_two()
+        .unwrap_or(DEFAULT_RING_BUFFER_BYTES)
+        .clamp(256 << 10, DEFAULT_RING_BUFFER_BYTES)
+}
 /// Default cap on the memory of the unwind-row map.
 pub const DEFAULT_MAX_TABLE_BYTES: usize = 256 << 20;
 /// Rows reserved beyond what the workload needs at start, for libraries and
@@ -343,4 +366,27 @@ fn size_for_workload(
         .max_processes
         .unwrap_or_else(|| (process_count.saturating_mul(2) + 64).clamp(128, 16384));
     (processes, table_rows, max_processes, proc_time)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_buffer_follows_the_sampling_rate() {
+        // 999 Hz on 2 CPUs: ~1 MB written in 250 ms of typical records.
+        assert_eq!(ring_buffer_bytes_for_rate(2 * 999), 1 << 20);
+        // The default 99 Hz: the 256 KiB floor.
+        assert_eq!(ring_buffer_bytes_for_rate(2 * 99), 256 << 10);
+        assert_eq!(ring_buffer_bytes_for_rate(0), 256 << 10);
+        // Many CPUs at a high rate: capped.
+        assert_eq!(
+            ring_buffer_bytes_for_rate(64 * 999),
+            DEFAULT_RING_BUFFER_BYTES
+        );
+        assert_eq!(
+            ring_buffer_bytes_for_rate(u64::MAX),
+            DEFAULT_RING_BUFFER_BYTES
+        );
+    }
 }

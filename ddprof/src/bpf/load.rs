@@ -231,7 +231,7 @@ pub struct BpfProgram {
     stats: ProgramStats,
 }
 
-fn page_size() -> usize {
+pub(super) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }

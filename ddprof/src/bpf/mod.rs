@@ -15,7 +15,7 @@
 //!   attached to events, its counters) and [`BpfError`];
 //! - `engine`: [`BpfEngine`], the ring buffer read into samples;
 //! - `sync`: the maps kept in step with the process table;
-//! - `rows`: the row map, mmapped ([`RowStore`]);
+//! - `rows`: the row map, written through short-lived mmaps ([`RowStore`]);
 //! - `record`: one ring-buffer record decoded into a `Sample`.
 mod choose;
 mod engine;
@@ -28,8 +28,8 @@ mod variant;
 
 pub use choose::{choose_engine, choose_engine_with, Engine, EngineChoice, EngineDecision};
 pub use engine::{
-    BpfEngine, BpfEngineOptions, DEFAULT_MAX_TABLE_BYTES, DEFAULT_RING_BUFFER_BYTES,
-    TABLE_HEADROOM_ROWS,
+    ring_buffer_bytes_for_rate, BpfEngine, BpfEngineOptions, DEFAULT_MAX_TABLE_BYTES,
+    DEFAULT_RING_BUFFER_BYTES, TABLE_HEADROOM_ROWS,
 };
 pub use load::{
     BpfCounters, BpfError, BpfProgram, MapMemory, MapProblem, MapSizes, ProgramStats, BPF_OBJECT,

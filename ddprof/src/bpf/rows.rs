@@ -1,21 +1,23 @@
-//! The `ROWS` BPF array seen from userspace: an mmap of the map (created
-//! with `BPF_F_MMAPABLE`) written directly, and a first-fit allocator of row
-//! ranges in it, one range per loaded file.
+//! The `ROWS` BPF array seen from userspace: written through short-lived
+//! mmaps of the map (created with `BPF_F_MMAPABLE`), and a first-fit
+//! allocator of row ranges in it, one range per loaded file.
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
-use ddprof_common::bpf_maps::{RowChunk, ROWS_PER_CHUNK};
+use ddprof_common::bpf_maps::ROWS_PER_CHUNK;
 use ddprof_common::unwind::{UnwindRow, ROW_SIZE};
 
-/// The mapped rows of the `ROWS` map.
+/// The rows of the `ROWS` map.
 pub struct RowStore {
-    base: NonNull<UnwindRow>,
+    map: OwnedFd,
     /// Rows the map holds (a multiple of `ROWS_PER_CHUNK`).
     capacity: u32,
-    mapped_bytes: usize,
     free: RangeAllocator,
 }
+
+/// The most of the map mapped at once while writing, so that a large table
+/// does not make the whole of it resident in the profiler.
+const WINDOW_BYTES: usize = 1 << 20;
 
 /// First-fit allocation of row ranges; freed ranges merge with their
 /// neighbours.
@@ -73,38 +75,17 @@ impl RangeAllocator {
     }
 }
 
-// SAFETY: the mapping is owned by this value and only written through `&mut self`.
-unsafe impl Send for RowStore {}
-
 impl RowStore {
-    /// Maps the whole array of `chunks` elements.
+    /// The row store of the `ROWS` map `map_fd`, of `chunks` elements.
+    /// Checks once that the map can be mapped (it is created mmapable).
     pub fn map(map_fd: BorrowedFd<'_>, chunks: u32) -> io::Result<Self> {
-        let bytes = chunks as usize * std::mem::size_of::<RowChunk>();
-        // SAFETY: page_size has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let mapped_bytes = bytes.div_ceil(page).max(1) * page;
-        // SAFETY: a shared mapping of a BPF array map created mmapable;
-        // the kernel bounds it to the map's (page-rounded) value area.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map_fd.as_raw_fd(),
-                0,
-            )
+        let store = RowStore {
+            map: map_fd.try_clone_to_owned()?,
+            capacity: chunks * ROWS_PER_CHUNK,
+            free: RangeAllocator::new(chunks * ROWS_PER_CHUNK),
         };
-        if address == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let capacity = chunks * ROWS_PER_CHUNK;
-        Ok(RowStore {
-            base: NonNull::new(address.cast()).ok_or_else(|| io::Error::other("mmap gave null"))?,
-            capacity,
-            mapped_bytes,
-            free: RangeAllocator::new(capacity),
-        })
+        store.with_window(0, ROW_SIZE.min(store.capacity_bytes()), |_| ())?;
+        Ok(store)
     }
 
     pub fn capacity_rows(&self) -> u32 {
@@ -121,17 +102,29 @@ impl RowStore {
     }
 
     /// Copies `rows` into a free range and returns its first row, or `None`
-    /// when no free range is large enough.
+    /// when no free range is large enough (or the map cannot be mapped).
     pub fn store(&mut self, rows: &[UnwindRow]) -> Option<u32> {
         let len = u32::try_from(rows.len()).ok()?;
         let first = self.free.allocate(len)?;
-        // SAFETY: `first..first + len` lies within the mapped capacity (the
-        // allocator only hands out ranges below it) and no other Rust
-        // reference points into the mapping.
-        let target = unsafe {
-            std::slice::from_raw_parts_mut(self.base.as_ptr().add(first as usize), len as usize)
+        // SAFETY: `UnwindRow` is `repr(C)` plain data without padding (its
+        // size is ROW_SIZE, the sum of its fields), so its bytes are
+        // initialised.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), rows.len() * ROW_SIZE)
         };
-        target.copy_from_slice(rows);
+        let mut written = 0;
+        while written < bytes.len() {
+            let part = &bytes[written..(written + WINDOW_BYTES).min(bytes.len())];
+            let at = first as usize * ROW_SIZE + written;
+            if let Err(error) =
+                self.with_window(at, part.len(), |window| window.copy_from_slice(part))
+            {
+                log::warn!("BPF engine: cannot map the unwind-row map to write it: {error}");
+                self.free.release(first, len);
+                return None;
+            }
+            written += part.len();
+        }
         Some(first)
     }
 
@@ -140,23 +133,73 @@ impl RowStore {
         self.free.release(first, len);
     }
 
-    /// The rows of a stored range (for tests and checks).
-    pub fn rows(&self, first: u32, len: u32) -> Option<&[UnwindRow]> {
+    /// A copy of the rows stored at `first..first + len` (for tests and
+    /// checks).
+    pub fn rows(&self, first: u32, len: u32) -> Option<Vec<UnwindRow>> {
         let end = first.checked_add(len)?;
         if end > self.capacity {
             return None;
         }
-        // SAFETY: within the mapped capacity; writes need `&mut self`.
-        Some(unsafe {
-            std::slice::from_raw_parts(self.base.as_ptr().add(first as usize), len as usize)
+        let mut rows = vec![UnwindRow::default(); len as usize];
+        // SAFETY: as in `store`: plain data, every byte pattern the map
+        // holds was written from an `UnwindRow`, or is zero.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(rows.as_mut_ptr().cast::<u8>(), rows.len() * ROW_SIZE)
+        };
+        self.with_window(first as usize * ROW_SIZE, bytes.len(), |window| {
+            bytes.copy_from_slice(window)
         })
+        .ok()?;
+        Some(rows)
     }
-}
 
-impl Drop for RowStore {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `map`.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.mapped_bytes) };
+    /// Maps the pages of the map's values that hold `len` bytes at byte
+    /// `offset`, lends those bytes to `access`, and unmaps them.
+    ///
+    /// Mapped only while written, so the map's memory (kernel memory, sized
+    /// with headroom for what the target loads later) is not resident in
+    /// the profiler's address space between writes.
+    fn with_window<R>(
+        &self,
+        offset: usize,
+        len: usize,
+        access: impl FnOnce(&mut [u8]) -> R,
+    ) -> io::Result<R> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.capacity_bytes())
+        {
+            return Err(io::Error::other("row window beyond the map"));
+        }
+        let page = super::load::page_size();
+        let map_start = offset / page * page;
+        let map_len = (offset + len).div_ceil(page) * page - map_start;
+        // SAFETY: a shared mapping of a BPF array map created mmapable, at
+        // a page-aligned offset; the kernel refuses a window beyond its
+        // (page-rounded) value area.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.map.as_raw_fd(),
+                map_start as libc::off_t,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `offset - map_start + len <= map_len`, all mapped just
+        // above; this is the only reference into the mapping, and it does
+        // not outlive the call.
+        let window = unsafe {
+            std::slice::from_raw_parts_mut(address.cast::<u8>().add(offset - map_start), len)
+        };
+        let result = access(window);
+        // SAFETY: unmaps exactly the mapping made above.
+        unsafe { libc::munmap(address, map_len) };
+        Ok(result)
     }
 }
 

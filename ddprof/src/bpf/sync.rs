@@ -322,7 +322,7 @@ impl BpfEngine {
         &self,
         first_row: u32,
         rows: u32,
-    ) -> Option<&[ddprof_common::unwind::UnwindRow]> {
+    ) -> Option<Vec<ddprof_common::unwind::UnwindRow>> {
         self.rows.rows(first_row, rows)
     }
 }

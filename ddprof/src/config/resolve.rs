@@ -1,7 +1,6 @@
 //! The second step of the configuration: from what was typed ([`Cli`]) to
 //! what it means for each stage, resolved once. No stage sees [`Cli`].
 use crate::aggregate::AggregatorOptions;
-use crate::bpf::DEFAULT_RING_BUFFER_BYTES as DEFAULT_BPF_RING_BUFFER_BYTES;
 use crate::events::{parse_events, EventOptions, EventSpec, EventSpecError, SampleRate};
 use crate::launch::LaunchOptions;
 use crate::overhead::StatsdAddress;
@@ -67,7 +66,9 @@ pub fn resolve_with(
                     .unwrap_or_else(|| default_ring_buffer_bytes(cli.stack_sample_size)),
                 max_frames: MAX_USER_FRAMES,
             },
-            bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or(DEFAULT_BPF_RING_BUFFER_BYTES),
+            bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or_else(|| {
+                crate::bpf::ring_buffer_bytes_for_rate(samples_per_second(&events))
+            }),
             kernel_stacks,
         },
         aggregator: AggregatorOptions::new(cli.timeline),
@@ -116,6 +117,26 @@ pub(super) fn kernel_stacks(cli: &Cli) -> bool {
 
 /// pprof's `period`: the CPU time a sample stands for at the first event's
 /// rate.
+/// Samples a second the events can produce at most: each event's rate on
+/// every online CPU (CPU-time events sample only running tasks, so at most
+/// one at a time per CPU).
+fn samples_per_second(events: &[EventSpec]) -> u64 {
+    let cpus = crate::events::online_cpus().len().max(1) as u64;
+    let per_cpu: u64 = events
+        .iter()
+        .map(|spec| match spec.rate {
+            SampleRate::Frequency(hz) => hz,
+            SampleRate::Period(nanos) => 1_000_000_000 / nanos.max(1),
+        })
+        .sum();
+    let per_cpu = if events.is_empty() {
+        crate::events::DEFAULT_CPU_FREQUENCY
+    } else {
+        per_cpu
+    };
+    per_cpu.saturating_mul(cpus)
+}
+
 fn sampling_period_nanos(events: &[EventSpec]) -> u64 {
     match events.first().map(|spec| spec.rate) {
         Some(SampleRate::Frequency(hz)) => 1_000_000_000 / hz.max(1),
@@ -171,10 +192,18 @@ mod tests {
         let options = resolved(&["ddprof", "--ring-buffer-kib", "64", "--", "x"]);
         assert_eq!(options.profiler.sampler.perf.ring_buffer_bytes, 64 * 1024);
         assert_eq!(options.profiler.sampler.bpf_ring_buffer_bytes, 64 * 1024);
-        let options = resolved(&["ddprof", "--", "x"]);
+        // Without it, the BPF ring buffer follows the sampling rate.
+        let default_rate = resolved(&["ddprof", "--", "x"]);
+        let high_rate = resolved(&["ddprof", "-e", "sCPU freq=999", "--", "x"]);
+        let (low, high) = (
+            default_rate.profiler.sampler.bpf_ring_buffer_bytes,
+            high_rate.profiler.sampler.bpf_ring_buffer_bytes,
+        );
+        assert!(low >= 256 << 10 && low <= high, "{low} {high}");
+        assert!(high <= crate::bpf::DEFAULT_RING_BUFFER_BYTES, "{high}");
         assert_eq!(
-            options.profiler.sampler.bpf_ring_buffer_bytes,
-            DEFAULT_BPF_RING_BUFFER_BYTES
+            high,
+            crate::bpf::ring_buffer_bytes_for_rate(999 * crate::events::online_cpus().len() as u64)
         );
     }
 }
