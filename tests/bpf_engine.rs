@@ -723,6 +723,55 @@ fn ddprof_with_the_tail_call_variant_profiles_a_syscall_workload() {
     );
 }
 
+/// A launched command that starts its threads at once: the command starts
+/// only once the program is attached (the launcher waits for the profiler's
+/// word), because an event inherited by a thread created before the attach
+/// never runs the program and every sample of that thread would cost the
+/// perf engine's stack copy. Before the launcher waited, half the samples
+/// of this workload went through the perf engine.
+#[test]
+fn threads_the_command_starts_at_once_are_unwound_in_the_kernel() {
+    let threads = ddprof_tests::workloads::build_workload("threads.c");
+    let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bpf-early-threads-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&output_dir);
+    let run = ddprof_tests::processes::run_reaped(
+        Command::new(ddprof_tests::ddprof_bin())
+            .args(["--engine", "bpf", "--event", "sCPU freq=999", "--output"])
+            .arg(&output_dir)
+            .args(["--log-level", "notice", "--"])
+            .arg(&threads)
+            .arg("2"),
+        Duration::from_secs(120),
+    )
+    .expect("ddprof runs");
+    let (reaped, stderr) = (run.reaped, run.stderr);
+    assert!(reaped.status.success(), "{stderr}");
+    // `BPF engine: N samples unwound in the kernel, … M unwound by the perf
+    // engine in all`.
+    let (in_kernel, by_perf): (u64, u64) = stderr
+        .lines()
+        .find_map(|line| {
+            let rest = line.split("BPF engine: ").nth(1)?;
+            let in_kernel = rest.split_whitespace().next()?.parse().ok()?;
+            let before = rest.split(" unwound by the perf engine in all").next()?;
+            Some((in_kernel, before.rsplit(", ").next()?.trim().parse().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no BPF engine line:\n{stderr}"));
+    eprintln!("{in_kernel} samples unwound in the kernel, {by_perf} by the perf engine");
+    assert!(in_kernel >= 1000, "{in_kernel} in the kernel:\n{stderr}");
+    assert!(
+        by_perf * 20 <= in_kernel + by_perf,
+        "{by_perf} of {} samples unwound by the perf engine:\n{stderr}",
+        in_kernel + by_perf
+    );
+    let folded = std::fs::read_to_string(output_dir.join("stacks.folded")).unwrap();
+    for leaf in ["thread_a_leaf", "thread_b_leaf"] {
+        assert!(folded.contains(leaf), "{leaf} missing:\n{folded}");
+    }
+    let _ = std::fs::remove_dir_all(&output_dir);
+}
+
 /// A bad `DDPROF_BPF_VARIANT` is one clear line: `--engine bpf` stops the
 /// profiler with it, `auto` warns and profiles with the perf engine; the
 /// command runs either way.

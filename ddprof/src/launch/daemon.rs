@@ -162,7 +162,6 @@ fn daemon_main(setup: DaemonSetup<'_>) {
         log::warn!("profiler: {error}");
         return;
     }
-    drop(socket);
     // The pidfd was opened before the command existed: PID reuse cannot
     // fool the watch.
     let watch = match target_pidfd {
@@ -184,7 +183,15 @@ fn daemon_main(setup: DaemonSetup<'_>) {
     let target = Target::Launched {
         pid: target_pid as u32,
     };
-    if let Err(error) = super::run_profiler(&options.profiler, target, events, watch) {
+    // The command waits for this (bounded) before it starts; the socket
+    // closes with it either way.
+    let engine_ready = move || {
+        if let Err(error) = handoff::report_ready(&socket) {
+            log::debug!("profiler: {error}");
+        }
+    };
+    if let Err(error) = super::run_profiler(&options.profiler, target, events, watch, engine_ready)
+    {
         log::error!("profiler stopped: {error}");
     }
 }

@@ -6,9 +6,11 @@
 //! 2. batches of at most [`FDS_PER_MESSAGE`] descriptors, each message's data
 //!    being, per descriptor, the index of its event spec (u32) and its CPU (i32).
 //!
-//! The daemon answers one byte ([`ACK`]) once it holds every descriptor. If
-//! the launcher could not open its events it closes the socket without
-//! sending anything, and the daemon, seeing end-of-file, exits quietly.
+//! The daemon answers one byte ([`ACK`]) once it holds every descriptor, and
+//! a second ([`READY`]) once its engine is set up (the BPF program attached
+//! to the events), or closes the socket if it cannot set one up. If the
+//! launcher could not open its events it closes the socket without sending
+//! anything, and the daemon, seeing end-of-file, exits quietly.
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
@@ -28,6 +30,8 @@ pub const FDS_PER_MESSAGE: usize = 64;
 const RECORD_SIZE: usize = 8;
 /// The daemon's answer once it holds every descriptor.
 pub const ACK: u8 = b'K';
+/// The daemon's word once its engine is set up.
+pub const READY: u8 = b'R';
 
 #[derive(Debug, thiserror::Error)]
 pub enum HandoffError {
@@ -121,6 +125,17 @@ fn send_error(timeout: Duration) -> impl Fn(nix::Error) -> HandoffError {
 
 /// Waits (at most `timeout`) for the daemon's acknowledgement.
 pub fn wait_for_ack(socket: &OwnedFd, timeout: Duration) -> Result<(), HandoffError> {
+    wait_for_byte(socket, ACK, timeout)
+}
+
+/// Waits (at most `timeout`) for the daemon to say that its engine is set
+/// up ([`report_ready`]).
+pub fn wait_for_ready(socket: &OwnedFd, timeout: Duration) -> Result<(), HandoffError> {
+    wait_for_byte(socket, READY, timeout)
+}
+
+/// Waits (at most `timeout`) for the one-byte message `expected`.
+fn wait_for_byte(socket: &OwnedFd, expected: u8, timeout: Duration) -> Result<(), HandoffError> {
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -138,7 +153,7 @@ pub fn wait_for_ack(socket: &OwnedFd, timeout: Duration) -> Result<(), HandoffEr
     }
     let mut answer = [0u8; 1];
     match nix::sys::socket::recv(socket.as_raw_fd(), &mut answer, MsgFlags::empty()) {
-        Ok(1) if answer[0] == ACK => Ok(()),
+        Ok(1) if answer[0] == expected => Ok(()),
         Ok(_) => Err(HandoffError::ProfilerGone),
         Err(error) => Err(HandoffError::Receive(error)),
     }
@@ -184,7 +199,16 @@ pub fn receive_events(socket: &OwnedFd, specs: &[EventSpec]) -> Result<Vec<Event
 
 /// Tells the launcher that every descriptor arrived.
 pub fn acknowledge(socket: &OwnedFd) -> Result<(), HandoffError> {
-    nix::sys::socket::send(socket.as_raw_fd(), &[ACK], MsgFlags::MSG_NOSIGNAL)
+    send_byte(socket, ACK)
+}
+
+/// Tells the launcher that the engine is set up: the command may start.
+pub fn report_ready(socket: &OwnedFd) -> Result<(), HandoffError> {
+    send_byte(socket, READY)
+}
+
+fn send_byte(socket: &OwnedFd, byte: u8) -> Result<(), HandoffError> {
+    nix::sys::socket::send(socket.as_raw_fd(), &[byte], MsgFlags::MSG_NOSIGNAL)
         .map(|_| ())
         .map_err(HandoffError::Send)
 }
@@ -259,6 +283,15 @@ mod tests {
         }
         acknowledge(&daemon).unwrap();
         wait_for_ack(&launcher, Duration::from_secs(1)).unwrap();
+        // The engine's word is a different byte: an acknowledgement is not
+        // taken for it, nor the reverse.
+        report_ready(&daemon).unwrap();
+        wait_for_ready(&launcher, Duration::from_secs(1)).unwrap();
+        acknowledge(&daemon).unwrap();
+        assert!(matches!(
+            wait_for_ready(&launcher, Duration::from_secs(1)),
+            Err(HandoffError::ProfilerGone)
+        ));
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! 2. it opens the events on itself (`Scope::SelfOnExec`: disabled until the
 //!    exec, inherited by the command's children), one per CPU per `-e` spec;
 //! 3. it sends every descriptor to the daemon (`SCM_RIGHTS`, [`handoff`]) and
-//!    waits, at most [`HANDOFF_TIMEOUT`], for the daemon to say it holds them;
+//!    waits, at most [`HANDOFF_TIMEOUT`], for the daemon to say it holds them,
+//!    then, at most [`READY_TIMEOUT`], for its engine to be set up (so that
+//!    the BPF program is attached before the command starts threads: an
+//!    event inherited before the attach never runs the program);
 //! 4. it applies `--drop-capabilities` / `--switch-user` and execs the command
 //!    (PATH lookup like `execvp`), which keeps the launcher's PID, so the
 //!    caller sees the command's own exit status.
@@ -82,6 +85,9 @@ pub struct LaunchOptions {
 /// How long the launcher waits for the daemon to take the events before
 /// running the command unprofiled.
 pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest the command waits for the profiler to set its engine up
+/// (loading and attaching the BPF program takes ~30–150 ms here).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Exit status when the command cannot be found (as in a shell).
 pub const EXIT_NOT_FOUND: u8 = 127;
@@ -222,6 +228,12 @@ fn profile_self(options: &LaunchOptions) -> Result<(), NotProfiled> {
     handoff::send_events(&launcher_socket, &events, &options.events, HANDOFF_TIMEOUT)?;
     handoff::wait_for_ack(&launcher_socket, HANDOFF_TIMEOUT)?;
     events::warn_if_kernel_time_refused();
+    // Past the deadline, or if the engine could not be set up, the command
+    // starts anyway: it is profiled all the same, its early threads by the
+    // perf engine.
+    if let Err(error) = handoff::wait_for_ready(&launcher_socket, READY_TIMEOUT) {
+        log::debug!("launcher: not waiting for the profiler's engine: {error}");
+    }
     // The launcher's copies close at the exec anyway; the daemon's keep the
     // events alive.
     drop(events);
@@ -264,7 +276,7 @@ pub fn attach(options: &LaunchOptions, target: Target) -> Result<(), LaunchError
         describe_capabilities()
     );
     let watch = watched.and_then(|pid| TargetWatch::new(pid as i32).ok());
-    let result = run_profiler(&options.profiler, target, events, watch);
+    let result = run_profiler(&options.profiler, target, events, watch, || ());
     drop(stop_signals);
     Ok(result?)
 }
@@ -272,15 +284,19 @@ pub fn attach(options: &LaunchOptions, target: Target) -> Result<(), LaunchError
 /// Starts the profiler's engine, drops the capabilities only that set-up
 /// needed, and runs the profiler to its end (both modes: the daemon and
 /// `-p`/`--global` in the foreground).
+/// `started` is called once the engine is set up (or has failed to be).
 fn run_profiler(
     options: &ProfilerOptions,
     target: Target,
     events: Vec<EventFd>,
     watch: Option<TargetWatch>,
+    started: impl FnOnce(),
 ) -> Result<(), ProfilerError> {
     sandbox::one_malloc_arena();
     let starting = std::time::Instant::now();
-    let profiler = Profiler::start(options, target, events)?;
+    let profiler = Profiler::start(options, target, events);
+    started();
+    let profiler = profiler?;
     sandbox::release_free_memory();
     // `cargo xtask bench` reads the CPU of the start-up at this line.
     log::info!(
