@@ -6,7 +6,7 @@ use crate::events::{parse_events, EventOptions, EventSpec, EventSpecError, Sampl
 use crate::launch::LaunchOptions;
 use crate::overhead::StatsdAddress;
 use crate::perf::{default_ring_buffer_bytes, PerfEngineOptions, MAX_USER_FRAMES};
-use crate::profiler::ProfilerOptions;
+use crate::profiler::{ProfilerOptions, WorkerOptions};
 use crate::sampler::SamplerOptions;
 use crate::symbolize::SymbolizerOptions;
 
@@ -57,6 +57,10 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
         export: None,
         internal_stats,
         show_samples: cli.show_samples,
+        worker: WorkerOptions {
+            restart_every_periods: cli.worker_period,
+            max_rss_kib: u64::from(cli.worker_max_rss_mib) * 1024,
+        },
     };
     Ok(LaunchOptions {
         command: cli.command.clone(),
