@@ -132,14 +132,6 @@ fn the_modules_of_ddprof_src_import_each_other_without_cycles() {
     }
 }
 
-/// Files still longer than a reader takes in at once, each with the reason
-/// it has not been split yet. Shrinking below the limit fails this test
-/// until the entry goes: the list only ever gets shorter.
-const TOO_LONG_FOR_NOW: &[(&str, &str)] = &[(
-    "bpf/mod.rs",
-    "loading, map sync, record decoding and the engine: to be split by job",
-)];
-
 #[test]
 fn no_module_of_ddprof_src_is_longer_than_800_lines_outside_its_tests() {
     const LIMIT: usize = 800;
@@ -158,13 +150,7 @@ fn no_module_of_ddprof_src_is_longer_than_800_lines_outside_its_tests() {
             Some(tests) => text[..tests].lines().count(),
             None => text.lines().count(),
         };
-        let excused = TOO_LONG_FOR_NOW.iter().any(|(path, _)| *path == name);
-        if excused {
-            assert!(
-                lines > LIMIT,
-                "{name} has {lines} lines now: remove it from the list"
-            );
-        } else if lines > LIMIT {
+        if lines > LIMIT {
             too_long.push(format!("{name}: {lines} lines"));
         }
     }

@@ -1,5 +1,5 @@
 //! Which engine samples: the decision and its one-line reason, in one place.
-use super::{BpfError, BpfProgram, MapSizes};
+use super::load::{BpfError, BpfProgram, MapSizes};
 
 /// `--engine`: what the user asked for.
 #[derive(clap::ValueEnum, serde::Serialize, Debug, Clone, Copy, PartialEq, Eq)]

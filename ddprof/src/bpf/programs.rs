@@ -3,7 +3,7 @@
 use aya::programs::PerfEvent;
 use aya::Ebpf;
 
-use super::{classify, classify_load, kernel_version, BpfError};
+use super::load::{classify, classify_load, kernel_version, BpfError};
 
 /// A perf_event program of the object, by name.
 pub(super) fn perf_program_mut<'a>(

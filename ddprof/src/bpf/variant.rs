@@ -14,7 +14,7 @@ use std::sync::{Mutex, OnceLock};
 use aya::programs::ProgramType;
 use aya::sys::{is_helper_supported, BpfHelper};
 
-use super::{classify, BpfError, BpfProgram, MapSizes, ProgramStats};
+use super::load::{classify, BpfError, BpfProgram, MapSizes, ProgramStats};
 
 /// Environment variable that forces a variant: `bpf_loop` or `tail-call`
 /// (for tests, and to rule a variant out on a kernel that misbehaves).

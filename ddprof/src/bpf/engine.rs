@@ -1,0 +1,352 @@
+//! The BPF engine: the program attached to every event, its ring buffer read
+//! into [`Sample`]s, the maps sized for the workload at start (the maps'
+//! upkeep is in `sync`).
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aya::maps::{MapData, RingBuf};
+use ddprof_common::bpf_maps::MappingEntry;
+use ddprof_common::sample::BpfCounter;
+use ddprof_common::unwind::ROW_SIZE;
+
+use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes};
+use super::record::decode;
+use super::rows::RowStore;
+use super::sync::{FileState, LoadedTable, TableStats};
+use super::variant::BpfVariant;
+use crate::events::EventFd;
+use crate::files::{ContentKey, MappedFile};
+use crate::process::ProcessTable;
+use crate::sample::{LossCounters, Sample};
+use crate::unwind::cache::TableCache;
+
+/// Bytes of the BPF ring buffer by default: room for ~800 samples of 80
+/// frames, several polls' worth at 999 Hz on a few CPUs.
+pub const DEFAULT_RING_BUFFER_BYTES: usize = 4 << 20;
+/// Default cap on the memory of the unwind-row map.
+pub const DEFAULT_MAX_TABLE_BYTES: usize = 256 << 20;
+/// Rows reserved beyond what the workload needs at start, for libraries and
+/// programs that appear later (dlopen, exec): 6 MiB.
+pub const TABLE_HEADROOM_ROWS: u32 = 512 * 1024;
+
+/// Options of the BPF engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BpfEngineOptions {
+    pub ring_buffer_bytes: usize,
+    /// Collect kernel stacks too.
+    pub kernel_stacks: bool,
+    /// Processes whose mappings size the maps (the target and its children,
+    /// or every process for `--global`); read from `/proc`.
+    pub workload_pids: Vec<u32>,
+    /// Processes the process map holds; `None`: from the workload.
+    pub max_processes: Option<u32>,
+    /// Unwind rows the row map holds; `None`: from the workload.
+    pub table_rows: Option<u32>,
+    /// Upper bound of the row map's memory.
+    pub max_table_bytes: usize,
+    /// The program variant; `None`: the one the kernel runs (or
+    /// `DDPROF_BPF_VARIANT`), see [`choose_variant`].
+    pub variant: Option<BpfVariant>,
+}
+
+impl Default for BpfEngineOptions {
+    fn default() -> Self {
+        BpfEngineOptions {
+            ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
+            kernel_stacks: false,
+            workload_pids: Vec::new(),
+            max_processes: None,
+            table_rows: None,
+            max_table_bytes: DEFAULT_MAX_TABLE_BYTES,
+            variant: None,
+        }
+    }
+}
+
+/// What [`BpfEngine::poll`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PollOutcome {
+    pub samples: u64,
+    /// Every workload process had exited before this poll drained the ring
+    /// buffer: nothing more will come. (The main loop also learns this from
+    /// the perf records of the same events, which see children too.)
+    pub finished: bool,
+}
+
+/// The eBPF engine: the program attached to every event, its ring buffer
+/// read into [`Sample`]s, its maps kept in step with the processes.
+pub struct BpfEngine {
+    pub(super) program: BpfProgram,
+    /// Kept open: the program stays attached as long as they are.
+    pub(super) _events: Vec<EventFd>,
+    pub(super) workload_pids: Vec<u32>,
+    pub(super) ring: RingBuf<MapData>,
+    pub(super) rows: RowStore,
+    pub(super) compiler: TableCache,
+    pub(super) tables: HashMap<ContentKey, LoadedTable>,
+    pub(super) files: HashMap<Arc<MappedFile>, FileState>,
+    /// Per process, the entries last written and the tables they use.
+    pub(super) synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
+    /// The tables of the entry being written by `sync_process` so far.
+    pub(super) syncing: Vec<ContentKey>,
+    /// Processes the program handed to the perf engine, not synced yet.
+    pub(super) handed_off: HashSet<u32>,
+    /// Per process, a fingerprint of the table's mappings when last synced
+    /// (so that a sync of unchanged processes costs no table lookups).
+    pub(super) fingerprints: HashMap<u32, u64>,
+    pub(super) dirty: HashSet<u32>,
+    /// `ProcessTable::generation` at the last full sync.
+    pub(super) synced_generation: Option<u64>,
+    /// Processes read from `/proc` because a sample named them first.
+    pub(super) read_from_proc: HashSet<u32>,
+    pub(super) table_stats: TableStats,
+    pub(super) malformed: u64,
+}
+
+impl BpfEngine {
+    /// Loads the program with maps sized for the workload, attaches it to
+    /// every event and maps its ring buffer and row map.
+    pub fn new(events: Vec<EventFd>, options: BpfEngineOptions) -> Result<Self, BpfError> {
+        if events.is_empty() {
+            return Err(BpfError::NoEvents);
+        }
+        let mut compiler = TableCache::with_limit(64 << 20);
+        let (snapshot, table_rows, processes) = size_for_workload(&mut compiler, &options);
+        let sizes = MapSizes {
+            ring_buffer_bytes: options.ring_buffer_bytes,
+            table_rows,
+            processes,
+        };
+        let mut program = match options.variant {
+            Some(variant) => BpfProgram::load_variant(sizes, options.kernel_stacks, variant)?,
+            None => BpfProgram::load(sizes, options.kernel_stacks)?,
+        };
+        let ring = program.take_ring()?;
+        let rows = program.map_rows()?;
+        let stats = program.stats();
+        log::info!(
+            "BPF engine: {} verified ({} instructions, {} processed by the verifier, {:?}); {}",
+            program.variant(),
+            stats.instructions.unwrap_or(0),
+            stats.verified_instructions.unwrap_or(0),
+            stats.load_time,
+            program.memory()
+        );
+        let mut engine = BpfEngine {
+            program,
+            _events: Vec::new(),
+            workload_pids: options.workload_pids.clone(),
+            ring,
+            rows,
+            compiler,
+            tables: HashMap::new(),
+            files: HashMap::new(),
+            synced: HashMap::new(),
+            syncing: Vec::new(),
+            handed_off: HashSet::new(),
+            fingerprints: HashMap::new(),
+            dirty: HashSet::new(),
+            synced_generation: None,
+            read_from_proc: HashSet::new(),
+            table_stats: TableStats::default(),
+            malformed: 0,
+        };
+        // The workload's tables are in the maps before its first sample.
+        engine.sync(&snapshot);
+        for event in &events {
+            engine.program.attach(event)?;
+        }
+        engine._events = events;
+        Ok(engine)
+    }
+
+    pub fn program(&self) -> &BpfProgram {
+        &self.program
+    }
+
+    /// The maps' memory, with the rows in use now.
+    pub fn memory(&self) -> MapMemory {
+        MapMemory {
+            table_used_bytes: (self.rows.capacity_rows() - self.rows.free_rows()) as usize
+                * ROW_SIZE,
+            ..self.program.memory()
+        }
+    }
+
+    pub fn table_stats(&self) -> TableStats {
+        TableStats {
+            files_loaded: self.tables.len() as u64,
+            ..self.table_stats
+        }
+    }
+
+    /// The processes whose mappings are in the process map.
+    pub fn tracked_processes(&self) -> HashSet<u32> {
+        self.synced.keys().copied().collect()
+    }
+
+    pub fn counters(&self) -> Result<BpfCounters, BpfError> {
+        self.program.counters()
+    }
+
+    /// Samples the kernel could not deliver (ring buffer full) and records
+    /// that could not be read.
+    pub fn losses(&self) -> LossCounters {
+        LossCounters {
+            lost: self
+                .program
+                .counter(BpfCounter::BufferFull)
+                .unwrap_or_default(),
+            throttled: 0,
+            malformed: self.malformed,
+        }
+    }
+
+    /// Waits up to `timeout` for samples and hands each to `on_sample`.
+    /// Processes of `processes` the maps do not know yet are loaded first.
+    pub fn poll(
+        &mut self,
+        processes: &mut ProcessTable,
+        timeout: Duration,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) -> Result<PollOutcome, BpfError> {
+        self.sync(processes);
+        let (samples, finished) = self.read_samples(timeout)?;
+        let mut outcome = PollOutcome {
+            finished,
+            ..PollOutcome::default()
+        };
+        for sample in samples {
+            self.before_sample(processes, sample.pid);
+            outcome.samples += 1;
+            on_sample(processes, sample);
+        }
+        Ok(outcome)
+    }
+
+    /// Waits up to `timeout` for samples and returns them, in the order the
+    /// program wrote them, without looking at any process table (for a loop
+    /// that merges them with the perf records by time; call
+    /// [`BpfEngine::sync`] and [`BpfEngine::before_sample`] around it).
+    /// The flag says that every workload process had exited before.
+    pub fn read_samples(&mut self, timeout: Duration) -> Result<(Vec<Sample>, bool), BpfError> {
+        let finished = self.workload_gone();
+        if !finished && !timeout.is_zero() {
+            self.wait(timeout)?;
+        }
+        let mut samples = Vec::new();
+        while let Some(item) = self.ring.next() {
+            match decode(&item) {
+                Some(sample) => samples.push(sample),
+                None => self.malformed += 1,
+            }
+        }
+        Ok((samples, finished))
+    }
+
+    /// A sample of a process the table does not know (its records were
+    /// missed, e.g. written before the perf buffers were mapped): read it
+    /// from `/proc` once, for this sample's symbolization and the maps of
+    /// the next ones.
+    pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) {
+        if pid == 0 || processes.get(pid).is_some() || !self.read_from_proc.insert(pid) {
+            return;
+        }
+        match processes.load_from_proc(pid) {
+            Ok(()) => self.sync_process(pid, processes),
+            Err(error) => log::debug!("BPF engine: cannot read /proc/{pid}: {error}"),
+        }
+    }
+
+    /// The ring buffer's descriptor, for a caller that waits on it together
+    /// with other descriptors (then calls [`BpfEngine::read_samples`] with
+    /// a zero timeout).
+    pub fn ring_fd(&self) -> std::os::fd::RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    /// poll(2) on the ring buffer. (A perf event without a mapped ring
+    /// buffer always polls as hung up, so the events cannot be watched here.)
+    fn wait(&mut self, timeout: Duration) -> Result<(), BpfError> {
+        let mut fds = [libc::pollfd {
+            fd: self.ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let timeout_ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a valid array of pollfd for the call's duration.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, timeout_ms) };
+        if ready < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(BpfError::Poll(error));
+        }
+        Ok(())
+    }
+
+    /// Every workload process has exited (none when there were none: a
+    /// `--global` profile never finishes by itself).
+    fn workload_gone(&self) -> bool {
+        !self.workload_pids.is_empty() && self.workload_pids.iter().all(|&pid| !is_alive(pid))
+    }
+}
+
+/// The process exists and is not a zombie.
+pub(super) fn is_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+/// Row-map and process-map sizes for the workload: the tables its processes
+/// map now, twice, plus room for what comes later, within the memory cap.
+fn size_for_workload(
+    compiler: &mut TableCache,
+    options: &BpfEngineOptions,
+) -> (ProcessTable, u32, u32) {
+    let max_rows = (options.max_table_bytes / ROW_SIZE).min(u32::MAX as usize / 2) as u32;
+    let mut processes = ProcessTable::new();
+    for &pid in &options.workload_pids {
+        if let Err(error) = processes.load_from_proc(pid) {
+            log::debug!("BPF engine: cannot read /proc/{pid}: {error}");
+        }
+    }
+    let table_rows = match options.table_rows {
+        Some(rows) => rows.min(max_rows),
+        None => {
+            let mut seen = HashSet::new();
+            let mut needed: u64 = 0;
+            for pid in processes.pids().collect::<Vec<_>>() {
+                let Some(process) = processes.get(pid) else {
+                    continue;
+                };
+                for mapping in &process.mappings {
+                    if let Ok(table) =
+                        compiler.load(pid, &mapping.file, Some((mapping.start, mapping.end)))
+                    {
+                        if seen.insert(table.key.clone()) {
+                            needed += table.table.rows.len() as u64;
+                        }
+                    }
+                }
+            }
+            let needed = needed.min(u32::MAX as u64 / 4) as u32;
+            (needed.saturating_mul(2).max(needed + TABLE_HEADROOM_ROWS)).min(max_rows)
+        }
+    };
+    let process_count = options.workload_pids.len() as u32;
+    let max_processes = options
+        .max_processes
+        .unwrap_or_else(|| (process_count.saturating_mul(2) + 64).clamp(128, 16384));
+    (processes, table_rows, max_processes)
+}

@@ -1,0 +1,526 @@
+//! Loading the BPF object: the embedded object, its maps sized, the chosen
+//! variant's programs loaded and verified ([`BpfProgram`]), attached to perf
+//! events, and every failure classified into a [`BpfError`].
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::{Duration, Instant};
+
+use aya::maps::{MapData, RingBuf};
+use aya::programs::PerfEvent;
+use aya::{Ebpf, EbpfLoader};
+use ddprof_common::bpf_maps::{ProcessMappings, ROWS_PER_CHUNK};
+use ddprof_common::sample::{BpfCounter, RawSample};
+use ddprof_common::unwind::ROW_SIZE;
+use perf_event_open_sys as sys;
+
+use super::programs;
+use super::rows::RowStore;
+use super::variant::{self, BpfVariant};
+use crate::events::EventFd;
+
+/// The BPF object built by `cargo xtask build-ebpf`, when this binary has one.
+#[cfg(ddprof_bpf)]
+pub const BPF_OBJECT: Option<&[u8]> = Some(include_bytes!(env!("DDPROF_EBPF_OBJECT_PATH")));
+#[cfg(not(ddprof_bpf))]
+pub const BPF_OBJECT: Option<&[u8]> = None;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("BPF engine not built into this binary (build it with `cargo xtask build-ebpf`)")]
+    NotBuilt,
+    #[error(
+        "loading BPF is not permitted ({0}): run as root or grant CAP_BPF and CAP_PERFMON \
+         (kernel.unprivileged_bpf_disabled forbids unprivileged BPF)"
+    )]
+    Permission(String),
+    #[error("the kernel is too old for the BPF engine ({0}); it needs Linux 5.10 or newer")]
+    KernelTooOld(String),
+    #[error("bad BPF program variant: {0}")]
+    BadVariant(String),
+    #[error("the kernel rejected the BPF program: {0}")]
+    Rejected(String),
+    #[error("cannot attach the BPF program to a perf event: {0}")]
+    Attach(io::Error),
+    #[error("cannot use BPF map {map}: {message}")]
+    Map { map: &'static str, message: String },
+    #[error("the BPF engine needs at least one perf event")]
+    NoEvents,
+    #[error("poll on the BPF ring buffer failed: {0}")]
+    Poll(io::Error),
+}
+
+/// The whole error chain on one line, then its first line (aya puts the
+/// verifier log after the cause; the first line is what a user needs).
+pub(super) fn first_line(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        // aya repeats a cause's text in its parent's message.
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("unknown error")
+        .to_string()
+}
+
+/// The line of a verifier log that says why it refused the program: the
+/// last one before the statistics the kernel appends.
+fn verifier_reason(log: &str) -> Option<&str> {
+    const STATS: [&str; 4] = [
+        "processed ",
+        "verification time",
+        "stack depth",
+        "mark_precise",
+    ];
+    log.lines()
+        .map(str::trim)
+        .rfind(|line| !line.is_empty() && !STATS.iter().any(|s| line.starts_with(s)))
+}
+
+/// A failed program load: the syscall's error and the verifier's reason.
+pub(super) fn classify_load(error: aya::programs::ProgramError) -> BpfError {
+    if let aya::programs::ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = &error
+    {
+        let log = format!("{verifier_log:?}");
+        let reason = verifier_reason(&log).unwrap_or("no verifier output");
+        let text = format!("{io_error}: {reason}");
+        return match io_error.raw_os_error() {
+            Some(libc::EPERM | libc::EACCES) => BpfError::Permission(text),
+            _ if reason.contains("unknown func bpf_loop") || reason.contains("#181") => {
+                BpfError::KernelTooOld(text)
+            }
+            _ => BpfError::Rejected(text),
+        };
+    }
+    classify(&error)
+}
+
+/// The running kernel's `(major, minor)`.
+pub(super) fn kernel_version() -> Option<(u32, u32)> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    let mut parts = release.trim().split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+pub(super) fn classify(error: &dyn std::error::Error) -> BpfError {
+    let text = first_line(error);
+    let lower = text.to_lowercase();
+    if lower.contains("operation not permitted") || lower.contains("permission denied") {
+        BpfError::Permission(text)
+    } else if lower.contains("unknown func bpf_loop") || lower.contains("invalid func unknown#181")
+    {
+        BpfError::KernelTooOld(text)
+    } else {
+        BpfError::Rejected(text)
+    }
+}
+
+/// Sizes of the maps, fixed when the program is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSizes {
+    pub ring_buffer_bytes: usize,
+    /// Unwind rows the row map holds (rounded up to whole chunks).
+    pub table_rows: u32,
+    /// Processes the process map holds.
+    pub processes: u32,
+}
+
+impl MapSizes {
+    /// The smallest maps (for a probe load).
+    pub fn minimal() -> Self {
+        MapSizes {
+            ring_buffer_bytes: page_size(),
+            table_rows: ROWS_PER_CHUNK,
+            processes: 1,
+        }
+    }
+}
+
+/// Memory the engine's maps take (what the kernel allocates for them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MapMemory {
+    pub ring_buffer_bytes: usize,
+    /// The unwind-row map (all of it, used or not).
+    pub table_bytes: usize,
+    /// Of which rows of loaded tables.
+    pub table_used_bytes: usize,
+    /// The per-process mapping map (preallocated).
+    pub process_map_bytes: usize,
+    /// Per-CPU scratch records and counters.
+    pub per_cpu_bytes: usize,
+}
+
+impl MapMemory {
+    pub fn total_bytes(&self) -> usize {
+        self.ring_buffer_bytes + self.table_bytes + self.process_map_bytes + self.per_cpu_bytes
+    }
+}
+
+impl std::fmt::Display for MapMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+        write!(
+            f,
+            "{:.1} MiB of BPF maps: unwind rows {:.1} MiB ({:.1} MiB used), processes {:.1} MiB, \
+             ring buffer {:.1} MiB, per-CPU {:.2} MiB",
+            mib(self.total_bytes()),
+            mib(self.table_bytes),
+            mib(self.table_used_bytes),
+            mib(self.process_map_bytes),
+            mib(self.ring_buffer_bytes),
+            mib(self.per_cpu_bytes),
+        )
+    }
+}
+
+/// What the verifier said about the loaded program.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgramStats {
+    /// Instructions the verifier processed (`verified_insns`, Linux 5.16+).
+    pub verified_instructions: Option<u32>,
+    /// Size of the program as the kernel runs it, in instructions.
+    pub instructions: Option<u32>,
+    /// Wall time of the load (verification included).
+    pub load_time: Duration,
+    /// The same figures for the tail-called program (tail-call variant).
+    pub tail_verified_instructions: Option<u32>,
+    pub tail_instructions: Option<u32>,
+}
+
+/// The loaded (verified) BPF program and its maps.
+pub struct BpfProgram {
+    ebpf: Ebpf,
+    variant: BpfVariant,
+    sizes: MapSizes,
+    stats: ProgramStats,
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+fn online_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl BpfProgram {
+    /// Loads the embedded object with maps of the given sizes and the
+    /// program variant this kernel runs (see [`choose_variant`]).
+    pub fn load(sizes: MapSizes, kernel_stacks: bool) -> Result<Self, BpfError> {
+        let object = BPF_OBJECT.ok_or(BpfError::NotBuilt)?;
+        let variant = variant::chosen_variant().map_err(programs::too_old)?;
+        Self::load_object(object, sizes, kernel_stacks, variant).map_err(programs::too_old)
+    }
+
+    /// Loads the embedded object with the given program variant (its entry
+    /// program, and for the tail-call variant the continuation, set in
+    /// `WALK_PROGRAMS`).
+    pub fn load_variant(
+        sizes: MapSizes,
+        kernel_stacks: bool,
+        variant: BpfVariant,
+    ) -> Result<Self, BpfError> {
+        let object = BPF_OBJECT.ok_or(BpfError::NotBuilt)?;
+        Self::load_object(object, sizes, kernel_stacks, variant).map_err(programs::too_old)
+    }
+
+    fn load_object(
+        object: &[u8],
+        sizes: MapSizes,
+        kernel_stacks: bool,
+        variant: BpfVariant,
+    ) -> Result<Self, BpfError> {
+        // Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; newer ones
+        // to the memory cgroup. Raising the limit may be refused (no
+        // CAP_SYS_RESOURCE): that only matters on old kernels.
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: setrlimit reads a valid rlimit struct; failure is harmless.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+        let page = page_size();
+        let ring_bytes = sizes
+            .ring_buffer_bytes
+            .div_ceil(page)
+            .max(1)
+            .next_power_of_two()
+            * page;
+        let chunks = sizes.table_rows.div_ceil(ROWS_PER_CHUNK).max(1);
+        let sizes = MapSizes {
+            ring_buffer_bytes: ring_bytes,
+            table_rows: chunks * ROWS_PER_CHUNK,
+            processes: sizes.processes.max(1),
+        };
+        let kernel_stacks = u32::from(kernel_stacks);
+        let started = Instant::now();
+        let mut loader = EbpfLoader::new();
+        // For diagnosing verifier rejections: DDPROF_BPF_VERIFIER_LOG=stats|verbose.
+        match std::env::var("DDPROF_BPF_VERIFIER_LOG").as_deref() {
+            Ok("stats") => {
+                loader.verifier_log_level(aya::VerifierLogLevel::STATS);
+            }
+            Ok("verbose") => {
+                loader.verifier_log_level(
+                    aya::VerifierLogLevel::VERBOSE | aya::VerifierLogLevel::STATS,
+                );
+            }
+            _ => {}
+        }
+        let mut ebpf = loader
+            .map_max_entries("SAMPLES", ring_bytes as u32)
+            .map_max_entries("ROWS", chunks)
+            .map_max_entries("PROCESSES", sizes.processes)
+            .override_global("KERNEL_STACKS", &kernel_stacks, true)
+            .load(object)
+            .map_err(|e| classify(&e))?;
+        // The continuation first: the entry may only run once the
+        // `WALK_PROGRAMS` slot holds it.
+        let tail = match variant.tail_program() {
+            Some(name) => programs::load_continuation(&mut ebpf, name)?,
+            None => None,
+        };
+        let name = variant.entry_program();
+        let program = programs::perf_program_mut(&mut ebpf, name)?;
+        program.load().map_err(|e| programs::load_error(e, name))?;
+        let load_time = started.elapsed();
+        let info = program.info().ok();
+        let stats = ProgramStats {
+            verified_instructions: info.as_ref().and_then(|i| i.verified_instruction_count()),
+            instructions: info
+                .as_ref()
+                .and_then(|i| i.size_translated())
+                .map(|bytes| bytes / 8),
+            load_time,
+            tail_verified_instructions: tail.as_ref().and_then(|i| i.verified_instruction_count()),
+            tail_instructions: tail
+                .as_ref()
+                .and_then(|i| i.size_translated())
+                .map(|bytes| bytes / 8),
+        };
+        Ok(Self {
+            ebpf,
+            variant,
+            sizes,
+            stats,
+        })
+    }
+
+    /// The variant loaded.
+    pub fn variant(&self) -> BpfVariant {
+        self.variant
+    }
+
+    pub fn sizes(&self) -> MapSizes {
+        self.sizes
+    }
+
+    pub fn stats(&self) -> ProgramStats {
+        self.stats
+    }
+
+    /// Attaches the program to one perf event opened elsewhere. The event's
+    /// samples then go through the program, which decides what is kept.
+    pub fn attach(&self, event: &EventFd) -> Result<(), BpfError> {
+        let name = self.variant.entry_program();
+        let program: &PerfEvent = self
+            .ebpf
+            .program(name)
+            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{name}`")))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| classify(&e))?;
+        let program_fd = program
+            .fd()
+            .map_err(|e| BpfError::Rejected(first_line(&e)))?;
+        let raw_program_fd = program_fd.as_fd().as_raw_fd();
+        // SAFETY: both descriptors are open for the duration of the call;
+        // SET_BPF takes the program fd by value and keeps its own reference.
+        let result = unsafe { sys::ioctls::SET_BPF(event.fd.as_raw_fd(), raw_program_fd as u32) };
+        if result < 0 {
+            return Err(BpfError::Attach(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Time the program has run and how many times, while BPF run-time
+    /// statistics are enabled (`aya::sys::enable_stats`, or the
+    /// `kernel.bpf_stats_enabled` sysctl).
+    /// (With the tail-call variant, the time of the tail-called runs is
+    /// added; the count is of samples, the entry's runs.)
+    pub fn run_stats(&self) -> Option<(Duration, u64)> {
+        let info = |name: &str| {
+            let program: &PerfEvent = self.ebpf.program(name)?.try_into().ok()?;
+            program.info().ok()
+        };
+        let entry = info(self.variant.entry_program())?;
+        let tail_time = self
+            .variant
+            .tail_program()
+            .and_then(info)
+            .map_or(Duration::ZERO, |tail| tail.run_time());
+        Some((entry.run_time() + tail_time, entry.run_count()))
+    }
+
+    /// One of the program's counters (summed over CPUs).
+    pub fn counter(&self, counter: BpfCounter) -> Result<u64, BpfError> {
+        const MAP: &str = "COUNTERS";
+        let map_error = |message: String| BpfError::Map { map: MAP, message };
+        let map = self
+            .ebpf
+            .map(MAP)
+            .ok_or_else(|| map_error("missing".into()))?;
+        let map: aya::maps::PerCpuArray<_, u64> =
+            aya::maps::PerCpuArray::try_from(map).map_err(|e| map_error(e.to_string()))?;
+        let values = map
+            .get(&(counter as u32), 0)
+            .map_err(|e| map_error(e.to_string()))?;
+        Ok(values.iter().sum())
+    }
+
+    /// Every counter, summed over CPUs.
+    pub fn counters(&self) -> Result<BpfCounters, BpfError> {
+        let mut counters = BpfCounters::default();
+        for counter in BpfCounter::ALL {
+            counters.values[counter as usize] = self.counter(counter)?;
+        }
+        Ok(counters)
+    }
+
+    pub(super) fn take_ring(&mut self) -> Result<RingBuf<MapData>, BpfError> {
+        const MAP: &str = "SAMPLES";
+        let map = self.ebpf.take_map(MAP).ok_or(BpfError::Map {
+            map: MAP,
+            message: "missing".into(),
+        })?;
+        RingBuf::try_from(map).map_err(|e| BpfError::Map {
+            map: MAP,
+            message: e.to_string(),
+        })
+    }
+
+    pub(super) fn map_rows(&self) -> Result<RowStore, BpfError> {
+        const MAP: &str = "ROWS";
+        let map = self.ebpf.map(MAP).ok_or(BpfError::Map {
+            map: MAP,
+            message: "missing".into(),
+        })?;
+        let aya::maps::Map::Array(data) = map else {
+            return Err(BpfError::Map {
+                map: MAP,
+                message: "not an array".into(),
+            });
+        };
+        RowStore::map(data.fd().as_fd(), self.sizes.table_rows / ROWS_PER_CHUNK).map_err(|e| {
+            BpfError::Map {
+                map: MAP,
+                message: format!("mmap: {e}"),
+            }
+        })
+    }
+
+    pub(super) fn process_map(
+        &mut self,
+    ) -> Result<aya::maps::HashMap<&mut MapData, u32, PodProcessMappings>, BpfError> {
+        const MAP: &str = "PROCESSES";
+        let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
+            map: MAP,
+            message: "missing".into(),
+        })?;
+        aya::maps::HashMap::try_from(map).map_err(|e| BpfError::Map {
+            map: MAP,
+            message: e.to_string(),
+        })
+    }
+
+    /// The processes the program handed samples of to the perf engine since
+    /// the last call (and clears the list).
+    pub(super) fn take_handed_off(&mut self) -> Vec<u32> {
+        let Some(map) = self.ebpf.map_mut("HANDED_OFF") else {
+            return Vec::new();
+        };
+        let Ok(mut map) = aya::maps::HashMap::<&mut MapData, u32, u32>::try_from(map) else {
+            return Vec::new();
+        };
+        let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
+        for pid in &pids {
+            let _ = map.remove(pid);
+        }
+        pids
+    }
+
+    /// What the maps take in the kernel.
+    pub fn memory(&self) -> MapMemory {
+        let process_value = std::mem::size_of::<ProcessMappings>();
+        // Preallocated hash elements: value, key and ~48 bytes of element header.
+        let process_element = process_value + 8 + 48;
+        MapMemory {
+            ring_buffer_bytes: self.sizes.ring_buffer_bytes,
+            table_bytes: self.sizes.table_rows as usize * ROW_SIZE,
+            table_used_bytes: 0,
+            process_map_bytes: self.sizes.processes as usize * process_element,
+            per_cpu_bytes: online_cpus()
+                * (std::mem::size_of::<RawSample>() + 8 * BpfCounter::ALL.len()),
+        }
+    }
+}
+
+// SAFETY: plain `repr(C)` integer structs without padding holes that matter
+// to the kernel (it copies them byte for byte).
+unsafe impl aya::Pod for PodProcessMappings {}
+
+/// `ProcessMappings` as an aya map value (the type lives in a crate that does
+/// not depend on aya).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+pub(super) struct PodProcessMappings(pub(super) ProcessMappings);
+
+/// The BPF program's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BpfCounters {
+    values: [u64; BpfCounter::ALL.len()],
+}
+
+impl BpfCounters {
+    pub fn get(&self, counter: BpfCounter) -> u64 {
+        self.values[counter as usize]
+    }
+}
+
+impl std::fmt::Display for BpfCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, counter) in BpfCounter::ALL.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{counter:?} {}", self.get(*counter))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifier_reason_is_the_last_line_before_the_statistics() {
+        let log = "0: R1=ctx() R10=fp0\n12: (85) call bpf_loop#181\ninvalid indirect read from stack R2 off -8+0 size 8\nprocessed 120 insns (limit 1000000) max_states_per_insn 0\nverification time 20 usec\nstack depth 8\n";
+        assert_eq!(
+            verifier_reason(log),
+            Some("invalid indirect read from stack R2 off -8+0 size 8")
+        );
+        assert_eq!(verifier_reason("\n"), None);
+        assert!(kernel_version().is_some_and(|v| v >= (3, 0)));
+    }
+}

@@ -1,0 +1,71 @@
+//! Decoding the BPF ring buffer's records (`ddprof_common::sample`'s
+//! `RawSampleHeader`, kernel frames, user frames) into [`Sample`]s.
+use ddprof_common::sample::{RawSampleHeader, StackEnd, RAW_SAMPLE_HEADER_SIZE};
+
+use crate::sample::Sample;
+
+/// Decodes one ring-buffer record.
+pub(super) fn decode(bytes: &[u8]) -> Option<Sample> {
+    let header_bytes = bytes.get(..RAW_SAMPLE_HEADER_SIZE)?;
+    // SAFETY: RawSampleHeader is repr(C) plain integers; any bytes are a
+    // valid value and read_unaligned needs no alignment.
+    let header: RawSampleHeader = unsafe { std::ptr::read_unaligned(header_bytes.as_ptr().cast()) };
+    let kernel = header.kernel_frames as usize;
+    let user = header.user_frames as usize;
+    let frames_bytes = bytes.get(RAW_SAMPLE_HEADER_SIZE..)?;
+    if frames_bytes.len() < (kernel + user) * 8 {
+        return None;
+    }
+    let word = |i: usize| {
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(&frames_bytes[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(raw)
+    };
+    Some(Sample {
+        pid: header.pid,
+        tid: header.tid,
+        time: header.time_ns,
+        cpu: header.cpu,
+        weight: header.period,
+        kernel_frames: (0..kernel).map(word).collect(),
+        frames: (kernel..kernel + user).map(word).collect(),
+        end: StackEnd::from_raw(header.stack_end),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_records_and_rejects_short_ones() {
+        let header = RawSampleHeader {
+            pid: 7,
+            tid: 8,
+            time_ns: 9,
+            period: 10,
+            cpu: 1,
+            stack_end: StackEnd::Complete as u32,
+            user_frames: 2,
+            kernel_frames: 1,
+        };
+        let mut bytes = Vec::new();
+        // SAFETY: viewing a repr(C) value as its bytes.
+        bytes.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(
+                (&header as *const RawSampleHeader).cast::<u8>(),
+                RAW_SAMPLE_HEADER_SIZE,
+            )
+        });
+        for frame in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
+            bytes.extend_from_slice(&frame.to_le_bytes());
+        }
+        let sample = decode(&bytes).unwrap();
+        assert_eq!(sample.kernel_frames, vec![0xffff_ffff_8100_0000]);
+        assert_eq!(sample.frames, vec![0x401000, 0x402000]);
+        assert_eq!((sample.pid, sample.tid, sample.weight), (7, 8, 10));
+        assert!(!sample.truncated());
+        assert!(decode(&bytes[..bytes.len() - 1]).is_none());
+        assert!(decode(&bytes[..10]).is_none());
+    }
+}

@@ -1,0 +1,362 @@
+//! Keeping the BPF maps true: the process map mirrors the process table's
+//! executable mappings, and the row map holds the unwind rows of the files
+//! they map (loaded on first use, freed when room is needed).
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use ddprof_common::bpf_maps::{
+    MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, TABLE_NOT_LOADED,
+};
+use ddprof_common::unwind::ROW_SIZE;
+
+use super::engine::{is_alive, BpfEngine};
+use super::load::PodProcessMappings;
+use crate::files::{ContentKey, MappedFile};
+use crate::process::{ProcessEvent, ProcessTable};
+use crate::unwind::LoadSegment;
+
+/// Counters of the table loading, for reports and tests.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TableStats {
+    /// Distinct files whose rows are in the row map now.
+    pub files_loaded: u64,
+    /// Files with no usable table (no CFI, unreadable, not ELF).
+    pub files_without_table: u64,
+    /// Tables that did not fit in the row map (frame pointers used instead).
+    pub tables_not_fitting: u64,
+    /// Processes not in the process map because it was full.
+    pub processes_not_tracked: u64,
+    /// Processes with more executable mappings than a map entry holds.
+    pub processes_truncated: u64,
+}
+
+/// A table in the row map.
+pub(super) struct LoadedTable {
+    pub(super) first_row: u32,
+    pub(super) row_count: u32,
+    pub(super) segments: Vec<LoadSegment>,
+}
+
+/// The table state of one mapped file.
+#[derive(Clone)]
+pub(super) enum FileState {
+    Loaded(ContentKey),
+    /// The file has a table but the row map has no room for it: samples
+    /// that need it are handed to the perf engine (`TABLE_NOT_LOADED`).
+    NotLoaded,
+    /// No table (no CFI, unreadable, not ELF): frame pointers, as the perf
+    /// engine would use.
+    Missing,
+}
+
+/// One loaded table, as reported by [`BpfEngine::load_file`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadedFileReport {
+    pub rows: u32,
+    pub bytes: usize,
+    pub first_row: u32,
+}
+
+impl BpfEngine {
+    /// Keeps the maps in step with a process event, after `processes` has
+    /// applied it: exec and new mappings rewrite the process's entry (and
+    /// load new files' tables), exit removes it.
+    pub fn on_process_event(&mut self, event: &ProcessEvent, processes: &ProcessTable) {
+        match event {
+            ProcessEvent::Map(record) => {
+                if record.prot & libc::PROT_EXEC as u32 != 0 {
+                    self.dirty.insert(record.pid);
+                }
+            }
+            ProcessEvent::Comm {
+                pid, exec: true, ..
+            } => {
+                self.dirty.insert(*pid);
+            }
+            ProcessEvent::Comm { .. } => {}
+            ProcessEvent::Fork { pid, ppid, .. } => {
+                if pid != ppid {
+                    self.dirty.insert(*pid);
+                }
+            }
+            ProcessEvent::Exit { pid, tid } => {
+                if pid == tid {
+                    self.forget_process(*pid);
+                }
+            }
+        }
+        // Mapping changes apply at once: the next sample may run in them.
+        self.sync_dirty(processes);
+    }
+
+    /// Makes the process map match `processes`: writes the entry of every
+    /// process whose executable mappings (or their tables) changed or that
+    /// is new, and removes the processes that have exited. (A process the
+    /// table does not know yet keeps the entry of the engine's initial
+    /// snapshot while it lives.) Only changed entries reach the kernel, so calling this on every
+    /// poll is cheap; it is what keeps the maps true when the main loop does
+    /// not call [`BpfEngine::on_process_event`].
+    pub fn sync(&mut self, processes: &ProcessTable) {
+        self.sync_with_young(processes, &HashSet::new());
+    }
+
+    /// [`BpfEngine::sync`], except for the `young` processes: those whose
+    /// fork, exec or executable mmap has been read but not yet applied to
+    /// `processes` (the perf engine holds records back to order them), so
+    /// that the table's view of them is behind. They are read from `/proc`
+    /// now, which shortens by the hold-back the time a new program runs
+    /// with maps that do not describe it.
+    pub fn sync_with_young(&mut self, processes: &ProcessTable, young: &HashSet<u32>) {
+        if !self.sync_due(processes, young) {
+            return;
+        }
+        // So are the processes whose samples the program handed to the
+        // perf engine since the last sync.
+        let mut young = young.clone();
+        young.extend(self.handed_off.drain());
+        self.synced_generation = Some(processes.generation());
+        for &pid in &young {
+            let mut fresh = ProcessTable::new();
+            if fresh.load_from_proc(pid).is_ok() {
+                self.sync_process(pid, &fresh);
+            }
+        }
+        let gone: Vec<u32> = self
+            .synced
+            .keys()
+            .copied()
+            .filter(|&pid| processes.get(pid).is_none() && !is_alive(pid))
+            .collect();
+        for pid in gone {
+            self.forget_process(pid);
+        }
+        self.dirty
+            .extend(processes.pids().filter(|pid| !young.contains(pid)));
+        self.sync_dirty(processes);
+    }
+
+    /// Whether [`BpfEngine::sync_with_young`] has anything to do: young
+    /// processes, processes the program handed over since the last sync,
+    /// or a table that changed. Cheap (one map walk), so that a caller can
+    /// skip setting up for a sync that may be slow.
+    pub fn sync_due(&mut self, processes: &ProcessTable, young: &HashSet<u32>) -> bool {
+        self.handed_off.extend(self.program.take_handed_off());
+        !young.is_empty()
+            || !self.handed_off.is_empty()
+            || self.synced_generation != Some(processes.generation())
+    }
+
+    fn sync_dirty(&mut self, processes: &ProcessTable) {
+        let mut dirty: Vec<u32> = self.dirty.drain().collect();
+        dirty.sort_unstable();
+        for pid in dirty {
+            self.sync_process(pid, processes);
+        }
+    }
+
+    fn forget_process(&mut self, pid: u32) {
+        self.dirty.remove(&pid);
+        self.fingerprints.remove(&pid);
+        if self.synced.remove(&pid).is_some() {
+            if let Ok(mut map) = self.program.process_map() {
+                let _ = map.remove(&pid);
+            }
+        }
+    }
+
+    /// Rewrites one process's entry from the table.
+    pub(super) fn sync_process(&mut self, pid: u32, processes: &ProcessTable) {
+        let Some(process) = processes.get(pid) else {
+            self.forget_process(pid);
+            return;
+        };
+        let fingerprint = process
+            .mappings
+            .iter()
+            .fold(process.mappings.len() as u64, |hash, m| {
+                (hash ^ m.start ^ m.end.rotate_left(17) ^ m.file_offset.rotate_left(31))
+                    .wrapping_mul(0x100_0000_01b3)
+            });
+        if self.synced.contains_key(&pid) && self.fingerprints.get(&pid) == Some(&fingerprint) {
+            return;
+        }
+        self.fingerprints.insert(pid, fingerprint);
+        if process.mappings.len() > MAX_PROCESS_MAPPINGS {
+            self.table_stats.processes_truncated += 1;
+        }
+        let mut entries = Vec::with_capacity(process.mappings.len().min(MAX_PROCESS_MAPPINGS));
+        // The tables this entry uses, as they are loaded: making room for a
+        // later one must not free an earlier one (its rows would be handed
+        // out again while this entry points at them).
+        self.syncing.clear();
+        for mapping in process.mappings.iter().take(MAX_PROCESS_MAPPINGS) {
+            let mut entry = MappingEntry {
+                start: mapping.start,
+                end: mapping.end,
+                ..MappingEntry::default()
+            };
+            let state = self.table_for(pid, &mapping.file, Some((mapping.start, mapping.end)));
+            if let FileState::NotLoaded = state {
+                entry.first_row = TABLE_NOT_LOADED;
+            }
+            if let FileState::Loaded(key) = state {
+                if let Some(table) = self.tables.get(&key) {
+                    if let Some(bias) = LoadSegment::bias_for_mapping(
+                        &table.segments,
+                        mapping.start,
+                        mapping.file_offset,
+                    ) {
+                        entry.bias = bias;
+                        entry.first_row = table.first_row;
+                        entry.row_count = table.row_count;
+                    }
+                }
+                self.syncing.push(key);
+            }
+            entries.push(entry);
+        }
+        if self
+            .synced
+            .get(&pid)
+            .is_some_and(|(old, _)| *old == entries)
+        {
+            return;
+        }
+        let mut value = PodProcessMappings(ProcessMappings::default());
+        value.0.count = entries.len() as u32;
+        value.0.entries[..entries.len()].copy_from_slice(&entries);
+        match self.program.process_map() {
+            Ok(mut map) => {
+                if let Err(error) = map.insert(pid, value, 0) {
+                    log::debug!("process {pid} not tracked by the BPF engine: {error}");
+                    self.table_stats.processes_not_tracked += 1;
+                    return;
+                }
+            }
+            Err(error) => {
+                log::warn!("{error}");
+                return;
+            }
+        }
+        let keys = std::mem::take(&mut self.syncing);
+        self.synced.insert(pid, (entries, keys));
+    }
+
+    /// The state of `file`'s table, loading it into the row map on first
+    /// use. `range` is a mapping of the file in `pid` (to reach deleted
+    /// files).
+    fn table_for(
+        &mut self,
+        pid: u32,
+        file: &Arc<MappedFile>,
+        range: Option<(u64, u64)>,
+    ) -> FileState {
+        match self.files.get(file) {
+            Some(FileState::Loaded(key)) if !self.tables.contains_key(key) => {}
+            Some(state) => return state.clone(),
+            None => {}
+        }
+        let state = self.load_table(pid, file, range);
+        self.files.insert(file.clone(), state.clone());
+        state
+    }
+
+    fn load_table(&mut self, pid: u32, file: &MappedFile, range: Option<(u64, u64)>) -> FileState {
+        let table = match self.compiler.load(pid, file, range) {
+            Ok(table) => table,
+            Err(error) => {
+                log::debug!("BPF engine: no unwind table: {error}");
+                self.table_stats.files_without_table += 1;
+                return FileState::Missing;
+            }
+        };
+        if self.tables.contains_key(&table.key) {
+            return FileState::Loaded(table.key.clone());
+        }
+        let rows = &table.table.rows;
+        let first_row = match self.rows.store(rows) {
+            Some(first) => first,
+            None => {
+                self.release_unused_tables();
+                match self.rows.store(rows) {
+                    Some(first) => first,
+                    None => {
+                        log::info!(
+                            "BPF engine: no room for the {} unwind rows of {} in the row map \
+                             ({} of {} rows free): its samples are unwound in userspace",
+                            rows.len(),
+                            file.path,
+                            self.rows.free_rows(),
+                            self.rows.capacity_rows()
+                        );
+                        self.table_stats.tables_not_fitting += 1;
+                        return FileState::NotLoaded;
+                    }
+                }
+            }
+        };
+        self.tables.insert(
+            table.key.clone(),
+            LoadedTable {
+                first_row,
+                row_count: rows.len() as u32,
+                segments: table.table.segments.clone(),
+            },
+        );
+        FileState::Loaded(table.key.clone())
+    }
+
+    /// Frees the rows of tables no tracked process uses any more.
+    fn release_unused_tables(&mut self) {
+        let used: HashSet<&ContentKey> = self
+            .synced
+            .values()
+            .flat_map(|(_, keys)| keys.iter())
+            .chain(&self.syncing)
+            .collect();
+        let unused: Vec<ContentKey> = self
+            .tables
+            .keys()
+            .filter(|key| !used.contains(key))
+            .cloned()
+            .collect();
+        for key in unused {
+            if let Some(table) = self.tables.remove(&key) {
+                self.rows.release(table.first_row, table.row_count);
+            }
+        }
+        self.files.retain(
+            |_, state| matches!(state, FileState::Loaded(key) if self.tables.contains_key(key)),
+        );
+    }
+
+    /// Loads the table of one file into the row map now, as if a process
+    /// mapped it (tests, and files known to be needed soon).
+    pub fn load_file(&mut self, path: &str) -> Option<LoadedFileReport> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = std::fs::metadata(path).ok()?;
+        let file = Arc::new(MappedFile {
+            path: path.to_string(),
+            dev: metadata.dev(),
+            inode: metadata.ino(),
+        });
+        let FileState::Loaded(key) = self.table_for(std::process::id(), &file, None) else {
+            return None;
+        };
+        let table = self.tables.get(&key)?;
+        Some(LoadedFileReport {
+            rows: table.row_count,
+            bytes: table.row_count as usize * ROW_SIZE,
+            first_row: table.first_row,
+        })
+    }
+
+    /// The rows the row map holds at `first_row..first_row + rows`.
+    pub fn stored_rows(
+        &self,
+        first_row: u32,
+        rows: u32,
+    ) -> Option<&[ddprof_common::unwind::UnwindRow]> {
+        self.rows.rows(first_row, rows)
+    }
+}
