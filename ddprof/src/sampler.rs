@@ -257,7 +257,7 @@ impl Sampler {
                 records.resume_after_fork(restarted)?;
                 if restarted {
                     pending.clear();
-                    let _ = (samples, processes); // BPF_RESYNC_PENDING
+                    keep_reading_while(records, || samples.resync_after_restart(processes))?;
                 }
             }
         }

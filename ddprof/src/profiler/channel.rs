@@ -30,6 +30,10 @@ pub enum ChannelError {
     NotUtf8,
 }
 
+/// Folded stacks: process name first, then the frames from the root, and
+/// their count.
+pub type FoldedPeriod = Vec<(Vec<Arc<str>>, u64)>;
+
 /// One period's profile as the worker encoded it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncodedPeriod {
@@ -43,7 +47,7 @@ pub struct EncodedPeriod {
     pub pprof_zstd: Option<Vec<u8>>,
     /// The period's stacks for `stacks.folded`: process name first, then
     /// the frames from the root, and their count.
-    pub folded: Vec<(Vec<Arc<str>>, u64)>,
+    pub folded: FoldedPeriod,
 }
 
 /// Why a worker is about to exit on its own.
@@ -348,7 +352,7 @@ impl Reader<'_> {
         })
     }
 
-    fn folded(&mut self) -> Result<Vec<(Vec<Arc<str>>, u64)>, ChannelError> {
+    fn folded(&mut self) -> Result<FoldedPeriod, ChannelError> {
         let name_count = self.count(8)?;
         let mut names: Vec<Arc<str>> = Vec::with_capacity(name_count);
         for _ in 0..name_count {
