@@ -152,4 +152,36 @@ mod tests {
             DEFAULT_BPF_RING_BUFFER_BYTES
         );
     }
+
+    #[test]
+    fn worker_options_default_to_240_periods_and_256_mib() {
+        let options = resolved(&["ddprof", "--", "x"]);
+        assert_eq!(options.profiler.worker, WorkerOptions::default());
+        assert_eq!(options.profiler.worker.restart_every_periods, 240);
+        assert_eq!(options.profiler.worker.max_rss_kib, 256 * 1024);
+        let options = resolved(&[
+            "ddprof",
+            "--worker-period",
+            "3",
+            "--worker-max-rss",
+            "16",
+            "--",
+            "x",
+        ]);
+        assert_eq!(
+            options.profiler.worker,
+            WorkerOptions {
+                restart_every_periods: 3,
+                max_rss_kib: 16 * 1024
+            }
+        );
+        for bad in [
+            ["--worker-period", "0"],
+            ["--worker-max-rss", "15"],
+            ["--worker-period", "x"],
+        ] {
+            let args = ["ddprof", bad[0], bad[1], "--", "x"];
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?}");
+        }
+    }
 }
