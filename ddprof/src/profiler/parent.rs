@@ -123,7 +123,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
                     failures = 0;
                 }
                 failures += 1;
-                if failures > MAX_CONSECUTIVE_FAILURES {
+                if failures >= MAX_CONSECUTIVE_FAILURES {
                     log::error!(
                         "profiler worker: {failures} failures in a row (last: pid {pid} {}); \
                          profiling stops here, the profiled command is not affected",
@@ -257,6 +257,9 @@ fn supervise(
             reader.pending_bytes()
         );
     }
+    // A worker still running (it sent garbage) sees the end of file at its
+    // next look at the socket, and exits.
+    let _ = socket.shutdown(std::net::Shutdown::Both);
     end.status = reap(pid);
     end
 }
