@@ -9,7 +9,6 @@
 //! that no longer matches the loader ("BPF engine not built into this
 //! binary" at run time).
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::SystemTime;
 
 fn newest_mtime(path: &Path) -> Option<SystemTime> {
@@ -25,82 +24,24 @@ fn newest_mtime(path: &Path) -> Option<SystemTime> {
         .max()
 }
 
-/// The nightly pinned in ddprof-ebpf/rust-toolchain.toml (the one place its
-/// date is written; `cargo xtask build-ebpf` installs it).
-fn pinned_nightly(workspace: &Path) -> Result<String, String> {
-    let pin = workspace.join("ddprof-ebpf/rust-toolchain.toml");
-    let text =
-        std::fs::read_to_string(&pin).map_err(|e| format!("cannot read {}: {e}", pin.display()))?;
-    text.lines()
-        .find_map(|line| {
-            let value = line.trim().strip_prefix("channel")?.trim_start();
-            Some(
-                value
-                    .strip_prefix('=')?
-                    .trim()
-                    .trim_matches('"')
-                    .to_string(),
-            )
-        })
-        .filter(|channel| !channel.is_empty())
-        .ok_or_else(|| format!("{} names no channel", pin.display()))
-}
-
-fn build_object(workspace: &Path, target_dir: &Path) -> Result<(), String> {
+/// Rebuilds the object with the toolchain `cargo xtask build-ebpf` cached,
+/// by the recipe xtask uses (`ddprof_build::build_ebpf`), the nightly
+/// pinned in ddprof-ebpf/rust-toolchain.toml.
+fn build_object(workspace: &Path, target_dir: &Path) -> Result<PathBuf, String> {
     let linker_dir = target_dir.join("bpf-toolchain/bin");
     if !linker_dir.join("bpf-linker").is_file() {
         return Err(
             "no BPF toolchain cached in target/bpf-toolchain (run `cargo xtask build-ebpf`)".into(),
         );
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let path =
-        std::env::join_paths(std::iter::once(linker_dir).chain(std::env::split_paths(&path)))
-            .map_err(|e| e.to_string())?;
-    let nightly = pinned_nightly(workspace)?;
-    let mut command = Command::new("cargo");
-    command
-        .current_dir(workspace.join("ddprof-ebpf"))
-        .arg(format!("+{nightly}"))
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-        ])
-        .env("PATH", path)
-        .env("CARGO_TARGET_DIR", target_dir.join("ebpf"));
-    // This script runs inside the host build: none of its settings apply.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        let host_setting = key.starts_with("CARGO_")
-            || key.starts_with("RUSTC")
-            || key == "RUSTFLAGS"
-            || key == "RUSTUP_TOOLCHAIN"
-            || key == "RUSTDOC";
-        if host_setting && key != "CARGO_HOME" {
-            command.env_remove(key.as_ref());
-        }
-    }
-    command.env("CARGO_TARGET_DIR", target_dir.join("ebpf"));
-    let output = command
-        .output()
-        .map_err(|e| format!("cannot run cargo +{nightly}: {e}"))?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        return Err(format!(
-            "the BPF build failed: {}",
-            stderr
-                .lines()
-                .filter(|l| l.contains("error"))
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" / ")
-        ));
-    }
-    Ok(())
+    let nightly = ddprof_build::pinned_nightly(workspace)?;
+    ddprof_build::build_ebpf(
+        workspace,
+        target_dir,
+        &nightly,
+        &linker_dir,
+        ddprof_build::Output::Capture,
+    )
 }
 
 fn main() {
@@ -127,7 +68,7 @@ fn main() {
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target"));
-    let object = target_dir.join("ebpf/bpfel-unknown-none/release/ddprof-ebpf");
+    let object = ddprof_build::object_path(&target_dir);
     let sources = [
         workspace.join("ddprof-ebpf/src"),
         workspace.join("ddprof-ebpf/Cargo.toml"),

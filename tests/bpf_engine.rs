@@ -1,6 +1,7 @@
 //! The eBPF engine on this kernel: the real program loaded and attached to
 //! task-clock events of real processes, whose stacks (built without frame
 //! pointers) are unwound in the kernel with the DWARF rows the engine loads.
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,7 +18,8 @@ use ddprof::process::ProcessTable;
 use ddprof::sample::{Sample, StackEnd};
 use ddprof_common::sample::{BpfCounter, MAX_USER_FRAMES};
 use ddprof_tests::guards::{monotonic_nanos, KillOnDrop};
-use object::{Object, ObjectSegment, ObjectSymbol};
+use ddprof_tests::symbols::ElfSymbols;
+use object::{Object, ObjectSymbol};
 
 /// Builds `tests/workloads/bpf_stacks.c` without frame pointers (once: the
 /// tests run in parallel threads).
@@ -43,42 +45,19 @@ fn start_workload(binary: &Path, mode: &str, seconds: f64) -> KillOnDrop {
     KillOnDrop(child)
 }
 
-/// Function names of an ELF file's symbol table, by ELF virtual address.
+/// The names of the frames of samples in one ELF file (the workload), by
+/// the harness's symbol reader.
 struct Symbols {
     path: String,
-    functions: Vec<(u64, u64, String)>,
-    /// `(p_offset, p_vaddr, p_filesz)` of the loadable segments.
-    segments: Vec<(u64, u64, u64)>,
+    elf: ElfSymbols,
 }
 
 impl Symbols {
     fn read(path: &Path) -> Symbols {
-        let data = std::fs::read(path).unwrap();
-        let file = object::File::parse(&*data).unwrap();
-        let mut functions: Vec<(u64, u64, String)> = file
-            .symbols()
-            .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
-            .map(|s| (s.address(), s.size(), s.name().unwrap_or("").to_string()))
-            .collect();
-        functions.sort();
-        let segments = file
-            .segments()
-            .map(|s| {
-                let (offset, size) = s.file_range();
-                (offset, s.address(), size)
-            })
-            .collect();
         Symbols {
             path: path.to_string_lossy().into_owned(),
-            functions,
-            segments,
+            elf: ElfSymbols::load(path).unwrap(),
         }
-    }
-
-    fn name_at(&self, vaddr: u64) -> Option<&str> {
-        let index = self.functions.partition_point(|f| f.0 <= vaddr);
-        let (start, size, name) = self.functions.get(index.checked_sub(1)?)?;
-        (vaddr < start + size).then_some(name.as_str())
     }
 
     /// The names of a sample's frames: functions of this file by name, other
@@ -97,16 +76,37 @@ impl Symbols {
                     let base = mapping.file.path.rsplit('/').next().unwrap_or("");
                     return format!("[{base}]");
                 }
-                let offset = mapping.file_offset_of(lookup);
-                self.segments
-                    .iter()
-                    .find(|(start, _, size)| offset >= *start && offset < start + size)
-                    .and_then(|(start, vaddr, _)| self.name_at(offset - start + vaddr))
+                self.elf
+                    .function_at_file_offset(mapping.file_offset_of(lookup))
                     .unwrap_or("?")
                     .to_string()
             })
             .collect()
     }
+}
+
+/// One poll of the BPF engine with the calls `sampler::Sampler` makes (the
+/// perf records it merges by time aside): the maps brought up to date with
+/// the table (`young`: processes whose records are read but held back, read
+/// from `/proc`), then the ring buffer read, each sample's process made
+/// known first. Returns whether every workload process had exited.
+fn poll_as_the_sampler_does(
+    engine: &mut BpfEngine,
+    processes: &mut ProcessTable,
+    young: &HashSet<u32>,
+    on_sample: &mut dyn FnMut(Sample),
+) -> bool {
+    if engine.sync_due(processes, young) {
+        engine.sync_with_young(processes, young);
+    }
+    let (batch, finished) = engine
+        .read_samples(Duration::from_millis(100))
+        .expect("reading the ring buffer works");
+    for sample in batch {
+        engine.before_sample(processes, sample.pid);
+        on_sample(sample);
+    }
+    finished
 }
 
 struct Profile {
@@ -154,16 +154,13 @@ fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) 
     let mut samples = Vec::new();
     let started = Instant::now();
     while started.elapsed() < PROFILE_TIMEOUT && samples.len() < WANTED_SAMPLES {
-        let outcome = engine
-            .poll(
-                &mut processes,
-                Duration::from_millis(100),
-                &mut |_, sample| {
-                    samples.push(sample);
-                },
-            )
-            .expect("poll works");
-        if outcome.finished {
+        let finished = poll_as_the_sampler_does(
+            &mut engine,
+            &mut processes,
+            &HashSet::new(),
+            &mut |sample| samples.push(sample),
+        );
+        if finished {
             break;
         }
     }
@@ -772,7 +769,7 @@ fn a_bad_variant_in_the_environment_is_one_clear_line() {
 }
 
 #[test]
-fn exec_and_new_mappings_reach_the_maps_through_process_events() {
+fn exec_and_new_mappings_reach_the_maps_while_their_records_are_held_back() {
     exec_then_profile(true);
 }
 
@@ -782,9 +779,12 @@ fn exec_and_new_mappings_reach_the_maps_from_the_table_at_each_poll() {
 }
 
 /// The shell `pid` execs the workload after the engine started on it; the
-/// process events of the exec go to the table, and to the engine's hook
-/// when `hooks` (else the engine finds the changes in the table at poll).
-fn exec_then_profile(hooks: bool) {
+/// process events of the exec go to the table. With `held_back`, the maps
+/// are brought up to date before the table has them, as the sampler does
+/// while the perf engine holds the exec's records back to order them (the
+/// process is `young`: read from `/proc`); else the engine finds the
+/// changes in the table at the next poll.
+fn exec_then_profile(held_back: bool) {
     use ddprof::process::ProcessEvent;
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
@@ -837,26 +837,23 @@ fn exec_then_profile(hooks: bool) {
         name: "bpf_stacks".into(),
         exec: true,
     };
-    processes.apply(&exec);
-    if hooks {
-        engine.on_process_event(&exec, &processes);
+    if held_back {
+        // The records are read, not applied yet.
+        let young = HashSet::from([pid]);
+        assert!(engine.sync_due(&processes, &young));
+        engine.sync_with_young(&processes, &young);
     }
+    processes.apply(&exec);
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     for record in maps
         .lines()
         .filter_map(|line| ddprof::process::parse_maps_line(pid, line))
     {
-        let event = ProcessEvent::Map(record);
-        processes.apply(&event);
-        if hooks {
-            engine.on_process_event(&event, &processes);
-        }
+        processes.apply(&ProcessEvent::Map(record));
     }
-    if !hooks {
+    if !held_back {
         // The first poll brings the maps up to date.
-        engine
-            .poll(&mut processes, Duration::ZERO, &mut |_, _| {})
-            .unwrap();
+        poll_as_the_sampler_does(&mut engine, &mut processes, &HashSet::new(), &mut |_| {});
     }
     // Only samples taken from now on are sure to see the updated maps.
     let updated_at = monotonic_nanos();
@@ -869,13 +866,12 @@ fn exec_then_profile(hooks: bool) {
             .count()
             < WANTED_SAMPLES
     {
-        engine
-            .poll(
-                &mut processes,
-                Duration::from_millis(100),
-                &mut |_, sample| samples.push(sample),
-            )
-            .unwrap();
+        poll_as_the_sampler_does(
+            &mut engine,
+            &mut processes,
+            &HashSet::new(),
+            &mut |sample| samples.push(sample),
+        );
     }
     // Samples taken after the maps were updated: the workload's own code.
     let ours: Vec<&Sample> = samples
@@ -898,11 +894,8 @@ fn exec_then_profile(hooks: bool) {
     drop(child);
     let exit = ProcessEvent::Exit { pid, tid: pid };
     processes.apply(&exit);
-    if hooks {
-        engine.on_process_event(&exit, &processes);
-    } else {
-        engine.sync(&processes);
-    }
+    assert!(engine.sync_due(&processes, &HashSet::new()));
+    engine.sync_with_young(&processes, &HashSet::new());
     assert!(!engine.tracked_processes().contains(&pid));
 }
 

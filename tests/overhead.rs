@@ -9,7 +9,6 @@
 use ddprof_tests::outputs::{pprof_files, summary_fields};
 use ddprof_tests::processes::wait_with_cpu_time;
 use ddprof_tests::workloads::build_workload;
-use prost::Message;
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
@@ -18,23 +17,9 @@ use std::time::Duration;
 
 /// The pprof comments of a profile file.
 fn pprof_comments(path: &Path) -> Vec<String> {
-    #[derive(Clone, PartialEq, prost::Message)]
-    struct Profile {
-        #[prost(string, repeated, tag = "6")]
-        string_table: Vec<String>,
-        #[prost(int64, repeated, tag = "13")]
-        comment: Vec<i64>,
-    }
-    let mut raw = Vec::new();
-    flate2::read::GzDecoder::new(&std::fs::read(path).unwrap()[..])
-        .read_to_end(&mut raw)
-        .unwrap();
-    let profile = Profile::decode(&raw[..]).unwrap();
-    profile
-        .comment
-        .iter()
-        .map(|&id| profile.string_table[id as usize].clone())
-        .collect()
+    ddprof_tests::pprof::Profile::read_gzipped(path)
+        .unwrap()
+        .comments()
 }
 
 /// `ddprof.overhead.NAME=VALUE` comments as a map.

@@ -448,7 +448,12 @@ fn options_follow_the_command_line() {
     use clap::Parser;
     let perf_options = |args: &[&str]| -> PerfEngineOptions {
         let cli = Cli::parse_from(args);
-        ddprof::config::resolve(&cli).unwrap().profiler.sampler.perf
+        ddprof::config::resolve(&cli)
+            .unwrap()
+            .options
+            .profiler
+            .sampler
+            .perf
     };
     let options = perf_options(&["ddprof", "--ring-buffer-kib", "64", "--", "x"]);
     assert_eq!(options.ring_buffer_bytes, 64 * 1024);

@@ -10,6 +10,55 @@
 //!   each with the load bias of its file and its table's row range.
 use crate::unwind::UnwindRow;
 
+/// The names the BPF object gives its maps, programs and globals: the
+/// loader finds them by these, and the BPF program declares them with the
+/// same names (aya-ebpf's `#[map]` and `#[link_section]` take only
+/// literals: a unit test checks its source against this list).
+pub mod names {
+    /// Per-CPU counters, indexed by `BpfCounter`.
+    pub const COUNTERS: &str = "COUNTERS";
+    /// The ring buffer of sample records.
+    pub const SAMPLES: &str = "SAMPLES";
+    /// Per-CPU record under construction.
+    pub const SCRATCH: &str = "SCRATCH";
+    /// tgid → `ProcessMappings`.
+    pub const PROCESSES: &str = "PROCESSES";
+    /// The unwind rows, in `RowChunk`s.
+    pub const ROWS: &str = "ROWS";
+    /// Processes whose samples went to the perf engine.
+    pub const HANDED_OFF: &str = "HANDED_OFF";
+    /// Per-CPU walk state.
+    pub const WALKS: &str = "WALKS";
+    /// The tail-call variant's continuation (slot 0).
+    pub const WALK_PROGRAMS: &str = "WALK_PROGRAMS";
+    /// Every map of the object.
+    pub const MAPS: [&str; 8] = [
+        COUNTERS,
+        SAMPLES,
+        SCRATCH,
+        PROCESSES,
+        ROWS,
+        HANDED_OFF,
+        WALKS,
+        WALK_PROGRAMS,
+    ];
+    /// Global set by the loader: collect kernel stacks (non-zero) or not.
+    pub const KERNEL_STACKS: &str = "KERNEL_STACKS";
+    /// The `bpf_loop` variant's program (Linux 5.17+).
+    pub const LOOP_ENTRY_PROGRAM: &str = "ddprof_sample";
+    /// The tail-call variant's entry program (Linux 5.10+).
+    pub const TAIL_CALL_ENTRY_PROGRAM: &str = "ddprof_sample_tail";
+    /// The tail-call variant's continuation, tail-called through
+    /// `WALK_PROGRAMS`.
+    pub const TAIL_CALL_WALK_PROGRAM: &str = "ddprof_walk_tail";
+    /// Every program of the object.
+    pub const PROGRAMS: [&str; 3] = [
+        LOOP_ENTRY_PROGRAM,
+        TAIL_CALL_ENTRY_PROGRAM,
+        TAIL_CALL_WALK_PROGRAM,
+    ];
+}
+
 /// Rows per `ROWS` map element.
 pub const ROWS_PER_CHUNK: u32 = 16;
 
@@ -59,6 +108,22 @@ pub struct ProcessMappings {
     pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
 }
 
+const _: () = assert!(core::mem::size_of::<MappingEntry>() == 3 * 8 + 2 * 4);
+const _: () = assert!(
+    core::mem::size_of::<ProcessMappings>()
+        == 2 * 4 + MAX_PROCESS_MAPPINGS * core::mem::size_of::<MappingEntry>()
+);
+
+// SAFETY: `#[repr(C)]` structs of integers whose sizes are the sums of their
+// fields' (asserted above): no padding, so every byte aya copies to or from
+// the kernel is initialised, and any bytes are a valid value.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for MappingEntry {}
+// SAFETY: as for `MappingEntry`: `#[repr(C)]`, integers and an array of
+// `MappingEntry`, no padding (asserted above).
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for ProcessMappings {}
+
 impl Default for ProcessMappings {
     fn default() -> Self {
         ProcessMappings {
@@ -80,3 +145,47 @@ pub const MAX_TAIL_CALLS: u32 = 32;
 const _: () = assert!(
     FRAMES_PER_TAIL_CALL_RUN * (MAX_TAIL_CALLS + 1) >= crate::sample::MAX_USER_FRAMES as u32
 );
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::string::String;
+    use std::vec::Vec;
+
+    use super::names;
+
+    /// The BPF program's source, as the object is built from it.
+    fn bpf_source() -> String {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../ddprof-ebpf/src/main.rs");
+        std::fs::read_to_string(path).expect("ddprof-ebpf/src/main.rs is readable")
+    }
+
+    #[test]
+    fn the_bpf_program_declares_exactly_the_names_userspace_uses() {
+        let source = bpf_source();
+        // Every `#[map]` static, by its name (aya-ebpf names the map after it).
+        let lines: Vec<&str> = source.lines().map(str::trim).collect();
+        let mut declared: Vec<&str> = lines
+            .windows(2)
+            .filter(|pair| pair[0] == "#[map]")
+            .filter_map(|pair| {
+                let rest = pair[1].strip_prefix("static ")?;
+                rest.split(':').next()
+            })
+            .collect();
+        declared.sort_unstable();
+        let mut expected = names::MAPS.to_vec();
+        expected.sort_unstable();
+        assert_eq!(declared, expected, "maps of ddprof-ebpf/src/main.rs");
+        for program in names::PROGRAMS {
+            let definition = std::format!("pub fn {program}(");
+            assert!(source.contains(&definition), "no program `{program}`");
+        }
+        let global = std::format!("static {}: u32", names::KERNEL_STACKS);
+        assert!(
+            source.contains(&global),
+            "no global {}",
+            names::KERNEL_STACKS
+        );
+    }
+}

@@ -87,49 +87,63 @@ pub struct RawSample {
     pub frames: [u64; MAX_RECORD_FRAMES],
 }
 
-/// Why the BPF program dropped or cut a sample; index into its counter map.
-/// Every counter but `Seen`/`Emitted` counts samples (at most once each).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BpfCounter {
+/// Declares [`BpfCounter`] from one list, in slot order: its `ALL` (the
+/// display order), `COUNT` (the counter map's size) and the slots (the
+/// discriminants) all derive from it.
+macro_rules! bpf_counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Why the BPF program dropped or cut a sample; index into its counter
+        /// map. Every counter but `Seen`/`Emitted` counts samples (at most once
+        /// each).
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum BpfCounter {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl BpfCounter {
+            /// How many counters there are.
+            pub const COUNT: usize = [$(stringify!($name)),*].len();
+            /// Every counter, in slot order.
+            pub const ALL: [BpfCounter; Self::COUNT] = [$(BpfCounter::$name),*];
+        }
+    };
+}
+
+bpf_counters! {
     /// Samples the program saw for a profiled process.
-    Seen = 0,
+    Seen,
     /// Samples written to the ring buffer.
-    Emitted = 1,
+    Emitted,
     /// The ring buffer had no room: the sample is lost.
-    BufferFull = 2,
+    BufferFull,
     /// Some frame of the sample had no unwind table (frame pointers were tried).
-    NoTable = 3,
+    NoTable,
     /// `bpf_probe_read_user` faulted and ended the walk.
-    ReadFault = 4,
+    ReadFault,
     /// The walk hit `MAX_USER_FRAMES`.
-    DepthLimit = 5,
+    DepthLimit,
     /// The sample had no user registers (kernel thread).
-    NoUserContext = 6,
+    NoUserContext,
     /// The process had no entry in the process map, or its entry did not
     /// hold the sampled PC (it exec'd or mapped code since): the program let
     /// the kernel write the sample to the perf buffer for the perf engine.
-    HandedToPerf = 7,
+    HandedToPerf,
     /// Of those, samples handed over because a frame was in a file whose
     /// table is not in the row map, or in no mapping the process map
     /// describes (a mapping made since the last sync, or beyond
     /// `MAX_PROCESS_MAPPINGS`), below the first frame.
-    HandedOffMidStack = 8,
+    HandedOffMidStack,
 }
 
-impl BpfCounter {
-    pub const ALL: [BpfCounter; 9] = [
-        BpfCounter::Seen,
-        BpfCounter::Emitted,
-        BpfCounter::BufferFull,
-        BpfCounter::NoTable,
-        BpfCounter::ReadFault,
-        BpfCounter::DepthLimit,
-        BpfCounter::NoUserContext,
-        BpfCounter::HandedToPerf,
-        BpfCounter::HandedOffMidStack,
-    ];
-}
+// Each counter's slot is its place in `ALL`.
+const _: () = {
+    let mut slot = 0;
+    while slot < BpfCounter::COUNT {
+        assert!(BpfCounter::ALL[slot] as usize == slot);
+        slot += 1;
+    }
+};
 
-/// Number of `BpfCounter` slots.
-pub const BPF_COUNTER_SLOTS: u32 = BpfCounter::ALL.len() as u32;
+/// Number of `BpfCounter` slots (the size of the program's counter map).
+pub const BPF_COUNTER_SLOTS: u32 = BpfCounter::COUNT as u32;

@@ -80,9 +80,11 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
         return EXIT_NOT_RUN;
     }
     // What the settings mean for each stage (every value was checked when
-    // it was read: this cannot fail but for a bug).
-    let mut options = match config::resolve(cli) {
-        Ok(options) => options,
+    // it was read: this cannot fail but for a bug). Unusable export
+    // settings are a problem like a bad variable: the command still runs,
+    // unprofiled.
+    let (options, export_problem) = match config::resolve(cli) {
+        Ok(resolved) => (resolved.options, resolved.export_problem),
         Err(error) => {
             print_error(format_args!("error: {error}"));
             return EXIT_USAGE;
@@ -93,15 +95,7 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
         (None, true) => Some(Target::Global),
         (None, false) => None,
     };
-    // The export settings (agentless API key, site): a problem like a bad
-    // variable (the command still runs, unprofiled).
-    let export_problem = match config::resolve_export(cli) {
-        Ok(export) => {
-            options.profiler.export = export;
-            None
-        }
-        Err(error) => Some(error.to_string()),
-    };
+    let export_problem = export_problem.map(|problem| problem.to_string());
     let problems = match (config.problems_line(), export_problem) {
         (Some(problems), Some(export)) => Some(format!("{problems}; {export}")),
         (problems, export) => problems.or(export),

@@ -13,12 +13,13 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::guards::Scratch;
 use crate::outputs::pprof_files;
+use crate::pprof;
 use crate::processes::{
     run_reaped, without_address_randomization, workload_processes, ProcessEvents, Reaped,
     RunOutcome,
@@ -861,36 +862,14 @@ fn most_first(counts: HashMap<&str, u64>) -> Vec<(String, u64)> {
     counts
 }
 
-/// A scratch directory for one run, removed afterwards.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(entry: &str, tool: Tool) -> Scratch {
-        let name = format!(
-            "ddprof-corpus-{}-{entry}-{}",
-            std::process::id(),
-            tool.label().replace(' ', "-")
-        );
-        let dir = std::env::temp_dir().join(name);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create a scratch directory");
-        Scratch(
-            dir.canonicalize()
-                .expect("canonicalize the scratch directory"),
-        )
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Runs `workload` under `tool`; an error says what went wrong (the command
 /// failed, the tool failed or left nothing to read).
 pub fn measure(entry: &Entry, workload: &Workload, tool: Tool) -> Result<Measured, String> {
-    let scratch = Scratch::new(entry.name, tool);
+    let scratch = Scratch::new(&format!(
+        "corpus-{}-{}",
+        entry.name,
+        tool.label().replace(' ', "-")
+    ));
     let run_dir = scratch.0.join("run");
     std::fs::create_dir_all(&run_dir).map_err(|e| e.to_string())?;
     match tool {
@@ -1165,101 +1144,12 @@ fn split_symbol_and_dso(text: &str) -> Option<(&str, &str)> {
     None
 }
 
-/// The messages of pprof's profile.proto this test reads, declared here
-/// rather than taken from ddprof so that the test reads the file as any
-/// pprof reader would.
-mod pprof {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Profile {
-        #[prost(message, repeated, tag = "1")]
-        pub sample_type: Vec<ValueType>,
-        #[prost(message, repeated, tag = "2")]
-        pub sample: Vec<Sample>,
-        #[prost(message, repeated, tag = "3")]
-        pub mapping: Vec<Mapping>,
-        #[prost(message, repeated, tag = "4")]
-        pub location: Vec<Location>,
-        #[prost(message, repeated, tag = "5")]
-        pub function: Vec<Function>,
-        #[prost(string, repeated, tag = "6")]
-        pub string_table: Vec<String>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct ValueType {
-        #[prost(int64, tag = "1")]
-        pub r#type: i64,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Sample {
-        #[prost(uint64, repeated, tag = "1")]
-        pub location_id: Vec<u64>,
-        #[prost(int64, repeated, tag = "2")]
-        pub value: Vec<i64>,
-        #[prost(message, repeated, tag = "3")]
-        pub label: Vec<Label>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Label {
-        #[prost(int64, tag = "1")]
-        pub key: i64,
-        #[prost(int64, tag = "3")]
-        pub num: i64,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Mapping {
-        #[prost(uint64, tag = "1")]
-        pub id: u64,
-        #[prost(int64, tag = "5")]
-        pub filename: i64,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Location {
-        #[prost(uint64, tag = "1")]
-        pub id: u64,
-        #[prost(uint64, tag = "2")]
-        pub mapping_id: u64,
-        #[prost(message, repeated, tag = "4")]
-        pub line: Vec<Line>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Line {
-        #[prost(uint64, tag = "1")]
-        pub function_id: u64,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Function {
-        #[prost(uint64, tag = "1")]
-        pub id: u64,
-        #[prost(int64, tag = "2")]
-        pub name: i64,
-    }
-}
-
 /// Reads a gzip'd pprof file into (process_id label, user stack) per sample
 /// (counted by its `cpu-samples` value). Kernel frames (mapping
 /// `[kernel.kallsyms]`) are left out, as in [`parse_perf_script`].
 pub fn read_pprof(path: &Path, names: &mut FunctionNames) -> Result<Vec<(u32, Stack)>, String> {
-    use prost::Message;
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut decoded = Vec::new();
-    flate2::read::GzDecoder::new(&bytes[..])
-        .read_to_end(&mut decoded)
-        .map_err(|e| format!("{}: not gzip: {e}", path.display()))?;
-    let profile = pprof::Profile::decode(&decoded[..])
-        .map_err(|e| format!("{}: not a pprof profile: {e}", path.display()))?;
-    let string = |index: i64| -> &str {
-        profile
-            .string_table
-            .get(index as usize)
-            .map_or("", String::as_str)
-    };
+    let profile = pprof::Profile::read_gzipped(path)?;
+    let string = |index: i64| profile.string(index);
     let count_index = profile
         .sample_type
         .iter()

@@ -5,29 +5,12 @@
 //! ddprof to test with its engine chosen and its profiles going to
 //! `output_dir`, and makes the same assertions whichever it is.
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
+pub use crate::guards::Scratch;
 use crate::outputs::{go_pprof, pprof_files, summary_fields as summary};
 use crate::workloads::build_workload;
-
-/// A scratch output directory, removed when the test ends.
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    pub fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("ddprof-e2e-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Runs to the end: stderr reaches end-of-file only once the detached
 /// profiler, which shares it, has written its last line and exited.

@@ -17,6 +17,7 @@ pub mod intake;
 pub mod launcher;
 pub mod old_kernel;
 pub mod outputs;
+pub mod pprof;
 pub mod processes;
 
 pub use binary::{ddprof_bin, static_ddprof_bin};

@@ -22,25 +22,11 @@ pub struct BpfToolchain {
     pub nightly: String,
 }
 
-/// The file that pins the nightly, relative to the workspace root: the one
-/// place its date is written (ddprof/build.rs reads it too).
-pub const PIN_FILE: &str = "ddprof-ebpf/rust-toolchain.toml";
-
-/// The `channel = "…"` of a rust-toolchain.toml.
-pub fn channel_of(toml: &str) -> Option<String> {
-    toml.lines().find_map(|line| {
-        let value = line.trim().strip_prefix("channel")?.trim_start();
-        let value = value.strip_prefix('=')?.trim();
-        Some(value.trim_matches('"').to_string()).filter(|v| !v.is_empty())
-    })
-}
+pub use ddprof_build::PIN_FILE;
 
 /// The pinned nightly (`nightly-2026-05-20`), from [`PIN_FILE`].
 pub fn pinned_nightly() -> Result<String> {
-    let path = crate::workspace_root().join(PIN_FILE);
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    channel_of(&text).with_context(|| format!("{} has no `channel = \"…\"` line", path.display()))
+    ddprof_build::pinned_nightly(&crate::workspace_root()).map_err(anyhow::Error::msg)
 }
 
 fn say(message: &str) {
@@ -267,21 +253,4 @@ pub fn ensure(target_dir: &Path) -> Result<BpfToolchain> {
         linker_dir: root.join("bin"),
         nightly,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::channel_of;
-
-    #[test]
-    fn reads_the_pinned_channel() {
-        let pin = std::fs::read_to_string(crate::workspace_root().join(super::PIN_FILE)).unwrap();
-        let channel = channel_of(&pin).unwrap();
-        assert!(channel.starts_with("nightly-20"), "{channel}");
-        assert_eq!(
-            channel_of("channel=\"nightly-2026-01-02\"").unwrap(),
-            "nightly-2026-01-02"
-        );
-        assert_eq!(channel_of("[toolchain]\n"), None);
-    }
 }

@@ -96,7 +96,7 @@ pub fn target_dir() -> PathBuf {
 
 /// Where `build-ebpf` leaves the BPF object (ddprof/build.rs looks there).
 pub fn ebpf_object() -> PathBuf {
-    target_dir().join("ebpf/bpfel-unknown-none/release/ddprof-ebpf")
+    ddprof_build::object_path(&target_dir())
 }
 
 /// Whether `program` is on PATH.
@@ -138,41 +138,19 @@ pub fn run_checked(command: &mut Command) -> Result<()> {
 
 fn build_ebpf() -> Result<PathBuf> {
     let toolchain = bpf_toolchain::ensure(&target_dir())?;
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let path = std::env::join_paths(
-        std::iter::once(toolchain.linker_dir.clone()).chain(std::env::split_paths(&path)),
-    )?;
     say(&format!(
-        "building the BPF object (cargo +{}, bpfel-unknown-none)",
-        toolchain.nightly
+        "building the BPF object (cargo +{}, {})",
+        toolchain.nightly,
+        ddprof_build::BPF_TARGET
     ));
-    let mut command = Command::new("cargo");
-    command
-        .current_dir(workspace_root().join("ddprof-ebpf"))
-        .arg(format!("+{}", toolchain.nightly))
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-        ])
-        .env("PATH", path)
-        .env("CARGO_TARGET_DIR", target_dir().join("ebpf"))
-        // The outer cargo's settings are for the host build.
-        .env_remove("RUSTC")
-        .env_remove("RUSTC_WRAPPER")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", "bpf-linker");
-    run_checked(&mut command)?;
-    let object = ebpf_object();
-    if !object.is_file() {
-        bail!("the BPF build did not produce {}", object.display());
-    }
-    Ok(object)
+    ddprof_build::build_ebpf(
+        &workspace_root(),
+        &target_dir(),
+        &toolchain.nightly,
+        &toolchain.linker_dir,
+        ddprof_build::Output::Inherit,
+    )
+    .map_err(anyhow::Error::msg)
 }
 
 /// Builds the BPF object when possible, then ddprof. Without a BPF

@@ -66,16 +66,6 @@ impl Default for BpfEngineOptions {
     }
 }
 
-/// What [`BpfEngine::poll`] did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct PollOutcome {
-    pub samples: u64,
-    /// Every workload process had exited before this poll drained the ring
-    /// buffer: nothing more will come. (The main loop also learns this from
-    /// the perf records of the same events, which see children too.)
-    pub finished: bool,
-}
-
 /// The eBPF engine: the program attached to every event, its ring buffer
 /// read into [`Sample`]s, its maps kept in step with the processes.
 pub struct BpfEngine {
@@ -155,7 +145,7 @@ impl BpfEngine {
             malformed: 0,
         };
         // The workload's tables are in the maps before its first sample.
-        engine.sync(&snapshot);
+        engine.sync_with_young(&snapshot, &HashSet::new());
         for event in &events {
             engine.program.attach(event)?;
         }
@@ -205,32 +195,11 @@ impl BpfEngine {
         }
     }
 
-    /// Waits up to `timeout` for samples and hands each to `on_sample`.
-    /// Processes of `processes` the maps do not know yet are loaded first.
-    pub fn poll(
-        &mut self,
-        processes: &mut ProcessTable,
-        timeout: Duration,
-        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
-    ) -> Result<PollOutcome, BpfError> {
-        self.sync(processes);
-        let (samples, finished) = self.read_samples(timeout)?;
-        let mut outcome = PollOutcome {
-            finished,
-            ..PollOutcome::default()
-        };
-        for sample in samples {
-            self.before_sample(processes, sample.pid);
-            outcome.samples += 1;
-            on_sample(processes, sample);
-        }
-        Ok(outcome)
-    }
-
     /// Waits up to `timeout` for samples and returns them, in the order the
     /// program wrote them, without looking at any process table (for a loop
-    /// that merges them with the perf records by time; call
-    /// [`BpfEngine::sync`] and [`BpfEngine::before_sample`] around it).
+    /// that merges them with the perf records by time: the sampler calls
+    /// [`BpfEngine::before_sample`] for each and [`BpfEngine::sync_with_young`]
+    /// after the batch).
     /// The flag says that every workload process had exited before.
     pub fn read_samples(&mut self, timeout: Duration) -> Result<(Vec<Sample>, bool), BpfError> {
         let finished = self.workload_gone();

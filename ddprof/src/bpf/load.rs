@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader};
-use ddprof_common::bpf_maps::{ProcessMappings, ROWS_PER_CHUNK};
+use ddprof_common::bpf_maps::{names, ProcessMappings, ROWS_PER_CHUNK};
 use ddprof_common::sample::{BpfCounter, RawSample};
 use ddprof_common::unwind::ROW_SIZE;
 use perf_event_open_sys as sys;
@@ -41,12 +41,29 @@ pub enum BpfError {
     Rejected(String),
     #[error("cannot attach the BPF program to a perf event: {0}")]
     Attach(io::Error),
-    #[error("cannot use BPF map {map}: {message}")]
-    Map { map: &'static str, message: String },
+    #[error("cannot use BPF map {map}: {problem}")]
+    Map {
+        map: &'static str,
+        #[source]
+        problem: MapProblem,
+    },
     #[error("the BPF engine needs at least one perf event")]
     NoEvents,
     #[error("poll on the BPF ring buffer failed: {0}")]
     Poll(io::Error),
+}
+
+/// What went wrong with one of the object's maps.
+#[derive(Debug, thiserror::Error)]
+pub enum MapProblem {
+    #[error("the object has no such map")]
+    Missing,
+    #[error("not an array")]
+    NotAnArray,
+    #[error(transparent)]
+    Aya(#[from] aya::maps::MapError),
+    #[error("mmap: {0}")]
+    Mmap(io::Error),
 }
 
 /// The whole error chain on one line, then its first line (aya puts the
@@ -82,25 +99,30 @@ fn verifier_reason(log: &str) -> Option<&str> {
         .rfind(|line| !line.is_empty() && !STATS.iter().any(|s| line.starts_with(s)))
 }
 
-/// A failed program load: the syscall's error and the verifier's reason.
-pub(super) fn classify_load(error: aya::programs::ProgramError) -> BpfError {
-    if let aya::programs::ProgramError::LoadError {
+/// A failed load of program `name`: the syscall's error and the verifier's
+/// reason. A refusal of the `bpf_loop` variant by a kernel that the probe
+/// says lacks `bpf_loop` (forced with `DDPROF_BPF_VARIANT`) is a kernel too
+/// old for it.
+pub(super) fn classify_load(error: aya::programs::ProgramError, name: &str) -> BpfError {
+    let aya::programs::ProgramError::LoadError {
         io_error,
         verifier_log,
     } = &error
-    {
-        let log = format!("{verifier_log:?}");
-        let reason = verifier_reason(&log).unwrap_or("no verifier output");
-        let text = format!("{io_error}: {reason}");
-        return match io_error.raw_os_error() {
-            Some(libc::EPERM | libc::EACCES) => BpfError::Permission(text),
-            _ if reason.contains("unknown func bpf_loop") || reason.contains("#181") => {
-                BpfError::KernelTooOld(text)
-            }
-            _ => BpfError::Rejected(text),
-        };
+    else {
+        return classify(&error);
+    };
+    let log = format!("{verifier_log:?}");
+    let reason = verifier_reason(&log).unwrap_or("no verifier output");
+    let text = format!("{io_error}: {reason}");
+    let lacks_bpf_loop = || {
+        name == BpfVariant::Loop.entry_program()
+            && matches!(variant::kernel_has_bpf_loop(), Ok(false))
+    };
+    match io_error.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => BpfError::Permission(text),
+        _ if lacks_bpf_loop() => BpfError::KernelTooOld(text),
+        _ => BpfError::Rejected(text),
     }
-    classify(&error)
 }
 
 /// The running kernel's `(major, minor)`.
@@ -112,16 +134,20 @@ pub(super) fn kernel_version() -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-pub(super) fn classify(error: &dyn std::error::Error) -> BpfError {
+/// The errno the kernel answered, found in the error's chain of causes
+/// (aya keeps each failed syscall's `io::Error` as a source).
+fn kernel_errno(error: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    std::iter::successors(Some(error), |cause| cause.source())
+        .find_map(|cause| cause.downcast_ref::<io::Error>()?.raw_os_error())
+}
+
+/// An aya error, by the errno the kernel answered: EPERM or EACCES is a
+/// permission problem, anything else a refusal (worded by its first line).
+pub(super) fn classify(error: &(dyn std::error::Error + 'static)) -> BpfError {
     let text = first_line(error);
-    let lower = text.to_lowercase();
-    if lower.contains("operation not permitted") || lower.contains("permission denied") {
-        BpfError::Permission(text)
-    } else if lower.contains("unknown func bpf_loop") || lower.contains("invalid func unknown#181")
-    {
-        BpfError::KernelTooOld(text)
-    } else {
-        BpfError::Rejected(text)
+    match kernel_errno(error) {
+        Some(libc::EPERM | libc::EACCES) => BpfError::Permission(text),
+        _ => BpfError::Rejected(text),
     }
 }
 
@@ -279,10 +305,10 @@ impl BpfProgram {
             _ => {}
         }
         let mut ebpf = loader
-            .map_max_entries("SAMPLES", ring_bytes as u32)
-            .map_max_entries("ROWS", chunks)
-            .map_max_entries("PROCESSES", sizes.processes)
-            .override_global("KERNEL_STACKS", &kernel_stacks, true)
+            .map_max_entries(names::SAMPLES, ring_bytes as u32)
+            .map_max_entries(names::ROWS, chunks)
+            .map_max_entries(names::PROCESSES, sizes.processes)
+            .override_global(names::KERNEL_STACKS, &kernel_stacks, true)
             .load(object)
             .map_err(|e| classify(&e))?;
         // The continuation first: the entry may only run once the
@@ -374,17 +400,17 @@ impl BpfProgram {
 
     /// One of the program's counters (summed over CPUs).
     pub fn counter(&self, counter: BpfCounter) -> Result<u64, BpfError> {
-        const MAP: &str = "COUNTERS";
-        let map_error = |message: String| BpfError::Map { map: MAP, message };
+        const MAP: &str = names::COUNTERS;
+        let map_error = |problem: MapProblem| BpfError::Map { map: MAP, problem };
         let map = self
             .ebpf
             .map(MAP)
-            .ok_or_else(|| map_error("missing".into()))?;
+            .ok_or_else(|| map_error(MapProblem::Missing))?;
         let map: aya::maps::PerCpuArray<_, u64> =
-            aya::maps::PerCpuArray::try_from(map).map_err(|e| map_error(e.to_string()))?;
+            aya::maps::PerCpuArray::try_from(map).map_err(|e| map_error(e.into()))?;
         let values = map
             .get(&(counter as u32), 0)
-            .map_err(|e| map_error(e.to_string()))?;
+            .map_err(|e| map_error(e.into()))?;
         Ok(values.iter().sum())
     }
 
@@ -398,55 +424,55 @@ impl BpfProgram {
     }
 
     pub(super) fn take_ring(&mut self) -> Result<RingBuf<MapData>, BpfError> {
-        const MAP: &str = "SAMPLES";
+        const MAP: &str = names::SAMPLES;
         let map = self.ebpf.take_map(MAP).ok_or(BpfError::Map {
             map: MAP,
-            message: "missing".into(),
+            problem: MapProblem::Missing,
         })?;
         RingBuf::try_from(map).map_err(|e| BpfError::Map {
             map: MAP,
-            message: e.to_string(),
+            problem: e.into(),
         })
     }
 
     pub(super) fn map_rows(&self) -> Result<RowStore, BpfError> {
-        const MAP: &str = "ROWS";
+        const MAP: &str = names::ROWS;
         let map = self.ebpf.map(MAP).ok_or(BpfError::Map {
             map: MAP,
-            message: "missing".into(),
+            problem: MapProblem::Missing,
         })?;
         let aya::maps::Map::Array(data) = map else {
             return Err(BpfError::Map {
                 map: MAP,
-                message: "not an array".into(),
+                problem: MapProblem::NotAnArray,
             });
         };
         RowStore::map(data.fd().as_fd(), self.sizes.table_rows / ROWS_PER_CHUNK).map_err(|e| {
             BpfError::Map {
                 map: MAP,
-                message: format!("mmap: {e}"),
+                problem: MapProblem::Mmap(e),
             }
         })
     }
 
     pub(super) fn process_map(
         &mut self,
-    ) -> Result<aya::maps::HashMap<&mut MapData, u32, PodProcessMappings>, BpfError> {
-        const MAP: &str = "PROCESSES";
+    ) -> Result<aya::maps::HashMap<&mut MapData, u32, ProcessMappings>, BpfError> {
+        const MAP: &str = names::PROCESSES;
         let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
             map: MAP,
-            message: "missing".into(),
+            problem: MapProblem::Missing,
         })?;
         aya::maps::HashMap::try_from(map).map_err(|e| BpfError::Map {
             map: MAP,
-            message: e.to_string(),
+            problem: e.into(),
         })
     }
 
     /// The processes the program handed samples of to the perf engine since
     /// the last call (and clears the list).
     pub(super) fn take_handed_off(&mut self) -> Vec<u32> {
-        let Some(map) = self.ebpf.map_mut("HANDED_OFF") else {
+        let Some(map) = self.ebpf.map_mut(names::HANDED_OFF) else {
             return Vec::new();
         };
         let Ok(mut map) = aya::maps::HashMap::<&mut MapData, u32, u32>::try_from(map) else {
@@ -470,25 +496,15 @@ impl BpfProgram {
             table_used_bytes: 0,
             process_map_bytes: self.sizes.processes as usize * process_element,
             per_cpu_bytes: online_cpus()
-                * (std::mem::size_of::<RawSample>() + 8 * BpfCounter::ALL.len()),
+                * (std::mem::size_of::<RawSample>() + 8 * BpfCounter::COUNT),
         }
     }
 }
 
-// SAFETY: plain `repr(C)` integer structs without padding holes that matter
-// to the kernel (it copies them byte for byte).
-unsafe impl aya::Pod for PodProcessMappings {}
-
-/// `ProcessMappings` as an aya map value (the type lives in a crate that does
-/// not depend on aya).
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-pub(super) struct PodProcessMappings(pub(super) ProcessMappings);
-
 /// The BPF program's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BpfCounters {
-    values: [u64; BpfCounter::ALL.len()],
+    values: [u64; BpfCounter::COUNT],
 }
 
 impl BpfCounters {
@@ -512,6 +528,29 @@ impl std::fmt::Display for BpfCounters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_are_classified_by_the_kernels_errno_not_their_text() {
+        let refused = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_create",
+            io_error: io::Error::from_raw_os_error(libc::EPERM),
+        });
+        assert!(matches!(classify(&refused), BpfError::Permission(_)));
+        let denied = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_prog_load",
+            io_error: io::Error::from_raw_os_error(libc::EACCES),
+        });
+        assert!(matches!(classify(&denied), BpfError::Permission(_)));
+        // A message that merely says "permission denied" is not a refusal
+        // by the kernel.
+        let worded = io::Error::other("permission denied by a message");
+        assert!(matches!(classify(&worded), BpfError::Rejected(_)));
+        let invalid = aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_prog_load",
+            io_error: io::Error::from_raw_os_error(libc::EINVAL),
+        });
+        assert!(matches!(classify(&invalid), BpfError::Rejected(_)));
+    }
 
     #[test]
     fn verifier_reason_is_the_last_line_before_the_statistics() {

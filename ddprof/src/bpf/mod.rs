@@ -28,10 +28,12 @@ mod variant;
 
 pub use choose::{choose_engine, choose_engine_with, Engine, EngineChoice, EngineDecision};
 pub use engine::{
-    BpfEngine, BpfEngineOptions, PollOutcome, DEFAULT_MAX_TABLE_BYTES, DEFAULT_RING_BUFFER_BYTES,
+    BpfEngine, BpfEngineOptions, DEFAULT_MAX_TABLE_BYTES, DEFAULT_RING_BUFFER_BYTES,
     TABLE_HEADROOM_ROWS,
 };
-pub use load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes, ProgramStats, BPF_OBJECT};
+pub use load::{
+    BpfCounters, BpfError, BpfProgram, MapMemory, MapProblem, MapSizes, ProgramStats, BPF_OBJECT,
+};
 pub use rows::RowStore;
 pub use sync::{LoadedFileReport, TableStats};
 pub use variant::{choose_variant, kernel_has_bpf_loop, probe_variants, BpfVariant, VARIANT_ENV};

@@ -2,8 +2,9 @@
 //! tail-call continuation put in its prog array, load errors classified.
 use aya::programs::PerfEvent;
 use aya::Ebpf;
+use ddprof_common::bpf_maps::names;
 
-use super::load::{classify, classify_load, kernel_version, BpfError};
+use super::load::{classify, classify_load, kernel_version, BpfError, MapProblem};
 
 /// A perf_event program of the object, by name.
 pub(super) fn perf_program_mut<'a>(
@@ -27,7 +28,7 @@ pub(super) fn load_error(error: aya::programs::ProgramError, name: &str) -> BpfE
             .unwrap_or(0);
         eprintln!("verifier log of {name} (tail): {}", &full[start..]);
     }
-    classify_load(error)
+    classify_load(error, name)
 }
 
 /// On a kernel older than the engine's 5.10, any refusal but a permission
@@ -36,10 +37,11 @@ pub(super) fn load_error(error: aya::programs::ProgramError, name: &str) -> BpfE
 /// is decided by probing.)
 pub(super) fn too_old(error: BpfError) -> BpfError {
     match (error, kernel_version()) {
-        (BpfError::Rejected(text) | BpfError::Map { message: text, .. }, Some((major, minor)))
-            if (major, minor) < (5, 10) =>
-        {
+        (BpfError::Rejected(text), Some((major, minor))) if (major, minor) < (5, 10) => {
             BpfError::KernelTooOld(format!("Linux {major}.{minor}: {text}"))
+        }
+        (error @ BpfError::Map { .. }, Some((major, minor))) if (major, minor) < (5, 10) => {
+            BpfError::KernelTooOld(format!("Linux {major}.{minor}: {error}"))
         }
         (error, _) => error,
     }
@@ -53,7 +55,7 @@ pub(super) fn load_continuation(
     ebpf: &mut Ebpf,
     name: &str,
 ) -> Result<Option<aya::programs::ProgramInfo>, BpfError> {
-    const MAP: &str = "WALK_PROGRAMS";
+    const MAP: &str = names::WALK_PROGRAMS;
     let program = perf_program_mut(ebpf, name)?;
     program.load().map_err(|e| load_error(e, name))?;
     let info = program.info().ok();
@@ -61,11 +63,11 @@ pub(super) fn load_continuation(
         .fd()
         .and_then(|fd| fd.try_clone().map_err(Into::into))
         .map_err(|e| classify(&e))?;
-    let map_error = |message: String| BpfError::Map { map: MAP, message };
+    let map_error = |problem: MapProblem| BpfError::Map { map: MAP, problem };
     let map = ebpf
         .map_mut(MAP)
-        .ok_or_else(|| map_error("missing".into()))?;
-    let mut slots = aya::maps::ProgramArray::try_from(map).map_err(|e| map_error(e.to_string()))?;
-    slots.set(0, &fd, 0).map_err(|e| map_error(e.to_string()))?;
+        .ok_or_else(|| map_error(MapProblem::Missing))?;
+    let mut slots = aya::maps::ProgramArray::try_from(map).map_err(|e| map_error(e.into()))?;
+    slots.set(0, &fd, 0).map_err(|e| map_error(e.into()))?;
     Ok(info)
 }

@@ -10,9 +10,9 @@ use ddprof_common::bpf_maps::{
 use ddprof_common::unwind::ROW_SIZE;
 
 use super::engine::{is_alive, BpfEngine};
-use super::load::{BpfError, PodProcessMappings};
+use super::load::{BpfError, MapProblem};
 use crate::files::{ContentKey, MappedFile};
-use crate::process::{ProcessEvent, ProcessTable};
+use crate::process::ProcessTable;
 use crate::unwind::LoadSegment;
 
 /// Counters of the table loading, for reports and tests.
@@ -58,49 +58,14 @@ pub struct LoadedFileReport {
 }
 
 impl BpfEngine {
-    /// Keeps the maps in step with a process event, after `processes` has
-    /// applied it: exec and new mappings rewrite the process's entry (and
-    /// load new files' tables), exit removes it.
-    pub fn on_process_event(&mut self, event: &ProcessEvent, processes: &ProcessTable) {
-        match event {
-            ProcessEvent::Map(record) => {
-                if record.prot & libc::PROT_EXEC as u32 != 0 {
-                    self.dirty.insert(record.pid);
-                }
-            }
-            ProcessEvent::Comm {
-                pid, exec: true, ..
-            } => {
-                self.dirty.insert(*pid);
-            }
-            ProcessEvent::Comm { .. } => {}
-            ProcessEvent::Fork { pid, ppid, .. } => {
-                if pid != ppid {
-                    self.dirty.insert(*pid);
-                }
-            }
-            ProcessEvent::Exit { pid, tid } => {
-                if pid == tid {
-                    self.forget_process(*pid);
-                }
-            }
-        }
-        // Mapping changes apply at once: the next sample may run in them.
-        self.sync_dirty(processes);
-    }
-
     /// Makes the process map match `processes`: writes the entry of every
     /// process whose executable mappings (or their tables) changed or that
     /// is new, and removes the processes that have exited. (A process the
     /// table does not know yet keeps the entry of the engine's initial
-    /// snapshot while it lives.) Only changed entries reach the kernel, so calling this on every
-    /// poll is cheap; it is what keeps the maps true when the main loop does
-    /// not call [`BpfEngine::on_process_event`].
-    pub fn sync(&mut self, processes: &ProcessTable) {
-        self.sync_with_young(processes, &HashSet::new());
-    }
-
-    /// [`BpfEngine::sync`], except for the `young` processes: those whose
+    /// snapshot while it lives.) Only changed entries reach the kernel, so
+    /// calling this after every poll is cheap.
+    ///
+    /// The `young` processes are the exception: those whose
     /// fork, exec or executable mmap has been read but not yet applied to
     /// `processes` (the perf engine holds records back to order them), so
     /// that the table's view of them is behind. They are read from `/proc`
@@ -222,9 +187,11 @@ impl BpfEngine {
         {
             return;
         }
-        let mut value = PodProcessMappings(ProcessMappings::default());
-        value.0.count = entries.len() as u32;
-        value.0.entries[..entries.len()].copy_from_slice(&entries);
+        let mut value = ProcessMappings {
+            count: entries.len() as u32,
+            ..ProcessMappings::default()
+        };
+        value.entries[..entries.len()].copy_from_slice(&entries);
         match self.program.process_map() {
             Ok(mut map) => {
                 if let Err(error) = map.insert(pid, value, 0) {
@@ -348,18 +315,21 @@ impl BpfEngine {
     ///   only knows the tables of the start) and the rows and entries of
     ///   every process of `processes` are written again.
     pub fn resync_after_restart(&mut self, processes: &ProcessTable) -> Result<(), BpfError> {
-        let map_error = |message: String| BpfError::Map {
-            map: "SAMPLES",
-            message,
+        let map_error = |error: aya::maps::MapError| BpfError::Map {
+            map: ddprof_common::bpf_maps::names::SAMPLES,
+            problem: MapProblem::Aya(error),
         };
         let fd = std::os::fd::AsFd::as_fd(&self.ring)
             .try_clone_to_owned()
-            .map_err(|error| map_error(error.to_string()))?;
-        let data = aya::maps::MapData::from_fd(fd).map_err(|error| map_error(error.to_string()))?;
-        let map =
-            aya::maps::Map::from_map_data(data).map_err(|error| map_error(error.to_string()))?;
-        self.ring =
-            aya::maps::RingBuf::try_from(map).map_err(|error| map_error(error.to_string()))?;
+            .map_err(|io_error| {
+                map_error(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                    call: "fcntl(F_DUPFD_CLOEXEC)",
+                    io_error,
+                }))
+            })?;
+        let data = aya::maps::MapData::from_fd(fd).map_err(map_error)?;
+        let map = aya::maps::Map::from_map_data(data).map_err(map_error)?;
+        self.ring = aya::maps::RingBuf::try_from(map).map_err(map_error)?;
         {
             let mut map = self.program.process_map()?;
             let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
@@ -377,7 +347,7 @@ impl BpfEngine {
         self.handed_off.clear();
         self.read_from_proc.clear();
         self.synced_generation = None;
-        self.sync(processes);
+        self.sync_with_young(processes, &HashSet::new());
         Ok(())
     }
 

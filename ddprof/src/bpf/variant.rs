@@ -13,6 +13,7 @@ use std::sync::{Mutex, OnceLock};
 
 use aya::programs::ProgramType;
 use aya::sys::{is_helper_supported, BpfHelper};
+use ddprof_common::bpf_maps::names;
 
 use super::load::{classify, BpfError, BpfProgram, MapSizes, ProgramStats};
 
@@ -37,8 +38,8 @@ impl BpfVariant {
     /// The program attached to the perf events.
     pub fn entry_program(self) -> &'static str {
         match self {
-            BpfVariant::Loop => "ddprof_sample",
-            BpfVariant::TailCall => "ddprof_sample_tail",
+            BpfVariant::Loop => names::LOOP_ENTRY_PROGRAM,
+            BpfVariant::TailCall => names::TAIL_CALL_ENTRY_PROGRAM,
         }
     }
 
@@ -46,7 +47,7 @@ impl BpfVariant {
     pub fn tail_program(self) -> Option<&'static str> {
         match self {
             BpfVariant::Loop => None,
-            BpfVariant::TailCall => Some("ddprof_walk_tail"),
+            BpfVariant::TailCall => Some(names::TAIL_CALL_WALK_PROGRAM),
         }
     }
 

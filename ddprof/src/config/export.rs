@@ -114,12 +114,6 @@ pub fn export_options(
     }))
 }
 
-/// [`export_options`] from this process's environment (once, at start:
-/// each call draws a new `runtime-id`).
-pub fn resolve_export(cli: &Cli) -> Result<Option<ExportOptions>, ExportConfigError> {
-    export_options(cli, &|name| std::env::var(name).ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

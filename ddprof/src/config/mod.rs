@@ -27,8 +27,8 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Serialize;
 
-pub use export::{export_options, resolve_export, ExportConfigError};
-pub use resolve::{resolve, ResolveError};
+pub use export::{export_options, ExportConfigError};
+pub use resolve::{resolve, resolve_with, ResolveError, Resolved};
 pub use sources::{Config, ConfigProblem, Origin};
 
 use crate::bpf::EngineChoice;

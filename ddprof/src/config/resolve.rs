@@ -10,6 +10,7 @@ use crate::profiler::{ProfilerOptions, WorkerOptions};
 use crate::sampler::SamplerOptions;
 use crate::symbolize::SymbolizerOptions;
 
+use super::export::{export_options, ExportConfigError};
 use super::Cli;
 
 /// A setting that passed its own check but cannot be used as a whole.
@@ -21,8 +22,29 @@ pub enum ResolveError {
     InternalStats(String),
 }
 
-/// What every stage is asked to do.
-pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
+/// Everything the configuration resolves to.
+#[derive(Debug)]
+pub struct Resolved {
+    /// What every stage is asked to do (the export settings in
+    /// `options.profiler.export`).
+    pub options: LaunchOptions,
+    /// Export settings that cannot be used (a bad API key, site, …): like
+    /// a bad variable, a one-line problem — the command still runs,
+    /// unprofiled; `-p`/`--global` stop with it.
+    pub export_problem: Option<ExportConfigError>,
+}
+
+/// What every stage is asked to do, from this process's environment for
+/// the export settings (each call draws a new `runtime-id`: call it once).
+pub fn resolve(cli: &Cli) -> Result<Resolved, ResolveError> {
+    resolve_with(cli, &|name| std::env::var(name).ok())
+}
+
+/// [`resolve`], with `environment` reading the variables.
+pub fn resolve_with(
+    cli: &Cli,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<Resolved, ResolveError> {
     let events = parse_events(&cli.events)?;
     let internal_stats = cli
         .internal_stats
@@ -33,6 +55,10 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
     let kernel_stacks = kernel_stacks(cli);
     // --ring-buffer-kib sizes whichever buffer receives the samples.
     let ring_buffer_bytes = cli.ring_buffer_kib.map(|kib| kib as usize * 1024);
+    let (export, export_problem) = match export_options(cli, environment) {
+        Ok(export) => (export, None),
+        Err(problem) => (None, Some(problem)),
+    };
     let profiler = ProfilerOptions {
         sampler: SamplerOptions {
             engine: cli.engine,
@@ -53,8 +79,7 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
         sampling_period_nanos: sampling_period_nanos(&events),
         service: cli.service_name(),
         output_dir: cli.output_dir(),
-        // Filled by `resolve_export` (its errors are configuration problems).
-        export: None,
+        export,
         internal_stats,
         show_samples: cli.show_samples,
         worker: WorkerOptions {
@@ -62,7 +87,7 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
             max_rss_kib: u64::from(cli.worker_max_rss_mib) * 1024,
         },
     };
-    Ok(LaunchOptions {
+    let options = LaunchOptions {
         command: cli.command.clone(),
         enabled: cli.enabled,
         switch_user: cli.switch_user.clone(),
@@ -79,6 +104,10 @@ pub fn resolve(cli: &Cli) -> Result<LaunchOptions, ResolveError> {
             kernel_stacks,
         },
         profiler,
+    };
+    Ok(Resolved {
+        options,
+        export_problem,
     })
 }
 
@@ -106,7 +135,7 @@ mod tests {
 
     fn resolved(args: &[&str]) -> LaunchOptions {
         let cli = Cli::parse_from(args);
-        resolve(&cli).unwrap()
+        resolve_with(&cli, &|_| None).unwrap().options
     }
 
     #[test]
