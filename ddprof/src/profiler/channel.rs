@@ -61,6 +61,22 @@ pub enum WorkerExit {
     Finished,
 }
 
+/// What a worker that ends itself at a period's end (not at the run's end)
+/// tells the parent before it symbolizes that period, so that the parent
+/// can start the next worker at once: it drained the buffers, and the next
+/// worker takes over from here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retirement {
+    pub exit: WorkerExit,
+    /// Where the next worker's first period starts (the end of the period
+    /// being finished, or its start when that period had no samples).
+    pub next_period_start: SystemTime,
+    /// Whether a profile of the period being finished follows.
+    pub profile_follows: bool,
+    /// The profiler CPU time that profile reports.
+    pub reported_cpu: Duration,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToParent {
     /// A period ended at `end`; `profile` is `None` when it had no samples
@@ -72,10 +88,14 @@ pub enum ToParent {
     },
     /// The worker's last message before it exits with status 0.
     Exiting(WorkerExit),
+    /// The worker will exit after sending the period it closed (one
+    /// [`ToParent::PeriodEnd`], then [`ToParent::Exiting`]).
+    Retiring(Retirement),
 }
 
 const TAG_PERIOD: u8 = 1;
 const TAG_EXITING: u8 = 2;
+const TAG_RETIRING: u8 = 3;
 const EXIT_PERIODS: u8 = 1;
 const EXIT_RSS: u8 = 2;
 const EXIT_FINISHED: u8 = 3;
@@ -107,20 +127,14 @@ impl ToParent {
             }
             ToParent::Exiting(exit) => {
                 out.u8(TAG_EXITING);
-                match exit {
-                    WorkerExit::Periods(periods) => {
-                        out.u8(EXIT_PERIODS);
-                        out.u64(u64::from(*periods));
-                    }
-                    WorkerExit::Rss(kib) => {
-                        out.u8(EXIT_RSS);
-                        out.u64(*kib);
-                    }
-                    WorkerExit::Finished => {
-                        out.u8(EXIT_FINISHED);
-                        out.u64(0);
-                    }
-                }
+                out.exit(exit);
+            }
+            ToParent::Retiring(retirement) => {
+                out.u8(TAG_RETIRING);
+                out.exit(&retirement.exit);
+                out.time(retirement.next_period_start);
+                out.u8(u8::from(retirement.profile_follows));
+                out.duration(retirement.reported_cpu);
             }
         }
         let length = (out.0.len() - 4) as u32;
@@ -152,16 +166,17 @@ impl ToParent {
                     profile,
                 }
             }
-            TAG_EXITING => {
-                let kind = input.u8()?;
-                let value = input.u64()?;
-                ToParent::Exiting(match kind {
-                    EXIT_PERIODS => WorkerExit::Periods(value.min(u64::from(u32::MAX)) as u32),
-                    EXIT_RSS => WorkerExit::Rss(value),
-                    EXIT_FINISHED => WorkerExit::Finished,
+            TAG_EXITING => ToParent::Exiting(input.exit()?),
+            TAG_RETIRING => ToParent::Retiring(Retirement {
+                exit: input.exit()?,
+                next_period_start: input.time()?,
+                profile_follows: match input.u8()? {
+                    0 => false,
+                    1 => true,
                     other => return Err(ChannelError::UnknownTag(other)),
-                })
-            }
+                },
+                reported_cpu: input.duration()?,
+            }),
             other => return Err(ChannelError::UnknownTag(other)),
         };
         if !input.0.is_empty() {
@@ -227,6 +242,16 @@ impl Writer {
 
     fn duration(&mut self, duration: Duration) {
         self.u64(duration.as_nanos() as u64);
+    }
+
+    fn exit(&mut self, exit: &WorkerExit) {
+        let (kind, value) = match exit {
+            WorkerExit::Periods(periods) => (EXIT_PERIODS, u64::from(*periods)),
+            WorkerExit::Rss(kib) => (EXIT_RSS, *kib),
+            WorkerExit::Finished => (EXIT_FINISHED, 0),
+        };
+        self.u8(kind);
+        self.u64(value);
     }
 
     fn bytes(&mut self, bytes: &[u8]) {
@@ -326,6 +351,17 @@ impl Reader<'_> {
         Ok(Duration::from_nanos(self.u64()?))
     }
 
+    fn exit(&mut self) -> Result<WorkerExit, ChannelError> {
+        let kind = self.u8()?;
+        let value = self.u64()?;
+        Ok(match kind {
+            EXIT_PERIODS => WorkerExit::Periods(value.min(u64::from(u32::MAX)) as u32),
+            EXIT_RSS => WorkerExit::Rss(value),
+            EXIT_FINISHED => WorkerExit::Finished,
+            other => return Err(ChannelError::UnknownTag(other)),
+        })
+    }
+
     fn bytes(&mut self) -> Result<&[u8], ChannelError> {
         let length = self.count(1)?;
         self.take(length)
@@ -423,6 +459,12 @@ mod tests {
                 end: UNIX_EPOCH + Duration::from_secs(6),
                 profile: None,
             },
+            ToParent::Retiring(Retirement {
+                exit: WorkerExit::Rss(300_000),
+                next_period_start: UNIX_EPOCH + Duration::from_secs(6),
+                profile_follows: true,
+                reported_cpu: Duration::from_millis(35),
+            }),
             ToParent::Exiting(WorkerExit::Periods(240)),
             ToParent::Exiting(WorkerExit::Rss(300_000)),
             ToParent::Exiting(WorkerExit::Finished),

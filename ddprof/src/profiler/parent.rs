@@ -5,8 +5,10 @@
 //! supervises the worker ([`super::worker`]) that does the rest.
 //!
 //! Restarts: a worker ends itself after `--worker-period` periods or when
-//! its RSS passed `--worker-max-rss` at the end of a period, after sending
-//! its last period; the parent forks the next one at once. A worker that
+//! its RSS passed `--worker-max-rss` at the end of a period: it drains the
+//! buffers, closes the period and says so (`Retiring`); the parent forks the
+//! next worker at once, then reads the old one's last period while the new
+//! one already reads the buffers. A worker that
 //! dies otherwise (a crash, SIGKILL, its watchdog) is restarted after a
 //! backoff of 0 s, 1 s, 2 s, 4 s … capped at [`MAX_BACKOFF`] (back to 0 once
 //! a worker has delivered a period), and after [`MAX_CONSECUTIVE_FAILURES`]
@@ -69,8 +71,10 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
     };
     let mut failures = 0u32;
     let mut cause = String::from("first");
+    // A worker that handed over and is finishing its last period.
+    let mut retiring: Option<Connection> = None;
     loop {
-        let (mut socket, worker_socket) = UnixStream::pair()?;
+        let (socket, worker_socket) = UnixStream::pair()?;
         // SAFETY: the child runs only this thread (see worker.rs for what
         // it may touch) and leaves with _exit, never returning here.
         let pid = unsafe { libc::fork() };
@@ -79,6 +83,8 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         }
         if pid == 0 {
             drop(socket);
+            // The retiring worker's socket is the parent's business.
+            drop(retiring.take().map(|old| old.socket));
             let setup = WorkerSetup {
                 options: &options,
                 target,
@@ -101,8 +107,28 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
             "worker started pid={pid} (restart #{}, cause {cause})",
             handover.restarts
         );
-        let end = supervise(&mut socket, pid, &options, &mut outputs, &mut handover);
-        drop(socket);
+        if let Some(old) = retiring.take() {
+            // Its last period, while the new worker reads the buffers.
+            let old_pid = old.pid;
+            let end = receive(old, &options, &mut outputs, None);
+            if end.exit.is_none() {
+                log::warn!(
+                    "profiler worker pid={old_pid} {} before it sent its last period",
+                    end.status
+                );
+            }
+        }
+        let mut connection = Connection {
+            socket,
+            reader: FrameReader::default(),
+            pid,
+        };
+        let end = supervise(&mut connection, &options, &mut outputs, &mut handover);
+        if end.retiring {
+            retiring = Some(connection);
+        } else {
+            drop(connection);
+        }
         match end.exit {
             Some(WorkerExit::Finished) => break,
             Some(WorkerExit::Periods(periods)) => {
@@ -173,36 +199,46 @@ const STEP: Duration = Duration::from_millis(100);
 struct WorkerEnd {
     /// What it said before exiting (None: it died).
     exit: Option<WorkerExit>,
-    /// Its wait status, in words.
+    /// Its wait status, in words (empty while it is retiring).
     status: String,
     /// Periods it delivered.
     periods: u64,
-    /// The parent stopped waiting for it (stop grace passed, or it sent
-    /// garbage): it dies with the parent.
+    /// The parent stopped waiting for it (stop grace passed): it dies with
+    /// the parent.
     abandoned: bool,
+    /// It handed over and is finishing its last period: not reaped yet.
+    retiring: bool,
 }
 
-/// Receives the worker's periods until it exits; publishes each.
-fn supervise(
-    socket: &mut UnixStream,
+/// The parent's end of a worker's socket.
+struct Connection {
+    socket: UnixStream,
+    reader: FrameReader,
     pid: libc::pid_t,
+}
+
+/// Receives the worker's periods until it exits or hands over
+/// ([`ToParent::Retiring`]: the caller starts the next worker, then reads
+/// this one's last period with [`receive`]).
+fn supervise(
+    connection: &mut Connection,
     options: &ProfilerOptions,
     outputs: &mut Outputs,
     handover: &mut Handover,
 ) -> WorkerEnd {
-    let mut reader = FrameReader::default();
+    let pid = connection.pid;
+    let mut stop_deadline: Option<Instant> = None;
     let mut end = WorkerEnd {
         exit: None,
         status: String::new(),
         periods: 0,
         abandoned: false,
+        retiring: false,
     };
-    let mut stop_deadline: Option<Instant> = None;
-    let mut buffer = vec![0u8; 64 * 1024];
-    'receiving: loop {
+    loop {
         if stop_deadline.is_none() && stop::requested() {
             // A worker that is gone already cannot read it: its end is seen below.
-            let _ = socket.write_all(&[STOP_REQUEST]);
+            let _ = connection.socket.write_all(&[STOP_REQUEST]);
             stop_deadline = Some(Instant::now() + STOP_GRACE);
         }
         if stop_deadline.is_some_and(|deadline| Instant::now() >= deadline) {
@@ -214,54 +250,121 @@ fn supervise(
             end.abandoned = true;
             return end;
         }
-        if !wait_readable(socket, STEP) {
-            continue;
-        }
-        let read = match socket.read(&mut buffer) {
-            Ok(0) => break,
-            Ok(read) => read,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        reader.extend(&buffer[..read]);
-        loop {
-            match reader.next_message() {
-                Ok(None) => break,
-                Ok(Some(ToParent::Exiting(exit))) => end.exit = Some(exit),
-                Ok(Some(ToParent::PeriodEnd {
-                    start,
-                    end: period_end,
-                    profile,
-                })) => {
-                    handover.period_deadline += options.upload_period;
-                    if let Some(profile) = profile {
-                        end.periods += 1;
-                        handover.period_start = period_end;
-                        handover.profiles += 1;
-                        handover.cpu_counted += profile.figures.profiler_cpu;
-                        outputs.publish(start, period_end, *profile);
-                    }
-                }
-                Err(error) => {
-                    // It cannot be signalled (the sandbox): closing the
-                    // socket makes its next write fail, and it exits.
-                    log::warn!("profiler worker pid={pid}: {error}; replacing it");
-                    break 'receiving;
+        match next_message(connection) {
+            Received::Nothing => {}
+            Received::End => break,
+            Received::Message(ToParent::Exiting(exit)) => end.exit = Some(exit),
+            Received::Message(ToParent::Retiring(retirement)) => {
+                handover.period_deadline += options.upload_period;
+                handover.period_start = retirement.next_period_start;
+                handover.profiles += u64::from(retirement.profile_follows);
+                handover.cpu_counted += retirement.reported_cpu;
+                end.exit = Some(retirement.exit);
+                end.retiring = true;
+                return end;
+            }
+            Received::Message(ToParent::PeriodEnd {
+                start,
+                end: period_end,
+                profile,
+            }) => {
+                handover.period_deadline += options.upload_period;
+                if let Some(profile) = profile {
+                    end.periods += 1;
+                    handover.period_start = period_end;
+                    handover.profiles += 1;
+                    handover.cpu_counted += profile.figures.profiler_cpu;
+                    outputs.publish(start, period_end, *profile);
                 }
             }
         }
     }
-    if reader.pending_bytes() > 0 {
+    end.status = close_and_reap(connection);
+    end
+}
+
+/// Reads a retiring worker's last period and its exit.
+fn receive(
+    mut connection: Connection,
+    options: &ProfilerOptions,
+    outputs: &mut Outputs,
+    until: Option<Instant>,
+) -> WorkerEnd {
+    let mut end = WorkerEnd {
+        exit: None,
+        status: String::new(),
+        periods: 0,
+        abandoned: false,
+        retiring: false,
+    };
+    // As long as a period may take to symbolize.
+    let until = until.unwrap_or_else(|| Instant::now() + options.upload_period + STOP_GRACE);
+    while Instant::now() < until {
+        match next_message(&mut connection) {
+            Received::Nothing => {}
+            Received::End => break,
+            Received::Message(ToParent::Exiting(exit)) => end.exit = Some(exit),
+            Received::Message(ToParent::PeriodEnd {
+                start,
+                end: period_end,
+                profile: Some(profile),
+            }) => {
+                end.periods += 1;
+                outputs.publish(start, period_end, *profile);
+            }
+            Received::Message(_) => {}
+        }
+    }
+    end.status = close_and_reap(&mut connection);
+    end
+}
+
+enum Received {
+    Nothing,
+    /// End of file, a read error or garbage (said in a log line).
+    End,
+    Message(ToParent),
+}
+
+/// The next message of the worker, waiting at most [`STEP`] for input.
+fn next_message(connection: &mut Connection) -> Received {
+    loop {
+        match connection.reader.next_message() {
+            Ok(Some(message)) => return Received::Message(message),
+            Ok(None) => {}
+            Err(error) => {
+                log::warn!(
+                    "profiler worker pid={}: {error}; replacing it",
+                    connection.pid
+                );
+                return Received::End;
+            }
+        }
+        if !wait_readable(&connection.socket, STEP) {
+            return Received::Nothing;
+        }
+        let mut buffer = [0u8; 64 * 1024];
+        match connection.socket.read(&mut buffer) {
+            Ok(0) => return Received::End,
+            Ok(read) => connection.reader.extend(&buffer[..read]),
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Received::End,
+        }
+    }
+}
+
+/// Shuts the socket (a worker still running, one that sent garbage, sees
+/// the end of file at its next look and exits) and reaps the worker.
+fn close_and_reap(connection: &mut Connection) -> String {
+    if connection.reader.pending_bytes() > 0 {
         log::debug!(
-            "profiler worker pid={pid} ended in the middle of a message ({} bytes)",
-            reader.pending_bytes()
+            "profiler worker pid={} ended in the middle of a message ({} bytes)",
+            connection.pid,
+            connection.reader.pending_bytes()
         );
     }
-    // A worker still running (it sent garbage) sees the end of file at its
-    // next look at the socket, and exits.
-    let _ = socket.shutdown(std::net::Shutdown::Both);
-    end.status = reap(pid);
-    end
+    let _ = connection.socket.shutdown(std::net::Shutdown::Both);
+    reap(connection.pid)
 }
 
 /// poll(2) for input on `socket`.
@@ -326,6 +429,8 @@ struct Outputs {
     internal_stats: Option<StatsdSink>,
     /// The sum of the periods' figures.
     run: Overhead,
+    /// Profiles received.
+    profiles: u64,
     worker_peak_rss_kib: u64,
 }
 
@@ -341,12 +446,14 @@ impl Outputs {
             internal_stats: internal_stats_sink(options),
             folded: FoldedStacks::default(),
             run: Overhead::default(),
+            profiles: 0,
             worker_peak_rss_kib: 0,
         }
     }
 
     fn publish(&mut self, start: SystemTime, end: SystemTime, profile: EncodedPeriod) {
         let figures = profile.figures;
+        self.profiles += 1;
         self.run.samples += figures.samples;
         self.run.lost += figures.lost;
         self.run.truncated += figures.truncated;
@@ -425,7 +532,7 @@ impl Outputs {
             worker_restarts: handover.restarts,
             parent_peak_rss_kib,
             worker_peak_rss_kib: self.worker_peak_rss_kib,
-            ..Summary::of_run(&run, handover.profiles)
+            ..Summary::of_run(&run, self.profiles)
         };
         log::info!("{summary}");
         if summary.lost > 0 {

@@ -22,11 +22,11 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::channel::{EncodedPeriod, ToParent, WorkerExit, STOP_REQUEST};
+use super::channel::{EncodedPeriod, Retirement, ToParent, WorkerExit, STOP_REQUEST};
 use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
-use crate::aggregate::Aggregator;
+use crate::aggregate::{Aggregator, PeriodProfile};
 use crate::output::FoldedStacks;
-use crate::overhead::{Accounting, OverheadMeter};
+use crate::overhead::{Accounting, Overhead, OverheadMeter};
 use crate::process::ProcessTable;
 use crate::profile::{encode_pprof_compressed, Compressions, ProfileMetadata};
 use crate::sample::Sample;
@@ -251,16 +251,25 @@ impl Worker {
             } else {
                 None
             };
-            if exit.is_some() {
-                // The next worker resumes the buffers where this one stops.
-                sampler.drain(processes, &mut |table, sample| self.add(table, sample));
-            }
-            self.end_period(false, sampler.lost())?;
-            period_deadline += period;
-            if let Some(exit) = exit {
-                self.send(&ToParent::Exiting(exit))?;
-                return Ok(());
-            }
+            let Some(exit) = exit else {
+                self.end_period(false, sampler.lost())?;
+                period_deadline += period;
+                continue;
+            };
+            // The next worker resumes the buffers where this one stops, and
+            // starts (the parent forks it on `Retiring`) while this one
+            // symbolizes: the buffers need only hold the time a fork takes.
+            sampler.drain(processes, &mut |table, sample| self.add(table, sample));
+            let closed = self.close_period(false, sampler.lost());
+            self.send(&ToParent::Retiring(Retirement {
+                exit,
+                next_period_start: self.period_start,
+                profile_follows: closed.overhead.is_some(),
+                reported_cpu: closed.overhead.map_or(Duration::ZERO, |o| o.profiler_cpu),
+            }))?;
+            self.send_period(closed)?;
+            self.send(&ToParent::Exiting(exit))?;
+            return Ok(());
         }
     }
 
@@ -312,22 +321,53 @@ impl Worker {
     }
 
     /// Ends the current period: symbolizes and encodes it, and sends it to
-    /// the parent. An empty period is sent without a profile unless it is
-    /// the run's only one (the next profile then covers it too).
-    /// `lost_total`: what the sampler counted as lost so far.
+    /// the parent (see [`Worker::close_period`]).
     fn end_period(&mut self, last: bool, lost_total: u64) -> Result<(), WorkerError> {
+        let closed = self.close_period(last, lost_total);
+        self.send_period(closed)
+    }
+
+    /// Closes the current period and takes its figures. An empty period
+    /// gets no profile unless it is the run's only one (the next profile
+    /// then covers it too). `lost_total`: what the sampler counted as lost
+    /// so far.
+    fn close_period(&mut self, last: bool, lost_total: u64) -> ClosedPeriod {
         let end = SystemTime::now();
         let start = self.period_start;
         let period = self.aggregator.take_period(start, end);
         if period.stats.samples == 0 && !(last && self.profiles == 0) {
+            return ClosedPeriod {
+                start,
+                end,
+                period,
+                overhead: None,
+            };
+        }
+        self.period_start = end;
+        self.profiles += 1;
+        ClosedPeriod {
+            start,
+            end,
+            period,
+            overhead: Some(self.meter.end_period(lost_total)),
+        }
+    }
+
+    /// Symbolizes and encodes a closed period, and sends it to the parent.
+    fn send_period(&mut self, closed: ClosedPeriod) -> Result<(), WorkerError> {
+        let ClosedPeriod {
+            start,
+            end,
+            period,
+            overhead,
+        } = closed;
+        let Some(overhead) = overhead else {
             return self.send(&ToParent::PeriodEnd {
                 start,
                 end,
                 profile: None,
             });
-        }
-        self.period_start = end;
-        let overhead = self.meter.end_period(lost_total);
+        };
         self.metadata.comments = overhead.comments();
         self.metadata
             .comments
@@ -357,11 +397,19 @@ impl Worker {
             pprof_zstd: encoded.zstd,
         };
         drop(symbolized);
-        self.profiles += 1;
         self.send(&ToParent::PeriodEnd {
             start,
             end,
             profile: Some(Box::new(profile)),
         })
     }
+}
+
+/// A period taken from the aggregator, not yet symbolized.
+struct ClosedPeriod {
+    start: SystemTime,
+    end: SystemTime,
+    period: PeriodProfile,
+    /// Its figures; `None`: it gets no profile.
+    overhead: Option<Overhead>,
 }
