@@ -67,7 +67,11 @@ pub enum Accounting {
 }
 
 /// User + system CPU time of process `pid` and of the children it waited
-/// for (`/proc/PID/stat`, in clock ticks).
+/// for. Its own time is read from its CPU-time clock (nanoseconds, every
+/// thread, exited ones too); `/proc/PID/stat` has it only in clock ticks,
+/// whose truncation (up to 10 ms per field) would show in short runs. The
+/// waited-for children's time (the reaped workers) is known only from
+/// there (fields 16-17, cutime and cstime).
 fn parent_cpu_time(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return Duration::ZERO;
@@ -77,15 +81,42 @@ fn parent_cpu_time(pid: u32) -> Duration {
     let Some((_, fields)) = stat.rsplit_once(')') else {
         return Duration::ZERO;
     };
-    let ticks: u64 = fields
+    let ticks: Vec<u64> = fields
         .split_whitespace()
         .skip(11)
         .take(4)
-        .filter_map(|field| field.parse::<u64>().ok())
-        .sum();
+        .map(|field| field.parse::<u64>().unwrap_or(0))
+        .collect();
+    let [utime, stime, cutime, cstime] = ticks[..] else {
+        return Duration::ZERO;
+    };
     // SAFETY: sysconf has no memory effects; _SC_CLK_TCK is always valid.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / per_second)
+    let from_ticks =
+        |ticks: u64| Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / per_second);
+    let own = process_cpu_clock(pid).unwrap_or_else(|| from_ticks(utime + stime));
+    own + from_ticks(cutime + cstime)
+}
+
+/// The CPU time of process `pid` (all its threads) from its CPU-time clock.
+fn process_cpu_clock(pid: u32) -> Option<Duration> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: writes the clock id of `pid`'s CPU time into `clock`.
+    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } != 0 {
+        return None;
+    }
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: reads that clock into `now`.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        return None;
+    }
+    Some(Duration::new(
+        now.tv_sec.max(0) as u64,
+        now.tv_nsec.clamp(0, 999_999_999) as u32,
+    ))
 }
 
 fn cpu_time_of(who: nix::sys::resource::UsageWho) -> Duration {
@@ -384,6 +415,26 @@ mod tests {
         assert_eq!((run.samples, run.lost, run.truncated), (101, 5, 10));
         assert_eq!(run.target_cpu, Duration::from_millis(1070));
         assert!(run.profiler_cpu >= first.profiler_cpu + second.profiler_cpu);
+    }
+
+    #[test]
+    fn a_parents_cpu_time_is_read_to_the_nanosecond() {
+        // Burn some CPU, then read this process as a worker reads its parent.
+        let mut x = 1u64;
+        let burn_until = std::time::Instant::now() + Duration::from_millis(30);
+        while std::time::Instant::now() < burn_until {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let me = std::process::id();
+        let clock = process_cpu_clock(me).unwrap();
+        let own = cpu_time_of(nix::sys::resource::UsageWho::RUSAGE_SELF);
+        assert!(clock >= Duration::from_millis(30), "{clock:?}");
+        assert!(
+            clock.abs_diff(own) < Duration::from_millis(20),
+            "{clock:?} {own:?}"
+        );
+        assert!(parent_cpu_time(me) >= clock);
+        assert_eq!(parent_cpu_time(u32::MAX), Duration::ZERO);
     }
 
     #[test]
