@@ -1,7 +1,7 @@
 //! Weeks beside a service, compressed: processes and libraries that come and
 //! go for two minutes (2000 exec'd children, 200 dlopen/dlclose cycles)
-//! under each engine. The profiler's processes stay under 64 MiB of RSS the
-//! whole time, and every child that ran 50 ms of CPU or more is in the
+//! under each engine. The profiler's processes (parent and worker) stay
+//! under 64 MiB the whole time, and every child that ran 50 ms of CPU or more is in the
 //! profiles with its own functions named.
 //!
 //! `DDPROF_CHURN_SECONDS` shortens the run for development (the counts of
@@ -18,8 +18,12 @@ use std::time::Duration;
 
 const RSS_BOUND_KIB: u64 = 64 * 1024;
 
-/// The summed RSS of every `ddprof-profiler` process whose command line
-/// (inherited from the `ddprof` that forked it) holds `marker`, in KiB.
+/// The memory of every profiler process (the `ddprof-profiler` parent and
+/// its `ddprof-worker`) whose command line (inherited from the `ddprof`
+/// that forked it) holds `marker`, in KiB: their summed proportional set
+/// size (`Pss` of `/proc/PID/smaps_rollup`), so that the pages the worker
+/// shares with its parent since the fork (the ring buffers, the BPF maps,
+/// the heap until written) count once, as the machine holds them.
 fn profiler_rss_kib(marker: &str) -> u64 {
     let mut total = 0;
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -27,7 +31,7 @@ fn profiler_rss_kib(marker: &str) -> u64 {
         let Ok(comm) = std::fs::read_to_string(path.join("comm")) else {
             continue;
         };
-        if comm.trim() != "ddprof-profiler" {
+        if !["ddprof-profiler", "ddprof-worker"].contains(&comm.trim()) {
             continue;
         }
         let Ok(cmdline) = std::fs::read(path.join("cmdline")) else {
@@ -36,12 +40,12 @@ fn profiler_rss_kib(marker: &str) -> u64 {
         if !String::from_utf8_lossy(&cmdline).contains(marker) {
             continue;
         }
-        let Ok(status) = std::fs::read_to_string(path.join("status")) else {
+        let Ok(rollup) = std::fs::read_to_string(path.join("smaps_rollup")) else {
             continue;
         };
-        total += status
+        total += rollup
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix("Pss:"))
             .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
             .unwrap_or(0);
     }

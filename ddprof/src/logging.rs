@@ -101,6 +101,27 @@ fn syslog_priority(level: Level) -> libc::c_int {
     }
 }
 
+/// Writes one log line to `fd` with `write(2)`, without the standard
+/// library's stdout/stderr locks: the profiler worker is forked from a
+/// process with other threads (the exporter's), and a lock one of them held
+/// at the fork would stay held in the worker forever. A line that cannot be
+/// written has nowhere else to go.
+fn write_line(fd: libc::c_int, mut line: &[u8]) {
+    while !line.is_empty() {
+        // SAFETY: writes from a live slice of `line.len()` bytes.
+        let written = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+        if written > 0 {
+            line = &line[written as usize..];
+        } else if written < 0
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {
+            continue;
+        } else {
+            return;
+        }
+    }
+}
+
 impl Log for Logger {
     fn enabled(&self, metadata: &Metadata) -> bool {
         self.mode != LogMode::Disabled && metadata.level() <= log::max_level()
@@ -115,14 +136,11 @@ impl Log for Logger {
             LogMode::Disabled => {}
             LogMode::Stderr => {
                 let line = format_line(std::process::id(), record.level(), &message);
-                // A log line that cannot be written has nowhere else to go.
-                let _ = std::io::stderr().lock().write_all(line.as_bytes());
+                write_line(libc::STDERR_FILENO, line.as_bytes());
             }
             LogMode::Stdout => {
                 let line = format_line(std::process::id(), record.level(), &message);
-                let mut stdout = std::io::stdout().lock();
-                let _ = stdout.write_all(line.as_bytes());
-                let _ = stdout.flush();
+                write_line(libc::STDOUT_FILENO, line.as_bytes());
             }
             LogMode::Syslog => {
                 let text = CString::new(message.replace('\0', " "))

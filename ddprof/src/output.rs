@@ -505,33 +505,51 @@ impl FoldedStacks {
 
     /// Adds a symbolized period's samples.
     pub fn add(&mut self, profile: &SymbolizedProfile) {
-        let mut key: Vec<u32> = Vec::new();
-        for sample in &profile.period.samples {
-            key.clear();
-            let process: Arc<str> = match &sample.process_name {
-                Some(name) => name.clone(),
-                None => Arc::from(format!("[pid {}]", sample.pid)),
-            };
-            key.push(self.name_id(&process));
-            for name in profile.stack_names(sample.stack) {
-                let id = self.name_id(name);
-                key.push(id);
-            }
-            self.total += sample.count;
-            if let Some(count) = self.stacks.get_mut(key.as_slice()) {
-                *count += sample.count;
-                continue;
-            }
-            if self.frames_stored + key.len() > self.max_frames {
-                key.truncate(1);
-                key.push(self.name_id(&Arc::from(FOLDED_TABLE_FULL)));
-            }
-            let count = self.stacks.entry(key.as_slice().into()).or_insert_with(|| {
-                self.frames_stored += key.len();
-                0
-            });
-            *count += sample.count;
+        for (names, count) in Self::stacks_of(profile) {
+            self.add_stack(&names, count);
         }
+    }
+
+    /// A symbolized period's samples as folded stacks (process name, then
+    /// the frames from the root) and counts, as [`add_stack`] takes them:
+    /// how a profiler worker hands a period's stacks to its parent.
+    ///
+    /// [`add_stack`]: FoldedStacks::add_stack
+    pub fn stacks_of(profile: &SymbolizedProfile) -> Vec<(Vec<Arc<str>>, u64)> {
+        profile
+            .period
+            .samples
+            .iter()
+            .map(|sample| {
+                let process: Arc<str> = match &sample.process_name {
+                    Some(name) => name.clone(),
+                    None => Arc::from(format!("[pid {}]", sample.pid)),
+                };
+                let mut names = vec![process];
+                names.extend(profile.stack_names(sample.stack).cloned());
+                (names, sample.count)
+            })
+            .collect()
+    }
+
+    /// Adds `count` samples of one stack: the process name, then the frames
+    /// from the root.
+    pub fn add_stack(&mut self, names: &[Arc<str>], count: u64) {
+        let mut key: Vec<u32> = names.iter().map(|name| self.name_id(name)).collect();
+        self.total += count;
+        if let Some(stored) = self.stacks.get_mut(key.as_slice()) {
+            *stored += count;
+            return;
+        }
+        if self.frames_stored + key.len() > self.max_frames {
+            key.truncate(1);
+            key.push(self.name_id(&Arc::from(FOLDED_TABLE_FULL)));
+        }
+        let stored = self.stacks.entry(key.as_slice().into()).or_insert_with(|| {
+            self.frames_stored += key.len();
+            0
+        });
+        *stored += count;
     }
 
     /// Samples added so far.
@@ -602,6 +620,12 @@ pub struct Summary {
     pub peak_rss_kib: u64,
     /// CPU time of the profiled tasks (0: not known).
     pub target_cpu_ms: u64,
+    /// Workers that replaced an earlier one (planned or after a crash).
+    pub worker_restarts: u64,
+    /// Peak RSS of the parent and of the largest worker, in KiB (0: the
+    /// run had no worker); `peak_rss_kib` is the larger.
+    pub parent_peak_rss_kib: u64,
+    pub worker_peak_rss_kib: u64,
 }
 
 impl Summary {
@@ -615,6 +639,7 @@ impl Summary {
             profiler_cpu_ms: crate::overhead::own_cpu_time().as_millis() as u64,
             peak_rss_kib: crate::overhead::peak_rss_kib(),
             target_cpu_ms: 0,
+            ..Self::default()
         }
     }
 
@@ -628,6 +653,7 @@ impl Summary {
             profiler_cpu_ms: run.profiler_cpu.as_millis() as u64,
             peak_rss_kib: run.peak_rss_kib,
             target_cpu_ms: run.target_cpu.as_millis() as u64,
+            ..Self::default()
         }
     }
 }
@@ -650,6 +676,13 @@ impl fmt::Display for Summary {
                 " target_cpu_ms={} profiler_cpu_share={:.2}%",
                 self.target_cpu_ms,
                 100.0 * self.profiler_cpu_ms as f64 / self.target_cpu_ms as f64
+            )?;
+        }
+        if self.worker_peak_rss_kib > 0 {
+            write!(
+                f,
+                " worker_restarts={} parent_peak_rss_kib={} worker_peak_rss_kib={}",
+                self.worker_restarts, self.parent_peak_rss_kib, self.worker_peak_rss_kib
             )?;
         }
         Ok(())

@@ -25,35 +25,122 @@ pub struct OwnUsage {
 
 impl OwnUsage {
     pub fn now() -> Self {
-        let (rss_kib, peak_rss_kib) = memory_kib();
+        let (rss_kib, peak_rss_kib) = memory_kib("self");
         Self {
             cpu: own_cpu_time(),
             rss_kib,
             peak_rss_kib,
         }
     }
+
+    /// What `accounting` covers, now.
+    pub fn of(accounting: Accounting) -> Self {
+        match accounting {
+            Accounting::ThisProcess => Self::now(),
+            Accounting::WorkerOf { parent } => {
+                // The worker's own time (it has no children) plus the
+                // parent's, which includes the workers it has reaped.
+                let own = cpu_time_of(nix::sys::resource::UsageWho::RUSAGE_SELF);
+                let (rss_kib, peak_rss_kib) = memory_kib("self");
+                let (parent_rss_kib, parent_peak_kib) = memory_kib(&parent.to_string());
+                Self {
+                    cpu: own + parent_cpu_time(parent),
+                    rss_kib: rss_kib + parent_rss_kib,
+                    peak_rss_kib: peak_rss_kib.max(parent_peak_kib),
+                }
+            }
+        }
+    }
+}
+
+/// Which processes the profiler's figures cover: the profiler is a parent
+/// (which keeps the descriptors, BPF maps and exporter) and a worker (which
+/// unwinds, aggregates and symbolizes), and both count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accounting {
+    /// This process and the children it waited for (the parent, or a
+    /// profiler without a worker).
+    ThisProcess,
+    /// A worker: itself plus its parent's own CPU time and its waited-for
+    /// children's (the previous workers); RSS summed, peak RSS the larger.
+    WorkerOf { parent: u32 },
+}
+
+/// User + system CPU time of process `pid` and of the children it waited
+/// for. Its own time is read from its CPU-time clock (nanoseconds, every
+/// thread, exited ones too); `/proc/PID/stat` has it only in clock ticks,
+/// whose truncation (up to 10 ms per field) would show in short runs. The
+/// waited-for children's time (the reaped workers) is known only from
+/// there (fields 16-17, cutime and cstime).
+fn parent_cpu_time(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // The command name may hold spaces and parentheses: fields start after
+    // the last ')'. utime, stime, cutime and cstime are fields 14-17.
+    let Some((_, fields)) = stat.rsplit_once(')') else {
+        return Duration::ZERO;
+    };
+    let ticks: Vec<u64> = fields
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|field| field.parse::<u64>().unwrap_or(0))
+        .collect();
+    let [utime, stime, cutime, cstime] = ticks[..] else {
+        return Duration::ZERO;
+    };
+    // SAFETY: sysconf has no memory effects; _SC_CLK_TCK is always valid.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let from_ticks =
+        |ticks: u64| Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / per_second);
+    let own = process_cpu_clock(pid).unwrap_or_else(|| from_ticks(utime + stime));
+    own + from_ticks(cutime + cstime)
+}
+
+/// The CPU time of process `pid` (all its threads) from its CPU-time clock.
+fn process_cpu_clock(pid: u32) -> Option<Duration> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: writes the clock id of `pid`'s CPU time into `clock`.
+    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } != 0 {
+        return None;
+    }
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: reads that clock into `now`.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        return None;
+    }
+    Some(Duration::new(
+        now.tv_sec.max(0) as u64,
+        now.tv_nsec.clamp(0, 999_999_999) as u32,
+    ))
+}
+
+fn cpu_time_of(who: nix::sys::resource::UsageWho) -> Duration {
+    let Ok(usage) = nix::sys::resource::getrusage(who) else {
+        return Duration::ZERO;
+    };
+    let to_duration = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
+    };
+    to_duration(usage.user_time()) + to_duration(usage.system_time())
 }
 
 /// User plus system CPU time of this process (all threads) and of the
 /// children it waited for.
 pub fn own_cpu_time() -> Duration {
-    use nix::sys::resource::{getrusage, UsageWho};
-    let total = |who| {
-        let Ok(usage) = getrusage(who) else {
-            return Duration::ZERO;
-        };
-        let to_duration = |t: nix::sys::time::TimeVal| {
-            Duration::from_secs(t.tv_sec().max(0) as u64)
-                + Duration::from_micros(t.tv_usec().max(0) as u64)
-        };
-        to_duration(usage.user_time()) + to_duration(usage.system_time())
-    };
-    total(UsageWho::RUSAGE_SELF) + total(UsageWho::RUSAGE_CHILDREN)
+    use nix::sys::resource::UsageWho;
+    cpu_time_of(UsageWho::RUSAGE_SELF) + cpu_time_of(UsageWho::RUSAGE_CHILDREN)
 }
 
-/// `VmRSS` and `VmHWM` of this process, in KiB (0 where unreadable).
-fn memory_kib() -> (u64, u64) {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+/// `VmRSS` and `VmHWM` of `/proc/PROCESS` (`self` or a PID), in KiB (0
+/// where unreadable).
+fn memory_kib(process: &str) -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{process}/status")) else {
         return (0, 0);
     };
     let field = |name: &str| {
@@ -68,7 +155,12 @@ fn memory_kib() -> (u64, u64) {
 
 /// Peak resident set size of this process (`VmHWM`), in KiB.
 pub fn peak_rss_kib() -> u64 {
-    memory_kib().1
+    memory_kib("self").1
+}
+
+/// `VmRSS` of this process, in KiB.
+pub fn rss_kib() -> u64 {
+    memory_kib("self").0
 }
 
 /// The figures of one period (or, from [`OverheadMeter::run`], of the run).
@@ -183,6 +275,7 @@ pub struct OverheadMeter {
     period: Counts,
     run: Counts,
     lost_before: u64,
+    accounting: Accounting,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -204,6 +297,25 @@ impl OverheadMeter {
             period: Counts::default(),
             run: Counts::default(),
             lost_before: 0,
+            accounting: Accounting::ThisProcess,
+        }
+    }
+
+    /// A meter that takes over from earlier ones (a new worker): its first
+    /// period counts the CPU time of `accounting` beyond `cpu_counted`
+    /// (what earlier periods reported), and the samples lost beyond
+    /// `lost_before`.
+    pub fn resume(
+        sample_period_nanos: u64,
+        accounting: Accounting,
+        cpu_counted: Duration,
+        lost_before: u64,
+    ) -> Self {
+        Self {
+            period_start_cpu: cpu_counted,
+            lost_before,
+            accounting,
+            ..Self::start(sample_period_nanos)
         }
     }
 
@@ -223,7 +335,7 @@ impl OverheadMeter {
         self.lost_before = lost_total.max(self.lost_before);
         self.period.lost = lost;
         self.run.lost += lost;
-        let usage = OwnUsage::now();
+        let usage = OwnUsage::of(self.accounting);
         let now = std::time::Instant::now();
         let overhead = self.overhead(
             &self.period,
@@ -241,7 +353,7 @@ impl OverheadMeter {
     ///
     /// [`end_period`]: OverheadMeter::end_period
     pub fn run(&self) -> Overhead {
-        let usage = OwnUsage::now();
+        let usage = OwnUsage::of(self.accounting);
         self.overhead(&self.run, self.run_start.elapsed(), usage.cpu, usage)
     }
 
@@ -303,6 +415,26 @@ mod tests {
         assert_eq!((run.samples, run.lost, run.truncated), (101, 5, 10));
         assert_eq!(run.target_cpu, Duration::from_millis(1070));
         assert!(run.profiler_cpu >= first.profiler_cpu + second.profiler_cpu);
+    }
+
+    #[test]
+    fn a_parents_cpu_time_is_read_to_the_nanosecond() {
+        // Burn some CPU, then read this process as a worker reads its parent.
+        let mut x = 1u64;
+        let burn_until = std::time::Instant::now() + Duration::from_millis(30);
+        while std::time::Instant::now() < burn_until {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let me = std::process::id();
+        let clock = process_cpu_clock(me).unwrap();
+        let own = cpu_time_of(nix::sys::resource::UsageWho::RUSAGE_SELF);
+        assert!(clock >= Duration::from_millis(30), "{clock:?}");
+        assert!(
+            clock.abs_diff(own) < Duration::from_millis(20),
+            "{clock:?} {own:?}"
+        );
+        assert!(parent_cpu_time(me) >= clock);
+        assert_eq!(parent_cpu_time(u32::MAX), Duration::ZERO);
     }
 
     #[test]

@@ -189,6 +189,35 @@ impl Sampler {
         processes: &mut ProcessTable,
         on_sample: &mut dyn FnMut(&ProcessTable, Sample),
     ) {
+        self.drain(processes, on_sample);
+        if let Engine::Bpf {
+            samples, records, ..
+        } = &self.engine
+        {
+            if let Ok(counters) = samples.counters() {
+                log::debug!("BPF program: {counters}");
+                // What took the slow path, and why, for the user.
+                log::info!(
+                    "BPF engine: {} samples unwound in the kernel, {} handed to the perf \
+                         engine ({} of them mid-stack: a table not in the row map or a mapping \
+                         not yet described), {} unwound by the perf engine in all",
+                    counters.get(BpfCounter::Emitted),
+                    counters.get(BpfCounter::HandedToPerf),
+                    counters.get(BpfCounter::HandedOffMidStack),
+                    records.sample_counters().samples
+                );
+            }
+        }
+    }
+
+    /// Delivers everything buffered and held back, without waiting: before
+    /// a profiler worker hands over to the next one, which resumes the
+    /// buffers where this one stops.
+    pub fn drain(
+        &mut self,
+        processes: &mut ProcessTable,
+        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    ) {
         match &mut self.engine {
             Engine::Perf(engine) => {
                 engine.flush(processes, on_sample);
@@ -204,21 +233,35 @@ impl Sampler {
                 }
                 deliver_merged(samples, records, pending, processes, false, 0, on_sample);
                 records.flush(processes, on_sample);
-                if let Ok(counters) = samples.counters() {
-                    log::debug!("BPF program: {counters}");
-                    // What took the slow path, and why, for the user.
-                    log::info!(
-                        "BPF engine: {} samples unwound in the kernel, {} handed to the perf \
-                         engine ({} of them mid-stack: a table not in the row map or a mapping \
-                         not yet described), {} unwound by the perf engine in all",
-                        counters.get(BpfCounter::Emitted),
-                        counters.get(BpfCounter::HandedToPerf),
-                        counters.get(BpfCounter::HandedOffMidStack),
-                        records.sample_counters().samples
-                    );
+            }
+        }
+    }
+
+    /// Makes this copy of the sampler, in a profiler worker forked from the
+    /// parent that started it, the reader of the buffers. With `restarted`
+    /// (an earlier worker read them), also makes the engine's state true to
+    /// `processes`, the table the worker rebuilt from `/proc`: samples an
+    /// earlier worker read but had not delivered are gone with it.
+    pub fn resume_after_fork(
+        &mut self,
+        processes: &ProcessTable,
+        restarted: bool,
+    ) -> Result<(), SamplerError> {
+        match &mut self.engine {
+            Engine::Perf(engine) => engine.resume_after_fork(restarted)?,
+            Engine::Bpf {
+                samples,
+                records,
+                pending,
+            } => {
+                records.resume_after_fork(restarted)?;
+                if restarted {
+                    pending.clear();
+                    keep_reading_while(records, || samples.resync_after_restart(processes))?;
                 }
             }
         }
+        Ok(())
     }
 
     /// The engine in use (`bpf` or `perf`), as event.json `info` says it.

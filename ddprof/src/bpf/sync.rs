@@ -10,6 +10,7 @@ use ddprof_common::bpf_maps::{
 use ddprof_common::unwind::ROW_SIZE;
 
 use super::engine::{is_alive, BpfEngine};
+use super::load::{BpfError, MapProblem};
 use crate::files::{ContentKey, MappedFile};
 use crate::process::ProcessTable;
 use crate::unwind::LoadSegment;
@@ -294,6 +295,60 @@ impl BpfEngine {
         self.files.retain(
             |_, state| matches!(state, FileState::Loaded(key) if self.tables.contains_key(key)),
         );
+    }
+
+    /// Makes this copy of the engine true again in a profiler worker that
+    /// replaces another: the copy was forked from the parent as the engine
+    /// was at start, while the maps and the ring buffer are shared and
+    /// were moved on by the earlier workers since.
+    ///
+    /// - The ring buffer is opened again, so that reading resumes at the
+    ///   shared consumer position (aya's reader caches it).
+    /// - Every process map entry is deleted (listed from the kernel's map,
+    ///   not from the stale bookkeeping): until its process is synced
+    ///   again, the program hands its samples to the perf engine, which
+    ///   unwinds them exactly, so none is unwound with rows being
+    ///   rewritten. (A sample that looked its entry up just before the
+    ///   deletion, on another CPU, may still read rows being rewritten: a
+    ///   window of one sample per CPU, whose stack may then end early.)
+    /// - The row map is emptied (the copy's ranges are released: the copy
+    ///   only knows the tables of the start) and the rows and entries of
+    ///   every process of `processes` are written again.
+    pub fn resync_after_restart(&mut self, processes: &ProcessTable) -> Result<(), BpfError> {
+        let map_error = |error: aya::maps::MapError| BpfError::Map {
+            map: ddprof_common::bpf_maps::names::SAMPLES,
+            problem: MapProblem::Aya(error),
+        };
+        let fd = std::os::fd::AsFd::as_fd(&self.ring)
+            .try_clone_to_owned()
+            .map_err(|io_error| {
+                map_error(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                    call: "fcntl(F_DUPFD_CLOEXEC)",
+                    io_error,
+                }))
+            })?;
+        let data = aya::maps::MapData::from_fd(fd).map_err(map_error)?;
+        let map = aya::maps::Map::from_map_data(data).map_err(map_error)?;
+        self.ring = aya::maps::RingBuf::try_from(map).map_err(map_error)?;
+        {
+            let mut map = self.program.process_map()?;
+            let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
+            for pid in pids {
+                let _ = map.remove(&pid);
+            }
+        }
+        for table in std::mem::take(&mut self.tables).into_values() {
+            self.rows.release(table.first_row, table.row_count);
+        }
+        self.files.clear();
+        self.synced.clear();
+        self.fingerprints.clear();
+        self.dirty.clear();
+        self.handed_off.clear();
+        self.read_from_proc.clear();
+        self.synced_generation = None;
+        self.sync_with_young(processes, &HashSet::new());
+        Ok(())
     }
 
     /// Loads the table of one file into the row map now, as if a process

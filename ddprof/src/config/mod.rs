@@ -107,6 +107,14 @@ pub struct Cli {
     #[arg(short = 'u', long, env = "DD_PROFILING_UPLOAD_PERIOD", default_value_t = 59, value_parser = parse_upload_period)]
     pub upload_period: u64,
 
+    /// Upload periods after which the worker process (unwinding, symbolization, aggregation) is replaced by a fresh one
+    #[arg(long, env = "DD_PROFILING_WORKER_PERIOD", default_value_t = 240, value_parser = parse_worker_period)]
+    pub worker_period: u32,
+
+    /// MiB of RSS past which the worker process is replaced by a fresh one at the end of its period
+    #[arg(long = "worker-max-rss", env = "DD_PROFILING_WORKER_MAX_RSS", default_value_t = 256, value_parser = parse_worker_max_rss)]
+    pub worker_max_rss_mib: u32,
+
     /// Events to sample: `sCPU` (task-clock, 99 Hz), optionally `freq=HZ` (at most `kernel.perf_event_max_sample_rate`) or `period=NS`; several separated by `;`
     #[arg(
         short = 'e',
@@ -234,6 +242,14 @@ fn parse_internal_stats(value: &str) -> Result<String, String> {
 
 fn parse_upload_period(value: &str) -> Result<u64, String> {
     parse_number_in(value, 1, 3600, "a number of seconds")
+}
+
+fn parse_worker_period(value: &str) -> Result<u32, String> {
+    parse_number_in(value, 1, 1_000_000, "a number of upload periods")
+}
+
+fn parse_worker_max_rss(value: &str) -> Result<u32, String> {
+    parse_number_in(value, 16, 1 << 20, "a number of MiB")
 }
 
 fn parse_upload_timeout(value: &str) -> Result<u64, String> {

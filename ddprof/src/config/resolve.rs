@@ -5,7 +5,7 @@ use crate::events::{parse_events, EventOptions, EventSpec, EventSpecError, Sampl
 use crate::launch::LaunchOptions;
 use crate::overhead::StatsdAddress;
 use crate::perf::{default_ring_buffer_bytes, PerfEngineOptions, MAX_USER_FRAMES};
-use crate::profiler::ProfilerOptions;
+use crate::profiler::{ProfilerOptions, WorkerOptions};
 use crate::sampler::SamplerOptions;
 use crate::symbolize::SymbolizerOptions;
 
@@ -83,6 +83,10 @@ pub fn resolve_with(
         export,
         internal_stats,
         show_samples: cli.show_samples,
+        worker: WorkerOptions {
+            restart_every_periods: cli.worker_period,
+            max_rss_kib: u64::from(cli.worker_max_rss_mib) * 1024,
+        },
     };
     let options = LaunchOptions {
         command: cli.command.clone(),
@@ -205,5 +209,37 @@ mod tests {
             high,
             crate::bpf::ring_buffer_bytes_for_rate(999 * crate::events::online_cpus().len() as u64)
         );
+    }
+
+    #[test]
+    fn worker_options_default_to_240_periods_and_256_mib() {
+        let options = resolved(&["ddprof", "--", "x"]);
+        assert_eq!(options.profiler.worker, WorkerOptions::default());
+        assert_eq!(options.profiler.worker.restart_every_periods, 240);
+        assert_eq!(options.profiler.worker.max_rss_kib, 256 * 1024);
+        let options = resolved(&[
+            "ddprof",
+            "--worker-period",
+            "3",
+            "--worker-max-rss",
+            "16",
+            "--",
+            "x",
+        ]);
+        assert_eq!(
+            options.profiler.worker,
+            WorkerOptions {
+                restart_every_periods: 3,
+                max_rss_kib: 16 * 1024
+            }
+        );
+        for bad in [
+            ["--worker-period", "0"],
+            ["--worker-max-rss", "15"],
+            ["--worker-period", "x"],
+        ] {
+            let args = ["ddprof", bad[0], bad[1], "--", "x"];
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?}");
+        }
     }
 }

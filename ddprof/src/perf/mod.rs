@@ -191,6 +191,32 @@ impl PerfEngine {
         })
     }
 
+    /// Makes this copy of the engine, in a profiler worker forked from the
+    /// parent that set it up, the reader of the buffers: each is mapped
+    /// again (a fork does not copy perf buffer mappings) and read from its
+    /// shared tail on. With `restarted` (an earlier worker read from the
+    /// buffers), the records queued in this copy, which that worker
+    /// delivered, are dropped, and the processes the records name are read
+    /// from `/proc` unless the caller's table has them.
+    pub fn resume_after_fork(&mut self, restarted: bool) -> Result<(), PerfError> {
+        for source in &mut self.sources {
+            source
+                .ring
+                .remap_after_fork(std::os::fd::AsFd::as_fd(&source.event.fd))
+                .map_err(|source_error| PerfError::Map {
+                    cpu: source.event.cpu,
+                    kib: source.ring.data_size() / 1024,
+                    source: source_error,
+                })?;
+            source.hung_up = false;
+        }
+        if restarted {
+            self.reorder = Reorder::default();
+            self.tracker = ProcessTracker::default();
+        }
+        Ok(())
+    }
+
     /// Waits up to `timeout` for records; applies process events to
     /// `processes` in time order, unwinds samples and hands each finished
     /// [`Sample`] to `on_sample` together with the table as it was when the

@@ -102,6 +102,39 @@ impl RingBuffer {
         Ok(ring)
     }
 
+    /// Makes this copy of the reader, in a process forked from the one that
+    /// mapped the buffer (a profiler worker), usable: the kernel does not
+    /// copy perf buffer mappings into a child (`VM_DONTCOPY`), so the buffer
+    /// is mapped again at the same address (free in the child for that very
+    /// reason), which the parent's mapping keeps alive. Reading resumes at
+    /// the shared `data_tail`, where the previous reader left it.
+    pub fn remap_after_fork(&mut self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        // SAFETY: maps the same perf buffer, of the size mapped before, at
+        // the address this value owns; MAP_FIXED_NOREPLACE fails rather than
+        // replace anything mapped there. The result is checked below.
+        let address = unsafe {
+            libc::mmap(
+                self.base.as_ptr().cast(),
+                self.mapped_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if address == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        if address != self.base.as_ptr().cast() {
+            // A kernel without MAP_FIXED_NOREPLACE treats it as a hint.
+            // SAFETY: unmaps the mapping just made, which nothing uses.
+            unsafe { libc::munmap(address, self.mapped_len) };
+            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        }
+        self.tail = self.data_tail().load(Ordering::Acquire);
+        Ok(())
+    }
+
     pub fn data_size(&self) -> usize {
         self.data_size
     }

@@ -148,6 +148,44 @@ pub fn threads(pid: i32) -> io::Result<Vec<i32>> {
     Ok(tids)
 }
 
+/// The processes a profiler of `target` profiles now: the target and its
+/// descendants (by `PPid` in `/proc/*/stat`), or every process for
+/// `--global`. A profiler worker that replaces another reads these from
+/// `/proc` again.
+pub fn processes_in_scope(target: Target) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| {
+                    let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+                    let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+                    let (_, fields) = stat.rsplit_once(')')?;
+                    let ppid = fields.split_whitespace().nth(1)?.parse().ok()?;
+                    Some((pid, ppid))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let root = match target {
+        Target::Launched { pid } | Target::Pid(pid) => pid,
+        Target::Global => return parents.into_iter().map(|(pid, _)| pid).collect(),
+    };
+    let mut in_scope = vec![root];
+    let mut index = 0;
+    while index < in_scope.len() {
+        let parent = in_scope[index];
+        in_scope.extend(
+            parents
+                .iter()
+                .filter(|&&(pid, ppid)| ppid == parent && pid != parent)
+                .map(|&(pid, _)| pid),
+        );
+        index += 1;
+    }
+    in_scope
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +203,22 @@ mod tests {
         assert!(watch.wait(Some(Duration::from_secs(10))));
         // Still a zombie (not reaped yet) and already counted as exited.
         assert!(!proc_says_alive(pid));
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn the_scope_of_a_process_holds_its_descendants() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let scope = processes_in_scope(Target::Pid(me));
+        assert_eq!(scope[0], me);
+        assert!(scope.contains(&child.id()), "{scope:?}");
+        assert!(!scope.contains(&1));
+        assert!(processes_in_scope(Target::Global).contains(&1));
+        child.kill().unwrap();
         child.wait().unwrap();
     }
 

@@ -1,0 +1,533 @@
+//! What the worker tells the parent, over their `SOCK_STREAM` socket pair:
+//! length-prefixed frames (a little-endian `u32` length, then the message),
+//! since an encoded period can be larger than any datagram.
+//!
+//! The parent trusts nothing it reads: a frame longer than [`MAX_FRAME`], a
+//! message cut short or one that does not parse is an error that ends this
+//! worker (the parent then restarts one), never a panic.
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::overhead::Overhead;
+
+/// The largest frame the parent accepts: far above any period's pprof.
+pub const MAX_FRAME: usize = 512 << 20;
+
+/// The byte the parent writes to ask the worker to flush and finish.
+pub const STOP_REQUEST: u8 = b'S';
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ChannelError {
+    #[error("the worker sent a frame of {0} bytes (at most {MAX_FRAME})")]
+    FrameTooLong(usize),
+    #[error("the worker's message ended early")]
+    Truncated,
+    #[error("the worker's message is not one the parent knows (tag {0})")]
+    UnknownTag(u8),
+    #[error("the worker's message has {0} bytes after its end")]
+    TrailingBytes(usize),
+    #[error("the worker's message has a name that is not UTF-8")]
+    NotUtf8,
+}
+
+/// Folded stacks: process name first, then the frames from the root, and
+/// their count.
+pub type FoldedPeriod = Vec<(Vec<Arc<str>>, u64)>;
+
+/// One period's profile as the worker encoded it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedPeriod {
+    /// The figures since the previous profile (pprof comments say the same).
+    pub figures: Overhead,
+    /// The worker's own peak RSS (`VmHWM`), in KiB.
+    pub worker_peak_rss_kib: u64,
+    /// gzip'd pprof, for the files.
+    pub pprof_gzip: Option<Vec<u8>>,
+    /// zstd'd pprof, for the upload.
+    pub pprof_zstd: Option<Vec<u8>>,
+    /// The period's stacks for `stacks.folded`: process name first, then
+    /// the frames from the root, and their count.
+    pub folded: FoldedPeriod,
+}
+
+/// Why a worker is about to exit on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerExit {
+    /// It lived its `--worker-period` periods.
+    Periods(u32),
+    /// Its RSS passed `--worker-max-rss` (KiB).
+    Rss(u64),
+    /// The target is gone or a stop was asked for: the run is over.
+    Finished,
+}
+
+/// What a worker that ends itself at a period's end (not at the run's end)
+/// tells the parent before it symbolizes that period, so that the parent
+/// can start the next worker at once: it drained the buffers, and the next
+/// worker takes over from here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retirement {
+    pub exit: WorkerExit,
+    /// Where the next worker's first period starts (the end of the period
+    /// being finished, or its start when that period had no samples).
+    pub next_period_start: SystemTime,
+    /// Whether a profile of the period being finished follows.
+    pub profile_follows: bool,
+    /// The profiler CPU time that profile reports.
+    pub reported_cpu: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToParent {
+    /// A period ended at `end`; `profile` is `None` when it had no samples
+    /// (the next profile then covers it too).
+    PeriodEnd {
+        start: SystemTime,
+        end: SystemTime,
+        profile: Option<Box<EncodedPeriod>>,
+    },
+    /// The worker's last message before it exits with status 0.
+    Exiting(WorkerExit),
+    /// The worker will exit after sending the period it closed (one
+    /// [`ToParent::PeriodEnd`], then [`ToParent::Exiting`]).
+    Retiring(Retirement),
+}
+
+const TAG_PERIOD: u8 = 1;
+const TAG_EXITING: u8 = 2;
+const TAG_RETIRING: u8 = 3;
+const EXIT_PERIODS: u8 = 1;
+const EXIT_RSS: u8 = 2;
+const EXIT_FINISHED: u8 = 3;
+
+impl ToParent {
+    /// The message as one frame, length prefix included.
+    pub fn to_frame(&self) -> Vec<u8> {
+        let mut out = Writer(vec![0; 4]);
+        match self {
+            ToParent::PeriodEnd {
+                start,
+                end,
+                profile,
+            } => {
+                out.u8(TAG_PERIOD);
+                out.time(*start);
+                out.time(*end);
+                match profile {
+                    None => out.u8(0),
+                    Some(profile) => {
+                        out.u8(1);
+                        out.figures(&profile.figures);
+                        out.u64(profile.worker_peak_rss_kib);
+                        out.optional_bytes(profile.pprof_gzip.as_deref());
+                        out.optional_bytes(profile.pprof_zstd.as_deref());
+                        out.folded(&profile.folded);
+                    }
+                }
+            }
+            ToParent::Exiting(exit) => {
+                out.u8(TAG_EXITING);
+                out.exit(exit);
+            }
+            ToParent::Retiring(retirement) => {
+                out.u8(TAG_RETIRING);
+                out.exit(&retirement.exit);
+                out.time(retirement.next_period_start);
+                out.u8(u8::from(retirement.profile_follows));
+                out.duration(retirement.reported_cpu);
+            }
+        }
+        let length = (out.0.len() - 4) as u32;
+        out.0[..4].copy_from_slice(&length.to_le_bytes());
+        out.0
+    }
+
+    /// Parses one message (a frame without its length prefix).
+    pub fn parse(payload: &[u8]) -> Result<Self, ChannelError> {
+        let mut input = Reader(payload);
+        let message = match input.u8()? {
+            TAG_PERIOD => {
+                let start = input.time()?;
+                let end = input.time()?;
+                let profile = match input.u8()? {
+                    0 => None,
+                    1 => Some(Box::new(EncodedPeriod {
+                        figures: input.figures()?,
+                        worker_peak_rss_kib: input.u64()?,
+                        pprof_gzip: input.optional_bytes()?,
+                        pprof_zstd: input.optional_bytes()?,
+                        folded: input.folded()?,
+                    })),
+                    other => return Err(ChannelError::UnknownTag(other)),
+                };
+                ToParent::PeriodEnd {
+                    start,
+                    end,
+                    profile,
+                }
+            }
+            TAG_EXITING => ToParent::Exiting(input.exit()?),
+            TAG_RETIRING => ToParent::Retiring(Retirement {
+                exit: input.exit()?,
+                next_period_start: input.time()?,
+                profile_follows: match input.u8()? {
+                    0 => false,
+                    1 => true,
+                    other => return Err(ChannelError::UnknownTag(other)),
+                },
+                reported_cpu: input.duration()?,
+            }),
+            other => return Err(ChannelError::UnknownTag(other)),
+        };
+        if !input.0.is_empty() {
+            return Err(ChannelError::TrailingBytes(input.0.len()));
+        }
+        Ok(message)
+    }
+}
+
+/// Collects bytes as they arrive and cuts them into frames.
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    buffer: Vec<u8>,
+}
+
+impl FrameReader {
+    /// Appends bytes read from the socket.
+    pub fn extend(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    /// The next complete message, if one has arrived.
+    pub fn next_message(&mut self) -> Result<Option<ToParent>, ChannelError> {
+        let Some(prefix) = self.buffer.get(..4) else {
+            return Ok(None);
+        };
+        let length = u32::from_le_bytes(prefix.try_into().unwrap_or_default()) as usize;
+        if length > MAX_FRAME {
+            return Err(ChannelError::FrameTooLong(length));
+        }
+        if self.buffer.len() < 4 + length {
+            return Ok(None);
+        }
+        let message = ToParent::parse(&self.buffer[4..4 + length]);
+        self.buffer.drain(..4 + length);
+        message.map(Some)
+    }
+
+    /// Bytes of a frame that has not fully arrived (at end of file: the
+    /// worker died while writing it).
+    pub fn pending_bytes(&self) -> usize {
+        self.buffer.len()
+    }
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, value: u8) {
+        self.0.push(value);
+    }
+
+    fn u64(&mut self, value: u64) {
+        self.0.extend_from_slice(&value.to_le_bytes());
+    }
+
+    fn time(&mut self, time: SystemTime) {
+        let nanos = time
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64);
+        self.u64(nanos);
+    }
+
+    fn duration(&mut self, duration: Duration) {
+        self.u64(duration.as_nanos() as u64);
+    }
+
+    fn exit(&mut self, exit: &WorkerExit) {
+        let (kind, value) = match exit {
+            WorkerExit::Periods(periods) => (EXIT_PERIODS, u64::from(*periods)),
+            WorkerExit::Rss(kib) => (EXIT_RSS, *kib),
+            WorkerExit::Finished => (EXIT_FINISHED, 0),
+        };
+        self.u8(kind);
+        self.u64(value);
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.u64(bytes.len() as u64);
+        self.0.extend_from_slice(bytes);
+    }
+
+    fn optional_bytes(&mut self, bytes: Option<&[u8]>) {
+        match bytes {
+            None => self.u8(0),
+            Some(bytes) => {
+                self.u8(1);
+                self.bytes(bytes);
+            }
+        }
+    }
+
+    fn figures(&mut self, figures: &Overhead) {
+        self.duration(figures.duration);
+        self.u64(figures.samples);
+        self.u64(figures.lost);
+        self.u64(figures.truncated);
+        self.duration(figures.profiler_cpu);
+        self.duration(figures.target_cpu);
+        self.u64(figures.rss_kib);
+        self.u64(figures.peak_rss_kib);
+    }
+
+    /// A name table, then each stack as ids into it.
+    fn folded(&mut self, stacks: &[(Vec<Arc<str>>, u64)]) {
+        let mut ids: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        let mut names: Vec<&str> = Vec::new();
+        let mut encoded: Vec<(Vec<u64>, u64)> = Vec::with_capacity(stacks.len());
+        for (frames, count) in stacks {
+            let frame_ids = frames
+                .iter()
+                .map(|name| {
+                    *ids.entry(name).or_insert_with(|| {
+                        names.push(name);
+                        names.len() as u64 - 1
+                    })
+                })
+                .collect();
+            encoded.push((frame_ids, *count));
+        }
+        self.u64(names.len() as u64);
+        for name in names {
+            self.bytes(name.as_bytes());
+        }
+        self.u64(encoded.len() as u64);
+        for (frame_ids, count) in encoded {
+            self.u64(count);
+            self.u64(frame_ids.len() as u64);
+            for id in frame_ids {
+                self.u64(id);
+            }
+        }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, count: usize) -> Result<&[u8], ChannelError> {
+        if self.0.len() < count {
+            return Err(ChannelError::Truncated);
+        }
+        let (taken, rest) = self.0.split_at(count);
+        self.0 = rest;
+        Ok(taken)
+    }
+
+    fn u8(&mut self) -> Result<u8, ChannelError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u64(&mut self) -> Result<u64, ChannelError> {
+        let bytes = self.take(8)?;
+        Ok(u64::from_le_bytes(bytes.try_into().unwrap_or_default()))
+    }
+
+    /// A count of items of at least `item_size` bytes each, checked against
+    /// what is left (so that garbage cannot make the parent allocate much).
+    fn count(&mut self, item_size: usize) -> Result<usize, ChannelError> {
+        let count = self.u64()?;
+        if count > (self.0.len() / item_size.max(1)) as u64 {
+            return Err(ChannelError::Truncated);
+        }
+        Ok(count as usize)
+    }
+
+    fn time(&mut self) -> Result<SystemTime, ChannelError> {
+        Ok(UNIX_EPOCH + Duration::from_nanos(self.u64()?))
+    }
+
+    fn duration(&mut self) -> Result<Duration, ChannelError> {
+        Ok(Duration::from_nanos(self.u64()?))
+    }
+
+    fn exit(&mut self) -> Result<WorkerExit, ChannelError> {
+        let kind = self.u8()?;
+        let value = self.u64()?;
+        Ok(match kind {
+            EXIT_PERIODS => WorkerExit::Periods(value.min(u64::from(u32::MAX)) as u32),
+            EXIT_RSS => WorkerExit::Rss(value),
+            EXIT_FINISHED => WorkerExit::Finished,
+            other => return Err(ChannelError::UnknownTag(other)),
+        })
+    }
+
+    fn bytes(&mut self) -> Result<&[u8], ChannelError> {
+        let length = self.count(1)?;
+        self.take(length)
+    }
+
+    fn optional_bytes(&mut self) -> Result<Option<Vec<u8>>, ChannelError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(self.bytes()?.to_vec())),
+            other => Err(ChannelError::UnknownTag(other)),
+        }
+    }
+
+    fn figures(&mut self) -> Result<Overhead, ChannelError> {
+        Ok(Overhead {
+            duration: self.duration()?,
+            samples: self.u64()?,
+            lost: self.u64()?,
+            truncated: self.u64()?,
+            profiler_cpu: self.duration()?,
+            target_cpu: self.duration()?,
+            rss_kib: self.u64()?,
+            peak_rss_kib: self.u64()?,
+        })
+    }
+
+    fn folded(&mut self) -> Result<FoldedPeriod, ChannelError> {
+        let name_count = self.count(8)?;
+        let mut names: Vec<Arc<str>> = Vec::with_capacity(name_count);
+        for _ in 0..name_count {
+            let name = std::str::from_utf8(self.bytes()?).map_err(|_| ChannelError::NotUtf8)?;
+            names.push(Arc::from(name));
+        }
+        let stack_count = self.count(16)?;
+        let mut stacks = Vec::with_capacity(stack_count);
+        for _ in 0..stack_count {
+            let count = self.u64()?;
+            let depth = self.count(8)?;
+            let mut frames = Vec::with_capacity(depth);
+            for _ in 0..depth {
+                let id = self.u64()?;
+                let name = names
+                    .get(id as usize)
+                    .ok_or(ChannelError::Truncated)?
+                    .clone();
+                frames.push(name);
+            }
+            stacks.push((frames, count));
+        }
+        Ok(stacks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn period() -> ToParent {
+        let name = |text: &str| Arc::<str>::from(text);
+        ToParent::PeriodEnd {
+            start: UNIX_EPOCH + Duration::from_secs(1_795_000_000),
+            end: UNIX_EPOCH + Duration::from_secs(1_795_000_001),
+            profile: Some(Box::new(EncodedPeriod {
+                figures: Overhead {
+                    duration: Duration::from_millis(1001),
+                    samples: 990,
+                    lost: 2,
+                    truncated: 3,
+                    profiler_cpu: Duration::from_millis(12),
+                    target_cpu: Duration::from_millis(990),
+                    rss_kib: 20_000,
+                    peak_rss_kib: 30_000,
+                },
+                worker_peak_rss_kib: 18_000,
+                pprof_gzip: Some(vec![0x1f, 0x8b, 1, 2, 3]),
+                pprof_zstd: None,
+                folded: vec![
+                    (vec![name("chain"), name("main"), name("a")], 7),
+                    (vec![name("chain"), name("main")], 1),
+                ],
+            })),
+        }
+    }
+
+    fn frames_of(messages: &[ToParent]) -> Vec<u8> {
+        messages.iter().flat_map(ToParent::to_frame).collect()
+    }
+
+    #[test]
+    fn messages_survive_the_round_trip_byte_by_byte() {
+        let messages = vec![
+            period(),
+            ToParent::PeriodEnd {
+                start: UNIX_EPOCH + Duration::from_secs(5),
+                end: UNIX_EPOCH + Duration::from_secs(6),
+                profile: None,
+            },
+            ToParent::Retiring(Retirement {
+                exit: WorkerExit::Rss(300_000),
+                next_period_start: UNIX_EPOCH + Duration::from_secs(6),
+                profile_follows: true,
+                reported_cpu: Duration::from_millis(35),
+            }),
+            ToParent::Exiting(WorkerExit::Periods(240)),
+            ToParent::Exiting(WorkerExit::Rss(300_000)),
+            ToParent::Exiting(WorkerExit::Finished),
+        ];
+        let bytes = frames_of(&messages);
+        let mut reader = FrameReader::default();
+        let mut received = Vec::new();
+        // Arriving one byte at a time, as a stream may deliver them.
+        for byte in bytes {
+            reader.extend(&[byte]);
+            while let Some(message) = reader.next_message().unwrap() {
+                received.push(message);
+            }
+        }
+        assert_eq!(received, messages);
+        assert_eq!(reader.pending_bytes(), 0);
+    }
+
+    #[test]
+    fn a_truncated_frame_waits_and_is_seen_at_end_of_file() {
+        let bytes = period().to_frame();
+        let mut reader = FrameReader::default();
+        reader.extend(&bytes[..bytes.len() - 3]);
+        assert_eq!(reader.next_message(), Ok(None));
+        assert_eq!(reader.pending_bytes(), bytes.len() - 3);
+    }
+
+    #[test]
+    fn garbage_is_an_error_never_a_panic() {
+        // Too long a frame.
+        let mut reader = FrameReader::default();
+        reader.extend(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            reader.next_message(),
+            Err(ChannelError::FrameTooLong(_))
+        ));
+        // An unknown tag.
+        let mut reader = FrameReader::default();
+        reader.extend(&[1, 0, 0, 0, 9]);
+        assert_eq!(reader.next_message(), Err(ChannelError::UnknownTag(9)));
+        // A payload whose inner lengths claim more than the frame holds.
+        let mut frame = period().to_frame();
+        let payload_length = frame.len() - 4 - 10;
+        frame.truncate(frame.len() - 10);
+        frame[..4].copy_from_slice(&(payload_length as u32).to_le_bytes());
+        let mut reader = FrameReader::default();
+        reader.extend(&frame);
+        assert_eq!(reader.next_message(), Err(ChannelError::Truncated));
+        // Bytes after a valid message.
+        let mut frame = ToParent::Exiting(WorkerExit::Finished).to_frame();
+        frame.push(0);
+        let length = (frame.len() - 4) as u32;
+        frame[..4].copy_from_slice(&length.to_le_bytes());
+        let mut reader = FrameReader::default();
+        reader.extend(&frame);
+        assert_eq!(reader.next_message(), Err(ChannelError::TrailingBytes(1)));
+        // Every prefix of every byte pattern parses or fails cleanly.
+        let valid = period().to_frame();
+        for cut in 0..valid.len() - 4 {
+            let _ = ToParent::parse(&valid[4..4 + cut]);
+            let mut flipped = valid[4..].to_vec();
+            flipped[cut] ^= 0xff;
+            let _ = ToParent::parse(&flipped);
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The worker process (comm `ddprof-worker`): the profiler loop of a
+//! profiler without a worker — the sampler's poll, aggregation and, at each
+//! upload period, symbolization and pprof encoding — with the encoded period
+//! sent to the parent ([`super::parent`]) instead of written or uploaded.
+//!
+//! A worker is forked from the parent, so it starts with a copy of the
+//! parent's state as it was when the engine was set up: the first worker
+//! uses it as is; a later one makes its copy of the sampler the reader of
+//! the shared buffers again and rebuilds the process table from `/proc`
+//! ([`Sampler::resume_after_restart`]). Everything the parent gives a worker
+//! beyond that is in the [`Handover`], read through the fork.
+//!
+//! Fork hazards: the parent has other threads (the exporter's), so only
+//! this thread exists here, and locks another thread held at the fork stay
+//! held forever. The worker never touches the exporter or its runtime (not
+//! even to drop them: it ends with `_exit`, see [`super::parent`]), and the
+//! logger writes each line with one `write(2)`, without the standard
+//! library's stderr lock (see [`crate::logging`]). glibc's `malloc` makes
+//! itself usable in the child of a fork.
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::channel::{EncodedPeriod, Retirement, ToParent, WorkerExit, STOP_REQUEST};
+use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
+use crate::aggregate::{Aggregator, PeriodProfile};
+use crate::output::FoldedStacks;
+use crate::overhead::{Accounting, Overhead, OverheadMeter};
+use crate::process::ProcessTable;
+use crate::profile::{encode_pprof_compressed, Compressions, ProfileMetadata};
+use crate::sample::Sample;
+use crate::sampler::Sampler;
+use crate::symbolize::{KallsymsSnapshot, Symbolizer};
+
+/// The comm of a worker process.
+pub const WORKER_NAME: &std::ffi::CStr = c"ddprof-worker";
+
+/// What the parent tells a new worker (through the fork: the worker reads
+/// its copy).
+#[derive(Debug, Clone, Copy)]
+pub struct Handover {
+    /// Where the next profile starts: the end of the last one the parent
+    /// received (so a crashed worker's unfinished period is covered by the
+    /// next worker's first profile).
+    pub period_start: SystemTime,
+    /// When the current period ends.
+    pub period_deadline: Instant,
+    /// Profiles the parent has received so far.
+    pub profiles: u64,
+    /// Workers that replaced an earlier one so far (0 for the first worker).
+    pub restarts: u64,
+    /// The profiler CPU time the periods so far reported.
+    pub cpu_counted: Duration,
+    /// The parent's PID.
+    pub parent: u32,
+}
+
+/// The parts of the profiler a worker runs with.
+pub struct WorkerSetup<'a> {
+    pub options: &'a ProfilerOptions,
+    pub target: Target,
+    /// The table as the parent set it up (used by the first worker only).
+    pub processes: &'a mut ProcessTable,
+    pub sampler: &'a mut Sampler,
+    pub kallsyms: Option<KallsymsSnapshot>,
+    pub watch: Option<&'a TargetWatch>,
+    pub handover: Handover,
+    pub socket: UnixStream,
+}
+
+/// Exit statuses of a worker.
+pub const EXIT_OK: i32 = 0;
+/// The worker's loop failed (the sampler's poll, encoding): said in a log line.
+pub const EXIT_FAILED: i32 = 3;
+/// The parent went away or the socket broke.
+pub const EXIT_PARENT_GONE: i32 = 4;
+
+/// Runs a worker to its end; returns its exit status. Runs in the child of
+/// a fork: never returns to the caller's caller (see [`super::parent`]).
+pub fn run(setup: WorkerSetup<'_>) -> i32 {
+    become_worker(setup.handover.parent);
+    let WorkerSetup {
+        options,
+        target,
+        processes,
+        sampler,
+        kallsyms,
+        watch,
+        handover,
+        socket,
+    } = setup;
+    let mut rebuilt;
+    let restarted = handover.restarts > 0;
+    let processes = if restarted {
+        // The parent's copy is the table at start: read the processes in
+        // scope again.
+        rebuilt = ProcessTable::new();
+        for pid in super::target::processes_in_scope(target) {
+            // A process that exited meanwhile needs no entry.
+            let _ = rebuilt.load_from_proc(pid);
+        }
+        &mut rebuilt
+    } else {
+        processes
+    };
+    if let Err(error) = sampler.resume_after_fork(processes, restarted) {
+        log::error!("profiler worker: {error}");
+        return EXIT_FAILED;
+    }
+    let mut worker = Worker::new(options, &handover, kallsyms, sampler.lost(), socket);
+    match worker.run(options, processes, sampler, watch, handover.period_deadline) {
+        Ok(()) => EXIT_OK,
+        Err(WorkerError::ParentGone) => EXIT_PARENT_GONE,
+        Err(WorkerError::Profiler(error)) => {
+            log::error!("profiler worker: {error}");
+            EXIT_FAILED
+        }
+    }
+}
+
+/// Names the process, makes it die with the parent, and leaves SIGINT and
+/// SIGTERM to the parent (which asks the worker to flush over the socket).
+fn become_worker(parent: u32) {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16
+    // bytes; PR_SET_PDEATHSIG takes a signal number; signal() sets this
+    // process's disposition. None touches memory of ours otherwise.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, WORKER_NAME.as_ptr(), 0, 0, 0);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        // A terminal's Ctrl-C reaches the whole process group: the parent
+        // handles it.
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+    }
+    // The parent died before PR_SET_PDEATHSIG took effect.
+    if std::os::unix::process::parent_id() != parent {
+        // SAFETY: ends this process without running anything of the parent's.
+        unsafe { libc::_exit(EXIT_PARENT_GONE) };
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum WorkerError {
+    #[error("the profiler parent is gone")]
+    ParentGone,
+    #[error(transparent)]
+    Profiler(#[from] ProfilerError),
+}
+
+/// The longest a worker may go without finishing a loop turn before its
+/// watchdog (`alarm`) ends it: the parent cannot signal it (its seccomp
+/// filter forbids signalling other processes), so a hung worker ends itself.
+fn watchdog_seconds(upload_period: Duration) -> u32 {
+    (upload_period.as_secs() + 60).min(u64::from(u32::MAX)) as u32
+}
+
+struct Worker {
+    aggregator: Aggregator,
+    symbolizer: Symbolizer,
+    metadata: ProfileMetadata,
+    meter: OverheadMeter,
+    show_samples: bool,
+    period_start: SystemTime,
+    /// Profiles of the run so far (the parent's and this worker's).
+    profiles: u64,
+    restarts: u64,
+    kernel_stacks: bool,
+    compressions: Compressions,
+    socket: UnixStream,
+}
+
+impl Worker {
+    fn new(
+        options: &ProfilerOptions,
+        handover: &Handover,
+        kallsyms: Option<KallsymsSnapshot>,
+        lost_before: u64,
+        socket: UnixStream,
+    ) -> Self {
+        let mut symbolizer = Symbolizer::new(options.symbolizer.clone());
+        if let Some(snapshot) = kallsyms {
+            symbolizer.use_kallsyms(snapshot);
+        }
+        Self {
+            aggregator: Aggregator::new(options.aggregator),
+            symbolizer,
+            metadata: ProfileMetadata {
+                sampling_period_nanos: options.sampling_period_nanos,
+                comments: Vec::new(),
+            },
+            meter: OverheadMeter::resume(
+                options.sampling_period_nanos,
+                Accounting::WorkerOf {
+                    parent: handover.parent,
+                },
+                handover.cpu_counted,
+                lost_before,
+            ),
+            show_samples: options.show_samples,
+            period_start: handover.period_start,
+            profiles: handover.profiles,
+            restarts: handover.restarts,
+            kernel_stacks: options.sampler.kernel_stacks,
+            compressions: Compressions {
+                gzip: options.output_dir.is_some(),
+                zstd: options.export.is_some(),
+            },
+            socket,
+        }
+    }
+
+    fn run(
+        &mut self,
+        options: &ProfilerOptions,
+        processes: &mut ProcessTable,
+        sampler: &mut Sampler,
+        watch: Option<&TargetWatch>,
+        mut period_deadline: Instant,
+    ) -> Result<(), WorkerError> {
+        let period = options.upload_period;
+        let watchdog = watchdog_seconds(period);
+        let mut periods = 0u32;
+        loop {
+            // SAFETY: alarm only (re)arms this process's timer.
+            unsafe { libc::alarm(watchdog) };
+            let timeout = period_deadline
+                .saturating_duration_since(Instant::now())
+                .min(MAX_POLL);
+            let finished = sampler
+                .poll(processes, timeout, &mut |table, sample| {
+                    self.add(table, sample)
+                })
+                .map_err(ProfilerError::from)?;
+            let target_gone = watch.is_some_and(TargetWatch::has_exited);
+            if finished || target_gone || self.stop_requested()? {
+                sampler.flush(processes, &mut |table, sample| self.add(table, sample));
+                self.end_period(true, sampler.lost())?;
+                self.send(&ToParent::Exiting(WorkerExit::Finished))?;
+                return Ok(());
+            }
+            if Instant::now() < period_deadline {
+                continue;
+            }
+            periods += 1;
+            let rss_kib = crate::overhead::rss_kib();
+            let exit = if periods >= options.worker.restart_every_periods {
+                Some(WorkerExit::Periods(periods))
+            } else if rss_kib > options.worker.max_rss_kib {
+                Some(WorkerExit::Rss(rss_kib))
+            } else {
+                None
+            };
+            let Some(exit) = exit else {
+                self.end_period(false, sampler.lost())?;
+                period_deadline += period;
+                continue;
+            };
+            // The next worker resumes the buffers where this one stops, and
+            // starts (the parent forks it on `Retiring`) while this one
+            // symbolizes: the buffers need only hold the time a fork takes.
+            sampler.drain(processes, &mut |table, sample| self.add(table, sample));
+            let closed = self.close_period(false, sampler.lost());
+            self.send(&ToParent::Retiring(Retirement {
+                exit,
+                next_period_start: self.period_start,
+                profile_follows: closed.overhead.is_some(),
+                reported_cpu: closed.overhead.map_or(Duration::ZERO, |o| o.profiler_cpu),
+            }))?;
+            self.send_period(closed)?;
+            self.send(&ToParent::Exiting(exit))?;
+            return Ok(());
+        }
+    }
+
+    fn add(&mut self, processes: &ProcessTable, sample: Sample) {
+        self.meter
+            .add_sample(sample.weight, sample.end.is_complete());
+        if self.show_samples {
+            log::info!(
+                "sample pid={} tid={} ({}) cpu={} time={} weight={} end={:?} frames={:x?}",
+                sample.pid,
+                sample.tid,
+                processes.thread_name(sample.pid, sample.tid).unwrap_or("?"),
+                sample.cpu,
+                sample.time,
+                sample.weight,
+                sample.end,
+                sample.frames
+            );
+        }
+        self.aggregator.add(processes, &sample);
+    }
+
+    /// Whether the parent asked for the last period (or is gone).
+    fn stop_requested(&self) -> Result<bool, WorkerError> {
+        let mut byte = 0u8;
+        // SAFETY: reads at most one byte into `byte`, without waiting.
+        let read = unsafe {
+            libc::recv(
+                self.socket.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        match read {
+            1 => Ok(byte == STOP_REQUEST),
+            0 => Err(WorkerError::ParentGone),
+            _ => match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(false),
+                _ => Err(WorkerError::ParentGone),
+            },
+        }
+    }
+
+    fn send(&mut self, message: &ToParent) -> Result<(), WorkerError> {
+        self.socket
+            .write_all(&message.to_frame())
+            .map_err(|_| WorkerError::ParentGone)
+    }
+
+    /// Ends the current period: symbolizes and encodes it, and sends it to
+    /// the parent (see [`Worker::close_period`]).
+    fn end_period(&mut self, last: bool, lost_total: u64) -> Result<(), WorkerError> {
+        let closed = self.close_period(last, lost_total);
+        self.send_period(closed)
+    }
+
+    /// Closes the current period and takes its figures. An empty period
+    /// gets no profile unless it is the run's only one (the next profile
+    /// then covers it too). `lost_total`: what the sampler counted as lost
+    /// so far.
+    fn close_period(&mut self, last: bool, lost_total: u64) -> ClosedPeriod {
+        let end = SystemTime::now();
+        let start = self.period_start;
+        let period = self.aggregator.take_period(start, end);
+        if period.stats.samples == 0 && !(last && self.profiles == 0) {
+            return ClosedPeriod {
+                start,
+                end,
+                period,
+                overhead: None,
+            };
+        }
+        self.period_start = end;
+        self.profiles += 1;
+        ClosedPeriod {
+            start,
+            end,
+            period,
+            overhead: Some(self.meter.end_period(lost_total)),
+        }
+    }
+
+    /// Symbolizes and encodes a closed period, and sends it to the parent.
+    fn send_period(&mut self, closed: ClosedPeriod) -> Result<(), WorkerError> {
+        let ClosedPeriod {
+            start,
+            end,
+            period,
+            overhead,
+        } = closed;
+        let Some(overhead) = overhead else {
+            return self.send(&ToParent::PeriodEnd {
+                start,
+                end,
+                profile: None,
+            });
+        };
+        self.metadata.comments = overhead.comments();
+        self.metadata
+            .comments
+            .push(format!("ddprof.include_kernel={}", self.kernel_stacks));
+        self.metadata
+            .comments
+            .push(format!("ddprof.worker_restarts={}", self.restarts));
+        let symbolizing = Instant::now();
+        let symbolized = self.symbolizer.symbolize(period);
+        let symbolize_time = symbolizing.elapsed();
+        let encoded = encode_pprof_compressed(&symbolized, &self.metadata, self.compressions)
+            .map_err(ProfilerError::from)?;
+        log::info!(
+            "period: {overhead}; symbolized in {:.1} ms, pprof {} bytes",
+            symbolize_time.as_secs_f64() * 1e3,
+            encoded
+                .gzip
+                .as_ref()
+                .or(encoded.zstd.as_ref())
+                .map_or(0, Vec::len)
+        );
+        let profile = EncodedPeriod {
+            figures: overhead,
+            worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
+            folded: FoldedStacks::stacks_of(&symbolized),
+            pprof_gzip: encoded.gzip,
+            pprof_zstd: encoded.zstd,
+        };
+        drop(symbolized);
+        self.send(&ToParent::PeriodEnd {
+            start,
+            end,
+            profile: Some(Box::new(profile)),
+        })
+    }
+}
+
+/// A period taken from the aggregator, not yet symbolized.
+struct ClosedPeriod {
+    start: SystemTime,
+    end: SystemTime,
+    period: PeriodProfile,
+    /// Its figures; `None`: it gets no profile.
+    overhead: Option<Overhead>,
+}
