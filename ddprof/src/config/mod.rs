@@ -249,7 +249,7 @@ fn parse_worker_period(value: &str) -> Result<u32, String> {
 }
 
 fn parse_worker_max_rss(value: &str) -> Result<u32, String> {
-    parse_number_in(value, 16, 1 << 20, "a number of MiB")
+    parse_number_in(value, 8, 1 << 20, "a number of MiB")
 }
 
 fn parse_upload_timeout(value: &str) -> Result<u64, String> {

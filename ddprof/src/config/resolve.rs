@@ -235,7 +235,7 @@ mod tests {
         );
         for bad in [
             ["--worker-period", "0"],
-            ["--worker-max-rss", "15"],
+            ["--worker-max-rss", "7"],
             ["--worker-period", "x"],
         ] {
             let args = ["ddprof", bad[0], bad[1], "--", "x"];
