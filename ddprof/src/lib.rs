@@ -41,5 +41,6 @@ pub mod profiler;
 pub mod sample;
 pub mod sampler;
 pub mod symbolize;
+pub mod timestamp;
 pub mod unwind;
 pub mod user;

@@ -45,7 +45,7 @@ use std::fmt;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use crate::symbolize::SymbolizedProfile;
 
@@ -138,7 +138,11 @@ impl LocalOutput {
         pprof_gz: &[u8],
         start: SystemTime,
     ) -> Result<PathBuf, OutputError> {
-        let stem = format!("{}-{}", self.service, utc_timestamp(start));
+        let stem = format!(
+            "{}-{}",
+            self.service,
+            crate::timestamp::utc_timestamp(start)
+        );
         let mut path = self.dir.join(format!("{stem}.pprof"));
         let mut suffix = 2;
         while path.exists() {
@@ -183,7 +187,11 @@ impl LocalOutput {
 
     /// The file name of a profile starting at `start` (before any `-2` suffix).
     fn profile_name(&self, start: SystemTime) -> String {
-        format!("{}-{}.pprof", self.service, utc_timestamp(start))
+        format!(
+            "{}-{}.pprof",
+            self.service,
+            crate::timestamp::utc_timestamp(start)
+        )
     }
 }
 
@@ -261,7 +269,7 @@ impl OutputWriter {
                 self.pending_bytes -= dropped.pprof_gz.len();
                 log::warn!(
                     "dropped the unwritten profile of {} (more than {} MiB of profiles wait for a directory)",
-                    utc_timestamp(dropped.start),
+                    crate::timestamp::utc_timestamp(dropped.start),
                     MAX_PENDING_BYTES >> 20
                 );
             }
@@ -423,44 +431,6 @@ fn file_name_safe(name: &str) -> String {
     } else {
         safe
     }
-}
-
-/// Formats a time as a compact UTC timestamp: `20261122T031500Z`.
-pub fn utc_timestamp(time: SystemTime) -> String {
-    let seconds = time
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
-    let days = (seconds / 86_400) as i64;
-    let of_day = seconds % 86_400;
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60
-    )
-}
-
-/// Proleptic Gregorian date of a day count since 1970-01-01, computed per
-/// 400-year era (146,097 days), whose years start on March 1st so that the
-/// leap day is the era-year's last day.
-pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let shifted = days + 719_468; // days from 0000-03-01 to 1970-01-01
-    let era = shifted.div_euclid(146_097);
-    let day_of_era = shifted.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = (day_of_year - (153 * month_from_march + 2) / 5 + 1) as u32;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    } as u32;
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// Whole-run stack counts by function name, root first with the process
@@ -694,18 +664,7 @@ mod tests {
     use super::*;
     use crate::aggregate::{Frame, PeriodProfile, PeriodStats, StackSample};
     use crate::symbolize::SymbolLine;
-    use std::time::Duration;
-
-    #[test]
-    fn formats_utc_timestamps() {
-        let at = |secs| utc_timestamp(UNIX_EPOCH + Duration::from_secs(secs));
-        assert_eq!(at(0), "19700101T000000Z");
-        // 2026-11-22 03:15:00 UTC
-        assert_eq!(at(1_795_317_300), "20261122T031500Z");
-        // 2024-02-29 23:59:59 UTC (leap day)
-        assert_eq!(at(1_709_251_199), "20240229T235959Z");
-        assert_eq!(at(951_782_400), "20000229T000000Z");
-    }
+    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn sanitizes_service_names() {

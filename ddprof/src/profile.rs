@@ -148,6 +148,9 @@ pub mod pb {
 type FunctionKey = (Arc<str>, Arc<str>, Arc<str>);
 
 /// Where kernel frames are reported: the kernel's half of the address space.
+/// Compression level of the uploaded pprof: what libdatadog uses.
+pub const UPLOAD_ZSTD_LEVEL: i32 = 1;
+
 const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 /// File ranges start above the null page.
 const FIRST_FILE_BASE: u64 = 0x1_0000;
@@ -190,7 +193,7 @@ pub fn encode_pprof(
 pub struct Compressions {
     /// For local files and `go tool pprof`.
     pub gzip: bool,
-    /// For the upload (level [`crate::export::ZSTD_LEVEL`], as libdatadog).
+    /// For the upload (level [`UPLOAD_ZSTD_LEVEL`], as libdatadog).
     pub zstd: bool,
 }
 
@@ -217,7 +220,7 @@ pub fn encode_pprof_compressed(
     let mut zstd = match compressions.zstd {
         true => Some(zstd::stream::write::Encoder::new(
             Vec::new(),
-            crate::export::ZSTD_LEVEL,
+            UPLOAD_ZSTD_LEVEL,
         )?),
         false => None,
     };

@@ -113,6 +113,3 @@ pub struct PeriodProfile {
     pub pprof_zstd: Vec<u8>,
     pub figures: PeriodFigures,
 }
-
-/// Compression level of the uploaded pprof: what libdatadog uses.
-pub const ZSTD_LEVEL: i32 = 1;

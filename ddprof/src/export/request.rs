@@ -115,8 +115,8 @@ pub fn event_json(
     json!({
         "attachments": [PROFILE_PART],
         "tags_profiler": join_tags(&profile_tags(context, sequence)),
-        "start": rfc3339_nanos(profile.start),
-        "end": rfc3339_nanos(profile.end),
+        "start": crate::timestamp::rfc3339_nanos(profile.start),
+        "end": crate::timestamp::rfc3339_nanos(profile.end),
         "family": FAMILY,
         "version": EVENT_VERSION,
         "endpoint_counts": null,
@@ -133,7 +133,7 @@ pub fn event_json(
         },
         "info": {
             "application": {
-                "start_time": rfc3339_nanos(context.started),
+                "start_time": crate::timestamp::rfc3339_nanos(context.started),
             },
             "platform": {
                 "kernel": {
@@ -230,21 +230,6 @@ pub fn multipart_body(event_json: &str, pprof_zstd: &[u8]) -> (String, Vec<u8>) 
     );
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
     (format!("multipart/form-data; boundary={boundary}"), body)
-}
-
-/// `2026-11-24T16:03:53.123456789Z`.
-pub fn rfc3339_nanos(time: SystemTime) -> String {
-    let since_epoch = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let seconds = since_epoch.as_secs();
-    let (year, month, day) = crate::output::civil_from_days((seconds / 86_400) as i64);
-    let of_day = seconds % 86_400;
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:09}Z",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60,
-        since_epoch.subsec_nanos()
-    )
 }
 
 /// `bytes` random bytes as hex (from the kernel's generator; the clock
@@ -348,13 +333,6 @@ mod tests {
             started: UNIX_EPOCH,
             cpu_cores: 2,
         }
-    }
-
-    #[test]
-    fn timestamps_are_rfc3339_utc_with_nanoseconds() {
-        let time = UNIX_EPOCH + Duration::new(1_795_968_233, 7);
-        assert_eq!(rfc3339_nanos(time), "2026-11-29T16:03:53.000000007Z");
-        assert_eq!(rfc3339_nanos(UNIX_EPOCH), "1970-01-01T00:00:00.000000000Z");
     }
 
     #[test]

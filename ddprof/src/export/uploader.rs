@@ -369,8 +369,8 @@ fn settle(shared: &Shared, streak: &mut Streak, sent: Queued, outcome: Outcome) 
             log::info!(
                 "profile #{} ({} to {}) sent to {}: {} bytes of pprof, HTTP {status}",
                 sent.sequence,
-                request::rfc3339_nanos(sent.profile.start),
-                request::rfc3339_nanos(sent.profile.end),
+                crate::timestamp::rfc3339_nanos(sent.profile.start),
+                crate::timestamp::rfc3339_nanos(sent.profile.end),
                 shared.endpoint,
                 sent.profile.pprof_zstd.len()
             );
