@@ -24,7 +24,7 @@ pub mod target;
 pub mod worker;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::aggregate::AggregatorOptions;
 use crate::events::EventFd;
