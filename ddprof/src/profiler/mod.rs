@@ -147,7 +147,7 @@ impl Profiler {
         let sampler = Sampler::start(&options.sampler, events, workload_pids, &processes)?;
         // Kernel addresses are readable only until the set-up capabilities
         // are dropped.
-        let copying = std::time::Instant::now();
+        let copying = Instant::now();
         let kallsyms = options
             .sampler
             .kernel_stacks
