@@ -41,6 +41,9 @@ pub struct EncodedPeriod {
     pub figures: Overhead,
     /// The worker's own peak RSS (`VmHWM`), in KiB.
     pub worker_peak_rss_kib: u64,
+    /// The run's last period (the target is gone or a stop was asked for):
+    /// a file that cannot be written now is reported once, at exit.
+    pub last_of_run: bool,
     /// gzip'd pprof, for the files.
     pub pprof_gzip: Option<Vec<u8>>,
     /// zstd'd pprof, for the upload.
@@ -119,6 +122,7 @@ impl ToParent {
                         out.u8(1);
                         out.figures(&profile.figures);
                         out.u64(profile.worker_peak_rss_kib);
+                        out.u8(u8::from(profile.last_of_run));
                         out.optional_bytes(profile.pprof_gzip.as_deref());
                         out.optional_bytes(profile.pprof_zstd.as_deref());
                         out.folded(&profile.folded);
@@ -154,6 +158,11 @@ impl ToParent {
                     1 => Some(Box::new(EncodedPeriod {
                         figures: input.figures()?,
                         worker_peak_rss_kib: input.u64()?,
+                        last_of_run: match input.u8()? {
+                            0 => false,
+                            1 => true,
+                            other => return Err(ChannelError::UnknownTag(other)),
+                        },
                         pprof_gzip: input.optional_bytes()?,
                         pprof_zstd: input.optional_bytes()?,
                         folded: input.folded()?,
@@ -436,6 +445,7 @@ mod tests {
                     peak_rss_kib: 30_000,
                 },
                 worker_peak_rss_kib: 18_000,
+                last_of_run: true,
                 pprof_gzip: Some(vec![0x1f, 0x8b, 1, 2, 3]),
                 pprof_zstd: None,
                 folded: vec![

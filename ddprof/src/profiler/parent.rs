@@ -487,8 +487,13 @@ impl Outputs {
                         log::info!("wrote {}", path.display());
                     }
                 }
-                // Kept in memory: the next period, or `finish`, tries again.
-                Err(error) => log::warn!("{error}; trying again later"),
+                // Kept in memory: the next period, or `finish`, tries again
+                // (and, after the last period, says which files it could
+                // not write, in one line).
+                Err(error) if !profile.last_of_run => {
+                    log::warn!("{error}; trying again at the next period")
+                }
+                Err(_) => {}
             }
         }
     }

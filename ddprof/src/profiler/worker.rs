@@ -341,6 +341,7 @@ impl Worker {
                 end,
                 period,
                 overhead: None,
+                last,
             };
         }
         self.period_start = end;
@@ -350,6 +351,7 @@ impl Worker {
             end,
             period,
             overhead: Some(self.meter.end_period(lost_total)),
+            last,
         }
     }
 
@@ -360,6 +362,7 @@ impl Worker {
             end,
             period,
             overhead,
+            last,
         } = closed;
         let Some(overhead) = overhead else {
             return self.send(&ToParent::PeriodEnd {
@@ -392,6 +395,7 @@ impl Worker {
         let profile = EncodedPeriod {
             figures: overhead,
             worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
+            last_of_run: last,
             folded: FoldedStacks::stacks_of(&symbolized),
             pprof_gzip: encoded.gzip,
             pprof_zstd: encoded.zstd,
@@ -412,4 +416,6 @@ struct ClosedPeriod {
     period: PeriodProfile,
     /// Its figures; `None`: it gets no profile.
     overhead: Option<Overhead>,
+    /// The run's last period.
+    last: bool,
 }
