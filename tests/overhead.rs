@@ -191,6 +191,8 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
                 "{line}"
             );
         }
+        let cache_lines = stderr.lines().filter(|l| l.contains(" caches: ")).count();
+        assert_eq!(cache_lines, period_lines.len(), "{engine}:\n{stderr}");
         let profiles = pprof_files(&out);
         assert_eq!(profiles.len(), period_lines.len(), "{profiles:?}");
         let mut samples = 0.0;
@@ -210,6 +212,33 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
                 assert!(comments.contains_key(name), "{name}: {comments:?}");
             }
             assert!(comments["rss_kib"] > 1000.0, "{comments:?}");
+            // The caches' budgets and evictions go with the figures: the
+            // unwind tables of this engine and the symbolizer's.
+            let all = pprof_comments(profile);
+            let cache = |figure: &str| -> Option<f64> {
+                all.iter()
+                    .find_map(|c| c.strip_prefix(&format!("ddprof.cache.{figure}=")))
+                    .and_then(|v| v.parse().ok())
+            };
+            let tables = if engine == "bpf" {
+                "bpf_rows"
+            } else {
+                "perf_unwind_tables"
+            };
+            let (used, budget) = (
+                cache(&format!("{tables}.bytes")),
+                cache(&format!("{tables}.budget_bytes")),
+            );
+            assert!(
+                used.is_some_and(|used| used > 0.0) && budget >= used,
+                "{engine}: {tables} {used:?} of {budget:?}: {all:?}"
+            );
+            assert!(cache(&format!("{tables}.evicted")).is_some(), "{all:?}");
+            assert!(
+                cache("symbol_files.entries").is_some_and(|files| files >= 1.0)
+                    && cache("symbol_addresses.budget_entries").is_some(),
+                "{all:?}"
+            );
             samples += comments["samples"];
             profiler_cpu_ms += comments["profiler_cpu_ms"];
         }

@@ -163,6 +163,76 @@ pub fn rss_kib() -> u64 {
     memory_kib("self").0
 }
 
+/// One of the profiler's bounded caches at a period's end: what it holds,
+/// its budget, and what it let go since the run (or the worker) started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheFigures {
+    /// `unwind_tables`, `bpf_rows`, `symbol_files`, …
+    pub name: &'static str,
+    /// Files, tables or addresses held.
+    pub entries: u64,
+    /// What the budget counts (`bytes` or `entries`) held now.
+    pub used: u64,
+    /// The bound on `used`, if the cache has one (files unused for a while
+    /// are dropped instead).
+    pub budget: Option<u64>,
+    pub unit: &'static str,
+    /// Entries evicted (or refused) to stay within the budget.
+    pub evicted: u64,
+}
+
+impl CacheFigures {
+    /// `ddprof.cache.NAME.FIGURE=VALUE` comments, for the pprof profile.
+    pub fn comments(caches: &[CacheFigures]) -> Vec<String> {
+        let mut comments = Vec::new();
+        for cache in caches {
+            let name = cache.name;
+            comments.push(format!("ddprof.cache.{name}.entries={}", cache.entries));
+            comments.push(format!("ddprof.cache.{name}.{}={}", cache.unit, cache.used));
+            if let Some(budget) = cache.budget {
+                comments.push(format!(
+                    "ddprof.cache.{name}.budget_{}={budget}",
+                    cache.unit
+                ));
+            }
+            comments.push(format!("ddprof.cache.{name}.evicted={}", cache.evicted));
+        }
+        comments
+    }
+
+    /// One log line's worth: `perf_unwind_tables 3 (1.2 of 256.0 MiB, 0 evicted),
+    /// symbol_files 2 (2 entries, 0 evicted), …`.
+    pub fn describe(caches: &[CacheFigures]) -> String {
+        let amount = |cache: &CacheFigures, value: u64| match cache.unit {
+            "bytes" => format!("{:.1}", value as f64 / (1 << 20) as f64),
+            _ => value.to_string(),
+        };
+        caches
+            .iter()
+            .map(|cache| {
+                let unit = if cache.unit == "bytes" {
+                    " MiB".to_string()
+                } else {
+                    format!(" {}", cache.unit)
+                };
+                let used = match cache.budget {
+                    Some(budget) => format!(
+                        "{} of {}{unit}",
+                        amount(cache, cache.used),
+                        amount(cache, budget)
+                    ),
+                    None => format!("{}{unit}", amount(cache, cache.used)),
+                };
+                format!(
+                    "{} {} ({used}, {} evicted)",
+                    cache.name, cache.entries, cache.evicted
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// The figures of one period (or, from [`OverheadMeter::run`], of the run).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Overhead {

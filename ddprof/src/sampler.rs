@@ -272,6 +272,20 @@ impl Sampler {
         }
     }
 
+    /// The engines' bounded caches, for the overhead report.
+    pub fn cache_figures(&self) -> Vec<crate::overhead::CacheFigures> {
+        match &self.engine {
+            Engine::Perf(engine) => vec![engine.cache_figures()],
+            Engine::Bpf {
+                samples, records, ..
+            } => {
+                let mut figures = samples.cache_figures().to_vec();
+                figures.push(records.cache_figures());
+                figures
+            }
+        }
+    }
+
     /// Samples lost by the kernel so far (ring buffers full).
     pub fn lost(&self) -> u64 {
         match &self.engine {

@@ -152,6 +152,10 @@ pub struct Symbolizer {
     kallsyms: Option<KallsymsSnapshot>,
     strings: HashSet<Arc<str>>,
     period_number: u64,
+    /// Files dropped from the caches for being unused.
+    files_evicted: u64,
+    /// Resolved addresses dropped when the address caches were full.
+    addresses_evicted: u64,
 }
 
 /// A copy of `/proc/kallsyms`, taken while the profiler may still read
@@ -242,6 +246,8 @@ impl Symbolizer {
             kallsyms: None,
             strings: HashSet::new(),
             period_number: 0,
+            files_evicted: 0,
+            addresses_evicted: 0,
         }
     }
 
@@ -256,6 +262,7 @@ impl Symbolizer {
     pub fn symbolize(&mut self, period: PeriodProfile) -> SymbolizedProfile {
         self.period_number += 1;
         if self.cached_addresses > MAX_CACHED_ADDRESSES {
+            self.addresses_evicted += self.cached_addresses as u64;
             for cache in self.files.values_mut() {
                 cache.addresses.clear();
             }
@@ -582,6 +589,30 @@ impl Symbolizer {
         map.lookup(addr).cloned()
     }
 
+    /// Its caches, for the overhead report: the files it has parsed
+    /// (dropped after EVICT_AFTER_PERIODS periods unused) and the addresses
+    /// it has resolved (all dropped past MAX_CACHED_ADDRESSES).
+    pub fn cache_figures(&self) -> [crate::overhead::CacheFigures; 2] {
+        [
+            crate::overhead::CacheFigures {
+                name: "symbol_files",
+                entries: self.files.len() as u64,
+                used: self.files.len() as u64,
+                budget: None,
+                unit: "entries",
+                evicted: self.files_evicted,
+            },
+            crate::overhead::CacheFigures {
+                name: "symbol_addresses",
+                entries: self.cached_addresses as u64,
+                used: self.cached_addresses as u64,
+                budget: Some(MAX_CACHED_ADDRESSES as u64),
+                unit: "entries",
+                evicted: self.addresses_evicted,
+            },
+        ]
+    }
+
     fn evict_unused(&mut self) {
         let oldest = self.period_number.saturating_sub(EVICT_AFTER_PERIODS);
         let stale: Vec<MappedFile> = self
@@ -595,6 +626,7 @@ impl Symbolizer {
                 continue;
             };
             self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
+            self.files_evicted += 1;
             self.evict_from_blazesym(&cache.open_path);
         }
         self.perf_maps.retain(|_, map| map.last_period >= oldest);

@@ -211,6 +211,22 @@ impl BpfEngine {
         }
     }
 
+    /// Its bounded caches, for the overhead report: the row map (the
+    /// budget is its size, fixed at start) and the compiled tables it is
+    /// filled from.
+    pub fn cache_figures(&self) -> [crate::overhead::CacheFigures; 2] {
+        let stats = self.table_stats();
+        let rows = crate::overhead::CacheFigures {
+            name: "bpf_rows",
+            entries: stats.files_loaded,
+            used: ((self.rows.capacity_rows() - self.rows.free_rows()) as usize * ROW_SIZE) as u64,
+            budget: Some(self.rows.capacity_bytes() as u64),
+            unit: "bytes",
+            evicted: stats.tables_freed + stats.tables_not_fitting,
+        };
+        [rows, self.compiler.figures("bpf_compiled_tables")]
+    }
+
     pub fn table_stats(&self) -> TableStats {
         TableStats {
             files_loaded: self.tables.len() as u64,

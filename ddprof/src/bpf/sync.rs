@@ -28,6 +28,8 @@ pub struct TableStats {
     pub processes_not_tracked: u64,
     /// Processes with more executable mappings than a map entry holds.
     pub processes_truncated: u64,
+    /// Tables whose rows were freed for others (no process mapped them).
+    pub tables_freed: u64,
 }
 
 /// A table in the row map.
@@ -290,6 +292,7 @@ impl BpfEngine {
         for key in unused {
             if let Some(table) = self.tables.remove(&key) {
                 self.rows.release(table.first_row, table.row_count);
+                self.table_stats.tables_freed += 1;
             }
         }
         self.files.retain(

@@ -325,6 +325,11 @@ impl PerfEngine {
     }
 
     /// Samples dropped by the kernel, throttling and unreadable records so far.
+    /// Its bounded caches, for the overhead report.
+    pub fn cache_figures(&self) -> crate::overhead::CacheFigures {
+        self.unwinder.table_cache().figures("perf_unwind_tables")
+    }
+
     pub fn losses(&self) -> LossCounters {
         self.losses
     }

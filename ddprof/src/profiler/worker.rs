@@ -26,7 +26,7 @@ use super::channel::{EncodedPeriod, Retirement, ToParent, WorkerExit, STOP_REQUE
 use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
 use crate::aggregate::{Aggregator, PeriodProfile};
 use crate::output::FoldedStacks;
-use crate::overhead::{Accounting, Overhead, OverheadMeter};
+use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter};
 use crate::process::ProcessTable;
 use crate::profile::{encode_pprof_compressed, Compressions, ProfileMetadata};
 use crate::sample::Sample;
@@ -235,7 +235,7 @@ impl Worker {
             let target_gone = watch.is_some_and(TargetWatch::has_exited);
             if finished || target_gone || self.stop_requested()? {
                 sampler.flush(processes, &mut |table, sample| self.add(table, sample));
-                self.end_period(true, sampler.lost())?;
+                self.end_period(true, sampler)?;
                 self.send(&ToParent::Exiting(WorkerExit::Finished))?;
                 return Ok(());
             }
@@ -252,7 +252,7 @@ impl Worker {
                 None
             };
             let Some(exit) = exit else {
-                self.end_period(false, sampler.lost())?;
+                self.end_period(false, sampler)?;
                 period_deadline += period;
                 continue;
             };
@@ -260,7 +260,7 @@ impl Worker {
             // starts (the parent forks it on `Retiring`) while this one
             // symbolizes: the buffers need only hold the time a fork takes.
             sampler.drain(processes, &mut |table, sample| self.add(table, sample));
-            let closed = self.close_period(false, sampler.lost());
+            let closed = self.close_period(false, sampler);
             self.send(&ToParent::Retiring(Retirement {
                 exit,
                 next_period_start: self.period_start,
@@ -322,16 +322,16 @@ impl Worker {
 
     /// Ends the current period: symbolizes and encodes it, and sends it to
     /// the parent (see [`Worker::close_period`]).
-    fn end_period(&mut self, last: bool, lost_total: u64) -> Result<(), WorkerError> {
-        let closed = self.close_period(last, lost_total);
+    fn end_period(&mut self, last: bool, sampler: &Sampler) -> Result<(), WorkerError> {
+        let closed = self.close_period(last, sampler);
         self.send_period(closed)
     }
 
     /// Closes the current period and takes its figures. An empty period
     /// gets no profile unless it is the run's only one (the next profile
-    /// then covers it too). `lost_total`: what the sampler counted as lost
-    /// so far.
-    fn close_period(&mut self, last: bool, lost_total: u64) -> ClosedPeriod {
+    /// then covers it too). The sampler says what it lost so far and how
+    /// full its caches are.
+    fn close_period(&mut self, last: bool, sampler: &Sampler) -> ClosedPeriod {
         let end = SystemTime::now();
         let start = self.period_start;
         let period = self.aggregator.take_period(start, end);
@@ -342,6 +342,7 @@ impl Worker {
                 period,
                 overhead: None,
                 last,
+                caches: Vec::new(),
             };
         }
         self.period_start = end;
@@ -350,8 +351,9 @@ impl Worker {
             start,
             end,
             period,
-            overhead: Some(self.meter.end_period(lost_total)),
+            overhead: Some(self.meter.end_period(sampler.lost())),
             last,
+            caches: sampler.cache_figures(),
         }
     }
 
@@ -363,6 +365,7 @@ impl Worker {
             period,
             overhead,
             last,
+            mut caches,
         } = closed;
         let Some(overhead) = overhead else {
             return self.send(&ToParent::PeriodEnd {
@@ -381,6 +384,12 @@ impl Worker {
         let symbolizing = Instant::now();
         let symbolized = self.symbolizer.symbolize(period);
         let symbolize_time = symbolizing.elapsed();
+        // The caches' figures go with the overhead's: in the profile and
+        // in the log, after the period's line.
+        caches.extend(self.symbolizer.cache_figures());
+        self.metadata
+            .comments
+            .extend(CacheFigures::comments(&caches));
         let encoded = encode_pprof_compressed(&symbolized, &self.metadata, self.compressions)
             .map_err(ProfilerError::from)?;
         log::info!(
@@ -392,6 +401,7 @@ impl Worker {
                 .or(encoded.zstd.as_ref())
                 .map_or(0, Vec::len)
         );
+        log::info!("caches: {}", CacheFigures::describe(&caches));
         let profile = EncodedPeriod {
             figures: overhead,
             worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
@@ -418,4 +428,6 @@ struct ClosedPeriod {
     overhead: Option<Overhead>,
     /// The run's last period.
     last: bool,
+    /// The sampler's caches when the period was closed.
+    caches: Vec<CacheFigures>,
 }

@@ -96,6 +96,18 @@ impl TableCache {
         self.cached_bytes
     }
 
+    /// Its figures for the overhead report, as `name`.
+    pub fn figures(&self, name: &'static str) -> crate::overhead::CacheFigures {
+        crate::overhead::CacheFigures {
+            name,
+            entries: self.tables.len() as u64,
+            used: self.cached_bytes as u64,
+            budget: Some(self.limit_bytes as u64),
+            unit: "bytes",
+            evicted: self.stats.tables_evicted,
+        }
+    }
+
     /// The table of `mapping`'s file (building it on first use) and the bias
     /// to subtract from a PC in the mapping to get the file's ELF virtual
     /// address. `pid` is used to reach the file through `/proc/PID/root`

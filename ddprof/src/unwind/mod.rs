@@ -79,6 +79,11 @@ impl Unwinder {
         &mut self.tables
     }
 
+    /// The table cache, to report on it.
+    pub fn table_cache(&self) -> &TableCache {
+        &self.tables
+    }
+
     pub fn stats(&self) -> UnwindStats {
         self.stats
     }
