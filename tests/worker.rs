@@ -76,6 +76,24 @@ fn wait_for_worker(marker: &str, not: Option<u32>) -> u32 {
     }
 }
 
+/// `ddprof -l notice -e SAMPLING OPTIONS --output OUT -- CHAIN SECONDS`,
+/// started with its stderr piped.
+fn wrap_chain(options: &[&str], out: &Path, chain: &Path, seconds: u32) -> Child {
+    ddprof_tests::ddprof_command()
+        .args(["-l", "notice", "-e", SAMPLING])
+        .args(options)
+        .arg("--output")
+        .arg(out)
+        .arg("--")
+        .arg(chain)
+        .arg(seconds.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Reads a child's stderr to its end on another thread (the detached
 /// profiler shares it: the end comes when it exits).
 fn read_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
@@ -126,20 +144,7 @@ fn a_killed_worker_is_replaced_and_the_profiles_after_it_hold_the_workload() {
     for engine in ["bpf", "perf"] {
         let out = Scratch::new(&format!("worker-kill-{engine}"));
         let marker = out.0.to_string_lossy().into_owned();
-        let mut ddprof = ddprof_tests::ddprof_command()
-            .args([
-                "-l", "notice", "--engine", engine, "-e", SAMPLING, "-u", "1",
-            ])
-            .arg("--output")
-            .arg(&out.0)
-            .arg("--")
-            .arg(&chain)
-            .arg("6")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut ddprof = wrap_chain(&["--engine", engine, "-u", "1"], &out.0, &chain, 6);
         let stderr = read_stderr(&mut ddprof);
         let first = wait_for_worker(&marker, None);
         std::thread::sleep(Duration::from_millis(2500));
@@ -216,21 +221,8 @@ fn profile_chain(
 ) {
     let chain = build_workload("chain.c");
     let out = Scratch::new(name);
-    let mut ddprof = ddprof_tests::ddprof_command()
-        .args([
-            "-l", "notice", "--engine", engine, "-e", SAMPLING, "-u", "1",
-        ])
-        .args(extra)
-        .arg("--output")
-        .arg(&out.0)
-        .arg("--")
-        .arg(&chain)
-        .arg(seconds.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let options = [&["--engine", engine, "-u", "1"][..], extra].concat();
+    let mut ddprof = wrap_chain(&options, &out.0, &chain, seconds);
     let stderr = read_stderr(&mut ddprof);
     let target = wait_with_cpu_time(ddprof.id(), Duration::from_secs(60)).unwrap();
     let stderr = stderr.join().unwrap();
@@ -381,18 +373,7 @@ fn sigterm_flushes_the_open_period_and_leaves_the_target_running() {
     {
         let out = Scratch::new("worker-sigterm-daemon");
         let marker = out.0.to_string_lossy().into_owned();
-        let mut ddprof = ddprof_tests::ddprof_command()
-            .args(["-l", "notice", "-e", SAMPLING, "-u", "60"])
-            .arg("--output")
-            .arg(&out.0)
-            .arg("--")
-            .arg(&chain)
-            .arg("6")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut ddprof = wrap_chain(&["-u", "60"], &out.0, &chain, 6);
         let stderr = read_stderr(&mut ddprof);
         wait_for_worker(&marker, None);
         let profiler = processes_named("ddprof-profiler", &marker)[0];
@@ -433,20 +414,7 @@ fn workers_that_keep_dying_are_restarted_with_backoff() {
     let chain = build_workload("chain.c");
     let out = Scratch::new("worker-backoff");
     let marker = out.0.to_string_lossy().into_owned();
-    let mut ddprof = ddprof_tests::ddprof_command()
-        .args([
-            "-l", "notice", "--engine", "perf", "-e", SAMPLING, "-u", "60",
-        ])
-        .arg("--output")
-        .arg(&out.0)
-        .arg("--")
-        .arg(&chain)
-        .arg("8")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut ddprof = wrap_chain(&["--engine", "perf", "-u", "60"], &out.0, &chain, 8);
     let stderr = read_stderr(&mut ddprof);
     let mut worker = wait_for_worker(&marker, None);
     let mut killed = Vec::new();

@@ -196,6 +196,7 @@ fn wait_before_restart(delay: Duration, watch: Option<&TargetWatch>) {
 const STEP: Duration = Duration::from_millis(100);
 
 /// How a worker ended.
+#[derive(Default)]
 struct WorkerEnd {
     /// What it said before exiting (None: it died).
     exit: Option<WorkerExit>,
@@ -228,13 +229,7 @@ fn supervise(
 ) -> WorkerEnd {
     let pid = connection.pid;
     let mut stop_deadline: Option<Instant> = None;
-    let mut end = WorkerEnd {
-        exit: None,
-        status: String::new(),
-        periods: 0,
-        abandoned: false,
-        retiring: false,
-    };
+    let mut end = WorkerEnd::default();
     loop {
         if stop_deadline.is_none() && stop::requested() {
             // A worker that is gone already cannot read it: its end is seen below.
@@ -290,13 +285,7 @@ fn receive(
     outputs: &mut Outputs,
     until: Option<Instant>,
 ) -> WorkerEnd {
-    let mut end = WorkerEnd {
-        exit: None,
-        status: String::new(),
-        periods: 0,
-        abandoned: false,
-        retiring: false,
-    };
+    let mut end = WorkerEnd::default();
     // As long as a period may take to symbolize.
     let until = until.unwrap_or_else(|| Instant::now() + options.upload_period + STOP_GRACE);
     while Instant::now() < until {
