@@ -954,8 +954,14 @@ fn run_once(
             .rev()
             .find(|l| l.contains("summary:"))
             .unwrap_or("");
-        let mut counts = read_folded(&out.join("stacks.folded"), entries)?;
+                let mut counts = read_folded(&out.join("stacks.folded"), entries)?;
         counts.lost = field(summary, "lost");
+        // The worker's last symbolization comes just before it exits, often
+        // between two 50 ms samples: its VmHWM, which ddprof reads then, is
+        // in the summary.
+        for process in ["parent_peak_rss_kib", "worker_peak_rss_kib"] {
+            peak_rss = peak_rss.max(field(summary, process).unwrap_or(0));
+        }
         counts
     } else if tool.starts_with("perf") {
         // perf unwinds (dwarf) and names the frames here: part of the tool.
