@@ -954,7 +954,7 @@ fn run_once(
             .rev()
             .find(|l| l.contains("summary:"))
             .unwrap_or("");
-                let mut counts = read_folded(&out.join("stacks.folded"), entries)?;
+        let mut counts = read_folded(&out.join("stacks.folded"), entries)?;
         counts.lost = field(summary, "lost");
         // The worker's last symbolization comes just before it exits, often
         // between two 50 ms samples: its VmHWM, which ddprof reads then, is
