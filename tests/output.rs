@@ -486,12 +486,15 @@ fn exited_process_is_symbolized_and_every_output_reads_back() {
 }
 
 /// Strips `binary` into `stripped`, its debug information moving to `debug`
-/// and linked by name.
-fn split_debug_info(binary: &Path, stripped: &Path, debug: &Path) {
-    run(Command::new("objcopy")
-        .arg("--only-keep-debug")
-        .arg(binary)
-        .arg(debug));
+/// (compressed with zlib if `compress`, as distributions ship it) and linked
+/// by name.
+fn split_debug_info(binary: &Path, stripped: &Path, debug: &Path, compress: bool) {
+    let mut objcopy = Command::new("objcopy");
+    objcopy.arg("--only-keep-debug");
+    if compress {
+        objcopy.arg("--compress-debug-sections=zlib");
+    }
+    run(objcopy.arg(binary).arg(debug));
     run(Command::new("strip")
         .arg("--strip-all")
         .arg("-o")
@@ -547,7 +550,12 @@ fn stripped_binaries_use_split_debug_info() {
     let linked = dir.join("linked");
     std::fs::create_dir_all(&linked).unwrap();
     let stripped = linked.join("chain_stripped");
-    split_debug_info(&binary, &stripped, &linked.join("chain_stripped.debug"));
+    split_debug_info(
+        &binary,
+        &stripped,
+        &linked.join("chain_stripped.debug"),
+        false,
+    );
     let names = symbolize_chain(&stripped, &symbols, SymbolizerOptions::default());
     assert_eq!(names[0].split('@').next(), Some("output_hot"), "{names:?}");
     assert!(names.contains(&middle), "{names:?}");
@@ -557,7 +565,7 @@ fn stripped_binaries_use_split_debug_info() {
     std::fs::create_dir_all(&by_build_id).unwrap();
     let stripped = by_build_id.join("chain_stripped");
     let debug = by_build_id.join("chain_stripped.debug");
-    split_debug_info(&binary, &stripped, &debug);
+    split_debug_info(&binary, &stripped, &debug, false);
     let build_id = ddprof::files::read_build_id(stripped.to_str().unwrap()).unwrap();
     let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
     let debug_dir = dir.join("debug");
@@ -581,6 +589,85 @@ fn stripped_binaries_use_split_debug_info() {
     );
     assert_eq!(names[0].split('@').next(), Some("output_hot"), "{names:?}");
     assert!(names.contains(&middle), "{names:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Whether any section of the ELF file at `path` is compressed.
+fn has_compressed_sections(path: &Path) -> bool {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    file.sections().any(|section| {
+        matches!(section.flags(), object::SectionFlags::Elf { sh_flags, .. }
+            if sh_flags.contains(object::elf::SHF_COMPRESSED))
+    })
+}
+
+#[test]
+fn compressed_split_debug_info_is_decompressed_once_into_the_debug_cache() {
+    let dir = scratch_dir("debug-cache");
+    let binary = build_workload(&dir);
+    let symbols = Elf::read(&binary);
+    let stripped = dir.join("chain_stripped");
+    let debug = dir.join("chain_stripped.debug");
+    split_debug_info(&binary, &stripped, &debug, true);
+    assert!(has_compressed_sections(&debug));
+    let build_id = ddprof::files::read_build_id(stripped.to_str().unwrap()).unwrap();
+    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    let relative = format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+    let debug_dir = dir.join("debug");
+    let installed = debug_dir.join(&relative);
+    std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
+    std::fs::rename(&debug, &installed).unwrap();
+    let cache_dir = dir.join("cache");
+    let with_cache = || SymbolizerOptions {
+        debug_dirs: vec![debug_dir.clone()],
+        debug_cache: Some(cache_dir.clone()),
+        ..SymbolizerOptions::default()
+    };
+
+    // blazesym inflating the file itself names the frames...
+    let inflated_by_blazesym = symbolize_chain(
+        &stripped,
+        &symbols,
+        SymbolizerOptions {
+            debug_dirs: vec![debug_dir.clone()],
+            ..SymbolizerOptions::default()
+        },
+    );
+    let middle = format!(
+        "output_middle@{WORKLOAD}.c:{}",
+        line_of("LINE_MIDDLE_CALLS_LEAF")
+    );
+    assert!(
+        inflated_by_blazesym.contains(&middle),
+        "{inflated_by_blazesym:?}"
+    );
+    // ... and the copy in the cache names them the same, lines included.
+    let first = symbolize_chain(&stripped, &symbols, with_cache());
+    assert_eq!(first, inflated_by_blazesym);
+    let copy = cache_dir.join(&relative);
+    assert!(
+        !has_compressed_sections(&copy),
+        "{copy:?} is still compressed"
+    );
+    use std::os::unix::fs::MetadataExt;
+    let written = std::fs::metadata(&copy).unwrap();
+    assert!(written.len() > std::fs::metadata(&installed).unwrap().len());
+
+    // A later run reads the copy as it is (not rewritten), and only the
+    // copy: the same names with the original moved away.
+    let aside = dir.join("aside.debug");
+    std::fs::rename(&installed, &aside).unwrap();
+    let second = symbolize_chain(&stripped, &symbols, with_cache());
+    assert_eq!(second, inflated_by_blazesym);
+    assert_eq!(std::fs::metadata(&copy).unwrap().ino(), written.ino());
+    std::fs::rename(&aside, &installed).unwrap();
+
+    // A copy that is not an ELF file any more (the disk, a user) costs the
+    // copy, not the names: the original is read instead.
+    std::fs::write(&copy, b"not an ELF file").unwrap();
+    let damaged = symbolize_chain(&stripped, &symbols, with_cache());
+    assert_eq!(damaged, inflated_by_blazesym);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -158,6 +158,10 @@ pub struct Cli {
     #[arg(short = 'I', long, env = "DD_PROFILING_INLINED_FUNCTIONS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub inlined_functions: bool,
 
+    /// Keep decompressed copies of compressed split debug files here, so that later runs need not inflate them again; `none` keeps none (default `$XDG_CACHE_HOME/ddprof`, else `~/.cache/ddprof`)
+    #[arg(long, env = "DD_PROFILING_DEBUG_CACHE")]
+    pub debug_cache: Option<PathBuf>,
+
     /// Also report the kernel frames of samples taken in the kernel, named from kallsyms (default: off for a COMMAND or -p, on with --global)
     #[arg(long, env = "DD_PROFILING_INCLUDE_KERNEL", action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub include_kernel: Option<bool>,
@@ -414,6 +418,23 @@ impl Cli {
             (Some(dir), _) => Some(dir.clone()),
             (None, None) if !self.agentless => Some(PathBuf::from("ddprof-out")),
             (None, _) => None,
+        }
+    }
+
+    /// Where decompressed debug files are kept: `--debug-cache`, `none`
+    /// for nowhere, else the user's cache directory (nowhere without one).
+    pub fn debug_cache_dir(&self) -> Option<PathBuf> {
+        let env_dir = |name: &str| {
+            std::env::var_os(name)
+                .map(PathBuf::from)
+                .filter(|dir| dir.is_absolute())
+        };
+        match &self.debug_cache {
+            Some(dir) if dir.as_os_str() == "none" || dir.as_os_str().is_empty() => None,
+            Some(dir) => Some(dir.clone()),
+            None => env_dir("XDG_CACHE_HOME")
+                .or_else(|| env_dir("HOME").map(|home| home.join(".cache")))
+                .map(|cache| cache.join("ddprof")),
         }
     }
 

@@ -74,6 +74,7 @@ pub fn resolve_with(
         aggregator: AggregatorOptions::new(cli.timeline),
         symbolizer: SymbolizerOptions {
             inlined_functions: cli.inlined_functions,
+            debug_cache: cli.debug_cache_dir(),
             ..SymbolizerOptions::default()
         },
         upload_period: cli.upload_period(),

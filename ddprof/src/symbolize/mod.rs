@@ -16,6 +16,9 @@ use blazesym::MaybeDefault;
 use crate::aggregate::{FileId, Frame, PeriodProfile};
 use crate::files::{MappedFile, ObjectFile};
 
+mod debug_cache;
+pub use debug_cache::{DebugCache, DebugCacheError, DebugCopy};
+
 /// Files not referenced for this many periods are dropped from the caches.
 const EVICT_AFTER_PERIODS: u64 = 10;
 /// Resolved addresses kept across periods (all files together); the address
@@ -38,6 +41,9 @@ pub struct SymbolizerOptions {
     /// Directories searched for split debug information, by build id
     /// (`DIR/.build-id/xx/rest.debug`) and by `.gnu_debuglink` name.
     pub debug_dirs: Vec<PathBuf>,
+    /// Where decompressed copies of compressed split debug files are kept
+    /// (see [`DebugCache`]); `None`: blazesym inflates them at every run.
+    pub debug_cache: Option<PathBuf>,
 }
 
 impl Default for SymbolizerOptions {
@@ -45,6 +51,7 @@ impl Default for SymbolizerOptions {
         Self {
             inlined_functions: false,
             debug_dirs: vec!["/usr/lib/debug".into(), "/lib/debug".into()],
+            debug_cache: None,
         }
     }
 }
@@ -90,6 +97,9 @@ impl SymbolizedProfile {
 struct FileCache {
     /// The path blazesym opened (and caches the parsed file under).
     open_path: String,
+    /// The decompressed copy of the file's split debug file, read instead
+    /// of the file (`None` inside until looked up, once).
+    debug_copy: Option<Option<DebugCopy>>,
     last_period: u64,
     addresses: HashMap<u64, FrameSymbols>,
 }
@@ -143,6 +153,8 @@ pub struct Symbolizer {
     blazesym: blazesym::symbolize::Symbolizer,
     /// `-I`: report inlined functions as frames of their own.
     inlined_functions: bool,
+    debug_dirs: Vec<PathBuf>,
+    debug_cache: Option<DebugCache>,
     files: HashMap<MappedFile, FileCache>,
     cached_addresses: usize,
     perf_maps: HashMap<u32, PerfMap>,
@@ -239,6 +251,8 @@ impl Symbolizer {
         Self {
             blazesym,
             inlined_functions: options.inlined_functions,
+            debug_cache: options.debug_cache.map(DebugCache::new),
+            debug_dirs: options.debug_dirs,
             files: HashMap::new(),
             cached_addresses: 0,
             perf_maps: HashMap::new(),
@@ -354,7 +368,17 @@ impl Symbolizer {
         missing.sort_unstable();
         missing.dedup();
 
-        let resolved = self.resolve_elf_offsets(&file.open_path, &file.path, &missing);
+        if cache.debug_copy.is_none() {
+            let copy = self.debug_copy_for(file);
+            let cache = self.files.get_mut(&key).expect("entry created above");
+            cache.debug_copy = Some(copy);
+        }
+        let cache = self.files.get(&key).expect("entry created above");
+        let debug_copy = cache.debug_copy.clone().flatten();
+        let resolved = match &debug_copy {
+            Some(copy) => self.resolve_in_debug_copy(copy, &file.open_path, &file.path, &missing),
+            None => self.resolve_elf_offsets(&file.open_path, &file.path, &missing),
+        };
         let fallback = self.named(&format!("[{}]", file.file_name()));
         let mut found: HashMap<u64, FrameSymbols> = HashMap::with_capacity(missing.len());
         for (offset, lines) in missing.iter().zip(resolved) {
@@ -372,6 +396,93 @@ impl Symbolizer {
             }
         }
         cache.addresses.extend(found);
+    }
+
+    /// The decompressed copy of `file`'s split debug file, if the debug
+    /// cache is on and the file has one that is compressed. A copy that
+    /// cannot be made is logged, and the file read as it is; a cache that
+    /// cannot be written is not tried again in this run.
+    fn debug_copy_for(&mut self, file: &ObjectFile) -> Option<DebugCopy> {
+        let cache = self.debug_cache.as_ref()?;
+        let build_id = file.build_id.as_deref()?;
+        let debug_dirs = &self.debug_dirs;
+        // Parsers of hostile input: a bug must cost the copy, not the run.
+        let attempt =
+            std::panic::catch_unwind(|| cache.copy_for(&file.open_path, build_id, debug_dirs));
+        match attempt {
+            Ok(Ok(copy)) => copy,
+            Ok(Err(error @ DebugCacheError::Io { .. })) => {
+                log::info!(
+                    "debug cache: {error}; compressed debug files are inflated in memory \
+                     for the rest of this run (--debug-cache DIR: another place)"
+                );
+                self.debug_cache = None;
+                None
+            }
+            Ok(Err(error)) => {
+                log::warn!(
+                    "debug cache: no decompressed copy for {}: {error}; its debug file is read as it is",
+                    file.path
+                );
+                None
+            }
+            Err(_) => {
+                log::warn!(
+                    "debug cache: reading the debug file of {} failed (corrupt file?); it is read as it is",
+                    file.path
+                );
+                None
+            }
+        }
+    }
+
+    /// [`Self::resolve_elf_offsets`] through the decompressed copy of the
+    /// file's split debug file: its names, inlined functions and lines, at
+    /// the ELF addresses of the file's offsets.
+    fn resolve_in_debug_copy(
+        &mut self,
+        copy: &DebugCopy,
+        open_path: &str,
+        display_path: &str,
+        offsets: &[u64],
+    ) -> Vec<Option<Vec<SymbolLine>>> {
+        let addresses: Vec<Option<u64>> = offsets
+            .iter()
+            .map(|&offset| copy.address_of(offset))
+            .collect();
+        let wanted: Vec<u64> = addresses.iter().flatten().copied().collect();
+        let copy_path = copy.path.to_string_lossy().into_owned();
+        let inlined_functions = self.inlined_functions;
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let source = Source::Elf(Elf::new(&copy.path));
+            let results = self
+                .blazesym
+                .symbolize(&source, Input::VirtOffset(&wanted))?;
+            let mut results = results.iter();
+            let mut lines: Vec<Option<Vec<OwnedLine>>> = Vec::with_capacity(offsets.len());
+            let mut starts: Vec<Option<u64>> = Vec::with_capacity(offsets.len());
+            for address in &addresses {
+                let result = address.and_then(|_| results.next());
+                lines.push(result.and_then(|r| sym_lines(r, inlined_functions)));
+                starts.push(result.and_then(|r| r.as_sym().map(|sym| sym.addr)));
+            }
+            self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
+            Ok::<_, blazesym::Error>(lines)
+        }));
+        match attempt {
+            Ok(Ok(lines)) => lines
+                .into_iter()
+                .map(|lines| lines.map(|lines| self.intern_lines(lines)))
+                .collect(),
+            Ok(Err(error)) => {
+                log::debug!("cannot symbolize {display_path} from {copy_path}: {error}");
+                self.resolve_elf_offsets(open_path, display_path, offsets)
+            }
+            Err(_) => {
+                self.evict_from_blazesym(&copy_path);
+                self.resolve_elf_offsets(open_path, display_path, offsets)
+            }
+        }
     }
 
     /// Names the code at `offsets` (file offsets) of the ELF file at
@@ -628,6 +739,9 @@ impl Symbolizer {
             self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
             self.files_evicted += 1;
             self.evict_from_blazesym(&cache.open_path);
+            if let Some(Some(copy)) = &cache.debug_copy {
+                self.evict_from_blazesym(&copy.path.to_string_lossy());
+            }
         }
         self.perf_maps.retain(|_, map| map.last_period >= oldest);
     }
