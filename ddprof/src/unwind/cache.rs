@@ -11,7 +11,7 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// Default memory budget for cached tables.
 pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
@@ -22,6 +22,32 @@ pub struct CachedTable {
     pub table: UnwindTable,
     pub key: ContentKey,
     last_used: AtomicU64,
+}
+
+/// Every table compiled in this process that some cache still holds, by
+/// content. The BPF engine (for its row map) and the perf engine (for the
+/// samples the BPF engine hands over: a process's first, before its
+/// mappings are in the maps) keep caches of their own; without this, both
+/// compiled libc's table at each start, ~5 ms each.
+static LIVE_TABLES: Mutex<Vec<(ContentKey, Weak<CachedTable>)>> = Mutex::new(Vec::new());
+
+/// A table of `key` that another cache of this process compiled and still
+/// holds.
+fn live_table(key: &ContentKey) -> Option<Arc<CachedTable>> {
+    let live = LIVE_TABLES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    live.iter()
+        .find(|(live_key, _)| live_key == key)
+        .and_then(|(_, table)| table.upgrade())
+}
+
+fn register_live_table(table: &Arc<CachedTable>) {
+    let mut live = LIVE_TABLES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    live.retain(|(_, table)| table.strong_count() > 0);
+    live.push((table.key.clone(), Arc::downgrade(table)));
 }
 
 /// Why a mapping has no table.
@@ -199,6 +225,10 @@ impl TableCache {
             self.stats.tables_shared += 1;
             return Ok(table.clone());
         }
+        if let Some(table) = live_table(&key) {
+            self.stats.tables_shared += 1;
+            return Ok(self.adopt(table));
+        }
         let debuglink = elf
             .gnu_debuglink()
             .ok()
@@ -250,18 +280,24 @@ impl TableCache {
     }
 
     fn insert(&mut self, key: ContentKey, table: UnwindTable) -> Arc<CachedTable> {
-        let size = table.size_bytes();
+        let cached = Arc::new(CachedTable {
+            table,
+            key,
+            last_used: AtomicU64::new(self.clock),
+        });
+        register_live_table(&cached);
+        self.stats.tables_built += 1;
+        self.adopt(cached)
+    }
+
+    /// Keeps `cached` within this cache's budget, evicting as needed.
+    fn adopt(&mut self, cached: Arc<CachedTable>) -> Arc<CachedTable> {
+        let size = cached.table.size_bytes();
         while self.cached_bytes + size > self.limit_bytes && !self.tables.is_empty() {
             self.evict_least_recently_used();
         }
-        let cached = Arc::new(CachedTable {
-            table,
-            key: key.clone(),
-            last_used: AtomicU64::new(self.clock),
-        });
         self.cached_bytes += size;
-        self.stats.tables_built += 1;
-        self.tables.insert(key, cached.clone());
+        self.tables.insert(cached.key.clone(), cached.clone());
         cached
     }
 
