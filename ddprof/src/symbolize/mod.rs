@@ -1038,7 +1038,7 @@ mod tests {
             "{}",
             line.system_name
         );
-        assert!(line.file.ends_with("symbolize.rs"), "{}", line.file);
+        assert!(line.file.ends_with("symbolize/mod.rs"), "{}", line.file);
         assert!(line.line > 0);
     }
 
