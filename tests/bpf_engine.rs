@@ -729,6 +729,62 @@ fn ddprof_with_the_tail_call_variant_profiles_a_syscall_workload() {
 /// never runs the program and every sample of that thread would cost the
 /// perf engine's stack copy. Before the launcher waited, half the samples
 /// of this workload went through the perf engine.
+/// The counts of the `BPF engine: N samples unwound in the kernel, … M
+/// unwound by the perf engine in all` line.
+fn unwound_in_kernel_and_by_perf(stderr: &str) -> (u64, u64) {
+    stderr
+        .lines()
+        .find_map(|line| {
+            let rest = line.split("BPF engine: ").nth(1)?;
+            let in_kernel = rest.split_whitespace().next()?.parse().ok()?;
+            let before = rest.split(" unwound by the perf engine in all").next()?;
+            Some((in_kernel, before.rsplit(", ").next()?.trim().parse().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no BPF engine line:\n{stderr}"))
+}
+
+/// Processes that live 30 ms (forker's exec'd children) are described to
+/// the program as soon as their first sample is handed over (the program
+/// wakes the reader then), not at the reader's next timed poll, after which
+/// they were gone: most of their samples are unwound in the kernel, in both
+/// program variants.
+#[test]
+fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
+    let forker = ddprof_tests::workloads::build_workload("forker.c");
+    let child = ddprof_tests::workloads::build_workload("forker_child.c");
+    for variant in ["bpf_loop", "tail-call"] {
+        let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("bpf-short-lived-{variant}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&output_dir);
+        let run = ddprof_tests::processes::run_reaped(
+            Command::new(ddprof_tests::ddprof_bin())
+                .env(VARIANT_ENV, variant)
+                .args(["--engine", "bpf", "--event", "sCPU freq=99", "--output"])
+                .arg(&output_dir)
+                .args(["--log-level", "notice", "--"])
+                .arg(&forker)
+                .arg("3")
+                .arg(&child),
+            Duration::from_secs(120),
+        )
+        .expect("ddprof runs");
+        let (reaped, stderr) = (run.reaped, run.stderr);
+        assert!(reaped.status.success(), "{variant}: {stderr}");
+        let (in_kernel, by_perf) = unwound_in_kernel_and_by_perf(&stderr);
+        let total = in_kernel + by_perf;
+        eprintln!("{variant}: {in_kernel} of {total} samples unwound in the kernel");
+        assert!(total >= 200, "{variant}: {total} samples:\n{stderr}");
+        // A child has about three samples at 99 Hz: its first is handed over.
+        assert!(
+            in_kernel * 2 >= total,
+            "{variant}: only {in_kernel} of {total} samples unwound in the kernel:\n{stderr}"
+        );
+        let folded = std::fs::read_to_string(output_dir.join("stacks.folded")).unwrap();
+        assert!(folded.contains("forker_child_burn"), "{folded}");
+        let _ = std::fs::remove_dir_all(&output_dir);
+    }
+}
+
 #[test]
 fn threads_the_command_starts_at_once_are_unwound_in_the_kernel() {
     let threads = ddprof_tests::workloads::build_workload("threads.c");
@@ -747,17 +803,7 @@ fn threads_the_command_starts_at_once_are_unwound_in_the_kernel() {
     .expect("ddprof runs");
     let (reaped, stderr) = (run.reaped, run.stderr);
     assert!(reaped.status.success(), "{stderr}");
-    // `BPF engine: N samples unwound in the kernel, … M unwound by the perf
-    // engine in all`.
-    let (in_kernel, by_perf): (u64, u64) = stderr
-        .lines()
-        .find_map(|line| {
-            let rest = line.split("BPF engine: ").nth(1)?;
-            let in_kernel = rest.split_whitespace().next()?.parse().ok()?;
-            let before = rest.split(" unwound by the perf engine in all").next()?;
-            Some((in_kernel, before.rsplit(", ").next()?.trim().parse().ok()?))
-        })
-        .unwrap_or_else(|| panic!("no BPF engine line:\n{stderr}"));
+    let (in_kernel, by_perf) = unwound_in_kernel_and_by_perf(&stderr);
     eprintln!("{in_kernel} samples unwound in the kernel, {by_perf} by the perf engine");
     assert!(in_kernel >= 1000, "{in_kernel} in the kernel:\n{stderr}");
     assert!(

@@ -71,6 +71,14 @@ pub struct RawSampleHeader {
     pub kernel_frames: u32,
 }
 
+/// `stack_end` of a header-only record that is not a sample: the program
+/// met a process whose entry does not describe its code (a process that
+/// just started or exec'd), handed its sample to the perf engine, and wakes
+/// the reader at once to describe the process, so that the process's next
+/// samples are unwound in the kernel. Sent once per process until the
+/// reader has taken the handed-off processes (`HANDED_OFF`).
+pub const HANDOFF_NOTICE: u32 = 0xFFFF_0001;
+
 /// Bytes of [`RawSampleHeader`] in a record.
 pub const RAW_SAMPLE_HEADER_SIZE: usize = core::mem::size_of::<RawSampleHeader>();
 const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 40);

@@ -38,8 +38,8 @@ use ddprof_common::bpf_maps::{
     MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK, TABLE_NOT_LOADED,
 };
 use ddprof_common::sample::{
-    BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, MAX_KERNEL_FRAMES, MAX_RECORD_FRAMES,
-    MAX_USER_FRAMES, RAW_SAMPLE_HEADER_SIZE,
+    BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, HANDOFF_NOTICE, MAX_KERNEL_FRAMES,
+    MAX_RECORD_FRAMES, MAX_USER_FRAMES, RAW_SAMPLE_HEADER_SIZE,
 };
 use ddprof_common::unwind::{
     step, step_frame_pointer, Regs, RowKind, StepResult, UnwindRow, MAX_LOOKUP_STEPS,
@@ -246,7 +246,7 @@ fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> Sav
     // or beyond the map's size): the perf engine unwinds this sample from
     // the stack copy the kernel then writes.
     if PROCESSES.get_ptr(pid).is_none() {
-        hand_off(pid);
+        hand_off_waking_reader(pid);
         return Start::Done(1);
     }
     let data = ctx.as_ptr() as *const bpf_perf_event_data;
@@ -261,7 +261,7 @@ fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> Sav
             // The kernel writes the sample with the user registers and
             // stack it saved at kernel entry, which the perf engine unwinds.
             SavedRegs::HandOff => {
-                hand_off(pid);
+                let _ = hand_off(pid);
                 return Start::Done(1);
             }
         }
@@ -370,7 +370,7 @@ fn finish_sample() -> u32 {
         if walk.handoff == 2 {
             count(BpfCounter::HandedOffMidStack);
         }
-        hand_off(pid);
+        hand_off_waking_reader(pid);
         return 1;
     }
 
@@ -733,12 +733,48 @@ fn read_user_u64(addr: u64) -> Option<u64> {
     (result == 0).then_some(value)
 }
 
-/// Counts a sample handed to the perf engine and tells userspace which
-/// process needs its mappings in the process map.
+/// [`hand_off`], and the first time a process is handed off (since
+/// userspace last took the list) a `HANDOFF_NOTICE` record that wakes the
+/// reader at once: a process that just started or exec'd (a compiler job, a
+/// shell command) would otherwise be gone before the reader's next timed
+/// poll describes it, and all its samples would take the perf engine's path.
 #[inline(always)]
-fn hand_off(pid: u32) {
+fn hand_off_waking_reader(pid: u32) {
+    if !hand_off(pid) {
+        return;
+    }
+    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch record (see `start_sample`); the sample it
+    // held, if any, is handed off and not emitted.
+    let record = unsafe { &mut *record };
+    record.header.pid = pid;
+    record.header.stack_end = HANDOFF_NOTICE;
+    record.header.user_frames = 0;
+    record.header.kernel_frames = 0;
+    // SAFETY: `record` is a map value of at least RAW_SAMPLE_HEADER_SIZE
+    // bytes; the map pointer is the ring buffer map itself.
+    unsafe {
+        bpf_ringbuf_output(
+            &SAMPLES as *const RingBuf as *mut c_void,
+            record as *mut RawSample as *mut c_void,
+            RAW_SAMPLE_HEADER_SIZE as u64,
+            BPF_RB_FORCE_WAKEUP as u64,
+        )
+    };
+}
+
+/// Counts a sample handed to the perf engine and tells userspace which
+/// process needs its mappings in the process map. Returns whether the
+/// process is new there (userspace has not been told yet).
+#[inline(always)]
+fn hand_off(pid: u32) -> bool {
     count(BpfCounter::HandedToPerf);
+    // SAFETY: the value is only tested for presence, not kept.
+    let told = unsafe { HANDED_OFF.get(&pid) }.is_some();
     let _ = HANDED_OFF.insert(&pid, &1, 0);
+    !told
 }
 
 #[inline(always)]

@@ -282,12 +282,28 @@ impl ProcessTable {
             }
         }
         self.processes.insert(pid, process);
+        self.add_maps(pid, &maps);
+        Ok(())
+    }
+
+    /// [`ProcessTable::load_from_proc`] without the names: only the
+    /// mappings, from `/proc/PID/maps`, for a table that only describes
+    /// code (the BPF engine's syncs of new processes, one per process a
+    /// compiler driver or a shell starts).
+    pub fn load_mappings_from_proc(&mut self, pid: u32) -> std::io::Result<()> {
+        self.generation = Generation::next();
+        let maps = read_lossy(format!("/proc/{pid}/maps"))?;
+        self.processes.insert(pid, Process::default());
+        self.add_maps(pid, &maps);
+        Ok(())
+    }
+
+    fn add_maps(&mut self, pid: u32, maps: &str) {
         for line in maps.lines() {
             if let Some(record) = parse_maps_line(pid, line) {
                 self.add_mapping(&record);
             }
         }
-        Ok(())
     }
 }
 

@@ -175,7 +175,16 @@ impl Sampler {
                 // read from /proc.
                 let young = records.pids_with_new_code();
                 if samples.sync_due(processes, &young) {
-                    keep_reading_while(records, || samples.sync_with_young(processes, &young));
+                    let young = samples.read_young(&young);
+                    // A thread that keeps the perf buffers drained only for
+                    // a sync that may compile tables: spawning it for every
+                    // new process (a compiler driver's jobs) cost more than
+                    // the sync itself.
+                    if samples.sync_may_compile(processes, &young) {
+                        keep_reading_while(records, || samples.sync_read_young(processes, young));
+                    } else {
+                        samples.sync_read_young(processes, young);
+                    }
                 }
                 Ok(finished)
             }

@@ -13,7 +13,7 @@ use ddprof_common::sample::BpfCounter;
 use ddprof_common::unwind::ROW_SIZE;
 
 use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes};
-use super::record::decode;
+use super::record::{decode, Record};
 use super::rows::RowStore;
 use super::sync::{FileState, LoadedTable, TableStats};
 use super::variant::BpfVariant;
@@ -270,7 +270,9 @@ impl BpfEngine {
         let mut samples = Vec::new();
         while let Some(item) = self.ring.next() {
             match decode(&item) {
-                Some(sample) => samples.push(sample),
+                Some(Record::Sample(sample)) => samples.push(sample),
+                // The process is in `HANDED_OFF`, which the next sync reads.
+                Some(Record::HandoffNotice) => {}
                 None => self.malformed += 1,
             }
         }

@@ -1,15 +1,27 @@
 //! Decoding the BPF ring buffer's records (`ddprof_common::sample`'s
 //! `RawSampleHeader`, kernel frames, user frames) into [`Sample`]s.
-use ddprof_common::sample::{RawSampleHeader, StackEnd, RAW_SAMPLE_HEADER_SIZE};
+use ddprof_common::sample::{RawSampleHeader, StackEnd, HANDOFF_NOTICE, RAW_SAMPLE_HEADER_SIZE};
 
 use crate::sample::Sample;
 
+/// A ring-buffer record.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Record {
+    Sample(Sample),
+    /// The program handed a process's sample to the perf engine and woke
+    /// the reader to describe the process (`HANDOFF_NOTICE`).
+    HandoffNotice,
+}
+
 /// Decodes one ring-buffer record.
-pub(super) fn decode(bytes: &[u8]) -> Option<Sample> {
+pub(super) fn decode(bytes: &[u8]) -> Option<Record> {
     let header_bytes = bytes.get(..RAW_SAMPLE_HEADER_SIZE)?;
     // SAFETY: RawSampleHeader is repr(C) plain integers; any bytes are a
     // valid value and read_unaligned needs no alignment.
     let header: RawSampleHeader = unsafe { std::ptr::read_unaligned(header_bytes.as_ptr().cast()) };
+    if header.stack_end == HANDOFF_NOTICE {
+        return Some(Record::HandoffNotice);
+    }
     let kernel = header.kernel_frames as usize;
     let user = header.user_frames as usize;
     let frames_bytes = bytes.get(RAW_SAMPLE_HEADER_SIZE..)?;
@@ -24,7 +36,7 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Sample> {
             .map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()))
             .collect()
     };
-    Some(Sample {
+    Some(Record::Sample(Sample {
         pid: header.pid,
         tid: header.tid,
         time: header.time_ns,
@@ -33,7 +45,7 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Sample> {
         kernel_frames: words(&frames_bytes[..kernel * 8]),
         frames: words(&frames_bytes[kernel * 8..(kernel + user) * 8]),
         end: StackEnd::from_raw(header.stack_end),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -63,12 +75,28 @@ mod tests {
         for frame in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
             bytes.extend_from_slice(&frame.to_le_bytes());
         }
-        let sample = decode(&bytes).unwrap();
+        let Some(Record::Sample(sample)) = decode(&bytes) else {
+            panic!("not decoded as a sample");
+        };
         assert_eq!(sample.kernel_frames, vec![0xffff_ffff_8100_0000]);
         assert_eq!(sample.frames, vec![0x401000, 0x402000]);
         assert_eq!((sample.pid, sample.tid, sample.weight), (7, 8, 10));
         assert!(!sample.truncated());
         assert!(decode(&bytes[..bytes.len() - 1]).is_none());
         assert!(decode(&bytes[..10]).is_none());
+
+        // A hand-off notice is the header alone, whatever its frame counts.
+        let notice = RawSampleHeader {
+            stack_end: HANDOFF_NOTICE,
+            ..header
+        };
+        // SAFETY: viewing a repr(C) value as its bytes.
+        let notice_bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&notice as *const RawSampleHeader).cast::<u8>(),
+                RAW_SAMPLE_HEADER_SIZE,
+            )
+        };
+        assert_eq!(decode(notice_bytes), Some(Record::HandoffNotice));
     }
 }

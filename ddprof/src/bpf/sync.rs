@@ -39,6 +39,13 @@ pub(super) struct LoadedTable {
     pub(super) segments: Vec<LoadSegment>,
 }
 
+/// Processes read from `/proc` for a sync ([`BpfEngine::read_young`]).
+pub struct YoungProcesses {
+    pids: HashSet<u32>,
+    /// Those still alive, each in a table of its own.
+    tables: Vec<(u32, ProcessTable)>,
+}
+
 /// The table state of one mapped file.
 #[derive(Clone)]
 pub(super) enum FileState {
@@ -77,16 +84,55 @@ impl BpfEngine {
         if !self.sync_due(processes, young) {
             return;
         }
-        // So are the processes whose samples the program handed to the
-        // perf engine since the last sync.
-        let mut young = young.clone();
-        young.extend(self.handed_off.drain());
+        let young = self.read_young(young);
+        self.sync_read_young(processes, young);
+    }
+
+    /// The first half of [`BpfEngine::sync_with_young`]: the young
+    /// processes, and those the program handed to the perf engine since the
+    /// last sync, read from `/proc`.
+    pub fn read_young(&mut self, young: &HashSet<u32>) -> YoungProcesses {
+        self.handed_off.extend(self.program.take_handed_off());
+        let mut pids = young.clone();
+        pids.extend(self.handed_off.drain());
+        let tables = pids
+            .iter()
+            .filter_map(|&pid| {
+                let mut fresh = ProcessTable::new();
+                fresh
+                    .load_mappings_from_proc(pid)
+                    .ok()
+                    .map(|()| (pid, fresh))
+            })
+            .collect();
+        YoungProcesses { pids, tables }
+    }
+
+    /// Whether the second half of the sync may compile unwind tables (cc1's
+    /// take 0.1 s), rather than only write entries that use loaded ones: a
+    /// file of some process that the engine has not loaded yet.
+    pub fn sync_may_compile(&self, processes: &ProcessTable, young: &YoungProcesses) -> bool {
+        let needs_load = |file: &Arc<MappedFile>| match self.files.get(file) {
+            Some(FileState::Loaded(key)) => !self.tables.contains_key(key),
+            Some(FileState::NotLoaded | FileState::Missing) => false,
+            None => true,
+        };
+        let unknown = |table: &ProcessTable, pid: u32| {
+            table
+                .get(pid)
+                .is_some_and(|process| process.mappings.iter().any(|m| needs_load(&m.file)))
+        };
+        young.tables.iter().any(|(pid, table)| unknown(table, *pid))
+            || processes.pids().any(|pid| unknown(processes, pid))
+    }
+
+    /// The second half of [`BpfEngine::sync_with_young`]: writes the
+    /// entries of `young` as read, and of every other changed process as
+    /// `processes` has it.
+    pub fn sync_read_young(&mut self, processes: &ProcessTable, young: YoungProcesses) {
         self.synced_generation = Some(processes.generation());
-        for &pid in &young {
-            let mut fresh = ProcessTable::new();
-            if fresh.load_from_proc(pid).is_ok() {
-                self.sync_process(pid, &fresh);
-            }
+        for (pid, fresh) in &young.tables {
+            self.sync_process(*pid, fresh);
         }
         let gone: Vec<u32> = self
             .synced
@@ -98,7 +144,7 @@ impl BpfEngine {
             self.forget_process(pid);
         }
         self.dirty
-            .extend(processes.pids().filter(|pid| !young.contains(pid)));
+            .extend(processes.pids().filter(|pid| !young.pids.contains(pid)));
         self.sync_dirty(processes);
     }
 
