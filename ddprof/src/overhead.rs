@@ -43,10 +43,13 @@ impl OwnUsage {
                 let own = cpu_time_of(nix::sys::resource::UsageWho::RUSAGE_SELF);
                 let (rss_kib, peak_rss_kib) = memory_kib("self");
                 let (parent_rss_kib, parent_peak_kib) = memory_kib(&parent.to_string());
+                let both_now = rss_kib + parent_rss_kib;
                 Self {
                     cpu: own + parent_cpu_time(parent),
-                    rss_kib: rss_kib + parent_rss_kib,
-                    peak_rss_kib: peak_rss_kib.max(parent_peak_kib),
+                    rss_kib: both_now,
+                    // Each process's own peak, or both now if higher: a
+                    // peak below the RSS beside it read as a mistake.
+                    peak_rss_kib: peak_rss_kib.max(parent_peak_kib).max(both_now),
                 }
             }
         }
