@@ -6,7 +6,7 @@
 //! periods; files unused for a while are evicted. Failure is never fatal: a
 //! frame that cannot be resolved is named after its mapping, or `[unknown]`.
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
@@ -17,7 +17,14 @@ use crate::aggregate::{FileId, Frame, PeriodProfile};
 use crate::files::{MappedFile, ObjectFile};
 
 mod debug_cache;
+mod names;
+mod perf_map;
 pub use debug_cache::{DebugCache, DebugCacheError, DebugCopy};
+pub use names::demangle;
+use names::is_mangled;
+#[cfg(test)]
+use perf_map::parse_perf_map;
+use perf_map::{reload_perf_map, PerfMap};
 
 /// Files not referenced for this many periods are dropped from the caches.
 const EVICT_AFTER_PERIODS: u64 = 10;
@@ -102,47 +109,6 @@ struct FileCache {
     debug_copy: Option<Option<DebugCopy>>,
     last_period: u64,
     addresses: HashMap<u64, FrameSymbols>,
-}
-
-/// Perf map of one process (`/tmp/perf-PID.map`), as last read.
-#[derive(Debug, Default)]
-struct PerfMap {
-    /// Length and modification time of the file read, to notice updates.
-    version: Option<(u64, std::time::SystemTime)>,
-    /// (start, size, name), sorted by start.
-    entries: Vec<(u64, u64, Arc<str>)>,
-    last_period: u64,
-}
-
-impl PerfMap {
-    fn lookup(&self, addr: u64) -> Option<&Arc<str>> {
-        let index = self.entries.partition_point(|(start, _, _)| *start <= addr);
-        // Entries can overlap when a JIT reuses memory: the latest start at or
-        // below the address that still covers it wins.
-        self.entries[..index]
-            .iter()
-            .rev()
-            .take(8)
-            .find(|(start, size, _)| addr < start.saturating_add(*size))
-            .map(|(_, _, name)| name)
-    }
-}
-
-/// Parses perf map text: `START SIZE NAME` per line, hexadecimal numbers.
-fn parse_perf_map(text: &str) -> Vec<(u64, u64, Arc<str>)> {
-    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    let mut entries: Vec<(u64, u64, Arc<str>)> = text
-        .lines()
-        .filter_map(|line| {
-            let mut fields = line.trim().splitn(3, ' ');
-            let start = hex(fields.next()?)?;
-            let size = hex(fields.next()?)?;
-            let name = fields.next()?.trim();
-            (!name.is_empty()).then(|| (start, size, Arc::from(name)))
-        })
-        .collect();
-    entries.sort_by_key(|(start, _, _)| *start);
-    entries
 }
 
 /// Turns normalized frames into functions, files and lines.
@@ -758,25 +724,6 @@ impl Symbolizer {
     }
 }
 
-fn reload_perf_map(map: &mut PerfMap, path: &Path) {
-    let Ok(metadata) = std::fs::metadata(path) else {
-        return;
-    };
-    let version = Some((
-        metadata.len(),
-        metadata.modified().unwrap_or(std::time::UNIX_EPOCH),
-    ));
-    if version == map.version {
-        return;
-    }
-    // JIT names are whatever bytes the runtime wrote: decode lossily
-    // rather than lose the whole map to one non-UTF-8 name.
-    if let Ok(bytes) = std::fs::read(path) {
-        map.entries = parse_perf_map(&String::from_utf8_lossy(&bytes));
-        map.version = version;
-    }
-}
-
 /// A [`SymbolLine`] before its strings are interned.
 #[derive(Clone)]
 struct OwnedLine {
@@ -820,41 +767,6 @@ fn sym_lines(result: &Symbolized<'_>, with_inlined: bool) -> Option<Vec<OwnedLin
         line,
     });
     Some(lines)
-}
-
-/// Whether `name` is a Rust (legacy or v0) or C++ (Itanium) mangled name.
-fn is_mangled(name: &str) -> bool {
-    name.starts_with("_Z") || name.starts_with("_R")
-}
-
-/// Demangles Rust (legacy and v0) and C++ names; other names, and names
-/// neither demangler accepts, are returned as they are. Safe on any text.
-///
-/// Rust is tried first: a legacy Rust name (`_ZN…E`) is also a valid C++
-/// nested name, which the C++ demangler would render with Rust's escapes
-/// left in (`_$LT$core..hash..sip..Hasher$LT$S$GT$…::write::h4f7b…`).
-/// `rustc_demangle` only accepts a `_ZN` name whose path is followed by
-/// nothing but compiler suffixes such as `.llvm.NNN`, so C++ names (which
-/// go on with their parameter types) fall through to `cpp_demangle`.
-pub fn demangle(name: &str) -> String {
-    let rust = || {
-        // `#`: without the legacy `::h<16 hex>` hash and v0's crate
-        // disambiguators.
-        let demangled = rustc_demangle::try_demangle(name).ok()?;
-        Some(format!("{demangled:#}"))
-    };
-    let cpp = || cpp_demangle::Symbol::new(name).ok()?.demangle().ok();
-    let demangled = if name.starts_with("_R") {
-        rust()
-    } else if name.starts_with("_Z") {
-        rust().or_else(cpp)
-    } else {
-        None
-    };
-    // An empty path (`_ZNE`) is no better a name than the symbol itself.
-    demangled
-        .filter(|demangled| !demangled.is_empty())
-        .unwrap_or_else(|| name.to_string())
 }
 
 #[cfg(test)]
