@@ -341,10 +341,8 @@ impl Symbolizer {
         }
         let cache = self.files.get(&key).expect("entry created above");
         let debug_copy = cache.debug_copy.clone().flatten();
-        let resolved = match &debug_copy {
-            Some(copy) => self.resolve_in_debug_copy(copy, &file.open_path, &file.path, &missing),
-            None => self.resolve_elf_offsets(&file.open_path, &file.path, &missing),
-        };
+        let resolved =
+            self.resolve_elf_offsets(&file.open_path, &file.path, &missing, debug_copy.as_ref());
         let fallback = self.named(&format!("[{}]", file.file_name()));
         let mut found: HashMap<u64, FrameSymbols> = HashMap::with_capacity(missing.len());
         for (offset, lines) in missing.iter().zip(resolved) {
@@ -402,96 +400,47 @@ impl Symbolizer {
         }
     }
 
-    /// [`Self::resolve_elf_offsets`] through the decompressed copy of the
-    /// file's split debug file: its names, inlined functions and lines, at
-    /// the ELF addresses of the file's offsets.
-    fn resolve_in_debug_copy(
-        &mut self,
-        copy: &DebugCopy,
-        open_path: &str,
-        display_path: &str,
-        offsets: &[u64],
-    ) -> Vec<Option<Vec<SymbolLine>>> {
-        let addresses: Vec<Option<u64>> = offsets
-            .iter()
-            .map(|&offset| copy.address_of(offset))
-            .collect();
-        let wanted: Vec<u64> = addresses.iter().flatten().copied().collect();
-        let copy_path = copy.path.to_string_lossy().into_owned();
-        let inlined_functions = self.inlined_functions;
-        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let source = Source::Elf(Elf::new(&copy.path));
-            let results = self
-                .blazesym
-                .symbolize(&source, Input::VirtOffset(&wanted))?;
-            let mut results = results.iter();
-            let mut lines: Vec<Option<Vec<OwnedLine>>> = Vec::with_capacity(offsets.len());
-            let mut starts: Vec<Option<u64>> = Vec::with_capacity(offsets.len());
-            for address in &addresses {
-                let result = address.and_then(|_| results.next());
-                lines.push(result.and_then(|r| sym_lines(r, inlined_functions)));
-                starts.push(result.and_then(|r| r.as_sym().map(|sym| sym.addr)));
-            }
-            self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
-            Ok::<_, blazesym::Error>(lines)
-        }));
-        match attempt {
-            Ok(Ok(lines)) => lines
-                .into_iter()
-                .map(|lines| lines.map(|lines| self.intern_lines(lines)))
-                .collect(),
-            Ok(Err(error)) => {
-                log::debug!("cannot symbolize {display_path} from {copy_path}: {error}");
-                self.resolve_elf_offsets(open_path, display_path, offsets)
-            }
-            Err(_) => {
-                self.evict_from_blazesym(&copy_path);
-                self.resolve_elf_offsets(open_path, display_path, offsets)
-            }
-        }
-    }
-
     /// Names the code at `offsets` (file offsets) of the ELF file at
-    /// `open_path`, with blazesym: `None` where nothing names it. A file
-    /// that blazesym cannot read, or whose data makes it fail in any way
-    /// (corrupt DWARF or symbol tables, a file truncated under us), names
-    /// nothing; its data is dropped from blazesym's caches then, so that
-    /// nothing half-read stays behind.
+    /// `open_path`, with blazesym: `None` where nothing names it. With
+    /// `copy`, the names come from the decompressed copy of the file's split
+    /// debug file, at the ELF addresses of the offsets; if the copy fails,
+    /// from the file itself. A file that blazesym cannot read, or whose data
+    /// makes it fail in any way (corrupt DWARF or symbol tables, a file
+    /// truncated under us), names nothing; its data is dropped from
+    /// blazesym's caches then, so that nothing half-read stays behind.
     fn resolve_elf_offsets(
         &mut self,
         open_path: &str,
         display_path: &str,
         offsets: &[u64],
+        copy: Option<&DebugCopy>,
     ) -> Vec<Option<Vec<SymbolLine>>> {
-        let inlined_functions = self.inlined_functions;
         // Parsers of hostile input are the likeliest place for a bug; one
         // must cost this file's names, not the profile.
         let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let source = Source::Elf(Elf::new(open_path));
-            let results = self
-                .blazesym
-                .symbolize(&source, Input::FileOffset(offsets))?;
-            let mut lines: Vec<Option<Vec<OwnedLine>>> = results
-                .iter()
-                .map(|result| sym_lines(result, inlined_functions))
-                .collect();
-            let starts: Vec<Option<u64>> = results
-                .iter()
-                .map(|result| result.as_sym().map(|sym| sym.addr))
-                .collect();
-            self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
-            Ok::<_, blazesym::Error>(lines)
+            self.blazesym_lines(open_path, offsets, copy)
         }));
-        match attempt {
-            Ok(Ok(lines)) => lines
+        match (attempt, copy) {
+            (Ok(Ok(lines)), _) => lines
                 .into_iter()
                 .map(|lines| lines.map(|lines| self.intern_lines(lines)))
                 .collect(),
-            Ok(Err(error)) => {
+            (Ok(Err(error)), Some(copy)) => {
+                log::debug!(
+                    "cannot symbolize {display_path} from {}: {error}",
+                    copy.path.display()
+                );
+                self.resolve_elf_offsets(open_path, display_path, offsets, None)
+            }
+            (Err(_), Some(copy)) => {
+                self.evict_from_blazesym(&copy.path.to_string_lossy());
+                self.resolve_elf_offsets(open_path, display_path, offsets, None)
+            }
+            (Ok(Err(error)), None) => {
                 log::debug!("cannot symbolize {display_path}: {error}");
                 vec![None; offsets.len()]
             }
-            Err(_) => {
+            (Err(_), None) => {
                 log::warn!(
                     "reading the symbols of {display_path} failed (corrupt file?); \
                      its frames are named after the file"
@@ -502,12 +451,55 @@ impl Symbolizer {
         }
     }
 
+    /// blazesym's lines for each of `offsets` (see
+    /// [`Self::resolve_elf_offsets`]), qualified with the ELF symbols.
+    fn blazesym_lines(
+        &mut self,
+        open_path: &str,
+        offsets: &[u64],
+        copy: Option<&DebugCopy>,
+    ) -> Result<Vec<Option<Vec<OwnedLine>>>, blazesym::Error> {
+        let inlined_functions = self.inlined_functions;
+        let mut lines: Vec<Option<Vec<OwnedLine>>> = Vec::with_capacity(offsets.len());
+        let mut starts: Vec<Option<u64>> = Vec::with_capacity(offsets.len());
+        let mut push = |result: Option<&Symbolized<'_>>| {
+            lines.push(result.and_then(|r| sym_lines(r, inlined_functions)));
+            starts.push(result.and_then(|r| r.as_sym().map(|sym| sym.addr)));
+        };
+        match copy {
+            None => {
+                let source = Source::Elf(Elf::new(open_path));
+                let results = self
+                    .blazesym
+                    .symbolize(&source, Input::FileOffset(offsets))?;
+                results.iter().for_each(|result| push(Some(result)));
+            }
+            Some(copy) => {
+                let addresses: Vec<Option<u64>> = offsets
+                    .iter()
+                    .map(|&offset| copy.address_of(offset))
+                    .collect();
+                let wanted: Vec<u64> = addresses.iter().flatten().copied().collect();
+                let source = Source::Elf(Elf::new(&copy.path));
+                let results = self
+                    .blazesym
+                    .symbolize(&source, Input::VirtOffset(&wanted))?;
+                let mut results = results.iter();
+                for address in &addresses {
+                    push(address.and_then(|_| results.next()));
+                }
+            }
+        }
+        self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
+        Ok(lines)
+    }
+
     /// Names the code at `offsets` (file offsets) of the ELF file at `path`
     /// as profiles name it: its functions (innermost inlined function
     /// first), or `[file name]` where the file names nothing. For tools and
     /// tests that symbolize files outside a profile.
     pub fn symbolize_file_offsets(&mut self, path: &str, offsets: &[u64]) -> Vec<FrameSymbols> {
-        let resolved = self.resolve_elf_offsets(path, path, offsets);
+        let resolved = self.resolve_elf_offsets(path, path, offsets, None);
         self.evict_from_blazesym(path);
         let file_name = path.rsplit('/').next().unwrap_or(path);
         let fallback = self.named(&format!("[{file_name}]"));
