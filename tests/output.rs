@@ -507,6 +507,19 @@ fn split_debug_info(binary: &Path, stripped: &Path, debug: &Path, compress: bool
         .current_dir(debug.parent().unwrap()));
 }
 
+/// Moves `debug`, the split debug file of `stripped`, to where debug
+/// directories keep it by build id under `debug_dir`; returns that path
+/// relative to `debug_dir` (`.build-id/xx/rest.debug`).
+fn install_by_build_id(stripped: &Path, debug: &Path, debug_dir: &Path) -> String {
+    let build_id = ddprof::files::read_build_id(stripped.to_str().unwrap()).unwrap();
+    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    let relative = format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+    let installed = debug_dir.join(&relative);
+    std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
+    std::fs::rename(debug, &installed).unwrap();
+    relative
+}
+
 /// Samples `binary`'s main thread chain once, with the process gone before
 /// symbolization, and returns the symbolized function names and lines.
 fn symbolize_chain(binary: &Path, symbols_from: &Elf, options: SymbolizerOptions) -> Vec<String> {
@@ -566,12 +579,8 @@ fn stripped_binaries_use_split_debug_info() {
     let stripped = by_build_id.join("chain_stripped");
     let debug = by_build_id.join("chain_stripped.debug");
     split_debug_info(&binary, &stripped, &debug, false);
-    let build_id = ddprof::files::read_build_id(stripped.to_str().unwrap()).unwrap();
-    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
     let debug_dir = dir.join("debug");
-    let target = debug_dir.join(format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]));
-    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-    std::fs::rename(&debug, &target).unwrap();
+    install_by_build_id(&stripped, &debug, &debug_dir);
 
     // Without the debug directory nothing names the functions.
     let names = symbolize_chain(&stripped, &symbols, SymbolizerOptions::default());
@@ -611,13 +620,9 @@ fn compressed_split_debug_info_is_decompressed_once_into_the_debug_cache() {
     let debug = dir.join("chain_stripped.debug");
     split_debug_info(&binary, &stripped, &debug, true);
     assert!(has_compressed_sections(&debug));
-    let build_id = ddprof::files::read_build_id(stripped.to_str().unwrap()).unwrap();
-    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-    let relative = format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]);
     let debug_dir = dir.join("debug");
+    let relative = install_by_build_id(&stripped, &debug, &debug_dir);
     let installed = debug_dir.join(&relative);
-    std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
-    std::fs::rename(&debug, &installed).unwrap();
     let cache_dir = dir.join("cache");
     let with_cache = || SymbolizerOptions {
         debug_dirs: vec![debug_dir.clone()],

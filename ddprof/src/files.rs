@@ -108,6 +108,21 @@ pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
     elf.build_id().ok().flatten().map(<[u8]>::to_vec)
 }
 
+/// Where a debug directory keeps the split debug file of `build_id`:
+/// `.build-id/xx/rest.debug`, relative to the directory (`None` for an id
+/// under 2 bytes).
+pub fn build_id_debug_path(build_id: &[u8]) -> Option<PathBuf> {
+    if build_id.len() < 2 {
+        return None;
+    }
+    let hex: String = build_id.iter().map(|byte| format!("{byte:02x}")).collect();
+    Some(
+        PathBuf::from(".build-id")
+            .join(&hex[..2])
+            .join(format!("{}.debug", &hex[2..])),
+    )
+}
+
 /// A mapped file as profiles report it, with its GNU build id (read once).
 #[derive(Debug)]
 pub struct ObjectFile {

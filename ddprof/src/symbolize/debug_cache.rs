@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{Object, ObjectSection};
 
+use crate::files::build_id_debug_path;
+
 /// Total size of the copies kept; the least recently used go first.
 pub const CACHE_MAX_BYTES: u64 = 1 << 30;
 /// Debug files that inflate to more than this are left to blazesym: the
@@ -81,10 +83,6 @@ impl DebugCache {
         Self { dir }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The decompressed copy of the split debug file of the ELF file at
     /// `mapped_path` (build id `build_id`), written now if this is the first
     /// run that needs it. `None` when no directory of `debug_dirs` holds a
@@ -100,7 +98,9 @@ impl DebugCache {
         if build_id.len() < 8 {
             return Ok(None);
         }
-        let relative = build_id_path(build_id);
+        let Some(relative) = build_id_debug_path(build_id) else {
+            return Ok(None);
+        };
         let cached = self.dir.join(&relative);
         if !cached.exists() {
             let Some(original) = debug_dirs
@@ -164,14 +164,6 @@ impl DebugCache {
             }
         }
     }
-}
-
-/// `.build-id/xx/rest.debug`, the layout of debug directories.
-fn build_id_path(build_id: &[u8]) -> PathBuf {
-    let hex: String = build_id.iter().map(|byte| format!("{byte:02x}")).collect();
-    Path::new(".build-id")
-        .join(&hex[..2])
-        .join(format!("{}.debug", &hex[2..]))
 }
 
 /// Writes `original` to `destination` with every compressed section

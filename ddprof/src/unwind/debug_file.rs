@@ -4,6 +4,8 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::files::build_id_debug_path;
+
 /// The global debug directory distributions install `-dbg`/`-dbgsym` files in.
 pub const DEBUG_ROOT: &str = "/usr/lib/debug";
 
@@ -18,14 +20,8 @@ pub fn candidates(
     debuglink: Option<&[u8]>,
 ) -> Vec<PathBuf> {
     let mut paths = Vec::new();
-    if let Some(id) = build_id.filter(|id| id.len() >= 2) {
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        paths.push(
-            debug_root
-                .join(".build-id")
-                .join(&hex[..2])
-                .join(format!("{}.debug", &hex[2..])),
-        );
+    if let Some(relative) = build_id.and_then(build_id_debug_path) {
+        paths.push(debug_root.join(relative));
     }
     let name = debuglink
         .and_then(|l| std::str::from_utf8(l).ok())
