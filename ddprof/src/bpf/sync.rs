@@ -88,11 +88,11 @@ impl BpfEngine {
         self.sync_read_young(processes, young);
     }
 
-    /// The first half of [`BpfEngine::sync_with_young`]: the young
-    /// processes, and those the program handed to the perf engine since the
-    /// last sync, read from `/proc`.
+    /// The first half of [`BpfEngine::sync_with_young`], after
+    /// [`BpfEngine::sync_due`] (which takes the processes the program handed
+    /// to the perf engine from its map): those and the young processes,
+    /// read from `/proc`.
     pub fn read_young(&mut self, young: &HashSet<u32>) -> YoungProcesses {
-        self.handed_off.extend(self.program.take_handed_off());
         let mut pids = young.clone();
         pids.extend(self.handed_off.drain());
         let tables = pids
