@@ -122,7 +122,7 @@ impl ToParent {
                         out.u8(1);
                         out.figures(&profile.figures);
                         out.u64(profile.worker_peak_rss_kib);
-                        out.u8(u8::from(profile.last_of_run));
+                        out.bool(profile.last_of_run);
                         out.optional_bytes(profile.pprof_gzip.as_deref());
                         out.optional_bytes(profile.pprof_zstd.as_deref());
                         out.folded(&profile.folded);
@@ -137,7 +137,7 @@ impl ToParent {
                 out.u8(TAG_RETIRING);
                 out.exit(&retirement.exit);
                 out.time(retirement.next_period_start);
-                out.u8(u8::from(retirement.profile_follows));
+                out.bool(retirement.profile_follows);
                 out.duration(retirement.reported_cpu);
             }
         }
@@ -158,11 +158,7 @@ impl ToParent {
                     1 => Some(Box::new(EncodedPeriod {
                         figures: input.figures()?,
                         worker_peak_rss_kib: input.u64()?,
-                        last_of_run: match input.u8()? {
-                            0 => false,
-                            1 => true,
-                            other => return Err(ChannelError::UnknownTag(other)),
-                        },
+                        last_of_run: input.bool()?,
                         pprof_gzip: input.optional_bytes()?,
                         pprof_zstd: input.optional_bytes()?,
                         folded: input.folded()?,
@@ -179,11 +175,7 @@ impl ToParent {
             TAG_RETIRING => ToParent::Retiring(Retirement {
                 exit: input.exit()?,
                 next_period_start: input.time()?,
-                profile_follows: match input.u8()? {
-                    0 => false,
-                    1 => true,
-                    other => return Err(ChannelError::UnknownTag(other)),
-                },
+                profile_follows: input.bool()?,
                 reported_cpu: input.duration()?,
             }),
             other => return Err(ChannelError::UnknownTag(other)),
@@ -236,6 +228,10 @@ struct Writer(Vec<u8>);
 impl Writer {
     fn u8(&mut self, value: u8) {
         self.0.push(value);
+    }
+
+    fn bool(&mut self, value: bool) {
+        self.u8(u8::from(value));
     }
 
     fn u64(&mut self, value: u64) {
@@ -335,6 +331,15 @@ impl Reader<'_> {
 
     fn u8(&mut self) -> Result<u8, ChannelError> {
         Ok(self.take(1)?[0])
+    }
+
+    /// A flag written as one byte, 0 or 1.
+    fn bool(&mut self) -> Result<bool, ChannelError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(ChannelError::UnknownTag(other)),
+        }
     }
 
     fn u64(&mut self) -> Result<u64, ChannelError> {
