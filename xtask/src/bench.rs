@@ -282,6 +282,19 @@ impl Cgroup {
         }
     }
 
+    /// The command `line` (program, then arguments), to be started inside
+    /// this cgroup: no stdin, `stdout` as given, stderr piped.
+    fn command(&self, line: &[String], stdout: Stdio) -> Command {
+        let mut command = Command::new(&line[0]);
+        command
+            .args(&line[1..])
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(Stdio::piped());
+        self.enter_on_spawn(&mut command);
+        command
+    }
+
     /// `command` starts inside this cgroup (it joins before exec, so that
     /// everything it starts is counted).
     fn enter_on_spawn(&self, command: &mut Command) {
@@ -856,13 +869,7 @@ fn run_in_cgroup(
     on_stdout: Option<&mut dyn FnMut(std::process::ChildStdout)>,
 ) -> Result<Measured> {
     let cgroup = Cgroup::create(cgroup_name)?;
-    let mut command = Command::new(&line[0]);
-    command
-        .args(&line[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cgroup.enter_on_spawn(&mut command);
+    let mut command = cgroup.command(line, Stdio::piped());
     let before = cgroup.usage()?;
     let rss = RssSampler::start(cgroup.procs_file(), workload_exes.clone());
     let mut child = command
@@ -1168,13 +1175,7 @@ fn global_startup(ddprof: &Path, seconds: u32, freq: u32) -> Result<GlobalStartu
         out.display().to_string(),
     ];
     let cgroup = Arc::new(Cgroup::create("ddprof-bench-global")?);
-    let mut command = Command::new(&line[0]);
-    command
-        .args(&line[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    cgroup.enter_on_spawn(&mut command);
+    let mut command = cgroup.command(&line, Stdio::null());
     let before = cgroup.usage()?;
     let rss = RssSampler::start(cgroup.procs_file(), Arc::new(HashSet::new()));
     let started = Instant::now();
