@@ -51,13 +51,18 @@ pub enum SamplerError {
     Duplicate(#[source] std::io::Error),
 }
 
-/// The BPF engine's ring buffer wakes the loop only when a quarter full:
-/// this bounds how late samples (and map updates after an exec or mmap) are.
-/// A process the maps do not describe yet is not lost meanwhile: the program
-/// hands its samples to the perf engine. 50 ms rather than 10 ms cut the
-/// profiler's CPU per 1000 samples on the 300-deep recursion from ~41 to
-/// ~33 ms (`cargo xtask bench`).
-const BPF_MAX_POLL: Duration = Duration::from_millis(50);
+/// How long the loop sleeps at most on the BPF engine's buffers. Nothing
+/// waits on this timeout: the program wakes the loop when its ring buffer
+/// is a quarter full (the buffer is sized for 250 ms of samples) and at once
+/// with a hand-off notice when a process its maps do not describe yet
+/// samples (an exec, a new mapping); the perf buffers wake it every 16
+/// samples and when the events hang up. It only bounds how late samples are
+/// counted at low rates. Every timed wake-up costs ~50 µs of CPU on a VM,
+/// whatever the loop then does (a bare poll loop on the bench machine):
+/// 250 ms rather than 50 ms saves ~16 wake-ups a second, ~7 ms of a 4 s run.
+/// (50 ms rather than 10 ms had cut the CPU per 1000 samples on the 300-deep
+/// recursion from ~41 to ~33 ms, `cargo xtask bench`.)
+const BPF_MAX_POLL: Duration = Duration::from_millis(250);
 
 /// The samples of the profiled processes, from whichever engine was chosen.
 pub struct Sampler {

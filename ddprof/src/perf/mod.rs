@@ -31,10 +31,11 @@ pub const HOLD_BACK: Duration = Duration::from_millis(10);
 /// How long the reader sleeps at most while records are held back. Not
 /// `HOLD_BACK` itself: at low rates the newest record is nearly always held
 /// back, and waking every 10 ms to deliver one sample cost ~100 wake-ups a
-/// second, a quarter of the engine's CPU in context switches alone. Held
-/// records are delivered within this time (or at the next wake-up, every 16
-/// samples), as the BPF engine's are (`sampler::BPF_MAX_POLL`).
-const HELD_BACK_WAIT: Duration = Duration::from_millis(50);
+/// second, a quarter of the engine's CPU in context switches alone (each
+/// timed wake-up costs ~50 µs of CPU on a VM). Held records are delivered
+/// within this time (or at the next wake-up, every 16 samples), as the BPF
+/// engine's are (`sampler::BPF_MAX_POLL`); nothing else waits on them.
+const HELD_BACK_WAIT: Duration = Duration::from_millis(250);
 /// Default ring buffer data size per event: room for about 32 samples with
 /// 32 KB stacks, so that the 16 samples after which the kernel wakes the
 /// reader (see `events.rs`) fit twice.

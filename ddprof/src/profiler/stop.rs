@@ -3,11 +3,13 @@
 //! return; the loop checks [`requested`] and can poll [`StopSignals::poll_fd`].
 //! A second signal, while the loop is still flushing, ends the process.
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+/// The read end of the self-pipe, for [`pending_wake_fd`].
+static WAKE_READ_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// The installed handlers and the read end of their self-pipe.
 #[derive(Debug)]
@@ -41,6 +43,7 @@ pub fn install() -> io::Result<StopSignals> {
     let (wake_read, wake_write) =
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     WAKE_FD.store(wake_write.as_raw_fd(), Ordering::SeqCst);
+    WAKE_READ_FD.store(wake_read.as_raw_fd(), Ordering::SeqCst);
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only touches atomics and calls write/_exit,
         // which are async-signal-safe; `action` is fully initialised.
@@ -65,11 +68,22 @@ pub fn requested() -> bool {
     STOP_REQUESTED.load(Ordering::SeqCst)
 }
 
+/// The read end of the handlers' self-pipe, while they are installed and no
+/// stop has been requested yet: a loop that sleeps long adds it to its
+/// poll(2) set to wake at once on a stop signal, whichever thread received
+/// it. `None` once a stop was requested: the pipe then stays readable, and
+/// waiting on it would spin (the caller checks [`requested`] instead).
+pub fn pending_wake_fd() -> Option<RawFd> {
+    let fd = WAKE_READ_FD.load(Ordering::SeqCst);
+    (fd >= 0 && !requested()).then_some(fd)
+}
+
 impl Drop for StopSignals {
     fn drop(&mut self) {
         // The handlers stay (a late signal still counts as a request), but
         // must not write to a descriptor number that may be reused.
         WAKE_FD.store(-1, Ordering::SeqCst);
+        WAKE_READ_FD.store(-1, Ordering::SeqCst);
     }
 }
 
