@@ -236,12 +236,10 @@ pub fn encode_pprof_compressed(
     // Samples first, each encoded as it is built (field 2, `sample`), then
     // every other field: protobuf readers accept fields in any order, and
     // repeated ones keep theirs.
-    let mut scratch = Vec::new();
+    let mut group = SampleGroupEncoder::default();
     let mut failed = None;
-    let rest = build_pprof_streaming_samples(profile, metadata, |sample| {
-        scratch.clear();
-        prost::encoding::message::encode(2, sample, &mut scratch);
-        if let Err(error) = write_all(&scratch) {
+    let rest = build_pprof_streaming_samples(profile, metadata, |part| {
+        if let Err(error) = group.write(part, &mut write_all) {
             failed.get_or_insert(error);
         }
     });
@@ -289,10 +287,83 @@ fn unix_nanos(time: SystemTime) -> i64 {
 /// Builds the pprof message (uncompressed).
 pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> pb::Profile {
     let mut samples = Vec::new();
-    let mut built =
-        build_pprof_streaming_samples(profile, metadata, |sample| samples.push(sample.clone()));
+    let mut group = pb::Sample::default();
+    let mut built = build_pprof_streaming_samples(profile, metadata, |part| match part {
+        SamplePart::Group(shared) => group.clone_from(shared),
+        SamplePart::Sample { values, timestamp } => {
+            let mut sample = group.clone();
+            sample.value = values.to_vec();
+            sample.label.extend(timestamp);
+            samples.push(sample);
+        }
+    });
     built.sample = samples;
     built
+}
+
+/// What [`build_pprof_streaming_samples`] hands out, in order: the stack and
+/// labels that a group of samples shares, then each sample of that group.
+/// With the timeline a group is every sample of one stack in one thread
+/// (hundreds at 999 Hz), each its own pprof sample with its timestamp.
+enum SamplePart<'a> {
+    /// `location_id` and the labels every sample of the group has; no value.
+    Group(&'a pb::Sample),
+    /// One sample of the last group: its values and, on the timeline, its
+    /// `end_timestamp_ns` label (after the group's labels).
+    Sample {
+        values: [i64; 2],
+        timestamp: Option<pb::Label>,
+    },
+}
+
+/// Encodes the samples of a group as `Profile.sample` fields, with the
+/// group's part (the stack's location ids, ~450 bytes on a 300-frame stack,
+/// and the shared labels) encoded once rather than once per sample: on the
+/// 300-deep recursion at 999 Hz that encoding was 1.1 µs of each sample.
+/// A sample's fields come as location ids and shared labels, values, then
+/// the timestamp label: readers accept fields in any order and keep the
+/// order of a repeated field's elements, so it decodes to the same sample.
+#[derive(Default)]
+struct SampleGroupEncoder {
+    shared: Vec<u8>,
+    own: Vec<u8>,
+    header: Vec<u8>,
+}
+
+impl SampleGroupEncoder {
+    fn write(
+        &mut self,
+        part: SamplePart<'_>,
+        write_all: &mut impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        use prost::encoding::{encode_key, encode_varint, int64, message, uint64, WireType};
+        match part {
+            SamplePart::Group(shared) => {
+                self.shared.clear();
+                uint64::encode_packed(1, &shared.location_id, &mut self.shared);
+                for label in &shared.label {
+                    message::encode(3, label, &mut self.shared);
+                }
+                Ok(())
+            }
+            SamplePart::Sample { values, timestamp } => {
+                self.own.clear();
+                int64::encode_packed(2, &values, &mut self.own);
+                if let Some(label) = &timestamp {
+                    message::encode(3, label, &mut self.own);
+                }
+                self.header.clear();
+                encode_key(2, WireType::LengthDelimited, &mut self.header);
+                encode_varint(
+                    (self.shared.len() + self.own.len()) as u64,
+                    &mut self.header,
+                );
+                write_all(&self.header)?;
+                write_all(&self.shared)?;
+                write_all(&self.own)
+            }
+        }
+    }
 }
 
 /// Builds the profile but hands each sample to `emit` instead of keeping
@@ -302,7 +373,7 @@ pub fn build_pprof(profile: &SymbolizedProfile, metadata: &ProfileMetadata) -> p
 fn build_pprof_streaming_samples(
     profile: &SymbolizedProfile,
     metadata: &ProfileMetadata,
-    mut emit: impl FnMut(&pb::Sample),
+    mut emit: impl FnMut(SamplePart<'_>),
 ) -> pb::Profile {
     let period = &profile.period;
     let mut strings = StringTable::new();
@@ -432,12 +503,7 @@ fn build_pprof_streaming_samples(
         num: value.min(i64::MAX as u64) as i64,
         ..pb::Label::default()
     };
-    let value = |sample: &mut pb::Sample, count: u64, nanos: u64| {
-        sample.value.clear();
-        sample
-            .value
-            .extend([count as i64, nanos.min(i64::MAX as u64) as i64]);
-    };
+    let values = |count: u64, nanos: u64| [count as i64, nanos.min(i64::MAX as u64) as i64];
     for stack_sample in &period.samples {
         sample.location_id.clear();
         sample.location_id.extend(
@@ -464,26 +530,24 @@ fn build_pprof_streaming_samples(
                 ..pb::Label::default()
             });
         }
-        let shared_labels = sample.label.len();
+        emit(SamplePart::Group(&sample));
         let mut timed_nanos = 0u64;
         for timed in &stack_sample.timeline {
             timed_nanos = timed_nanos.saturating_add(timed.cpu_nanos);
-            sample.label.truncate(shared_labels);
-            sample
-                .label
-                .push(num(key_timestamp, timed.end_timestamp_ns));
-            value(&mut sample, 1, timed.cpu_nanos);
-            emit(&sample);
+            emit(SamplePart::Sample {
+                values: values(1, timed.cpu_nanos),
+                timestamp: Some(num(key_timestamp, timed.end_timestamp_ns)),
+            });
         }
-        sample.label.truncate(shared_labels);
         let rest_count = stack_sample.count - stack_sample.timeline.len() as u64;
         if rest_count > 0 {
-            value(
-                &mut sample,
-                rest_count,
-                stack_sample.cpu_nanos.saturating_sub(timed_nanos),
-            );
-            emit(&sample);
+            emit(SamplePart::Sample {
+                values: values(
+                    rest_count,
+                    stack_sample.cpu_nanos.saturating_sub(timed_nanos),
+                ),
+                timestamp: None,
+            });
         }
     }
 
@@ -526,6 +590,85 @@ mod tests {
             file: file.into(),
             line,
         }
+    }
+
+    /// Each group's stack and labels are encoded once and shared by its
+    /// samples: every sample still decodes whole, with its own values and
+    /// timestamp, in order, and the next group's stack is its own.
+    #[test]
+    fn samples_of_a_group_share_its_encoded_stack_and_keep_their_own_timestamps() {
+        let start = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let timed = |end_timestamp_ns| TimedSample {
+            end_timestamp_ns,
+            cpu_nanos: 10,
+        };
+        let group = |stack, tid, count, timeline| StackSample {
+            pid: 7,
+            tid,
+            process_name: Some("app".into()),
+            thread_name: None,
+            stack,
+            count,
+            cpu_nanos: 10 * count,
+            timeline,
+        };
+        let period = PeriodProfile {
+            start,
+            end: start + Duration::from_secs(60),
+            files: vec![Arc::new(ObjectFile::by_path("/bin/app", 1, 2))],
+            frames: (0..3)
+                .map(|i| Frame::File {
+                    file: FileId(0),
+                    offset: 0x1000 + i,
+                })
+                .collect(),
+            stacks: vec![Box::new([0, 1, 2]), Box::new([2])],
+            samples: vec![
+                group(0, 8, 3, vec![timed(101), timed(102), timed(103)]),
+                group(1, 9, 3, vec![timed(201)]),
+            ],
+            stats: PeriodStats::default(),
+        };
+        let symbolized = SymbolizedProfile {
+            period,
+            frames: (0..3).map(|_| Arc::from([line("f", "a.c", 1)])).collect(),
+        };
+        let metadata = ProfileMetadata {
+            sampling_period_nanos: 1,
+            comments: Vec::new(),
+        };
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(encode_pprof(&symbolized, &metadata).unwrap().as_slice())
+            .read_to_end(&mut raw)
+            .unwrap();
+        let decoded = pb::Profile::decode(raw.as_slice()).unwrap();
+        assert_eq!(decoded, build_pprof(&symbolized, &metadata));
+        let key = decoded
+            .string_table
+            .iter()
+            .position(|s| s == "end_timestamp_ns")
+            .unwrap() as i64;
+        let summary: Vec<(Vec<u64>, Vec<i64>, Option<i64>)> = decoded
+            .sample
+            .iter()
+            .map(|sample| {
+                let timestamp = sample.label.iter().find(|l| l.key == key).map(|l| l.num);
+                (sample.location_id.clone(), sample.value.clone(), timestamp)
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (vec![1, 2, 3], vec![1, 10], Some(101)),
+                (vec![1, 2, 3], vec![1, 10], Some(102)),
+                (vec![1, 2, 3], vec![1, 10], Some(103)),
+                (vec![3], vec![1, 10], Some(201)),
+                (vec![3], vec![2, 20], None),
+            ]
+        );
+        // The shared labels come first in each sample, as a whole-sample
+        // encoding would have them.
+        assert!(decoded.sample.iter().all(|sample| sample.label.len() >= 3));
     }
 
     #[test]
