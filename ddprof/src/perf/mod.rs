@@ -36,6 +36,11 @@ pub const HOLD_BACK: Duration = Duration::from_millis(10);
 /// within this time (or at the next wake-up, every 16 samples), as the BPF
 /// engine's are (`sampler::BPF_MAX_POLL`); nothing else waits on them.
 const HELD_BACK_WAIT: Duration = Duration::from_millis(250);
+/// How long the reader sleeps at most when a buffer is smaller than asked
+/// (the locked-memory limit refused the full size): it may then hold fewer
+/// than the 16 samples after which the kernel wakes the reader (see
+/// `events`), and fills without waking it; 50 ms is 5 samples at 99 Hz.
+const SHRUNK_RING_WAIT: Duration = Duration::from_millis(50);
 /// Default ring buffer data size per event: room for about 32 samples with
 /// 32 KB stacks, so that the 16 samples after which the kernel wakes the
 /// reader (see `events.rs`) fit twice.
@@ -138,6 +143,9 @@ pub struct PerfEngine {
     tracker: ProcessTracker,
     losses: LossCounters,
     counters: SampleCounters,
+    /// The buffers are smaller than asked: the reader wakes on a timer
+    /// ([`SHRUNK_RING_WAIT`]) whatever it holds.
+    shrunk_ring: bool,
 }
 
 impl PerfEngine {
@@ -185,9 +193,11 @@ impl PerfEngine {
             sources.len(),
             sources[0].ring.data_size() / 1024
         );
+        let shrunk_ring = pages < options.data_pages();
         Ok(Self {
             sources,
             options,
+            shrunk_ring,
             unwinder: Unwinder::new(),
             reorder: Reorder::default(),
             wrapped_records: 0,
@@ -362,6 +372,12 @@ impl PerfEngine {
     /// watched too when the BPF program hands samples (with their 32 KB
     /// stack copies) over to them: a handful fill a buffer.
     pub fn wait_with(&mut self, other: Option<RawFd>, timeout: Duration) -> Result<(), PerfError> {
+        // A shrunk buffer may fill without waking the reader.
+        let timeout = if self.shrunk_ring {
+            timeout.min(SHRUNK_RING_WAIT)
+        } else {
+            timeout
+        };
         let mut fds: Vec<libc::pollfd> = self
             .sources
             .iter()
