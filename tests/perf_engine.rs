@@ -106,11 +106,11 @@ fn profile(program: &Path, args: &[&str], options: RunOptions) -> Run {
                         thread_name: table
                             .thread_name(sample.pid, sample.tid)
                             .map(str::to_string),
-                        names: symbolizer.frame_names(table, &sample),
+                        names: symbolizer.frame_names(table, sample),
                         mapped_paths: process
                             .map(|p| p.mappings.iter().map(|m| m.file.path.clone()).collect())
                             .unwrap_or_default(),
-                        sample,
+                        sample: sample.clone(),
                     });
                 },
             )
@@ -668,14 +668,14 @@ fn global_scope_tracks_a_workload_among_every_process() {
     let mut symbolizer = Symbolizer::new();
     let (mut total, mut pids, mut of_child, mut named, mut in_chain) =
         (0usize, BTreeSet::new(), 0usize, 0usize, 0usize);
-    let mut on_sample = |table: &ProcessTable, sample: Sample| {
+    let mut on_sample = |table: &ProcessTable, sample: &Sample| {
         total += 1;
         pids.insert(sample.pid);
         if sample.pid == child_pid {
             of_child += 1;
             if table.process_name(sample.pid) == Some("chain") {
                 named += 1;
-                let names = symbolizer.frame_names(table, &sample);
+                let names = symbolizer.frame_names(table, sample);
                 if names.first().is_some_and(|n| n.starts_with("chain_")) {
                     in_chain += 1;
                 }

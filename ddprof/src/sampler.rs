@@ -151,7 +151,7 @@ impl Sampler {
         &mut self,
         processes: &mut ProcessTable,
         timeout: Duration,
-        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+        on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) -> Result<bool, SamplerError> {
         match &mut self.engine {
             Engine::Perf(engine) => Ok(engine.poll(processes, timeout, on_sample)?.finished),
@@ -201,7 +201,7 @@ impl Sampler {
     pub fn flush(
         &mut self,
         processes: &mut ProcessTable,
-        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+        on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) {
         self.drain(processes, on_sample);
         if let Engine::Bpf {
@@ -230,7 +230,7 @@ impl Sampler {
     pub fn drain(
         &mut self,
         processes: &mut ProcessTable,
-        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+        on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) {
         match &mut self.engine {
             Engine::Perf(engine) => {
@@ -346,7 +346,7 @@ fn deliver_merged(
     processes: &mut ProcessTable,
     hold: bool,
     cutoff: u64,
-    on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+    on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
 ) {
     pending.sort_by_key(|sample| sample.time);
     let ready = if hold {
@@ -357,6 +357,7 @@ fn deliver_merged(
     for sample in pending.drain(..ready) {
         records.deliver_until(processes, sample.time, on_sample);
         samples.before_sample(processes, sample.pid);
-        on_sample(processes, sample);
+        on_sample(processes, &sample);
+        samples.recycle(sample);
     }
 }

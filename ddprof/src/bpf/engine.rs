@@ -117,6 +117,11 @@ pub struct BpfEngine {
     pub(super) read_from_proc: HashSet<u32>,
     pub(super) table_stats: TableStats,
     pub(super) malformed: u64,
+    /// Frame vectors of delivered samples, reused by the next ones: most
+    /// samples of a deep stack are over 1 KiB of frames, beyond malloc's
+    /// per-thread cache, and allocating and freeing them was ~10 % of the
+    /// engine's work per sample.
+    spare_frames: Vec<Vec<u64>>,
 }
 
 impl BpfEngine {
@@ -171,6 +176,7 @@ impl BpfEngine {
             read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
             malformed: 0,
+            spare_frames: Vec::new(),
         };
         // The workload's tables are in the maps before its first sample.
         let filling = Instant::now();
@@ -269,7 +275,7 @@ impl BpfEngine {
         }
         let mut samples = Vec::new();
         while let Some(item) = self.ring.next() {
-            match decode(&item) {
+            match decode(&item, &mut self.spare_frames) {
                 Some(Record::Sample(sample)) => samples.push(sample),
                 // The process is in `HANDED_OFF`, which the next sync reads.
                 Some(Record::HandoffNotice) => {}
@@ -277,6 +283,18 @@ impl BpfEngine {
             }
         }
         Ok((samples, finished))
+    }
+
+    /// Takes back a delivered sample's frame vectors for the next samples.
+    pub fn recycle(&mut self, sample: Sample) {
+        /// About what a poll delivers at 999 Hz on two CPUs: the spare
+        /// vectors are the memory those samples took anyway.
+        const MAX_SPARE: usize = 512;
+        for frames in [sample.frames, sample.kernel_frames] {
+            if self.spare_frames.len() < MAX_SPARE && frames.capacity() > 0 {
+                self.spare_frames.push(frames);
+            }
+        }
     }
 
     /// A sample of a process the table does not know (its records were

@@ -243,7 +243,7 @@ impl PerfEngine {
         &mut self,
         processes: &mut ProcessTable,
         timeout: Duration,
-        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+        on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) -> Result<PollOutcome, PerfError> {
         if !self.all_hung_up() {
             // Held-back records must not wait a whole timeout.
@@ -273,7 +273,7 @@ impl PerfEngine {
     pub fn flush(
         &mut self,
         processes: &mut ProcessTable,
-        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+        on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) -> PollOutcome {
         self.drain_buffers();
         let finished = self.all_hung_up();
@@ -304,7 +304,7 @@ impl PerfEngine {
         &mut self,
         processes: &mut ProcessTable,
         time: u64,
-        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+        on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) -> PollOutcome {
         self.drain_buffers();
         let finished = self.all_hung_up();
@@ -318,7 +318,7 @@ impl PerfEngine {
         processes: &mut ProcessTable,
         cutoff: Option<u64>,
         finished: bool,
-        on_sample: &mut dyn FnMut(&ProcessTable, Sample),
+        on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) -> PollOutcome {
         let mut outcome = PollOutcome {
             finished,
@@ -329,7 +329,7 @@ impl PerfEngine {
                 Record::Sample(raw) => {
                     let sample = self.unwind(processes, raw);
                     outcome.samples += 1;
-                    on_sample(processes, sample);
+                    on_sample(processes, &sample);
                 }
                 Record::Process(event) => {
                     self.tracker.apply(processes, &event);
@@ -549,14 +549,14 @@ mod tests {
             burn_cpu(Duration::from_millis(50));
             engine
                 .poll(&mut table, Duration::ZERO, &mut |_, sample| {
-                    samples.push(sample)
+                    samples.push(sample.clone())
                 })
                 .unwrap();
         }
         std::thread::sleep(HOLD_BACK * 2);
         engine
             .poll(&mut table, Duration::ZERO, &mut |_, sample| {
-                samples.push(sample)
+                samples.push(sample.clone())
             })
             .unwrap();
         assert!(samples.len() > 50, "only {} samples", samples.len());

@@ -273,7 +273,7 @@ impl Worker {
         }
     }
 
-    fn add(&mut self, processes: &ProcessTable, sample: Sample) {
+    fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
         self.meter
             .add_sample(sample.weight, sample.end.is_complete());
         if self.show_samples {
@@ -289,7 +289,7 @@ impl Worker {
                 sample.frames
             );
         }
-        self.aggregator.add(processes, &sample);
+        self.aggregator.add(processes, sample);
     }
 
     /// Whether the parent asked for the last period (or is gone).
