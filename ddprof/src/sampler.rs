@@ -55,8 +55,8 @@ pub enum SamplerError {
 /// waits on this timeout: the program wakes the loop when its ring buffer
 /// is a quarter full (the buffer is sized for 250 ms of samples) and at once
 /// with a hand-off notice when a process its maps do not describe yet
-/// samples (an exec, a new mapping); the perf buffers wake it every 16
-/// samples and when the events hang up. It only bounds how late samples are
+/// samples (an exec, a new mapping); the perf buffers wake it when half
+/// full and when the events hang up. It only bounds how late samples are
 /// counted at low rates. Every timed wake-up costs ~50 µs of CPU on a VM,
 /// whatever the loop then does (a bare poll loop on the bench machine):
 /// 250 ms rather than 50 ms saves ~16 wake-ups a second, ~7 ms of a 4 s run.

