@@ -723,12 +723,6 @@ fn ddprof_with_the_tail_call_variant_profiles_a_syscall_workload() {
     );
 }
 
-/// A launched command that starts its threads at once: the command starts
-/// only once the program is attached (the launcher waits for the profiler's
-/// word), because an event inherited by a thread created before the attach
-/// never runs the program and every sample of that thread would cost the
-/// perf engine's stack copy. Before the launcher waited, half the samples
-/// of this workload went through the perf engine.
 /// The counts of the `BPF engine: N samples unwound in the kernel, … M
 /// unwound by the perf engine in all` line.
 fn unwound_in_kernel_and_by_perf(stderr: &str) -> (u64, u64) {
@@ -785,6 +779,12 @@ fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
     }
 }
 
+/// A launched command that starts its threads at once: the command starts
+/// only once the program is attached (the launcher waits for the profiler's
+/// word), because an event inherited by a thread created before the attach
+/// never runs the program and every sample of that thread would cost the
+/// perf engine's stack copy. Before the launcher waited, half the samples
+/// of this workload went through the perf engine.
 #[test]
 fn threads_the_command_starts_at_once_are_unwound_in_the_kernel() {
     let threads = ddprof_tests::workloads::build_workload("threads.c");
