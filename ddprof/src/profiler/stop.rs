@@ -1,9 +1,9 @@
 //! SIGINT/SIGTERM as a stop request for the foreground profiler (`-p`,
 //! `--global`): the first signal asks the loop to flush its last period and
-//! return; the loop checks [`requested`] and can poll [`StopSignals::poll_fd`].
+//! return; the loop checks [`requested`] and can poll [`pending_wake_fd`].
 //! A second signal, while the loop is still flushing, ends the process.
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -14,7 +14,7 @@ static WAKE_READ_FD: AtomicI32 = AtomicI32::new(-1);
 /// The installed handlers and the read end of their self-pipe.
 #[derive(Debug)]
 pub struct StopSignals {
-    wake_read: OwnedFd,
+    _wake_read: OwnedFd,
     _wake_write: OwnedFd,
 }
 
@@ -58,7 +58,7 @@ pub fn install() -> io::Result<StopSignals> {
         }
     }
     Ok(StopSignals {
-        wake_read,
+        _wake_read: wake_read,
         _wake_write: wake_write,
     })
 }
@@ -87,13 +87,6 @@ impl Drop for StopSignals {
     }
 }
 
-impl StopSignals {
-    /// Readable once a stop was requested.
-    pub fn poll_fd(&self) -> BorrowedFd<'_> {
-        self.wake_read.as_fd()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,27 +101,28 @@ mod tests {
         if child == 0 {
             let code = match install() {
                 Err(_) => 10,
-                Ok(signals) => {
-                    if requested() {
-                        11
-                    } else {
+                Ok(_signals) => match pending_wake_fd() {
+                    _ if requested() => 11,
+                    None => 14,
+                    Some(wake_fd) => {
                         // SAFETY: raise delivers SIGINT to this thread, whose
                         // handler was just installed.
                         unsafe { libc::raise(libc::SIGINT) };
                         let mut byte = [0u8; 1];
                         // SAFETY: reads one byte into a stack buffer.
-                        let woken = unsafe {
-                            libc::read(signals.poll_fd().as_raw_fd(), byte.as_mut_ptr().cast(), 1)
-                        };
+                        let woken = unsafe { libc::read(wake_fd, byte.as_mut_ptr().cast(), 1) };
                         if !requested() {
                             12
                         } else if woken != 1 {
                             13
+                        } else if pending_wake_fd().is_some() {
+                            // Still offered once requested: a poll on it would spin.
+                            15
                         } else {
                             0
                         }
                     }
-                }
+                },
             };
             // SAFETY: ends the child.
             unsafe { libc::_exit(code) };
