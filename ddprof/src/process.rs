@@ -1,6 +1,6 @@
 //! The profiler's view of processes: names, threads and executable mappings,
 //! kept exact from `/proc` snapshots and the kernel's mmap/comm/task records.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::files::MappedFile;
@@ -111,6 +111,9 @@ impl Process {
 #[derive(Debug, Default)]
 pub struct ProcessTable {
     processes: HashMap<u32, Process>,
+    /// Processes whose exit was applied and whose pid has not come back
+    /// since; forgotten by the thousand (see [`ProcessTable::exited`]).
+    exited: HashSet<u32>,
     files: HashMap<MappedFile, Arc<MappedFile>>,
     /// Renewed by every change, so that consumers that mirror the table
     /// (the BPF maps) can tell cheaply that nothing changed.
@@ -150,6 +153,14 @@ impl ProcessTable {
         self.processes.get(&pid)
     }
 
+    /// Whether the records said that process `pid` exited (and no process
+    /// has had its pid since). `false` says nothing: the table forgets the
+    /// exits when it has seen too many, so that a long `--global` run does
+    /// not keep every pid it ever saw.
+    pub fn exited(&self, pid: u32) -> bool {
+        self.exited.contains(&pid)
+    }
+
     pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.processes.keys().copied()
     }
@@ -168,6 +179,21 @@ impl ProcessTable {
             .threads
             .get(&tid)
             .map(String::as_str)
+    }
+
+    /// Copies process `pid` of `other` into this table, if `other` has it.
+    pub fn copy_process(&mut self, other: &ProcessTable, pid: u32) {
+        if let Some(process) = other.get(pid) {
+            self.generation = Generation::next();
+            self.exited.remove(&pid);
+            self.processes.insert(pid, process.clone());
+        }
+    }
+
+    /// Keeps only the processes for which `keep` holds.
+    pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
+        self.generation = Generation::next();
+        self.processes.retain(|pid, _| keep(*pid));
     }
 
     fn intern_file(&mut self, path: &str, dev: u64, inode: u64) -> Arc<MappedFile> {
@@ -195,6 +221,7 @@ impl ProcessTable {
             file_offset: record.file_offset,
             file,
         };
+        self.exited.remove(&record.pid);
         self.processes
             .entry(record.pid)
             .or_default()
@@ -205,6 +232,7 @@ impl ProcessTable {
     /// since the new image's mappings follow as fresh records.
     pub fn set_comm(&mut self, pid: u32, tid: u32, name: &str, exec: bool) {
         self.generation = Generation::next();
+        self.exited.remove(&pid);
         let process = self.processes.entry(pid).or_default();
         if exec {
             process.mappings.clear();
@@ -225,6 +253,7 @@ impl ProcessTable {
             process.threads.insert(tid, name);
             return;
         }
+        self.exited.remove(&pid);
         let child = self.processes.get(&ppid).cloned().unwrap_or_default();
         let mut child = Process {
             threads: HashMap::new(),
@@ -239,6 +268,11 @@ impl ProcessTable {
         self.generation = Generation::next();
         if pid == tid {
             self.processes.remove(&pid);
+            const MAX_EXITED: usize = 1024;
+            if self.exited.len() >= MAX_EXITED {
+                self.exited.clear();
+            }
+            self.exited.insert(pid);
         } else if let Some(process) = self.processes.get_mut(&pid) {
             process.threads.remove(&tid);
         }
@@ -281,6 +315,7 @@ impl ProcessTable {
                 process.threads.insert(tid, thread_name);
             }
         }
+        self.exited.remove(&pid);
         self.processes.insert(pid, process);
         self.add_maps(pid, &maps);
         Ok(())
@@ -293,6 +328,7 @@ impl ProcessTable {
     pub fn load_mappings_from_proc(&mut self, pid: u32) -> std::io::Result<()> {
         self.generation = Generation::next();
         let maps = read_lossy(format!("/proc/{pid}/maps"))?;
+        self.exited.remove(&pid);
         self.processes.insert(pid, Process::default());
         self.add_maps(pid, &maps);
         Ok(())
@@ -301,7 +337,14 @@ impl ProcessTable {
     fn add_maps(&mut self, pid: u32, maps: &str) {
         for line in maps.lines() {
             if let Some(record) = parse_maps_line(pid, line) {
-                self.add_mapping(&record);
+                // The kernel's fixed vsyscall page is no mmap, so the
+                // records never describe it: a process read from /proc must
+                // look the same as when its records are applied, or the BPF
+                // engine rewrites the entry of every new process it read
+                // when the records arrive.
+                if record.path != "[vsyscall]" {
+                    self.add_mapping(&record);
+                }
             }
         }
     }
@@ -310,8 +353,29 @@ impl ProcessTable {
 /// Reads a `/proc` file as text. Names and paths are bytes to the kernel:
 /// a command or file name that is not UTF-8, or a UTF-8 name cut inside a
 /// character (comm keeps 15 bytes), must not make the process unreadable.
+///
+/// `/proc` files say their size is 0, so `std::fs::read` asks for their
+/// size and position and then starts from a 32-byte buffer that it doubles:
+/// 11 system calls for a short `/proc/PID/maps`. From a 16 KiB buffer, a
+/// short one takes two reads; the BPF engine reads the maps of every new
+/// process.
 fn read_lossy(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
-    let bytes = std::fs::read(path)?;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut bytes = vec![0u8; 16 * 1024];
+    let mut len = 0;
+    loop {
+        if len == bytes.len() {
+            bytes.resize(len * 2, 0);
+        }
+        match file.read(&mut bytes[len..]) {
+            Ok(0) => break,
+            Ok(read) => len += read,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    bytes.truncate(len);
     Ok(match String::from_utf8(bytes) {
         Ok(text) => text,
         Err(error) => String::from_utf8_lossy(error.as_bytes()).into_owned(),
@@ -373,6 +437,43 @@ mod tests {
             prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
             path: path.to_string(),
         }
+    }
+
+    /// The BPF engine asks `/proc` about a process only when the records
+    /// did not say that it exited.
+    #[test]
+    fn remembers_which_processes_the_records_saw_exit() {
+        let mut table = ProcessTable::new();
+        table.add_mapping(&record(7, 0x1000, 0x1000, 0, "/a"));
+        assert!(!table.exited(7));
+        // A thread's exit is not the process's.
+        table.exit(7, 8);
+        assert!(!table.exited(7));
+        table.exit(7, 7);
+        assert!(table.exited(7) && table.get(7).is_none());
+        // The pid comes back: a new process.
+        table.fork(7, 1, 7);
+        assert!(!table.exited(7));
+        // Bounded: after many exits the oldest are forgotten ("not known").
+        for pid in 100..3000 {
+            table.fork(pid, 1, pid);
+            table.exit(pid, pid);
+        }
+        assert!(table.exited(2999));
+        assert!(!table.exited(100));
+    }
+
+    #[test]
+    fn a_process_read_from_proc_has_no_vsyscall_page() {
+        let mut table = ProcessTable::new();
+        table.add_maps(
+            5,
+            "55d0c2a00000-55d0c2a01000 r-xp 00001000 fe:00 123 /bin/x\n\
+             ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]\n",
+        );
+        let process = table.get(5).unwrap();
+        assert_eq!(process.mappings.len(), 1);
+        assert_eq!(process.mappings[0].file.path, "/bin/x");
     }
 
     #[test]

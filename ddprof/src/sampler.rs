@@ -177,10 +177,12 @@ impl Sampler {
                 records.deliver_until(processes, until, on_sample);
                 // New mappings (exec, mmap) reach the BPF maps for the next
                 // samples; processes whose new code is still held back are
-                // read from /proc.
+                // described as those records will leave them (from /proc
+                // when the records do not say enough).
                 let young = records.pids_with_new_code();
                 if samples.sync_due(processes, &young) {
-                    let young = samples.read_young(&young);
+                    let preview = |pids: &_| records.preview(processes, pids);
+                    let young = samples.read_young(&young, preview);
                     // A thread that keeps the perf buffers drained only for
                     // a sync that may compile tables: spawning it for every
                     // new process (a compiler driver's jobs) cost more than

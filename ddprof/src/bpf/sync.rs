@@ -30,6 +30,9 @@ pub struct TableStats {
     pub processes_truncated: u64,
     /// Tables whose rows were freed for others (no process mapped them).
     pub tables_freed: u64,
+    /// New or handed-off processes whose mappings were read from
+    /// `/proc/PID/maps` (the records did not describe them yet).
+    pub processes_read_from_proc: u64,
 }
 
 /// A table in the row map.
@@ -39,11 +42,11 @@ pub(super) struct LoadedTable {
     pub(super) segments: Vec<LoadSegment>,
 }
 
-/// Processes read from `/proc` for a sync ([`BpfEngine::read_young`]).
+/// Processes read for a sync ([`BpfEngine::read_young`]).
 pub struct YoungProcesses {
     pids: HashSet<u32>,
-    /// Those still alive, each in a table of its own.
-    tables: Vec<(u32, ProcessTable)>,
+    /// Those still alive, as read.
+    table: ProcessTable,
 }
 
 /// The table state of one mapped file.
@@ -84,28 +87,33 @@ impl BpfEngine {
         if !self.sync_due(processes, young) {
             return;
         }
-        let young = self.read_young(young);
+        let young = self.read_young(young, |_| ProcessTable::new());
         self.sync_read_young(processes, young);
     }
 
     /// The first half of [`BpfEngine::sync_with_young`], after
     /// [`BpfEngine::sync_due`] (which takes the processes the program handed
-    /// to the perf engine from its map): those and the young processes,
-    /// read from `/proc`.
-    pub fn read_young(&mut self, young: &HashSet<u32>) -> YoungProcesses {
+    /// to the perf engine from its map): those and the young processes.
+    /// `preview` gives the young processes as the records read so far
+    /// describe them (those it can: it leaves the others out); the others,
+    /// and the handed-off processes no queued record describes (the table
+    /// may be missing what the program looked for), are read from `/proc`.
+    pub fn read_young(
+        &mut self,
+        young: &HashSet<u32>,
+        preview: impl FnOnce(&HashSet<u32>) -> ProcessTable,
+    ) -> YoungProcesses {
+        let mut table = preview(young);
         let mut pids = young.clone();
         pids.extend(self.handed_off.drain());
-        let tables = pids
-            .iter()
-            .filter_map(|&pid| {
-                let mut fresh = ProcessTable::new();
-                fresh
-                    .load_mappings_from_proc(pid)
-                    .ok()
-                    .map(|()| (pid, fresh))
-            })
-            .collect();
-        YoungProcesses { pids, tables }
+        for &pid in &pids {
+            if table.get(pid).is_none() {
+                self.table_stats.processes_read_from_proc += 1;
+                // Gone already, or unreadable: nothing to describe.
+                let _ = table.load_mappings_from_proc(pid);
+            }
+        }
+        YoungProcesses { pids, table }
     }
 
     /// Whether the second half of the sync may compile unwind tables (cc1's
@@ -122,7 +130,7 @@ impl BpfEngine {
                 .get(pid)
                 .is_some_and(|process| process.mappings.iter().any(|m| needs_load(&m.file)))
         };
-        young.tables.iter().any(|(pid, table)| unknown(table, *pid))
+        young.table.pids().any(|pid| unknown(&young.table, pid))
             || processes.pids().any(|pid| unknown(processes, pid))
     }
 
@@ -131,14 +139,22 @@ impl BpfEngine {
     /// `processes` has it.
     pub fn sync_read_young(&mut self, processes: &ProcessTable, young: YoungProcesses) {
         self.synced_generation = Some(processes.generation());
-        for (pid, fresh) in &young.tables {
-            self.sync_process(*pid, fresh);
+        let read: Vec<u32> = young.table.pids().collect();
+        for pid in read {
+            self.sync_process(pid, &young.table);
         }
+        // Gone: what the records said exited; else what `/proc` says is gone
+        // (an entry read from `/proc`, or from the snapshot at start), a path
+        // lookup that costs more than the rest of a new process's sync.
         let gone: Vec<u32> = self
             .synced
             .keys()
             .copied()
-            .filter(|&pid| processes.get(pid).is_none() && !is_alive(pid))
+            .filter(|&pid| {
+                processes.get(pid).is_none()
+                    && !young.pids.contains(&pid)
+                    && (processes.exited(pid) || !is_alive(pid))
+            })
             .collect();
         for pid in gone {
             self.forget_process(pid);

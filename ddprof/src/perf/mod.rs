@@ -11,6 +11,7 @@
 mod record;
 mod ring;
 mod tracking;
+mod wait;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -25,6 +26,7 @@ pub use ddprof_common::sample::MAX_USER_FRAMES;
 use record::{Record, TimedRecord};
 use ring::RingBuffer;
 use tracking::{ProcessTracker, Reorder};
+use wait::Waiter;
 
 /// How long records wait for older records from other buffers.
 pub const HOLD_BACK: Duration = Duration::from_millis(10);
@@ -96,7 +98,7 @@ pub enum PerfError {
         kib: usize,
         source: io::Error,
     },
-    #[error("poll on the perf events failed: {0}")]
+    #[error("waiting on the perf events failed (epoll): {0}")]
     Poll(io::Error),
 }
 
@@ -138,6 +140,10 @@ pub struct PerfEngine {
     tracker: ProcessTracker,
     losses: LossCounters,
     counters: SampleCounters,
+    /// The epoll set [`PerfEngine::wait_with`] waits on, made at the first
+    /// wait by the process that reads the buffers (not inherited by a
+    /// worker: the parent's set is its own).
+    waiter: Option<Waiter>,
 }
 
 impl PerfEngine {
@@ -196,6 +202,7 @@ impl PerfEngine {
             tracker: ProcessTracker::default(),
             losses: LossCounters::default(),
             counters: SampleCounters::default(),
+            waiter: None,
         })
     }
 
@@ -218,6 +225,7 @@ impl PerfEngine {
                 })?;
             source.hung_up = false;
         }
+        self.waiter = None;
         if restarted {
             self.reorder = Reorder::default();
             self.tracker = ProcessTracker::default();
@@ -286,6 +294,17 @@ impl PerfEngine {
         self.reorder.pids_with_new_code()
     }
 
+    /// The processes in `pids` as `processes` will have them once the
+    /// records read so far are applied, for those the records describe
+    /// whole (see [`Reorder::preview`]); the others are left out.
+    pub fn preview(
+        &self,
+        processes: &ProcessTable,
+        pids: &std::collections::HashSet<u32>,
+    ) -> ProcessTable {
+        self.reorder.preview(processes, pids)
+    }
+
     /// Reads the buffers and applies (and emits), in time order, the queued
     /// records up to `time` (CLOCK_MONOTONIC ns), keeping later ones: for a
     /// loop that merges another engine's samples (the BPF engine's) with
@@ -351,50 +370,38 @@ impl PerfEngine {
         self.sources.iter().all(|source| source.hung_up)
     }
 
-    /// poll(2) on every event that has not hung up yet.
+    /// Waits on every event that has not hung up yet.
     fn wait(&mut self, timeout: Duration) -> Result<(), PerfError> {
         self.wait_with(None, timeout)
     }
 
-    /// poll(2) on every event that has not hung up yet and on `other` (the
+    /// Waits on every event that has not hung up yet and on `other` (the
     /// BPF engine's ring buffer, whose samples are merged with these
-    /// records): returns when either has data. The perf buffers must be
+    /// records): returns when either has something new (see [`wait`] for
+    /// why edge-triggered), or after `timeout`. The perf buffers must be
     /// watched too when the BPF program hands samples (with their 32 KB
     /// stack copies) over to them: a handful fill a buffer.
     pub fn wait_with(&mut self, other: Option<RawFd>, timeout: Duration) -> Result<(), PerfError> {
-        let mut fds: Vec<libc::pollfd> = self
-            .sources
-            .iter()
-            .map(|source| libc::pollfd {
-                // A negative fd is skipped by poll(2): a hung-up event would
-                // otherwise report POLLHUP forever and turn this into a spin.
-                fd: if source.hung_up {
-                    -1
-                } else {
-                    source.event.fd.as_raw_fd()
-                },
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .chain(other.map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            }))
-            .collect();
-        let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures
-        // that outlives the call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-        if ready < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                return Ok(());
+        let waiter = match &mut self.waiter {
+            Some(waiter) if waiter.other() == other => waiter,
+            slot => {
+                let events = self
+                    .sources
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, source)| !source.hung_up)
+                    .map(|(index, source)| (index, source.event.fd.as_raw_fd()));
+                slot.insert(Waiter::new(events, other).map_err(PerfError::Poll)?)
             }
-            return Err(PerfError::Poll(error));
-        }
-        for (source, fd) in self.sources.iter_mut().zip(&fds) {
-            if fd.revents & (libc::POLLHUP | libc::POLLNVAL | libc::POLLERR) != 0 {
+        };
+        let sources = &self.sources;
+        let woken = waiter
+            .wait(timeout, |index| {
+                sources.get(index).map(|source| source.event.fd.as_raw_fd())
+            })
+            .map_err(PerfError::Poll)?;
+        for index in woken.hung_up {
+            if let Some(source) = self.sources.get_mut(index) {
                 source.hung_up = true;
             }
         }
@@ -612,6 +619,75 @@ mod tests {
         assert!(
             wake_ups * per_half_buffer * 2 >= samples,
             "{wake_ups} wake-ups for {samples} samples: the buffers filled unread"
+        );
+    }
+
+    /// Every exiting child of a profiled process kicks the event it
+    /// inherited. With the BPF ring buffer in the same set, holding records
+    /// nobody has read yet (as it nearly always does), poll(2) returned at
+    /// each kick: a loop turn per exiting process. The edge-triggered set
+    /// sleeps through them and returns for the hang-up.
+    #[test]
+    fn exits_of_profiled_children_do_not_wake_the_reader() {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        const CHILDREN: usize = 40;
+        let spec = crate::events::parse_events("sCPU freq=99").unwrap()[0];
+        let options = EventOptions {
+            stack_sample_size: 8,
+            include_kernel: false,
+            kernel_stacks: false,
+        };
+        // Waits for a line, so that its children inherit the events.
+        let mut shell = Command::new("sh")
+            .args([
+                "-c",
+                &format!(
+                    "read go; i=0; while [ $i -lt {CHILDREN} ]; do /bin/true; i=$((i+1)); done"
+                ),
+            ])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let events =
+            events::open_all(&[spec], Scope::Process(shell.id() as i32), &options).unwrap();
+        let mut engine = PerfEngine::new(events, PerfEngineOptions::default()).unwrap();
+        // Stands for the BPF ring buffer: readable, and nobody reads it.
+        let (ring, mut ring_writer) = std::io::pipe().unwrap();
+        ring_writer.write_all(b"record").unwrap();
+        // The data that was there when the set was made counts as new once.
+        engine
+            .wait_with(Some(ring.as_raw_fd()), Duration::from_secs(1))
+            .unwrap();
+        shell.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let mut wake_ups = 0;
+        let mut exits = 0;
+        loop {
+            engine
+                .wait_with(Some(ring.as_raw_fd()), Duration::from_secs(5))
+                .unwrap();
+            wake_ups += 1;
+            let hung_up = engine.read_ahead();
+            exits += engine
+                .reorder
+                .take_ready(None)
+                .iter()
+                .filter(|record| {
+                    matches!(record, Record::Process(crate::process::ProcessEvent::Exit { pid, tid }) if pid == tid)
+                })
+                .count();
+            if hung_up || wake_ups > 4 * CHILDREN {
+                break;
+            }
+        }
+        assert!(shell.wait().unwrap().success());
+        assert!(
+            wake_ups <= 3,
+            "{wake_ups} wake-ups for {exits} exiting processes"
+        );
+        assert!(
+            exits >= CHILDREN,
+            "{exits} exits recorded: the children did not inherit the events"
         );
     }
 
