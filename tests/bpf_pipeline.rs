@@ -39,6 +39,8 @@ fn embedded_program_counts_samples_of_a_busy_process() {
         program
             .attach(fd)
             .expect("PERF_EVENT_IOC_SET_BPF attaches to the event");
+        // Opened disabled, for an engine to enable once set up.
+        fd.enable().expect("PERF_EVENT_IOC_ENABLE");
     }
     std::thread::sleep(Duration::from_millis(800));
     let seen = program.counter(BpfCounter::Seen).unwrap();

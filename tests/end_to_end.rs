@@ -3,12 +3,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use ddprof_tests::ddprof_bin;
 use ddprof_tests::e2e::{self, folded, run, Scratch};
 use ddprof_tests::guards::KillOnDrop;
+use ddprof_tests::launcher::Lines;
 use ddprof_tests::outputs::{go_pprof, pprof_files, summary_fields as summary};
-use ddprof_tests::workloads::build_workload;
+use ddprof_tests::workloads::{build_workload, resume, spawn_stopped};
 
 /// [`ddprof`] with `--engine ENGINE`, for the shared scenarios.
 fn ddprof_with_engine(engine: &str) -> impl Fn(&Path) -> Command + '_ {
@@ -163,32 +165,50 @@ fn stack_shares(stacks: &[(Vec<String>, u64)]) -> HashMap<String, f64> {
 
 #[test]
 fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
-    // Both engines profile the very same run of the workload (`-p`).
+    // Both engines profile the very same run of the workload (`-p`), which
+    // waits, stopped before its exec, until both have attached: each sees
+    // the whole run. (Started at once, the engine whose start-up took longer
+    // under the suite's load missed the start, and with it a stretch of the
+    // threads' varying shares: 54 % vs 49 % once.)
     let threads = build_workload("threads.c");
-    let mut workload = Command::new(&threads)
-        .arg("3")
-        .spawn()
-        .expect("the workload starts");
+    let mut workload = KillOnDrop(spawn_stopped(&threads, &["3"]));
     let pid = workload.id().to_string();
     let outputs: Vec<(&str, Scratch)> = ["bpf", "perf"]
         .into_iter()
         .map(|e| (e, Scratch::new(&format!("diff-{e}"))))
         .collect();
-    let profilers: Vec<_> = outputs
+    let mut profilers: Vec<_> = outputs
         .iter()
         .map(|(engine, out)| {
-            ddprof(&out.0)
+            let mut profiler = ddprof_tests::ddprof_command()
+                .args(["-l", "info", "--output"])
+                .arg(&out.0)
                 .args(["--engine", engine, "-e", "sCPU freq=999", "-p", &pid])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
                 .spawn()
-                .expect("ddprof starts")
+                .expect("ddprof starts");
+            let stderr = Lines::new(profiler.stderr.take().unwrap());
+            (KillOnDrop(profiler), stderr)
         })
         .collect();
+    for ((engine, _), (_, stderr)) in outputs.iter().zip(&mut profilers) {
+        assert!(
+            stderr
+                .find("profiler started:", Duration::from_secs(30))
+                .is_some(),
+            "{engine}: {:?}",
+            stderr.seen
+        );
+    }
+    resume(&workload);
     assert!(workload.wait().unwrap().success());
     let mut shares = Vec::new();
-    for ((engine, out), profiler) in outputs.iter().zip(profilers) {
-        let output = profiler.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "{engine}: {stderr}");
+    for ((engine, out), (mut profiler, mut stderr)) in outputs.iter().zip(profilers) {
+        let status = profiler.wait().unwrap();
+        let stderr = stderr.rest(Duration::from_secs(30)).join("\n");
+        assert!(status.success(), "{engine}: {stderr}");
         let summary = summary(&stderr);
         assert!(summary["samples"] > 1000, "{engine}: {summary:?}");
         shares.push(stack_shares(&folded(&out.0)));

@@ -102,6 +102,7 @@ impl Sampler {
                     fd: event.fd.try_clone()?,
                     cpu: event.cpu,
                     spec: event.spec,
+                    enable_when_mapped: event.enable_when_mapped,
                 })
             })
             .collect::<Result<Vec<EventFd>, std::io::Error>>()

@@ -185,6 +185,11 @@ impl BpfEngine {
         let attaching = Instant::now();
         for event in &events {
             engine.program.attach(event)?;
+            // Enabled already when a perf engine maps these events' buffers
+            // first (the sampler): enabling again changes nothing.
+            if event.enable_when_mapped {
+                event.enable().map_err(BpfError::Attach)?;
+            }
         }
         let ms = |time: Duration| time.as_secs_f64() * 1e3;
         log::info!(

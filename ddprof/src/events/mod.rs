@@ -7,7 +7,7 @@
 //! Non-sample records (mmap2, comm, fork, exit, lost) still reach the ring
 //! buffer in both cases.
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use perf_event_open_sys as sys;
@@ -116,6 +116,26 @@ pub struct EventFd {
     /// The CPU it counts on (-1 for any).
     pub cpu: i32,
     pub spec: EventSpec,
+    /// Opened disabled, for whoever maps its buffer to enable once it has
+    /// ([`EventFd::enable`]): the kernel drops the records an event writes
+    /// while it has no buffer, and a `-p` target that exec'd in that window
+    /// kept its old image in the table for good (its exec and mmap records
+    /// were gone). `Scope::Process` and `Scope::Global`; the launcher's
+    /// events wait for the exec instead.
+    pub enable_when_mapped: bool,
+}
+
+impl EventFd {
+    /// Starts the event counting (`PERF_EVENT_IOC_ENABLE`; its inherited
+    /// copies in tasks created since follow).
+    pub fn enable(&self) -> io::Result<()> {
+        // SAFETY: ENABLE takes no argument memory; the descriptor is open.
+        let result = unsafe { sys::ioctls::ENABLE(self.fd.as_raw_fd(), 0) };
+        if result < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -231,8 +251,11 @@ pub fn attributes(
             attr.set_enable_on_exec(1);
             attr.set_inherit(1);
         }
-        Scope::Process(_) => attr.set_inherit(1),
-        Scope::Global => {}
+        Scope::Process(_) => {
+            attr.set_disabled(1);
+            attr.set_inherit(1);
+        }
+        Scope::Global => attr.set_disabled(1),
     }
     attr
 }
@@ -289,6 +312,7 @@ pub fn open(
         fd,
         cpu,
         spec: *spec,
+        enable_when_mapped: !matches!(scope, Scope::SelfOnExec),
     })
 }
 
@@ -395,6 +419,11 @@ mod tests {
         // SAFETY: freq mode was set, so the union holds sample_freq.
         assert_eq!(unsafe { attr.__bindgen_anon_1.sample_freq }, 999);
         assert_eq!(attributes(&spec, Scope::Global, &options).inherit(), 0);
+        // Enabled once their buffers are mapped (EventFd::enable_when_mapped).
+        for scope in [Scope::Process(1), Scope::Global] {
+            let attr = attributes(&spec, scope, &options);
+            assert_eq!((attr.disabled(), attr.enable_on_exec()), (1, 0));
+        }
     }
 
     #[test]

@@ -191,7 +191,13 @@ pub fn receive_events(socket: &OwnedFd, specs: &[EventSpec]) -> Result<Vec<Event
             let spec = *specs
                 .get(spec_index as usize)
                 .ok_or(HandoffError::Malformed("unknown event spec"))?;
-            events.push(EventFd { fd, cpu, spec });
+            events.push(EventFd {
+                fd,
+                cpu,
+                spec,
+                // Opened by the launcher: enabled by its exec.
+                enable_when_mapped: false,
+            });
         }
     }
     Ok(events)
@@ -311,6 +317,7 @@ mod tests {
                 fd: event.fd.try_clone().unwrap(),
                 cpu: -1,
                 spec: specs[0],
+                enable_when_mapped: false,
             })
             .collect();
         let (launcher, _daemon) = channel().unwrap();

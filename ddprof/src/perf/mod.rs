@@ -98,6 +98,8 @@ pub enum PerfError {
         kib: usize,
         source: io::Error,
     },
+    #[error("cannot enable the perf event on CPU {cpu}: {source}")]
+    Enable { cpu: i32, source: io::Error },
     #[error("waiting on the perf events failed (epoll): {0}")]
     Poll(io::Error),
 }
@@ -185,6 +187,14 @@ impl PerfEngine {
                 ring,
                 hung_up: false,
             });
+        }
+        for source in &sources {
+            if source.event.enable_when_mapped {
+                source.event.enable().map_err(|error| PerfError::Enable {
+                    cpu: source.event.cpu,
+                    source: error,
+                })?;
+            }
         }
         log::debug!(
             "perf engine: {} events, {} KiB ring buffer each",

@@ -130,12 +130,6 @@ impl Profiler {
         events: Vec<EventFd>,
     ) -> Result<Self, ProfilerError> {
         let mut processes = ProcessTable::new();
-        if let Target::Pid(pid) = target {
-            // Mappings that existed before the events were opened.
-            if let Err(error) = processes.load_from_proc(pid) {
-                log::warn!("cannot read /proc/{pid}: {error}");
-            }
-        }
         // The running processes, to size the maps and load their tables
         // before their first sample. (A launched command has not exec'd
         // yet: its mappings come with its exec's records.)
@@ -145,6 +139,16 @@ impl Profiler {
             Target::Global => all_pids(),
         };
         let sampler = Sampler::start(&options.sampler, events, workload_pids, &processes)?;
+        if let Target::Pid(pid) = target {
+            // What the target maps, read once the sampler has mapped the
+            // events' buffers and enabled them: an exec after this read is
+            // in the records, one before it in what was read. (Read before,
+            // an exec in between was in neither, and the table kept the old
+            // image for good.)
+            if let Err(error) = processes.load_from_proc(pid) {
+                log::warn!("cannot read /proc/{pid}: {error}");
+            }
+        }
         // Kernel addresses are readable only until the set-up capabilities
         // are dropped.
         let copying = Instant::now();
