@@ -113,7 +113,17 @@ impl<'a> Cursor<'a> {
 }
 
 /// Decodes one whole record (header included).
+#[cfg(test)]
 pub fn parse(bytes: &[u8]) -> Result<TimedRecord, MalformedRecord> {
+    parse_reusing(bytes, &mut Vec::new())
+}
+
+/// [`parse`], copying a sample's stack into one of `spare_stacks` (the
+/// buffers of samples already unwound) rather than a new allocation.
+pub fn parse_reusing(
+    bytes: &[u8],
+    spare_stacks: &mut Vec<Vec<u8>>,
+) -> Result<TimedRecord, MalformedRecord> {
     let mut cursor = Cursor::new(bytes, 0);
     let short = |kind| MalformedRecord::Short {
         kind,
@@ -131,7 +141,7 @@ pub fn parse(bytes: &[u8]) -> Result<TimedRecord, MalformedRecord> {
         });
     }
     if kind == sys::PERF_RECORD_SAMPLE {
-        let sample = parse_sample(&mut cursor).ok_or(short(kind))?;
+        let sample = parse_sample(&mut cursor, spare_stacks).ok_or(short(kind))?;
         return Ok(TimedRecord {
             time: sample.time,
             record: Record::Sample(sample),
@@ -217,7 +227,7 @@ pub fn parse(bytes: &[u8]) -> Result<TimedRecord, MalformedRecord> {
     })
 }
 
-fn parse_sample(cursor: &mut Cursor<'_>) -> Option<RawSample> {
+fn parse_sample(cursor: &mut Cursor<'_>, spare_stacks: &mut Vec<Vec<u8>>) -> Option<RawSample> {
     let ip = cursor.u64()?;
     let pid = cursor.u32()?;
     let tid = cursor.u32()?;
@@ -252,7 +262,10 @@ fn parse_sample(cursor: &mut Cursor<'_>) -> Option<RawSample> {
         let data = cursor.take(stack_size)?;
         // Only the first dyn_size bytes were copied from the thread's stack.
         let valid = usize::try_from(cursor.u64()?).ok()?.min(stack_size);
-        data[..valid].to_vec()
+        let mut stack = spare_stacks.pop().unwrap_or_default();
+        stack.clear();
+        stack.extend_from_slice(&data[..valid]);
+        stack
     };
     Some(RawSample {
         ip,
@@ -422,6 +435,22 @@ pub(crate) mod tests {
             assert_eq!(regs.register(register), Some(0xa000 + u64::from(register)));
         }
         assert_eq!(sample.stack, stack[..40]);
+    }
+
+    /// A spare buffer from an earlier, deeper sample holds only this
+    /// sample's valid bytes afterwards.
+    #[test]
+    fn a_reused_stack_buffer_holds_only_the_new_samples_bytes() {
+        let mut spare = vec![vec![0xaa_u8; 100]];
+        let reused = spare[0].as_ptr();
+        let stack: Vec<u8> = (0..64).collect();
+        let record = sample_record(42, 1234, &stack, 40);
+        let Record::Sample(sample) = parse_reusing(&record, &mut spare).unwrap().record else {
+            panic!("not a sample")
+        };
+        assert_eq!(sample.stack, stack[..40]);
+        assert_eq!(sample.stack.as_ptr(), reused);
+        assert!(spare.is_empty());
     }
 
     #[test]
