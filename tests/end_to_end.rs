@@ -166,8 +166,9 @@ fn stack_shares(stacks: &[(Vec<String>, u64)]) -> HashMap<String, f64> {
 #[test]
 fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
     // Both engines profile the very same run of the workload (`-p`), which
-    // waits, stopped before its exec, until both have attached: each sees
-    // the whole run. (Started at once, the engine whose start-up took longer
+    // waits, stopped before its exec, until both have set up (events mapped
+    // and enabled: `start-up: done`): each sees the whole run. (Started at
+    // once, the engine whose start-up took longer
     // under the suite's load missed the start, and with it a stretch of the
     // threads' varying shares: 54 % vs 49 % once.)
     let threads = build_workload("threads.c");
@@ -196,7 +197,7 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
     for ((engine, _), (_, stderr)) in outputs.iter().zip(&mut profilers) {
         assert!(
             stderr
-                .find("profiler started:", Duration::from_secs(30))
+                .find("start-up: done", Duration::from_secs(30))
                 .is_some(),
             "{engine}: {:?}",
             stderr.seen
