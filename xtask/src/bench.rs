@@ -201,6 +201,28 @@ struct RunResult {
     output_bytes: Option<u64>,
 }
 
+impl RunResult {
+    /// One line of this run's figures, so that the log shows the spread
+    /// behind each median.
+    fn summary(&self) -> String {
+        let mut line = format!(
+            "  wall {:.3} s, workload CPU {:.1} ms",
+            self.wall.as_secs_f64(),
+            self.workload_cpu.as_secs_f64() * 1e3
+        );
+        if let Some(cpu) = self.tool_cpu {
+            line += &format!(", tool CPU {:.1} ms", cpu.as_secs_f64() * 1e3);
+        }
+        if let Some(samples) = self.samples {
+            line += &format!(", {samples} samples");
+        }
+        if let Some(rss) = self.peak_rss_kib {
+            line += &format!(", peak RSS {:.1} MiB", rss as f64 / 1024.0);
+        }
+        line
+    }
+}
+
 /// A cgroup of its own for one run: counts the CPU of every process in it.
 struct Cgroup {
     path: PathBuf,
@@ -1462,6 +1484,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 match run_once(tool, line, out, &run_id, &context) {
                     Ok(mut result) => {
                         result.output_bytes = Some(dir_size(out));
+                        say(&result.summary());
                         outcomes.entry((tool, *freq)).or_default().push(result);
                     }
                     Err(error) => {
