@@ -99,8 +99,9 @@ fn poll_as_the_sampler_does(
     if engine.sync_due(processes, young) {
         engine.sync_with_young(processes, young);
     }
-    let (batch, finished) = engine
-        .read_samples(Duration::from_millis(100))
+    let mut batch = Vec::new();
+    let finished = engine
+        .read_samples(Duration::from_millis(100), &mut batch)
         .expect("reading the ring buffer works");
     for sample in batch {
         engine.before_sample(processes, sample.pid);

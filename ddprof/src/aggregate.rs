@@ -354,9 +354,21 @@ struct PeriodState {
     samples: Vec<StackSample>,
     sample_ids: FastMap<SampleKey, u32>,
     names: NameTable,
+    thread_names: FastMap<(u32, u32), ThreadNameIds>,
     timeline_events: usize,
     stats: PeriodStats,
     raw_stacks: RawStackCache,
+}
+
+/// The name ids of a thread and of its process, as the process table of
+/// `generation` names them. Names change only with the table, so a thread's
+/// next samples skip the table's and the name table's lookups (four hashes,
+/// two of them of the names) until it changes.
+#[derive(Debug, Clone, Copy)]
+struct ThreadNameIds {
+    generation: u64,
+    process: Option<u32>,
+    thread: Option<u32>,
 }
 
 /// Stacks already normalized this period, by their raw addresses: a stack
@@ -617,10 +629,22 @@ impl Aggregator {
         // The names as they are now, which is as they were at the sample's
         // time: the engines apply the process events up to a sample's time
         // before they deliver it.
-        let process_name = period.names.id(processes.process_name(sample.pid));
-        let thread_name = period
-            .names
-            .id(processes.thread_name(sample.pid, sample.tid));
+        let generation = processes.generation();
+        let names = match period.thread_names.get(&(sample.pid, sample.tid)) {
+            Some(known) if known.generation == generation => *known,
+            _ => {
+                let names = ThreadNameIds {
+                    generation,
+                    process: period.names.id(processes.process_name(sample.pid)),
+                    thread: period
+                        .names
+                        .id(processes.thread_name(sample.pid, sample.tid)),
+                };
+                period.thread_names.insert((sample.pid, sample.tid), names);
+                names
+            }
+        };
+        let (process_name, thread_name) = (names.process, names.thread);
         let key = (sample.pid, sample.tid, stack, process_name, thread_name);
         let index = *period.sample_ids.entry(key).or_insert_with(|| {
             period.samples.push(StackSample {
@@ -815,6 +839,44 @@ mod tests {
         assert_eq!(counts, [2, 1, 1, 1], "the repeated stack is counted twice");
         let middle = |sample: &StackSample| period.stacks[sample.stack as usize][150];
         assert_ne!(middle(&period.samples[0]), middle(&period.samples[1]));
+    }
+
+    #[test]
+    fn a_thread_renamed_between_two_samples_is_counted_under_each_name() {
+        let mut table = table();
+        table.fork(10, 10, 11);
+        table.set_comm(10, 11, "before", false);
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let leaf = |tid| sample(tid, vec![0x10100], StackEnd::Complete);
+        aggregator.add(&table, &leaf(11));
+        aggregator.add(&table, &leaf(10));
+        // prctl(PR_SET_NAME) in thread 11: its name changes, nothing else.
+        table.set_comm(10, 11, "after", false);
+        aggregator.add(&table, &leaf(11));
+        aggregator.add(&table, &leaf(10));
+        let now = SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        let mut named: Vec<(u32, Option<&str>, Option<&str>, u64)> = period
+            .samples
+            .iter()
+            .map(|s| {
+                (
+                    s.tid,
+                    s.process_name.as_deref(),
+                    s.thread_name.as_deref(),
+                    s.count,
+                )
+            })
+            .collect();
+        named.sort();
+        assert_eq!(
+            named,
+            [
+                (10, Some("proc"), Some("proc"), 2),
+                (11, Some("proc"), Some("after"), 1),
+                (11, Some("proc"), Some("before"), 1)
+            ]
+        );
     }
 
     #[test]

@@ -164,8 +164,7 @@ impl Sampler {
                 // Wakes for the BPF ring buffer and for the perf buffers,
                 // which receive the samples the program hands over.
                 records.wait_with(Some(samples.ring_fd()), timeout.min(BPF_MAX_POLL))?;
-                let (batch, workload_gone) = samples.read_samples(Duration::ZERO)?;
-                pending.extend(batch);
+                let workload_gone = samples.read_samples(Duration::ZERO, pending)?;
                 // Records of other CPUs may still be on their way: samples
                 // newer than this wait for the next poll.
                 let cutoff = settled_time();
@@ -183,7 +182,7 @@ impl Sampler {
                 let young = records.pids_with_new_code();
                 if samples.sync_due(processes, &young) {
                     let preview = |pids: &_| records.preview(processes, pids);
-                    let young = samples.read_young(&young, preview);
+                    let young = samples.read_young(processes, &young, preview);
                     // A thread that keeps the perf buffers drained only for
                     // a sync that may compile tables: spawning it for every
                     // new process (a compiler driver's jobs) cost more than
@@ -244,9 +243,8 @@ impl Sampler {
                 records,
                 pending,
             } => {
-                match samples.read_samples(Duration::ZERO) {
-                    Ok((batch, _)) => pending.extend(batch),
-                    Err(error) => log::warn!("{error}"),
+                if let Err(error) = samples.read_samples(Duration::ZERO, pending) {
+                    log::warn!("{error}");
                 }
                 deliver_merged(samples, records, pending, processes, false, 0, on_sample);
                 records.flush(processes, on_sample);

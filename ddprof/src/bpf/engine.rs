@@ -107,6 +107,11 @@ pub struct BpfEngine {
     pub(super) syncing: Vec<ContentKey>,
     /// Processes the program handed to the perf engine, not synced yet.
     pub(super) handed_off: HashSet<u32>,
+    /// Processes named by `HANDOFF_NOTICE` records since the last sync,
+    /// still in the program's `HANDED_OFF` map (see [`BpfEngine::sync_due`]).
+    pub(super) noticed: Vec<u32>,
+    /// When `HANDED_OFF` was last walked.
+    pub(super) handed_off_walked: Option<Instant>,
     /// Per process, a fingerprint of the table's mappings when last synced
     /// (so that a sync of unchanged processes costs no table lookups).
     pub(super) fingerprints: HashMap<u32, u64>,
@@ -170,6 +175,8 @@ impl BpfEngine {
             synced: HashMap::new(),
             syncing: Vec::new(),
             handed_off: HashSet::new(),
+            noticed: Vec::new(),
+            handed_off_walked: None,
             fingerprints: HashMap::new(),
             dirty: HashSet::new(),
             synced_generation: None,
@@ -267,27 +274,31 @@ impl BpfEngine {
         }
     }
 
-    /// Waits up to `timeout` for samples and returns them, in the order the
-    /// program wrote them, without looking at any process table (for a loop
-    /// that merges them with the perf records by time: the sampler calls
-    /// [`BpfEngine::before_sample`] for each and [`BpfEngine::sync_with_young`]
-    /// after the batch).
+    /// Waits up to `timeout` for samples and appends them to `samples` (the
+    /// caller's vector, which keeps its capacity from poll to poll) in the
+    /// order the program wrote them, without looking at any process table
+    /// (for a loop that merges them with the perf records by time: the
+    /// sampler calls [`BpfEngine::before_sample`] for each and
+    /// [`BpfEngine::sync_with_young`] after the batch).
     /// The flag says that every workload process had exited before.
-    pub fn read_samples(&mut self, timeout: Duration) -> Result<(Vec<Sample>, bool), BpfError> {
+    pub fn read_samples(
+        &mut self,
+        timeout: Duration,
+        samples: &mut Vec<Sample>,
+    ) -> Result<bool, BpfError> {
         let finished = self.workload_gone();
         if !finished && !timeout.is_zero() {
             self.wait(timeout)?;
         }
-        let mut samples = Vec::new();
         while let Some(item) = self.ring.next() {
             match decode(&item, &mut self.spare_frames) {
                 Some(Record::Sample(sample)) => samples.push(sample),
-                // The process is in `HANDED_OFF`, which the next sync reads.
-                Some(Record::HandoffNotice) => {}
+                // The next sync describes it and takes it out of `HANDED_OFF`.
+                Some(Record::HandoffNotice { pid }) => self.noticed.push(pid),
                 None => self.malformed += 1,
             }
         }
-        Ok((samples, finished))
+        Ok(finished)
     }
 
     /// Takes back a delivered sample's frame vectors for the next samples.

@@ -3,6 +3,7 @@
 //! they map (loaded on first use, freed when room is needed).
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ddprof_common::bpf_maps::{
     MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, TABLE_NOT_LOADED,
@@ -14,6 +15,10 @@ use super::load::{BpfError, MapProblem};
 use crate::files::{ContentKey, MappedFile};
 use crate::process::ProcessTable;
 use crate::unwind::LoadSegment;
+
+/// How long a process the program handed over, whose notice record was
+/// dropped (ring buffer full), may wait to be described.
+const HANDED_OFF_WALK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Counters of the table loading, for reports and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +92,7 @@ impl BpfEngine {
         if !self.sync_due(processes, young) {
             return;
         }
-        let young = self.read_young(young, |_| ProcessTable::new());
+        let young = self.read_young(processes, young, |_| ProcessTable::new());
         self.sync_read_young(processes, young);
     }
 
@@ -98,14 +103,29 @@ impl BpfEngine {
     /// describe them (those it can: it leaves the others out); the others,
     /// and the handed-off processes no queued record describes (the table
     /// may be missing what the program looked for), are read from `/proc`.
+    ///
+    /// A handed-off process that `processes` describes otherwise than its
+    /// entry in the map (records applied since its last sync: a process
+    /// that just exec'd) is not read: the sync writes it from `processes`,
+    /// which says what the program was missing. Reading `/proc/PID/maps`
+    /// (the kernel formats it anew) cost ~5 % of the loop's work on a
+    /// workload that starts a process every 30 ms.
     pub fn read_young(
         &mut self,
+        processes: &ProcessTable,
         young: &HashSet<u32>,
         preview: impl FnOnce(&HashSet<u32>) -> ProcessTable,
     ) -> YoungProcesses {
         let mut table = preview(young);
         let mut pids = young.clone();
-        pids.extend(self.handed_off.drain());
+        for pid in self.handed_off.drain() {
+            let newer_in_table = processes.get(pid).is_some_and(|process| {
+                self.fingerprints.get(&pid) != Some(&mappings_fingerprint(process))
+            });
+            if !newer_in_table || young.contains(&pid) {
+                pids.insert(pid);
+            }
+        }
         for &pid in &pids {
             if table.get(pid).is_none() {
                 self.table_stats.processes_read_from_proc += 1;
@@ -166,10 +186,28 @@ impl BpfEngine {
 
     /// Whether [`BpfEngine::sync_with_young`] has anything to do: young
     /// processes, processes the program handed over since the last sync,
-    /// or a table that changed. Cheap (one map walk), so that a caller can
-    /// skip setting up for a sync that may be slow.
+    /// or a table that changed. Cheap (at most one map walk), so that a
+    /// caller can skip setting up for a sync that may be slow.
     pub fn sync_due(&mut self, processes: &ProcessTable, young: &HashSet<u32>) -> bool {
-        self.handed_off.extend(self.program.take_handed_off());
+        // The program writes a notice record naming the process when it
+        // adds one to `HANDED_OFF`: taking that process out of the map is
+        // one bpf(2) call, where walking the map costs one per key and one
+        // more (done on every turn of the loop, the walk was ~10 % of the
+        // loop's work on deep stacks at 999 Hz; done per notice, ~8 % of a
+        // process-spawning workload's). The map is still walked every
+        // `HANDED_OFF_WALK_INTERVAL`, for a notice that a full ring buffer
+        // dropped.
+        if !self.noticed.is_empty() {
+            self.program.forget_handed_off(&self.noticed);
+            self.handed_off.extend(self.noticed.drain(..));
+        }
+        let walk_due = self
+            .handed_off_walked
+            .is_none_or(|walked| walked.elapsed() >= HANDED_OFF_WALK_INTERVAL);
+        if walk_due {
+            self.handed_off_walked = Some(Instant::now());
+            self.handed_off.extend(self.program.take_handed_off());
+        }
         !young.is_empty()
             || !self.handed_off.is_empty()
             || self.synced_generation != Some(processes.generation())
@@ -199,13 +237,7 @@ impl BpfEngine {
             self.forget_process(pid);
             return;
         };
-        let fingerprint = process
-            .mappings
-            .iter()
-            .fold(process.mappings.len() as u64, |hash, m| {
-                (hash ^ m.start ^ m.end.rotate_left(17) ^ m.file_offset.rotate_left(31))
-                    .wrapping_mul(0x100_0000_01b3)
-            });
+        let fingerprint = mappings_fingerprint(process);
         if self.synced.contains_key(&pid) && self.fingerprints.get(&pid) == Some(&fingerprint) {
             return;
         }
@@ -410,6 +442,8 @@ impl BpfEngine {
         self.fingerprints.clear();
         self.dirty.clear();
         self.handed_off.clear();
+        self.noticed.clear();
+        self.handed_off_walked = None;
         self.read_from_proc.clear();
         self.synced_generation = None;
         self.sync_with_young(processes, &HashSet::new());
@@ -445,4 +479,16 @@ impl BpfEngine {
     ) -> Option<Vec<ddprof_common::unwind::UnwindRow>> {
         self.rows.rows(first_row, rows)
     }
+}
+
+/// A hash of a process's mappings: equal when its entry would be written
+/// the same (so that a sync of unchanged processes costs no table lookups).
+fn mappings_fingerprint(process: &crate::process::Process) -> u64 {
+    process
+        .mappings
+        .iter()
+        .fold(process.mappings.len() as u64, |hash, m| {
+            (hash ^ m.start ^ m.end.rotate_left(17) ^ m.file_offset.rotate_left(31))
+                .wrapping_mul(0x100_0000_01b3)
+        })
 }

@@ -390,11 +390,14 @@ impl Worker {
         self.metadata
             .comments
             .extend(CacheFigures::comments(&caches));
+        let encoding = Instant::now();
         let encoded = encode_pprof_compressed(&symbolized, &self.metadata, self.compressions)
             .map_err(ProfilerError::from)?;
+        let encode_time = encoding.elapsed();
         log::info!(
-            "period: {overhead}; symbolized in {:.1} ms, pprof {} bytes",
+            "period: {overhead}; symbolized in {:.1} ms, encoded in {:.1} ms, pprof {} bytes",
             symbolize_time.as_secs_f64() * 1e3,
+            encode_time.as_secs_f64() * 1e3,
             encoded
                 .gzip
                 .as_ref()
