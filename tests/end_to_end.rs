@@ -42,6 +42,79 @@ fn the_perf_engine_wraps_the_chain_workload_into_pprof_flamegraph_and_folded_sta
     e2e::wraps_the_chain_workload(&ddprof_with_engine("perf"), "perf");
 }
 
+/// The unwind tables a run compiles are kept in the cache directory, and a
+/// later run of either engine reads them instead of compiling them; a
+/// stored table that is damaged is compiled again and written anew, and
+/// every run's stacks are whole.
+#[test]
+fn a_later_run_reads_the_unwind_tables_an_earlier_run_compiled() {
+    let chain = build_workload("chain.c");
+    let cache = Scratch::new("table-store");
+    let profile = |engine: &str| {
+        let out = Scratch::new(&format!("table-store-{engine}"));
+        let (output, stderr) = run(ddprof_tests::ddprof_command()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .arg("--output")
+            .arg(&out.0)
+            .args(["-l", "debug", "--engine", engine, "--debug-cache"])
+            .arg(&cache.0)
+            .args(["-e", "sCPU freq=999", "--"])
+            .arg(&chain)
+            .arg("1"));
+        assert!(output.status.success(), "{stderr}");
+        let summary = summary(&stderr);
+        assert!(summary["samples"] > 300, "{summary:?}");
+        assert!(
+            summary["full_stacks"] * 100 >= summary["samples"] * 99,
+            "{engine}: {summary:?}"
+        );
+        stderr
+    };
+    let read_from_store = format!("unwind table of {} read from the store", chain.display());
+    let stored = || -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(cache.0.join("unwind"))
+            .map(|prefixes| {
+                prefixes
+                    .flatten()
+                    .flat_map(|prefix| std::fs::read_dir(prefix.path()).into_iter().flatten())
+                    .flatten()
+                    .map(|file| file.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        files
+    };
+
+    let first = profile("bpf");
+    assert!(!first.contains("read from the store"), "{first}");
+    let written = stored();
+    // The workload, libc, ld.so, at least.
+    assert!(written.len() >= 3, "{written:?}");
+
+    for engine in ["perf", "bpf"] {
+        let later = profile(engine);
+        assert!(later.contains(&read_from_store), "{engine}:\n{later}");
+        assert_eq!(stored(), written, "nothing is written again");
+    }
+
+    // One flipped byte in every stored table: each is compiled again (the
+    // run's stacks still whole) and written anew for the next run.
+    for path in &written {
+        let mut bytes = std::fs::read(path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x40;
+        std::fs::write(path, &bytes).unwrap();
+    }
+    let damaged = profile("bpf");
+    assert!(!damaged.contains(&read_from_store), "{damaged}");
+    assert!(damaged.contains("is stale or corrupt"), "{damaged}");
+    let after = profile("perf");
+    assert!(after.contains(&read_from_store), "{after}");
+}
+
 #[test]
 fn children_that_exit_before_the_flush_are_symbolized() {
     let forker = build_workload("forker.c");

@@ -74,10 +74,20 @@ pub struct RawSampleHeader {
 /// `stack_end` of a header-only record that is not a sample: the program
 /// met a process whose entry does not describe its code (a process that
 /// just started or exec'd), handed its sample to the perf engine, and wakes
-/// the reader at once to describe the process, so that the process's next
-/// samples are unwound in the kernel. Sent once per process until the
-/// reader has taken the handed-off processes (`HANDED_OFF`).
+/// the reader at once to describe the process (the header's `pid`), so that
+/// the process's next samples are unwound in the kernel. Sent at most once
+/// per [`HANDOFF_NOTICE_INTERVAL_NS`] per process (`HANDED_OFF` holds when
+/// each was last named).
 pub const HANDOFF_NOTICE: u32 = 0xFFFF_0001;
+
+/// The least time between two notices naming the same process. The reader
+/// describes a process within a poll of its notice; a process handed over
+/// again soon after is one whose new mappings its records will bring to the
+/// next poll anyway, or one the maps cannot describe (a table that does not
+/// fit), which would otherwise wake the reader at every sample. A notice
+/// lost with the ring buffer full is made good by the next hand-over after
+/// this interval.
+pub const HANDOFF_NOTICE_INTERVAL_NS: u64 = 100_000_000;
 
 /// Bytes of [`RawSampleHeader`] in a record.
 pub const RAW_SAMPLE_HEADER_SIZE: usize = core::mem::size_of::<RawSampleHeader>();

@@ -38,7 +38,8 @@ use ddprof_common::bpf_maps::{
     MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK, TABLE_NOT_LOADED,
 };
 use ddprof_common::sample::{
-    BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, HANDOFF_NOTICE, MAX_KERNEL_FRAMES,
+    BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, HANDOFF_NOTICE, HANDOFF_NOTICE_INTERVAL_NS,
+    MAX_KERNEL_FRAMES,
     MAX_RECORD_FRAMES, MAX_USER_FRAMES, RAW_SAMPLE_HEADER_SIZE,
 };
 use ddprof_common::unwind::{
@@ -67,11 +68,10 @@ static PROCESSES: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(1024
 #[map]
 static ROWS: Array<RowChunk> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// Processes whose samples were handed to the perf engine because the
-/// process map did not describe them: userspace reads their mappings from
-/// `/proc` at its next poll and clears the entries.
+/// When (`bpf_ktime_get_ns`) the program last named each process in a
+/// `HANDOFF_NOTICE` record; only the program reads and writes it.
 #[map]
-static HANDED_OFF: LruHashMap<u32, u32> = LruHashMap::with_max_entries(1024, 0);
+static HANDED_OFF: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
 
 /// Set by the loader: collect kernel stacks (non-zero) or not.
 #[no_mangle]
@@ -261,7 +261,7 @@ fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> Sav
             // The kernel writes the sample with the user registers and
             // stack it saved at kernel entry, which the perf engine unwinds.
             SavedRegs::HandOff => {
-                let _ = hand_off(pid);
+                count(BpfCounter::HandedToPerf);
                 return Start::Done(1);
             }
         }
@@ -733,16 +733,26 @@ fn read_user_u64(addr: u64) -> Option<u64> {
     (result == 0).then_some(value)
 }
 
-/// [`hand_off`], and the first time a process is handed off (since
-/// userspace last took the list) a `HANDOFF_NOTICE` record that wakes the
-/// reader at once: a process that just started or exec'd (a compiler job, a
-/// shell command) would otherwise be gone before the reader's next timed
-/// poll describes it, and all its samples would take the perf engine's path.
+/// Counts a sample handed to the perf engine and, unless it named the
+/// process less than `HANDOFF_NOTICE_INTERVAL_NS` ago, writes a
+/// `HANDOFF_NOTICE` record naming it that wakes the reader at once: a
+/// process that just started or exec'd (a compiler job, a shell command)
+/// would otherwise be gone before the reader's next timed poll describes
+/// it, and all its samples would take the perf engine's path. The reader
+/// never touches `HANDED_OFF` (each bpf(2) call of its own cost more than
+/// the rest of a new process's sync on a VM).
 #[inline(always)]
 fn hand_off_waking_reader(pid: u32) {
-    if !hand_off(pid) {
-        return;
+    count(BpfCounter::HandedToPerf);
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: the value is read at once, not kept.
+    if let Some(&named) = unsafe { HANDED_OFF.get(&pid) } {
+        if now.wrapping_sub(named) < HANDOFF_NOTICE_INTERVAL_NS {
+            return;
+        }
     }
+    let _ = HANDED_OFF.insert(&pid, &now, 0);
     let Some(record) = SCRATCH.get_ptr_mut(0) else {
         return;
     };
@@ -763,18 +773,6 @@ fn hand_off_waking_reader(pid: u32) {
             BPF_RB_FORCE_WAKEUP as u64,
         )
     };
-}
-
-/// Counts a sample handed to the perf engine and tells userspace which
-/// process needs its mappings in the process map. Returns whether the
-/// process is new there (userspace has not been told yet).
-#[inline(always)]
-fn hand_off(pid: u32) -> bool {
-    count(BpfCounter::HandedToPerf);
-    // SAFETY: the value is only tested for presence, not kept.
-    let told = unsafe { HANDED_OFF.get(&pid) }.is_some();
-    let _ = HANDED_OFF.insert(&pid, &1, 0);
-    !told
 }
 
 #[inline(always)]

@@ -20,9 +20,10 @@ use crate::events::EventFd;
 use crate::perf::{settled_time, PerfEngine, PerfEngineOptions, PerfError};
 use crate::process::ProcessTable;
 use crate::sample::Sample;
+use crate::unwind::TableStore;
 
 /// What the sampler needs to know from the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SamplerOptions {
     /// `--engine`: auto, bpf or perf.
     pub engine: EngineChoice,
@@ -35,6 +36,9 @@ pub struct SamplerOptions {
     /// samples taken in the kernel (the perf engine's come with the
     /// records: [`crate::events::EventOptions::kernel_stacks`]).
     pub kernel_stacks: bool,
+    /// Where both engines keep the unwind tables they compile for later
+    /// runs (`--debug-cache`), if anywhere.
+    pub table_store: Option<TableStore>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,9 +112,11 @@ impl Sampler {
             .collect::<Result<Vec<EventFd>, std::io::Error>>()
             .map_err(SamplerError::Duplicate)?;
         let mut perf = PerfEngine::new(duplicates, options.perf)?;
+        perf.use_table_store(options.table_store.clone());
         let bpf_options = BpfEngineOptions {
             kernel_stacks: options.kernel_stacks,
             ring_buffer_bytes: options.bpf_ring_buffer_bytes,
+            table_store: options.table_store.clone(),
             workload_pids,
             ..BpfEngineOptions::default()
         };

@@ -22,6 +22,7 @@ use crate::files::{ContentKey, MappedFile};
 use crate::process::ProcessTable;
 use crate::sample::{LossCounters, Sample};
 use crate::unwind::cache::TableCache;
+use crate::unwind::TableStore;
 
 /// Bytes of the BPF ring buffer when the sampling rate is not known: room
 /// for ~800 samples of 80 frames, several polls' worth at 999 Hz on a few
@@ -73,6 +74,8 @@ pub struct BpfEngineOptions {
     /// The program variant; `None`: the one the kernel runs (or
     /// `DDPROF_BPF_VARIANT`), see [`choose_variant`].
     pub variant: Option<BpfVariant>,
+    /// Where compiled unwind tables are kept for later runs, if anywhere.
+    pub table_store: Option<TableStore>,
 }
 
 impl Default for BpfEngineOptions {
@@ -85,6 +88,7 @@ impl Default for BpfEngineOptions {
             table_rows: None,
             max_table_bytes: DEFAULT_MAX_TABLE_BYTES,
             variant: None,
+            table_store: None,
         }
     }
 }
@@ -105,13 +109,9 @@ pub struct BpfEngine {
     pub(super) synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
     /// The tables of the entry being written by `sync_process` so far.
     pub(super) syncing: Vec<ContentKey>,
-    /// Processes the program handed to the perf engine, not synced yet.
+    /// Processes the program handed to the perf engine and named in a
+    /// `HANDOFF_NOTICE` record, not synced yet.
     pub(super) handed_off: HashSet<u32>,
-    /// Processes named by `HANDOFF_NOTICE` records since the last sync,
-    /// still in the program's `HANDED_OFF` map (see [`BpfEngine::sync_due`]).
-    pub(super) noticed: Vec<u32>,
-    /// When `HANDED_OFF` was last walked.
-    pub(super) handed_off_walked: Option<Instant>,
     /// Per process, a fingerprint of the table's mappings when last synced
     /// (so that a sync of unchanged processes costs no table lookups).
     pub(super) fingerprints: HashMap<u32, u64>,
@@ -136,7 +136,7 @@ impl BpfEngine {
         if events.is_empty() {
             return Err(BpfError::NoEvents);
         }
-        let mut compiler = TableCache::with_limit(64 << 20);
+        let mut compiler = TableCache::with_limit(64 << 20).with_store(options.table_store.clone());
         let sizing = Instant::now();
         let (snapshot, table_rows, processes, proc_time) =
             size_for_workload(&mut compiler, &options);
@@ -175,8 +175,6 @@ impl BpfEngine {
             synced: HashMap::new(),
             syncing: Vec::new(),
             handed_off: HashSet::new(),
-            noticed: Vec::new(),
-            handed_off_walked: None,
             fingerprints: HashMap::new(),
             dirty: HashSet::new(),
             synced_generation: None,
@@ -293,8 +291,10 @@ impl BpfEngine {
         while let Some(item) = self.ring.next() {
             match decode(&item, &mut self.spare_frames) {
                 Some(Record::Sample(sample)) => samples.push(sample),
-                // The next sync describes it and takes it out of `HANDED_OFF`.
-                Some(Record::HandoffNotice { pid }) => self.noticed.push(pid),
+                // The next sync describes it.
+                Some(Record::HandoffNotice { pid }) => {
+                    self.handed_off.insert(pid);
+                }
                 None => self.malformed += 1,
             }
         }

@@ -469,35 +469,6 @@ impl BpfProgram {
         })
     }
 
-    /// The processes the program handed samples of to the perf engine since
-    /// the last call (and clears the list).
-    pub(super) fn take_handed_off(&mut self) -> Vec<u32> {
-        let Some(mut map) = self.handed_off_map() else {
-            return Vec::new();
-        };
-        let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
-        for pid in &pids {
-            let _ = map.remove(pid);
-        }
-        pids
-    }
-
-    /// Takes `pids`, which notice records named, out of the program's
-    /// `HANDED_OFF` set, so that the program names each again the next
-    /// time it hands one of its samples over.
-    pub(super) fn forget_handed_off(&mut self, pids: &[u32]) {
-        if let Some(mut map) = self.handed_off_map() {
-            for pid in pids {
-                let _ = map.remove(pid);
-            }
-        }
-    }
-
-    fn handed_off_map(&mut self) -> Option<aya::maps::HashMap<&mut MapData, u32, u32>> {
-        let map = self.ebpf.map_mut(names::HANDED_OFF)?;
-        aya::maps::HashMap::<&mut MapData, u32, u32>::try_from(map).ok()
-    }
-
     /// What the maps take in the kernel.
     pub fn memory(&self) -> MapMemory {
         let process_value = std::mem::size_of::<ProcessMappings>();

@@ -3,7 +3,6 @@
 //! they map (loaded on first use, freed when room is needed).
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use ddprof_common::bpf_maps::{
     MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, TABLE_NOT_LOADED,
@@ -15,10 +14,6 @@ use super::load::{BpfError, MapProblem};
 use crate::files::{ContentKey, MappedFile};
 use crate::process::ProcessTable;
 use crate::unwind::LoadSegment;
-
-/// How long a process the program handed over, whose notice record was
-/// dropped (ring buffer full), may wait to be described.
-const HANDED_OFF_WALK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Counters of the table loading, for reports and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -97,8 +92,8 @@ impl BpfEngine {
     }
 
     /// The first half of [`BpfEngine::sync_with_young`], after
-    /// [`BpfEngine::sync_due`] (which takes the processes the program handed
-    /// to the perf engine from its map): those and the young processes.
+    /// [`BpfEngine::sync_due`]: the processes the program named in hand-off
+    /// notices and the young processes.
     /// `preview` gives the young processes as the records read so far
     /// describe them (those it can: it leaves the others out); the others,
     /// and the handed-off processes no queued record describes (the table
@@ -185,29 +180,10 @@ impl BpfEngine {
     }
 
     /// Whether [`BpfEngine::sync_with_young`] has anything to do: young
-    /// processes, processes the program handed over since the last sync,
-    /// or a table that changed. Cheap (at most one map walk), so that a
-    /// caller can skip setting up for a sync that may be slow.
-    pub fn sync_due(&mut self, processes: &ProcessTable, young: &HashSet<u32>) -> bool {
-        // The program writes a notice record naming the process when it
-        // adds one to `HANDED_OFF`: taking that process out of the map is
-        // one bpf(2) call, where walking the map costs one per key and one
-        // more (done on every turn of the loop, the walk was ~10 % of the
-        // loop's work on deep stacks at 999 Hz; done per notice, ~8 % of a
-        // process-spawning workload's). The map is still walked every
-        // `HANDED_OFF_WALK_INTERVAL`, for a notice that a full ring buffer
-        // dropped.
-        if !self.noticed.is_empty() {
-            self.program.forget_handed_off(&self.noticed);
-            self.handed_off.extend(self.noticed.drain(..));
-        }
-        let walk_due = self
-            .handed_off_walked
-            .is_none_or(|walked| walked.elapsed() >= HANDED_OFF_WALK_INTERVAL);
-        if walk_due {
-            self.handed_off_walked = Some(Instant::now());
-            self.handed_off.extend(self.program.take_handed_off());
-        }
+    /// processes, processes the program named in hand-off notices since
+    /// the last sync, or a table that changed. Cheap (no system call), so
+    /// that a caller can skip setting up for a sync that may be slow.
+    pub fn sync_due(&self, processes: &ProcessTable, young: &HashSet<u32>) -> bool {
         !young.is_empty()
             || !self.handed_off.is_empty()
             || self.synced_generation != Some(processes.generation())
@@ -442,8 +418,6 @@ impl BpfEngine {
         self.fingerprints.clear();
         self.dirty.clear();
         self.handed_off.clear();
-        self.noticed.clear();
-        self.handed_off_walked = None;
         self.read_from_proc.clear();
         self.synced_generation = None;
         self.sync_with_young(processes, &HashSet::new());

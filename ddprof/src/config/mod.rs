@@ -158,7 +158,7 @@ pub struct Cli {
     #[arg(short = 'I', long, env = "DD_PROFILING_INLINED_FUNCTIONS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub inlined_functions: bool,
 
-    /// Keep decompressed copies of compressed split debug files here, so that later runs need not inflate them again; `none` keeps none (default `$XDG_CACHE_HOME/ddprof`, else `~/.cache/ddprof`)
+    /// Keep ddprof's caches here (decompressed copies of compressed split debug files, and in `unwind/` the unwind tables compiled from files with a build id), so that later runs need not build them again; `none` keeps none (default `$XDG_CACHE_HOME/ddprof`, else `~/.cache/ddprof`)
     #[arg(long, env = "DD_PROFILING_DEBUG_CACHE")]
     pub debug_cache: Option<PathBuf>,
 
@@ -421,8 +421,9 @@ impl Cli {
         }
     }
 
-    /// Where decompressed debug files are kept: `--debug-cache`, `none`
-    /// for nowhere, else the user's cache directory (nowhere without one).
+    /// Where decompressed debug files and compiled unwind tables are kept:
+    /// `--debug-cache`, `none` for nowhere, else the user's cache directory
+    /// (nowhere without one).
     pub fn debug_cache_dir(&self) -> Option<PathBuf> {
         let env_dir = |name: &str| {
             std::env::var_os(name)

@@ -8,6 +8,7 @@ use crate::perf::{default_ring_buffer_bytes, PerfEngineOptions, MAX_USER_FRAMES}
 use crate::profiler::{ProfilerOptions, WorkerOptions};
 use crate::sampler::SamplerOptions;
 use crate::symbolize::SymbolizerOptions;
+use crate::unwind::TableStore;
 
 use super::export::{export_options, ExportConfigError};
 use super::Cli;
@@ -70,6 +71,10 @@ pub fn resolve_with(
                 crate::bpf::ring_buffer_bytes_for_rate(samples_per_second(&events))
             }),
             kernel_stacks,
+            // Beside the debug copies: one directory of ddprof's caches.
+            table_store: cli
+                .debug_cache_dir()
+                .map(|dir| TableStore::new(dir.join("unwind"))),
         },
         aggregator: AggregatorOptions::new(cli.timeline),
         symbolizer: SymbolizerOptions {

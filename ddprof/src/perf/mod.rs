@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::events::EventFd;
 use crate::process::ProcessTable;
 use crate::sample::{LossCounters, Sample, StackEnd};
-use crate::unwind::Unwinder;
+use crate::unwind::{TableStore, Unwinder};
 
 pub use ddprof_common::sample::MAX_USER_FRAMES;
 use record::{Record, TimedRecord};
@@ -369,12 +369,19 @@ impl PerfEngine {
         outcome
     }
 
-    /// Samples dropped by the kernel, throttling and unreadable records so far.
+    /// Reads unwind tables from `store` before compiling them, and keeps
+    /// the ones it compiles there for later runs.
+    pub fn use_table_store(&mut self, store: Option<TableStore>) {
+        let tables = std::mem::take(self.unwinder.tables());
+        *self.unwinder.tables() = tables.with_store(store);
+    }
+
     /// Its bounded caches, for the overhead report.
     pub fn cache_figures(&self) -> crate::overhead::CacheFigures {
         self.unwinder.table_cache().figures("perf_unwind_tables")
     }
 
+    /// Samples dropped by the kernel, throttling and unreadable records so far.
     pub fn losses(&self) -> LossCounters {
         self.losses
     }

@@ -2,6 +2,7 @@
 //! (and every mapping) of that file, within a bounded memory budget.
 use super::compile::{compile_elf, CompileError, UnwindTable};
 use super::debug_file;
+use super::store::{FileStamp, StoreKey, TableStore};
 use crate::files::{open_mapped, ContentKey, MappedFile, OpenedFile};
 use crate::process::Mapping;
 use object::read::elf::ElfFile64;
@@ -76,7 +77,10 @@ enum FileSlot {
 /// Counters for reports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Tables compiled from the files' CFI.
     pub tables_built: u64,
+    /// Tables read from the [`TableStore`] instead.
+    pub tables_from_store: u64,
     pub tables_shared: u64,
     pub tables_evicted: u64,
     pub files_failed: u64,
@@ -90,6 +94,8 @@ pub struct TableCache {
     cached_bytes: usize,
     clock: u64,
     stats: CacheStats,
+    /// Where compiled tables are kept for later runs, if anywhere.
+    store: Option<TableStore>,
 }
 
 /// Failed files remembered at most (beyond it, they are retried).
@@ -110,7 +116,15 @@ impl TableCache {
             cached_bytes: 0,
             clock: 0,
             stats: CacheStats::default(),
+            store: None,
         }
+    }
+
+    /// Reads tables from `store` before compiling them, and writes there
+    /// the ones it compiles (files with a build id).
+    pub fn with_store(mut self, store: Option<TableStore>) -> Self {
+        self.store = store;
+        self
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -175,6 +189,7 @@ impl TableCache {
     /// Uses `table` for `file` instead of reading the file (tables built
     /// elsewhere, e.g. from bytes in memory, and tests).
     pub fn preload(&mut self, file: Arc<MappedFile>, key: ContentKey, table: UnwindTable) {
+        self.stats.tables_built += 1;
         let cached = self.insert(key, table);
         self.files.insert(file, FileSlot::Table(cached));
     }
@@ -241,7 +256,24 @@ impl TableCache {
             build_id.as_deref(),
             debuglink.as_deref(),
         );
-        let debug_cache = debug_file::open(&root, &candidates, metadata.ino()).map(ReadCache::new);
+        let debug_file = debug_file::open(&root, &candidates, metadata.ino());
+        let store_key = build_id.map(|build_id| StoreKey {
+            build_id,
+            debug_file: debug_file
+                .as_ref()
+                .and_then(|file| file.metadata().ok())
+                .map(|metadata| FileStamp::of(&metadata)),
+        });
+        let stored = match (&self.store, &store_key) {
+            (Some(store), Some(store_key)) => store.load(store_key),
+            _ => None,
+        };
+        if let Some(table) = stored {
+            log::debug!("unwind table of {} read from the store", mapped.path);
+            self.stats.tables_from_store += 1;
+            return Ok(self.insert(key, table));
+        }
+        let debug_cache = debug_file.map(ReadCache::new);
         // The file is whatever the target mapped: a bug that its bytes
         // trigger in a parser must cost this file's table, not the profiler.
         let table = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -249,6 +281,16 @@ impl TableCache {
         }))
         .unwrap_or(Err(CompileError::Corrupt))
         .map_err(compile_error)?;
+        self.stats.tables_built += 1;
+        if let (Some(store), Some(store_key)) = (&self.store, &store_key) {
+            if let Err(error) = store.save(store_key, &table) {
+                log::debug!(
+                    "unwind table store: cannot keep the table of {} in {}: {error}",
+                    mapped.path,
+                    store.dir().display()
+                );
+            }
+        }
         Ok(self.insert(key, table))
     }
 
@@ -276,6 +318,7 @@ impl TableCache {
             path: "[vdso]".into(),
             source,
         })?;
+        self.stats.tables_built += 1;
         Ok(self.insert(key, table))
     }
 
@@ -286,7 +329,6 @@ impl TableCache {
             last_used: AtomicU64::new(self.clock),
         });
         register_live_table(&cached);
-        self.stats.tables_built += 1;
         self.adopt(cached)
     }
 

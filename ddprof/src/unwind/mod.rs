@@ -10,10 +10,12 @@ pub mod cache;
 pub mod compile;
 pub mod debug_file;
 mod plt;
+pub mod store;
 
 pub use cache::{CachedTable, TableCache};
 pub use compile::{compile_elf, CompileError, LoadSegment, UnwindTable};
 pub use ddprof_common::unwind::{Regs, RowKind, StepResult, UnwindRow};
+pub use store::TableStore;
 
 use crate::process::{Mapping, ProcessTable};
 use crate::sample::StackEnd;
