@@ -212,6 +212,16 @@ impl Sampler {
         on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) {
         self.drain(processes, on_sample);
+        if let Engine::Perf(engine) = &self.engine {
+            let counters = engine.sample_counters();
+            log::info!(
+                "perf engine: {} samples, {} of them unwound in place in the ring buffer, \
+                 {} from a copy of their stack (their process had new code waiting)",
+                counters.samples,
+                counters.unwound_in_place,
+                counters.samples - counters.unwound_in_place
+            );
+        }
         if let Engine::Bpf {
             samples, records, ..
         } = &self.engine

@@ -13,6 +13,7 @@ mod ring;
 mod tracking;
 mod wait;
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
@@ -122,6 +123,10 @@ pub struct SampleCounters {
     pub samples: u64,
     /// Samples whose unwind reached the thread's root (`StackEnd::Complete`).
     pub complete: u64,
+    /// Samples unwound as they were read, from their stacks in place in
+    /// the buffer (the others were copied out first: see
+    /// `PerfEngine::drain_buffers`).
+    pub unwound_in_place: u64,
 }
 
 struct Source {
@@ -138,8 +143,11 @@ pub struct PerfEngine {
     /// Records reassembled from both ends of a buffer (for tests).
     wrapped_records: u64,
     scratch: Vec<u8>,
-    /// The frames of the sample being delivered, reused for the next.
-    frames: Vec<u64>,
+    /// Each buffer's head as [`PerfEngine::drain_buffers`] read it.
+    heads: Vec<u64>,
+    /// Frame vectors of delivered samples, reused by the next samples
+    /// unwound (which may wait in the queue, frames and all).
+    spare_frames: Vec<Vec<u64>>,
     /// Stack copies of unwound samples, reused by the next records read:
     /// a copy is up to `stack_sample_size` (32 KB), and allocating and
     /// freeing one per sample was ~6 % of the engine's CPU on chain at
@@ -214,8 +222,9 @@ impl PerfEngine {
             reorder: Reorder::default(),
             wrapped_records: 0,
             scratch: Vec::new(),
+            heads: Vec::new(),
             spare_stacks: Vec::new(),
-            frames: Vec::with_capacity(options.max_frames),
+            spare_frames: Vec::new(),
             tracker: ProcessTracker::default(),
             losses: LossCounters::default(),
             counters: SampleCounters::default(),
@@ -272,7 +281,7 @@ impl PerfEngine {
         // Anything timestamped before this has been written by the time the
         // buffers are read below.
         let cutoff = settled_time();
-        self.drain_buffers();
+        self.drain_buffers(Some(processes));
         let finished = self.all_hung_up();
         Ok(self.deliver(
             processes,
@@ -290,7 +299,7 @@ impl PerfEngine {
         processes: &mut ProcessTable,
         on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) -> PollOutcome {
-        self.drain_buffers();
+        self.drain_buffers(Some(processes));
         let finished = self.all_hung_up();
         self.deliver(processes, None, finished, on_sample)
     }
@@ -301,7 +310,7 @@ impl PerfEngine {
     /// and reads the records another engine's samples are merged with.
     /// Returns whether every event has hung up.
     pub fn read_ahead(&mut self) -> bool {
-        self.drain_buffers();
+        self.drain_buffers(None);
         self.all_hung_up()
     }
 
@@ -332,7 +341,7 @@ impl PerfEngine {
         time: u64,
         on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) -> PollOutcome {
-        self.drain_buffers();
+        self.drain_buffers(Some(processes));
         let finished = self.all_hung_up();
         self.deliver(processes, Some(time), finished, on_sample)
     }
@@ -353,10 +362,18 @@ impl PerfEngine {
         for record in self.reorder.take_ready(cutoff) {
             match record {
                 Record::Sample(raw) => {
-                    let sample = self.unwind(processes, raw);
+                    self.tracker.before_sample(processes, raw.pid);
+                    let mut unwinding = self.unwinding();
+                    let (sample, stack) = raw.with_view(|view| unwinding.unwind(processes, view));
+                    self.recycle_stack(stack);
                     outcome.samples += 1;
                     on_sample(processes, &sample);
-                    self.frames = sample.frames;
+                    self.recycle_frames(sample.frames);
+                }
+                Record::Unwound(sample) => {
+                    outcome.samples += 1;
+                    on_sample(processes, &sample);
+                    self.recycle_frames(sample.frames);
                 }
                 Record::Process(event) => {
                     self.tracker.apply(processes, &event);
@@ -435,80 +452,238 @@ impl PerfEngine {
 
     /// Moves every record in the ring buffers into the reorder queue, counting losses
     /// and malformed records on the way.
-    fn drain_buffers(&mut self) {
+    ///
+    /// With the table (`processes`), samples are unwound as they are read,
+    /// from their stacks in place in the buffer, and wait in the queue as
+    /// frames: copying each stack out (up to 32 KB) so that it could be
+    /// unwound in its turn was a quarter of the engine's CPU at 999 Hz. A
+    /// sample is unwound early only when the table as it is now is the
+    /// table its turn would see for its process:
+    ///
+    /// - the process records of every buffer are read first, and only then
+    ///   the samples: whatever mapped the code a sample ran (an mmap, an
+    ///   exec, a fork, on any CPU) was written before the sample was taken,
+    ///   so for a sample taken before the buffers' heads were read, it is in
+    ///   the queue by then;
+    /// - a sample of a process with such a record still queued (held back
+    ///   for ordering) and older than the sample is copied and unwound in
+    ///   its turn, after that record is applied, as before.
+    ///
+    /// Without the table (reading ahead while another thread uses it), every
+    /// sample is copied.
+    fn drain_buffers(&mut self, processes: Option<&mut ProcessTable>) {
+        let Some(processes) = processes else {
+            let Self {
+                sources,
+                reorder,
+                scratch,
+                spare_stacks,
+                losses,
+                wrapped_records,
+                ..
+            } = self;
+            for source in sources.iter_mut() {
+                let outcome = source.ring.drain(scratch, &mut |bytes| {
+                    queue_record(bytes, reorder, spare_stacks, losses)
+                });
+                note_outcome(source, outcome, wrapped_records, losses);
+            }
+            return;
+        };
+        // A sample written before this was written before the heads below.
+        let heads_read = monotonic_now();
+        let mut heads = std::mem::take(&mut self.heads);
+        heads.clear();
+        heads.extend(self.sources.iter().map(|source| source.ring.head()));
+        // The BPF engine's loop calls this before each of its samples.
+        let nothing_new = self
+            .sources
+            .iter()
+            .zip(&heads)
+            .all(|(source, &head)| source.ring.is_read_up_to(head));
+        if nothing_new {
+            self.heads = heads;
+            return;
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let samples_read = std::cell::Cell::new(false);
+        let not_sample = |header: &[u8; record::HEADER_SIZE]| {
+            let sample = record::is_sample(header);
+            samples_read.set(samples_read.get() | sample);
+            !sample
+        };
+        for (source, &head) in self.sources.iter().zip(&heads) {
+            let (reorder, spare_stacks, losses) =
+                (&mut self.reorder, &mut self.spare_stacks, &mut self.losses);
+            source
+                .ring
+                .scan(head, &mut scratch, &not_sample, &mut |bytes| {
+                    queue_record(bytes, reorder, spare_stacks, losses)
+                });
+        }
+        let new_code = if samples_read.get() {
+            self.reorder.new_code_times()
+        } else {
+            HashMap::new()
+        };
         let Self {
             sources,
             reorder,
-            scratch,
             spare_stacks,
             losses,
             wrapped_records,
+            tracker,
+            unwinder,
+            spare_frames,
+            counters,
+            options,
             ..
         } = self;
-        for source in sources.iter_mut() {
-            let outcome = source
-                .ring
-                .drain(
-                    scratch,
-                    &mut |bytes| match record::parse_reusing(bytes, spare_stacks) {
-                        Ok(TimedRecord { time, record }) => match record {
-                            Record::Lost(count) => losses.lost += count,
-                            Record::Throttle => losses.throttled += 1,
-                            Record::Unthrottle | Record::Ignored(_) => {}
-                            record => reorder.push(time, record),
-                        },
-                        Err(error) => {
-                            log::debug!("skipping a perf record: {error}");
-                            losses.malformed += 1;
-                        }
-                    },
-                );
-            *wrapped_records += outcome.wrapped;
-            if outcome.corrupted {
-                log::warn!(
-                    "the perf ring buffer of the event on CPU {} held an invalid record; skipped its unread data",
-                    source.event.cpu
-                );
-                losses.malformed += 1;
-            }
+        let mut unwinding = Unwinding {
+            unwinder,
+            spare_frames,
+            counters,
+            max_frames: options.max_frames,
+        };
+        for (source, &head) in sources.iter_mut().zip(&heads) {
+            let sample = |header: &[u8; record::HEADER_SIZE]| record::is_sample(header);
+            let outcome = source.ring.scan(head, &mut scratch, &sample, &mut |bytes| {
+                let view = match record::parse_sample_view(bytes) {
+                    Ok(view) => view,
+                    Err(error) => {
+                        log::debug!("skipping a perf record: {error}");
+                        losses.malformed += 1;
+                        return;
+                    }
+                };
+                let settled = view.time < heads_read
+                    && new_code
+                        .get(&view.pid)
+                        .is_none_or(|&new_code_at| new_code_at > view.time);
+                let time = view.time;
+                let record = if settled {
+                    tracker.before_sample(processes, view.pid);
+                    unwinding.counters.unwound_in_place += 1;
+                    Record::Unwound(unwinding.unwind(processes, view))
+                } else {
+                    Record::Sample(view.into_owned_reusing(spare_stacks))
+                };
+                reorder.push(time, record);
+            });
+            source.ring.release(head);
+            note_outcome(source, outcome, wrapped_records, losses);
+        }
+        self.scratch = scratch;
+        self.heads = heads;
+    }
+
+    fn unwinding(&mut self) -> Unwinding<'_> {
+        Unwinding {
+            unwinder: &mut self.unwinder,
+            spare_frames: &mut self.spare_frames,
+            counters: &mut self.counters,
+            max_frames: self.options.max_frames,
         }
     }
 
-    fn unwind(&mut self, processes: &mut ProcessTable, raw: record::RawSample) -> Sample {
-        self.tracker.before_sample(processes, raw.pid);
-        self.frames.clear();
+    /// Keeps a copied stack's buffer for the next copies.
+    fn recycle_stack(&mut self, stack: Vec<u8>) {
+        /// About the samples one wake-up brings (half a buffer of 32
+        /// copies): more would be memory held for nothing.
+        const MAX_SPARE_STACKS: usize = 16;
+        if self.spare_stacks.len() < MAX_SPARE_STACKS && stack.capacity() > 0 {
+            self.spare_stacks.push(stack);
+        }
+    }
+
+    /// Keeps a delivered sample's frame vector for the next samples.
+    fn recycle_frames(&mut self, frames: Vec<u64>) {
+        /// About what a wake-up delivers at 999 Hz on a few CPUs.
+        const MAX_SPARE_FRAMES: usize = 256;
+        if self.spare_frames.len() < MAX_SPARE_FRAMES && frames.capacity() > 0 {
+            self.spare_frames.push(frames);
+        }
+    }
+}
+
+/// What unwinding a sample takes of the engine (borrowed apart from the
+/// buffers, which a sample may be read in place from).
+struct Unwinding<'a> {
+    unwinder: &'a mut Unwinder,
+    spare_frames: &'a mut Vec<Vec<u64>>,
+    counters: &'a mut SampleCounters,
+    max_frames: usize,
+}
+
+impl Unwinding<'_> {
+    /// Unwinds one sample with the table as it is (the caller made sure it
+    /// is the table of the sample's time for its process).
+    fn unwind(&mut self, processes: &ProcessTable, raw: record::SampleView<'_>) -> Sample {
+        let mut frames = self.spare_frames.pop().unwrap_or_default();
+        frames.clear();
         let end = match &raw.regs {
             Some(regs) => self.unwinder.unwind(
                 processes,
                 raw.pid,
                 regs,
-                &raw.stack,
-                self.options.max_frames,
-                &mut self.frames,
+                raw.stack,
+                self.max_frames,
+                &mut frames,
             ),
             None => StackEnd::NoUserContext,
         };
-        let sample = Sample {
+        self.counters.samples += 1;
+        if end.is_complete() {
+            self.counters.complete += 1;
+        }
+        Sample {
             pid: raw.pid,
             tid: raw.tid,
             time: raw.time,
             cpu: raw.cpu,
             weight: raw.period,
-            frames: std::mem::take(&mut self.frames),
+            frames,
             kernel_frames: raw.kernel_frames,
             end,
-        };
-        /// About the samples one wake-up brings (half a buffer of 32
-        /// copies): more would be memory held for nothing.
-        const MAX_SPARE_STACKS: usize = 16;
-        if self.spare_stacks.len() < MAX_SPARE_STACKS && raw.stack.capacity() > 0 {
-            self.spare_stacks.push(raw.stack);
         }
-        self.counters.samples += 1;
-        if end.is_complete() {
-            self.counters.complete += 1;
+    }
+}
+
+/// Parses one record into the queue (or the loss counters).
+fn queue_record(
+    bytes: &[u8],
+    reorder: &mut Reorder,
+    spare_stacks: &mut Vec<Vec<u8>>,
+    losses: &mut LossCounters,
+) {
+    match record::parse_reusing(bytes, spare_stacks) {
+        Ok(TimedRecord { time, record }) => match record {
+            Record::Lost(count) => losses.lost += count,
+            Record::Throttle => losses.throttled += 1,
+            Record::Unthrottle | Record::Ignored(_) => {}
+            record => reorder.push(time, record),
+        },
+        Err(error) => {
+            log::debug!("skipping a perf record: {error}");
+            losses.malformed += 1;
         }
-        sample
+    }
+}
+
+/// Counts what a scan of `source`'s buffer found besides records.
+fn note_outcome(
+    source: &Source,
+    outcome: ring::DrainOutcome,
+    wrapped_records: &mut u64,
+    losses: &mut LossCounters,
+) {
+    *wrapped_records += outcome.wrapped;
+    if outcome.corrupted {
+        log::warn!(
+            "the perf ring buffer of the event on CPU {} held an invalid record; skipped its unread data",
+            source.event.cpu
+        );
+        losses.malformed += 1;
     }
 }
 

@@ -6,6 +6,7 @@ use perf_event_open_sys::bindings as sys;
 
 use crate::events::{self, x86_regs};
 use crate::process::{MappingRecord, ProcessEvent};
+use crate::sample::Sample;
 use crate::unwind::UserRegs;
 
 /// The sample layout this parser decodes. If `events.rs` asks the kernel for
@@ -55,10 +56,82 @@ pub struct RawSample {
     pub kernel_frames: Vec<u64>,
 }
 
+/// A sample record read in place: its stack is the record's own bytes
+/// (in the ring buffer, or in the scratch copy of a record that wrapped).
+#[derive(Debug)]
+pub struct SampleView<'a> {
+    pub ip: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub time: u64,
+    pub cpu: u32,
+    pub period: u64,
+    pub regs: Option<UserRegs>,
+    /// The valid part (`dyn_size` bytes) of the user stack copy.
+    pub stack: &'a [u8],
+    pub kernel_frames: Vec<u64>,
+}
+
+impl SampleView<'_> {
+    /// The sample with its stack copied into one of `spare_stacks` (the
+    /// buffers of samples already unwound) rather than a new allocation.
+    pub fn into_owned_reusing(self, spare_stacks: &mut Vec<Vec<u8>>) -> RawSample {
+        let stack = if self.stack.is_empty() {
+            Vec::new()
+        } else {
+            let mut stack = spare_stacks.pop().unwrap_or_default();
+            stack.clear();
+            stack.extend_from_slice(self.stack);
+            stack
+        };
+        RawSample {
+            ip: self.ip,
+            pid: self.pid,
+            tid: self.tid,
+            time: self.time,
+            cpu: self.cpu,
+            period: self.period,
+            regs: self.regs,
+            stack,
+            kernel_frames: self.kernel_frames,
+        }
+    }
+}
+
+impl RawSample {
+    /// Calls `f` with the sample as a view of its own stack, and gives the
+    /// stack's buffer back for reuse.
+    pub fn with_view<T>(self, f: impl FnOnce(SampleView<'_>) -> T) -> (T, Vec<u8>) {
+        let result = f(SampleView {
+            ip: self.ip,
+            pid: self.pid,
+            tid: self.tid,
+            time: self.time,
+            cpu: self.cpu,
+            period: self.period,
+            regs: self.regs,
+            stack: &self.stack,
+            kernel_frames: self.kernel_frames,
+        });
+        (result, self.stack)
+    }
+}
+
+/// Whether `bytes` (a whole record) is a sample, from its header alone.
+pub fn is_sample(bytes: &[u8]) -> bool {
+    bytes.get(..4).is_some_and(|kind| {
+        u32::from_ne_bytes([kind[0], kind[1], kind[2], kind[3]]) == sys::PERF_RECORD_SAMPLE
+    })
+}
+
 /// What one record means to the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     Sample(RawSample),
+    /// A sample unwound as soon as it was read, from its stack in place in
+    /// the ring buffer (see `PerfEngine::drain_buffers`): it waits in the
+    /// queue for its turn without its stack.
+    Unwound(Sample),
     Process(ProcessEvent),
     /// Samples the kernel could not write (`PERF_RECORD_LOST`, `PERF_RECORD_LOST_SAMPLES`).
     Lost(u64),
@@ -141,7 +214,9 @@ pub fn parse_reusing(
         });
     }
     if kind == sys::PERF_RECORD_SAMPLE {
-        let sample = parse_sample(&mut cursor, spare_stacks).ok_or(short(kind))?;
+        let sample = parse_sample(&mut cursor)
+            .ok_or(short(kind))?
+            .into_owned_reusing(spare_stacks);
         return Ok(TimedRecord {
             time: sample.time,
             record: Record::Sample(sample),
@@ -227,7 +302,27 @@ pub fn parse_reusing(
     })
 }
 
-fn parse_sample(cursor: &mut Cursor<'_>, spare_stacks: &mut Vec<Vec<u8>>) -> Option<RawSample> {
+/// Decodes one whole sample record (header included) without copying its
+/// stack.
+pub fn parse_sample_view(bytes: &[u8]) -> Result<SampleView<'_>, MalformedRecord> {
+    let short = MalformedRecord::Short {
+        kind: sys::PERF_RECORD_SAMPLE,
+        size: bytes.len(),
+    };
+    let declared = bytes
+        .get(6..8)
+        .map(|size| u16::from_ne_bytes([size[0], size[1]]) as usize)
+        .ok_or(short)?;
+    if declared != bytes.len() || declared < HEADER_SIZE || !is_sample(bytes) {
+        return Err(MalformedRecord::BadSize {
+            declared,
+            available: bytes.len(),
+        });
+    }
+    parse_sample(&mut Cursor::new(bytes, HEADER_SIZE)).ok_or(short)
+}
+
+fn parse_sample<'a>(cursor: &mut Cursor<'a>) -> Option<SampleView<'a>> {
     let ip = cursor.u64()?;
     let pid = cursor.u32()?;
     let tid = cursor.u32()?;
@@ -257,17 +352,14 @@ fn parse_sample(cursor: &mut Cursor<'_>, spare_stacks: &mut Vec<Vec<u8>>) -> Opt
     };
     let stack_size = usize::try_from(cursor.u64()?).ok()?;
     let stack = if stack_size == 0 {
-        Vec::new()
+        &[][..]
     } else {
         let data = cursor.take(stack_size)?;
         // Only the first dyn_size bytes were copied from the thread's stack.
         let valid = usize::try_from(cursor.u64()?).ok()?.min(stack_size);
-        let mut stack = spare_stacks.pop().unwrap_or_default();
-        stack.clear();
-        stack.extend_from_slice(&data[..valid]);
-        stack
+        &data[..valid]
     };
-    Some(RawSample {
+    Some(SampleView {
         ip,
         pid,
         tid,

@@ -178,7 +178,31 @@ impl RingBuffer {
         scratch: &mut Vec<u8>,
         on_record: &mut dyn FnMut(&[u8]),
     ) -> DrainOutcome {
-        let head = self.data_head().load(Ordering::Acquire);
+        let head = self.head();
+        let outcome = self.scan(head, scratch, &|_| true, on_record);
+        self.release(head);
+        outcome
+    }
+
+    /// Where the kernel has written up to (free-running): the end for
+    /// [`RingBuffer::scan`] and [`RingBuffer::release`].
+    pub fn head(&self) -> u64 {
+        self.data_head().load(Ordering::Acquire)
+    }
+
+    /// Hands every complete record before `head` whose header `wanted`
+    /// accepts to `on_record`, without freeing their space: the records stay
+    /// where they are, in place, for another scan, until
+    /// [`RingBuffer::release`]. Records that wrap around the end of the
+    /// buffer are reassembled in `scratch` (only the wanted ones: a sample
+    /// is up to 32 KB).
+    pub fn scan(
+        &self,
+        head: u64,
+        scratch: &mut Vec<u8>,
+        wanted: &dyn Fn(&[u8; HEADER_SIZE]) -> bool,
+        on_record: &mut dyn FnMut(&[u8]),
+    ) -> DrainOutcome {
         let mut tail = self.tail;
         let mut outcome = DrainOutcome::default();
         let size = self.data_size as u64;
@@ -186,7 +210,7 @@ impl RingBuffer {
             // The kernel never overwrites unread data in a writable mapping;
             // a head this far ahead means the control page is not what we think.
             outcome.corrupted = true;
-            tail = head;
+            return outcome;
         }
         let data = self.data();
         while tail < head {
@@ -197,10 +221,11 @@ impl RingBuffer {
             let record_size = u16::from_ne_bytes([header[6], header[7]]) as usize;
             if record_size < HEADER_SIZE || record_size > available {
                 outcome.corrupted = true;
-                tail = head;
                 break;
             }
-            if start + record_size <= data.len() {
+            if !wanted(&header) {
+                // Skipped, not read.
+            } else if start + record_size <= data.len() {
                 on_record(&data[start..start + record_size]);
             } else {
                 scratch.clear();
@@ -212,9 +237,19 @@ impl RingBuffer {
             outcome.records += 1;
             tail += record_size as u64;
         }
-        self.tail = tail;
-        self.data_tail().store(tail, Ordering::Release);
         outcome
+    }
+
+    /// Whether every record before `head` has been released already.
+    pub fn is_read_up_to(&self, head: u64) -> bool {
+        self.tail == head
+    }
+
+    /// Frees the space of every record before `head` (what a scan up to
+    /// `head` saw, and whatever a corrupt record kept it from seeing).
+    pub fn release(&mut self, head: u64) {
+        self.tail = head;
+        self.data_tail().store(head, Ordering::Release);
     }
 }
 

@@ -1,6 +1,6 @@
 //! Ordering records across ring buffers, and keeping the process table's
 //! history whole (lazy /proc loads for processes that predate the events).
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::record::Record;
 use crate::process::{ProcessEvent, ProcessTable};
@@ -39,19 +39,25 @@ impl Reorder {
     pub fn pids_with_new_code(&self) -> HashSet<u32> {
         self.pending
             .iter()
-            .filter_map(|pending| match &pending.record {
-                Record::Process(ProcessEvent::Fork { pid, ppid, .. }) if pid != ppid => Some(*pid),
-                Record::Process(ProcessEvent::Comm {
-                    pid, exec: true, ..
-                }) => Some(*pid),
-                Record::Process(ProcessEvent::Map(mapping))
-                    if mapping.prot & libc::PROT_EXEC as u32 != 0 =>
-                {
-                    Some(mapping.pid)
-                }
-                _ => None,
-            })
+            .filter_map(|pending| new_code_of(&pending.record))
             .collect()
+    }
+
+    /// For each process with new code queued (see
+    /// [`Reorder::pids_with_new_code`]), the time of the earliest such
+    /// record: a sample of it taken before then is unwound right by the
+    /// table as it is.
+    pub fn new_code_times(&self) -> HashMap<u32, u64> {
+        let mut times: HashMap<u32, u64> = HashMap::new();
+        for pending in &self.pending {
+            if let Some(pid) = new_code_of(&pending.record) {
+                times
+                    .entry(pid)
+                    .and_modify(|time| *time = (*time).min(pending.time))
+                    .or_insert(pending.time);
+            }
+        }
+        times
     }
 
     /// The processes in `pids` as `processes` will have them once the
@@ -140,6 +146,23 @@ impl Reorder {
             .drain(..ready)
             .map(|pending| pending.record)
             .collect()
+    }
+}
+
+/// The process whose code a record changes: a fork's child, an exec, an
+/// executable mmap.
+fn new_code_of(record: &Record) -> Option<u32> {
+    match record {
+        Record::Process(ProcessEvent::Fork { pid, ppid, .. }) if pid != ppid => Some(*pid),
+        Record::Process(ProcessEvent::Comm {
+            pid, exec: true, ..
+        }) => Some(*pid),
+        Record::Process(ProcessEvent::Map(mapping))
+            if mapping.prot & libc::PROT_EXEC as u32 != 0 =>
+        {
+            Some(mapping.pid)
+        }
+        _ => None,
     }
 }
 
