@@ -1368,7 +1368,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     writeln!(
         report,
         "Medians of {runs} runs per tool and frequency; each workload does `--work {}` (about {} s of CPU) \
-         whatever the frequency.\n\n\
+         whatever the frequency. Each run starts after `sync(2)`, so that the previous run's output \
+         (perf.data: up to 150 MB) is not written back during it; each run's figures are in the \
+         command's log.\n\n\
          - *tool CPU*: CPU of every process in the run's cgroup minus the workload's own CPU \
          (measured by the `measure` wrapper, `xtask/src/measure.c`, a small C program so that \
          the tools, which profile it too, have next to nothing of it to symbolize); for perf, plus the CPU of `perf script` \
@@ -1481,6 +1483,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     run + 1
                 ));
                 let run_id = format!("{}-{tool}-{freq}-{run}", workload.name);
+                // The previous run's output (perf.data: up to 150 MB) is
+                // written back to disk now, not by kernel threads during
+                // this run, whose tools and workload share the 2 CPUs.
+                nix::unistd::sync();
                 match run_once(tool, line, out, &run_id, &context) {
                     Ok(mut result) => {
                         result.output_bytes = Some(dir_size(out));

@@ -364,7 +364,8 @@ impl PerfEngine {
                 Record::Sample(raw) => {
                     self.tracker.before_sample(processes, raw.pid);
                     let mut unwinding = self.unwinding();
-                    let (sample, stack) = raw.with_view(|view| unwinding.unwind(processes, view));
+                    let (sample, stack) =
+                        (*raw).with_view(|view| unwinding.unwind(processes, view));
                     self.recycle_stack(stack);
                     outcome.samples += 1;
                     on_sample(processes, &sample);
@@ -566,7 +567,7 @@ impl PerfEngine {
                     unwinding.counters.unwound_in_place += 1;
                     Record::Unwound(unwinding.unwind(processes, view))
                 } else {
-                    Record::Sample(view.into_owned_reusing(spare_stacks))
+                    Record::Sample(Box::new(view.into_owned_reusing(spare_stacks)))
                 };
                 reorder.push(time, record);
             });

@@ -127,7 +127,9 @@ pub fn is_sample(bytes: &[u8]) -> bool {
 /// What one record means to the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
-    Sample(RawSample),
+    /// A sample with its stack copied (boxed: 248 bytes, where the other
+    /// records are at most 80, and the queue sorts its records by value).
+    Sample(Box<RawSample>),
     /// A sample unwound as soon as it was read, from its stack in place in
     /// the ring buffer (see `PerfEngine::drain_buffers`): it waits in the
     /// queue for its turn without its stack.
@@ -219,7 +221,7 @@ pub fn parse_reusing(
             .into_owned_reusing(spare_stacks);
         return Ok(TimedRecord {
             time: sample.time,
-            record: Record::Sample(sample),
+            record: Record::Sample(Box::new(sample)),
         });
     }
     // Every other record ends with the sample_id trailer.

@@ -22,8 +22,14 @@ pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
 pub struct CachedTable {
     pub table: UnwindTable,
     pub key: ContentKey,
+    /// Unique among the tables this process ever built (never reused, as
+    /// an address would be): keys the unwinder's row cache.
+    pub id: u64,
     last_used: AtomicU64,
 }
+
+/// The next [`CachedTable::id`].
+static NEXT_TABLE_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Every table compiled in this process that some cache still holds, by
 /// content. The BPF engine (for its row map) and the perf engine (for the
@@ -329,6 +335,7 @@ impl TableCache {
         let cached = Arc::new(CachedTable {
             table,
             key,
+            id: NEXT_TABLE_ID.fetch_add(1, Ordering::Relaxed),
             last_used: AtomicU64::new(self.clock),
         });
         register_live_table(&cached);

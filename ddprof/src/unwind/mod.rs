@@ -45,6 +45,60 @@ pub struct UnwindStats {
 pub struct Unwinder {
     tables: TableCache,
     stats: UnwindStats,
+    rows: RowCache,
+}
+
+/// The rules of recently unwound addresses, direct-mapped by (table,
+/// address): the same stacks come back sample after sample, and a binary
+/// search of libc's 23,532 rows per frame was the largest part of the perf
+/// engine's unwinding (framehop keeps such a cache too).
+struct RowCache {
+    slots: Vec<RowCacheSlot>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct RowCacheSlot {
+    /// [`CachedTable::id`]; 0: empty.
+    table: u64,
+    vaddr: u64,
+    /// `None`: no row, or a `NoInfo` row (frame pointers).
+    row: Option<UnwindRow>,
+}
+
+impl RowCache {
+    const SLOTS: usize = 1024;
+
+    fn index(table: u64, vaddr: u64) -> usize {
+        let mixed = (vaddr ^ table.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (mixed >> 54) as usize % Self::SLOTS
+    }
+
+    fn rule(&mut self, table: &CachedTable, vaddr: u64) -> Option<UnwindRow> {
+        let index = Self::index(table.id, vaddr);
+        let slot = self.slots[index];
+        if slot.table == table.id && slot.vaddr == vaddr {
+            return slot.row;
+        }
+        let row = table
+            .table
+            .row_for(vaddr)
+            .filter(|row| row.row_kind() != RowKind::NoInfo)
+            .copied();
+        self.slots[index] = RowCacheSlot {
+            table: table.id,
+            vaddr,
+            row,
+        };
+        row
+    }
+}
+
+impl Default for RowCache {
+    fn default() -> Self {
+        Self {
+            slots: vec![RowCacheSlot::default(); Self::SLOTS],
+        }
+    }
 }
 
 /// How the unwinder will step one frame.
@@ -74,6 +128,7 @@ impl Unwinder {
         Unwinder {
             tables: TableCache::with_limit(bytes),
             stats: UnwindStats::default(),
+            rows: RowCache::default(),
         }
     }
 
@@ -235,9 +290,9 @@ impl Unwinder {
         else {
             return FrameRule::FramePointer;
         };
-        match table.table.row_for(pc.wrapping_sub(*bias)) {
-            Some(row) if row.row_kind() != RowKind::NoInfo => FrameRule::Row(*row),
-            _ => FrameRule::FramePointer,
+        match self.rows.rule(table, pc.wrapping_sub(*bias)) {
+            Some(row) => FrameRule::Row(row),
+            None => FrameRule::FramePointer,
         }
     }
 

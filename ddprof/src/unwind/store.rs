@@ -16,7 +16,7 @@
 //! and the least recently used go once the directory holds more than
 //! [`STORE_MAX_BYTES`].
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -99,7 +99,13 @@ impl TableStore {
     /// compiled from the same files.
     pub fn load(&self, key: &StoreKey) -> Option<UnwindTable> {
         let path = self.path_of(&key.build_id)?;
-        let bytes = fs::read(&path).ok()?;
+        let mut file = fs::File::open(&path).ok()?;
+        // No table is larger than the whole store may be.
+        if file.metadata().ok()?.len() > STORE_MAX_BYTES {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).ok()?;
         let table = decode(&bytes, key);
         if table.is_some() {
             // Marks it recently used for the eviction order.

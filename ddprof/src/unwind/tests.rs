@@ -1217,3 +1217,62 @@ fn plt_entry_after_its_push() {
     assert_eq!(end, StackEnd::Complete);
     assert_eq!(frames, vec![0x3016, 0x1250, 0x1305]);
 }
+
+/// The row cache gives what a search of the table gives, whatever fills
+/// its slots first: every address of two tables whose rows differ at the
+/// same addresses, looked up in two interleaved rounds (the second hits the
+/// cache, or a slot the other table took since).
+#[test]
+fn the_row_cache_answers_as_the_table_does() {
+    let table_of = |offset: i32| UnwindTable {
+        rows: (0..64u32)
+            .map(|i| {
+                let mut row = UnwindRow::with_kind(0x1000 + i * 16, RowKind::Cfa);
+                row.cfa_offset = 8 + offset + i as i32;
+                row
+            })
+            .chain([UnwindRow::with_kind(0x1400, RowKind::NoInfo)])
+            .collect(),
+        segments: vec![LoadSegment {
+            file_offset: 0,
+            vaddr: 0,
+            file_size: 0x2000,
+        }],
+        stats: CompileStats::default(),
+    };
+    let mut cache = TableCache::default();
+    let mut tables = Vec::new();
+    for (n, offset) in [(1u64, 0), (2, 1000)] {
+        let file = Arc::new(crate::files::MappedFile {
+            path: format!("/row-cache/{n}"),
+            dev: 0,
+            inode: n,
+        });
+        cache.preload(
+            file.clone(),
+            ContentKey::BuildId(format!("row-cache-{n}").into_bytes()),
+            table_of(offset),
+        );
+        let mapping = Mapping {
+            start: 0x10000,
+            end: 0x12000,
+            file_offset: 0,
+            file,
+        };
+        tables.push(cache.table_for_mapping(1, &mapping).unwrap().0);
+    }
+    assert_ne!(tables[0].id, tables[1].id);
+    let mut rows = RowCache::default();
+    for _round in 0..2 {
+        for vaddr in 0xff0..0x1420u64 {
+            for table in &tables {
+                let expected = table
+                    .table
+                    .row_for(vaddr)
+                    .filter(|row| row.row_kind() != RowKind::NoInfo)
+                    .copied();
+                assert_eq!(rows.rule(table, vaddr), expected, "{vaddr:#x}");
+            }
+        }
+    }
+}
