@@ -9,7 +9,8 @@
 //! marks deleted ones. Used by unwinding, aggregation and symbolization.
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 /// Which file a mapping maps: its path as the kernel named it at mmap time,
 /// its device and inode (0 when unknown). The process table shares one per
@@ -208,4 +209,41 @@ fn open_path(path: &str, held: Option<&std::fs::File>) -> String {
         Some(file) => format!("/proc/self/fd/{}", file.as_raw_fd()),
         None => path.to_string(),
     }
+}
+
+/// Removes the least recently modified files of `root/*/` (a directory of
+/// prefix directories, as `.build-id/xx/` lays them out) until they take at
+/// most `max_bytes`, never `keep`; returns the files removed. The caches
+/// kept on disk (decompressed debug files, compiled unwind tables) bound
+/// themselves with it, each marking the files it uses as modified.
+pub fn remove_least_recently_used(root: &Path, max_bytes: u64, keep: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
+    let Ok(prefixes) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    for prefix in prefixes.flatten() {
+        let Ok(entries) = std::fs::read_dir(prefix.path()) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            let modified = metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            files.push((modified, metadata.len(), entry.path()));
+        }
+    }
+    let mut total: u64 = files.iter().map(|(_, size, _)| size).sum();
+    files.sort();
+    let mut removed = Vec::new();
+    for (_, size, path) in files {
+        if total <= max_bytes {
+            break;
+        }
+        if path != keep && std::fs::remove_file(&path).is_ok() {
+            total -= size;
+            removed.push(path);
+        }
+    }
+    removed
 }

@@ -38,9 +38,10 @@ const SAMPLE_ID_SIZE: usize = 24;
 /// Offset of the time inside the `sample_id` trailer.
 const SAMPLE_ID_TIME_OFFSET: usize = 8;
 
-/// A sample as the kernel wrote it, before unwinding.
+/// A sample as the kernel wrote it, before unwinding, its stack held as
+/// `S`: a copy ([`RawSample`]) or the record's own bytes ([`SampleView`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawSample {
+pub struct SampleRecord<S> {
     pub ip: u64,
     pub pid: u32,
     pub tid: u32,
@@ -50,26 +51,46 @@ pub struct RawSample {
     /// `None` when the kernel had no user context (`PERF_SAMPLE_REGS_ABI_NONE`).
     pub regs: Option<UserRegs>,
     /// The valid part (`dyn_size` bytes) of the user stack copy, from `regs.sp` up.
-    pub stack: Vec<u8>,
+    pub stack: S,
     /// Kernel program counters, innermost first (only with kernel stacks
     /// asked for, and for samples taken in the kernel).
     pub kernel_frames: Vec<u64>,
 }
 
-/// A sample record read in place: its stack is the record's own bytes
-/// (in the ring buffer, or in the scratch copy of a record that wrapped).
-#[derive(Debug)]
-pub struct SampleView<'a> {
-    pub ip: u64,
-    pub pid: u32,
-    pub tid: u32,
-    pub time: u64,
-    pub cpu: u32,
-    pub period: u64,
-    pub regs: Option<UserRegs>,
-    /// The valid part (`dyn_size` bytes) of the user stack copy.
-    pub stack: &'a [u8],
-    pub kernel_frames: Vec<u64>,
+/// A sample with its stack copied out of the ring buffer.
+pub type RawSample = SampleRecord<Vec<u8>>;
+
+/// A sample record read in place: its stack is the record's own bytes (in
+/// the ring buffer, or in the scratch copy of a record that wrapped).
+pub type SampleView<'a> = SampleRecord<&'a [u8]>;
+
+impl<S> SampleRecord<S> {
+    /// The same sample with its stack as `stack`.
+    fn with_stack<T>(self, stack: T) -> (SampleRecord<T>, S) {
+        let SampleRecord {
+            ip,
+            pid,
+            tid,
+            time,
+            cpu,
+            period,
+            regs,
+            stack: old,
+            kernel_frames,
+        } = self;
+        let record = SampleRecord {
+            ip,
+            pid,
+            tid,
+            time,
+            cpu,
+            period,
+            regs,
+            stack,
+            kernel_frames,
+        };
+        (record, old)
+    }
 }
 
 impl SampleView<'_> {
@@ -84,17 +105,7 @@ impl SampleView<'_> {
             stack.extend_from_slice(self.stack);
             stack
         };
-        RawSample {
-            ip: self.ip,
-            pid: self.pid,
-            tid: self.tid,
-            time: self.time,
-            cpu: self.cpu,
-            period: self.period,
-            regs: self.regs,
-            stack,
-            kernel_frames: self.kernel_frames,
-        }
+        self.with_stack(stack).0
     }
 }
 
@@ -102,18 +113,10 @@ impl RawSample {
     /// Calls `f` with the sample as a view of its own stack, and gives the
     /// stack's buffer back for reuse.
     pub fn with_view<T>(self, f: impl FnOnce(SampleView<'_>) -> T) -> (T, Vec<u8>) {
-        let result = f(SampleView {
-            ip: self.ip,
-            pid: self.pid,
-            tid: self.tid,
-            time: self.time,
-            cpu: self.cpu,
-            period: self.period,
-            regs: self.regs,
-            stack: &self.stack,
-            kernel_frames: self.kernel_frames,
-        });
-        (result, self.stack)
+        let (record, stack) = self.with_stack(());
+        let (view, ()) = record.with_stack(stack.as_slice());
+        let result = f(view);
+        (result, stack)
     }
 }
 

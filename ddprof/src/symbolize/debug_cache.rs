@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{Object, ObjectSection};
 
-use crate::files::build_id_debug_path;
+use crate::files::{build_id_debug_path, remove_least_recently_used};
 
 /// Total size of the copies kept; the least recently used go first.
 pub const CACHE_MAX_BYTES: u64 = 1 << 30;
@@ -136,32 +136,8 @@ impl DebugCache {
     /// Removes the least recently used copies until the cache holds at most
     /// `max_bytes` (never `keep`, the copy just written).
     fn evict_beyond(&self, max_bytes: u64, keep: &Path) {
-        let mut copies: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
-        let Ok(prefixes) = fs::read_dir(self.dir.join(".build-id")) else {
-            return;
-        };
-        for prefix in prefixes.flatten() {
-            let Ok(files) = fs::read_dir(prefix.path()) else {
-                continue;
-            };
-            for file in files.flatten() {
-                let Ok(metadata) = file.metadata() else {
-                    continue;
-                };
-                let modified = metadata.modified().unwrap_or(std::time::UNIX_EPOCH);
-                copies.push((modified, metadata.len(), file.path()));
-            }
-        }
-        let mut total: u64 = copies.iter().map(|(_, size, _)| size).sum();
-        copies.sort();
-        for (_, size, path) in copies {
-            if total <= max_bytes {
-                break;
-            }
-            if path != keep && fs::remove_file(&path).is_ok() {
-                log::info!("debug cache: removed {} (over 1 GiB)", path.display());
-                total -= size;
-            }
+        for path in remove_least_recently_used(&self.dir.join(".build-id"), max_bytes, keep) {
+            log::info!("debug cache: removed {} (over 1 GiB)", path.display());
         }
     }
 }

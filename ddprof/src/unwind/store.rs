@@ -24,6 +24,7 @@ use std::time::SystemTime;
 use ddprof_common::unwind::UnwindRow;
 
 use super::compile::{CompileStats, LoadSegment, UnwindTable};
+use crate::files::remove_least_recently_used;
 
 /// Total size of the stored tables; the least recently used go first.
 pub const STORE_MAX_BYTES: u64 = 256 << 20;
@@ -142,39 +143,12 @@ impl TableStore {
     /// Removes the least recently used tables until the directory holds at
     /// most `max_bytes` (never `keep`, the table just written).
     fn evict_beyond(&self, max_bytes: u64, keep: &Path) {
-        let mut stored: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
-        let Ok(prefixes) = fs::read_dir(&self.dir) else {
-            return;
-        };
-        for prefix in prefixes.flatten() {
-            let Ok(files) = fs::read_dir(prefix.path()) else {
-                continue;
-            };
-            for file in files.flatten() {
-                let Ok(metadata) = file.metadata() else {
-                    continue;
-                };
-                let modified = metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                stored.push((modified, metadata.len(), file.path()));
-            }
-        }
-        let mut total: u64 = stored.iter().map(|(_, size, _)| size).sum();
-        if total <= max_bytes {
-            return;
-        }
-        stored.sort();
-        for (_, size, path) in stored {
-            if total <= max_bytes {
-                break;
-            }
-            if path != keep && fs::remove_file(&path).is_ok() {
-                log::info!(
-                    "unwind table store: removed {} (over {} MiB)",
-                    path.display(),
-                    max_bytes >> 20
-                );
-                total -= size;
-            }
+        for path in remove_least_recently_used(&self.dir, max_bytes, keep) {
+            log::info!(
+                "unwind table store: removed {} (over {} MiB)",
+                path.display(),
+                max_bytes >> 20
+            );
         }
     }
 }
