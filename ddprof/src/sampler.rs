@@ -216,7 +216,8 @@ impl Sampler {
             let counters = engine.sample_counters();
             log::info!(
                 "perf engine: {} samples, {} of them unwound in place in the ring buffer, \
-                 {} from a copy of their stack (their process had new code waiting)",
+                 {} from a copy of their stack (their process had new code waiting, a table \
+                 was to be read, or the drain was over its time)",
                 counters.samples,
                 counters.unwound_in_place,
                 counters.samples - counters.unwound_in_place

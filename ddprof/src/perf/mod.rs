@@ -16,7 +16,7 @@ mod wait;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::events::EventFd;
 use crate::process::ProcessTable;
@@ -39,6 +39,10 @@ pub const HOLD_BACK: Duration = Duration::from_millis(10);
 /// within this time (or at the next wake-up, when a buffer is half full), as the BPF
 /// engine's are (`sampler::BPF_MAX_POLL`); nothing else waits on them.
 const HELD_BACK_WAIT: Duration = Duration::from_millis(250);
+/// The most time a drain spends unwinding samples in place, while the
+/// kernel cannot reuse their space: ~2 ms is a few hundred samples, and a
+/// buffer woken at half full has ~16 ms left at 999 Hz with 32 KB stacks.
+const IN_PLACE_BUDGET: Duration = Duration::from_millis(2);
 /// Default ring buffer data size per event: room for about 32 samples with
 /// 32 KB stacks; the kernel wakes the reader when half of it is written
 /// (see `events`).
@@ -470,6 +474,11 @@ impl PerfEngine {
     ///   for ordering) and older than the sample is copied and unwound in
     ///   its turn, after that record is applied, as before.
     ///
+    /// The buffers' space stays the kernel's until the drain ends, so it
+    /// copies the samples that would read (maybe compile: ~55 ms for cc1) a
+    /// table not looked for yet, and all samples once it has unwound in
+    /// place for [`IN_PLACE_BUDGET`].
+    ///
     /// Without the table (reading ahead while another thread uses it), every
     /// sample is copied.
     fn drain_buffers(&mut self, processes: Option<&mut ProcessTable>) {
@@ -516,11 +525,13 @@ impl PerfEngine {
         for (source, &head) in self.sources.iter().zip(&heads) {
             let (reorder, spare_stacks, losses) =
                 (&mut self.reorder, &mut self.spare_stacks, &mut self.losses);
-            source
+            let outcome = source
                 .ring
                 .scan(head, &mut scratch, &not_sample, &mut |bytes| {
                     queue_record(bytes, reorder, spare_stacks, losses)
                 });
+            // Corruption is noted after the second pass, which meets it too.
+            self.wrapped_records += outcome.wrapped;
         }
         let new_code = if samples_read.get() {
             self.reorder.new_code_times()
@@ -546,6 +557,7 @@ impl PerfEngine {
             counters,
             max_frames: options.max_frames,
         };
+        let unwinding_started = Instant::now();
         for (source, &head) in sources.iter_mut().zip(&heads) {
             let sample = |header: &[u8; record::HEADER_SIZE]| record::is_sample(header);
             let outcome = source.ring.scan(head, &mut scratch, &sample, &mut |bytes| {
@@ -562,14 +574,21 @@ impl PerfEngine {
                         .get(&view.pid)
                         .is_none_or(|&new_code_at| new_code_at > view.time);
                 let time = view.time;
-                let record = if settled {
+                // Unwinding holds this buffer's space (and that of the
+                // buffers after it) from the kernel: past the budget the
+                // rest are copied, as are samples that need a table read.
+                let in_budget = unwinding_started.elapsed() < IN_PLACE_BUDGET;
+                if settled && in_budget {
                     tracker.before_sample(processes, view.pid);
-                    unwinding.counters.unwound_in_place += 1;
-                    Record::Unwound(unwinding.unwind(processes, view))
-                } else {
-                    Record::Sample(Box::new(view.into_owned_reusing(spare_stacks)))
-                };
-                reorder.push(time, record);
+                    if let Some((frames, end)) = unwinding.frames_of(processes, &view, false) {
+                        unwinding.counters.unwound_in_place += 1;
+                        let sample = unwinding.sample(view, frames, end);
+                        reorder.push(time, Record::Unwound(sample));
+                        return;
+                    }
+                }
+                let copied = view.into_owned_reusing(spare_stacks);
+                reorder.push(time, Record::Sample(Box::new(copied)));
             });
             source.ring.release(head);
             note_outcome(source, outcome, wrapped_records, losses);
@@ -620,19 +639,56 @@ impl Unwinding<'_> {
     /// Unwinds one sample with the table as it is (the caller made sure it
     /// is the table of the sample's time for its process).
     fn unwind(&mut self, processes: &ProcessTable, raw: record::SampleView<'_>) -> Sample {
+        // With loading allowed there is always an answer.
+        let (frames, end) = self
+            .frames_of(processes, &raw, true)
+            .unwrap_or((Vec::new(), StackEnd::NoUnwindInfo));
+        self.sample(raw, frames, end)
+    }
+
+    /// `raw`'s frames and how its walk ended; with `may_load` false,
+    /// `None` when a frame is in a file whose table was not looked for yet
+    /// (reading, maybe compiling it, is for the sample's turn).
+    fn frames_of(
+        &mut self,
+        processes: &ProcessTable,
+        raw: &record::SampleView<'_>,
+        may_load: bool,
+    ) -> Option<(Vec<u64>, StackEnd)> {
         let mut frames = self.spare_frames.pop().unwrap_or_default();
         frames.clear();
-        let end = match &raw.regs {
-            Some(regs) => self.unwinder.unwind(
+        let Some(regs) = &raw.regs else {
+            return Some((frames, StackEnd::NoUserContext));
+        };
+        let end = if may_load {
+            Some(self.unwinder.unwind(
                 processes,
                 raw.pid,
                 regs,
                 raw.stack,
                 self.max_frames,
                 &mut frames,
-            ),
-            None => StackEnd::NoUserContext,
+            ))
+        } else {
+            self.unwinder.unwind_with_known_tables(
+                processes,
+                raw.pid,
+                regs,
+                raw.stack,
+                self.max_frames,
+                &mut frames,
+            )
         };
+        match end {
+            Some(end) => Some((frames, end)),
+            None => {
+                self.spare_frames.push(frames);
+                None
+            }
+        }
+    }
+
+    fn sample(&mut self, raw: record::SampleView<'_>, frames: Vec<u64>, end: StackEnd) -> Sample {
         self.counters.samples += 1;
         if end.is_complete() {
             self.counters.complete += 1;

@@ -195,6 +195,12 @@ impl TableCache {
         Some((table, bias))
     }
 
+    /// Whether `file`'s table was looked for already (found, or not to be
+    /// had): [`TableCache::table_for_mapping`] then reads nothing.
+    pub fn knows(&self, file: &MappedFile) -> bool {
+        self.files.contains_key(file)
+    }
+
     /// Uses `table` for `file` instead of reading the file (tables built
     /// elsewhere, e.g. from bytes in memory, and tests).
     pub fn preload(&mut self, file: Arc<MappedFile>, key: ContentKey, table: UnwindTable) {
@@ -258,6 +264,7 @@ impl TableCache {
             .ok()
             .flatten()
             .map(|(name, _)| name.to_vec());
+        let segments = super::compile::executable_segments(&elf);
         drop(elf);
         let candidates = debug_file::candidates(
             Path::new(debug_file::DEBUG_ROOT),
@@ -273,8 +280,13 @@ impl TableCache {
                 .and_then(|file| file.metadata().ok())
                 .map(|metadata| FileStamp::of(&metadata)),
         });
+        // A tool that rewrites program headers and keeps the build id
+        // (patchelf) would otherwise get the other copy's table, biased
+        // for other segments.
         let stored = match (&self.store, &store_key) {
-            (Some(store), Some(store_key)) => store.load(store_key),
+            (Some(store), Some(store_key)) => store
+                .load(store_key)
+                .filter(|table| table.segments == segments),
             _ => None,
         };
         if let Some(table) = stored {

@@ -127,17 +127,7 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     debug_file: Option<R>,
 ) -> Result<UnwindTable, CompileError> {
     let file = ElfFile64::<object::Endianness, R>::parse(data)?;
-    let endian = file.endian();
-    let segments: Vec<LoadSegment> = file
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD && ph.p_flags(endian).0 & elf::PF_X.0 != 0)
-        .map(|ph| LoadSegment {
-            file_offset: ph.p_offset(endian),
-            vaddr: ph.p_vaddr(endian),
-            file_size: ph.p_filesz(endian),
-        })
-        .collect();
+    let segments = executable_segments(&file);
     if segments.is_empty() {
         return Err(CompileError::NoExecutableSegment);
     }
@@ -201,6 +191,22 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
         segments,
         stats,
     })
+}
+
+/// The executable `PT_LOAD` segments of `file`, as a table keeps them.
+pub fn executable_segments<'d, R: ReadRef<'d>>(
+    file: &ElfFile64<'d, object::Endianness, R>,
+) -> Vec<LoadSegment> {
+    let endian = file.endian();
+    file.elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD && ph.p_flags(endian).0 & elf::PF_X.0 != 0)
+        .map(|ph| LoadSegment {
+            file_offset: ph.p_offset(endian),
+            vaddr: ph.p_vaddr(endian),
+            file_size: ph.p_filesz(endian),
+        })
+        .collect()
 }
 
 /// The rows of one FDE: `(address, row)` pairs, addresses ascending, all in

@@ -46,6 +46,9 @@ pub struct Unwinder {
     tables: TableCache,
     stats: UnwindStats,
     rows: RowCache,
+    /// Set by [`Unwinder::unwind_with_known_tables`]: a frame's file has no
+    /// table looked for yet, and none may be loaded.
+    needs_load: Option<bool>,
 }
 
 /// The rules of recently unwound addresses, direct-mapped by (table,
@@ -129,6 +132,7 @@ impl Unwinder {
             tables: TableCache::with_limit(bytes),
             stats: UnwindStats::default(),
             rows: RowCache::default(),
+            needs_load: None,
         }
     }
 
@@ -143,6 +147,26 @@ impl Unwinder {
 
     pub fn stats(&self) -> UnwindStats {
         self.stats
+    }
+
+    /// [`Unwinder::unwind`], if it needs no table that was not looked for
+    /// yet: `None` (and `frames` left to clear) when a frame is in such a
+    /// file. Loading one reads and may compile the file (cc1's takes
+    /// ~55 ms), which a caller that holds the kernel's buffers cannot wait
+    /// for.
+    pub fn unwind_with_known_tables(
+        &mut self,
+        processes: &ProcessTable,
+        pid: u32,
+        regs: &UserRegs,
+        stack: &[u8],
+        max_frames: usize,
+        frames: &mut Vec<u64>,
+    ) -> Option<StackEnd> {
+        self.needs_load = Some(false);
+        let end = self.unwind(processes, pid, regs, stack, max_frames, frames);
+        let needs_load = self.needs_load.take() == Some(true);
+        (!needs_load).then_some(end)
     }
 
     /// Unwinds one sample of process `pid`. `stack` holds the bytes the kernel
@@ -206,6 +230,9 @@ impl Unwinder {
                 Some(process) => self.rule_for(pid, process, lookup_pc, &mut memo),
                 None => FrameRule::FramePointer,
             };
+            if self.needs_load == Some(true) {
+                return StackEnd::NoUnwindInfo;
+            }
             let mut next = current;
             let mut fault = None;
             let mut reader = |addr: u64| {
@@ -297,6 +324,14 @@ impl Unwinder {
     }
 
     fn memo_for(&mut self, pid: u32, mapping: &Mapping) -> MappingMemo {
+        if self.needs_load.is_some() && !self.tables.knows(&mapping.file) {
+            self.needs_load = Some(true);
+            return MappingMemo {
+                start: mapping.start,
+                end: mapping.end,
+                table: None,
+            };
+        }
         MappingMemo {
             start: mapping.start,
             end: mapping.end,

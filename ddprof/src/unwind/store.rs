@@ -19,19 +19,22 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::SystemTime;
 
 use ddprof_common::unwind::UnwindRow;
 
 use super::compile::{CompileStats, LoadSegment, UnwindTable};
-use crate::files::remove_least_recently_used;
+use crate::files::{read_build_id, remove_least_recently_used};
 
 /// Total size of the stored tables; the least recently used go first.
 pub const STORE_MAX_BYTES: u64 = 256 << 20;
 const MAGIC: &[u8; 8] = b"DDPRUNW\0";
-/// Changes whenever the row format or the compiler's output changes, so
-/// that tables of another ddprof version are compiled again.
-const FORMAT_VERSION: u32 = 1;
+/// The layout of the file. Tables are also keyed by the build id of the
+/// ddprof that compiled them ([`compiler_id`]), so that a table another
+/// build compiled (whose compiler may have changed) is compiled again with
+/// no version to bump by hand.
+const FORMAT_VERSION: u32 = 2;
 /// Shorter ids are not real build ids (blazesym skips them too).
 const MIN_BUILD_ID_LEN: usize = 8;
 /// A build id longer than this is not one (GNU's are 20 bytes).
@@ -41,6 +44,14 @@ const MAX_BUILD_ID_LEN: usize = 64;
 const ROW_BYTES: usize = 12;
 /// Bytes of a segment in the file: `file_offset`, `vaddr`, `file_size`.
 const SEGMENT_BYTES: usize = 24;
+
+/// The build id of the running ddprof; `None` (no store used) if it cannot
+/// be read.
+fn compiler_id() -> Option<&'static [u8]> {
+    static ID: OnceLock<Option<Vec<u8>>> = OnceLock::new();
+    ID.get_or_init(|| read_build_id("/proc/self/exe"))
+        .as_deref()
+}
 
 /// What a stored table was compiled from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +110,7 @@ impl TableStore {
     /// The stored table of `key`, if one was written and is whole and
     /// compiled from the same files.
     pub fn load(&self, key: &StoreKey) -> Option<UnwindTable> {
+        let compiler = compiler_id()?;
         let path = self.path_of(&key.build_id)?;
         let mut file = fs::File::open(&path).ok()?;
         // No table is larger than the whole store may be.
@@ -107,7 +119,7 @@ impl TableStore {
         }
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).ok()?;
-        let table = decode(&bytes, key);
+        let table = decode(&bytes, key, compiler);
         if table.is_some() {
             // Marks it recently used for the eviction order.
             let _ = fs::File::options()
@@ -122,7 +134,7 @@ impl TableStore {
 
     /// Writes `table`, compiled from `key`'s files, for later runs.
     pub fn save(&self, key: &StoreKey, table: &UnwindTable) -> std::io::Result<()> {
-        let Some(path) = self.path_of(&key.build_id) else {
+        let (Some(compiler), Some(path)) = (compiler_id(), self.path_of(&key.build_id)) else {
             return Ok(());
         };
         if let Some(parent) = path.parent() {
@@ -130,7 +142,7 @@ impl TableStore {
         }
         let partial = path.with_extension(format!("rows.{}.partial", std::process::id()));
         let written = fs::File::create(&partial)
-            .and_then(|mut file| file.write_all(&encode(key, table)))
+            .and_then(|mut file| file.write_all(&encode(key, table, compiler)))
             .and_then(|()| fs::rename(&partial, &path));
         if written.is_err() {
             let _ = fs::remove_file(&partial);
@@ -155,7 +167,7 @@ impl TableStore {
 
 /// The file's bytes: magic, version, the key, the table, and the CRC-32 of
 /// everything before it.
-fn encode(key: &StoreKey, table: &UnwindTable) -> Vec<u8> {
+fn encode(key: &StoreKey, table: &UnwindTable, compiler: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(
         128 + key.build_id.len()
             + table.segments.len() * SEGMENT_BYTES
@@ -163,6 +175,8 @@ fn encode(key: &StoreKey, table: &UnwindTable) -> Vec<u8> {
     );
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(compiler.len() as u32).to_le_bytes());
+    out.extend_from_slice(compiler);
     out.extend_from_slice(&(key.build_id.len() as u32).to_le_bytes());
     out.extend_from_slice(&key.build_id);
     let stamp = key.debug_file;
@@ -246,13 +260,17 @@ impl<'a> Fields<'a> {
 
 /// The table in `bytes` if they are a whole, uncorrupted file of this
 /// format, compiled from `key`'s files, with rows sorted by address.
-fn decode(bytes: &[u8], key: &StoreKey) -> Option<UnwindTable> {
+fn decode(bytes: &[u8], key: &StoreKey, compiler: &[u8]) -> Option<UnwindTable> {
     let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
     if crc32fast::hash(body).to_le_bytes() != crc {
         return None;
     }
     let mut fields = Fields { rest: body };
     if fields.take(MAGIC.len())? != MAGIC || fields.u32()? != FORMAT_VERSION {
+        return None;
+    }
+    let compiler_len = fields.u32()? as usize;
+    if fields.take(compiler_len)? != compiler {
         return None;
     }
     let id_len = fields.u32()? as usize;
@@ -321,6 +339,8 @@ fn decode(bytes: &[u8], key: &StoreKey) -> Option<UnwindTable> {
 mod tests {
     use super::*;
     use ddprof_common::unwind::RowKind;
+
+    const COMPILER: &[u8] = b"this build";
 
     fn scratch_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
@@ -402,29 +422,42 @@ mod tests {
     #[test]
     fn a_damaged_file_is_refused_whatever_the_damage() {
         let table = sample_table();
-        let bytes = encode(&key(None), &table);
-        assert!(decode(&bytes, &key(None)).is_some_and(|t| same(&t, &table)));
+        let bytes = encode(&key(None), &table, COMPILER);
+        assert!(decode(&bytes, &key(None), COMPILER).is_some_and(|t| same(&t, &table)));
         // Every truncation and every single-bit flip.
         for length in 0..bytes.len() {
-            assert!(decode(&bytes[..length], &key(None)).is_none(), "{length}");
+            assert!(
+                decode(&bytes[..length], &key(None), COMPILER).is_none(),
+                "{length}"
+            );
         }
         for bit in 0..bytes.len() * 8 {
             let mut flipped = bytes.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode(&flipped, &key(None)).is_none(), "bit {bit}");
+            assert!(
+                decode(&flipped, &key(None), COMPILER).is_none(),
+                "bit {bit}"
+            );
         }
         // Unsorted rows with a checksum that matches them (a file another
         // program wrote) are refused too.
         let mut unsorted = table.clone();
         unsorted.rows.swap(0, 1);
-        assert!(decode(&encode(&key(None), &unsorted), &key(None)).is_none());
+        assert!(decode(
+            &encode(&key(None), &unsorted, COMPILER),
+            &key(None),
+            COMPILER
+        )
+        .is_none());
         // Counts that claim more than the file holds.
         let mut lying = bytes[..bytes.len() - 4].to_vec();
         let counts_at = lying.len() - 3 * ROW_BYTES - SEGMENT_BYTES - 4;
         lying[counts_at..counts_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         let crc = crc32fast::hash(&lying);
         lying.extend_from_slice(&crc.to_le_bytes());
-        assert!(decode(&lying, &key(None)).is_none());
+        assert!(decode(&lying, &key(None), COMPILER).is_none());
+        // Another ddprof build's table is compiled again.
+        assert!(decode(&bytes, &key(None), b"another build").is_none());
     }
 
     #[test]

@@ -1276,3 +1276,38 @@ fn the_row_cache_answers_as_the_table_does() {
         }
     }
 }
+
+/// Without loading, a walk that reaches a file whose table was never looked
+/// for gives up (its caller copies the sample for later); once the table
+/// is there, it gives the same frames as the ordinary walk.
+#[test]
+fn a_walk_that_may_not_load_tables_stops_at_an_unknown_file() {
+    let (processes, mut loaded) = synthetic();
+    let (regs, stack) = four_frame_stack();
+    let mut expected = Vec::new();
+    let end = loaded.unwind(&processes, PID, &regs, &stack, 64, &mut expected);
+    let mut frames = Vec::new();
+    assert_eq!(
+        loaded.unwind_with_known_tables(&processes, PID, &regs, &stack, 64, &mut frames),
+        Some(end)
+    );
+    assert_eq!(frames, expected);
+
+    // A fresh unwinder has looked for no table: the fake file is unknown.
+    let mut fresh = Unwinder::new();
+    frames.clear();
+    assert_eq!(
+        fresh.unwind_with_known_tables(&processes, PID, &regs, &stack, 64, &mut frames),
+        None
+    );
+    // An ordinary walk looks for it (the file does not exist: frame
+    // pointers), after which the table is known not to be had.
+    frames.clear();
+    let without_table = fresh.unwind(&processes, PID, &regs, &stack, 64, &mut frames);
+    let mut again = Vec::new();
+    assert_eq!(
+        fresh.unwind_with_known_tables(&processes, PID, &regs, &stack, 64, &mut again),
+        Some(without_table)
+    );
+    assert_eq!(again, frames);
+}
