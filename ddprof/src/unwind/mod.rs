@@ -46,9 +46,9 @@ pub struct Unwinder {
     tables: TableCache,
     stats: UnwindStats,
     rows: RowCache,
-    /// Set by [`Unwinder::unwind_with_known_tables`]: a frame's file has no
-    /// table looked for yet, and none may be loaded.
-    needs_load: Option<bool>,
+    /// Set during [`Unwinder::unwind_with_known_tables`]: no table may be
+    /// looked for.
+    known_tables_only: bool,
 }
 
 /// The rules of recently unwound addresses, direct-mapped by (table,
@@ -111,6 +111,9 @@ enum FrameRule {
     FramePointer,
     /// The PC is in no executable mapping of a known process.
     Unmapped,
+    /// The mapping's file has no table looked for yet, and the walk may
+    /// not look (see [`Unwinder::unwind_with_known_tables`]).
+    TableNotLookedFor,
 }
 
 /// The table of the mapping the previous frame was in (consecutive frames
@@ -132,7 +135,7 @@ impl Unwinder {
             tables: TableCache::with_limit(bytes),
             stats: UnwindStats::default(),
             rows: RowCache::default(),
-            needs_load: None,
+            known_tables_only: false,
         }
     }
 
@@ -163,10 +166,10 @@ impl Unwinder {
         max_frames: usize,
         frames: &mut Vec<u64>,
     ) -> Option<StackEnd> {
-        self.needs_load = Some(false);
-        let end = self.unwind(processes, pid, regs, stack, max_frames, frames);
-        let needs_load = self.needs_load.take() == Some(true);
-        (!needs_load).then_some(end)
+        self.known_tables_only = true;
+        let end = self.walk(processes, pid, regs, stack, max_frames, frames);
+        self.known_tables_only = false;
+        end
     }
 
     /// Unwinds one sample of process `pid`. `stack` holds the bytes the kernel
@@ -185,6 +188,22 @@ impl Unwinder {
         max_frames: usize,
         frames: &mut Vec<u64>,
     ) -> StackEnd {
+        // Only a walk limited to known tables stops short (`None`).
+        self.walk(processes, pid, regs, stack, max_frames, frames)
+            .unwrap_or(StackEnd::NoUnwindInfo)
+    }
+
+    /// [`Unwinder::unwind`]; `None` when `known_tables_only` is set and a
+    /// frame is in a file whose table was not looked for.
+    fn walk(
+        &mut self,
+        processes: &ProcessTable,
+        pid: u32,
+        regs: &UserRegs,
+        stack: &[u8],
+        max_frames: usize,
+        frames: &mut Vec<u64>,
+    ) -> Option<StackEnd> {
         let stack_start = regs.sp;
         let read = |addr: u64| -> Option<u64> {
             let offset = usize::try_from(addr.checked_sub(stack_start)?).ok()?;
@@ -216,7 +235,7 @@ impl Unwinder {
         let mut pushed = 0usize;
         loop {
             if pushed >= max_frames {
-                return StackEnd::DepthLimit;
+                return Some(StackEnd::DepthLimit);
             }
             frames.push(current.ip);
             pushed += 1;
@@ -230,9 +249,6 @@ impl Unwinder {
                 Some(process) => self.rule_for(pid, process, lookup_pc, &mut memo),
                 None => FrameRule::FramePointer,
             };
-            if self.needs_load == Some(true) {
-                return StackEnd::NoUnwindInfo;
-            }
             let mut next = current;
             let mut fault = None;
             let mut reader = |addr: u64| {
@@ -248,7 +264,8 @@ impl Unwinder {
                     step(&row, &mut next, &mut reader)
                 }
                 FrameRule::FramePointer => StepResult::NoInfo,
-                FrameRule::Unmapped => return StackEnd::BadAddress,
+                FrameRule::Unmapped => return Some(StackEnd::BadAddress),
+                FrameRule::TableNotLookedFor => return None,
             };
             let mut used_frame_pointer = false;
             if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
@@ -259,7 +276,7 @@ impl Unwinder {
                 self.stats.frame_pointer_steps += 1;
                 result = step_frame_pointer(&mut next, &mut reader);
                 if !bp_restored && matches!(result, StepResult::Outermost) {
-                    return StackEnd::NoUnwindInfo;
+                    return Some(StackEnd::NoUnwindInfo);
                 }
             }
             let root_credible = bp_restored || !used_frame_pointer;
@@ -267,30 +284,32 @@ impl Unwinder {
             match result {
                 StepResult::Caller => exact_pc = false,
                 StepResult::Interrupted => exact_pc = true,
-                StepResult::Outermost => return StackEnd::Complete,
-                StepResult::NoInfo | StepResult::Unsupported => return StackEnd::NoUnwindInfo,
+                StepResult::Outermost => return Some(StackEnd::Complete),
+                StepResult::NoInfo | StepResult::Unsupported => {
+                    return Some(StackEnd::NoUnwindInfo)
+                }
                 // A frame-pointer chain that leaves the copy upwards is a
                 // plausible chain cut by the copy; anything else means RBP
                 // was not a frame pointer here.
                 StepResult::ReadFailed if used_frame_pointer => {
-                    return match fault.map(fault_end) {
+                    return Some(match fault.map(fault_end) {
                         Some(StackEnd::StackExhausted) => StackEnd::StackExhausted,
                         _ => StackEnd::NoUnwindInfo,
-                    };
+                    });
                 }
                 StepResult::ReadFailed => {
-                    return fault.map_or(StackEnd::BadAddress, fault_end);
+                    return Some(fault.map_or(StackEnd::BadAddress, fault_end));
                 }
             }
             if next.ip == 0 {
-                return if root_credible {
+                return Some(if root_credible {
                     StackEnd::Complete
                 } else {
                     StackEnd::NoUnwindInfo
-                };
+                });
             }
             if next.sp <= current.sp {
-                return StackEnd::NoProgress;
+                return Some(StackEnd::NoProgress);
             }
             current = next;
         }
@@ -308,6 +327,9 @@ impl Unwinder {
             let Some(mapping) = process.find_mapping(pc) else {
                 return FrameRule::Unmapped;
             };
+            if self.known_tables_only && !self.tables.knows(&mapping.file) {
+                return FrameRule::TableNotLookedFor;
+            }
             *memo = Some(self.memo_for(pid, mapping));
         }
         let Some(MappingMemo {
@@ -324,14 +346,6 @@ impl Unwinder {
     }
 
     fn memo_for(&mut self, pid: u32, mapping: &Mapping) -> MappingMemo {
-        if self.needs_load.is_some() && !self.tables.knows(&mapping.file) {
-            self.needs_load = Some(true);
-            return MappingMemo {
-                start: mapping.start,
-                end: mapping.end,
-                table: None,
-            };
-        }
         MappingMemo {
             start: mapping.start,
             end: mapping.end,
