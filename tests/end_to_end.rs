@@ -115,6 +115,96 @@ fn a_later_run_reads_the_unwind_tables_an_earlier_run_compiled() {
     assert!(after.contains(&read_from_store), "{after}");
 }
 
+/// The names a run resolves are kept in the cache directory by build id,
+/// and a later run names its frames from there without parsing the files:
+/// every location both runs sampled has the same function, file, line and
+/// symbol. A damaged store file is resolved again, never read.
+#[test]
+fn a_later_run_names_frames_from_the_symbols_an_earlier_run_resolved() {
+    let chain = build_workload("chain.c");
+    let cache = Scratch::new("symbol-store");
+    let profile = |name: &str| -> (String, HashMap<String, String>) {
+        let out = Scratch::new(&format!("symbol-store-{name}"));
+        let (output, stderr) = run(ddprof_tests::ddprof_command()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .arg("--output")
+            .arg(&out.0)
+            .args(["-l", "debug", "--debug-cache"])
+            .arg(&cache.0)
+            .args(["-e", "sCPU freq=999", "--"])
+            .arg(&chain)
+            .arg("1"));
+        assert!(output.status.success(), "{stderr}");
+        let profiles = pprof_files(&out.0);
+        assert_eq!(profiles.len(), 1, "{profiles:?}");
+        // `N: 0xADDR M=K name file:line s=0(system name)` → by address.
+        let raw = go_pprof(&["-raw"], &profiles[0]);
+        let locations = raw
+            .lines()
+            .skip_while(|line| !line.starts_with("Locations"))
+            .skip(1)
+            .take_while(|line| !line.starts_with("Mappings"))
+            .filter_map(|line| {
+                let mut words = line.split_whitespace().skip(1);
+                let address = words.next()?.to_string();
+                let _mapping = words.next()?;
+                Some((address, words.collect::<Vec<_>>().join(" ")))
+            })
+            .collect();
+        (stderr, locations)
+    };
+    let read_from_store = format!(
+        "addresses of {} read from the symbol store",
+        chain.display()
+    );
+
+    let (first, resolved) = profile("first");
+    assert!(!first.contains("read from the symbol store"), "{first}");
+    let (later, named_from_store) = profile("later");
+    assert!(later.contains(&read_from_store), "{later}");
+    let common: Vec<&String> = resolved
+        .keys()
+        .filter(|address| named_from_store.contains_key(*address))
+        .collect();
+    // The call sites of the chain (and libc's), at least.
+    assert!(common.len() >= 8, "{resolved:?}\n{named_from_store:?}");
+    for address in common {
+        assert_eq!(resolved[address], named_from_store[address], "{address}");
+    }
+    assert!(
+        named_from_store
+            .values()
+            .any(|name| name.starts_with("chain_e ") && name.contains("chain.c:")),
+        "{named_from_store:?}"
+    );
+
+    // One flipped byte in every stored file: the names are resolved again.
+    let stored: Vec<std::path::PathBuf> = std::fs::read_dir(cache.0.join("symbols"))
+        .unwrap()
+        .flatten()
+        .flat_map(|prefix| std::fs::read_dir(prefix.path()).unwrap().flatten())
+        .map(|file| file.path())
+        .collect();
+    assert!(stored.len() >= 2, "the workload and libc: {stored:?}");
+    for path in &stored {
+        let mut bytes = std::fs::read(path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x40;
+        std::fs::write(path, &bytes).unwrap();
+    }
+    let (damaged, resolved_again) = profile("damaged");
+    assert!(!damaged.contains(&read_from_store), "{damaged}");
+    assert!(damaged.contains("is stale or corrupt"), "{damaged}");
+    assert!(
+        resolved_again
+            .values()
+            .any(|name| name.starts_with("chain_e ") && name.contains("chain.c:")),
+        "{resolved_again:?}"
+    );
+}
+
 #[test]
 fn children_that_exit_before_the_flush_are_symbolized() {
     let forker = build_workload("forker.c");

@@ -285,20 +285,20 @@ fn restarting_the_worker_every_period_loses_no_sample() {
     }
 }
 
-/// `--worker-max-rss 8` (the least allowed): a worker's RSS at the end of a
-/// period (its code, the ring buffer's pages, the symbolizer's caches) is
-/// well over it, so every worker is replaced after its first period (at
-/// most its second), for its RSS.
+/// `--worker-max-rss 4` (the least allowed): a worker's RSS at the end of a
+/// period (its code alone is ~4 MiB of ddprof's pages, then libc's, the ring
+/// buffer's pages, its heap) is well over it, so every worker is replaced
+/// after its first period (at most its second), for its RSS.
 #[test]
 fn a_worker_over_its_rss_bound_is_replaced_at_the_end_of_a_period() {
     let (cpu, summary, samples, stderr) =
-        profile_chain("bpf", 6, &["--worker-max-rss", "8"], "worker-max-rss");
+        profile_chain("bpf", 6, &["--worker-max-rss", "4"], "worker-max-rss");
     let restarts = stderr.matches("cause rss: ").count();
     assert!(
         restarts >= 3,
         "{restarts} restarts for RSS logged:\n{stderr}"
     );
-    assert!(stderr.contains("over --worker-max-rss 8 MiB"), "{stderr}");
+    assert!(stderr.contains("over --worker-max-rss 4 MiB"), "{stderr}");
     assert!(!stderr.contains("cause period:"), "{stderr}");
     assert_eq!(summary["worker_restarts"], restarts as u64);
     // No worker lived more than two periods.

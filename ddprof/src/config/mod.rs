@@ -158,7 +158,7 @@ pub struct Cli {
     #[arg(short = 'I', long, env = "DD_PROFILING_INLINED_FUNCTIONS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub inlined_functions: bool,
 
-    /// Keep ddprof's caches here (decompressed copies of compressed split debug files, and in `unwind/` the unwind tables compiled from files with a build id), so that later runs need not build them again; `none` keeps none (default `$XDG_CACHE_HOME/ddprof`, else `~/.cache/ddprof`)
+    /// Keep ddprof's caches here (decompressed copies of compressed split debug files; in `unwind/` the unwind tables compiled from, and in `symbols/` the names resolved in, files with a build id), so that later runs need not build them again; `none` keeps none (default `$XDG_CACHE_HOME/ddprof`, else `~/.cache/ddprof`)
     #[arg(long, env = "DD_PROFILING_DEBUG_CACHE")]
     pub debug_cache: Option<PathBuf>,
 
@@ -253,7 +253,7 @@ fn parse_worker_period(value: &str) -> Result<u32, String> {
 }
 
 fn parse_worker_max_rss(value: &str) -> Result<u32, String> {
-    parse_number_in(value, 8, 1 << 20, "a number of MiB")
+    parse_number_in(value, 4, 1 << 20, "a number of MiB")
 }
 
 fn parse_upload_timeout(value: &str) -> Result<u64, String> {

@@ -80,6 +80,7 @@ pub fn resolve_with(
         symbolizer: SymbolizerOptions {
             inlined_functions: cli.inlined_functions,
             debug_cache: cli.debug_cache_dir(),
+            symbol_store: cli.debug_cache_dir().map(|dir| dir.join("symbols")),
             ..SymbolizerOptions::default()
         },
         upload_period: cli.upload_period(),
@@ -241,7 +242,7 @@ mod tests {
         );
         for bad in [
             ["--worker-period", "0"],
-            ["--worker-max-rss", "7"],
+            ["--worker-max-rss", "3"],
             ["--worker-period", "x"],
         ] {
             let args = ["ddprof", bad[0], bad[1], "--", "x"];

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::files::build_id_debug_path;
+use super::build_id_debug_path;
 
 /// The global debug directory distributions install `-dbg`/`-dbgsym` files in.
 pub const DEBUG_ROOT: &str = "/usr/lib/debug";

@@ -100,6 +100,50 @@ pub fn open_mapped(
     })
 }
 
+pub mod debug_file;
+
+/// A file's identity as its metadata tells it: enough to notice that a
+/// debug file was replaced (a package upgrade) or appeared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileStamp {
+    pub inode: u64,
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: i64,
+}
+
+impl FileStamp {
+    pub fn of(metadata: &std::fs::Metadata) -> Self {
+        Self {
+            inode: metadata.ino(),
+            size: metadata.len(),
+            mtime: metadata.mtime(),
+            mtime_nsec: metadata.mtime_nsec(),
+        }
+    }
+}
+
+/// The build id of the running ddprof (`None` if it cannot be read): what
+/// it computed and kept on disk is keyed by it too, so that another build's
+/// results (its compiler or symbolizer may have changed) are computed again
+/// with no version to bump by hand.
+pub fn own_build_id() -> Option<&'static [u8]> {
+    static ID: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    ID.get_or_init(|| read_build_id("/proc/self/exe"))
+        .as_deref()
+}
+
+/// Shorter ids are not real build ids (blazesym skips them too): the
+/// stores on disk key nothing by them.
+pub const MIN_BUILD_ID_LEN: usize = 8;
+/// A build id longer than this is not one (GNU's are 20 bytes).
+pub const MAX_BUILD_ID_LEN: usize = 64;
+
+/// A build id in lowercase hex.
+pub fn build_id_hex(build_id: &[u8]) -> String {
+    build_id.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
 /// Reads the GNU build id of an ELF file without reading the whole file.
 pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
     use object::Object;
@@ -109,6 +153,17 @@ pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
     elf.build_id().ok().flatten().map(<[u8]>::to_vec)
 }
 
+/// The `.gnu_debuglink` name of an ELF file: the file name of its split
+/// debug file, when it names one.
+pub fn read_debuglink(path: &str) -> Option<Vec<u8>> {
+    use object::Object;
+    let file = std::fs::File::open(path).ok()?;
+    let cache = object::ReadCache::new(file);
+    let elf = object::File::parse(&cache).ok()?;
+    let link = elf.gnu_debuglink().ok().flatten()?;
+    Some(link.0.to_vec())
+}
+
 /// Where a debug directory keeps the split debug file of `build_id`:
 /// `.build-id/xx/rest.debug`, relative to the directory (`None` for an id
 /// under 2 bytes).
@@ -116,7 +171,7 @@ pub fn build_id_debug_path(build_id: &[u8]) -> Option<PathBuf> {
     if build_id.len() < 2 {
         return None;
     }
-    let hex: String = build_id.iter().map(|byte| format!("{byte:02x}")).collect();
+    let hex = build_id_hex(build_id);
     Some(
         PathBuf::from(".build-id")
             .join(&hex[..2])
@@ -181,10 +236,9 @@ impl ObjectFile {
     /// The build id as lowercase hex ("" when the file has none).
     pub fn build_id_hex(&self) -> String {
         self.build_id
-            .iter()
-            .flatten()
-            .map(|byte| format!("{byte:02x}"))
-            .collect()
+            .as_deref()
+            .map(build_id_hex)
+            .unwrap_or_default()
     }
 
     /// Which file this is (the symbolizer's cache key).

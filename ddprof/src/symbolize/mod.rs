@@ -1,30 +1,36 @@
 //! Symbolization of normalized addresses with blazesym.
 //!
 //! Frames arrive normalized to (file, file offset) by the aggregator, so the
-//! processes that produced them need not exist anymore. Parsed files stay
-//! cached in blazesym and resolved addresses stay cached here across
-//! periods; files unused for a while are evicted. Failure is never fatal: a
-//! frame that cannot be resolved is named after its mapping, or `[unknown]`.
+//! processes that produced them need not exist anymore. Resolved addresses
+//! stay cached here across periods (files unused for a while are evicted);
+//! what blazesym parsed of a file is dropped as soon as its addresses are
+//! resolved, so that one file at a time is mapped, and the names are kept
+//! on disk by build id for later runs ([`SymbolStore`]). Failure is never
+//! fatal: a frame that cannot be resolved is named after its mapping, or
+//! `[unknown]`.
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized};
-use blazesym::MaybeDefault;
 
 use crate::aggregate::{FileId, Frame, PeriodProfile};
 use crate::files::{MappedFile, ObjectFile};
 
 mod debug_cache;
+mod kernel;
 mod names;
 mod perf_map;
+mod store;
 pub use debug_cache::{DebugCache, DebugCacheError, DebugCopy};
+pub use kernel::KallsymsSnapshot;
 pub use names::demangle;
 use names::is_mangled;
 #[cfg(test)]
 use perf_map::parse_perf_map;
 use perf_map::{reload_perf_map, PerfMap};
+use store::{SymbolKey, SymbolStore};
 
 /// Files not referenced for this many periods are dropped from the caches.
 const EVICT_AFTER_PERIODS: u64 = 10;
@@ -51,6 +57,9 @@ pub struct SymbolizerOptions {
     /// Where decompressed copies of compressed split debug files are kept
     /// (see [`DebugCache`]); `None`: blazesym inflates them at every run.
     pub debug_cache: Option<PathBuf>,
+    /// Where names resolved are kept for later runs (see [`SymbolStore`]);
+    /// `None`: every run resolves them anew.
+    pub symbol_store: Option<PathBuf>,
 }
 
 impl Default for SymbolizerOptions {
@@ -59,6 +68,7 @@ impl Default for SymbolizerOptions {
             inlined_functions: false,
             debug_dirs: vec!["/usr/lib/debug".into(), "/lib/debug".into()],
             debug_cache: None,
+            symbol_store: None,
         }
     }
 }
@@ -109,6 +119,11 @@ struct FileCache {
     debug_copy: Option<Option<DebugCopy>>,
     last_period: u64,
     addresses: HashMap<u64, FrameSymbols>,
+    /// The file's key in the symbol store (`None` inside when it has no
+    /// build id, or there is no store), once looked for.
+    store_key: Option<Option<SymbolKey>>,
+    /// Addresses blazesym named since the store was last written.
+    unsaved: Vec<u64>,
 }
 
 /// Turns normalized frames into functions, files and lines.
@@ -121,6 +136,7 @@ pub struct Symbolizer {
     inlined_functions: bool,
     debug_dirs: Vec<PathBuf>,
     debug_cache: Option<DebugCache>,
+    store: Option<SymbolStore>,
     files: HashMap<MappedFile, FileCache>,
     cached_addresses: usize,
     perf_maps: HashMap<u32, PerfMap>,
@@ -134,58 +150,6 @@ pub struct Symbolizer {
     files_evicted: u64,
     /// Resolved addresses dropped when the address caches were full.
     addresses_evicted: u64,
-}
-
-/// A copy of `/proc/kallsyms`, taken while the profiler may still read
-/// kernel addresses: with `kernel.perf_event_paranoid` above 1, the file
-/// shows them only to a reader with CAP_SYSLOG (a capability the profiler
-/// drops once set up), and as zeros to everyone else.
-#[derive(Debug)]
-pub struct KallsymsSnapshot {
-    /// An in-memory file (not part of the profiler's RSS: never mapped).
-    copy: std::fs::File,
-}
-
-impl KallsymsSnapshot {
-    /// Copies `/proc/kallsyms` as this process sees it now; `None`, with
-    /// one warning, when it cannot be read or shows no addresses.
-    pub fn take() -> Option<Self> {
-        use nix::sys::memfd::{memfd_create, MFdFlags};
-        use std::io::{BufRead, Seek};
-        let copy = || -> std::io::Result<Option<std::fs::File>> {
-            let mut copy =
-                std::fs::File::from(memfd_create(c"ddprof-kallsyms", MFdFlags::MFD_CLOEXEC)?);
-            std::io::copy(&mut std::fs::File::open("/proc/kallsyms")?, &mut copy)?;
-            copy.rewind()?;
-            let mut first = String::new();
-            std::io::BufReader::new(&copy).read_line(&mut first)?;
-            let hidden = first
-                .split_whitespace()
-                .next()
-                .is_none_or(|address| address.trim_start_matches('0').is_empty());
-            Ok((!hidden).then_some(copy))
-        };
-        match copy() {
-            Ok(Some(copy)) => Some(Self { copy }),
-            Ok(None) => {
-                log::warn!(
-                    "kernel frames will be unnamed: /proc/kallsyms shows no addresses to this \
-                     process (it needs CAP_SYSLOG, or kernel.kptr_restrict=0 with \
-                     kernel.perf_event_paranoid<=1)"
-                );
-                None
-            }
-            Err(error) => {
-                log::warn!("kernel frames will be unnamed: cannot read /proc/kallsyms: {error}");
-                None
-            }
-        }
-    }
-
-    fn path(&self) -> PathBuf {
-        use std::os::fd::AsRawFd;
-        PathBuf::from(format!("/proc/self/fd/{}", self.copy.as_raw_fd()))
-    }
 }
 
 impl std::fmt::Debug for Symbolizer {
@@ -218,6 +182,7 @@ impl Symbolizer {
             blazesym,
             inlined_functions: options.inlined_functions,
             debug_cache: options.debug_cache.map(DebugCache::new),
+            store: options.symbol_store.map(SymbolStore::new),
             debug_dirs: options.debug_dirs,
             files: HashMap::new(),
             cached_addresses: 0,
@@ -273,6 +238,7 @@ impl Symbolizer {
             self.symbolize_file(period.file(file), &offsets, &mut frames);
         }
         self.symbolize_kernel(&kernel, &mut frames);
+        self.write_store();
         self.evict_unused();
 
         let frames = frames
@@ -312,6 +278,7 @@ impl Symbolizer {
         let period_number = self.period_number;
         let cache = self.files.entry(key.clone()).or_default();
         cache.last_period = period_number;
+        let store_unread = cache.store_key.is_none();
         if cache.open_path != file.open_path {
             // The file is read through a new descriptor (it was let go for
             // a period): blazesym's data under the old one is stale.
@@ -319,6 +286,9 @@ impl Symbolizer {
             if !stale.is_empty() {
                 self.evict_from_blazesym(&stale);
             }
+        }
+        if store_unread {
+            self.read_store(&key, file);
         }
         let cache = self.files.get_mut(&key).expect("entry created above");
         let mut missing: Vec<u64> = Vec::new();
@@ -343,17 +313,31 @@ impl Symbolizer {
         let debug_copy = cache.debug_copy.clone().flatten();
         let resolved =
             self.resolve_elf_offsets(&file.open_path, &file.path, &missing, debug_copy.as_ref());
+        // What blazesym parsed and mapped of the file (and of its debug
+        // file: libc's is 10 MB) goes at once: the names found stay cached
+        // here, and holding every file of the period mapped together made
+        // the peak RSS of a run (its last symbolization) the sum of them.
+        // A later period with new addresses in the file parses it again.
+        self.evict_from_blazesym(&file.open_path);
+        if let Some(copy) = &debug_copy {
+            self.evict_from_blazesym(&copy.path.to_string_lossy());
+        }
         let fallback = self.named(&format!("[{}]", file.file_name()));
         let mut found: HashMap<u64, FrameSymbols> = HashMap::with_capacity(missing.len());
+        let cache = self.files.get_mut(&key).expect("entry created above");
         for (offset, lines) in missing.iter().zip(resolved) {
             let symbols = match lines {
-                Some(lines) if !lines.is_empty() => FrameSymbols::from(lines),
+                Some(lines) if !lines.is_empty() => {
+                    // Only names are kept for later runs: a file that could
+                    // not be read this time may be readable the next.
+                    cache.unsaved.push(*offset);
+                    FrameSymbols::from(lines)
+                }
                 _ => fallback.clone(),
             };
             found.insert(*offset, symbols);
         }
         self.cached_addresses += found.len();
-        let cache = self.files.get_mut(&key).expect("entry created above");
         for &(index, offset) in offsets {
             if frames[index].is_none() {
                 frames[index] = found.get(&offset).cloned();
@@ -576,53 +560,6 @@ impl Symbolizer {
             .collect()
     }
 
-    fn symbolize_kernel(&mut self, addrs: &[(usize, u64)], frames: &mut [Option<FrameSymbols>]) {
-        let mut missing: Vec<u64> = addrs
-            .iter()
-            .filter(|(_, addr)| !self.kernel.contains_key(addr))
-            .map(|(_, addr)| *addr)
-            .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        if !missing.is_empty() {
-            let source = Source::Kernel(Kernel {
-                // kallsyms only: searching for a vmlinux image costs seconds
-                // of I/O and is rarely installed on production hosts.
-                vmlinux: MaybeDefault::None,
-                kallsyms: self
-                    .kallsyms
-                    .as_ref()
-                    .map_or(MaybeDefault::Default, |snapshot| {
-                        MaybeDefault::Some(snapshot.path())
-                    }),
-                debug_syms: false,
-                ..Kernel::default()
-            });
-            let resolved: Vec<Option<Vec<OwnedLine>>> =
-                match self.blazesym.symbolize(&source, Input::AbsAddr(&missing)) {
-                    Ok(results) => results.iter().map(|r| sym_lines(r, false)).collect(),
-                    Err(error) => {
-                        log::debug!("cannot symbolize kernel addresses: {error}");
-                        vec![None; missing.len()]
-                    }
-                };
-            let fallback = self.named(KERNEL);
-            for (addr, lines) in missing.iter().zip(resolved) {
-                let symbols = match lines {
-                    Some(lines) if !lines.is_empty() => {
-                        FrameSymbols::from(self.intern_lines(lines))
-                    }
-                    _ => fallback.clone(),
-                };
-                self.kernel.insert(*addr, symbols);
-                self.cached_addresses += 1;
-            }
-        }
-        for &(index, addr) in addrs {
-            frames[index] = self.kernel.get(&addr).cloned();
-        }
-    }
-
     fn anonymous(&mut self, pid: u32, addr: u64, region: Option<&str>) -> FrameSymbols {
         if let Some(name) = self.perf_map_symbol(pid, addr) {
             let empty = self.intern("");
@@ -716,13 +653,24 @@ impl Symbolizer {
     }
 }
 
-/// A [`SymbolLine`] before its strings are interned.
-#[derive(Clone)]
+/// A [`SymbolLine`] before its strings are interned (and as stored).
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct OwnedLine {
     function: String,
     system_name: String,
     file: String,
     line: u32,
+}
+
+impl From<&SymbolLine> for OwnedLine {
+    fn from(line: &SymbolLine) -> Self {
+        Self {
+            function: line.function.to_string(),
+            system_name: line.system_name.to_string(),
+            file: line.file.to_string(),
+            line: line.line,
+        }
+    }
 }
 
 /// Lines of one blazesym result, innermost first.

@@ -1,8 +1,8 @@
 //! Unwind tables built once per file content and shared by every process
 //! (and every mapping) of that file, within a bounded memory budget.
 use super::compile::{compile_elf, CompileError, UnwindTable};
-use super::debug_file;
-use super::store::{FileStamp, StoreKey, TableStore};
+use super::store::{StoreKey, TableStore};
+use crate::files::{debug_file, FileStamp};
 use crate::files::{open_mapped, ContentKey, MappedFile, OpenedFile};
 use crate::process::Mapping;
 use object::read::elf::ElfFile64;

@@ -8,7 +8,6 @@
 //!   frame pointers where a range has no usable row.
 pub mod cache;
 pub mod compile;
-pub mod debug_file;
 mod plt;
 pub mod store;
 

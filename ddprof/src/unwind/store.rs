@@ -17,41 +17,30 @@
 //! [`STORE_MAX_BYTES`].
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::SystemTime;
 
 use ddprof_common::unwind::UnwindRow;
 
 use super::compile::{CompileStats, LoadSegment, UnwindTable};
-use crate::files::{read_build_id, remove_least_recently_used};
+use crate::files::{
+    build_id_hex, own_build_id, remove_least_recently_used, FileStamp, MAX_BUILD_ID_LEN,
+    MIN_BUILD_ID_LEN,
+};
 
 /// Total size of the stored tables; the least recently used go first.
 pub const STORE_MAX_BYTES: u64 = 256 << 20;
 const MAGIC: &[u8; 8] = b"DDPRUNW\0";
 /// The layout of the file. Tables are also keyed by the build id of the
-/// ddprof that compiled them ([`compiler_id`]), so that a table another
+/// ddprof that compiled them ([`own_build_id`]), so that a table another
 /// build compiled (whose compiler may have changed) is compiled again with
 /// no version to bump by hand.
 const FORMAT_VERSION: u32 = 2;
-/// Shorter ids are not real build ids (blazesym skips them too).
-const MIN_BUILD_ID_LEN: usize = 8;
-/// A build id longer than this is not one (GNU's are 20 bytes).
-const MAX_BUILD_ID_LEN: usize = 64;
 /// Bytes of a row in the file: `start`, `cfa_offset`, `rbp_offset`,
 /// `ra_offset_by_8`, `kind_bits`, little-endian.
 const ROW_BYTES: usize = 12;
 /// Bytes of a segment in the file: `file_offset`, `vaddr`, `file_size`.
 const SEGMENT_BYTES: usize = 24;
-
-/// The build id of the running ddprof; `None` (no store used) if it cannot
-/// be read.
-fn compiler_id() -> Option<&'static [u8]> {
-    static ID: OnceLock<Option<Vec<u8>>> = OnceLock::new();
-    ID.get_or_init(|| read_build_id("/proc/self/exe"))
-        .as_deref()
-}
 
 /// What a stored table was compiled from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,27 +48,6 @@ pub struct StoreKey {
     pub build_id: Vec<u8>,
     /// The split debug file the table was compiled with, if any.
     pub debug_file: Option<FileStamp>,
-}
-
-/// A file's identity as its metadata tells it: enough to notice that a
-/// debug file was replaced (a package upgrade) or appeared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileStamp {
-    pub inode: u64,
-    pub size: u64,
-    pub mtime: i64,
-    pub mtime_nsec: i64,
-}
-
-impl FileStamp {
-    pub fn of(metadata: &fs::Metadata) -> Self {
-        Self {
-            inode: metadata.ino(),
-            size: metadata.len(),
-            mtime: metadata.mtime(),
-            mtime_nsec: metadata.mtime_nsec(),
-        }
-    }
 }
 
 /// The directory of stored tables.
@@ -103,14 +71,14 @@ impl TableStore {
         if !(MIN_BUILD_ID_LEN..=MAX_BUILD_ID_LEN).contains(&build_id.len()) {
             return None;
         }
-        let hex: String = build_id.iter().map(|byte| format!("{byte:02x}")).collect();
+        let hex = build_id_hex(build_id);
         Some(self.dir.join(&hex[..2]).join(format!("{}.rows", &hex[2..])))
     }
 
     /// The stored table of `key`, if one was written and is whole and
     /// compiled from the same files.
     pub fn load(&self, key: &StoreKey) -> Option<UnwindTable> {
-        let compiler = compiler_id()?;
+        let compiler = own_build_id()?;
         let path = self.path_of(&key.build_id)?;
         let mut file = fs::File::open(&path).ok()?;
         // No table is larger than the whole store may be.
@@ -134,7 +102,7 @@ impl TableStore {
 
     /// Writes `table`, compiled from `key`'s files, for later runs.
     pub fn save(&self, key: &StoreKey, table: &UnwindTable) -> std::io::Result<()> {
-        let (Some(compiler), Some(path)) = (compiler_id(), self.path_of(&key.build_id)) else {
+        let (Some(compiler), Some(path)) = (own_build_id(), self.path_of(&key.build_id)) else {
             return Ok(());
         };
         if let Some(parent) = path.parent() {
@@ -181,12 +149,7 @@ fn encode(key: &StoreKey, table: &UnwindTable, compiler: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&key.build_id);
     let stamp = key.debug_file;
     out.push(u8::from(stamp.is_some()));
-    let stamp = stamp.unwrap_or(FileStamp {
-        inode: 0,
-        size: 0,
-        mtime: 0,
-        mtime_nsec: 0,
-    });
+    let stamp = stamp.unwrap_or_default();
     for value in [stamp.inode, stamp.size] {
         out.extend_from_slice(&value.to_le_bytes());
     }
