@@ -139,18 +139,38 @@ fn a_later_run_names_frames_from_the_symbols_an_earlier_run_resolved() {
         assert!(output.status.success(), "{stderr}");
         let profiles = pprof_files(&out.0);
         assert_eq!(profiles.len(), 1, "{profiles:?}");
-        // `N: 0xADDR M=K name file:line s=0(system name)` → by address.
+        // Locations `N: 0xADDR M=K name file:line s=0(system name)`, by
+        // file and offset in it: the addresses a profile gives files depend
+        // on the other files sampled. Mappings: `K: 0xSTART/0xLIMIT/0xOFF PATH …`.
         let raw = go_pprof(&["-raw"], &profiles[0]);
-        let locations = raw
-            .lines()
-            .skip_while(|line| !line.starts_with("Locations"))
-            .skip(1)
-            .take_while(|line| !line.starts_with("Mappings"))
+        let section = |title: &str| -> Vec<String> {
+            raw.lines()
+                .skip_while(|line| !line.starts_with(title))
+                .skip(1)
+                .take_while(|line| !line.is_empty() && !line.starts_with(char::is_alphabetic))
+                .map(str::to_string)
+                .collect()
+        };
+        let hex = |text: &str| u64::from_str_radix(text.trim_start_matches("0x"), 16).unwrap();
+        let mappings: HashMap<String, (u64, u64, String)> = section("Mappings")
+            .iter()
+            .filter_map(|line| {
+                let (id, rest) = line.trim().split_once(": ")?;
+                let mut words = rest.split_whitespace();
+                let bounds: Vec<u64> = words.next()?.split('/').map(hex).collect();
+                let path = words.next()?.to_string();
+                Some((id.to_string(), (bounds[0], bounds[2], path)))
+            })
+            .collect();
+        assert!(!mappings.is_empty(), "{raw}");
+        let locations = section("Locations")
+            .iter()
             .filter_map(|line| {
                 let mut words = line.split_whitespace().skip(1);
-                let address = words.next()?.to_string();
-                let _mapping = words.next()?;
-                Some((address, words.collect::<Vec<_>>().join(" ")))
+                let address = hex(words.next()?);
+                let (start, offset, path) = &mappings[words.next()?.trim_start_matches("M=")];
+                let place = format!("{path}+{:#x}", address - start + offset);
+                Some((place, words.collect::<Vec<_>>().join(" ")))
             })
             .collect();
         (stderr, locations)
@@ -166,12 +186,12 @@ fn a_later_run_names_frames_from_the_symbols_an_earlier_run_resolved() {
     assert!(later.contains(&read_from_store), "{later}");
     let common: Vec<&String> = resolved
         .keys()
-        .filter(|address| named_from_store.contains_key(*address))
+        .filter(|place| named_from_store.contains_key(*place))
         .collect();
     // The call sites of the chain (and libc's), at least.
     assert!(common.len() >= 8, "{resolved:?}\n{named_from_store:?}");
-    for address in common {
-        assert_eq!(resolved[address], named_from_store[address], "{address}");
+    for place in common {
+        assert_eq!(resolved[place], named_from_store[place], "{place}");
     }
     assert!(
         named_from_store
@@ -196,7 +216,13 @@ fn a_later_run_names_frames_from_the_symbols_an_earlier_run_resolved() {
     }
     let (damaged, resolved_again) = profile("damaged");
     assert!(!damaged.contains(&read_from_store), "{damaged}");
-    assert!(damaged.contains("is stale or corrupt"), "{damaged}");
+    assert!(damaged.contains("symbol store: "), "{damaged}");
+    assert!(
+        damaged
+            .lines()
+            .any(|line| line.contains("symbol store: ") && line.contains("is stale or corrupt")),
+        "{damaged}"
+    );
     assert!(
         resolved_again
             .values()

@@ -104,7 +104,7 @@ pub mod debug_file;
 
 /// A file's identity as its metadata tells it: enough to notice that a
 /// debug file was replaced (a package upgrade) or appeared.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct FileStamp {
     pub inode: u64,
     pub size: u64,
@@ -151,6 +151,27 @@ pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
     let cache = object::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     elf.build_id().ok().flatten().map(<[u8]>::to_vec)
+}
+
+/// The bytes of the regular file at `path` if it holds at most `max_bytes`:
+/// `None` for anything else (a FIFO, which would block the open; a device or
+/// a symbolic link, which could be endless), so that a file planted in a
+/// cache directory costs a miss, not a hung or exhausted profiler.
+pub fn read_regular_file(path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let metadata = file.metadata().ok()?;
+    if !metadata.is_file() || metadata.len() > max_bytes {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(max_bytes + 1).read_to_end(&mut bytes).ok()?;
+    (bytes.len() as u64 <= max_bytes).then_some(bytes)
 }
 
 /// The `.gnu_debuglink` name of an ELF file: the file name of its split
@@ -284,6 +305,12 @@ pub fn remove_least_recently_used(root: &Path, max_bytes: u64, keep: &Path) -> V
                 continue;
             };
             let modified = metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            // Another writer's file, about to be renamed into place (one
+            // left behind by a crash goes once it is a minute old).
+            let partial = entry.file_name().to_string_lossy().ends_with(".partial");
+            if partial && modified.elapsed().is_ok_and(|age| age.as_secs() < 60) {
+                continue;
+            }
             files.push((modified, metadata.len(), entry.path()));
         }
     }

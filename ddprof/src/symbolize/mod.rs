@@ -321,16 +321,25 @@ impl Symbolizer {
         self.evict_from_blazesym(&file.open_path);
         if let Some(copy) = &debug_copy {
             self.evict_from_blazesym(&copy.path.to_string_lossy());
+        } else {
+            // blazesym follows `.gnu_debuglink` itself and caches the debug
+            // file under its own path.
+            for debug_file in self.debug_files_of(file) {
+                self.evict_from_blazesym(&debug_file.to_string_lossy());
+            }
         }
         let fallback = self.named(&format!("[{}]", file.file_name()));
         let mut found: HashMap<u64, FrameSymbols> = HashMap::with_capacity(missing.len());
         let cache = self.files.get_mut(&key).expect("entry created above");
+        let stored = matches!(cache.store_key, Some(Some(_)));
         for (offset, lines) in missing.iter().zip(resolved) {
             let symbols = match lines {
                 Some(lines) if !lines.is_empty() => {
                     // Only names are kept for later runs: a file that could
                     // not be read this time may be readable the next.
-                    cache.unsaved.push(*offset);
+                    if stored {
+                        cache.unsaved.push(*offset);
+                    }
                     FrameSymbols::from(lines)
                 }
                 _ => fallback.clone(),
@@ -653,24 +662,13 @@ impl Symbolizer {
     }
 }
 
-/// A [`SymbolLine`] before its strings are interned (and as stored).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A [`SymbolLine`] before its strings are interned.
+#[derive(Clone)]
 struct OwnedLine {
     function: String,
     system_name: String,
     file: String,
     line: u32,
-}
-
-impl From<&SymbolLine> for OwnedLine {
-    fn from(line: &SymbolLine) -> Self {
-        Self {
-            function: line.function.to_string(),
-            system_name: line.system_name.to_string(),
-            file: line.file.to_string(),
-            line: line.line,
-        }
-    }
 }
 
 /// Lines of one blazesym result, innermost first.

@@ -7,30 +7,35 @@
 //! debug file, the largest step of a short run's profiler CPU after the BPF
 //! verifier, paid again by every run and every restarted worker, whose
 //! in-memory caches start empty. A file's names are written to
-//! `DIR/xx/rest.syms` (the build id in hex) when a period resolved new
-//! addresses in it, merged with what the file held; a run reads them the
-//! first time it meets the file and asks blazesym only for the others.
+//! `DIR/xx/rest-KEY.syms` (the build id in hex, then a hash of the rest of
+//! the key) when a period resolved new addresses in it, merged with what the
+//! file held; a run reads them the first time it meets the file and asks
+//! blazesym only for the others.
 //!
 //! Names depend on more than the build id, and the key holds it all: the
 //! ddprof build that resolved them ([`own_build_id`]: its symbolizer),
-//! whether inlined functions are frames of their own (`-I`), and the split
-//! debug file found for the file (a debug package installed later gives
-//! lines and inlined functions that the symbol table alone did not). Each
-//! file is checked before use (CRC-32, counts against its length, string
-//! indices, UTF-8), so that a truncated, corrupt or foreign file costs a
-//! parse, never a wrong name. Files are written beside their name and
-//! renamed into place, and the least recently used go once the directory
-//! holds more than [`STORE_MAX_BYTES`].
+//! whether inlined functions are frames of their own (`-I`), the file's size
+//! (`strip` keeps the build id: a stripped copy names less), and every split
+//! debug file that could be found for it (a debug package installed later
+//! gives lines and inlined functions that the symbol table alone did not).
+//! Each file is checked before use (a regular file, CRC-32, counts against
+//! its length, string indices, UTF-8), so that a truncated, corrupt or
+//! foreign file costs a parse, never a wrong name. Files are written beside
+//! their name and renamed into place, and the least recently used go once
+//! the directory holds more than [`STORE_MAX_BYTES`].
 use std::collections::HashMap;
 use std::fs;
-use std::io::{Read, Write};
+use std::hash::{Hash, Hasher};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::{FrameSymbols, OwnedLine, Symbolizer};
+use super::{FrameSymbols, SymbolLine, Symbolizer};
 use crate::files::{
-    build_id_hex, debug_file, own_build_id, read_debuglink, remove_least_recently_used, FileStamp,
-    MappedFile, ObjectFile, MAX_BUILD_ID_LEN, MIN_BUILD_ID_LEN,
+    build_id_hex, debug_file, own_build_id, read_debuglink, read_regular_file,
+    remove_least_recently_used, FileStamp, MappedFile, ObjectFile, MAX_BUILD_ID_LEN,
+    MIN_BUILD_ID_LEN,
 };
 
 /// Total size of the stored names; the least recently used files go first.
@@ -39,18 +44,35 @@ pub const STORE_MAX_BYTES: u64 = 64 << 20;
 /// but the hot ones are met first.
 const MAX_ENTRIES_PER_FILE: usize = 200_000;
 const MAGIC: &[u8; 8] = b"DDPRSYM\0";
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
 /// Bytes of a line in the file: three string indices and the line number.
 const LINE_BYTES: usize = 16;
+/// Bytes of an entry with one line: offset, line count, the line.
+const MIN_ENTRY_BYTES: usize = 8 + 4 + LINE_BYTES;
 
 /// What a file's names were resolved from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SymbolKey {
     pub build_id: Vec<u8>,
-    /// The split debug file found for it, if any.
-    pub debug_file: Option<FileStamp>,
+    /// The size of the file itself.
+    pub file_size: u64,
+    /// The split debug files found for it (their inodes, sizes and mtimes;
+    /// empty: none).
+    pub debug_files: Vec<FileStamp>,
     /// `-I`: inlined functions reported as frames of their own.
     pub inlined_functions: bool,
+}
+
+impl SymbolKey {
+    /// A hash of the key beyond the build id (and of ddprof's own build),
+    /// for the file name: keys that differ keep files of their own rather
+    /// than overwriting each other's.
+    fn variant(&self, own: &[u8]) -> u64 {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        own.hash(&mut hasher);
+        self.hash(&mut hasher);
+        hasher.finish()
+    }
 }
 
 /// The directory of stored names.
@@ -64,34 +86,33 @@ impl SymbolStore {
         Self { dir }
     }
 
-    /// `DIR/xx/rest.syms` (`rest.inlined.syms` with `-I`, so that runs with
-    /// and without it keep their own); `None` for ids too short or too long
-    /// to be one.
-    fn path_of(&self, key: &SymbolKey) -> Option<PathBuf> {
+    /// `DIR/xx/rest-VARIANT.syms`; `None` for ids too short or too long to
+    /// be one.
+    fn path_of(&self, key: &SymbolKey, own: &[u8]) -> Option<PathBuf> {
         if !(MIN_BUILD_ID_LEN..=MAX_BUILD_ID_LEN).contains(&key.build_id.len()) {
             return None;
         }
         let hex = build_id_hex(&key.build_id);
-        let kind = if key.inlined_functions {
-            ".inlined"
-        } else {
-            ""
-        };
-        Some(
-            self.dir
-                .join(&hex[..2])
-                .join(format!("{}{kind}.syms", &hex[2..])),
-        )
+        let name = format!("{}-{:016x}.syms", &hex[2..], key.variant(own));
+        Some(self.dir.join(&hex[..2]).join(name))
     }
 
-    /// The stored names of `key`'s file, by file offset (empty when none
-    /// were stored, or the file is stale or damaged).
-    pub(super) fn load(&self, key: &SymbolKey) -> HashMap<u64, Vec<OwnedLine>> {
-        let Some((own, path)) = own_build_id().zip(self.path_of(key)) else {
-            return HashMap::new();
+    /// The stored names of `key`'s file, by file offset, their strings made
+    /// by `intern` (empty when none were stored, or the file is stale or
+    /// damaged).
+    pub(super) fn load(
+        &self,
+        key: &SymbolKey,
+        intern: &mut dyn FnMut(&str) -> Arc<str>,
+    ) -> Vec<(u64, FrameSymbols)> {
+        let Some(own) = own_build_id() else {
+            return Vec::new();
         };
-        let Some(entries) = read(&path, key, own) else {
-            return HashMap::new();
+        let Some(path) = self.path_of(key, own) else {
+            return Vec::new();
+        };
+        let Some(entries) = read(&path, key, own, intern) else {
+            return Vec::new();
         };
         // Marks it recently used for the eviction order.
         let _ = fs::File::options()
@@ -102,28 +123,50 @@ impl SymbolStore {
     }
 
     /// Adds `names` (file offset → lines) to what the store holds for
-    /// `key`'s file.
+    /// `key`'s file; writes nothing when they add nothing.
     pub(super) fn save<'a>(
         &self,
         key: &SymbolKey,
-        names: impl IntoIterator<Item = (u64, &'a [OwnedLine])>,
+        names: impl IntoIterator<Item = (u64, &'a FrameSymbols)>,
     ) -> std::io::Result<()> {
-        let Some((own, path)) = own_build_id().zip(self.path_of(key)) else {
+        let Some(own) = own_build_id() else {
+            return Ok(());
+        };
+        let Some(path) = self.path_of(key, own) else {
             return Ok(());
         };
         // Another run may have added names since this one read the file.
-        let mut entries = read(&path, key, own).unwrap_or_default();
-        for (offset, lines) in names {
+        let mut entries: HashMap<u64, FrameSymbols> =
+            read(&path, key, own, &mut |text: &str| Arc::from(text))
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+        let mut added = 0usize;
+        for (offset, symbols) in names {
             if entries.len() >= MAX_ENTRIES_PER_FILE {
                 break;
             }
-            entries.entry(offset).or_insert_with(|| lines.to_vec());
+            entries.entry(offset).or_insert_with(|| {
+                added += 1;
+                symbols.clone()
+            });
+        }
+        if added == 0 {
+            return Ok(());
         }
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;
         }
-        let partial = path.with_extension(format!("syms.{}.partial", std::process::id()));
-        let written = fs::File::create(&partial)
+        // Unique to this writer (pids repeat across pid namespaces that
+        // share a cache directory), and never an existing file.
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.subsec_nanos());
+        let partial = path.with_extension(format!("syms.{}-{nanos}.partial", std::process::id()));
+        let written = fs::File::options()
+            .write(true)
+            .create_new(true)
+            .open(&partial)
             .and_then(|mut file| file.write_all(&encode(key, &entries, own)))
             .and_then(|()| fs::rename(&partial, &path));
         if written.is_err() {
@@ -146,14 +189,14 @@ impl SymbolStore {
     }
 }
 
-fn read(path: &Path, key: &SymbolKey, own: &[u8]) -> Option<HashMap<u64, Vec<OwnedLine>>> {
-    let mut file = fs::File::open(path).ok()?;
-    if file.metadata().ok()?.len() > STORE_MAX_BYTES {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).ok()?;
-    let entries = decode(&bytes, key, own);
+fn read(
+    path: &Path,
+    key: &SymbolKey,
+    own: &[u8],
+    intern: &mut dyn FnMut(&str) -> Arc<str>,
+) -> Option<Vec<(u64, FrameSymbols)>> {
+    let bytes = read_regular_file(path, STORE_MAX_BYTES)?;
+    let entries = decode(&bytes, key, own, intern);
     if entries.is_none() {
         log::debug!("symbol store: {} is stale or corrupt", path.display());
     }
@@ -162,10 +205,10 @@ fn read(path: &Path, key: &SymbolKey, own: &[u8]) -> Option<HashMap<u64, Vec<Own
 
 /// The file's bytes: magic, version, the key, the strings, the entries, and
 /// the CRC-32 of everything before it.
-fn encode(key: &SymbolKey, entries: &HashMap<u64, Vec<OwnedLine>>, own: &[u8]) -> Vec<u8> {
+fn encode(key: &SymbolKey, entries: &HashMap<u64, FrameSymbols>, own: &[u8]) -> Vec<u8> {
     let mut strings: Vec<&str> = Vec::new();
     let mut string_ids: HashMap<&str, u32> = HashMap::new();
-    for line in entries.values().flatten() {
+    for line in entries.values().flat_map(|lines| lines.iter()) {
         for text in [&line.function, &line.system_name, &line.file] {
             string_ids.entry(text).or_insert_with(|| {
                 strings.push(text);
@@ -173,7 +216,7 @@ fn encode(key: &SymbolKey, entries: &HashMap<u64, Vec<OwnedLine>>, own: &[u8]) -
             });
         }
     }
-    let mut sorted: Vec<(&u64, &Vec<OwnedLine>)> = entries.iter().collect();
+    let mut sorted: Vec<(&u64, &FrameSymbols)> = entries.iter().collect();
     sorted.sort_by_key(|(offset, _)| **offset);
     let mut body = Vec::new();
     for (offset, lines) in &sorted {
@@ -181,7 +224,7 @@ fn encode(key: &SymbolKey, entries: &HashMap<u64, Vec<OwnedLine>>, own: &[u8]) -
         body.extend_from_slice(&(lines.len() as u32).to_le_bytes());
         for line in lines.iter() {
             for text in [&line.function, &line.system_name, &line.file] {
-                body.extend_from_slice(&string_ids[text.as_str()].to_le_bytes());
+                body.extend_from_slice(&string_ids[&**text].to_le_bytes());
             }
             body.extend_from_slice(&line.line.to_le_bytes());
         }
@@ -195,13 +238,15 @@ fn encode(key: &SymbolKey, entries: &HashMap<u64, Vec<OwnedLine>>, own: &[u8]) -
         out.extend_from_slice(id);
     }
     out.push(u8::from(key.inlined_functions));
-    out.push(u8::from(key.debug_file.is_some()));
-    let stamp = key.debug_file.unwrap_or_default();
-    for value in [stamp.inode, stamp.size] {
-        out.extend_from_slice(&value.to_le_bytes());
-    }
-    for value in [stamp.mtime, stamp.mtime_nsec] {
-        out.extend_from_slice(&value.to_le_bytes());
+    out.extend_from_slice(&key.file_size.to_le_bytes());
+    out.extend_from_slice(&(key.debug_files.len() as u32).to_le_bytes());
+    for stamp in &key.debug_files {
+        for value in [stamp.inode, stamp.size] {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        for value in [stamp.mtime, stamp.mtime_nsec] {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
     }
     out.extend_from_slice(&(strings.len() as u32).to_le_bytes());
     for text in &strings {
@@ -241,8 +286,15 @@ impl<'a> Fields<'a> {
 }
 
 /// The names in `bytes` if they are a whole, uncorrupted file of this
-/// format, resolved from `key`'s files by the ddprof build `own`.
-fn decode(bytes: &[u8], key: &SymbolKey, own: &[u8]) -> Option<HashMap<u64, Vec<OwnedLine>>> {
+/// format, resolved from `key`'s files by the ddprof build `own`. Each
+/// string is made once (by `intern`) and shared by the lines naming it, so
+/// that what a file holds bounds what it costs.
+fn decode(
+    bytes: &[u8],
+    key: &SymbolKey,
+    own: &[u8],
+    intern: &mut dyn FnMut(&str) -> Arc<str>,
+) -> Option<Vec<(u64, FrameSymbols)>> {
     let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
     if crc32fast::hash(body).to_le_bytes() != crc {
         return None;
@@ -257,36 +309,42 @@ fn decode(bytes: &[u8], key: &SymbolKey, own: &[u8]) -> Option<HashMap<u64, Vec<
             return None;
         }
     }
-    if fields.u8()? != u8::from(key.inlined_functions) {
+    if fields.u8()? != u8::from(key.inlined_functions) || fields.u64()? != key.file_size {
         return None;
     }
-    let has_debug_file = fields.u8()? != 0;
-    let stamp = FileStamp {
-        inode: fields.u64()?,
-        size: fields.u64()?,
-        mtime: fields.u64()? as i64,
-        mtime_nsec: fields.u64()? as i64,
-    };
-    if key.debug_file != has_debug_file.then_some(stamp) {
+    let stamp_count = fields.u32()? as usize;
+    if stamp_count != key.debug_files.len() {
         return None;
+    }
+    for stamp in &key.debug_files {
+        let stored = FileStamp {
+            inode: fields.u64()?,
+            size: fields.u64()?,
+            mtime: fields.u64()? as i64,
+            mtime_nsec: fields.u64()? as i64,
+        };
+        if stored != *stamp {
+            return None;
+        }
     }
     let string_count = fields.u32()? as usize;
-    // Each string takes at least its 4-byte length: a count the rest cannot
-    // hold is refused before anything of its size is allocated.
+    // Each string takes at least its 4-byte length, each entry
+    // MIN_ENTRY_BYTES: a count the rest cannot hold is refused before
+    // anything of its size is allocated.
     if string_count > fields.rest.len() / 4 {
         return None;
     }
-    let mut strings = Vec::with_capacity(string_count);
+    let mut strings: Vec<Arc<str>> = Vec::with_capacity(string_count);
     for _ in 0..string_count {
         let len = fields.u32()? as usize;
-        strings.push(std::str::from_utf8(fields.take(len)?).ok()?);
+        strings.push(intern(std::str::from_utf8(fields.take(len)?).ok()?));
     }
     let entry_count = fields.u32()? as usize;
-    if entry_count > fields.rest.len() / 12 {
+    if entry_count > MAX_ENTRIES_PER_FILE || entry_count > fields.rest.len() / MIN_ENTRY_BYTES {
         return None;
     }
-    let string = |id: u32| strings.get(id as usize).map(|text| text.to_string());
-    let mut entries = HashMap::with_capacity(entry_count);
+    let string = |id: u32| strings.get(id as usize).cloned();
+    let mut entries = Vec::with_capacity(entry_count);
     for _ in 0..entry_count {
         let offset = fields.u64()?;
         let line_count = fields.u32()? as usize;
@@ -295,14 +353,14 @@ fn decode(bytes: &[u8], key: &SymbolKey, own: &[u8]) -> Option<HashMap<u64, Vec<
         }
         let mut lines = Vec::with_capacity(line_count);
         for _ in 0..line_count {
-            lines.push(OwnedLine {
+            lines.push(SymbolLine {
                 function: string(fields.u32()?)?,
                 system_name: string(fields.u32()?)?,
                 file: string(fields.u32()?)?,
                 line: fields.u32()?,
             });
         }
-        entries.insert(offset, lines);
+        entries.push((offset, FrameSymbols::from(lines)));
     }
     fields.rest.is_empty().then_some(entries)
 }
@@ -313,14 +371,10 @@ impl Symbolizer {
     /// the file is met.
     pub(super) fn read_store(&mut self, key: &MappedFile, file: &ObjectFile) {
         let store_key = self.store.as_ref().and_then(|_| self.symbol_key(file));
-        let stored = match (&self.store, &store_key) {
-            (Some(store), Some(store_key)) => store.load(store_key),
-            _ => HashMap::new(),
+        let stored = match (self.store.clone(), &store_key) {
+            (Some(store), Some(store_key)) => store.load(store_key, &mut |text| self.intern(text)),
+            _ => Vec::new(),
         };
-        let stored: Vec<(u64, FrameSymbols)> = stored
-            .into_iter()
-            .map(|(offset, lines)| (offset, FrameSymbols::from(self.intern_lines(lines))))
-            .collect();
         let cache = self.files.get_mut(key).expect("the caller created it");
         cache.store_key = Some(store_key);
         let mut added = 0;
@@ -338,66 +392,99 @@ impl Symbolizer {
         self.cached_addresses += added;
     }
 
-    /// What `file`'s names are resolved from: its build id, the split debug
-    /// file blazesym will find for it (by build id or `.gnu_debuglink`, in
-    /// the debug directories), and `-I`.
+    /// What `file`'s names are resolved from: its build id and size, the
+    /// split debug files that could be found for it, and `-I`.
     fn symbol_key(&self, file: &ObjectFile) -> Option<SymbolKey> {
         let build_id = file.build_id.clone()?;
-        let debuglink = read_debuglink(&file.open_path);
-        let debug_file = self.debug_dirs.iter().find_map(|dir| {
-            let candidates =
-                debug_file::candidates(dir, &file.path, Some(&build_id), debuglink.as_deref());
-            debug_file::open(Path::new(""), &candidates, file.inode)
-        });
+        let file_size = fs::metadata(&file.open_path).ok()?.len();
+        let debug_files = self
+            .debug_files_of(file)
+            .iter()
+            .filter_map(|path| fs::metadata(path).ok())
+            .map(|metadata| FileStamp::of(&metadata))
+            .collect();
         Some(SymbolKey {
             build_id,
-            debug_file: debug_file
-                .and_then(|file| file.metadata().ok())
-                .map(|metadata| FileStamp::of(&metadata)),
+            file_size,
+            debug_files,
             inlined_functions: self.inlined_functions,
         })
+    }
+
+    /// The split debug files of `file` that exist where gdb or blazesym
+    /// look for them: `DEBUG_DIR/.build-id/xx/rest.debug`, and for a
+    /// `.gnu_debuglink` name, beside the file (and in its `.debug/`), under
+    /// each debug directory at the file's directory, and in each debug
+    /// directory itself.
+    pub(super) fn debug_files_of(&self, file: &ObjectFile) -> Vec<PathBuf> {
+        let debuglink = read_debuglink(&file.open_path);
+        let mut candidates = Vec::new();
+        for dir in &self.debug_dirs {
+            candidates.extend(debug_file::candidates(
+                dir,
+                &file.path,
+                file.build_id.as_deref(),
+                debuglink.as_deref(),
+            ));
+            if let Some(name) = debuglink
+                .as_deref()
+                .and_then(|l| std::str::from_utf8(l).ok())
+            {
+                if !name.is_empty() && !name.contains('/') {
+                    candidates.push(dir.join(name));
+                }
+            }
+        }
+        let mut found: Vec<PathBuf> = Vec::new();
+        for candidate in candidates {
+            let is_file = fs::metadata(&candidate).is_ok_and(|m| m.is_file());
+            if is_file && !found.contains(&candidate) {
+                found.push(candidate);
+            }
+        }
+        found
     }
 
     /// Adds the names resolved this period to the store. A store that
     /// cannot be written is not tried again in this run.
     pub(super) fn write_store(&mut self) {
-        let Some(store) = &self.store else {
+        let Some(store) = self.store.clone() else {
             return;
         };
         let mut written = false;
+        let mut failed = false;
         for (file, cache) in &mut self.files {
+            let unsaved = std::mem::take(&mut cache.unsaved);
             let Some(Some(key)) = &cache.store_key else {
-                cache.unsaved.clear();
                 continue;
             };
-            if cache.unsaved.is_empty() {
+            if failed || unsaved.is_empty() {
                 continue;
             }
-            let names: Vec<(u64, Vec<OwnedLine>)> = cache
-                .unsaved
-                .drain(..)
-                .filter_map(|offset| {
-                    let symbols = cache.addresses.get(&offset)?;
-                    Some((offset, symbols.iter().map(OwnedLine::from).collect()))
-                })
-                .collect();
-            let saved = store.save(
-                key,
-                names.iter().map(|(offset, lines)| (*offset, &lines[..])),
-            );
-            if let Err(error) = saved {
-                log::info!(
-                    "symbol store: cannot write the names of {}: {error}; later runs \
-                     resolve them again (--debug-cache DIR: another place)",
-                    file.path
-                );
-                self.store = None;
-                return;
+            let names = unsaved
+                .iter()
+                .filter_map(|offset| Some((*offset, cache.addresses.get(offset)?)));
+            match store.save(key, names) {
+                Ok(()) => written = true,
+                Err(error) => {
+                    log::info!(
+                        "symbol store: cannot write the names of {}: {error}; later runs \
+                         resolve them again (--debug-cache DIR: another place)",
+                        file.path
+                    );
+                    failed = true;
+                }
             }
-            written = true;
         }
         if written {
             store.evict();
+        }
+        if failed {
+            self.store = None;
+            // Nothing more is kept for a store that is gone.
+            for cache in self.files.values_mut() {
+                cache.store_key = Some(None);
+            }
         }
     }
 }
@@ -409,36 +496,49 @@ mod tests {
     fn key() -> SymbolKey {
         SymbolKey {
             build_id: vec![0xab; 20],
-            debug_file: Some(FileStamp {
+            file_size: 12_345,
+            debug_files: vec![FileStamp {
                 inode: 7,
                 size: 4096,
                 mtime: 1_700_000_000,
                 mtime_nsec: 5,
-            }),
+            }],
             inlined_functions: false,
         }
     }
 
-    fn line(function: &str, file: &str, number: u32) -> OwnedLine {
-        OwnedLine {
-            function: function.to_string(),
-            system_name: format!("_Z{function}"),
-            file: file.to_string(),
+    fn line(function: &str, file: &str, number: u32) -> SymbolLine {
+        SymbolLine {
+            function: function.into(),
+            system_name: format!("_Z{function}").into(),
+            file: file.into(),
             line: number,
         }
     }
 
-    fn names() -> HashMap<u64, Vec<OwnedLine>> {
+    fn names() -> HashMap<u64, FrameSymbols> {
         HashMap::from([
-            (0x1130, vec![line("leaf", "chain.c", 12)]),
+            (
+                0x1130,
+                FrameSymbols::from(vec![line("leaf", "chain.c", 12)]),
+            ),
             (
                 0x2040,
-                vec![
+                FrameSymbols::from(vec![
                     line("inlined_helper", "util.h", 3),
                     line("caller", "chain.c", 40),
-                ],
+                ]),
             ),
         ])
+    }
+
+    fn sorted(mut entries: Vec<(u64, FrameSymbols)>) -> Vec<(u64, FrameSymbols)> {
+        entries.sort_by_key(|(offset, _)| *offset);
+        entries
+    }
+
+    fn intern(text: &str) -> Arc<str> {
+        Arc::from(text)
     }
 
     #[test]
@@ -448,28 +548,40 @@ mod tests {
         let store = SymbolStore::new(dir.clone());
         let names = names();
         store
-            .save(&key(), names.iter().map(|(o, l)| (*o, l.as_slice())))
+            .save(&key(), names.iter().map(|(o, s)| (*o, s)))
             .unwrap();
-        assert_eq!(store.load(&key()), names);
+        assert_eq!(
+            sorted(store.load(&key(), &mut intern)),
+            sorted(names.clone().into_iter().collect())
+        );
 
-        // A later save adds to what is there.
-        let more = [(0x3000u64, vec![line("other", "other.c", 1)])];
+        // A later save adds to what is there; one that adds nothing writes
+        // nothing.
+        let more = HashMap::from([(0x3000u64, FrameSymbols::from(vec![line("other", "o.c", 1)]))]);
         store
-            .save(&key(), more.iter().map(|(o, l)| (*o, l.as_slice())))
+            .save(&key(), more.iter().map(|(o, s)| (*o, s)))
             .unwrap();
-        let all = store.load(&key());
+        let all = store.load(&key(), &mut intern);
         assert_eq!(all.len(), 3);
-        assert_eq!(all[&0x2040], names[&0x2040]);
+        let path = store.path_of(&key(), own_build_id().unwrap()).unwrap();
+        let before = fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        store
+            .save(&key(), more.iter().map(|(o, s)| (*o, s)))
+            .unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), before);
 
         // Any part of the key that differs finds nothing.
         let mut inlined = key();
         inlined.inlined_functions = true;
         let mut no_debug_file = key();
-        no_debug_file.debug_file = None;
+        no_debug_file.debug_files.clear();
+        let mut stripped = key();
+        stripped.file_size = 9_000;
         let mut other_build = key();
         other_build.build_id[0] = 0;
-        for other in [inlined, no_debug_file, other_build] {
-            assert!(store.load(&other).is_empty(), "{other:?}");
+        for other in [inlined, no_debug_file, stripped, other_build] {
+            assert!(store.load(&other, &mut intern).is_empty(), "{other:?}");
         }
         let _ = fs::remove_dir_all(&dir);
     }
@@ -478,11 +590,18 @@ mod tests {
     fn every_truncation_and_bit_flip_is_refused() {
         let own = b"ddprof-build-id!";
         let bytes = encode(&key(), &names(), own);
-        assert_eq!(decode(&bytes, &key(), own), Some(names()));
-        assert_eq!(decode(&bytes, &key(), b"another-build-id"), None);
+        let expected = sorted(names().into_iter().collect());
+        assert_eq!(
+            decode(&bytes, &key(), own, &mut intern).map(sorted),
+            Some(expected)
+        );
+        assert_eq!(
+            decode(&bytes, &key(), b"another-build-id", &mut intern),
+            None
+        );
         for len in 0..bytes.len() {
             assert_eq!(
-                decode(&bytes[..len], &key(), own),
+                decode(&bytes[..len], &key(), own, &mut intern),
                 None,
                 "truncated to {len}"
             );
@@ -492,11 +611,28 @@ mod tests {
                 let mut flipped = bytes.clone();
                 flipped[index] ^= 1 << bit;
                 assert_eq!(
-                    decode(&flipped, &key(), own),
+                    decode(&flipped, &key(), own, &mut intern),
                     None,
                     "byte {index} bit {bit}"
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_store_path_that_is_not_a_regular_file_is_not_read() {
+        let dir = std::env::temp_dir().join(format!("ddprof-symbol-fifo-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let store = SymbolStore::new(dir.clone());
+        let path = store.path_of(&key(), own_build_id().unwrap()).unwrap();
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        // A FIFO would block an open for reading; a link to /dev/zero would
+        // never end.
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(store.load(&key(), &mut intern).is_empty());
+        fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        assert!(store.load(&key(), &mut intern).is_empty());
+        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -16,7 +16,7 @@
 //! and the least recently used go once the directory holds more than
 //! [`STORE_MAX_BYTES`].
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -24,8 +24,8 @@ use ddprof_common::unwind::UnwindRow;
 
 use super::compile::{CompileStats, LoadSegment, UnwindTable};
 use crate::files::{
-    build_id_hex, own_build_id, remove_least_recently_used, FileStamp, MAX_BUILD_ID_LEN,
-    MIN_BUILD_ID_LEN,
+    build_id_hex, own_build_id, read_regular_file, remove_least_recently_used, FileStamp,
+    MAX_BUILD_ID_LEN, MIN_BUILD_ID_LEN,
 };
 
 /// Total size of the stored tables; the least recently used go first.
@@ -80,13 +80,8 @@ impl TableStore {
     pub fn load(&self, key: &StoreKey) -> Option<UnwindTable> {
         let compiler = own_build_id()?;
         let path = self.path_of(&key.build_id)?;
-        let mut file = fs::File::open(&path).ok()?;
         // No table is larger than the whole store may be.
-        if file.metadata().ok()?.len() > STORE_MAX_BYTES {
-            return None;
-        }
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).ok()?;
+        let bytes = read_regular_file(&path, STORE_MAX_BYTES)?;
         let table = decode(&bytes, key, compiler);
         if table.is_some() {
             // Marks it recently used for the eviction order.
