@@ -163,16 +163,30 @@ fn a_later_run_names_frames_from_the_symbols_an_earlier_run_resolved() {
             })
             .collect();
         assert!(!mappings.is_empty(), "{raw}");
-        let locations = section("Locations")
-            .iter()
-            .filter_map(|line| {
-                let mut words = line.split_whitespace().skip(1);
-                let address = hex(words.next()?);
-                let (start, offset, path) = &mappings[words.next()?.trim_start_matches("M=")];
-                let place = format!("{path}+{:#x}", address - start + offset);
-                Some((place, words.collect::<Vec<_>>().join(" ")))
-            })
-            .collect();
+        // A location's inlined functions follow it on lines of their own;
+        // frames outside any mapping (`[unknown]`) have none to key them.
+        let mut locations: HashMap<String, String> = HashMap::new();
+        let mut current: Option<String> = None;
+        for line in section("Locations") {
+            let mut words = line.split_whitespace();
+            let first = words.next().unwrap_or_default();
+            if !first.ends_with(':') {
+                if let Some(place) = &current {
+                    let description = locations.get_mut(place).unwrap();
+                    description.push_str(" | ");
+                    description.push_str(line.trim());
+                }
+                continue;
+            }
+            let address = hex(words.next().unwrap_or("0x0"));
+            let mapping = words.next().unwrap_or_default().trim_start_matches("M=");
+            current = mappings
+                .get(mapping)
+                .map(|(start, offset, path)| format!("{path}+{:#x}", address - start + offset));
+            if let Some(place) = &current {
+                locations.insert(place.clone(), words.collect::<Vec<_>>().join(" "));
+            }
+        }
         (stderr, locations)
     };
     let read_from_store = format!(

@@ -1370,7 +1370,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "Medians of {runs} runs per tool and frequency; each workload does `--work {}` (about {} s of CPU) \
          whatever the frequency. Each run starts after `sync(2)`, so that the previous run's output \
          (perf.data: up to 150 MB) is not written back during it; each run's figures are in the \
-         command's log.\n\n\
+         command's log. ddprof keeps its default cache directory (`~/.cache/ddprof`): the first \
+         run of a workload compiles its unwind tables and resolves its names and keeps them \
+         there, and the later runs read them, as a restarted service or a replaced worker does \
+         (the first run's figures, in the log, are a start without them).\n\n\
          - *tool CPU*: CPU of every process in the run's cgroup minus the workload's own CPU \
          (measured by the `measure` wrapper, `xtask/src/measure.c`, a small C program so that \
          the tools, which profile it too, have next to nothing of it to symbolize); for perf, plus the CPU of `perf script` \
