@@ -42,6 +42,21 @@ fn the_perf_engine_wraps_the_chain_workload_into_pprof_flamegraph_and_folded_sta
     e2e::wraps_the_chain_workload(&ddprof_with_engine("perf"), "perf");
 }
 
+/// ddprof writing into `output`, logging at debug level (the stores say
+/// what they read), with its caches in `cache`.
+fn with_debug_log_and_cache(output: &Path, cache: &Path) -> Command {
+    let mut command = ddprof_tests::ddprof_command();
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .arg("--output")
+        .arg(output)
+        .args(["-l", "debug", "--debug-cache"])
+        .arg(cache);
+    command
+}
+
 /// The unwind tables a run compiles are kept in the cache directory, and a
 /// later run of either engine reads them instead of compiling them; a
 /// stored table that is damaged is compiled again and written anew, and
@@ -52,14 +67,8 @@ fn a_later_run_reads_the_unwind_tables_an_earlier_run_compiled() {
     let cache = Scratch::new("table-store");
     let profile = |engine: &str| {
         let out = Scratch::new(&format!("table-store-{engine}"));
-        let (output, stderr) = run(ddprof_tests::ddprof_command()
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .arg("--output")
-            .arg(&out.0)
-            .args(["-l", "debug", "--engine", engine, "--debug-cache"])
-            .arg(&cache.0)
+        let (output, stderr) = run(with_debug_log_and_cache(&out.0, &cache.0)
+            .args(["--engine", engine])
             .args(["-e", "sCPU freq=999", "--"])
             .arg(&chain)
             .arg("1"));
@@ -125,14 +134,7 @@ fn a_later_run_names_frames_from_the_symbols_an_earlier_run_resolved() {
     let cache = Scratch::new("symbol-store");
     let profile = |name: &str| -> (String, HashMap<String, String>) {
         let out = Scratch::new(&format!("symbol-store-{name}"));
-        let (output, stderr) = run(ddprof_tests::ddprof_command()
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .arg("--output")
-            .arg(&out.0)
-            .args(["-l", "debug", "--debug-cache"])
-            .arg(&cache.0)
+        let (output, stderr) = run(with_debug_log_and_cache(&out.0, &cache.0)
             .args(["-e", "sCPU freq=999", "--"])
             .arg(&chain)
             .arg("1"));

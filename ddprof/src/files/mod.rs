@@ -133,6 +133,56 @@ pub fn own_build_id() -> Option<&'static [u8]> {
         .as_deref()
 }
 
+/// A little-endian reader over a byte slice that fails past its end: how
+/// the stores on disk decode their files.
+pub struct Fields<'a> {
+    pub rest: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Self { rest: bytes }
+    }
+
+    /// The fields of a store file after its `magic` and `version`, if the
+    /// file ends with the CRC-32 of everything before it and starts with
+    /// them (the CRC is not among the fields).
+    pub fn checked(bytes: &'a [u8], magic: &[u8], version: u32) -> Option<Self> {
+        let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
+        if crc32fast::hash(body).to_le_bytes() != crc {
+            return None;
+        }
+        let mut fields = Self::new(body);
+        (fields.take(magic.len())? == magic && fields.u32()? == version).then_some(fields)
+    }
+
+    pub fn take(&mut self, count: usize) -> Option<&'a [u8]> {
+        let (taken, rest) = self.rest.split_at_checked(count)?;
+        self.rest = rest;
+        Some(taken)
+    }
+
+    pub fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+
+    pub fn u8(&mut self) -> Option<u8> {
+        Some(self.array::<1>()?[0])
+    }
+
+    pub fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.array()?))
+    }
+
+    pub fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.array()?))
+    }
+
+    pub fn i64(&mut self) -> Option<i64> {
+        Some(i64::from_le_bytes(self.array()?))
+    }
+}
+
 /// Shorter ids are not real build ids (blazesym skips them too): the
 /// stores on disk key nothing by them.
 pub const MIN_BUILD_ID_LEN: usize = 8;

@@ -34,7 +34,7 @@ use std::time::SystemTime;
 use super::{FrameSymbols, SymbolLine, Symbolizer};
 use crate::files::{
     build_id_hex, debug_file, own_build_id, read_debuglink, read_regular_file,
-    remove_least_recently_used, FileStamp, MappedFile, ObjectFile, MAX_BUILD_ID_LEN,
+    remove_least_recently_used, Fields, FileStamp, MappedFile, ObjectFile, MAX_BUILD_ID_LEN,
     MIN_BUILD_ID_LEN,
 };
 
@@ -260,31 +260,6 @@ fn encode(key: &SymbolKey, entries: &HashMap<u64, FrameSymbols>, own: &[u8]) -> 
     out
 }
 
-/// A little-endian reader over a byte slice that fails past its end.
-struct Fields<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Fields<'a> {
-    fn take(&mut self, count: usize) -> Option<&'a [u8]> {
-        let (taken, rest) = self.rest.split_at_checked(count)?;
-        self.rest = rest;
-        Some(taken)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-}
-
 /// The names in `bytes` if they are a whole, uncorrupted file of this
 /// format, resolved from `key`'s files by the ddprof build `own`. Each
 /// string is made once (by `intern`) and shared by the lines naming it, so
@@ -295,14 +270,7 @@ fn decode(
     own: &[u8],
     intern: &mut dyn FnMut(&str) -> Arc<str>,
 ) -> Option<Vec<(u64, FrameSymbols)>> {
-    let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
-    if crc32fast::hash(body).to_le_bytes() != crc {
-        return None;
-    }
-    let mut fields = Fields { rest: body };
-    if fields.take(MAGIC.len())? != MAGIC || fields.u32()? != FORMAT_VERSION {
-        return None;
-    }
+    let mut fields = Fields::checked(bytes, MAGIC, FORMAT_VERSION)?;
     for id in [own, key.build_id.as_slice()] {
         let len = fields.u32()? as usize;
         if fields.take(len)? != id {
@@ -320,8 +288,8 @@ fn decode(
         let stored = FileStamp {
             inode: fields.u64()?,
             size: fields.u64()?,
-            mtime: fields.u64()? as i64,
-            mtime_nsec: fields.u64()? as i64,
+            mtime: fields.i64()?,
+            mtime_nsec: fields.i64()?,
         };
         if stored != *stamp {
             return None;

@@ -24,7 +24,7 @@ use ddprof_common::unwind::UnwindRow;
 
 use super::compile::{CompileStats, LoadSegment, UnwindTable};
 use crate::files::{
-    build_id_hex, own_build_id, read_regular_file, remove_least_recently_used, FileStamp,
+    build_id_hex, own_build_id, read_regular_file, remove_least_recently_used, Fields, FileStamp,
     MAX_BUILD_ID_LEN, MIN_BUILD_ID_LEN,
 };
 
@@ -180,53 +180,10 @@ fn encode(key: &StoreKey, table: &UnwindTable, compiler: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A little-endian reader over a byte slice that fails past its end.
-struct Fields<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Fields<'a> {
-    fn take(&mut self, count: usize) -> Option<&'a [u8]> {
-        if self.rest.len() < count {
-            return None;
-        }
-        let (taken, rest) = self.rest.split_at(count);
-        self.rest = rest;
-        Some(taken)
-    }
-
-    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
-        self.take(N)?.try_into().ok()
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.array::<1>()?[0])
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.array()?))
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.array()?))
-    }
-
-    fn i64(&mut self) -> Option<i64> {
-        Some(i64::from_le_bytes(self.array()?))
-    }
-}
-
 /// The table in `bytes` if they are a whole, uncorrupted file of this
 /// format, compiled from `key`'s files, with rows sorted by address.
 fn decode(bytes: &[u8], key: &StoreKey, compiler: &[u8]) -> Option<UnwindTable> {
-    let (body, crc) = bytes.split_at_checked(bytes.len().checked_sub(4)?)?;
-    if crc32fast::hash(body).to_le_bytes() != crc {
-        return None;
-    }
-    let mut fields = Fields { rest: body };
-    if fields.take(MAGIC.len())? != MAGIC || fields.u32()? != FORMAT_VERSION {
-        return None;
-    }
+    let mut fields = Fields::checked(bytes, MAGIC, FORMAT_VERSION)?;
     let compiler_len = fields.u32()? as usize;
     if fields.take(compiler_len)? != compiler {
         return None;
@@ -273,7 +230,7 @@ fn decode(bytes: &[u8], key: &StoreKey, compiler: &[u8]) -> Option<UnwindTable> 
         .collect::<Option<Vec<_>>>()?;
     let mut rows = Vec::with_capacity(row_count);
     for chunk in fields.rest.chunks_exact(ROW_BYTES) {
-        let mut row = Fields { rest: chunk };
+        let mut row = Fields::new(chunk);
         rows.push(UnwindRow {
             start: row.u32()?,
             cfa_offset: i32::from_le_bytes(row.array()?),
