@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::events::EventFd;
 use crate::process::ProcessTable;
 use crate::sample::{LossCounters, Sample, StackEnd};
-use crate::unwind::{TableStore, Unwinder};
+use crate::unwind::{TableLoading, TableStore, Unwinder};
 
 pub use ddprof_common::sample::MAX_USER_FRAMES;
 use record::{Record, TimedRecord};
@@ -588,7 +588,9 @@ impl PerfEngine {
                 if settled && in_budget {
                     until_clock_read -= 1;
                     tracker.before_sample(processes, view.pid);
-                    if let Some((frames, end)) = unwinding.frames_of(processes, &view, false) {
+                    if let Some((frames, end)) =
+                        unwinding.frames_of(processes, &view, TableLoading::KnownOnly)
+                    {
                         unwinding.counters.unwound_in_place += 1;
                         let sample = unwinding.sample(view, frames, end);
                         reorder.push(time, Record::Unwound(sample));
@@ -649,44 +651,35 @@ impl Unwinding<'_> {
     fn unwind(&mut self, processes: &ProcessTable, raw: record::SampleView<'_>) -> Sample {
         // With loading allowed there is always an answer.
         let (frames, end) = self
-            .frames_of(processes, &raw, true)
+            .frames_of(processes, &raw, TableLoading::Allowed)
             .unwrap_or((Vec::new(), StackEnd::NoUnwindInfo));
         self.sample(raw, frames, end)
     }
 
-    /// `raw`'s frames and how its walk ended; with `may_load` false,
-    /// `None` when a frame is in a file whose table was not looked for yet
-    /// (reading, maybe compiling it, is for the sample's turn).
+    /// `raw`'s frames and how its walk ended; with
+    /// [`TableLoading::KnownOnly`], `None` when a frame is in a file whose
+    /// table was not looked for yet (reading, maybe compiling it, is for
+    /// the sample's turn).
     fn frames_of(
         &mut self,
         processes: &ProcessTable,
         raw: &record::SampleView<'_>,
-        may_load: bool,
+        loading: TableLoading,
     ) -> Option<(Vec<u64>, StackEnd)> {
         let mut frames = self.spare_frames.pop().unwrap_or_default();
         frames.clear();
         let Some(regs) = &raw.regs else {
             return Some((frames, StackEnd::NoUserContext));
         };
-        let end = if may_load {
-            Some(self.unwinder.unwind(
-                processes,
-                raw.pid,
-                regs,
-                raw.stack,
-                self.max_frames,
-                &mut frames,
-            ))
-        } else {
-            self.unwinder.unwind_with_known_tables(
-                processes,
-                raw.pid,
-                regs,
-                raw.stack,
-                self.max_frames,
-                &mut frames,
-            )
-        };
+        let end = self.unwinder.unwind_with(
+            processes,
+            raw.pid,
+            regs,
+            raw.stack,
+            self.max_frames,
+            &mut frames,
+            loading,
+        );
         match end {
             Some(end) => Some((frames, end)),
             None => {

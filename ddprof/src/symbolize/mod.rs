@@ -324,7 +324,7 @@ impl Symbolizer {
         } else {
             // blazesym follows `.gnu_debuglink` itself and caches the debug
             // file under its own path.
-            for debug_file in self.debug_files_of(file) {
+            for (debug_file, _) in self.debug_files_of(file) {
                 self.evict_from_blazesym(&debug_file.to_string_lossy());
             }
         }

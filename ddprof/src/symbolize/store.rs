@@ -367,9 +367,8 @@ impl Symbolizer {
         let file_size = fs::metadata(&file.open_path).ok()?.len();
         let debug_files = self
             .debug_files_of(file)
-            .iter()
-            .filter_map(|path| fs::metadata(path).ok())
-            .map(|metadata| FileStamp::of(&metadata))
+            .into_iter()
+            .map(|(_, stamp)| stamp)
             .collect();
         Some(SymbolKey {
             build_id,
@@ -383,8 +382,8 @@ impl Symbolizer {
     /// look for them: `DEBUG_DIR/.build-id/xx/rest.debug`, and for a
     /// `.gnu_debuglink` name, beside the file (and in its `.debug/`), under
     /// each debug directory at the file's directory, and in each debug
-    /// directory itself.
-    pub(super) fn debug_files_of(&self, file: &ObjectFile) -> Vec<PathBuf> {
+    /// directory itself. Each with its stamp.
+    pub(super) fn debug_files_of(&self, file: &ObjectFile) -> Vec<(PathBuf, FileStamp)> {
         let debuglink = read_debuglink(&file.open_path);
         let mut candidates = Vec::new();
         for dir in &self.debug_dirs {
@@ -403,11 +402,13 @@ impl Symbolizer {
                 }
             }
         }
-        let mut found: Vec<PathBuf> = Vec::new();
+        let mut found: Vec<(PathBuf, FileStamp)> = Vec::new();
         for candidate in candidates {
-            let is_file = fs::metadata(&candidate).is_ok_and(|m| m.is_file());
-            if is_file && !found.contains(&candidate) {
-                found.push(candidate);
+            let Ok(metadata) = fs::metadata(&candidate) else {
+                continue;
+            };
+            if metadata.is_file() && !found.iter().any(|(path, _)| *path == candidate) {
+                found.push((candidate, FileStamp::of(&metadata)));
             }
         }
         found

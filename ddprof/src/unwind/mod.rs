@@ -45,9 +45,17 @@ pub struct Unwinder {
     tables: TableCache,
     stats: UnwindStats,
     rows: RowCache,
-    /// Set during [`Unwinder::unwind_with_known_tables`]: no table may be
-    /// looked for.
-    known_tables_only: bool,
+}
+
+/// Whether a walk may look for the tables of files it meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableLoading {
+    /// Reads (and may compile) a file's table on its first frame.
+    Allowed,
+    /// Stops at a file whose table was not looked for yet: reading one may
+    /// compile it (cc1's takes ~55 ms), which a caller that holds the
+    /// kernel's buffers cannot wait for.
+    KnownOnly,
 }
 
 /// The rules of recently unwound addresses, direct-mapped by (table,
@@ -111,7 +119,7 @@ enum FrameRule {
     /// The PC is in no executable mapping of a known process.
     Unmapped,
     /// The mapping's file has no table looked for yet, and the walk may
-    /// not look (see [`Unwinder::unwind_with_known_tables`]).
+    /// not look ([`TableLoading::KnownOnly`]).
     TableNotLookedFor,
 }
 
@@ -134,7 +142,6 @@ impl Unwinder {
             tables: TableCache::with_limit(bytes),
             stats: UnwindStats::default(),
             rows: RowCache::default(),
-            known_tables_only: false,
         }
     }
 
@@ -149,26 +156,6 @@ impl Unwinder {
 
     pub fn stats(&self) -> UnwindStats {
         self.stats
-    }
-
-    /// [`Unwinder::unwind`], if it needs no table that was not looked for
-    /// yet: `None` (and `frames` left to clear) when a frame is in such a
-    /// file. Loading one reads and may compile the file (cc1's takes
-    /// ~55 ms), which a caller that holds the kernel's buffers cannot wait
-    /// for.
-    pub fn unwind_with_known_tables(
-        &mut self,
-        processes: &ProcessTable,
-        pid: u32,
-        regs: &UserRegs,
-        stack: &[u8],
-        max_frames: usize,
-        frames: &mut Vec<u64>,
-    ) -> Option<StackEnd> {
-        self.known_tables_only = true;
-        let end = self.walk(processes, pid, regs, stack, max_frames, frames);
-        self.known_tables_only = false;
-        end
     }
 
     /// Unwinds one sample of process `pid`. `stack` holds the bytes the kernel
@@ -188,13 +175,23 @@ impl Unwinder {
         frames: &mut Vec<u64>,
     ) -> StackEnd {
         // Only a walk limited to known tables stops short (`None`).
-        self.walk(processes, pid, regs, stack, max_frames, frames)
-            .unwrap_or(StackEnd::NoUnwindInfo)
+        self.unwind_with(
+            processes,
+            pid,
+            regs,
+            stack,
+            max_frames,
+            frames,
+            TableLoading::Allowed,
+        )
+        .unwrap_or(StackEnd::NoUnwindInfo)
     }
 
-    /// [`Unwinder::unwind`]; `None` when `known_tables_only` is set and a
-    /// frame is in a file whose table was not looked for.
-    fn walk(
+    /// [`Unwinder::unwind`] with `loading` said; `None` (and `frames` left
+    /// to clear) when it is [`TableLoading::KnownOnly`] and a frame is in a
+    /// file whose table was not looked for.
+    #[allow(clippy::too_many_arguments)]
+    pub fn unwind_with(
         &mut self,
         processes: &ProcessTable,
         pid: u32,
@@ -202,6 +199,7 @@ impl Unwinder {
         stack: &[u8],
         max_frames: usize,
         frames: &mut Vec<u64>,
+        loading: TableLoading,
     ) -> Option<StackEnd> {
         let stack_start = regs.sp;
         let read = |addr: u64| -> Option<u64> {
@@ -245,7 +243,7 @@ impl Unwinder {
                 current.ip.wrapping_sub(1)
             };
             let rule = match process {
-                Some(process) => self.rule_for(pid, process, lookup_pc, &mut memo),
+                Some(process) => self.rule_for(pid, process, lookup_pc, loading, &mut memo),
                 None => FrameRule::FramePointer,
             };
             let mut next = current;
@@ -319,6 +317,7 @@ impl Unwinder {
         pid: u32,
         process: &crate::process::Process,
         pc: u64,
+        loading: TableLoading,
         memo: &mut Option<MappingMemo>,
     ) -> FrameRule {
         let in_memo = memo.as_ref().is_some_and(|m| pc >= m.start && pc < m.end);
@@ -326,7 +325,7 @@ impl Unwinder {
             let Some(mapping) = process.find_mapping(pc) else {
                 return FrameRule::Unmapped;
             };
-            if self.known_tables_only && !self.tables.knows(&mapping.file) {
+            if loading == TableLoading::KnownOnly && !self.tables.knows(&mapping.file) {
                 return FrameRule::TableNotLookedFor;
             }
             *memo = Some(self.memo_for(pid, mapping));

@@ -1282,13 +1282,14 @@ fn the_row_cache_answers_as_the_table_does() {
 /// is there, it gives the same frames as the ordinary walk.
 #[test]
 fn a_walk_that_may_not_load_tables_stops_at_an_unknown_file() {
+    use super::TableLoading::KnownOnly;
     let (processes, mut loaded) = synthetic();
     let (regs, stack) = four_frame_stack();
     let mut expected = Vec::new();
     let end = loaded.unwind(&processes, PID, &regs, &stack, 64, &mut expected);
     let mut frames = Vec::new();
     assert_eq!(
-        loaded.unwind_with_known_tables(&processes, PID, &regs, &stack, 64, &mut frames),
+        loaded.unwind_with(&processes, PID, &regs, &stack, 64, &mut frames, KnownOnly),
         Some(end)
     );
     assert_eq!(frames, expected);
@@ -1297,7 +1298,7 @@ fn a_walk_that_may_not_load_tables_stops_at_an_unknown_file() {
     let mut fresh = Unwinder::new();
     frames.clear();
     assert_eq!(
-        fresh.unwind_with_known_tables(&processes, PID, &regs, &stack, 64, &mut frames),
+        fresh.unwind_with(&processes, PID, &regs, &stack, 64, &mut frames, KnownOnly),
         None
     );
     // An ordinary walk looks for it (the file does not exist: frame
@@ -1306,7 +1307,7 @@ fn a_walk_that_may_not_load_tables_stops_at_an_unknown_file() {
     let without_table = fresh.unwind(&processes, PID, &regs, &stack, 64, &mut frames);
     let mut again = Vec::new();
     assert_eq!(
-        fresh.unwind_with_known_tables(&processes, PID, &regs, &stack, 64, &mut again),
+        fresh.unwind_with(&processes, PID, &regs, &stack, 64, &mut again, KnownOnly),
         Some(without_table)
     );
     assert_eq!(again, frames);
