@@ -1086,6 +1086,10 @@ struct ToolFigures {
     per_freq: Vec<(u32, Medians)>,
     /// µs of tool CPU per extra sample.
     marginal_us: Option<f64>,
+    /// The lowest and highest marginal CPU of one round (run *i* at the
+    /// lowest and the highest frequency, run back to back): how much the
+    /// medians' figure can be trusted.
+    marginal_spread_us: Option<(f64, f64)>,
     /// ms of tool CPU that does not grow with the samples.
     fixed_ms: Option<f64>,
     /// µs of the workload's CPU per sample at the highest frequency that
@@ -1111,6 +1115,7 @@ impl ToolFigures {
         Self {
             per_freq,
             marginal_us,
+            marginal_spread_us: None,
             fixed_ms,
             workload_added_us: None,
             failure: None,
@@ -1123,6 +1128,36 @@ impl ToolFigures {
 
     fn at_highest(&self) -> Option<&Medians> {
         self.per_freq.last().map(|(_, m)| m)
+    }
+}
+
+/// The lowest and highest marginal CPU (µs per sample) over the rounds:
+/// round *i* pairs the *i*-th run at the lowest frequency with the *i*-th
+/// at the highest. `None` with fewer than two rounds.
+fn marginal_spread(low: &[RunResult], high: &[RunResult]) -> Option<(f64, f64)> {
+    let per_round: Vec<f64> = low
+        .iter()
+        .zip(high)
+        .filter_map(|(lo, hi)| {
+            let (n_lo, n_hi) = (lo.samples? as f64, hi.samples? as f64);
+            // Negative when the machine was slower in the low-frequency run.
+            let extra_ms = (hi.tool_cpu?.as_secs_f64() - lo.tool_cpu?.as_secs_f64()) * 1e3;
+            (n_hi > n_lo).then(|| extra_ms / (n_hi - n_lo) * 1e3)
+        })
+        .collect();
+    if per_round.len() < 2 {
+        return None;
+    }
+    let low = per_round.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = per_round.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some((low, high))
+}
+
+/// A marginal CPU figure with its per-round spread: `1.64 (1.20 … 2.10)`.
+fn show_marginal(figures: &ToolFigures) -> String {
+    match (figures.marginal_us, figures.marginal_spread_us) {
+        (Some(value), Some((low, high))) => format!("{value:.2} ({low:.2} … {high:.2})"),
+        (value, _) => show(value, 2),
     }
 }
 
@@ -1378,7 +1413,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
          (measured by the `measure` wrapper, `xtask/src/measure.c`, a small C program so that \
          the tools, which profile it too, have next to nothing of it to symbolize); for perf, plus the CPU of `perf script` \
          (`{}`), which does perf's unwinding (dwarf) and symbolization.\n\
-         - *marginal CPU / sample*: (CPU@{hi} − CPU@{lo}) / (samples@{hi} − samples@{lo}); \
+         - *marginal CPU / sample*: (CPU@{hi} − CPU@{lo}) / (samples@{hi} − samples@{lo}) of the \
+         medians; in brackets, the lowest and highest of the same figure taken round by round \
+         (run *i* at {lo} Hz with run *i* at {hi} Hz): a tool whose fixed CPU moves from run to \
+         run by more than its whole {lo}-to-{hi} Hz difference has a wide or negative spread, and \
+         its median figure says little. \
          *fixed CPU*: CPU@{lo} − samples@{lo} × marginal (start-up, exit, per-run work).\n\
          - *slowdown*: the workload's wall time over its unprofiled wall time. *workload CPU \
          added / sample*: (the workload's CPU − its unprofiled CPU) / samples: the kernel's work \
@@ -1517,7 +1556,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         writeln!(
             report,
-            "| tool | marginal CPU / sample (µs) | fixed CPU (ms) | tool CPU @ {freq_list} Hz (ms) | \
+            "| tool | marginal CPU / sample (µs; per-round low … high) | fixed CPU (ms) | tool CPU @ {freq_list} Hz (ms) | \
              slowdown @ {freq_list} Hz | workload CPU added / sample @ {hi} Hz (µs) | peak RSS (MiB) | \
              samples @ {freq_list} Hz | lost | root share | output (KiB) |",
             hi = freqs[freqs.len() - 1]
@@ -1563,6 +1602,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 })
                 .collect();
             let mut figures = ToolFigures::compute(per);
+            if let (Some(low), Some(high)) = (freqs.first(), freqs.last()) {
+                figures.marginal_spread_us = marginal_spread(
+                    outcomes.get(&(*tool, *low)).map_or(&[], |r| r.as_slice()),
+                    outcomes.get(&(*tool, *high)).map_or(&[], |r| r.as_slice()),
+                );
+            }
             let slowdown = |m: &Medians| Some(m.wall_s? / baseline?.wall_s?);
             // What sampling costs inside the workload (the kernel's work at
             // each sample, the BPF program's unwinding included, is charged
@@ -1579,7 +1624,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             writeln!(
                 report,
                 "| {tool} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                show(figures.marginal_us, 2),
+                show_marginal(&figures),
                 show(figures.fixed_ms, 1),
                 per_freq(&figures, |m| m.tool_cpu_ms, 1),
                 per_freq(&figures, |m| slowdown(m), 3),
@@ -1786,26 +1831,33 @@ fn write_targets(
         )?;
     }
     // 6. perf engine marginal ≤ samply's on every workload.
-    let pairs: Vec<(&str, f64, f64)> = workloads_with("ddprof-perf")
+    let pairs: Vec<(&str, &ToolFigures, &ToolFigures)> = workloads_with("ddprof-perf")
         .iter()
-        .filter_map(|(w, f)| Some((*w, f.marginal_us?, results.get(w, "samply")?.marginal_us?)))
+        .filter_map(|(w, f)| {
+            let samply = results.get(w, "samply")?;
+            (f.marginal_us.is_some() && samply.marginal_us.is_some()).then_some((*w, *f, samply))
+        })
         .collect();
+    let above = |ours: &ToolFigures, theirs: &ToolFigures| ours.marginal_us > theirs.marginal_us;
+    let compared = |(w, ours, theirs): &(&str, &ToolFigures, &ToolFigures)| {
+        format!(
+            "{w} {} vs {} µs",
+            show_marginal(ours),
+            show_marginal(theirs)
+        )
+    };
     let missed: Vec<String> = pairs
         .iter()
-        .filter(|(_, ours, theirs)| ours > theirs)
-        .map(|(w, ours, theirs)| format!("{w} {ours:.2} vs {theirs:.2} µs"))
+        .filter(|(_, ours, theirs)| above(ours, theirs))
+        .map(compared)
         .collect();
     writeln!(
         report,
-        "| perf engine marginal CPU per sample ≤ samply's on every workload | {} | {} |",
+        "| perf engine marginal CPU per sample ≤ samply's on every workload (per-round low … high in brackets) | {} | {} |",
         if pairs.is_empty() {
             "–".to_string()
         } else if missed.is_empty() {
-            pairs
-                .iter()
-                .map(|(w, a, b)| format!("{w} {a:.2} vs {b:.2} µs"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            pairs.iter().map(compared).collect::<Vec<_>>().join(", ")
         } else {
             format!("above on {}", missed.join(", "))
         },
@@ -1882,6 +1934,31 @@ mod tests {
         let counts = read_folded(&path, &[]).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!((counts.samples, counts.rooted), (36, 30));
+    }
+
+    #[test]
+    fn the_marginal_spread_pairs_the_runs_of_each_round() {
+        let run = |cpu_ms: u64, samples: u64| RunResult {
+            tool_cpu: Some(Duration::from_millis(cpu_ms)),
+            samples: Some(samples),
+            ..Default::default()
+        };
+        // Rounds: (40 - 30) / 3600, (44 - 36) / 3600, (35 - 38) / 3600 samples.
+        let low = [run(30, 400), run(36, 400), run(38, 400)];
+        let high = [run(40, 4000), run(44, 4000), run(35, 4000)];
+        let (lowest, highest) = marginal_spread(&low, &high).unwrap();
+        assert!((lowest - -3.0 / 3.6).abs() < 1e-9, "{lowest}");
+        assert!((highest - 10.0 / 3.6).abs() < 1e-9, "{highest}");
+        // A round missing a figure is left out; one round says nothing.
+        let partial = [run(30, 400), RunResult::default()];
+        assert_eq!(marginal_spread(&partial, &high[..2]), None);
+        assert_eq!(marginal_spread(&low[..1], &high[..1]), None);
+        let figures = ToolFigures {
+            marginal_us: Some(1.5),
+            marginal_spread_us: Some((-0.25, 3.0)),
+            ..Default::default()
+        };
+        assert_eq!(show_marginal(&figures), "1.50 (-0.25 … 3.00)");
     }
 
     #[test]
