@@ -1153,6 +1153,22 @@ fn marginal_spread(low: &[RunResult], high: &[RunResult]) -> Option<(f64, f64)> 
     Some((low, high))
 }
 
+/// The highest `value` of `tool`'s first runs (empty cache), with its
+/// workload: shown beside the targets, which the measured (cached) runs
+/// decide.
+fn worst_first_run(
+    results: &BenchResults,
+    tool: &str,
+    value: impl Fn(&str, &RunResult) -> Option<f64>,
+) -> Option<(String, f64)> {
+    results
+        .first_runs
+        .iter()
+        .filter(|((_, t), _)| t == tool)
+        .filter_map(|((w, _), run)| Some((w.clone(), value(w, run)?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
 /// A marginal CPU figure with its per-round spread: `1.64 (1.20 … 2.10)`.
 fn show_marginal(figures: &ToolFigures) -> String {
     match (figures.marginal_us, figures.marginal_spread_us) {
@@ -1186,6 +1202,8 @@ fn per_freq(
 struct BenchResults {
     /// (workload, tool) → figures.
     tools: BTreeMap<(String, String), ToolFigures>,
+    /// (workload, ddprof tool) → its first run, with an empty cache.
+    first_runs: BTreeMap<(String, String), RunResult>,
     global: Option<GlobalStartup>,
 }
 
@@ -1405,10 +1423,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "Medians of {runs} runs per tool and frequency; each workload does `--work {}` (about {} s of CPU) \
          whatever the frequency. Each run starts after `sync(2)`, so that the previous run's output \
          (perf.data: up to 150 MB) is not written back during it; each run's figures are in the \
-         command's log. ddprof keeps its default cache directory (`~/.cache/ddprof`): the first \
-         run of a workload compiles its unwind tables and resolves its names and keeps them \
-         there, and the later runs read them, as a restarted service or a replaced worker does \
-         (the first run's figures, in the log, are a start without them).\n\n\
+         command's log. Before the measured runs of a workload, each ddprof engine runs it once \
+         with an empty cache directory (`--debug-cache` set to a new directory: the *first run* \
+         line under each table, what a one-off `ddprof -- COMMAND` costs) and once, unmeasured, \
+         with its default cache directory (`~/.cache/ddprof`), so that every measured run finds \
+         the workload's unwind tables and names kept there, as a restarted service or a replaced \
+         worker does.\n\n\
          - *tool CPU*: CPU of every process in the run's cgroup minus the workload's own CPU \
          (measured by the `measure` wrapper, `xtask/src/measure.c`, a small C program so that \
          the tools, which profile it too, have next to nothing of it to symbolize); for perf, plus the CPU of `perf script` \
@@ -1508,6 +1528,57 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 }
                 lines.push((tool, freq, out, line));
             }
+        }
+        // ddprof's first run of a workload, with an empty cache directory
+        // (what a one-off `ddprof -- COMMAND` costs), measured apart; then
+        // one unmeasured run that fills the default cache directory, so that
+        // every measured round finds it as a restarted service would.
+        let mut cold_starts: Vec<(&str, RunResult)> = Vec::new();
+        for (tool, freq, out, line) in &lines {
+            let Some(line) = line else { continue };
+            if !tool.starts_with("ddprof-") || *freq != freqs[0] {
+                continue;
+            }
+            let cache = target_dir()
+                .join("bench/cold-cache")
+                .join(format!("{}-{tool}", workload.name));
+            let _ = std::fs::remove_dir_all(&cache);
+            std::fs::create_dir_all(&cache)?;
+            let mut cold_line = line.clone();
+            cold_line.splice(
+                1..1,
+                ["--debug-cache".to_string(), cache.display().to_string()],
+            );
+            commands.push(format!(
+                "- {tool} @ {freq} Hz, first run with an empty cache: `{}`",
+                shell_words(&cold_line)
+            ));
+            for (label, line) in [("empty cache", &cold_line), ("warm-up", line)] {
+                let _ = std::fs::remove_dir_all(out);
+                std::fs::create_dir_all(out)?;
+                say(&format!("{} / {tool} @ {freq} Hz: {label}", workload.name));
+                nix::unistd::sync();
+                let run_id = format!(
+                    "{}-{tool}-{freq}-{}",
+                    workload.name,
+                    label.replace(' ', "-")
+                );
+                match run_once(tool, line, out, &run_id, &context) {
+                    Ok(result) => {
+                        say(&result.summary());
+                        if label == "empty cache" {
+                            results.first_runs.insert(
+                                (workload.name.to_string(), tool.to_string()),
+                                result.clone(),
+                            );
+                            cold_starts.push((tool, result));
+                        }
+                    }
+                    // The measured rounds meet and report the failure.
+                    Err(error) => say(&format!("{tool}: {error:#}")),
+                }
+            }
+            let _ = std::fs::remove_dir_all(&cache);
         }
         let mut outcomes: BTreeMap<(&str, u32), Vec<RunResult>> = BTreeMap::new();
         let mut failures: BTreeMap<&str, String> = BTreeMap::new();
@@ -1639,6 +1710,30 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             )?;
             figures.workload_added_us = added_per_sample(&high);
             results.tools.insert(key, figures);
+        }
+        if !cold_starts.is_empty() {
+            let each: Vec<String> = cold_starts
+                .iter()
+                .map(|(tool, run)| {
+                    let cpu_ms = run.tool_cpu.map(|cpu| cpu.as_secs_f64() * 1e3);
+                    let share =
+                        cpu_ms.map(|cpu| cpu / (run.workload_cpu.as_secs_f64() * 1e3) * 100.0);
+                    format!(
+                        "{tool} {} ms ({} % of the workload's CPU), peak RSS {} MiB",
+                        show(cpu_ms, 1),
+                        show(share, 2),
+                        show(run.peak_rss_kib.map(|kib| kib as f64 / 1024.0), 1)
+                    )
+                })
+                .collect();
+            writeln!(
+                report,
+                "\nFirst run at {} Hz with an empty cache directory (unwind tables compiled and \
+                 names resolved during the run, as for a one-off `ddprof -- COMMAND`; the rows above \
+                 find them cached): {}.",
+                freqs[0],
+                each.join("; ")
+            )?;
         }
         writeln!(report, "\nCommands:\n")?;
         for line in commands {
@@ -1789,9 +1884,14 @@ fn write_targets(
             })
             .collect();
         let worst = shares.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
+        let first_run = worst_first_run(results, engine, |_, run| {
+            Some(run.tool_cpu?.as_secs_f64() / run.workload_cpu.as_secs_f64() * 100.0)
+        })
+        .map(|(w, v)| format!("; first run with an empty cache: worst {v:.2} % ({w})"))
+        .unwrap_or_default();
         writeln!(
             report,
-            "| {engine}: whole profiler CPU at {low} Hz < 1 % of the workload's (`--work {work}`, start-up included) | {} | {} |",
+            "| {engine}: whole profiler CPU at {low} Hz < 1 % of the workload's (`--work {work}`, start-up included) | {}{first_run} | {} |",
             worst
                 .map(|(w, v)| format!(
                     "worst {v:.2} % ({w}); {}",
@@ -1821,9 +1921,17 @@ fn write_targets(
             })
             .collect();
         let worst = peaks.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
+        let first_run = worst_first_run(results, engine, |workload, run| {
+            let one_process = WORKLOADS
+                .iter()
+                .any(|x| x.name == workload && x.single_process);
+            one_process.then_some(run.peak_rss_kib? as f64 / 1024.0)
+        })
+        .map(|(w, v)| format!("; first run with an empty cache: worst {v:.1} MiB ({w})"))
+        .unwrap_or_default();
         writeln!(
             report,
-            "| {engine}: peak RSS ≤ 24 MiB profiling one process | {} | {} |",
+            "| {engine}: peak RSS ≤ 24 MiB profiling one process | {}{first_run} | {} |",
             worst
                 .map(|(w, v)| format!("worst {v:.1} MiB ({w})"))
                 .unwrap_or_else(|| "–".into()),
