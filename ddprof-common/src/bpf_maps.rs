@@ -44,6 +44,9 @@ pub mod names {
     ];
     /// Global set by the loader: collect kernel stacks (non-zero) or not.
     pub const KERNEL_STACKS: &str = "KERNEL_STACKS";
+    /// Global set by the loader: hand-off notices wake the reader at once
+    /// (non-zero) or wait for its next wake-up.
+    pub const HANDOFF_WAKEUP: &str = "HANDOFF_WAKEUP";
     /// The `bpf_loop` variant's program (Linux 5.17+).
     pub const LOOP_ENTRY_PROGRAM: &str = "ddprof_sample";
     /// The tail-call variant's entry program (Linux 5.10+).
@@ -181,11 +184,9 @@ mod tests {
             let definition = std::format!("pub fn {program}(");
             assert!(source.contains(&definition), "no program `{program}`");
         }
-        let global = std::format!("static {}: u32", names::KERNEL_STACKS);
-        assert!(
-            source.contains(&global),
-            "no global {}",
-            names::KERNEL_STACKS
-        );
+        for name in [names::KERNEL_STACKS, names::HANDOFF_WAKEUP] {
+            let global = std::format!("static {name}: u32");
+            assert!(source.contains(&global), "no global {name}");
+        }
     }
 }

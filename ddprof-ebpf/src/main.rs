@@ -77,6 +77,12 @@ static HANDED_OFF: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
 #[no_mangle]
 static KERNEL_STACKS: u32 = 0;
 
+/// Set by the loader: a hand-off notice wakes the reader at once (non-zero)
+/// or waits for its next wake-up (low sampling rates, where the wake-up
+/// costs more than the samples it saves from the perf engine's path).
+#[no_mangle]
+static HANDOFF_WAKEUP: u32 = 1;
+
 /// The state of the stack walk of this CPU. It lives in a map, not on the
 /// program's stack: the verifier does not track values in map memory, so it
 /// checks the `bpf_loop` callback once instead of once per possible frame
@@ -735,10 +741,11 @@ fn read_user_u64(addr: u64) -> Option<u64> {
 
 /// Counts a sample handed to the perf engine and, unless it named the
 /// process less than `HANDOFF_NOTICE_INTERVAL_NS` ago, writes a
-/// `HANDOFF_NOTICE` record naming it that wakes the reader at once: a
-/// process that just started or exec'd (a compiler job, a shell command)
-/// would otherwise be gone before the reader's next timed poll describes
-/// it, and all its samples would take the perf engine's path. The reader
+/// `HANDOFF_NOTICE` record naming it that wakes the reader at once (unless
+/// the loader said otherwise, `HANDOFF_WAKEUP`): a process that just
+/// started or exec'd (a compiler job, a shell command) would otherwise be
+/// gone before the reader's next timed poll describes it, and all its
+/// samples would take the perf engine's path. The reader
 /// never touches `HANDED_OFF` (each bpf(2) call of its own cost more than
 /// the rest of a new process's sync on a VM).
 #[inline(always)]
@@ -763,6 +770,12 @@ fn hand_off_waking_reader(pid: u32) {
     record.header.stack_end = HANDOFF_NOTICE;
     record.header.user_frames = 0;
     record.header.kernel_frames = 0;
+    // SAFETY: a global the loader sets, read once.
+    let wakeup = if unsafe { core::ptr::read_volatile(&HANDOFF_WAKEUP) } != 0 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
     // SAFETY: `record` is a map value of at least RAW_SAMPLE_HEADER_SIZE
     // bytes; the map pointer is the ring buffer map itself.
     unsafe {
@@ -770,7 +783,7 @@ fn hand_off_waking_reader(pid: u32) {
             &SAMPLES as *const RingBuf as *mut c_void,
             record as *mut RawSample as *mut c_void,
             RAW_SAMPLE_HEADER_SIZE as u64,
-            BPF_RB_FORCE_WAKEUP as u64,
+            wakeup as u64,
         )
     };
 }

@@ -57,9 +57,10 @@ pub enum SamplerError {
 
 /// How long the loop sleeps at most on the BPF engine's buffers. Nothing
 /// waits on this timeout: the program wakes the loop when its ring buffer
-/// is a quarter full (the buffer is sized for 250 ms of samples) and at once
-/// with a hand-off notice when a process its maps do not describe yet
-/// samples (an exec, a new mapping); the perf buffers wake it when half
+/// is a quarter full (the buffer is sized for 250 ms of samples) and, from
+/// [`crate::bpf::HANDOFF_WAKEUP_MIN_HZ`], at once with a hand-off notice
+/// when a process its maps do not describe yet samples (an exec, a new
+/// mapping); the perf buffers wake it when half
 /// full and when the events hang up. It only bounds how late samples are
 /// counted at low rates. Every timed wake-up costs ~50 µs of CPU on a VM,
 /// whatever the loop then does (a bare poll loop on the bench machine):
@@ -67,6 +68,16 @@ pub enum SamplerError {
 /// (50 ms rather than 10 ms had cut the CPU per 1000 samples on the 300-deep
 /// recursion from ~41 to ~33 ms, `cargo xtask bench`.)
 const BPF_MAX_POLL: Duration = Duration::from_millis(250);
+
+/// Samples a second of a busy task's CPU time: the rates of one CPU's
+/// events, summed.
+fn samples_per_task_second(events: &[EventFd]) -> u64 {
+    let mut per_cpu: std::collections::HashMap<i32, u64> = std::collections::HashMap::new();
+    for event in events {
+        *per_cpu.entry(event.cpu).or_default() += event.spec.rate.per_second();
+    }
+    per_cpu.into_values().max().unwrap_or(0)
+}
 
 /// The samples of the profiled processes, from whichever engine was chosen.
 pub struct Sampler {
@@ -115,6 +126,7 @@ impl Sampler {
         perf.use_table_store(options.table_store.clone());
         let bpf_options = BpfEngineOptions {
             kernel_stacks: options.kernel_stacks,
+            wake_on_handoff: crate::bpf::wakes_on_handoff_at(samples_per_task_second(&events)),
             ring_buffer_bytes: options.bpf_ring_buffer_bytes,
             table_store: options.table_store.clone(),
             workload_pids,

@@ -12,7 +12,7 @@ use ddprof_common::bpf_maps::MappingEntry;
 use ddprof_common::sample::BpfCounter;
 use ddprof_common::unwind::ROW_SIZE;
 
-use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes};
+use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes, ProgramSettings};
 use super::record::{decode, Record};
 use super::rows::RowStore;
 use super::sync::{FileState, LoadedTable, TableStats};
@@ -62,6 +62,9 @@ pub struct BpfEngineOptions {
     pub ring_buffer_bytes: usize,
     /// Collect kernel stacks too.
     pub kernel_stacks: bool,
+    /// Hand-off notices wake the reader at once (see
+    /// [`super::wakes_on_handoff_at`]).
+    pub wake_on_handoff: bool,
     /// Processes whose mappings size the maps (the target and its children,
     /// or every process for `--global`); read from `/proc`.
     pub workload_pids: Vec<u32>,
@@ -83,6 +86,7 @@ impl Default for BpfEngineOptions {
         BpfEngineOptions {
             ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
             kernel_stacks: false,
+            wake_on_handoff: true,
             workload_pids: Vec::new(),
             max_processes: None,
             table_rows: None,
@@ -147,10 +151,11 @@ impl BpfEngine {
             table_rows,
             processes,
         };
-        let mut program = match options.variant {
-            Some(variant) => BpfProgram::load_variant(sizes, options.kernel_stacks, variant)?,
-            None => BpfProgram::load(sizes, options.kernel_stacks)?,
+        let settings = ProgramSettings {
+            kernel_stacks: options.kernel_stacks,
+            wake_on_handoff: options.wake_on_handoff,
         };
+        let mut program = BpfProgram::load_with(sizes, settings, options.variant)?;
         let ring = program.take_ring()?;
         let rows = program.map_rows()?;
         let load_time = loading.elapsed();

@@ -32,7 +32,8 @@ pub use engine::{
     DEFAULT_RING_BUFFER_BYTES, TABLE_HEADROOM_ROWS,
 };
 pub use load::{
-    BpfCounters, BpfError, BpfProgram, MapMemory, MapProblem, MapSizes, ProgramStats, BPF_OBJECT,
+    wakes_on_handoff_at, BpfCounters, BpfError, BpfProgram, MapMemory, MapProblem, MapSizes,
+    ProgramSettings, ProgramStats, BPF_OBJECT, HANDOFF_WAKEUP_MIN_HZ,
 };
 pub use rows::RowStore;
 pub use sync::{LoadedFileReport, TableStats};

@@ -133,13 +133,7 @@ pub(super) fn kernel_stacks(cli: &Cli) -> bool {
 /// one at a time per CPU).
 fn samples_per_second(events: &[EventSpec]) -> u64 {
     let cpus = crate::events::online_cpus().len().max(1) as u64;
-    let per_cpu: u64 = events
-        .iter()
-        .map(|spec| match spec.rate {
-            SampleRate::Frequency(hz) => hz,
-            SampleRate::Period(nanos) => 1_000_000_000 / nanos.max(1),
-        })
-        .sum();
+    let per_cpu: u64 = events.iter().map(|spec| spec.rate.per_second()).sum();
     let per_cpu = if events.is_empty() {
         crate::events::DEFAULT_CPU_FREQUENCY
     } else {

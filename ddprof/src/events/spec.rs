@@ -13,6 +13,16 @@ pub enum SampleRate {
     Period(u64),
 }
 
+impl SampleRate {
+    /// Samples per second of a busy task (a period counts nanoseconds).
+    pub fn per_second(self) -> u64 {
+        match self {
+            SampleRate::Frequency(hz) => hz,
+            SampleRate::Period(nanos) => 1_000_000_000 / nanos.max(1),
+        }
+    }
+}
+
 /// The kinds of event ddprof samples on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
