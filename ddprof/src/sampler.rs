@@ -32,6 +32,9 @@ pub struct SamplerOptions {
     pub perf: PerfEngineOptions,
     /// Bytes of the BPF engine's sample ring buffer.
     pub bpf_ring_buffer_bytes: usize,
+    /// The BPF program's hand-off notices wake the loop at once (from
+    /// [`crate::bpf::HANDOFF_WAKEUP_MIN_HZ`] samples a second of a task).
+    pub bpf_wake_on_handoff: bool,
     /// `--include-kernel`: the BPF program also takes the kernel stack of
     /// samples taken in the kernel (the perf engine's come with the
     /// records: [`crate::events::EventOptions::kernel_stacks`]).
@@ -68,16 +71,6 @@ pub enum SamplerError {
 /// (50 ms rather than 10 ms had cut the CPU per 1000 samples on the 300-deep
 /// recursion from ~41 to ~33 ms, `cargo xtask bench`.)
 const BPF_MAX_POLL: Duration = Duration::from_millis(250);
-
-/// Samples a second of a busy task's CPU time: the rates of one CPU's
-/// events, summed.
-fn samples_per_task_second(events: &[EventFd]) -> u64 {
-    let mut per_cpu: std::collections::HashMap<i32, u64> = std::collections::HashMap::new();
-    for event in events {
-        *per_cpu.entry(event.cpu).or_default() += event.spec.rate.per_second();
-    }
-    per_cpu.into_values().max().unwrap_or(0)
-}
 
 /// The samples of the profiled processes, from whichever engine was chosen.
 pub struct Sampler {
@@ -126,7 +119,7 @@ impl Sampler {
         perf.use_table_store(options.table_store.clone());
         let bpf_options = BpfEngineOptions {
             kernel_stacks: options.kernel_stacks,
-            wake_on_handoff: crate::bpf::wakes_on_handoff_at(samples_per_task_second(&events)),
+            wake_on_handoff: options.bpf_wake_on_handoff,
             ring_buffer_bytes: options.bpf_ring_buffer_bytes,
             table_store: options.table_store.clone(),
             workload_pids,

@@ -70,6 +70,7 @@ pub fn resolve_with(
             bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or_else(|| {
                 crate::bpf::ring_buffer_bytes_for_rate(samples_per_second(&events))
             }),
+            bpf_wake_on_handoff: crate::bpf::wakes_on_handoff_at(samples_per_task_second(&events)),
             kernel_stacks,
             // Beside the debug copies: one directory of ddprof's caches.
             table_store: cli
@@ -126,22 +127,26 @@ pub(super) fn kernel_stacks(cli: &Cli) -> bool {
     cli.include_kernel.unwrap_or(cli.global)
 }
 
-/// pprof's `period`: the CPU time a sample stands for at the first event's
-/// rate.
+/// Samples a second of a busy task's CPU time: the events' rates summed
+/// (the default event's when none is given).
+fn samples_per_task_second(events: &[EventSpec]) -> u64 {
+    if events.is_empty() {
+        crate::events::DEFAULT_CPU_FREQUENCY
+    } else {
+        events.iter().map(|spec| spec.rate.per_second()).sum()
+    }
+}
+
 /// Samples a second the events can produce at most: each event's rate on
 /// every online CPU (CPU-time events sample only running tasks, so at most
 /// one at a time per CPU).
 fn samples_per_second(events: &[EventSpec]) -> u64 {
     let cpus = crate::events::online_cpus().len().max(1) as u64;
-    let per_cpu: u64 = events.iter().map(|spec| spec.rate.per_second()).sum();
-    let per_cpu = if events.is_empty() {
-        crate::events::DEFAULT_CPU_FREQUENCY
-    } else {
-        per_cpu
-    };
-    per_cpu.saturating_mul(cpus)
+    samples_per_task_second(events).saturating_mul(cpus)
 }
 
+/// pprof's `period`: the CPU time a sample stands for at the first event's
+/// rate.
 fn sampling_period_nanos(events: &[EventSpec]) -> u64 {
     match events.first().map(|spec| spec.rate) {
         Some(SampleRate::Frequency(hz)) => 1_000_000_000 / hz.max(1),
@@ -210,6 +215,16 @@ mod tests {
             high,
             crate::bpf::ring_buffer_bytes_for_rate(999 * crate::events::online_cpus().len() as u64)
         );
+    }
+
+    #[test]
+    fn hand_off_notices_wake_the_bpf_reader_from_the_rate_on() {
+        let sampler = |args: &[&str]| resolved(args).profiler.sampler.bpf_wake_on_handoff;
+        assert!(!sampler(&["ddprof", "--", "x"]));
+        assert!(!sampler(&["ddprof", "-e", "sCPU freq=99", "--", "x"]));
+        assert!(sampler(&["ddprof", "-e", "sCPU freq=999", "--", "x"]));
+        // A period of 1 ms is 1000 samples a second.
+        assert!(sampler(&["ddprof", "-e", "sCPU period=1000000", "--", "x"]));
     }
 
     #[test]
