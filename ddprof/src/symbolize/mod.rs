@@ -16,7 +16,7 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized};
 
 use crate::aggregate::{FileId, Frame, PeriodProfile};
-use crate::files::{MappedFile, ObjectFile};
+use crate::files::{FileStamp, MappedFile, ObjectFile};
 
 mod debug_cache;
 mod kernel;
@@ -122,6 +122,10 @@ struct FileCache {
     /// The file's key in the symbol store (`None` inside when it has no
     /// build id, or there is no store), once looked for.
     store_key: Option<Option<SymbolKey>>,
+    /// The split debug files found for the file, with their stamps, once
+    /// looked for (for the store's key, and to evict what blazesym parsed
+    /// of them).
+    debug_files: Option<Vec<(PathBuf, FileStamp)>>,
     /// Addresses blazesym named since the store was last written.
     unsaved: Vec<u64>,
 }
@@ -324,7 +328,7 @@ impl Symbolizer {
         } else {
             // blazesym follows `.gnu_debuglink` itself and caches the debug
             // file under its own path.
-            for (debug_file, _) in self.debug_files_of(file) {
+            for (debug_file, _) in self.known_debug_files(&key, file) {
                 self.evict_from_blazesym(&debug_file.to_string_lossy());
             }
         }

@@ -338,7 +338,10 @@ impl Symbolizer {
     /// Names the addresses of `file` that the store holds, the first time
     /// the file is met.
     pub(super) fn read_store(&mut self, key: &MappedFile, file: &ObjectFile) {
-        let store_key = self.store.as_ref().and_then(|_| self.symbol_key(file));
+        let store_key = match self.store {
+            Some(_) => self.symbol_key(key, file),
+            None => None,
+        };
         let stored = match (self.store.clone(), &store_key) {
             (Some(store), Some(store_key)) => store.load(store_key, &mut |text| self.intern(text)),
             _ => Vec::new(),
@@ -362,11 +365,11 @@ impl Symbolizer {
 
     /// What `file`'s names are resolved from: its build id and size, the
     /// split debug files that could be found for it, and `-I`.
-    fn symbol_key(&self, file: &ObjectFile) -> Option<SymbolKey> {
+    fn symbol_key(&mut self, key: &MappedFile, file: &ObjectFile) -> Option<SymbolKey> {
         let build_id = file.build_id.clone()?;
         let file_size = fs::metadata(&file.open_path).ok()?.len();
         let debug_files = self
-            .debug_files_of(file)
+            .known_debug_files(key, file)
             .into_iter()
             .map(|(_, stamp)| stamp)
             .collect();
@@ -378,12 +381,30 @@ impl Symbolizer {
         })
     }
 
+    /// [`Symbolizer::debug_files_of`] the file under `key` (which the
+    /// caller created), looked for once: one installed later in the run is
+    /// neither in the key nor evicted until the worker is replaced.
+    pub(super) fn known_debug_files(
+        &mut self,
+        key: &MappedFile,
+        file: &ObjectFile,
+    ) -> Vec<(PathBuf, FileStamp)> {
+        if let Some(found) = self.files.get(key).and_then(|c| c.debug_files.clone()) {
+            return found;
+        }
+        let found = self.debug_files_of(file);
+        if let Some(cache) = self.files.get_mut(key) {
+            cache.debug_files = Some(found.clone());
+        }
+        found
+    }
+
     /// The split debug files of `file` that exist where gdb or blazesym
     /// look for them: `DEBUG_DIR/.build-id/xx/rest.debug`, and for a
     /// `.gnu_debuglink` name, beside the file (and in its `.debug/`), under
     /// each debug directory at the file's directory, and in each debug
     /// directory itself. Each with its stamp.
-    pub(super) fn debug_files_of(&self, file: &ObjectFile) -> Vec<(PathBuf, FileStamp)> {
+    fn debug_files_of(&self, file: &ObjectFile) -> Vec<(PathBuf, FileStamp)> {
         let debuglink = read_debuglink(&file.open_path);
         let mut candidates = Vec::new();
         for dir in &self.debug_dirs {
