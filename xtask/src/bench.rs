@@ -202,6 +202,15 @@ struct RunResult {
 }
 
 impl RunResult {
+    /// The tool's CPU as a share of the workload's, in %.
+    fn tool_cpu_percent(&self) -> Option<f64> {
+        Some(self.tool_cpu?.as_secs_f64() / self.workload_cpu.as_secs_f64() * 100.0)
+    }
+
+    fn peak_rss_mib(&self) -> Option<f64> {
+        Some(self.peak_rss_kib? as f64 / 1024.0)
+    }
+
     /// One line of this run's figures, so that the log shows the spread
     /// behind each median.
     fn summary(&self) -> String {
@@ -935,6 +944,26 @@ struct RunContext<'a> {
     workload_exes: Arc<HashSet<PathBuf>>,
 }
 
+/// [`run_once`] into an emptied `out`, after `sync(2)`: the previous run's
+/// output (perf.data: up to 150 MB) is written back to disk now, not by
+/// kernel threads during this run, whose tools and workload share the 2
+/// CPUs. Logs the run's figures.
+fn run_fresh(
+    tool: &str,
+    line: &[String],
+    out: &Path,
+    run_id: &str,
+    context: &RunContext,
+) -> Result<RunResult> {
+    let _ = std::fs::remove_dir_all(out);
+    std::fs::create_dir_all(out)?;
+    nix::unistd::sync();
+    let mut result = run_once(tool, line, out, run_id, context)?;
+    result.output_bytes = Some(dir_size(out));
+    say(&result.summary());
+    Ok(result)
+}
+
 fn run_once(
     tool: &str,
     line: &[String],
@@ -1533,7 +1562,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         // (what a one-off `ddprof -- COMMAND` costs), measured apart; then
         // one unmeasured run that fills the default cache directory, so that
         // every measured round finds it as a restarted service would.
-        let mut cold_starts: Vec<(&str, RunResult)> = Vec::new();
         for (tool, freq, out, line) in &lines {
             let Some(line) = line else { continue };
             if !tool.starts_with("ddprof-") || *freq != freqs[0] {
@@ -1554,26 +1582,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 shell_words(&cold_line)
             ));
             for (label, line) in [("empty cache", &cold_line), ("warm-up", line)] {
-                let _ = std::fs::remove_dir_all(out);
-                std::fs::create_dir_all(out)?;
                 say(&format!("{} / {tool} @ {freq} Hz: {label}", workload.name));
-                nix::unistd::sync();
                 let run_id = format!(
                     "{}-{tool}-{freq}-{}",
                     workload.name,
                     label.replace(' ', "-")
                 );
-                match run_once(tool, line, out, &run_id, &context) {
-                    Ok(result) => {
-                        say(&result.summary());
-                        if label == "empty cache" {
-                            results.first_runs.insert(
-                                (workload.name.to_string(), tool.to_string()),
-                                result.clone(),
-                            );
-                            cold_starts.push((tool, result));
-                        }
+                match run_fresh(tool, line, out, &run_id, &context) {
+                    Ok(result) if label == "empty cache" => {
+                        let key = (workload.name.to_string(), tool.to_string());
+                        results.first_runs.insert(key, result);
                     }
+                    Ok(_) => {}
                     // The measured rounds meet and report the failure.
                     Err(error) => say(&format!("{tool}: {error:#}")),
                 }
@@ -1588,22 +1608,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 if failures.contains_key(tool) {
                     continue;
                 }
-                let _ = std::fs::remove_dir_all(out);
-                std::fs::create_dir_all(out)?;
                 say(&format!(
                     "{} / {tool} @ {freq} Hz: run {}",
                     workload.name,
                     run + 1
                 ));
                 let run_id = format!("{}-{tool}-{freq}-{run}", workload.name);
-                // The previous run's output (perf.data: up to 150 MB) is
-                // written back to disk now, not by kernel threads during
-                // this run, whose tools and workload share the 2 CPUs.
-                nix::unistd::sync();
-                match run_once(tool, line, out, &run_id, &context) {
-                    Ok(mut result) => {
-                        result.output_bytes = Some(dir_size(out));
-                        say(&result.summary());
+                match run_fresh(tool, line, out, &run_id, &context) {
+                    Ok(result) => {
                         outcomes.entry((tool, *freq)).or_default().push(result);
                     }
                     Err(error) => {
@@ -1711,28 +1723,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             figures.workload_added_us = added_per_sample(&high);
             results.tools.insert(key, figures);
         }
-        if !cold_starts.is_empty() {
-            let each: Vec<String> = cold_starts
-                .iter()
-                .map(|(tool, run)| {
-                    let cpu_ms = run.tool_cpu.map(|cpu| cpu.as_secs_f64() * 1e3);
-                    let share =
-                        cpu_ms.map(|cpu| cpu / (run.workload_cpu.as_secs_f64() * 1e3) * 100.0);
-                    format!(
-                        "{tool} {} ms ({} % of the workload's CPU), peak RSS {} MiB",
-                        show(cpu_ms, 1),
-                        show(share, 2),
-                        show(run.peak_rss_kib.map(|kib| kib as f64 / 1024.0), 1)
-                    )
-                })
-                .collect();
+        let first_runs: Vec<String> = results
+            .first_runs
+            .iter()
+            .filter(|((w, _), _)| w == workload.name)
+            .map(|((_, tool), run)| {
+                format!(
+                    "{tool} {} ms ({} % of the workload's CPU), peak RSS {} MiB",
+                    show(run.tool_cpu.map(|cpu| cpu.as_secs_f64() * 1e3), 1),
+                    show(run.tool_cpu_percent(), 2),
+                    show(run.peak_rss_mib(), 1)
+                )
+            })
+            .collect();
+        if !first_runs.is_empty() {
             writeln!(
                 report,
                 "\nFirst run at {} Hz with an empty cache directory (unwind tables compiled and \
                  names resolved during the run, as for a one-off `ddprof -- COMMAND`; the rows above \
                  find them cached): {}.",
                 freqs[0],
-                each.join("; ")
+                first_runs.join("; ")
             )?;
         }
         writeln!(report, "\nCommands:\n")?;
@@ -1884,11 +1895,9 @@ fn write_targets(
             })
             .collect();
         let worst = shares.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
-        let first_run = worst_first_run(results, engine, |_, run| {
-            Some(run.tool_cpu?.as_secs_f64() / run.workload_cpu.as_secs_f64() * 100.0)
-        })
-        .map(|(w, v)| format!("; first run with an empty cache: worst {v:.2} % ({w})"))
-        .unwrap_or_default();
+        let first_run = worst_first_run(results, engine, |_, run| run.tool_cpu_percent())
+            .map(|(w, v)| format!("; first run with an empty cache: worst {v:.2} % ({w})"))
+            .unwrap_or_default();
         writeln!(
             report,
             "| {engine}: whole profiler CPU at {low} Hz < 1 % of the workload's (`--work {work}`, start-up included) | {}{first_run} | {} |",
@@ -1925,7 +1934,7 @@ fn write_targets(
             let one_process = WORKLOADS
                 .iter()
                 .any(|x| x.name == workload && x.single_process);
-            one_process.then_some(run.peak_rss_kib? as f64 / 1024.0)
+            one_process.then_some(run.peak_rss_mib()?)
         })
         .map(|(w, v)| format!("; first run with an empty cache: worst {v:.1} MiB ({w})"))
         .unwrap_or_default();
