@@ -377,6 +377,111 @@ fn fuzz_the_table_compiler_and_symbol_reader_with_mutated_system_libraries() {
     }
 }
 
+/// The debug cache's writer reads the same kind of files (split debug files
+/// with compressed sections) and writes a new ELF file from them: mutated
+/// ones must give an error or a copy `object` reads, never a panic, a
+/// loop, or a partial file left in the cache.
+#[test]
+fn fuzz_the_debug_copy_writer_with_mutated_compressed_debug_files() {
+    let binary = build_workload("chain.c");
+    let build_id = ddprof::files::read_build_id(binary.to_str().unwrap()).unwrap();
+    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    let relative = format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]);
+    let scratch = std::env::temp_dir().join(format!("ddprof-fuzz-copy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let debug_dir = scratch.join("debug");
+    let installed = debug_dir.join(&relative);
+    std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
+    let seeds: Vec<Seed> = ["zlib", "zstd"]
+        .iter()
+        .map(|format| {
+            let path = scratch.join(format!("chain.{format}.debug"));
+            let status = std::process::Command::new("objcopy")
+                .arg("--only-keep-debug")
+                .arg(format!("--compress-debug-sections={format}"))
+                .arg(&binary)
+                .arg(&path)
+                .status()
+                .unwrap();
+            assert!(status.success(), "objcopy {format}");
+            seed(&path).unwrap()
+        })
+        .collect();
+    let iterations = env_number("DDPROF_FUZZ_ITERATIONS", 4000) / 8;
+    let fuzz_seed = env_number("DDPROF_FUZZ_SEED", 0x00dd_f00d_5eed);
+    let mut rng = Rng(fuzz_seed | 1);
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let (mut copies, mut errors, mut failures) = (0, BTreeMap::<String, u64>::new(), Vec::new());
+    for iteration in 0..iterations {
+        let seed = &seeds[rng.below(seeds.len())];
+        let (bytes, mutation) = mutate(seed, &mut rng);
+        std::fs::write(&installed, &bytes).unwrap();
+        let cache_dir = scratch.join(format!("cache-{iteration}"));
+        let cache = ddprof::symbolize::DebugCache::new(cache_dir.clone());
+        let describe = || format!("iteration {iteration} ({}: {mutation})", seed.name);
+        let started = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            cache.copy_for(
+                binary.to_str().unwrap(),
+                &build_id,
+                std::slice::from_ref(&debug_dir),
+            )
+        }));
+        if started.elapsed() > Duration::from_secs(5) {
+            failures.push(format!("{}: took {:?}", describe(), started.elapsed()));
+        }
+        match outcome {
+            Ok(Ok(Some(copy))) => {
+                copies += 1;
+                let written = std::fs::read(&copy.path).unwrap();
+                if let Err(error) = object::File::parse(&*written) {
+                    failures.push(format!("{}: the copy does not parse: {error}", describe()));
+                }
+            }
+            Ok(Ok(None)) => *errors.entry("nothing compressed".into()).or_default() += 1,
+            Ok(Err(error)) => {
+                let kind = error.to_string();
+                let kind = kind.rsplit(": ").next().unwrap_or_default();
+                let kind: String = kind.split(' ').take(4).collect::<Vec<_>>().join(" ");
+                let kind = kind.replace(|c: char| c.is_ascii_digit(), "");
+                *errors.entry(kind).or_default() += 1;
+            }
+            Err(panic) => failures.push(format!("{}: panicked: {}", describe(), message(&panic))),
+        }
+        let partial: Vec<_> = std::fs::read_dir(cache_dir.join(&relative).parent().unwrap())
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| p.to_string_lossy().ends_with(".partial"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !partial.is_empty() {
+            failures.push(format!("{}: left {partial:?}", describe()));
+        }
+        let _ = std::fs::remove_dir_all(&cache_dir);
+    }
+    std::panic::set_hook(default_hook);
+    let _ = std::fs::remove_dir_all(&scratch);
+    eprintln!(
+        "fuzz: seed {fuzz_seed:#x}, {iterations} mutated debug files: {copies} copies, \
+         errors {errors:?}, {} failures",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {iterations} inputs broke the copy writer; the first ones:\n{}",
+        failures.len(),
+        failures[..failures.len().min(10)].join("\n")
+    );
+    // Both sides reached: some mutated files still get a copy (a fifth of
+    // them with the default seed), most do not.
+    assert!(copies > iterations / 10, "{copies} copies, {errors:?}");
+    assert!(!errors.is_empty(), "{copies} copies, no error");
+}
+
 fn message(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<&str>()

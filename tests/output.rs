@@ -486,13 +486,13 @@ fn exited_process_is_symbolized_and_every_output_reads_back() {
 }
 
 /// Strips `binary` into `stripped`, its debug information moving to `debug`
-/// (compressed with zlib if `compress`, as distributions ship it) and linked
-/// by name.
-fn split_debug_info(binary: &Path, stripped: &Path, debug: &Path, compress: bool) {
+/// (compressed in the format `compress` names, `zlib` or `zstd`, as
+/// distributions ship it) and linked by name.
+fn split_debug_info(binary: &Path, stripped: &Path, debug: &Path, compress: Option<&str>) {
     let mut objcopy = Command::new("objcopy");
     objcopy.arg("--only-keep-debug");
-    if compress {
-        objcopy.arg("--compress-debug-sections=zlib");
+    if let Some(format) = compress {
+        objcopy.arg(format!("--compress-debug-sections={format}"));
     }
     run(objcopy.arg(binary).arg(debug));
     run(Command::new("strip")
@@ -567,7 +567,7 @@ fn stripped_binaries_use_split_debug_info() {
         &binary,
         &stripped,
         &linked.join("chain_stripped.debug"),
-        false,
+        None,
     );
     let names = symbolize_chain(&stripped, &symbols, SymbolizerOptions::default());
     assert_eq!(names[0].split('@').next(), Some("output_hot"), "{names:?}");
@@ -578,7 +578,7 @@ fn stripped_binaries_use_split_debug_info() {
     std::fs::create_dir_all(&by_build_id).unwrap();
     let stripped = by_build_id.join("chain_stripped");
     let debug = by_build_id.join("chain_stripped.debug");
-    split_debug_info(&binary, &stripped, &debug, false);
+    split_debug_info(&binary, &stripped, &debug, None);
     let debug_dir = dir.join("debug");
     install_by_build_id(&stripped, &debug, &debug_dir);
 
@@ -611,50 +611,115 @@ fn has_compressed_sections(path: &Path) -> bool {
     })
 }
 
+/// Checks that `copy` holds every section of the compressed `original`,
+/// inflated: the same names, types, addresses and bytes (the original's
+/// inflated by `object`, not by the code that wrote the copy), in a file
+/// `object` and `readelf` both read without complaint.
+fn assert_inflated_copy_of(copy: &Path, original: &Path) {
+    let original_bytes = std::fs::read(original).unwrap();
+    let copy_bytes = std::fs::read(copy).unwrap();
+    let original_elf = object::File::parse(&*original_bytes).unwrap();
+    let copy_elf = object::File::parse(&*copy_bytes).unwrap();
+    let sections = |elf: &object::File| -> Vec<(String, u64, object::SectionKind)> {
+        elf.sections()
+            .map(|s| (s.name().unwrap().to_string(), s.address(), s.kind()))
+            .collect()
+    };
+    assert_eq!(sections(&copy_elf), sections(&original_elf), "{copy:?}");
+    let mut inflated = 0;
+    for (from, to) in original_elf.sections().zip(copy_elf.sections()) {
+        let name = from.name().unwrap();
+        let expected = from.uncompressed_data().unwrap();
+        assert_eq!(
+            to.compressed_data().unwrap().format,
+            object::CompressionFormat::None,
+            "{name} is still compressed in {copy:?}"
+        );
+        assert!(
+            to.data().unwrap() == &*expected,
+            "{name} differs in {copy:?}"
+        );
+        // Mapped tables (.symtab) are read in place only when aligned.
+        if let Some((offset, _)) = to.file_range() {
+            assert_eq!(
+                offset % to.align().max(1),
+                0,
+                "{name} is not aligned in {copy:?}"
+            );
+        }
+        if from.compressed_data().unwrap().format != object::CompressionFormat::None {
+            inflated += 1;
+        }
+    }
+    assert!(inflated >= 3, "only {inflated} sections were compressed");
+    // readelf finds what the original had to say about itself, no more
+    // (libc's debug file: "Unable to find program interpreter name").
+    let complaints = |path: &Path| {
+        let readelf = Command::new("readelf")
+            .args(["--wide", "--file-header", "--program-headers", "--sections"])
+            .arg("--debug-dump=info,line")
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(readelf.status.success(), "readelf {path:?}");
+        String::from_utf8_lossy(&readelf.stderr).into_owned()
+    };
+    assert_eq!(
+        complaints(copy),
+        complaints(original),
+        "readelf on {copy:?}"
+    );
+}
+
 #[test]
 fn compressed_split_debug_info_is_decompressed_once_into_the_debug_cache() {
-    let dir = scratch_dir("debug-cache");
+    for format in ["zlib", "zstd"] {
+        decompressed_once_into_the_debug_cache(format);
+    }
+}
+
+fn decompressed_once_into_the_debug_cache(format: &str) {
+    let dir = scratch_dir(&format!("debug-cache-{format}"));
     let binary = build_workload(&dir);
     let symbols = Elf::read(&binary);
     let stripped = dir.join("chain_stripped");
     let debug = dir.join("chain_stripped.debug");
-    split_debug_info(&binary, &stripped, &debug, true);
-    assert!(has_compressed_sections(&debug));
-    let debug_dir = dir.join("debug");
-    let relative = install_by_build_id(&stripped, &debug, &debug_dir);
-    let installed = debug_dir.join(&relative);
     let cache_dir = dir.join("cache");
-    let with_cache = || SymbolizerOptions {
-        debug_dirs: vec![debug_dir.clone()],
+    let with_cache = |debug_dir: &Path| SymbolizerOptions {
+        debug_dirs: vec![debug_dir.to_path_buf()],
         debug_cache: Some(cache_dir.clone()),
         ..SymbolizerOptions::default()
     };
 
-    // blazesym inflating the file itself names the frames...
-    let inflated_by_blazesym = symbolize_chain(
-        &stripped,
-        &symbols,
-        SymbolizerOptions {
-            debug_dirs: vec![debug_dir.clone()],
-            ..SymbolizerOptions::default()
-        },
-    );
+    // The debug file as the linker wrote it names the frames...
+    let plain_dir = dir.join("plain");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    let plain_stripped = plain_dir.join("chain_stripped");
+    let plain_debug = plain_dir.join("chain_stripped.debug");
+    split_debug_info(&binary, &plain_stripped, &plain_debug, None);
+    let plain_debug_dir = plain_dir.join("debug");
+    install_by_build_id(&plain_stripped, &plain_debug, &plain_debug_dir);
+    let uncompressed = symbolize_chain(&plain_stripped, &symbols, with_cache(&plain_debug_dir));
     let middle = format!(
         "output_middle@{WORKLOAD}.c:{}",
         line_of("LINE_MIDDLE_CALLS_LEAF")
     );
-    assert!(
-        inflated_by_blazesym.contains(&middle),
-        "{inflated_by_blazesym:?}"
-    );
+    assert!(uncompressed.contains(&middle), "{uncompressed:?}");
+    assert!(!cache_dir.exists(), "nothing to inflate");
+
+    // ... and compressed as distributions ship it (blazesym, built without
+    // zstd here, cannot read a zstd one itself)...
+    split_debug_info(&binary, &stripped, &debug, Some(format));
+    assert!(has_compressed_sections(&debug));
+    let debug_dir = dir.join("debug");
+    let relative = install_by_build_id(&stripped, &debug, &debug_dir);
+    let installed = debug_dir.join(&relative);
+    let with_cache = || with_cache(&debug_dir);
     // ... and the copy in the cache names them the same, lines included.
     let first = symbolize_chain(&stripped, &symbols, with_cache());
-    assert_eq!(first, inflated_by_blazesym);
+    assert_eq!(first, uncompressed);
     let copy = cache_dir.join(&relative);
-    assert!(
-        !has_compressed_sections(&copy),
-        "{copy:?} is still compressed"
-    );
+    assert_inflated_copy_of(&copy, &installed);
     use std::os::unix::fs::MetadataExt;
     let written = std::fs::metadata(&copy).unwrap();
     assert!(written.len() > std::fs::metadata(&installed).unwrap().len());
@@ -664,15 +729,91 @@ fn compressed_split_debug_info_is_decompressed_once_into_the_debug_cache() {
     let aside = dir.join("aside.debug");
     std::fs::rename(&installed, &aside).unwrap();
     let second = symbolize_chain(&stripped, &symbols, with_cache());
-    assert_eq!(second, inflated_by_blazesym);
+    assert_eq!(second, uncompressed);
     assert_eq!(std::fs::metadata(&copy).unwrap().ino(), written.ino());
     std::fs::rename(&aside, &installed).unwrap();
 
     // A copy that is not an ELF file any more (the disk, a user) costs the
-    // copy, not the names: the original is read instead.
+    // copy, not the names: the original is read instead (blazesym reads a
+    // zlib original itself; a zstd one only through a copy).
     std::fs::write(&copy, b"not an ELF file").unwrap();
     let damaged = symbolize_chain(&stripped, &symbols, with_cache());
-    assert_eq!(damaged, inflated_by_blazesym);
+    if format == "zlib" {
+        assert_eq!(damaged, uncompressed);
+    }
+
+    // An original whose compressed bytes are damaged: no copy, and no
+    // partial file left behind. The stack keeps its frames (blazesym cannot
+    // read that file either, so they are named after the binary) and the
+    // other files' names.
+    std::fs::remove_dir_all(&cache_dir).unwrap();
+    let damage = damage_compressed_section(&installed, ".debug_info");
+    let damaged = symbolize_chain(&stripped, &symbols, with_cache());
+    assert_eq!(damaged.len(), uncompressed.len(), "{damaged:?}");
+    assert_eq!(damaged.last(), uncompressed.last(), "{damaged:?}");
+    let left: Vec<_> = walk_files(&cache_dir.join(".build-id"));
+    assert!(left.is_empty(), "{damage}: left {left:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Overwrites the last half of section `name`'s compressed bytes in the ELF
+/// file at `path` with zeros; returns what was done, for messages.
+fn damage_compressed_section(path: &Path, name: &str) -> String {
+    let mut bytes = std::fs::read(path).unwrap();
+    let (offset, size) = {
+        let elf = object::File::parse(&*bytes).unwrap();
+        let section = elf.section_by_name(name).unwrap();
+        section.file_range().unwrap()
+    };
+    let from = (offset + size / 2) as usize;
+    bytes[from..(offset + size) as usize].fill(0);
+    std::fs::write(path, bytes).unwrap();
+    format!("{name} of {path:?} zeroed from byte {from}")
+}
+
+/// Every file under `dir` (none when `dir` does not exist).
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// libc's own split debug file (Debian's libc6-dbg, zlib-compressed, 74
+/// sections): the copy holds every section inflated, byte for byte.
+#[test]
+fn the_copy_of_libcs_split_debug_file_holds_every_section_inflated() {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let libc = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find(|path| path.contains("/libc.so"))
+        .expect("this test is linked against glibc");
+    let build_id = ddprof::files::read_build_id(libc).unwrap();
+    let system_debug = PathBuf::from("/usr/lib/debug");
+    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    let original = system_debug.join(format!(".build-id/{}/{}.debug", &hex[..2], &hex[2..]));
+    assert!(
+        original.is_file(),
+        "{original:?} is missing: install libc6-dbg (cargo xtask test does)"
+    );
+    assert!(has_compressed_sections(&original), "{original:?}");
+    let dir = scratch_dir("libc-debug-copy");
+    let cache = ddprof::symbolize::DebugCache::new(dir.clone());
+    let copy = cache
+        .copy_for(libc, &build_id, &[system_debug])
+        .unwrap()
+        .expect("a compressed debug file gets a copy");
+    assert_inflated_copy_of(&copy.path, &original);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -4,27 +4,33 @@
 //! (Debian's `libc6-dbg`: 4 MiB on disk, 10 MiB of DWARF once inflated).
 //! blazesym inflates every section of a compressed file onto the heap each
 //! time a profiler starts: for libc that is ~25 ms of CPU and 10 MiB of
-//! resident memory per run, most of a short run's cost. The first run that
-//! needs such a file writes it once, inflated, under
-//! `DIR/.build-id/xx/rest.debug`; later runs map the copy and read only the
-//! pages they look up. The copy is written next to its final name and
+//! resident memory per run, most of a short run's cost (and a zstd file,
+//! which blazesym is not built to read, is not read at all). The first run
+//! that needs such a file writes it once, inflated section by section
+//! straight into `DIR/.build-id/xx/rest.debug` (about what blazesym's own
+//! inflating costs, without the memory); later runs map the copy and read
+//! only the pages they look up. The copy is written next to its final name and
 //! renamed into place, so a reader sees a whole file or none; a build id
 //! names one build, so a copy never goes stale. The oldest copies are
 //! removed once the directory holds more than [`CACHE_MAX_BYTES`].
 use std::fs;
-use std::io::Write;
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use object::elf::{FileHeader64, SectionHeader64};
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
-use object::{Object, ObjectSection};
+use object::{Endianness, ReadRef};
 
 use crate::files::{build_id_debug_path, remove_least_recently_used};
 
 /// Total size of the copies kept; the least recently used go first.
 pub const CACHE_MAX_BYTES: u64 = 1 << 30;
-/// Debug files that inflate to more than this are left to blazesym: the
-/// copy is built in memory, and must not grow the worker past its bound.
-const MAX_INFLATED_BYTES: u64 = 256 << 20;
+/// Debug files that inflate to more than this are left to blazesym: one copy
+/// must not take more than a quarter of the cache.
+const MAX_INFLATED_BYTES: u64 = CACHE_MAX_BYTES / 4;
+/// Alignments above this are not what a linker writes for a section with
+/// bytes in a debug file; a copy padded to them would be mostly zeros.
+const MAX_SECTION_ALIGNMENT: u64 = 64 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DebugCacheError {
@@ -38,11 +44,8 @@ pub enum DebugCacheError {
         path: PathBuf,
         source: object::Error,
     },
-    #[error("{path}: cannot write it back decompressed: {source}")]
-    Build {
-        path: PathBuf,
-        source: object::build::Error,
-    },
+    #[error("{path}: cannot write it back decompressed: {what}")]
+    Layout { path: PathBuf, what: String },
 }
 
 /// One `PT_LOAD` segment of a mapped file: where its file offsets land in
@@ -142,8 +145,32 @@ impl DebugCache {
     }
 }
 
+/// Where one section's bytes go in the copy, and where they come from.
+struct PlacedSection {
+    index: usize,
+    /// The section's bytes in the original: `(offset, size)`.
+    from: (u64, u64),
+    /// Set for a compressed section: its format, and the alignment its
+    /// compression header gives the inflated bytes.
+    inflate: Option<(CompressionFormat, u64)>,
+    /// Offset and size in the copy.
+    offset: u64,
+    size: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CompressionFormat {
+    Zlib,
+    Zstd,
+}
+
 /// Writes `original` to `destination` with every compressed section
 /// inflated; `false` (and nothing written) when no section is compressed.
+///
+/// The copy is streamed: each section is inflated (or copied) straight into
+/// the file through small buffers, so writing a copy of any size costs the
+/// worker a few hundred KiB of memory, not the whole inflated file (libc's
+/// debug file: 10 MiB inflated, once held three times over).
 fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, DebugCacheError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -153,76 +180,234 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
         path: original.to_path_buf(),
         source,
     };
-    // The section headers first, through a read cache: most debug files
-    // have nothing compressed, and are not read further.
+    // Only the headers are read through the read cache (it keeps what it
+    // reads); section bytes are streamed from a second handle.
     let handle = fs::File::open(original).map_err(io(original))?;
     let headers = object::ReadCache::new(handle);
-    let mut total: u64 = 0;
-    let mut any = false;
-    {
-        let file = ElfFile64::<object::Endianness, _>::parse(&headers).map_err(elf)?;
-        for section in file.sections() {
-            let flags = section.elf_section_header().sh_flags(file.endian());
-            if flags.contains(object::elf::SHF_COMPRESSED) {
-                any = true;
-                total += section.compressed_data().map_err(elf)?.uncompressed_size;
-            }
+    let file = ElfFile64::<Endianness, _>::parse(&headers).map_err(elf)?;
+    let endian = file.endian();
+    let table = file.elf_section_table();
+
+    let mut placed = Vec::new();
+    let mut inflated_total: u64 = 0;
+    for (index, header) in table.enumerate() {
+        if header.sh_type(endian) == object::elf::SHT_NULL {
+            continue;
         }
-    }
-    if !any || total > MAX_INFLATED_BYTES {
-        return Ok(false);
-    }
-    let data = fs::read(original).map_err(io(original))?;
-    let file = ElfFile64::<object::Endianness>::parse(&*data).map_err(elf)?;
-    let mut inflated: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    for section in file.sections() {
-        let flags = section.elf_section_header().sh_flags(file.endian());
-        if flags.contains(object::elf::SHF_COMPRESSED) {
-            let name = section.name_bytes().map_err(elf)?.to_vec();
-            let bytes = section.uncompressed_data().map_err(elf)?.into_owned();
-            inflated.push((name, bytes));
-        }
-    }
-    let mut builder =
-        object::build::elf::Builder::read(&*data).map_err(|source| DebugCacheError::Build {
-            path: original.to_path_buf(),
-            source,
-        })?;
-    for section in builder.sections.iter_mut() {
-        let Some(index) = inflated
-            .iter()
-            .position(|(name, _)| name.as_slice() == section.name.as_slice())
+        let Some(from) = header.file_range(endian) else {
+            continue; // SHT_NOBITS: no bytes in the file.
+        };
+        let Some((chdr, offset, compressed_size)) =
+            header.compression(endian, &headers).map_err(elf)?
         else {
+            placed.push(PlacedSection {
+                index: index.0,
+                from,
+                inflate: None,
+                offset: 0,
+                size: from.1,
+            });
             continue;
         };
-        let (_, bytes) = inflated.swap_remove(index);
-        section.sh_flags.remove(object::elf::SHF_COMPRESSED);
-        // The alignment of the data the compression header described.
-        section.sh_addralign = 1;
-        section.data = object::build::elf::SectionData::Data(bytes.into());
+        let format = match chdr.ch_type.get(endian) {
+            object::elf::ELFCOMPRESS_ZLIB => CompressionFormat::Zlib,
+            object::elf::ELFCOMPRESS_ZSTD => CompressionFormat::Zstd,
+            other => {
+                return Err(DebugCacheError::Layout {
+                    path: original.to_path_buf(),
+                    what: format!("section {} is compressed in format {other}", index.0),
+                });
+            }
+        };
+        let size = chdr.ch_size.get(endian);
+        inflated_total = inflated_total.saturating_add(size);
+        placed.push(PlacedSection {
+            index: index.0,
+            from: (offset, compressed_size),
+            inflate: Some((format, chdr.ch_addralign.get(endian))),
+            offset: 0,
+            size,
+        });
     }
-    let mut written = Vec::new();
-    builder
-        .write(&mut written)
-        .map_err(|source| DebugCacheError::Build {
-            path: original.to_path_buf(),
-            source,
-        })?;
+    if !placed.iter().any(|p| p.inflate.is_some()) || inflated_total > MAX_INFLATED_BYTES {
+        return Ok(false);
+    }
+
+    // The copy keeps the original's order: the ELF and program headers
+    // first (copied as they are), then the sections, each at its alignment,
+    // then the section headers. The headers' sizes and offsets are checked,
+    // not trusted: a hostile file gets an error, not an overflow.
+    let layout = |what: &str| DebugCacheError::Layout {
+        path: original.to_path_buf(),
+        what: what.to_string(),
+    };
+    let file_len = headers
+        .len()
+        .map_err(|()| layout("cannot read its length"))?;
+    if placed.iter().any(|p| {
+        p.from
+            .0
+            .checked_add(p.from.1)
+            .is_none_or(|end| end > file_len)
+    }) {
+        return Err(layout("a section runs past the end of the file"));
+    }
+    let header = file.elf_header();
+    let headers_end = u64::from(header.e_phnum.get(endian))
+        .checked_mul(u64::from(header.e_phentsize.get(endian)))
+        .and_then(|size| size.checked_add(header.e_phoff.get(endian)))
+        .ok_or_else(|| layout("program headers beyond any file"))?;
+    let prefix_len = headers_end.max(std::mem::size_of::<FileHeader64<Endianness>>() as u64);
+    let mut prefix = headers
+        .read_bytes_at(0, prefix_len)
+        .map_err(|()| layout("shorter than its program headers"))?
+        .to_vec();
+    placed.sort_by_key(|p| p.from.0);
+    if placed
+        .first()
+        .is_some_and(|first| first.from.0 < prefix_len)
+    {
+        return Err(layout("a section overlaps the ELF or program headers"));
+    }
+    let mut section_headers: Vec<SectionHeader64<Endianness>> = table.iter().copied().collect();
+    let mut position = prefix_len;
+    for section in &mut placed {
+        let shdr = &mut section_headers[section.index];
+        if let Some((_, alignment)) = section.inflate {
+            shdr.sh_addralign.set(endian, alignment);
+            shdr.sh_size.set(endian, section.size);
+            let mut flags = shdr.sh_flags.get(endian);
+            flags.remove(object::elf::SHF_COMPRESSED);
+            shdr.sh_flags.set(endian, flags);
+        }
+        let alignment = shdr.sh_addralign.get(endian).max(1);
+        if alignment > MAX_SECTION_ALIGNMENT {
+            return Err(layout("a section is aligned beyond 64 KiB"));
+        }
+        section.offset = position
+            .checked_next_multiple_of(alignment)
+            .ok_or_else(|| layout("a section's alignment is beyond any file"))?;
+        shdr.sh_offset.set(endian, section.offset);
+        position = section
+            .offset
+            .checked_add(section.size)
+            .ok_or_else(|| layout("a section's size is beyond any file"))?;
+    }
+    let section_headers_offset = position
+        .checked_next_multiple_of(8)
+        .ok_or_else(|| layout("sections beyond any file"))?;
+    // Sections that share their bytes (or a hostile table) could make the
+    // copy far larger than the original and its inflated data.
+    if section_headers_offset > file_len.saturating_add(MAX_INFLATED_BYTES) {
+        return Err(layout(
+            "the copy would be larger than the file and its inflated data",
+        ));
+    }
+    let mut new_header = *header;
+    new_header.e_shoff.set(endian, section_headers_offset);
+    prefix[..std::mem::size_of::<FileHeader64<Endianness>>()]
+        .copy_from_slice(object::bytes_of(&new_header));
 
     let parent = destination.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(parent).map_err(io(parent))?;
     let partial = destination.with_extension(format!("debug.{}.partial", std::process::id()));
-    let result = fs::File::create(&partial)
-        .and_then(|mut out| out.write_all(&written).and_then(|()| out.sync_data()))
-        .and_then(|()| fs::rename(&partial, destination));
-    if let Err(source) = result {
-        let _ = fs::remove_file(&partial);
-        return Err(DebugCacheError::Io {
-            path: destination.to_path_buf(),
-            source,
+    let written = fs::File::create(&partial)
+        .map_err(io(&partial))
+        .and_then(|out| {
+            let mut out = BufWriter::with_capacity(STREAM_BUFFER_BYTES, out);
+            let input = fs::File::open(original).map_err(io(original))?;
+            let mut input = BufReader::with_capacity(STREAM_BUFFER_BYTES, input);
+            stream_copy(
+                &mut input,
+                &mut out,
+                &prefix,
+                &placed,
+                &section_headers,
+                section_headers_offset,
+            )
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::InvalidData => DebugCacheError::Layout {
+                    path: original.to_path_buf(),
+                    what: source.to_string(),
+                },
+                _ => DebugCacheError::Io {
+                    path: destination.to_path_buf(),
+                    source,
+                },
+            })?;
+            let out = out.into_inner().map_err(|e| DebugCacheError::Io {
+                path: destination.to_path_buf(),
+                source: e.into_error(),
+            })?;
+            out.sync_data().map_err(io(destination))?;
+            fs::rename(&partial, destination).map_err(io(destination))
         });
+    if let Err(error) = written {
+        let _ = fs::remove_file(&partial);
+        return Err(error);
     }
     Ok(true)
+}
+
+/// Buffer size of each stream (read and written) while a copy is made.
+const STREAM_BUFFER_BYTES: usize = 128 << 10;
+
+/// Writes the copy: `prefix` (the ELF and program headers), each placed
+/// section (inflated or copied from `input`), then `section_headers`.
+fn stream_copy(
+    input: &mut BufReader<fs::File>,
+    out: &mut impl Write,
+    prefix: &[u8],
+    placed: &[PlacedSection],
+    section_headers: &[SectionHeader64<Endianness>],
+    section_headers_offset: u64,
+) -> std::io::Result<()> {
+    out.write_all(prefix)?;
+    let mut position = prefix.len() as u64;
+    for section in placed {
+        pad_to(out, &mut position, section.offset)?;
+        input.seek(SeekFrom::Start(section.from.0))?;
+        let source = Read::take(&mut *input, section.from.1);
+        // At most one byte more than the header says is inflated: a stream
+        // that inflates to far more (a bomb) stops there and is an error.
+        let limit = section.size.saturating_add(1);
+        let copied = match section.inflate {
+            None => std::io::copy(&mut { source }, out)?,
+            Some((CompressionFormat::Zlib, _)) => {
+                // ELFCOMPRESS_ZLIB: a zlib stream, header included.
+                let inflated = flate2::bufread::ZlibDecoder::new(source);
+                std::io::copy(&mut inflated.take(limit), out)?
+            }
+            Some((CompressionFormat::Zstd, _)) => {
+                let inflated = zstd::stream::read::Decoder::with_buffer(source)?;
+                std::io::copy(&mut inflated.take(limit), out)?
+            }
+        };
+        if copied != section.size {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "section {} holds {copied} bytes where its header says {}",
+                    section.index, section.size
+                ),
+            ));
+        }
+        position += copied;
+    }
+    pad_to(out, &mut position, section_headers_offset)?;
+    out.write_all(object::bytes_of_slice(section_headers))?;
+    out.flush()
+}
+
+/// Writes zeros from `position` up to `offset`.
+fn pad_to(out: &mut impl Write, position: &mut u64, offset: u64) -> std::io::Result<()> {
+    const ZEROS: [u8; 64] = [0; 64];
+    while *position < offset {
+        let n = (offset - *position).min(ZEROS.len() as u64);
+        out.write_all(&ZEROS[..n as usize])?;
+        *position += n;
+    }
+    Ok(())
 }
 
 /// The `PT_LOAD` segments of the ELF file at `path`.
