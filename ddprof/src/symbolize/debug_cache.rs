@@ -57,8 +57,9 @@ struct Segment {
     address: u64,
 }
 
-/// A decompressed split debug file, and how to turn the mapped file's
-/// offsets into the addresses its DWARF uses.
+/// A split debug file to read instead of the mapped file (a decompressed
+/// copy, or the original), and how to turn the mapped file's offsets into
+/// the addresses its DWARF and symbols use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DebugCopy {
     pub path: PathBuf,
@@ -66,6 +67,15 @@ pub struct DebugCopy {
 }
 
 impl DebugCopy {
+    /// The split debug file at `path` as it is, for the ELF file mapped
+    /// from `mapped_path`.
+    pub fn of_original(path: &Path, mapped_path: &str) -> Result<Self, DebugCacheError> {
+        Ok(Self {
+            path: path.to_path_buf(),
+            segments: load_segments(Path::new(mapped_path))?,
+        })
+    }
+
     /// The ELF address of `offset` in the mapped file, if a segment holds it.
     pub fn address_of(&self, offset: u64) -> Option<u64> {
         self.segments

@@ -9,7 +9,7 @@
 //! fatal: a frame that cannot be resolved is named after its mapping, or
 //! `[unknown]`.
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use blazesym::symbolize::source::{Elf, Source};
@@ -154,6 +154,9 @@ pub struct Symbolizer {
     files_evicted: u64,
     /// Resolved addresses dropped when the address caches were full.
     addresses_evicted: u64,
+    /// Files whose DWARF (or whose debug file's) blazesym could not read:
+    /// named from their symbol tables for the rest of the run.
+    unreadable_dwarf: HashSet<String>,
 }
 
 impl std::fmt::Debug for Symbolizer {
@@ -197,6 +200,7 @@ impl Symbolizer {
             period_number: 0,
             files_evicted: 0,
             addresses_evicted: 0,
+            unreadable_dwarf: HashSet::new(),
         }
     }
 
@@ -315,8 +319,18 @@ impl Symbolizer {
         }
         let cache = self.files.get(&key).expect("entry created above");
         let debug_copy = cache.debug_copy.clone().flatten();
-        let resolved =
-            self.resolve_elf_offsets(&file.open_path, &file.path, &missing, debug_copy.as_ref());
+        let debug_file = self
+            .known_debug_files(&key, file)
+            .into_iter()
+            .next()
+            .map(|(path, _)| path);
+        let resolved = self.resolve_elf_offsets(
+            &file.open_path,
+            &file.path,
+            &missing,
+            debug_copy.as_ref(),
+            debug_file.as_deref(),
+        );
         // What blazesym parsed and mapped of the file (and of its debug
         // file: libc's is 10 MB) goes at once: the names found stay cached
         // here, and holding every file of the period mapped together made
@@ -401,21 +415,28 @@ impl Symbolizer {
     /// `open_path`, with blazesym: `None` where nothing names it. With
     /// `copy`, the names come from the decompressed copy of the file's split
     /// debug file, at the ELF addresses of the offsets; if the copy fails,
-    /// from the file itself. A file that blazesym cannot read, or whose data
-    /// makes it fail in any way (corrupt DWARF or symbol tables, a file
-    /// truncated under us), names nothing; its data is dropped from
-    /// blazesym's caches then, so that nothing half-read stays behind.
+    /// from the file itself. A file whose DWARF (or whose debug file's)
+    /// blazesym cannot read is named from the symbol tables alone, the
+    /// split `debug_file`'s first: a damaged debug package costs the lines
+    /// and inlined functions, not the names. A file that makes blazesym
+    /// fail in any other way (a panic, a file truncated under us) names
+    /// nothing; its data is dropped from blazesym's caches then, so that
+    /// nothing half-read stays behind.
     fn resolve_elf_offsets(
         &mut self,
         open_path: &str,
         display_path: &str,
         offsets: &[u64],
         copy: Option<&DebugCopy>,
+        debug_file: Option<&Path>,
     ) -> Vec<Option<Vec<SymbolLine>>> {
+        if self.unreadable_dwarf.contains(display_path) {
+            return self.names_from_symbol_tables(open_path, offsets, debug_file);
+        }
         // Parsers of hostile input are the likeliest place for a bug; one
         // must cost this file's names, not the profile.
         let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.blazesym_lines(open_path, offsets, copy)
+            self.blazesym_lines(open_path, offsets, copy, true)
         }));
         match (attempt, copy) {
             (Ok(Ok(lines)), _) => lines
@@ -427,21 +448,68 @@ impl Symbolizer {
                     "cannot symbolize {display_path} from {}: {error}",
                     copy.path.display()
                 );
-                self.resolve_elf_offsets(open_path, display_path, offsets, None)
+                self.resolve_elf_offsets(open_path, display_path, offsets, None, debug_file)
             }
             (Err(_), Some(copy)) => {
                 self.evict_from_blazesym(&copy.path.to_string_lossy());
-                self.resolve_elf_offsets(open_path, display_path, offsets, None)
+                self.resolve_elf_offsets(open_path, display_path, offsets, None, debug_file)
             }
             (Ok(Err(error)), None) => {
-                log::debug!("cannot symbolize {display_path}: {error}");
-                vec![None; offsets.len()]
+                self.evict_from_blazesym(open_path);
+                let names = self.names_from_symbol_tables(open_path, offsets, debug_file);
+                if names.iter().any(Option::is_some) {
+                    // Once per file: later periods go to the tables at once.
+                    log::warn!(
+                        "cannot read the debug information of {display_path} ({error}); \
+                         its frames are named from its symbol tables, without lines or \
+                         inlined functions"
+                    );
+                    self.unreadable_dwarf.insert(display_path.to_string());
+                } else {
+                    log::debug!("cannot symbolize {display_path}: {error}");
+                }
+                names
             }
             (Err(_), None) => {
                 log::warn!(
                     "reading the symbols of {display_path} failed (corrupt file?); \
                      its frames are named after the file"
                 );
+                self.evict_from_blazesym(open_path);
+                vec![None; offsets.len()]
+            }
+        }
+    }
+
+    /// Names from the ELF symbol tables alone, without DWARF: the split
+    /// debug file's `.symtab` (a stripped file's only full table), else the
+    /// file's own `.symtab` or `.dynsym`.
+    fn names_from_symbol_tables(
+        &mut self,
+        open_path: &str,
+        offsets: &[u64],
+        debug_file: Option<&Path>,
+    ) -> Vec<Option<Vec<SymbolLine>>> {
+        let debug_file = debug_file.and_then(|path| DebugCopy::of_original(path, open_path).ok());
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let from_debug_file = debug_file
+                .as_ref()
+                .map(|debug_file| self.blazesym_lines(open_path, offsets, Some(debug_file), false));
+            match from_debug_file {
+                Some(Ok(lines)) if lines.iter().any(Option::is_some) => Ok(lines),
+                _ => self.blazesym_lines(open_path, offsets, None, false),
+            }
+        }));
+        if let Some(debug_file) = &debug_file {
+            self.evict_from_blazesym(&debug_file.path.to_string_lossy());
+        }
+        match attempt {
+            Ok(Ok(lines)) => lines
+                .into_iter()
+                .map(|lines| lines.map(|lines| self.intern_lines(lines)))
+                .collect(),
+            Ok(Err(_)) => vec![None; offsets.len()],
+            Err(_) => {
                 self.evict_from_blazesym(open_path);
                 vec![None; offsets.len()]
             }
@@ -455,7 +523,14 @@ impl Symbolizer {
         open_path: &str,
         offsets: &[u64],
         copy: Option<&DebugCopy>,
+        dwarf: bool,
     ) -> Result<Vec<Option<Vec<OwnedLine>>>, blazesym::Error> {
+        let elf = |path: &Path| {
+            Source::Elf(Elf {
+                debug_syms: dwarf,
+                ..Elf::new(path)
+            })
+        };
         let inlined_functions = self.inlined_functions;
         let mut lines: Vec<Option<Vec<OwnedLine>>> = Vec::with_capacity(offsets.len());
         let mut starts: Vec<Option<u64>> = Vec::with_capacity(offsets.len());
@@ -465,7 +540,7 @@ impl Symbolizer {
         };
         match copy {
             None => {
-                let source = Source::Elf(Elf::new(open_path));
+                let source = elf(Path::new(open_path));
                 let results = self
                     .blazesym
                     .symbolize(&source, Input::FileOffset(offsets))?;
@@ -477,7 +552,7 @@ impl Symbolizer {
                     .map(|&offset| copy.address_of(offset))
                     .collect();
                 let wanted: Vec<u64> = addresses.iter().flatten().copied().collect();
-                let source = Source::Elf(Elf::new(&copy.path));
+                let source = elf(&copy.path);
                 let results = self
                     .blazesym
                     .symbolize(&source, Input::VirtOffset(&wanted))?;
@@ -496,7 +571,7 @@ impl Symbolizer {
     /// first), or `[file name]` where the file names nothing. For tools and
     /// tests that symbolize files outside a profile.
     pub fn symbolize_file_offsets(&mut self, path: &str, offsets: &[u64]) -> Vec<FrameSymbols> {
-        let resolved = self.resolve_elf_offsets(path, path, offsets, None);
+        let resolved = self.resolve_elf_offsets(path, path, offsets, None, None);
         self.evict_from_blazesym(path);
         let file_name = path.rsplit('/').next().unwrap_or(path);
         let fallback = self.named(&format!("[{file_name}]"));
