@@ -412,7 +412,8 @@ fn fuzz_the_debug_copy_writer_with_mutated_compressed_debug_files() {
     let mut rng = Rng(fuzz_seed | 1);
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let (mut copies, mut errors, mut failures) = (0, BTreeMap::<String, u64>::new(), Vec::new());
+    let (mut copies, mut uncompressed) = (0, 0);
+    let (mut errors, mut failures) = (BTreeMap::<String, u64>::new(), Vec::new());
     for iteration in 0..iterations {
         let seed = &seeds[rng.below(seeds.len())];
         let (bytes, mutation) = mutate(seed, &mut rng);
@@ -439,7 +440,17 @@ fn fuzz_the_debug_copy_writer_with_mutated_compressed_debug_files() {
                     failures.push(format!("{}: the copy does not parse: {error}", describe()));
                 }
             }
-            Ok(Ok(None)) => *errors.entry("nothing compressed".into()).or_default() += 1,
+            Ok(Ok(None)) => uncompressed += 1,
+            // A damaged original must not be taken for a cache directory
+            // that cannot be written (that turns the cache off for the run).
+            Ok(Err(ddprof::symbolize::DebugCacheError::Io { path, source }))
+                if path.starts_with(&cache_dir) =>
+            {
+                failures.push(format!(
+                    "{}: blamed the cache: {path:?}: {source}",
+                    describe()
+                ));
+            }
             Ok(Err(error)) => {
                 let kind = error.to_string();
                 let kind = kind.rsplit(": ").next().unwrap_or_default();
@@ -467,7 +478,7 @@ fn fuzz_the_debug_copy_writer_with_mutated_compressed_debug_files() {
     let _ = std::fs::remove_dir_all(&scratch);
     eprintln!(
         "fuzz: seed {fuzz_seed:#x}, {iterations} mutated debug files: {copies} copies, \
-         errors {errors:?}, {} failures",
+         {uncompressed} with nothing compressed, errors {errors:?}, {} failures",
         failures.len()
     );
     assert!(

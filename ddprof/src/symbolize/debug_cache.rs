@@ -376,21 +376,25 @@ fn stream_copy(
     let mut position = prefix.len() as u64;
     for section in placed {
         pad_to(out, &mut position, section.offset)?;
-        input.seek(SeekFrom::Start(section.from.0))?;
+        let original = |error| original_error(section.index, error);
+        input
+            .seek(SeekFrom::Start(section.from.0))
+            .map_err(original)?;
         let source = Read::take(&mut *input, section.from.1);
         // At most one byte more than the header says is inflated: a stream
         // that inflates to far more (a bomb) stops there and is an error.
         let limit = section.size.saturating_add(1);
         let copied = match section.inflate {
-            None => std::io::copy(&mut { source }, out)?,
+            None => std::io::copy(&mut OriginalBytes(source, section.index), out)?,
             Some((CompressionFormat::Zlib, _)) => {
                 // ELFCOMPRESS_ZLIB: a zlib stream, header included.
                 let inflated = flate2::bufread::ZlibDecoder::new(source);
-                std::io::copy(&mut inflated.take(limit), out)?
+                std::io::copy(&mut OriginalBytes(inflated.take(limit), section.index), out)?
             }
             Some((CompressionFormat::Zstd, _)) => {
-                let inflated = zstd::stream::read::Decoder::with_buffer(source)?;
-                std::io::copy(&mut inflated.take(limit), out)?
+                let inflated =
+                    zstd::stream::read::Decoder::with_buffer(source).map_err(original)?;
+                std::io::copy(&mut OriginalBytes(inflated.take(limit), section.index), out)?
             }
         };
         if copied != section.size {
@@ -407,6 +411,27 @@ fn stream_copy(
     pad_to(out, &mut position, section_headers_offset)?;
     out.write_all(object::bytes_of_slice(section_headers))?;
     out.flush()
+}
+
+/// The bytes of section `.1` of the original, inflated or not. A read or
+/// decoder error is the original's (a damaged stream, a disk error), told
+/// apart from the copy's write errors as `InvalidData`: it must not be
+/// taken for a cache directory that cannot be written.
+struct OriginalBytes<R>(R, usize);
+
+impl<R: Read> Read for OriginalBytes<R> {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        self.0
+            .read(buffer)
+            .map_err(|error| original_error(self.1, error))
+    }
+}
+
+fn original_error(section: usize, error: std::io::Error) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("section {section}: {error}"),
+    )
 }
 
 /// Writes zeros from `position` up to `offset`.

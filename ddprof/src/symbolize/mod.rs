@@ -9,24 +9,24 @@
 //! fatal: a frame that cannot be resolved is named after its mapping, or
 //! `[unknown]`.
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Sym, Symbolized};
+use blazesym::symbolize::{Sym, Symbolized};
 
 use crate::aggregate::{FileId, Frame, PeriodProfile};
 use crate::files::{FileStamp, MappedFile, ObjectFile};
 
 mod debug_cache;
+mod elf;
 mod kernel;
 mod names;
 mod perf_map;
 mod store;
 pub use debug_cache::{DebugCache, DebugCacheError, DebugCopy};
+use elf::TableFallback;
 pub use kernel::KallsymsSnapshot;
 pub use names::demangle;
-use names::is_mangled;
 #[cfg(test)]
 use perf_map::parse_perf_map;
 use perf_map::{reload_perf_map, PerfMap};
@@ -128,6 +128,9 @@ struct FileCache {
     debug_files: Option<Vec<(PathBuf, FileStamp)>>,
     /// Addresses blazesym named since the store was last written.
     unsaved: Vec<u64>,
+    /// blazesym could not read the file's DWARF (or its debug file's), but
+    /// its symbol tables named something: later periods go to them at once.
+    dwarf_unreadable: bool,
 }
 
 /// Turns normalized frames into functions, files and lines.
@@ -154,9 +157,6 @@ pub struct Symbolizer {
     files_evicted: u64,
     /// Resolved addresses dropped when the address caches were full.
     addresses_evicted: u64,
-    /// Files whose DWARF (or whose debug file's) blazesym could not read:
-    /// named from their symbol tables for the rest of the run.
-    unreadable_dwarf: HashSet<String>,
 }
 
 impl std::fmt::Debug for Symbolizer {
@@ -200,7 +200,6 @@ impl Symbolizer {
             period_number: 0,
             files_evicted: 0,
             addresses_evicted: 0,
-            unreadable_dwarf: HashSet::new(),
         }
     }
 
@@ -319,18 +318,32 @@ impl Symbolizer {
         }
         let cache = self.files.get(&key).expect("entry created above");
         let debug_copy = cache.debug_copy.clone().flatten();
-        let debug_file = self
-            .known_debug_files(&key, file)
-            .into_iter()
-            .next()
-            .map(|(path, _)| path);
-        let resolved = self.resolve_elf_offsets(
+        let dwarf_unreadable = cache.dwarf_unreadable;
+        let fallback = TableFallback {
+            debug_files: self
+                .known_debug_files(&key, file)
+                .into_iter()
+                .map(|(path, _)| path)
+                .collect(),
+            build_id: file.build_id.clone(),
+            dwarf_unreadable,
+        };
+        let (resolved, dwarf_unreadable) = self.resolve_elf_offsets(
             &file.open_path,
             &file.path,
             &missing,
             debug_copy.as_ref(),
-            debug_file.as_deref(),
+            &fallback,
         );
+        if dwarf_unreadable && !fallback.dwarf_unreadable {
+            log::warn!(
+                "cannot read the debug information of {}; its frames are named from \
+                 its symbol tables, without lines or inlined functions",
+                file.path
+            );
+        }
+        let cache = self.files.get_mut(&key).expect("entry created above");
+        cache.dwarf_unreadable = dwarf_unreadable;
         // What blazesym parsed and mapped of the file (and of its debug
         // file: libc's is 10 MB) goes at once: the names found stay cached
         // here, and holding every file of the period mapped together made
@@ -339,12 +352,12 @@ impl Symbolizer {
         self.evict_from_blazesym(&file.open_path);
         if let Some(copy) = &debug_copy {
             self.evict_from_blazesym(&copy.path.to_string_lossy());
-        } else {
-            // blazesym follows `.gnu_debuglink` itself and caches the debug
-            // file under its own path.
-            for (debug_file, _) in self.known_debug_files(&key, file) {
-                self.evict_from_blazesym(&debug_file.to_string_lossy());
-            }
+        }
+        // blazesym follows `.gnu_debuglink` itself and caches the debug file
+        // under its own path (also when a copy failed and the file was read
+        // instead).
+        for debug_file in &fallback.debug_files {
+            self.evict_from_blazesym(&debug_file.to_string_lossy());
         }
         let fallback = self.named(&format!("[{}]", file.file_name()));
         let mut found: HashMap<u64, FrameSymbols> = HashMap::with_capacity(missing.len());
@@ -411,167 +424,13 @@ impl Symbolizer {
         }
     }
 
-    /// Names the code at `offsets` (file offsets) of the ELF file at
-    /// `open_path`, with blazesym: `None` where nothing names it. With
-    /// `copy`, the names come from the decompressed copy of the file's split
-    /// debug file, at the ELF addresses of the offsets; if the copy fails,
-    /// from the file itself. A file whose DWARF (or whose debug file's)
-    /// blazesym cannot read is named from the symbol tables alone, the
-    /// split `debug_file`'s first: a damaged debug package costs the lines
-    /// and inlined functions, not the names. A file that makes blazesym
-    /// fail in any other way (a panic, a file truncated under us) names
-    /// nothing; its data is dropped from blazesym's caches then, so that
-    /// nothing half-read stays behind.
-    fn resolve_elf_offsets(
-        &mut self,
-        open_path: &str,
-        display_path: &str,
-        offsets: &[u64],
-        copy: Option<&DebugCopy>,
-        debug_file: Option<&Path>,
-    ) -> Vec<Option<Vec<SymbolLine>>> {
-        if self.unreadable_dwarf.contains(display_path) {
-            return self.names_from_symbol_tables(open_path, offsets, debug_file);
-        }
-        // Parsers of hostile input are the likeliest place for a bug; one
-        // must cost this file's names, not the profile.
-        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.blazesym_lines(open_path, offsets, copy, true)
-        }));
-        match (attempt, copy) {
-            (Ok(Ok(lines)), _) => lines
-                .into_iter()
-                .map(|lines| lines.map(|lines| self.intern_lines(lines)))
-                .collect(),
-            (Ok(Err(error)), Some(copy)) => {
-                log::debug!(
-                    "cannot symbolize {display_path} from {}: {error}",
-                    copy.path.display()
-                );
-                self.resolve_elf_offsets(open_path, display_path, offsets, None, debug_file)
-            }
-            (Err(_), Some(copy)) => {
-                self.evict_from_blazesym(&copy.path.to_string_lossy());
-                self.resolve_elf_offsets(open_path, display_path, offsets, None, debug_file)
-            }
-            (Ok(Err(error)), None) => {
-                self.evict_from_blazesym(open_path);
-                let names = self.names_from_symbol_tables(open_path, offsets, debug_file);
-                if names.iter().any(Option::is_some) {
-                    // Once per file: later periods go to the tables at once.
-                    log::warn!(
-                        "cannot read the debug information of {display_path} ({error}); \
-                         its frames are named from its symbol tables, without lines or \
-                         inlined functions"
-                    );
-                    self.unreadable_dwarf.insert(display_path.to_string());
-                } else {
-                    log::debug!("cannot symbolize {display_path}: {error}");
-                }
-                names
-            }
-            (Err(_), None) => {
-                log::warn!(
-                    "reading the symbols of {display_path} failed (corrupt file?); \
-                     its frames are named after the file"
-                );
-                self.evict_from_blazesym(open_path);
-                vec![None; offsets.len()]
-            }
-        }
-    }
-
-    /// Names from the ELF symbol tables alone, without DWARF: the split
-    /// debug file's `.symtab` (a stripped file's only full table), else the
-    /// file's own `.symtab` or `.dynsym`.
-    fn names_from_symbol_tables(
-        &mut self,
-        open_path: &str,
-        offsets: &[u64],
-        debug_file: Option<&Path>,
-    ) -> Vec<Option<Vec<SymbolLine>>> {
-        let debug_file = debug_file.and_then(|path| DebugCopy::of_original(path, open_path).ok());
-        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let from_debug_file = debug_file
-                .as_ref()
-                .map(|debug_file| self.blazesym_lines(open_path, offsets, Some(debug_file), false));
-            match from_debug_file {
-                Some(Ok(lines)) if lines.iter().any(Option::is_some) => Ok(lines),
-                _ => self.blazesym_lines(open_path, offsets, None, false),
-            }
-        }));
-        if let Some(debug_file) = &debug_file {
-            self.evict_from_blazesym(&debug_file.path.to_string_lossy());
-        }
-        match attempt {
-            Ok(Ok(lines)) => lines
-                .into_iter()
-                .map(|lines| lines.map(|lines| self.intern_lines(lines)))
-                .collect(),
-            Ok(Err(_)) => vec![None; offsets.len()],
-            Err(_) => {
-                self.evict_from_blazesym(open_path);
-                vec![None; offsets.len()]
-            }
-        }
-    }
-
-    /// blazesym's lines for each of `offsets` (see
-    /// [`Self::resolve_elf_offsets`]), qualified with the ELF symbols.
-    fn blazesym_lines(
-        &mut self,
-        open_path: &str,
-        offsets: &[u64],
-        copy: Option<&DebugCopy>,
-        dwarf: bool,
-    ) -> Result<Vec<Option<Vec<OwnedLine>>>, blazesym::Error> {
-        let elf = |path: &Path| {
-            Source::Elf(Elf {
-                debug_syms: dwarf,
-                ..Elf::new(path)
-            })
-        };
-        let inlined_functions = self.inlined_functions;
-        let mut lines: Vec<Option<Vec<OwnedLine>>> = Vec::with_capacity(offsets.len());
-        let mut starts: Vec<Option<u64>> = Vec::with_capacity(offsets.len());
-        let mut push = |result: Option<&Symbolized<'_>>| {
-            lines.push(result.and_then(|r| sym_lines(r, inlined_functions)));
-            starts.push(result.and_then(|r| r.as_sym().map(|sym| sym.addr)));
-        };
-        match copy {
-            None => {
-                let source = elf(Path::new(open_path));
-                let results = self
-                    .blazesym
-                    .symbolize(&source, Input::FileOffset(offsets))?;
-                results.iter().for_each(|result| push(Some(result)));
-            }
-            Some(copy) => {
-                let addresses: Vec<Option<u64>> = offsets
-                    .iter()
-                    .map(|&offset| copy.address_of(offset))
-                    .collect();
-                let wanted: Vec<u64> = addresses.iter().flatten().copied().collect();
-                let source = elf(&copy.path);
-                let results = self
-                    .blazesym
-                    .symbolize(&source, Input::VirtOffset(&wanted))?;
-                let mut results = results.iter();
-                for address in &addresses {
-                    push(address.and_then(|_| results.next()));
-                }
-            }
-        }
-        self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
-        Ok(lines)
-    }
-
     /// Names the code at `offsets` (file offsets) of the ELF file at `path`
     /// as profiles name it: its functions (innermost inlined function
     /// first), or `[file name]` where the file names nothing. For tools and
     /// tests that symbolize files outside a profile.
     pub fn symbolize_file_offsets(&mut self, path: &str, offsets: &[u64]) -> Vec<FrameSymbols> {
-        let resolved = self.resolve_elf_offsets(path, path, offsets, None, None);
+        let (resolved, _) =
+            self.resolve_elf_offsets(path, path, offsets, None, &TableFallback::default());
         self.evict_from_blazesym(path);
         let file_name = path.rsplit('/').next().unwrap_or(path);
         let fallback = self.named(&format!("[{file_name}]"));
@@ -582,58 +441,6 @@ impl Symbolizer {
                 _ => fallback.clone(),
             })
             .collect()
-    }
-
-    /// Debug info built with line tables only (Rust's release default)
-    /// names functions without their path (`parse` for
-    /// `serde_json::de::parse`, `fmt<u32>`, `{closure#0}`). Where DWARF gave
-    /// such an unqualified name, the ELF symbol table's mangled name of the
-    /// same function is used: the symbol that starts where the DWARF
-    /// function starts, or (for functions split in parts) whose demangled
-    /// path ends in the DWARF name.
-    fn qualify_with_elf_symbols(
-        &mut self,
-        path: &str,
-        offsets: &[u64],
-        starts: &[Option<u64>],
-        lines: &mut [Option<Vec<OwnedLine>>],
-    ) {
-        let unqualified: Vec<usize> = lines
-            .iter()
-            .enumerate()
-            .filter_map(|(index, lines)| {
-                let outermost = lines.as_ref()?.last()?;
-                (!is_mangled(&outermost.system_name) && !outermost.function.contains("::"))
-                    .then_some(index)
-            })
-            .collect();
-        if unqualified.is_empty() {
-            return;
-        }
-        let wanted: Vec<u64> = unqualified.iter().map(|&index| offsets[index]).collect();
-        let source = Source::Elf(Elf {
-            debug_syms: false,
-            ..Elf::new(path)
-        });
-        let Ok(results) = self.blazesym.symbolize(&source, Input::FileOffset(&wanted)) else {
-            return;
-        };
-        for (index, result) in unqualified.into_iter().zip(results.iter()) {
-            let Some(sym) = result.as_sym() else { continue };
-            let Some(outermost) = lines[index].as_mut().and_then(|l| l.last_mut()) else {
-                continue;
-            };
-            if !is_mangled(&sym.name) {
-                continue;
-            }
-            let qualified = demangle(&sym.name);
-            let same_function = starts[index] == Some(sym.addr)
-                || qualified.ends_with(&format!("::{}", outermost.function));
-            if same_function && qualified != *sym.name {
-                outermost.function = qualified;
-                outermost.system_name = sym.name.to_string();
-            }
-        }
     }
 
     fn intern_lines(&mut self, lines: Vec<OwnedLine>) -> Vec<SymbolLine> {

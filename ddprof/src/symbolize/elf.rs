@@ -1,0 +1,246 @@
+//! Names from ELF files with blazesym: DWARF (functions, inlined
+//! functions, lines) read from the file, its split debug file or the debug
+//! cache's copy of it, and the symbol tables alone when the DWARF cannot be
+//! read.
+use std::path::{Path, PathBuf};
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::Input;
+
+use super::names::{demangle, is_mangled};
+use super::{sym_lines, DebugCopy, OwnedLine, SymbolLine, Symbolized, Symbolizer};
+
+/// Where a file's names come from when its DWARF cannot be read.
+#[derive(Debug, Default)]
+pub(super) struct TableFallback {
+    /// The file's split debug files (see `Symbolizer::known_debug_files`).
+    pub debug_files: Vec<PathBuf>,
+    /// The file's build id: only a debug file of the same build names it
+    /// (a `.gnu_debuglink` name alone may find another build's).
+    pub build_id: Option<Vec<u8>>,
+    /// Known already: skip the DWARF.
+    pub dwarf_unreadable: bool,
+}
+
+impl TableFallback {
+    fn debug_file_of_this_build(&self) -> Option<&Path> {
+        let build_id = self.build_id.as_deref()?;
+        self.debug_files
+            .iter()
+            .find(|path| {
+                path.to_str()
+                    .and_then(crate::files::read_build_id)
+                    .is_some_and(|id| id == build_id)
+            })
+            .map(PathBuf::as_path)
+    }
+}
+
+impl Symbolizer {
+    /// Names the code at `offsets` (file offsets) of the ELF file at
+    /// `open_path`, with blazesym: `None` where nothing names it. With
+    /// `copy`, the names come from the decompressed copy of the file's split
+    /// debug file, at the ELF addresses of the offsets; if the copy fails,
+    /// from the file itself. A file whose DWARF (or whose debug file's)
+    /// blazesym cannot read, though its symbol tables name something, is
+    /// named from those tables (see [`TableFallback`]): a damaged debug
+    /// package costs the lines and inlined functions, not the names; the
+    /// second value says so. A file that makes blazesym fail in any other
+    /// way (a panic, a file truncated under us) names nothing; its data is
+    /// dropped from blazesym's caches then, so that nothing half-read stays
+    /// behind.
+    pub(super) fn resolve_elf_offsets(
+        &mut self,
+        open_path: &str,
+        display_path: &str,
+        offsets: &[u64],
+        copy: Option<&DebugCopy>,
+        fallback: &TableFallback,
+    ) -> (Vec<Option<Vec<SymbolLine>>>, bool) {
+        if fallback.dwarf_unreadable {
+            return (
+                self.names_from_symbol_tables(open_path, offsets, fallback),
+                true,
+            );
+        }
+        // Parsers of hostile input are the likeliest place for a bug; one
+        // must cost this file's names, not the profile.
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.blazesym_lines(open_path, offsets, copy, true)
+        }));
+        match (attempt, copy) {
+            (Ok(Ok(lines)), _) => {
+                let names = lines
+                    .into_iter()
+                    .map(|lines| lines.map(|lines| self.intern_lines(lines)))
+                    .collect();
+                (names, false)
+            }
+            (Ok(Err(error)), Some(copy)) => {
+                log::debug!(
+                    "cannot symbolize {display_path} from {}: {error}",
+                    copy.path.display()
+                );
+                self.resolve_elf_offsets(open_path, display_path, offsets, None, fallback)
+            }
+            (Err(_), Some(copy)) => {
+                self.evict_from_blazesym(&copy.path.to_string_lossy());
+                self.resolve_elf_offsets(open_path, display_path, offsets, None, fallback)
+            }
+            (Ok(Err(error)), None) => {
+                log::debug!("cannot symbolize {display_path}: {error}");
+                self.evict_from_blazesym(open_path);
+                let names = self.names_from_symbol_tables(open_path, offsets, fallback);
+                let named = names.iter().any(Option::is_some);
+                (names, named)
+            }
+            (Err(_), None) => {
+                log::warn!(
+                    "reading the symbols of {display_path} failed (corrupt file?); \
+                     its frames are named after the file"
+                );
+                self.evict_from_blazesym(open_path);
+                (vec![None; offsets.len()], false)
+            }
+        }
+    }
+
+    /// Names from the ELF symbol tables alone, without DWARF: the split
+    /// debug file's `.symtab` (a stripped file's only full table), else the
+    /// file's own `.symtab` or `.dynsym`.
+    fn names_from_symbol_tables(
+        &mut self,
+        open_path: &str,
+        offsets: &[u64],
+        fallback: &TableFallback,
+    ) -> Vec<Option<Vec<SymbolLine>>> {
+        let debug_file = fallback
+            .debug_file_of_this_build()
+            .and_then(|path| DebugCopy::of_original(path, open_path).ok());
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let from_debug_file = debug_file
+                .as_ref()
+                .map(|debug_file| self.blazesym_lines(open_path, offsets, Some(debug_file), false));
+            match from_debug_file {
+                Some(Ok(lines)) if lines.iter().any(Option::is_some) => Ok(lines),
+                _ => self.blazesym_lines(open_path, offsets, None, false),
+            }
+        }));
+        if let Some(debug_file) = &debug_file {
+            self.evict_from_blazesym(&debug_file.path.to_string_lossy());
+        }
+        match attempt {
+            Ok(Ok(lines)) => lines
+                .into_iter()
+                .map(|lines| lines.map(|lines| self.intern_lines(lines)))
+                .collect(),
+            Ok(Err(_)) => vec![None; offsets.len()],
+            Err(_) => {
+                self.evict_from_blazesym(open_path);
+                vec![None; offsets.len()]
+            }
+        }
+    }
+
+    /// blazesym's lines for each of `offsets` (see
+    /// [`Self::resolve_elf_offsets`]), qualified with the ELF symbols.
+    fn blazesym_lines(
+        &mut self,
+        open_path: &str,
+        offsets: &[u64],
+        copy: Option<&DebugCopy>,
+        dwarf: bool,
+    ) -> Result<Vec<Option<Vec<OwnedLine>>>, blazesym::Error> {
+        let elf = |path: &Path| {
+            Source::Elf(Elf {
+                debug_syms: dwarf,
+                ..Elf::new(path)
+            })
+        };
+        let inlined_functions = self.inlined_functions;
+        let mut lines: Vec<Option<Vec<OwnedLine>>> = Vec::with_capacity(offsets.len());
+        let mut starts: Vec<Option<u64>> = Vec::with_capacity(offsets.len());
+        let mut push = |result: Option<&Symbolized<'_>>| {
+            lines.push(result.and_then(|r| sym_lines(r, inlined_functions)));
+            starts.push(result.and_then(|r| r.as_sym().map(|sym| sym.addr)));
+        };
+        match copy {
+            None => {
+                let source = elf(Path::new(open_path));
+                let results = self
+                    .blazesym
+                    .symbolize(&source, Input::FileOffset(offsets))?;
+                results.iter().for_each(|result| push(Some(result)));
+            }
+            Some(copy) => {
+                let addresses: Vec<Option<u64>> = offsets
+                    .iter()
+                    .map(|&offset| copy.address_of(offset))
+                    .collect();
+                let wanted: Vec<u64> = addresses.iter().flatten().copied().collect();
+                let source = elf(&copy.path);
+                let results = self
+                    .blazesym
+                    .symbolize(&source, Input::VirtOffset(&wanted))?;
+                let mut results = results.iter();
+                for address in &addresses {
+                    push(address.and_then(|_| results.next()));
+                }
+            }
+        }
+        self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
+        Ok(lines)
+    }
+
+    /// Debug info built with line tables only (Rust's release default)
+    /// names functions without their path (`parse` for
+    /// `serde_json::de::parse`, `fmt<u32>`, `{closure#0}`). Where DWARF gave
+    /// such an unqualified name, the ELF symbol table's mangled name of the
+    /// same function is used: the symbol that starts where the DWARF
+    /// function starts, or (for functions split in parts) whose demangled
+    /// path ends in the DWARF name.
+    fn qualify_with_elf_symbols(
+        &mut self,
+        path: &str,
+        offsets: &[u64],
+        starts: &[Option<u64>],
+        lines: &mut [Option<Vec<OwnedLine>>],
+    ) {
+        let unqualified: Vec<usize> = lines
+            .iter()
+            .enumerate()
+            .filter_map(|(index, lines)| {
+                let outermost = lines.as_ref()?.last()?;
+                (!is_mangled(&outermost.system_name) && !outermost.function.contains("::"))
+                    .then_some(index)
+            })
+            .collect();
+        if unqualified.is_empty() {
+            return;
+        }
+        let wanted: Vec<u64> = unqualified.iter().map(|&index| offsets[index]).collect();
+        let source = Source::Elf(Elf {
+            debug_syms: false,
+            ..Elf::new(path)
+        });
+        let Ok(results) = self.blazesym.symbolize(&source, Input::FileOffset(&wanted)) else {
+            return;
+        };
+        for (index, result) in unqualified.into_iter().zip(results.iter()) {
+            let Some(sym) = result.as_sym() else { continue };
+            let Some(outermost) = lines[index].as_mut().and_then(|l| l.last_mut()) else {
+                continue;
+            };
+            if !is_mangled(&sym.name) {
+                continue;
+            }
+            let qualified = demangle(&sym.name);
+            let same_function = starts[index] == Some(sym.addr)
+                || qualified.ends_with(&format!("::{}", outermost.function));
+            if same_function && qualified != *sym.name {
+                outermost.function = qualified;
+                outermost.system_name = sym.name.to_string();
+            }
+        }
+    }
+}
