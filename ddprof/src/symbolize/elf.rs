@@ -244,3 +244,39 @@ impl Symbolizer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_debug_file_of_the_same_build_names_a_file() {
+        // Two programs of this machine stand for debug files: one of this
+        // build, one of another (a `.gnu_debuglink` name can find either).
+        let this_build = PathBuf::from("/usr/bin/ls");
+        let other_build = PathBuf::from("/usr/bin/cp");
+        let build_id = crate::files::read_build_id("/usr/bin/ls").expect("ls has a build id");
+        let fallback = TableFallback {
+            debug_files: vec![other_build.clone(), this_build.clone()],
+            build_id: Some(build_id.clone()),
+            dwarf_unreadable: true,
+        };
+        assert_eq!(
+            fallback.debug_file_of_this_build(),
+            Some(this_build.as_path())
+        );
+        let fallback = TableFallback {
+            debug_files: vec![other_build],
+            build_id: Some(build_id),
+            dwarf_unreadable: true,
+        };
+        assert_eq!(fallback.debug_file_of_this_build(), None);
+        // A file without a build id: no debug file can be shown to be its.
+        let fallback = TableFallback {
+            debug_files: vec![this_build],
+            build_id: None,
+            dwarf_unreadable: true,
+        };
+        assert_eq!(fallback.debug_file_of_this_build(), None);
+    }
+}
