@@ -520,6 +520,24 @@ fn install_by_build_id(stripped: &Path, debug: &Path, debug_dir: &Path) -> Strin
     relative
 }
 
+/// In `dir`: `chain_stripped`, `binary` stripped, with its debug file
+/// (compressed as `compress` says) installed by build id under `dir/debug`;
+/// returns the stripped binary, that debug directory and the debug file's
+/// path in it.
+fn stripped_with_debug_dir(
+    binary: &Path,
+    dir: &Path,
+    compress: Option<&str>,
+) -> (PathBuf, PathBuf, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    let stripped = dir.join("chain_stripped");
+    let debug = dir.join("chain_stripped.debug");
+    split_debug_info(binary, &stripped, &debug, compress);
+    let debug_dir = dir.join("debug");
+    let relative = install_by_build_id(&stripped, &debug, &debug_dir);
+    (stripped, debug_dir, relative)
+}
+
 /// Samples `binary`'s main thread chain once, with the process gone before
 /// symbolization, and returns the symbolized function names and lines.
 fn symbolize_chain(binary: &Path, symbols_from: &Elf, options: SymbolizerOptions) -> Vec<String> {
@@ -574,13 +592,7 @@ fn stripped_binaries_use_split_debug_info() {
     assert!(names.contains(&middle), "{names:?}");
 
     // The debug file only in a debug directory's .build-id tree.
-    let by_build_id = dir.join("by-build-id");
-    std::fs::create_dir_all(&by_build_id).unwrap();
-    let stripped = by_build_id.join("chain_stripped");
-    let debug = by_build_id.join("chain_stripped.debug");
-    split_debug_info(&binary, &stripped, &debug, None);
-    let debug_dir = dir.join("debug");
-    install_by_build_id(&stripped, &debug, &debug_dir);
+    let (stripped, debug_dir, _) = stripped_with_debug_dir(&binary, &dir.join("by-build-id"), None);
 
     // Without the debug directory nothing names the functions.
     let names = symbolize_chain(&stripped, &symbols, SymbolizerOptions::default());
@@ -682,8 +694,6 @@ fn decompressed_once_into_the_debug_cache(format: &str) {
     let dir = scratch_dir(&format!("debug-cache-{format}"));
     let binary = build_workload(&dir);
     let symbols = Elf::read(&binary);
-    let stripped = dir.join("chain_stripped");
-    let debug = dir.join("chain_stripped.debug");
     let cache_dir = dir.join("cache");
     let with_cache = |debug_dir: &Path| SymbolizerOptions {
         debug_dirs: vec![debug_dir.to_path_buf()],
@@ -692,13 +702,8 @@ fn decompressed_once_into_the_debug_cache(format: &str) {
     };
 
     // The debug file as the linker wrote it names the frames...
-    let plain_dir = dir.join("plain");
-    std::fs::create_dir_all(&plain_dir).unwrap();
-    let plain_stripped = plain_dir.join("chain_stripped");
-    let plain_debug = plain_dir.join("chain_stripped.debug");
-    split_debug_info(&binary, &plain_stripped, &plain_debug, None);
-    let plain_debug_dir = plain_dir.join("debug");
-    install_by_build_id(&plain_stripped, &plain_debug, &plain_debug_dir);
+    let (plain_stripped, plain_debug_dir, _) =
+        stripped_with_debug_dir(&binary, &dir.join("plain"), None);
     let uncompressed = symbolize_chain(&plain_stripped, &symbols, with_cache(&plain_debug_dir));
     let middle = format!(
         "output_middle@{WORKLOAD}.c:{}",
@@ -709,11 +714,10 @@ fn decompressed_once_into_the_debug_cache(format: &str) {
 
     // ... and compressed as distributions ship it (blazesym, built without
     // zstd here, cannot read a zstd one itself)...
-    split_debug_info(&binary, &stripped, &debug, Some(format));
-    assert!(has_compressed_sections(&debug));
-    let debug_dir = dir.join("debug");
-    let relative = install_by_build_id(&stripped, &debug, &debug_dir);
+    let (stripped, debug_dir, relative) =
+        stripped_with_debug_dir(&binary, &dir.join("compressed"), Some(format));
     let installed = debug_dir.join(&relative);
+    assert!(has_compressed_sections(&installed));
     let with_cache = || with_cache(&debug_dir);
     // ... and the copy in the cache names them the same, lines included.
     let first = symbolize_chain(&stripped, &symbols, with_cache());
