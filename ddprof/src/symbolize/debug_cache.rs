@@ -190,9 +190,15 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
         path: original.to_path_buf(),
         source,
     };
+    // `Io` says the cache cannot be written (the cache is off for the run
+    // then): an original that cannot be opened is the original's problem.
+    let unreadable = |error: std::io::Error| DebugCacheError::Layout {
+        path: original.to_path_buf(),
+        what: format!("cannot open it: {error}"),
+    };
     // Only the headers are read through the read cache (it keeps what it
     // reads); section bytes are streamed from a second handle.
-    let handle = fs::File::open(original).map_err(io(original))?;
+    let handle = fs::File::open(original).map_err(unreadable)?;
     let headers = object::ReadCache::new(handle);
     let file = ElfFile64::<Endianness, _>::parse(&headers).map_err(elf)?;
     let endian = file.endian();
@@ -325,7 +331,7 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
         .map_err(io(&partial))
         .and_then(|out| {
             let mut out = BufWriter::with_capacity(STREAM_BUFFER_BYTES, out);
-            let input = fs::File::open(original).map_err(io(original))?;
+            let input = fs::File::open(original).map_err(unreadable)?;
             let mut input = BufReader::with_capacity(STREAM_BUFFER_BYTES, input);
             stream_copy(
                 &mut input,
