@@ -545,6 +545,10 @@ fn profiles_a_binary_whose_eh_frame_is_garbage(engine: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     let program = chain_with_garbage_cfi(&dir);
     let out = dir.join("out");
+    // The copy keeps chain's build id: its garbage tables must not reach
+    // the shared cache, where the real chain of every later test (and run
+    // of this build) would find them under that build id.
+    let cache = dir.join("cache");
     let output = ddprof_tests::ddprof_command()
         .args([
             "-l",
@@ -556,6 +560,8 @@ fn profiles_a_binary_whose_eh_frame_is_garbage(engine: &str) {
             "--output",
         ])
         .arg(&out)
+        .arg("--debug-cache")
+        .arg(&cache)
         .arg("--")
         .arg(&program)
         .arg("1")
