@@ -69,13 +69,7 @@ impl Symbolizer {
             self.blazesym_lines(open_path, offsets, copy, true)
         }));
         match (attempt, copy) {
-            (Ok(Ok(lines)), _) => {
-                let names = lines
-                    .into_iter()
-                    .map(|lines| lines.map(|lines| self.intern_lines(lines)))
-                    .collect();
-                (names, false)
-            }
+            (Ok(Ok(lines)), _) => (self.intern_each(lines), false),
             (Ok(Err(error)), Some(copy)) => {
                 log::debug!(
                     "cannot symbolize {display_path} from {}: {error}",
@@ -130,10 +124,7 @@ impl Symbolizer {
             self.evict_from_blazesym(&debug_file.path.to_string_lossy());
         }
         match attempt {
-            Ok(Ok(lines)) => lines
-                .into_iter()
-                .map(|lines| lines.map(|lines| self.intern_lines(lines)))
-                .collect(),
+            Ok(Ok(lines)) => self.intern_each(lines),
             Ok(Err(_)) => vec![None; offsets.len()],
             Err(_) => {
                 self.evict_from_blazesym(open_path);
@@ -142,8 +133,17 @@ impl Symbolizer {
         }
     }
 
+    fn intern_each(&mut self, lines: Vec<Option<Vec<OwnedLine>>>) -> Vec<Option<Vec<SymbolLine>>> {
+        lines
+            .into_iter()
+            .map(|lines| lines.map(|lines| self.intern_lines(lines)))
+            .collect()
+    }
+
     /// blazesym's lines for each of `offsets` (see
-    /// [`Self::resolve_elf_offsets`]), qualified with the ELF symbols.
+    /// [`Self::resolve_elf_offsets`]); from DWARF (`dwarf`), qualified with
+    /// the ELF symbols, else from the symbol tables alone, which name
+    /// functions as the ELF symbols do already.
     fn blazesym_lines(
         &mut self,
         open_path: &str,
@@ -188,7 +188,9 @@ impl Symbolizer {
                 }
             }
         }
-        self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
+        if dwarf {
+            self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
+        }
         Ok(lines)
     }
 
