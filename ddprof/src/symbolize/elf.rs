@@ -2,6 +2,7 @@
 //! functions, lines) read from the file, its split debug file or the debug
 //! cache's copy of it, and the symbol tables alone when the DWARF cannot be
 //! read.
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use blazesym::symbolize::source::{Elf, Source};
@@ -36,6 +37,35 @@ impl TableFallback {
     }
 }
 
+/// What blazesym says of some offsets of a file.
+#[derive(Debug, Default)]
+pub(super) struct Resolved {
+    /// The lines at each offset; `None` where nothing names it.
+    pub lines: Vec<Option<Vec<SymbolLine>>>,
+    /// The file offsets of the function at each offset, where the DWARF
+    /// gives its extent (see `functions.rs`).
+    pub functions: Vec<Option<Range<u64>>>,
+    /// The file's DWARF could not be read: the names come from its symbol
+    /// tables alone.
+    pub dwarf_unreadable: bool,
+}
+
+impl Resolved {
+    fn without_functions(lines: Vec<Option<Vec<SymbolLine>>>, dwarf_unreadable: bool) -> Self {
+        Self {
+            functions: vec![None; lines.len()],
+            lines,
+            dwarf_unreadable,
+        }
+    }
+}
+
+/// blazesym's answer for each offset, before its strings are interned.
+pub(super) struct RawLines {
+    pub lines: Vec<Option<Vec<OwnedLine>>>,
+    pub functions: Vec<Option<Range<u64>>>,
+}
+
 impl Symbolizer {
     /// Names the code at `offsets` (file offsets) of the ELF file at
     /// `open_path`, with blazesym: `None` where nothing names it. With
@@ -44,8 +74,8 @@ impl Symbolizer {
     /// from the file itself. A file whose DWARF (or whose debug file's)
     /// blazesym cannot read, though its symbol tables name something, is
     /// named from those tables (see [`TableFallback`]): a damaged debug
-    /// package costs the lines and inlined functions, not the names; the
-    /// second value says so. A file that makes blazesym fail in any other
+    /// package costs the lines and inlined functions, not the names
+    /// ([`Resolved::dwarf_unreadable`] says so). A file that makes blazesym fail in any other
     /// way (a panic, a file truncated under us) names nothing; its data is
     /// dropped from blazesym's caches then, so that nothing half-read stays
     /// behind.
@@ -56,12 +86,10 @@ impl Symbolizer {
         offsets: &[u64],
         copy: Option<&DebugCopy>,
         fallback: &TableFallback,
-    ) -> (Vec<Option<Vec<SymbolLine>>>, bool) {
+    ) -> Resolved {
         if fallback.dwarf_unreadable {
-            return (
-                self.names_from_symbol_tables(open_path, offsets, fallback),
-                true,
-            );
+            let names = self.names_from_symbol_tables(open_path, offsets, fallback);
+            return Resolved::without_functions(names, true);
         }
         // Parsers of hostile input are the likeliest place for a bug; one
         // must cost this file's names, not the profile.
@@ -69,7 +97,11 @@ impl Symbolizer {
             self.blazesym_lines(open_path, offsets, copy, true)
         }));
         match (attempt, copy) {
-            (Ok(Ok(lines)), _) => (self.intern_each(lines), false),
+            (Ok(Ok(raw)), _) => Resolved {
+                lines: self.intern_each(raw.lines),
+                functions: raw.functions,
+                dwarf_unreadable: false,
+            },
             (Ok(Err(error)), Some(copy)) => {
                 log::debug!(
                     "cannot symbolize {display_path} from {}: {error}",
@@ -86,7 +118,7 @@ impl Symbolizer {
                 self.evict_from_blazesym(open_path);
                 let names = self.names_from_symbol_tables(open_path, offsets, fallback);
                 let named = names.iter().any(Option::is_some);
-                (names, named)
+                Resolved::without_functions(names, named)
             }
             (Err(_), None) => {
                 log::warn!(
@@ -94,7 +126,7 @@ impl Symbolizer {
                      its frames are named after the file"
                 );
                 self.evict_from_blazesym(open_path);
-                (vec![None; offsets.len()], false)
+                Resolved::without_functions(vec![None; offsets.len()], false)
             }
         }
     }
@@ -116,7 +148,7 @@ impl Symbolizer {
                 .as_ref()
                 .map(|debug_file| self.blazesym_lines(open_path, offsets, Some(debug_file), false));
             match from_debug_file {
-                Some(Ok(lines)) if lines.iter().any(Option::is_some) => Ok(lines),
+                Some(Ok(raw)) if raw.lines.iter().any(Option::is_some) => Ok(raw),
                 _ => self.blazesym_lines(open_path, offsets, None, false),
             }
         }));
@@ -124,7 +156,7 @@ impl Symbolizer {
             self.evict_from_blazesym(&debug_file.path.to_string_lossy());
         }
         match attempt {
-            Ok(Ok(lines)) => self.intern_each(lines),
+            Ok(Ok(raw)) => self.intern_each(raw.lines),
             Ok(Err(_)) => vec![None; offsets.len()],
             Err(_) => {
                 self.evict_from_blazesym(open_path);
@@ -143,14 +175,15 @@ impl Symbolizer {
     /// blazesym's lines for each of `offsets` (see
     /// [`Self::resolve_elf_offsets`]); from DWARF (`dwarf`), qualified with
     /// the ELF symbols, else from the symbol tables alone, which name
-    /// functions as the ELF symbols do already.
-    fn blazesym_lines(
+    /// functions as the ELF symbols do already. With the file offsets of
+    /// each one's function, where its size is known.
+    pub(super) fn blazesym_lines(
         &mut self,
         open_path: &str,
         offsets: &[u64],
         copy: Option<&DebugCopy>,
         dwarf: bool,
-    ) -> Result<Vec<Option<Vec<OwnedLine>>>, blazesym::Error> {
+    ) -> Result<RawLines, blazesym::Error> {
         let elf = |path: &Path| {
             Source::Elf(Elf {
                 debug_syms: dwarf,
@@ -160,9 +193,12 @@ impl Symbolizer {
         let inlined_functions = self.inlined_functions;
         let mut lines: Vec<Option<Vec<OwnedLine>>> = Vec::with_capacity(offsets.len());
         let mut starts: Vec<Option<u64>> = Vec::with_capacity(offsets.len());
+        let mut extents: Vec<Option<(usize, usize)>> = Vec::with_capacity(offsets.len());
         let mut push = |result: Option<&Symbolized<'_>>| {
             lines.push(result.and_then(|r| sym_lines(r, inlined_functions)));
-            starts.push(result.and_then(|r| r.as_sym().map(|sym| sym.addr)));
+            let sym = result.and_then(Symbolized::as_sym);
+            starts.push(sym.map(|sym| sym.addr));
+            extents.push(sym.and_then(|sym| Some((sym.offset, sym.size?))));
         };
         match copy {
             None => {
@@ -191,7 +227,19 @@ impl Symbolizer {
         if dwarf {
             self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
         }
-        Ok(lines)
+        // The address's distance into its function is the same in the file
+        // as in memory: the function lies in one segment.
+        let functions = offsets
+            .iter()
+            .zip(extents)
+            .map(|(&offset, extent)| {
+                let (into, size) = extent?;
+                let start = offset.checked_sub(u64::try_from(into).ok()?)?;
+                let end = start.checked_add(u64::try_from(size).ok()?)?;
+                (end > offset).then_some(start..end)
+            })
+            .collect();
+        Ok(RawLines { lines, functions })
     }
 
     /// Debug info built with line tables only (Rust's release default)

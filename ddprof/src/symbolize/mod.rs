@@ -8,7 +8,7 @@
 //! on disk by build id for later runs ([`SymbolStore`]). Failure is never
 //! fatal: a frame that cannot be resolved is named after its mapping, or
 //! `[unknown]`.
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,6 +19,7 @@ use crate::files::{FileStamp, MappedFile, ObjectFile};
 
 mod debug_cache;
 mod elf;
+mod functions;
 mod kernel;
 mod names;
 mod perf_map;
@@ -119,6 +120,11 @@ struct FileCache {
     debug_copy: Option<Option<DebugCopy>>,
     last_period: u64,
     addresses: HashMap<u64, FrameSymbols>,
+    /// Runs of consecutive offsets named alike, by first offset: the end
+    /// and the names (functions named whole, see `functions.rs`).
+    spans: BTreeMap<u64, (u64, FrameSymbols)>,
+    /// The first offsets of the functions named whole.
+    named_whole: HashSet<u64>,
     /// The file's key in the symbol store (`None` inside when it has no
     /// build id, or there is no store), once looked for.
     store_key: Option<Option<SymbolKey>>,
@@ -128,9 +134,25 @@ struct FileCache {
     debug_files: Option<Vec<(PathBuf, FileStamp)>>,
     /// Addresses blazesym named since the store was last written.
     unsaved: Vec<u64>,
+    /// First offsets of the spans named since the store was last written.
+    unsaved_spans: Vec<u64>,
     /// blazesym could not read the file's DWARF (or its debug file's), but
     /// its symbol tables named something: later periods go to them at once.
     dwarf_unreadable: bool,
+}
+
+impl FileCache {
+    fn lookup(&self, offset: u64) -> Option<&FrameSymbols> {
+        self.addresses.get(&offset).or_else(|| {
+            let (_, (end, symbols)) = self.spans.range(..=offset).next_back()?;
+            (offset < *end).then_some(symbols)
+        })
+    }
+
+    /// Addresses and spans held.
+    fn entries(&self) -> usize {
+        self.addresses.len() + self.spans.len()
+    }
 }
 
 /// Turns normalized frames into functions, files and lines.
@@ -153,6 +175,8 @@ pub struct Symbolizer {
     kallsyms: Option<KallsymsSnapshot>,
     strings: HashSet<Arc<str>>,
     period_number: u64,
+    /// Bytes of functions named whole this period (see `functions.rs`).
+    whole_function_bytes: u64,
     /// Files dropped from the caches for being unused.
     files_evicted: u64,
     /// Resolved addresses dropped when the address caches were full.
@@ -198,6 +222,7 @@ impl Symbolizer {
             kallsyms: None,
             strings: HashSet::new(),
             period_number: 0,
+            whole_function_bytes: 0,
             files_evicted: 0,
             addresses_evicted: 0,
         }
@@ -213,10 +238,13 @@ impl Symbolizer {
     /// Symbolizes every frame of the period.
     pub fn symbolize(&mut self, period: PeriodProfile) -> SymbolizedProfile {
         self.period_number += 1;
+        self.whole_function_bytes = 0;
         if self.cached_addresses > MAX_CACHED_ADDRESSES {
             self.addresses_evicted += self.cached_addresses as u64;
             for cache in self.files.values_mut() {
                 cache.addresses.clear();
+                cache.spans.clear();
+                cache.named_whole.clear();
             }
             self.kernel.clear();
             self.cached_addresses = 0;
@@ -225,6 +253,22 @@ impl Symbolizer {
         }
 
         let mut frames: Vec<Option<FrameSymbols>> = vec![None; period.frames.len()];
+        // The innermost user frame of each stack: the frames whose address
+        // is any instruction of their function (the others are call sites).
+        let mut leaves = vec![false; period.frames.len()];
+        for stack in &period.stacks {
+            let user_leaf = stack.iter().find(|&&frame| {
+                !matches!(
+                    period.frames.get(frame as usize),
+                    Some(Frame::Kernel { .. })
+                )
+            });
+            if let Some(&leaf) = user_leaf {
+                if let Some(is_leaf) = leaves.get_mut(leaf as usize) {
+                    *is_leaf = matches!(period.frames[leaf as usize], Frame::File { .. });
+                }
+            }
+        }
         let mut by_file: HashMap<FileId, Vec<(usize, u64)>> = HashMap::new();
         let mut kernel: Vec<(usize, u64)> = Vec::new();
         for (index, frame) in period.frames.iter().enumerate() {
@@ -242,7 +286,7 @@ impl Symbolizer {
             }
         }
         for (file, offsets) in by_file {
-            self.symbolize_file(period.file(file), &offsets, &mut frames);
+            self.symbolize_file(period.file(file), &offsets, &leaves, &mut frames);
         }
         self.symbolize_kernel(&kernel, &mut frames);
         self.write_store();
@@ -275,10 +319,13 @@ impl Symbolizer {
         }])
     }
 
+    /// Names `offsets` ((frame index, file offset)) of `file` into `frames`;
+    /// `leaves` says which frames are the innermost of a stack.
     fn symbolize_file(
         &mut self,
         file: &ObjectFile,
         offsets: &[(usize, u64)],
+        leaves: &[bool],
         frames: &mut [Option<FrameSymbols>],
     ) {
         let key = file.identity();
@@ -300,7 +347,7 @@ impl Symbolizer {
         let cache = self.files.get_mut(&key).expect("entry created above");
         let mut missing: Vec<u64> = Vec::new();
         for &(index, offset) in offsets {
-            match cache.addresses.get(&offset) {
+            match cache.lookup(offset) {
                 Some(symbols) => frames[index] = Some(symbols.clone()),
                 None => missing.push(offset),
             }
@@ -328,13 +375,14 @@ impl Symbolizer {
             build_id: file.build_id.clone(),
             dwarf_unreadable,
         };
-        let (resolved, dwarf_unreadable) = self.resolve_elf_offsets(
+        let resolved = self.resolve_elf_offsets(
             &file.open_path,
             &file.path,
             &missing,
             debug_copy.as_ref(),
             &fallback,
         );
+        let dwarf_unreadable = resolved.dwarf_unreadable;
         if dwarf_unreadable && !fallback.dwarf_unreadable {
             log::warn!(
                 "cannot read the debug information of {}; its frames are named from \
@@ -344,6 +392,24 @@ impl Symbolizer {
         }
         let cache = self.files.get_mut(&key).expect("entry created above");
         cache.dwarf_unreadable = dwarf_unreadable;
+        let leaf_offsets: HashSet<u64> = offsets
+            .iter()
+            .filter(|&&(index, _)| leaves.get(index).copied().unwrap_or(false))
+            .map(|&(_, offset)| offset)
+            .collect();
+        let functions = missing
+            .iter()
+            .zip(&resolved.functions)
+            .filter(|(offset, _)| leaf_offsets.contains(offset))
+            .filter_map(|(_, function)| function.clone())
+            .collect();
+        self.name_whole_functions(
+            &key,
+            &file.open_path,
+            &file.path,
+            debug_copy.as_ref(),
+            functions,
+        );
         // What blazesym parsed and mapped of the file (and of its debug
         // file: libc's is 10 MB) goes at once: the names found stay cached
         // here, and holding every file of the period mapped together made
@@ -363,7 +429,7 @@ impl Symbolizer {
         let mut found: HashMap<u64, FrameSymbols> = HashMap::with_capacity(missing.len());
         let cache = self.files.get_mut(&key).expect("entry created above");
         let stored = matches!(cache.store_key, Some(Some(_)));
-        for (offset, lines) in missing.iter().zip(resolved) {
+        for (offset, lines) in missing.iter().zip(resolved.lines) {
             let symbols = match lines {
                 Some(lines) if !lines.is_empty() => {
                     // Only names are kept for later runs: a file that could
@@ -429,12 +495,13 @@ impl Symbolizer {
     /// first), or `[file name]` where the file names nothing. For tools and
     /// tests that symbolize files outside a profile.
     pub fn symbolize_file_offsets(&mut self, path: &str, offsets: &[u64]) -> Vec<FrameSymbols> {
-        let (resolved, _) =
+        let resolved =
             self.resolve_elf_offsets(path, path, offsets, None, &TableFallback::default());
         self.evict_from_blazesym(path);
         let file_name = path.rsplit('/').next().unwrap_or(path);
         let fallback = self.named(&format!("[{file_name}]"));
         resolved
+            .lines
             .into_iter()
             .map(|lines| match lines {
                 Some(lines) if !lines.is_empty() => FrameSymbols::from(lines),
@@ -526,7 +593,7 @@ impl Symbolizer {
             let Some(cache) = self.files.remove(&key) else {
                 continue;
             };
-            self.cached_addresses = self.cached_addresses.saturating_sub(cache.addresses.len());
+            self.cached_addresses = self.cached_addresses.saturating_sub(cache.entries());
             self.files_evicted += 1;
             self.evict_from_blazesym(&cache.open_path);
             if let Some(Some(copy)) = &cache.debug_copy {
@@ -549,7 +616,7 @@ impl Symbolizer {
 }
 
 /// A [`SymbolLine`] before its strings are interned.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 struct OwnedLine {
     function: String,
     system_name: String,

@@ -22,7 +22,9 @@
 //! its length, string indices, UTF-8), so that a truncated, corrupt or
 //! foreign file costs a parse, never a wrong name. Files are written beside
 //! their name and renamed into place, and the least recently used go once
-//! the directory holds more than [`STORE_MAX_BYTES`].
+//! the directory holds more than [`STORE_MAX_BYTES`]. An entry names one
+//! address, or a run of consecutive ones that name the same (a function
+//! named whole, see `functions.rs`).
 use std::collections::HashMap;
 use std::fs;
 use std::hash::{Hash, Hasher};
@@ -44,11 +46,19 @@ pub const STORE_MAX_BYTES: u64 = 64 << 20;
 /// but the hot ones are met first.
 const MAX_ENTRIES_PER_FILE: usize = 200_000;
 const MAGIC: &[u8; 8] = b"DDPRSYM\0";
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION: u32 = 3;
 /// Bytes of a line in the file: three string indices and the line number.
 const LINE_BYTES: usize = 16;
-/// Bytes of an entry with one line: offset, line count, the line.
-const MIN_ENTRY_BYTES: usize = 8 + 4 + LINE_BYTES;
+/// Bytes of an entry with one line: offset, length, line count, the line.
+const MIN_ENTRY_BYTES: usize = 8 + 4 + 4 + LINE_BYTES;
+
+/// The names of `length` consecutive file offsets from `offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StoredNames {
+    pub offset: u64,
+    pub length: u32,
+    pub symbols: FrameSymbols,
+}
 
 /// What a file's names were resolved from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -97,14 +107,13 @@ impl SymbolStore {
         Some(self.dir.join(&hex[..2]).join(name))
     }
 
-    /// The stored names of `key`'s file, by file offset, their strings made
-    /// by `intern` (empty when none were stored, or the file is stale or
-    /// damaged).
+    /// The stored names of `key`'s file, their strings made by `intern`
+    /// (empty when none were stored, or the file is stale or damaged).
     pub(super) fn load(
         &self,
         key: &SymbolKey,
         intern: &mut dyn FnMut(&str) -> Arc<str>,
-    ) -> Vec<(u64, FrameSymbols)> {
+    ) -> Vec<StoredNames> {
         let Some(own) = own_build_id() else {
             return Vec::new();
         };
@@ -122,12 +131,12 @@ impl SymbolStore {
         entries
     }
 
-    /// Adds `names` (file offset → lines) to what the store holds for
-    /// `key`'s file; writes nothing when they add nothing.
+    /// Adds `names` ((file offset, length) → lines) to what the store holds
+    /// for `key`'s file; writes nothing when they add nothing.
     pub(super) fn save<'a>(
         &self,
         key: &SymbolKey,
-        names: impl IntoIterator<Item = (u64, &'a FrameSymbols)>,
+        names: impl IntoIterator<Item = ((u64, u32), &'a FrameSymbols)>,
     ) -> std::io::Result<()> {
         let Some(own) = own_build_id() else {
             return Ok(());
@@ -136,17 +145,21 @@ impl SymbolStore {
             return Ok(());
         };
         // Another run may have added names since this one read the file.
-        let mut entries: HashMap<u64, FrameSymbols> =
+        let mut entries: HashMap<(u64, u32), FrameSymbols> =
             read(&path, key, own, &mut |text: &str| Arc::from(text))
                 .unwrap_or_default()
                 .into_iter()
+                .map(|named| ((named.offset, named.length), named.symbols))
                 .collect();
         let mut added = 0usize;
-        for (offset, symbols) in names {
+        for (span, symbols) in names {
             if entries.len() >= MAX_ENTRIES_PER_FILE {
                 break;
             }
-            entries.entry(offset).or_insert_with(|| {
+            if span.1 == 0 {
+                continue;
+            }
+            entries.entry(span).or_insert_with(|| {
                 added += 1;
                 symbols.clone()
             });
@@ -194,7 +207,7 @@ fn read(
     key: &SymbolKey,
     own: &[u8],
     intern: &mut dyn FnMut(&str) -> Arc<str>,
-) -> Option<Vec<(u64, FrameSymbols)>> {
+) -> Option<Vec<StoredNames>> {
     let bytes = read_regular_file(path, STORE_MAX_BYTES)?;
     let entries = decode(&bytes, key, own, intern);
     if entries.is_none() {
@@ -205,7 +218,7 @@ fn read(
 
 /// The file's bytes: magic, version, the key, the strings, the entries, and
 /// the CRC-32 of everything before it.
-fn encode(key: &SymbolKey, entries: &HashMap<u64, FrameSymbols>, own: &[u8]) -> Vec<u8> {
+fn encode(key: &SymbolKey, entries: &HashMap<(u64, u32), FrameSymbols>, own: &[u8]) -> Vec<u8> {
     let mut strings: Vec<&str> = Vec::new();
     let mut string_ids: HashMap<&str, u32> = HashMap::new();
     for line in entries.values().flat_map(|lines| lines.iter()) {
@@ -216,11 +229,12 @@ fn encode(key: &SymbolKey, entries: &HashMap<u64, FrameSymbols>, own: &[u8]) -> 
             });
         }
     }
-    let mut sorted: Vec<(&u64, &FrameSymbols)> = entries.iter().collect();
-    sorted.sort_by_key(|(offset, _)| **offset);
+    let mut sorted: Vec<(&(u64, u32), &FrameSymbols)> = entries.iter().collect();
+    sorted.sort_by_key(|(span, _)| **span);
     let mut body = Vec::new();
-    for (offset, lines) in &sorted {
+    for ((offset, length), lines) in &sorted {
         body.extend_from_slice(&offset.to_le_bytes());
+        body.extend_from_slice(&length.to_le_bytes());
         body.extend_from_slice(&(lines.len() as u32).to_le_bytes());
         for line in lines.iter() {
             for text in [&line.function, &line.system_name, &line.file] {
@@ -269,7 +283,7 @@ fn decode(
     key: &SymbolKey,
     own: &[u8],
     intern: &mut dyn FnMut(&str) -> Arc<str>,
-) -> Option<Vec<(u64, FrameSymbols)>> {
+) -> Option<Vec<StoredNames>> {
     let mut fields = Fields::checked(bytes, MAGIC, FORMAT_VERSION)?;
     for id in [own, key.build_id.as_slice()] {
         let len = fields.u32()? as usize;
@@ -315,8 +329,13 @@ fn decode(
     let mut entries = Vec::with_capacity(entry_count);
     for _ in 0..entry_count {
         let offset = fields.u64()?;
+        let length = fields.u32()?;
         let line_count = fields.u32()? as usize;
-        if line_count == 0 || line_count > fields.rest.len() / LINE_BYTES {
+        if length == 0
+            || offset.checked_add(u64::from(length)).is_none()
+            || line_count == 0
+            || line_count > fields.rest.len() / LINE_BYTES
+        {
             return None;
         }
         let mut lines = Vec::with_capacity(line_count);
@@ -328,7 +347,11 @@ fn decode(
                 line: fields.u32()?,
             });
         }
-        entries.push((offset, FrameSymbols::from(lines)));
+        entries.push(StoredNames {
+            offset,
+            length,
+            symbols: FrameSymbols::from(lines),
+        });
     }
     fields.rest.is_empty().then_some(entries)
 }
@@ -349,8 +372,20 @@ impl Symbolizer {
         let cache = self.files.get_mut(key).expect("the caller created it");
         cache.store_key = Some(store_key);
         let mut added = 0;
-        for (offset, symbols) in stored {
-            if cache.addresses.insert(offset, symbols).is_none() {
+        for named in stored {
+            let new = if named.length == 1 {
+                cache
+                    .addresses
+                    .insert(named.offset, named.symbols)
+                    .is_none()
+            } else {
+                let end = named.offset + u64::from(named.length);
+                cache
+                    .spans
+                    .insert(named.offset, (end, named.symbols))
+                    .is_none()
+            };
+            if new {
                 added += 1;
             }
         }
@@ -445,15 +480,21 @@ impl Symbolizer {
         let mut failed = false;
         for (file, cache) in &mut self.files {
             let unsaved = std::mem::take(&mut cache.unsaved);
+            let unsaved_spans = std::mem::take(&mut cache.unsaved_spans);
             let Some(Some(key)) = &cache.store_key else {
                 continue;
             };
-            if failed || unsaved.is_empty() {
+            if failed || (unsaved.is_empty() && unsaved_spans.is_empty()) {
                 continue;
             }
-            let names = unsaved
+            let addresses = unsaved
                 .iter()
-                .filter_map(|offset| Some((*offset, cache.addresses.get(offset)?)));
+                .filter_map(|offset| Some(((*offset, 1), cache.addresses.get(offset)?)));
+            let spans = unsaved_spans.iter().filter_map(|start| {
+                let (end, symbols) = cache.spans.get(start)?;
+                Some(((*start, u32::try_from(end - start).ok()?), symbols))
+            });
+            let names = addresses.chain(spans);
             match store.save(key, names) {
                 Ok(()) => written = true,
                 Err(error) => {
@@ -506,14 +547,20 @@ mod tests {
         }
     }
 
-    fn names() -> HashMap<u64, FrameSymbols> {
+    /// Two addresses, and a run of 0x40 (a function named whole) that
+    /// starts at the first.
+    fn names() -> HashMap<(u64, u32), FrameSymbols> {
         HashMap::from([
             (
-                0x1130,
+                (0x1130, 1),
                 FrameSymbols::from(vec![line("leaf", "chain.c", 12)]),
             ),
             (
-                0x2040,
+                (0x1130, 0x40),
+                FrameSymbols::from(vec![line("leaf", "chain.c", 13)]),
+            ),
+            (
+                (0x2040, 1),
                 FrameSymbols::from(vec![
                     line("inlined_helper", "util.h", 3),
                     line("caller", "chain.c", 40),
@@ -522,8 +569,18 @@ mod tests {
         ])
     }
 
-    fn sorted(mut entries: Vec<(u64, FrameSymbols)>) -> Vec<(u64, FrameSymbols)> {
-        entries.sort_by_key(|(offset, _)| *offset);
+    fn sorted(entries: Vec<StoredNames>) -> Vec<((u64, u32), FrameSymbols)> {
+        let mut entries: Vec<_> = entries
+            .into_iter()
+            .map(|named| ((named.offset, named.length), named.symbols))
+            .collect();
+        entries.sort_by_key(|(span, _)| *span);
+        entries
+    }
+
+    fn sorted_names() -> Vec<((u64, u32), FrameSymbols)> {
+        let mut entries: Vec<_> = names().into_iter().collect();
+        entries.sort_by_key(|(span, _)| *span);
         entries
     }
 
@@ -538,26 +595,26 @@ mod tests {
         let store = SymbolStore::new(dir.clone());
         let names = names();
         store
-            .save(&key(), names.iter().map(|(o, s)| (*o, s)))
+            .save(&key(), names.iter().map(|(span, s)| (*span, s)))
             .unwrap();
-        assert_eq!(
-            sorted(store.load(&key(), &mut intern)),
-            sorted(names.clone().into_iter().collect())
-        );
+        assert_eq!(sorted(store.load(&key(), &mut intern)), sorted_names());
 
         // A later save adds to what is there; one that adds nothing writes
         // nothing.
-        let more = HashMap::from([(0x3000u64, FrameSymbols::from(vec![line("other", "o.c", 1)]))]);
+        let more = HashMap::from([(
+            (0x3000u64, 1u32),
+            FrameSymbols::from(vec![line("other", "o.c", 1)]),
+        )]);
         store
-            .save(&key(), more.iter().map(|(o, s)| (*o, s)))
+            .save(&key(), more.iter().map(|(span, s)| (*span, s)))
             .unwrap();
         let all = store.load(&key(), &mut intern);
-        assert_eq!(all.len(), 3);
+        assert_eq!(all.len(), 4);
         let path = store.path_of(&key(), own_build_id().unwrap()).unwrap();
         let before = fs::metadata(&path).unwrap().modified().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         store
-            .save(&key(), more.iter().map(|(o, s)| (*o, s)))
+            .save(&key(), more.iter().map(|(span, s)| (*span, s)))
             .unwrap();
         assert_eq!(fs::metadata(&path).unwrap().modified().unwrap(), before);
 
@@ -580,10 +637,9 @@ mod tests {
     fn every_truncation_and_bit_flip_is_refused() {
         let own = b"ddprof-build-id!";
         let bytes = encode(&key(), &names(), own);
-        let expected = sorted(names().into_iter().collect());
         assert_eq!(
             decode(&bytes, &key(), own, &mut intern).map(sorted),
-            Some(expected)
+            Some(sorted_names())
         );
         assert_eq!(
             decode(&bytes, &key(), b"another-build-id", &mut intern),

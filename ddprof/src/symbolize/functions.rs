@@ -1,0 +1,285 @@
+//! Functions named whole.
+//!
+//! The address of a stack's innermost frame is whichever instruction of its
+//! function was running, so a program sampled again (in a later period, or
+//! in a later run that reads the symbol store) keeps meeting addresses of
+//! its hot functions that were never named, and each period that meets one
+//! has blazesym parse the file again: ~8 ms and 10 MiB for libc's debug
+//! file. At 999 Hz that parse came back in most runs of a libc-heavy or a
+//! process-spawning workload, and was most of what the profiler spent per
+//! sample beyond reading it.
+//!
+//! So when a period has blazesym parse a file anyway, the functions of its
+//! new innermost addresses are named whole while the file is parsed: every
+//! byte of each, by the same lookup as a sampled address (~0.5 µs a byte
+//! then), kept as runs of consecutive offsets named alike. Any later address
+//! in them is found without blazesym, in this run and through the store in
+//! later ones, and is named exactly as its own lookup would have named it.
+//! Call sites need none of this: a return address is the same at every
+//! sample.
+use std::ops::Range;
+
+use super::{DebugCopy, FrameSymbols, Symbolizer};
+use crate::files::MappedFile;
+
+/// Functions larger than this are not named whole: their bytes would cost
+/// more than the parses they save. (ld.so's `_dl_relocate_object`, which
+/// every new process runs, is 8.5 KiB.)
+pub(super) const MAX_FUNCTION_BYTES: u64 = 16 << 10;
+/// Bytes named whole per period, all files together: ~30 ms at most.
+pub(super) const MAX_BYTES_PER_PERIOD: u64 = 48 << 10;
+
+/// Consecutive file offsets `start..end` named alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Span {
+    pub start: u64,
+    pub end: u64,
+    pub symbols: FrameSymbols,
+}
+
+impl Symbolizer {
+    /// Names whole the `functions` (file offsets) of the file under `key`,
+    /// which blazesym holds parsed (`open_path`, or `copy` of its split
+    /// debug file), within the period's budget, largest last; each at most
+    /// once per run. Adds the spans to the file's cache.
+    pub(super) fn name_whole_functions(
+        &mut self,
+        key: &MappedFile,
+        open_path: &str,
+        display_path: &str,
+        copy: Option<&DebugCopy>,
+        mut functions: Vec<Range<u64>>,
+    ) {
+        functions.sort_by_key(|function| (function.end - function.start, function.start));
+        functions.dedup();
+        let Some(cache) = self.files.get_mut(key) else {
+            return;
+        };
+        let mut offsets: Vec<u64> = Vec::new();
+        for function in functions {
+            let size = function.end - function.start;
+            if size > MAX_FUNCTION_BYTES
+                || self.whole_function_bytes + size > MAX_BYTES_PER_PERIOD
+                || !cache.named_whole.insert(function.start)
+            {
+                continue;
+            }
+            self.whole_function_bytes += size;
+            offsets.extend(function);
+        }
+        if offsets.is_empty() {
+            return;
+        }
+        offsets.sort_unstable();
+        offsets.dedup();
+        let started = std::time::Instant::now();
+        // As for the sampled addresses: a parser's bug costs this, not the run.
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.blazesym_lines(open_path, &offsets, copy, true)
+        }));
+        let Ok(Ok(raw)) = attempt else {
+            log::debug!("cannot name the functions of {display_path} whole");
+            return;
+        };
+        let spans = self.spans_of(&offsets, raw.lines);
+        log::debug!(
+            "named {} bytes of {display_path} whole in {:?}: {} spans",
+            offsets.len(),
+            started.elapsed(),
+            spans.len()
+        );
+        let Some(cache) = self.files.get_mut(key) else {
+            return;
+        };
+        let stored = matches!(cache.store_key, Some(Some(_)));
+        let mut added = 0;
+        for span in spans {
+            if stored {
+                cache.unsaved_spans.push(span.start);
+            }
+            if cache
+                .spans
+                .insert(span.start, (span.end, span.symbols))
+                .is_none()
+            {
+                added += 1;
+            }
+        }
+        self.cached_addresses += added;
+    }
+
+    /// Runs of consecutive `offsets` whose `lines` are equal (offsets that
+    /// nothing names end a run).
+    fn spans_of(
+        &mut self,
+        offsets: &[u64],
+        lines: Vec<Option<Vec<super::OwnedLine>>>,
+    ) -> Vec<Span> {
+        let mut spans: Vec<Span> = Vec::new();
+        let mut previous: Option<(u64, Vec<super::OwnedLine>)> = None;
+        for (&offset, lines) in offsets.iter().zip(lines) {
+            let Some(lines) = lines.filter(|lines| !lines.is_empty()) else {
+                previous = None;
+                continue;
+            };
+            let extends = previous
+                .as_ref()
+                .is_some_and(|(last, last_lines)| *last + 1 == offset && *last_lines == lines);
+            match spans.last_mut() {
+                Some(span) if extends => span.end = offset + 1,
+                _ => {
+                    let symbols = FrameSymbols::from(self.intern_lines(lines.clone()));
+                    spans.push(Span {
+                        start: offset,
+                        end: offset + 1,
+                        symbols,
+                    });
+                }
+            }
+            previous = Some((offset, lines));
+        }
+        spans
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{FileCache, SymbolLine, SymbolizerOptions};
+    use super::*;
+    use crate::aggregate::{Aggregator, AggregatorOptions, PeriodProfile};
+    use crate::process::ProcessTable;
+    use crate::sample::{Sample, StackEnd};
+
+    fn line(function: &str, number: u32) -> super::super::OwnedLine {
+        super::super::OwnedLine {
+            function: function.to_string(),
+            system_name: function.to_string(),
+            file: "f.c".to_string(),
+            line: number,
+        }
+    }
+
+    #[test]
+    fn spans_are_runs_of_consecutive_offsets_named_alike() {
+        let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+        let a = vec![line("f", 1)];
+        let b = vec![line("f", 2)];
+        let spans = symbolizer.spans_of(
+            &[10, 11, 12, 14, 15, 16, 17],
+            vec![
+                Some(a.clone()),
+                Some(a.clone()),
+                Some(b.clone()),
+                // Not consecutive: a run of its own.
+                Some(b.clone()),
+                None,
+                Some(a.clone()),
+                Some(vec![]),
+            ],
+        );
+        let bounds: Vec<(u64, u64, u32)> = spans
+            .iter()
+            .map(|span| (span.start, span.end, span.symbols[0].line))
+            .collect();
+        assert_eq!(bounds, [(10, 12, 1), (12, 13, 2), (14, 15, 2), (16, 17, 1)]);
+    }
+
+    /// A period of this process whose one stack is `leaf`.
+    fn period_with_leaf(table: &ProcessTable, leaf: u64) -> PeriodProfile {
+        let pid = std::process::id();
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        aggregator.add(
+            table,
+            &Sample {
+                pid,
+                tid: pid,
+                time: 0,
+                cpu: 0,
+                weight: 1,
+                frames: vec![leaf],
+                kernel_frames: vec![],
+                end: StackEnd::Complete,
+            },
+        );
+        let now = std::time::SystemTime::now();
+        aggregator.take_period(now, now)
+    }
+
+    fn libc_cache(symbolizer: &Symbolizer) -> (&crate::files::MappedFile, &FileCache) {
+        symbolizer
+            .files
+            .iter()
+            .find(|(file, _)| file.path.contains("libc.so"))
+            .expect("libc was symbolized")
+    }
+
+    /// libc's `malloc` (a program nobody wrote for us, with its debug file
+    /// when the machine has it): every byte of the function named whole is
+    /// named as its own lookup names it, and a later run that reads the
+    /// store finds another address of it without parsing libc.
+    #[test]
+    fn a_function_named_whole_names_each_byte_as_its_own_lookup_would() {
+        let dir = std::env::temp_dir().join(format!("ddprof-whole-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let options = SymbolizerOptions {
+            symbol_store: Some(dir.clone()),
+            ..SymbolizerOptions::default()
+        };
+        let mut table = ProcessTable::new();
+        table.load_from_proc(std::process::id()).unwrap();
+        let sampled = libc::malloc as *const () as usize as u64 + 1;
+
+        let mut first = Symbolizer::new(options.clone());
+        let named = first.symbolize(period_with_leaf(&table, sampled));
+        let Some(crate::aggregate::Frame::File { offset, .. }) = named.period.frames.first() else {
+            panic!("malloc is not in a file: {:?}", named.period.frames);
+        };
+        let sampled_offset = *offset;
+        let (file, cache) = libc_cache(&first);
+        let path = file.path.clone();
+        let spans: Vec<(u64, u64)> = cache
+            .spans
+            .iter()
+            .map(|(start, (end, _))| (*start, *end))
+            .collect();
+        let whole = spans.first().unwrap().0..spans.last().unwrap().1;
+        assert!(
+            whole.contains(&sampled_offset) && whole.end - whole.start >= 8,
+            "malloc at {sampled_offset:#x} named whole as {spans:x?}"
+        );
+        let every_offset: Vec<u64> = whole.clone().collect();
+        let one_by_one = Symbolizer::new(SymbolizerOptions::default())
+            .symbolize_file_offsets(&path, &every_offset);
+        let mut named_by_spans = 0;
+        for (offset, own_lookup) in every_offset.iter().zip(&one_by_one) {
+            match cache.lookup(*offset) {
+                Some(symbols) => {
+                    assert_eq!(symbols, own_lookup, "at {offset:#x}");
+                    named_by_spans += 1;
+                }
+                // Only where nothing names the byte (padding).
+                None => assert!(own_lookup[0].function.starts_with('['), "at {offset:#x}"),
+            }
+        }
+        assert!(named_by_spans >= 8, "{named_by_spans} bytes");
+        assert!(one_by_one[(sampled_offset - whole.start) as usize]
+            .iter()
+            .any(|line: &SymbolLine| line.function.contains("malloc")));
+
+        // A later run: another byte of malloc comes from the store.
+        let other = whole.end - 1;
+        let mut second = Symbolizer::new(options);
+        let named = second.symbolize(period_with_leaf(&table, sampled + (other - sampled_offset)));
+        assert_eq!(
+            named.frames[0],
+            one_by_one[(other - whole.start) as usize],
+            "at {other:#x}"
+        );
+        let (_, cache) = libc_cache(&second);
+        assert!(
+            cache.named_whole.is_empty(),
+            "libc was parsed again for {other:#x}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
