@@ -22,9 +22,10 @@
 //! its length, string indices, UTF-8), so that a truncated, corrupt or
 //! foreign file costs a parse, never a wrong name. Files are written beside
 //! their name and renamed into place, and the least recently used go once
-//! the directory holds more than [`STORE_MAX_BYTES`]. An entry names one
-//! address, or a run of consecutive ones that name the same (a function
-//! named whole, see `functions.rs`).
+//! the directory holds more than [`STORE_MAX_BYTES`] (checked at most every
+//! [`EVICTION_INTERVAL`]). An entry names one address, or a run of
+//! consecutive ones that name the same (a function named whole, see
+//! `functions.rs`).
 use std::collections::HashMap;
 use std::fs;
 use std::hash::{Hash, Hasher};
@@ -42,6 +43,10 @@ use crate::files::{
 
 /// Total size of the stored names; the least recently used files go first.
 pub const STORE_MAX_BYTES: u64 = 64 << 20;
+/// The least time between two evictions (see [`SymbolStore::evict`]).
+const EVICTION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
+/// The file whose mtime is the time of the last eviction.
+const EVICTION_MARK: &str = ".evicted";
 /// Addresses kept per file: a long run of a large program resolves more,
 /// but the hot ones are met first.
 const MAX_ENTRIES_PER_FILE: usize = 200_000;
@@ -190,8 +195,31 @@ impl SymbolStore {
     }
 
     /// Removes the least recently used files until the store holds at most
-    /// [`STORE_MAX_BYTES`] (once after a period's saves: it lists them all).
+    /// [`STORE_MAX_BYTES`], at most once per [`EVICTION_INTERVAL`] for all
+    /// the runs that share the store (the time of the last is the mtime of
+    /// [`EVICTION_MARK`]). Listing the store is a `stat` per file: with
+    /// ~600 files, 2–3 ms, five times the cost of the period's writes, paid
+    /// by every short run that named anything new. Between two evictions
+    /// the store can exceed its size by what the runs wrote meanwhile.
     pub fn evict(&self) {
+        let mark = self.dir.join(EVICTION_MARK);
+        let recent = fs::metadata(&mark)
+            .and_then(|metadata| metadata.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age < EVICTION_INTERVAL);
+        if recent {
+            return;
+        }
+        let marked = fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&mark)
+            .and_then(|file| file.set_modified(SystemTime::now()));
+        if let Err(error) = marked {
+            log::debug!("symbol store: cannot mark {}: {error}", mark.display());
+        }
         for removed in remove_least_recently_used(&self.dir, STORE_MAX_BYTES, Path::new("")) {
             log::info!(
                 "symbol store: removed {} (over {} MiB)",
@@ -476,6 +504,7 @@ impl Symbolizer {
         let Some(store) = self.store.clone() else {
             return;
         };
+        let started = std::time::Instant::now();
         let mut written = false;
         let mut failed = false;
         for (file, cache) in &mut self.files {
@@ -509,6 +538,7 @@ impl Symbolizer {
         }
         if written {
             store.evict();
+            log::debug!("symbol store: written in {:?}", started.elapsed());
         }
         if failed {
             self.store = None;
@@ -663,6 +693,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_store_is_trimmed_at_most_once_per_interval() {
+        let dir = std::env::temp_dir().join(format!("ddprof-symbol-evict-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let store = SymbolStore::new(dir.clone());
+        let big = dir.join("ab").join("big.syms");
+        let make_big = || {
+            fs::create_dir_all(big.parent().unwrap()).unwrap();
+            // Sparse: its length counts, not its blocks.
+            let file = fs::File::create(&big).unwrap();
+            file.set_len(STORE_MAX_BYTES + 1).unwrap();
+        };
+        make_big();
+        store.evict();
+        assert!(!big.exists(), "the first eviction trims the store");
+        make_big();
+        store.evict();
+        assert!(
+            big.exists(),
+            "a second one within the interval does nothing"
+        );
+        let long_ago = SystemTime::now() - EVICTION_INTERVAL - std::time::Duration::from_secs(1);
+        fs::File::options()
+            .write(true)
+            .open(dir.join(EVICTION_MARK))
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        store.evict();
+        assert!(!big.exists(), "once the interval is over, it trims again");
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
