@@ -220,6 +220,8 @@ fn a_later_run_names_frames_from_the_symbols_an_earlier_run_resolved() {
     let stored: Vec<std::path::PathBuf> = std::fs::read_dir(cache.0.join("symbols"))
         .unwrap()
         .flatten()
+        // The prefix directories (not the mark of the last eviction).
+        .filter(|prefix| prefix.path().is_dir())
         .flat_map(|prefix| std::fs::read_dir(prefix.path()).unwrap().flatten())
         .map(|file| file.path())
         .collect();
