@@ -75,10 +75,10 @@ impl Symbolizer {
     /// blazesym cannot read, though its symbol tables name something, is
     /// named from those tables (see [`TableFallback`]): a damaged debug
     /// package costs the lines and inlined functions, not the names
-    /// ([`Resolved::dwarf_unreadable`] says so). A file that makes blazesym fail in any other
-    /// way (a panic, a file truncated under us) names nothing; its data is
-    /// dropped from blazesym's caches then, so that nothing half-read stays
-    /// behind.
+    /// ([`Resolved::dwarf_unreadable`] says so). A file that makes blazesym
+    /// fail in any other way (a panic, a file truncated under us) names
+    /// nothing; its data is dropped from blazesym's caches then, so that
+    /// nothing half-read stays behind.
     pub(super) fn resolve_elf_offsets(
         &mut self,
         open_path: &str,

@@ -10,13 +10,14 @@
 //! sample beyond reading it.
 //!
 //! So when a period has blazesym parse a file anyway, the functions of its
-//! new innermost addresses are named whole while the file is parsed: every
-//! byte of each, by the same lookup as a sampled address (~0.5 µs a byte
-//! then), kept as runs of consecutive offsets named alike. Any later address
-//! in them is found without blazesym, in this run and through the store in
-//! later ones, and is named exactly as its own lookup would have named it.
-//! Call sites need none of this: a return address is the same at every
-//! sample.
+//! new innermost addresses that it meets again (at two new addresses, or at
+//! one beside an address named before) are named whole while the file is
+//! parsed: every byte of each, by the same lookup as a sampled address
+//! (~0.5–0.8 µs a byte then), kept as runs of consecutive offsets named
+//! alike. Any later address in them is found without blazesym, in this run
+//! and through the store in later ones, and is named exactly as its own
+//! lookup would have named it. Call sites need none of this: a return
+//! address is the same at every sample.
 use std::ops::Range;
 
 use super::{DebugCopy, FrameSymbols, Symbolizer};
@@ -41,10 +42,17 @@ pub(super) struct Span {
 }
 
 impl Symbolizer {
-    /// Names whole the `functions` (file offsets) of the file under `key`,
-    /// which blazesym holds parsed (`open_path`, or `copy` of its split
-    /// debug file), within the period's budget, largest last; each at most
-    /// once per run. Adds the spans to the file's cache.
+    /// Names whole, among the `functions` (file offsets; one per new
+    /// innermost address, so a function comes once per address) of the file
+    /// under `key`, which blazesym holds parsed (`open_path`, or `copy` of
+    /// its split debug file), those met again: at two addresses or more
+    /// this period, or at one the file's cache knew already (from an
+    /// earlier period or the store). A function met once may never come
+    /// back, and naming a large one costs more than the parse it might
+    /// save (ld.so's start-up code, which a process-spawning workload
+    /// samples once here and once there). Within the period's budget,
+    /// smallest first; each at most once per run. Adds the spans to the
+    /// file's cache.
     pub(super) fn name_whole_functions(
         &mut self,
         key: &MappedFile,
@@ -53,11 +61,31 @@ impl Symbolizer {
         copy: Option<&DebugCopy>,
         mut functions: Vec<Range<u64>>,
     ) {
-        functions.sort_by_key(|function| (function.end - function.start, function.start));
-        functions.dedup();
         let Some(cache) = self.files.get_mut(key) else {
             return;
         };
+        functions.sort_by_key(|function| (function.start, function.end));
+        let mut met: Vec<(Range<u64>, usize)> = Vec::new();
+        for function in functions {
+            match met.last_mut() {
+                Some((last, count)) if *last == function => *count += 1,
+                _ => met.push((function, 1)),
+            }
+        }
+        let mut known: Vec<u64> = cache.addresses.keys().copied().collect();
+        known.sort_unstable();
+        let known_in = |function: &Range<u64>| {
+            let first = known.partition_point(|&offset| offset < function.start);
+            known
+                .get(first)
+                .is_some_and(|&offset| offset < function.end)
+        };
+        let mut functions: Vec<Range<u64>> = met
+            .into_iter()
+            .filter(|(function, count)| *count >= 2 || known_in(function))
+            .map(|(function, _)| function)
+            .collect();
+        functions.sort_by_key(|function| (function.end - function.start, function.start));
         let mut offsets: Vec<u64> = Vec::new();
         for function in functions {
             let size = function.end - function.start;
@@ -202,23 +230,25 @@ mod tests {
         assert_eq!(bounds, [(10, 12, 1), (12, 13, 2), (14, 15, 2), (16, 17, 1)]);
     }
 
-    /// A period of this process whose one stack is `leaf`.
-    fn period_with_leaf(table: &ProcessTable, leaf: u64) -> PeriodProfile {
+    /// A period of this process with a one-frame stack for each of `leaves`.
+    fn period_with_leaves(table: &ProcessTable, leaves: &[u64]) -> PeriodProfile {
         let pid = std::process::id();
         let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
-        aggregator.add(
-            table,
-            &Sample {
-                pid,
-                tid: pid,
-                time: 0,
-                cpu: 0,
-                weight: 1,
-                frames: vec![leaf],
-                kernel_frames: vec![],
-                end: StackEnd::Complete,
-            },
-        );
+        for &leaf in leaves {
+            aggregator.add(
+                table,
+                &Sample {
+                    pid,
+                    tid: pid,
+                    time: 0,
+                    cpu: 0,
+                    weight: 1,
+                    frames: vec![leaf],
+                    kernel_frames: vec![],
+                    end: StackEnd::Complete,
+                },
+            );
+        }
         let now = std::time::SystemTime::now();
         aggregator.take_period(now, now)
     }
@@ -248,7 +278,8 @@ mod tests {
         let sampled = libc::malloc as *const () as usize as u64 + 1;
 
         let mut first = Symbolizer::new(options.clone());
-        let named = first.symbolize(period_with_leaf(&table, sampled));
+        // Met at two addresses: named whole.
+        let named = first.symbolize(period_with_leaves(&table, &[sampled, sampled + 8]));
         let Some(crate::aggregate::Frame::File { offset, .. }) = named.period.frames.first() else {
             panic!("malloc is not in a file: {:?}", named.period.frames);
         };
@@ -287,7 +318,10 @@ mod tests {
         // A later run: another byte of malloc comes from the store.
         let other = whole.end - 1;
         let mut second = Symbolizer::new(options);
-        let named = second.symbolize(period_with_leaf(&table, sampled + (other - sampled_offset)));
+        let named = second.symbolize(period_with_leaves(
+            &table,
+            &[sampled + (other - sampled_offset)],
+        ));
         assert_eq!(
             named.frames[0],
             one_by_one[(other - whole.start) as usize],
@@ -299,5 +333,29 @@ mod tests {
             "libc was parsed again for {other:#x}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A function met once is not named whole (it may never come back);
+    /// met again in a later period, it is.
+    #[test]
+    fn a_function_is_named_whole_once_met_again() {
+        let mut table = ProcessTable::new();
+        table.load_from_proc(std::process::id()).unwrap();
+        let getenv = libc::getenv as *const () as usize as u64;
+        let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+        symbolizer.symbolize(period_with_leaves(&table, &[getenv + 1]));
+        let (_, cache) = libc_cache(&symbolizer);
+        assert!(cache.spans.is_empty(), "{:?}", cache.spans.keys());
+        assert_eq!(cache.addresses.len(), 1);
+        let named = symbolizer.symbolize(period_with_leaves(&table, &[getenv + 4]));
+        let Some(crate::aggregate::Frame::File { offset, .. }) = named.period.frames.first() else {
+            panic!("getenv is not in a file: {:?}", named.period.frames);
+        };
+        let (_, cache) = libc_cache(&symbolizer);
+        assert!(
+            cache.spans.len() >= 2 && cache.lookup(*offset - 4).is_some(),
+            "getenv at {offset:#x} not named whole: {:x?}",
+            cache.spans.keys()
+        );
     }
 }
