@@ -10,9 +10,9 @@
 //! sample beyond reading it.
 //!
 //! So when a period has blazesym parse a file anyway, the functions of its
-//! new innermost addresses that it meets again (at two new addresses, or at
-//! one beside an address named before) are named whole while the file is
-//! parsed: every byte of each, by the same lookup as a sampled address
+//! new innermost addresses are named whole while the file is parsed (small
+//! ones at once, larger ones when met again: see
+//! [`Symbolizer::name_whole_functions`]): every byte of each, by the same lookup as a sampled address
 //! (~0.5–0.8 µs a byte then), kept as runs of consecutive offsets named
 //! alike. Any later address in them is found without blazesym, in this run
 //! and through the store in later ones, and is named exactly as its own
@@ -27,6 +27,9 @@ use crate::files::MappedFile;
 /// more than the parses they save. (ld.so's `_dl_relocate_object`, which
 /// every new process runs, is 8.5 KiB.)
 pub(super) const MAX_FUNCTION_BYTES: u64 = 16 << 10;
+/// Functions up to this size are named whole the first time they are met;
+/// larger ones when met again.
+pub(super) const MAX_FIRST_MEETING_BYTES: u64 = 2 << 10;
 /// Bytes named whole per period, all files together: ~30 ms at most.
 pub(super) const MAX_BYTES_PER_PERIOD: u64 = 48 << 10;
 
@@ -45,14 +48,16 @@ impl Symbolizer {
     /// Names whole, among the `functions` (file offsets; one per new
     /// innermost address, so a function comes once per address) of the file
     /// under `key`, which blazesym holds parsed (`open_path`, or `copy` of
-    /// its split debug file), those met again: at two addresses or more
-    /// this period, or at one the file's cache knew already (from an
-    /// earlier period or the store). A function met once may never come
-    /// back, and naming a large one costs more than the parse it might
-    /// save (ld.so's start-up code, which a process-spawning workload
-    /// samples once here and once there). Within the period's budget,
-    /// smallest first; each at most once per run. Adds the spans to the
-    /// file's cache.
+    /// its split debug file): those of [`MAX_FIRST_MEETING_BYTES`] at most,
+    /// and larger ones met again (at two addresses or more this period, or
+    /// at one beside an address the file's cache knew already, from an
+    /// earlier period or the store). A parse costs about what naming 10 KiB
+    /// does: a small function pays off if it comes back one time in ten,
+    /// but a large one met once may never come back (ld.so's `dl_main`, 15
+    /// KiB that every new process runs once, cost 13 ms each time a
+    /// process-spawning workload happened to sample it). Within the
+    /// period's budget, smallest first; each at most once per run. Adds the
+    /// spans to the file's cache.
     pub(super) fn name_whole_functions(
         &mut self,
         key: &MappedFile,
@@ -82,7 +87,11 @@ impl Symbolizer {
         };
         let mut functions: Vec<Range<u64>> = met
             .into_iter()
-            .filter(|(function, count)| *count >= 2 || known_in(function))
+            .filter(|(function, count)| {
+                function.end - function.start <= MAX_FIRST_MEETING_BYTES
+                    || *count >= 2
+                    || known_in(function)
+            })
             .map(|(function, _)| function)
             .collect();
         functions.sort_by_key(|function| (function.end - function.start, function.start));
@@ -335,26 +344,44 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A function met once is not named whole (it may never come back);
-    /// met again in a later period, it is.
+    /// A small function is named whole at once; a large one met once is
+    /// not (it may never come back), but is once met again in a later
+    /// period.
     #[test]
-    fn a_function_is_named_whole_once_met_again() {
+    fn a_large_function_is_named_whole_once_met_again() {
         let mut table = ProcessTable::new();
         table.load_from_proc(std::process::id()).unwrap();
+        // 204 and 8,624 bytes in this machine's libc.
         let getenv = libc::getenv as *const () as usize as u64;
-        let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
-        symbolizer.symbolize(period_with_leaves(&table, &[getenv + 1]));
-        let (_, cache) = libc_cache(&symbolizer);
-        assert!(cache.spans.is_empty(), "{:?}", cache.spans.keys());
-        assert_eq!(cache.addresses.len(), 1);
-        let named = symbolizer.symbolize(period_with_leaves(&table, &[getenv + 4]));
-        let Some(crate::aggregate::Frame::File { offset, .. }) = named.period.frames.first() else {
-            panic!("getenv is not in a file: {:?}", named.period.frames);
+        let getaddrinfo = libc::getaddrinfo as *const () as usize as u64;
+        let offset_of = |named: &super::super::SymbolizedProfile, index: usize| match named
+            .period
+            .frames
+            .get(index)
+        {
+            Some(crate::aggregate::Frame::File { offset, .. }) => *offset,
+            other => panic!("not in a file: {other:?}"),
         };
+        let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+        let named =
+            symbolizer.symbolize(period_with_leaves(&table, &[getenv + 1, getaddrinfo + 1]));
+        let (getenv_at, getaddrinfo_at) = (offset_of(&named, 0), offset_of(&named, 1));
         let (_, cache) = libc_cache(&symbolizer);
         assert!(
-            cache.spans.len() >= 2 && cache.lookup(*offset - 4).is_some(),
-            "getenv at {offset:#x} not named whole: {:x?}",
+            cache.spans.contains_key(&(getenv_at - 1)),
+            "getenv at {getenv_at:#x} is small: named whole at once; spans {:x?}",
+            cache.spans.keys()
+        );
+        assert!(
+            cache.lookup(getaddrinfo_at + 3).is_none(),
+            "getaddrinfo at {getaddrinfo_at:#x} named whole when met once"
+        );
+        symbolizer.symbolize(period_with_leaves(&table, &[getaddrinfo + 4]));
+        let (_, cache) = libc_cache(&symbolizer);
+        assert!(
+            cache.spans.contains_key(&(getaddrinfo_at - 1))
+                && cache.lookup(getaddrinfo_at + 2000).is_some(),
+            "getaddrinfo at {getaddrinfo_at:#x} not named whole when met again: {:x?}",
             cache.spans.keys()
         );
     }
