@@ -12,9 +12,9 @@
 //! So when a period has blazesym parse a file anyway, the functions of its
 //! new innermost addresses are named whole while the file is parsed (small
 //! ones at once, larger ones when met again: see
-//! [`Symbolizer::name_whole_functions`]): every byte of each, by the same lookup as a sampled address
-//! (~0.5–0.8 µs a byte then), kept as runs of consecutive offsets named
-//! alike. Any later address in them is found without blazesym, in this run
+//! [`Symbolizer::name_whole_functions`]): every byte of each, by the same
+//! lookup as a sampled address (~0.5–0.8 µs a byte then), kept as runs of
+//! consecutive offsets named alike. Any later address in them is found without blazesym, in this run
 //! and through the store in later ones, and is named exactly as its own
 //! lookup would have named it. Call sites need none of this: a return
 //! address is the same at every sample.
@@ -77,13 +77,13 @@ impl Symbolizer {
                 _ => met.push((function, 1)),
             }
         }
-        let mut known: Vec<u64> = cache.addresses.keys().copied().collect();
-        known.sort_unstable();
+        // A scan of the file's addresses (up to 200,000) for the few large
+        // functions met once; sorting them all for it cost more.
         let known_in = |function: &Range<u64>| {
-            let first = known.partition_point(|&offset| offset < function.start);
-            known
-                .get(first)
-                .is_some_and(|&offset| offset < function.end)
+            cache
+                .addresses
+                .keys()
+                .any(|offset| function.contains(offset))
         };
         let mut functions: Vec<Range<u64>> = met
             .into_iter()
@@ -171,17 +171,16 @@ impl Symbolizer {
         lines: Vec<Option<Vec<super::OwnedLine>>>,
     ) -> Vec<Span> {
         let mut spans: Vec<Span> = Vec::new();
-        let mut previous: Option<(u64, Vec<super::OwnedLine>)> = None;
+        // The lines of the last span, before interning.
+        let mut last_lines: Vec<super::OwnedLine> = Vec::new();
         for (&offset, lines) in offsets.iter().zip(lines) {
             let Some(lines) = lines.filter(|lines| !lines.is_empty()) else {
-                previous = None;
                 continue;
             };
-            let extends = previous
-                .as_ref()
-                .is_some_and(|(last, last_lines)| *last + 1 == offset && *last_lines == lines);
             match spans.last_mut() {
-                Some(span) if extends => span.end = offset + 1,
+                // An offset that nothing names leaves a gap: no span ends
+                // where the next one starts.
+                Some(span) if span.end == offset && last_lines == lines => span.end = offset + 1,
                 _ => {
                     let symbols = FrameSymbols::from(self.intern_lines(lines.clone()));
                     spans.push(Span {
@@ -189,9 +188,9 @@ impl Symbolizer {
                         end: offset + 1,
                         symbols,
                     });
+                    last_lines = lines;
                 }
             }
-            previous = Some((offset, lines));
         }
         spans
     }
