@@ -360,10 +360,10 @@ struct PeriodState {
     raw_stacks: RawStackCache,
 }
 
-/// The name ids of a thread and of its process, as the process table of
-/// `generation` names them. Names change only with the table, so a thread's
-/// next samples skip the table's and the name table's lookups (four hashes,
-/// two of them of the names) until it changes.
+/// The name ids of a thread and of its process, as the process table names
+/// them at the process's [`ProcessTable::names_generation`]. Names change
+/// only with it, so a thread's next samples skip the table's and the name
+/// table's lookups (four hashes, two of them of the names) until it changes.
 #[derive(Debug, Clone, Copy)]
 struct ThreadNameIds {
     generation: u64,
@@ -374,8 +374,9 @@ struct ThreadNameIds {
 /// Stacks already normalized this period, by their raw addresses: a stack
 /// seen before costs one hash of its addresses instead of a mapping lookup
 /// and a frame-table probe per frame (300 of them for a deep recursion).
-/// Addresses mean the same stack only while the process table is unchanged,
-/// so the cache is emptied whenever its generation moves on.
+/// Addresses mean the same stack only while their process's mappings are
+/// unchanged, so an entry holds the process's code generation and is
+/// dropped when met after it moved on; other processes' entries stay.
 ///
 /// A sample is looked up in place (no key is built for it): the hash covers
 /// the pid, the flags, both lengths and at most [`Self::HASHED_ENDS`] frames
@@ -385,7 +386,6 @@ struct ThreadNameIds {
 /// share a hash and are told apart by the comparison.
 #[derive(Debug, Default)]
 struct RawStackCache {
-    generation: u64,
     hasher: ahash::RandomState,
     stacks: hashbrown::HashTable<RawStack>,
     /// The hash of the sample last looked up, for [`RawStackCache::remember`].
@@ -397,6 +397,8 @@ struct RawStack {
     hash: u64,
     /// pid, truncation flag, kernel frame count, kernel frames, user frames.
     key: Box<[u64]>,
+    /// The process's [`ProcessTable::code_generation`] when it was normalized.
+    code_generation: u64,
     stack: u32,
 }
 
@@ -460,27 +462,37 @@ impl RawStackCache {
         hasher.finish()
     }
 
-    /// The stack id of `sample` if known.
-    fn lookup(&mut self, generation: u64, sample: &Sample) -> Option<u32> {
-        if generation != self.generation || self.stacks.len() >= Self::MAX_ENTRIES {
+    /// The stack id of `sample` if known and still true: `code_generation`
+    /// is that of the sample's process now (an entry made before its
+    /// mappings last changed is dropped).
+    fn lookup(&mut self, code_generation: u64, sample: &Sample) -> Option<u32> {
+        if self.stacks.len() >= Self::MAX_ENTRIES {
             self.stacks.clear();
-            self.generation = generation;
         }
         let key = RawKey::of(sample);
         self.last_hash = self.hash(&key);
-        self.stacks
-            .find(self.last_hash, |entry| key.matches(&entry.key))
-            .map(|entry| entry.stack)
+        match self
+            .stacks
+            .find_entry(self.last_hash, |entry| key.matches(&entry.key))
+        {
+            Ok(entry) if entry.get().code_generation == code_generation => Some(entry.get().stack),
+            Ok(stale) => {
+                stale.remove();
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     /// Remembers the stack id of `sample`, just looked up and not found.
-    fn remember(&mut self, sample: &Sample, stack: u32) {
+    fn remember(&mut self, code_generation: u64, sample: &Sample, stack: u32) {
         let key = RawKey::of(sample).to_key();
         self.stacks.insert_unique(
             self.last_hash,
             RawStack {
                 hash: self.last_hash,
                 key,
+                code_generation,
                 stack,
             },
             |entry| entry.hash,
@@ -536,11 +548,14 @@ impl Aggregator {
             period.stats.full_stacks += 1;
         }
 
-        let stack = match period.raw_stacks.lookup(processes.generation(), sample) {
+        let code_generation = processes.code_generation(sample.pid);
+        let stack = match period.raw_stacks.lookup(code_generation, sample) {
             Some(stack) => stack,
             None => {
                 let stack = self.normalize_stack(processes, sample);
-                self.period.raw_stacks.remember(sample, stack);
+                self.period
+                    .raw_stacks
+                    .remember(code_generation, sample, stack);
                 stack
             }
         };
@@ -629,7 +644,7 @@ impl Aggregator {
         // The names as they are now, which is as they were at the sample's
         // time: the engines apply the process events up to a sample's time
         // before they deliver it.
-        let generation = processes.generation();
+        let generation = processes.names_generation(sample.pid);
         let names = match period.thread_names.get(&(sample.pid, sample.tid)) {
             Some(known) if known.generation == generation => *known,
             _ => {
@@ -806,6 +821,70 @@ mod tests {
         let next = aggregator.take_period(now, now);
         assert!(next.samples.is_empty() && next.stacks.is_empty());
         assert_eq!(next.files.len(), 1);
+    }
+
+    /// A process's normalized stacks stay cached while other processes
+    /// map code (a build starts processes all the time), and are dropped
+    /// when its own mappings change: the same raw address then names the
+    /// new mapping's offset.
+    #[test]
+    fn a_stack_is_normalized_again_only_when_its_own_process_maps_code() {
+        let mut table = table();
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let raw = sample(11, vec![0x10100], StackEnd::Complete);
+        aggregator.add(&table, &raw);
+        let mut other = MappingRecord {
+            pid: 20,
+            start: 0x10000,
+            len: 0x1000,
+            file_offset: 0,
+            dev: 3,
+            inode: 4,
+            prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+            path: "/other".to_string(),
+        };
+        table.add_mapping(&other);
+        table.fork(21, 20, 21);
+        table.exit(21, 21);
+        assert!(
+            aggregator
+                .period
+                .raw_stacks
+                .lookup(table.code_generation(10), &raw)
+                .is_some(),
+            "other processes' changes dropped process 10's stacks"
+        );
+        // Process 10 maps the same range at another offset of the file.
+        other.pid = 10;
+        other.file_offset = 0x8000;
+        other.path = std::env::current_exe()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        other.dev = 1;
+        other.inode = 2;
+        table.add_mapping(&other);
+        aggregator.add(&table, &raw);
+        let now = SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        let offsets: Vec<&Frame> = period
+            .samples
+            .iter()
+            .map(|s| &period.frames[period.stacks[s.stack as usize][0] as usize])
+            .collect();
+        assert_eq!(
+            offsets,
+            [
+                &Frame::File {
+                    file: FileId(0),
+                    offset: 0x2100
+                },
+                &Frame::File {
+                    file: FileId(0),
+                    offset: 0x8100
+                }
+            ]
+        );
     }
 
     /// The raw-stack cache hashes only the ends of a deep stack: stacks

@@ -73,6 +73,10 @@ pub struct Process {
     pub threads: FastMap<u32, String>,
     /// Executable mappings, sorted by start and not overlapping.
     pub mappings: Vec<Mapping>,
+    /// Renewed whenever `mappings` change (see [`ProcessTable::code_generation`]).
+    code_generation: u64,
+    /// Renewed whenever `name` or `threads` change.
+    names_generation: u64,
 }
 
 impl Process {
@@ -82,7 +86,16 @@ impl Process {
         (addr < mapping.end).then_some(mapping)
     }
 
+    fn code_changed(&mut self) {
+        self.code_generation = Generation::next().0;
+    }
+
+    fn names_changed(&mut self) {
+        self.names_generation = Generation::next().0;
+    }
+
     fn insert_mapping(&mut self, mapping: Mapping) {
+        self.code_changed();
         // A new mapping replaces whatever it overlaps (mmap semantics).
         let (start, end) = (mapping.start, mapping.end);
         let mut kept = Vec::with_capacity(self.mappings.len() + 1);
@@ -152,6 +165,23 @@ impl ProcessTable {
     /// removed.
     pub fn generation(&self) -> u64 {
         self.generation.0
+    }
+
+    /// Changes whenever process `pid`'s executable mappings change, and
+    /// only then (0 for a process the table does not know): what an
+    /// address of that process means stays true while it is the same. A
+    /// table-wide [`ProcessTable::generation`] would make one process's
+    /// `mmap` forget what every other process's addresses meant: with
+    /// processes starting all the time (a build, `--global`), nearly every
+    /// sample.
+    pub fn code_generation(&self, pid: u32) -> u64 {
+        self.processes.get(&pid).map_or(0, |p| p.code_generation)
+    }
+
+    /// Changes whenever process `pid`'s name or threads (their names
+    /// included) change; 0 for a process the table does not know.
+    pub fn names_generation(&self, pid: u32) -> u64 {
+        self.processes.get(&pid).map_or(0, |p| p.names_generation)
     }
 
     pub fn get(&self, pid: u32) -> Option<&Process> {
@@ -239,7 +269,9 @@ impl ProcessTable {
         self.generation = Generation::next();
         self.exited.remove(&pid);
         let process = self.processes.entry(pid).or_default();
+        process.names_changed();
         if exec {
+            process.code_changed();
             process.mappings.clear();
             process.threads.clear();
         }
@@ -254,6 +286,7 @@ impl ProcessTable {
         self.generation = Generation::next();
         if pid == ppid {
             let process = self.processes.entry(pid).or_default();
+            process.names_changed();
             let name = process.name.clone();
             process.threads.insert(tid, name);
             return;
@@ -265,6 +298,8 @@ impl ProcessTable {
             ..child
         };
         child.threads.insert(tid, child.name.clone());
+        child.code_changed();
+        child.names_changed();
         self.processes.insert(pid, child);
     }
 
@@ -279,6 +314,7 @@ impl ProcessTable {
             }
             self.exited.insert(pid);
         } else if let Some(process) = self.processes.get_mut(&pid) {
+            process.names_changed();
             process.threads.remove(&tid);
         }
     }
@@ -320,6 +356,8 @@ impl ProcessTable {
                 process.threads.insert(tid, thread_name);
             }
         }
+        process.code_changed();
+        process.names_changed();
         self.exited.remove(&pid);
         self.processes.insert(pid, process);
         self.add_maps(pid, &maps);
@@ -333,8 +371,11 @@ impl ProcessTable {
     pub fn load_mappings_from_proc(&mut self, pid: u32) -> std::io::Result<()> {
         self.generation = Generation::next();
         let maps = read_lossy(format!("/proc/{pid}/maps"))?;
+        let mut process = Process::default();
+        process.code_changed();
+        process.names_changed();
         self.exited.remove(&pid);
-        self.processes.insert(pid, Process::default());
+        self.processes.insert(pid, process);
         self.add_maps(pid, &maps);
         Ok(())
     }
@@ -499,6 +540,37 @@ mod tests {
         );
         assert!(table.find_mapping(7, 0x4000).is_none());
         assert!(table.find_mapping(8, 0x1800).is_none());
+    }
+
+    #[test]
+    fn a_process_generations_move_only_with_its_own_changes() {
+        let mut table = ProcessTable::new();
+        assert_eq!(table.code_generation(7), 0, "unknown process");
+        table.add_mapping(&record(7, 0x1000, 0x1000, 0, "/a"));
+        table.set_comm(7, 7, "a", false);
+        let (code, names) = (table.code_generation(7), table.names_generation(7));
+        assert_ne!(code, 0);
+        // Other processes come, map code and go.
+        table.fork(9, 7, 9);
+        table.add_mapping(&record(9, 0x5000, 0x1000, 0, "/b"));
+        table.exit(9, 9);
+        assert_eq!(
+            (table.code_generation(7), table.names_generation(7)),
+            (code, names)
+        );
+        // A new thread moves the names only.
+        table.fork(7, 7, 8);
+        assert_eq!(table.code_generation(7), code);
+        assert_ne!(table.names_generation(7), names);
+        let names = table.names_generation(7);
+        table.add_mapping(&record(7, 0x3000, 0x1000, 0, "/c"));
+        assert_ne!(table.code_generation(7), code);
+        assert_eq!(table.names_generation(7), names);
+        let code = table.code_generation(7);
+        table.set_comm(7, 7, "b", true);
+        assert_ne!(table.code_generation(7), code, "exec drops the mappings");
+        table.exit(7, 7);
+        assert_eq!(table.code_generation(7), 0, "gone");
     }
 
     #[test]

@@ -16,8 +16,17 @@
 //! lookup as a sampled address (~0.5–0.8 µs a byte then), kept as runs of
 //! consecutive offsets named alike. Any later address in them is found without blazesym, in this run
 //! and through the store in later ones, and is named exactly as its own
-//! lookup would have named it. Call sites need none of this: a return
-//! address is the same at every sample.
+//! lookup would have named it.
+//!
+//! Call sites qualify too, but only in small functions: a return address is
+//! the same at every sample, yet a program's start-up and exit code (ld.so's
+//! loader, libc's `exit`, `fork` and `execve` paths) has many call sites,
+//! each sampled now and then while the kernel works for it. A
+//! process-spawning workload met one or two new ones in most runs at 999
+//! Hz, and each cost a parse of libc (2.2 ms) or ld.so (0.6–1.3 ms). A
+//! large function's call sites are left to their own lookups: they are
+//! fewer than its instructions, and naming 15 KiB of ld.so's `dl_main` cost
+//! 13 ms.
 use std::ops::Range;
 
 use super::{DebugCopy, FrameSymbols, Symbolizer};
@@ -46,7 +55,8 @@ pub(super) struct Span {
 
 impl Symbolizer {
     /// Names whole, among the `functions` (file offsets; one per new
-    /// innermost address, so a function comes once per address) of the file
+    /// innermost address or call site in a small function, so a function
+    /// comes once per address) of the file
     /// under `key`, which blazesym holds parsed (`open_path`, or `copy` of
     /// its split debug file): those of [`MAX_FIRST_MEETING_BYTES`] at most,
     /// and larger ones met again (at two addresses or more this period, or
@@ -240,9 +250,15 @@ mod tests {
 
     /// A period of this process with a one-frame stack for each of `leaves`.
     fn period_with_leaves(table: &ProcessTable, leaves: &[u64]) -> PeriodProfile {
+        let stacks: Vec<Vec<u64>> = leaves.iter().map(|&leaf| vec![leaf]).collect();
+        period_with_stacks(table, &stacks)
+    }
+
+    /// A period of this process with these stacks (innermost first).
+    fn period_with_stacks(table: &ProcessTable, stacks: &[Vec<u64>]) -> PeriodProfile {
         let pid = std::process::id();
         let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
-        for &leaf in leaves {
+        for frames in stacks {
             aggregator.add(
                 table,
                 &Sample {
@@ -251,7 +267,7 @@ mod tests {
                     time: 0,
                     cpu: 0,
                     weight: 1,
-                    frames: vec![leaf],
+                    frames: frames.clone(),
                     kernel_frames: vec![],
                     end: StackEnd::Complete,
                 },
@@ -382,6 +398,45 @@ mod tests {
                 && cache.lookup(getaddrinfo_at + 2000).is_some(),
             "getaddrinfo at {getaddrinfo_at:#x} not named whole when met again: {:x?}",
             cache.spans.keys()
+        );
+    }
+
+    /// A call site names its function whole when the function is small
+    /// (start-up and exit code has many call sites, each sampled now and
+    /// then), and not when it is large, even met at two call sites.
+    #[test]
+    fn a_call_site_names_its_function_whole_only_if_small() {
+        let mut table = ProcessTable::new();
+        table.load_from_proc(std::process::id()).unwrap();
+        // 204 and 8,624 bytes in this machine's libc.
+        let getenv = libc::getenv as *const () as usize as u64;
+        let getaddrinfo = libc::getaddrinfo as *const () as usize as u64;
+        let leaf = libc::getpid as *const () as usize as u64 + 1;
+        let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+        let named = symbolizer.symbolize(period_with_stacks(
+            &table,
+            // getaddrinfo at two call sites: an innermost address would
+            // have it named whole.
+            &[
+                vec![leaf, getenv + 10, getaddrinfo + 10],
+                vec![leaf, getenv + 10, getaddrinfo + 20],
+            ],
+        ));
+        // Return addresses are looked up one byte back.
+        let call_site = |index: usize| match named.period.frames.get(index) {
+            Some(crate::aggregate::Frame::File { offset, .. }) => *offset,
+            other => panic!("not in a file: {other:?}"),
+        };
+        let (getenv_at, getaddrinfo_at) = (call_site(1) - 9, call_site(2) - 9);
+        let (_, cache) = libc_cache(&symbolizer);
+        assert!(
+            cache.spans.contains_key(&getenv_at) && cache.lookup(getenv_at + 100).is_some(),
+            "getenv at {getenv_at:#x}, a call site in a small function, not named whole: {:x?}",
+            cache.spans.keys()
+        );
+        assert!(
+            cache.lookup(getaddrinfo_at + 2000).is_none(),
+            "getaddrinfo at {getaddrinfo_at:#x}, a call site in a large function, named whole"
         );
     }
 }

@@ -397,11 +397,17 @@ impl Symbolizer {
             .filter(|&&(index, _)| leaves.get(index).copied().unwrap_or(false))
             .map(|&(_, offset)| offset)
             .collect();
+        // Innermost addresses name their function; call sites only the small
+        // ones (see `functions.rs`).
         let functions = missing
             .iter()
             .zip(&resolved.functions)
-            .filter(|(offset, _)| leaf_offsets.contains(offset))
-            .filter_map(|(_, function)| function.clone())
+            .filter_map(|(offset, function)| {
+                let function = function.clone()?;
+                (leaf_offsets.contains(offset)
+                    || function.end - function.start <= functions::MAX_FIRST_MEETING_BYTES)
+                    .then_some(function)
+            })
             .collect();
         self.name_whole_functions(
             &key,
