@@ -4,7 +4,8 @@
 //! `ddprof --engine perf` and `perf record --call-graph dwarf,32768` at the
 //! same frequency. The test fails when a ddprof engine is more than 3 points
 //! less complete than perf record, delivers less than 90 % of the samples
-//! the command's CPU time calls for, or misses perf record's top leaf
+//! the command's CPU time calls for (or, where perf record delivered less,
+//! more than 3 points less than it did), or misses perf record's top leaf
 //! function in its top 5.
 //!
 //! It prints the table (`cargo test --release -p ddprof-tests --test corpus
