@@ -359,16 +359,23 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// This process's table, and the addresses of libc's `getenv` (204
+    /// bytes in this machine's libc) and `getaddrinfo` (8,624 bytes): a
+    /// small and a large function.
+    fn this_process_with_getenv_and_getaddrinfo() -> (ProcessTable, u64, u64) {
+        let mut table = ProcessTable::new();
+        table.load_from_proc(std::process::id()).unwrap();
+        let getenv = libc::getenv as *const () as usize as u64;
+        let getaddrinfo = libc::getaddrinfo as *const () as usize as u64;
+        (table, getenv, getaddrinfo)
+    }
+
     /// A small function is named whole at once; a large one met once is
     /// not (it may never come back), but is once met again in a later
     /// period.
     #[test]
     fn a_large_function_is_named_whole_once_met_again() {
-        let mut table = ProcessTable::new();
-        table.load_from_proc(std::process::id()).unwrap();
-        // 204 and 8,624 bytes in this machine's libc.
-        let getenv = libc::getenv as *const () as usize as u64;
-        let getaddrinfo = libc::getaddrinfo as *const () as usize as u64;
+        let (table, getenv, getaddrinfo) = this_process_with_getenv_and_getaddrinfo();
         let offset_of = |named: &super::super::SymbolizedProfile, index: usize| match named
             .period
             .frames
@@ -406,11 +413,7 @@ mod tests {
     /// then), and not when it is large, even met at two call sites.
     #[test]
     fn a_call_site_names_its_function_whole_only_if_small() {
-        let mut table = ProcessTable::new();
-        table.load_from_proc(std::process::id()).unwrap();
-        // 204 and 8,624 bytes in this machine's libc.
-        let getenv = libc::getenv as *const () as usize as u64;
-        let getaddrinfo = libc::getaddrinfo as *const () as usize as u64;
+        let (table, getenv, getaddrinfo) = this_process_with_getenv_and_getaddrinfo();
         let leaf = libc::getpid as *const () as usize as u64 + 1;
         let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
         let named = symbolizer.symbolize(period_with_stacks(
