@@ -38,7 +38,7 @@ use crate::files::MappedFile;
 pub(super) const MAX_FUNCTION_BYTES: u64 = 16 << 10;
 /// Functions up to this size are named whole the first time they are met;
 /// larger ones when met again.
-pub(super) const MAX_FIRST_MEETING_BYTES: u64 = 2 << 10;
+const MAX_FIRST_MEETING_BYTES: u64 = 2 << 10;
 /// Bytes named whole per period, all files together: ~30 ms at most.
 pub(super) const MAX_BYTES_PER_PERIOD: u64 = 48 << 10;
 
@@ -54,14 +54,15 @@ pub(super) struct Span {
 }
 
 impl Symbolizer {
-    /// Names whole, among the `functions` (file offsets; one per new
-    /// innermost address or call site in a small function, so a function
-    /// comes once per address) of the file
-    /// under `key`, which blazesym holds parsed (`open_path`, or `copy` of
-    /// its split debug file): those of [`MAX_FIRST_MEETING_BYTES`] at most,
-    /// and larger ones met again (at two addresses or more this period, or
-    /// at one beside an address the file's cache knew already, from an
-    /// earlier period or the store). A parse costs about what naming 10 KiB
+    /// Names whole, among the `functions` (file offsets, and whether met at
+    /// an innermost address rather than a call site; one per new address,
+    /// so a function comes once per address) of the file under `key`, which
+    /// blazesym holds parsed (`open_path`, or `copy` of its split debug
+    /// file): those of [`MAX_FIRST_MEETING_BYTES`] at most, and larger ones
+    /// met again at innermost addresses (at two or more this period, or at
+    /// one beside an address the file's cache knew already, from an earlier
+    /// period or the store). A large function's call sites keep their own
+    /// lookups (see the module's comment). A parse costs about what naming 10 KiB
     /// does: a small function pays off if it comes back one time in ten,
     /// but a large one met once may never come back (ld.so's `dl_main`, 15
     /// KiB that every new process runs once, cost 13 ms each time a
@@ -74,11 +75,18 @@ impl Symbolizer {
         open_path: &str,
         display_path: &str,
         copy: Option<&DebugCopy>,
-        mut functions: Vec<Range<u64>>,
+        mut functions: Vec<(Range<u64>, bool)>,
     ) {
         let Some(cache) = self.files.get_mut(key) else {
             return;
         };
+        functions.retain(|(function, innermost)| {
+            *innermost || function.end - function.start <= MAX_FIRST_MEETING_BYTES
+        });
+        let mut functions: Vec<Range<u64>> = functions
+            .into_iter()
+            .map(|(function, _)| function)
+            .collect();
         functions.sort_by_key(|function| (function.start, function.end));
         let mut met: Vec<(Range<u64>, usize)> = Vec::new();
         for function in functions {

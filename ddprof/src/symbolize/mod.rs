@@ -397,16 +397,11 @@ impl Symbolizer {
             .filter(|&&(index, _)| leaves.get(index).copied().unwrap_or(false))
             .map(|&(_, offset)| offset)
             .collect();
-        // Innermost addresses name their function; call sites only the small
-        // ones (see `functions.rs`).
         let functions = missing
             .iter()
             .zip(&resolved.functions)
             .filter_map(|(offset, function)| {
-                let function = function.clone()?;
-                (leaf_offsets.contains(offset)
-                    || function.end - function.start <= functions::MAX_FIRST_MEETING_BYTES)
-                    .then_some(function)
+                Some((function.clone()?, leaf_offsets.contains(offset)))
             })
             .collect();
         self.name_whole_functions(
