@@ -8,7 +8,8 @@
 //! which blazesym is not built to read, is not read at all). The first run
 //! that needs such a file writes it once, inflated section by section
 //! straight into `DIR/.build-id/xx/rest.debug` (about what blazesym's own
-//! inflating costs, without the memory); later runs map the copy and read
+//! inflating costs, without the memory, and less: the location lists, which
+//! a symbolizer never reads, are left out); later runs map the copy and read
 //! only the pages they look up. The copy is written next to its final name and
 //! renamed into place, so a reader sees a whole file or none; a build id
 //! names one build, so a copy never goes stale. The oldest copies are
@@ -28,6 +29,12 @@ pub const CACHE_MAX_BYTES: u64 = 1 << 30;
 /// Debug files that inflate to more than this are left to blazesym: one copy
 /// must not take more than a quarter of the cache.
 const MAX_INFLATED_BYTES: u64 = CACHE_MAX_BYTES / 4;
+/// Sections the copy keeps empty (header and name, no bytes): location
+/// lists say where a function's variables live, which no symbolizer reads
+/// (blazesym reads units, functions, inlined calls, lines and ranges).
+/// They are the largest part of a debug file that a copy would otherwise
+/// inflate for nothing: libc's `.debug_loclists`, 1.4 of its 10 MiB.
+const SECTIONS_LEFT_EMPTY: [&[u8]; 2] = [b".debug_loc", b".debug_loclists"];
 /// Alignments above this are not what a linker writes for a section with
 /// bytes in a debug file; a copy padded to them would be mostly zeros.
 const MAX_SECTION_ALIGNMENT: u64 = 64 << 10;
@@ -163,6 +170,8 @@ struct PlacedSection {
     /// Set for a compressed section: its format, and the alignment its
     /// compression header gives the inflated bytes.
     inflate: Option<(CompressionFormat, u64)>,
+    /// One of [`SECTIONS_LEFT_EMPTY`]: its header stays, with no bytes.
+    left_empty: bool,
     /// Offset and size in the copy.
     offset: u64,
     size: u64,
@@ -175,7 +184,8 @@ enum CompressionFormat {
 }
 
 /// Writes `original` to `destination` with every compressed section
-/// inflated; `false` (and nothing written) when no section is compressed.
+/// inflated and [`SECTIONS_LEFT_EMPTY`] emptied; `false` (and nothing
+/// written) when no other section is compressed.
 ///
 /// The copy is streamed: each section is inflated (or copied) straight into
 /// the file through small buffers, so writing a copy of any size costs the
@@ -213,6 +223,18 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
         let Some(from) = header.file_range(endian) else {
             continue; // SHT_NOBITS: no bytes in the file.
         };
+        let name = table.section_name(endian, header).map_err(elf)?;
+        if SECTIONS_LEFT_EMPTY.contains(&name) {
+            placed.push(PlacedSection {
+                index: index.0,
+                from: (from.0, 0),
+                inflate: None,
+                left_empty: true,
+                offset: 0,
+                size: 0,
+            });
+            continue;
+        }
         let Some((chdr, offset, compressed_size)) =
             header.compression(endian, &headers).map_err(elf)?
         else {
@@ -220,6 +242,7 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
                 index: index.0,
                 from,
                 inflate: None,
+                left_empty: false,
                 offset: 0,
                 size: from.1,
             });
@@ -241,6 +264,7 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
             index: index.0,
             from: (offset, compressed_size),
             inflate: Some((format, chdr.ch_addralign.get(endian))),
+            left_empty: false,
             offset: 0,
             size,
         });
@@ -291,6 +315,8 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
         let shdr = &mut section_headers[section.index];
         if let Some((_, alignment)) = section.inflate {
             shdr.sh_addralign.set(endian, alignment);
+        }
+        if section.inflate.is_some() || section.left_empty {
             shdr.sh_size.set(endian, section.size);
             let mut flags = shdr.sh_flags.get(endian);
             flags.remove(object::elf::SHF_COMPRESSED);
