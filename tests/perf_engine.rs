@@ -461,6 +461,11 @@ fn options_follow_the_command_line() {
         perf_options(&["ddprof", "--", "x"]).ring_buffer_bytes,
         ddprof::perf::DEFAULT_RING_BUFFER_BYTES
     );
+    // At 999 Hz, half of 1 MiB would be ~16 ms of 32 KB samples.
+    assert_eq!(
+        perf_options(&["ddprof", "-e", "sCPU freq=999", "--", "x"]).ring_buffer_bytes,
+        2 * ddprof::perf::DEFAULT_RING_BUFFER_BYTES
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -128,8 +128,8 @@ impl Sampler {
         // Loads, verifies and attaches the program once; `auto` falls back
         // to the perf engine (with the reason) when that fails. That takes
         // 50-100 ms, while the command runs: meanwhile another thread keeps
-        // the perf buffers from filling (at 32 KB a sample, a 1 MiB buffer
-        // holds 30 ms at 999 Hz), so that nothing is lost at start.
+        // the perf buffers from filling (at 32 KB a sample, they hold
+        // ~60 ms at 999 Hz), so that nothing is lost at start.
         let (bpf, decision) = keep_reading_while(&mut perf, || {
             choose_engine_with(options.engine, || BpfEngine::new(events, bpf_options))
         })

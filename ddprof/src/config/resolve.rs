@@ -63,8 +63,12 @@ pub fn resolve_with(
         sampler: SamplerOptions {
             engine: cli.engine,
             perf: PerfEngineOptions {
-                ring_buffer_bytes: ring_buffer_bytes
-                    .unwrap_or_else(|| default_ring_buffer_bytes(cli.stack_sample_size)),
+                ring_buffer_bytes: ring_buffer_bytes.unwrap_or_else(|| {
+                    default_ring_buffer_bytes(
+                        cli.stack_sample_size,
+                        samples_per_task_second(&events),
+                    )
+                }),
                 max_frames: MAX_USER_FRAMES,
             },
             bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or_else(|| {
