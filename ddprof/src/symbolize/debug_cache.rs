@@ -170,8 +170,6 @@ struct PlacedSection {
     /// Set for a compressed section: its format, and the alignment its
     /// compression header gives the inflated bytes.
     inflate: Option<(CompressionFormat, u64)>,
-    /// One of [`SECTIONS_LEFT_EMPTY`]: its header stays, with no bytes.
-    left_empty: bool,
     /// Offset and size in the copy.
     offset: u64,
     size: u64,
@@ -229,7 +227,6 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
                 index: index.0,
                 from: (from.0, 0),
                 inflate: None,
-                left_empty: true,
                 offset: 0,
                 size: 0,
             });
@@ -242,7 +239,6 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
                 index: index.0,
                 from,
                 inflate: None,
-                left_empty: false,
                 offset: 0,
                 size: from.1,
             });
@@ -264,7 +260,6 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
             index: index.0,
             from: (offset, compressed_size),
             inflate: Some((format, chdr.ch_addralign.get(endian))),
-            left_empty: false,
             offset: 0,
             size,
         });
@@ -316,12 +311,12 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
         if let Some((_, alignment)) = section.inflate {
             shdr.sh_addralign.set(endian, alignment);
         }
-        if section.inflate.is_some() || section.left_empty {
-            shdr.sh_size.set(endian, section.size);
-            let mut flags = shdr.sh_flags.get(endian);
-            flags.remove(object::elf::SHF_COMPRESSED);
-            shdr.sh_flags.set(endian, flags);
-        }
+        // What the copy holds: the same for a section copied as it is, the
+        // inflated size for a compressed one, nothing for one left empty.
+        shdr.sh_size.set(endian, section.size);
+        let mut flags = shdr.sh_flags.get(endian);
+        flags.remove(object::elf::SHF_COMPRESSED);
+        shdr.sh_flags.set(endian, flags);
         let alignment = shdr.sh_addralign.get(endian).max(1);
         if alignment > MAX_SECTION_ALIGNMENT {
             return Err(layout("a section is aligned beyond 64 KiB"));

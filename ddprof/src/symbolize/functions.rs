@@ -75,16 +75,16 @@ impl Symbolizer {
         open_path: &str,
         display_path: &str,
         copy: Option<&DebugCopy>,
-        mut functions: Vec<(Range<u64>, bool)>,
+        functions: Vec<(Range<u64>, bool)>,
     ) {
         let Some(cache) = self.files.get_mut(key) else {
             return;
         };
-        functions.retain(|(function, innermost)| {
-            *innermost || function.end - function.start <= MAX_FIRST_MEETING_BYTES
-        });
         let mut functions: Vec<Range<u64>> = functions
             .into_iter()
+            .filter(|(function, innermost)| {
+                *innermost || function.end - function.start <= MAX_FIRST_MEETING_BYTES
+            })
             .map(|(function, _)| function)
             .collect();
         functions.sort_by_key(|function| (function.start, function.end));
