@@ -738,10 +738,21 @@ fn unwound_in_kernel_and_by_perf(stderr: &str) -> (u64, u64) {
         .unwrap_or_else(|| panic!("no BPF engine line:\n{stderr}"))
 }
 
+/// The count of the engine line's `…; N processes read from /proc`.
+fn processes_read_from_proc(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|line| {
+            let rest = line.split(" unwound by the perf engine in all; ").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no count of processes read from /proc:\n{stderr}"))
+}
+
 /// Runs `forker` (children that live 30 ms) for 3 s under the BPF engine
 /// at `freq` Hz with the program variant `variant`: the counts of the
 /// engine's line, the summary and the folded stacks.
-fn profile_forker(variant: &str, freq: u32) -> ((u64, u64), HashMap<String, u64>, String) {
+fn profile_forker(variant: &str, freq: u32) -> ((u64, u64, u64), HashMap<String, u64>, String) {
     let forker = ddprof_tests::workloads::build_workload("forker.c");
     let child = ddprof_tests::workloads::build_workload("forker_child.c");
     let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
@@ -764,11 +775,12 @@ fn profile_forker(variant: &str, freq: u32) -> ((u64, u64), HashMap<String, u64>
     .expect("ddprof runs");
     let (reaped, stderr) = (run.reaped, run.stderr);
     assert!(reaped.status.success(), "{variant}: {stderr}");
-    let counts = unwound_in_kernel_and_by_perf(&stderr);
+    let (in_kernel, by_perf) = unwound_in_kernel_and_by_perf(&stderr);
+    let read_from_proc = processes_read_from_proc(&stderr);
     let summary = ddprof_tests::outputs::summary_fields(&stderr);
     let folded = std::fs::read_to_string(output_dir.join("stacks.folded")).unwrap();
     let _ = std::fs::remove_dir_all(&output_dir);
-    (counts, summary, folded)
+    ((in_kernel, by_perf, read_from_proc), summary, folded)
 }
 
 /// Processes that live 30 ms (forker's exec'd children), sampled at 999 Hz,
@@ -779,9 +791,15 @@ fn profile_forker(variant: &str, freq: u32) -> ((u64, u64), HashMap<String, u64>
 #[test]
 fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
     for variant in ["bpf_loop", "tail-call"] {
-        let ((in_kernel, by_perf), summary, folded) = profile_forker(variant, 999);
+        let ((in_kernel, by_perf, read_from_proc), summary, folded) = profile_forker(variant, 999);
         let total = in_kernel + by_perf;
         eprintln!("{variant}: {in_kernel} of {total} samples unwound in the kernel");
+        // The records describe every child (or say it exited, for the
+        // `/bin/true` ones): 20 of them were read from `/proc` per second.
+        assert!(
+            read_from_proc <= 5,
+            "{variant}: {read_from_proc} processes read from /proc"
+        );
         assert!(total >= 2000, "{variant}: {total} samples");
         // A child has about thirty samples at 999 Hz: its first is handed over.
         assert!(
@@ -802,9 +820,15 @@ fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
 /// unwound by the perf engine, none lost, their stacks whole.
 #[test]
 fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
-    let ((in_kernel, by_perf), summary, folded) = profile_forker("bpf_loop", 99);
+    let ((in_kernel, by_perf, read_from_proc), summary, folded) = profile_forker("bpf_loop", 99);
     let total = in_kernel + by_perf;
     eprintln!("{in_kernel} of {total} samples unwound in the kernel");
+    // A handed-off child that the records applied since say exited is not
+    // looked for in `/proc`: it was, for most children, at this rate.
+    assert!(
+        read_from_proc <= 5,
+        "{read_from_proc} processes read from /proc"
+    );
     assert!(total >= 200, "{total} samples");
     // The loader turned the wake-up off: most children are gone before the
     // reader's next wake-up describes them (66 % were unwound in the kernel
@@ -1032,6 +1056,109 @@ fn exec_then_profile(held_back: bool) {
     assert!(engine.sync_due(&processes, &HashSet::new()));
     engine.sync_with_young(&processes, &HashSet::new());
     assert!(!engine.tracked_processes().contains(&pid));
+}
+
+/// A young process is read from `/proc` only when the queued records do
+/// not describe it and do not say it exited: one whose exit the records
+/// hold (a `/bin/true` gone before its first sync) costs no read.
+#[test]
+fn a_young_process_whose_exit_is_queued_is_not_read_from_proc() {
+    use ddprof::process::ProcessEvent;
+    let binary = workload_binary();
+    let workload = start_workload(&binary, "chain", 30.0);
+    let pid = workload.0.id();
+    let fds = events::open_all(
+        &parse_events("sCPU freq=99").unwrap(),
+        Scope::Process(pid as i32),
+        &EventOptions {
+            stack_sample_size: 8,
+            include_kernel: false,
+            kernel_stacks: false,
+        },
+    )
+    .unwrap();
+    let mut engine = BpfEngine::new(fds, BpfEngineOptions::default()).unwrap();
+    let processes = ProcessTable::new();
+    let young = HashSet::from([pid]);
+    let reads = |engine: &BpfEngine| engine.table_stats().processes_read_from_proc;
+
+    // The records describe nothing of it: read from `/proc`.
+    let before = reads(&engine);
+    let read = engine.read_young(&processes, &young, |_| ProcessTable::new());
+    assert_eq!(reads(&engine), before + 1);
+    engine.sync_read_young(&processes, read);
+    assert!(engine.tracked_processes().contains(&pid));
+
+    // The records say it exited: nothing read, nothing written.
+    let mut exited = ProcessTable::new();
+    exited.apply(&ProcessEvent::Exit { pid, tid: pid });
+    let before = reads(&engine);
+    let read = engine.read_young(&processes, &young, |_| exited);
+    assert_eq!(
+        reads(&engine),
+        before,
+        "read /proc/{pid}/maps of an exited process"
+    );
+    engine.sync_read_young(&processes, read);
+}
+
+/// A sync may have to compile tables only for the processes it will
+/// write: young ones, or ones whose mappings changed since their entry was
+/// written. Processes already synced as they are do not count, whatever
+/// they map.
+#[test]
+fn only_a_changed_process_can_make_a_sync_compile() {
+    use ddprof::process::ProcessEvent;
+    use std::os::unix::fs::MetadataExt;
+    let binary = workload_binary();
+    let workload = start_workload(&binary, "chain", 30.0);
+    let pid = workload.0.id();
+    let fds = events::open_all(
+        &parse_events("sCPU freq=99").unwrap(),
+        Scope::Process(pid as i32),
+        &EventOptions {
+            stack_sample_size: 8,
+            include_kernel: false,
+            kernel_stacks: false,
+        },
+    )
+    .unwrap();
+    let mut processes = ProcessTable::new();
+    processes.load_from_proc(pid).unwrap();
+    let mut engine = BpfEngine::new(
+        fds,
+        BpfEngineOptions {
+            workload_pids: vec![pid],
+            ..BpfEngineOptions::default()
+        },
+    )
+    .unwrap();
+    let none = HashSet::new();
+    engine.sync_with_young(&processes, &none);
+    assert!(engine.tracked_processes().contains(&pid));
+    let may_compile = |engine: &mut BpfEngine, processes: &ProcessTable| {
+        let young = engine.read_young(processes, &none, |_| ProcessTable::new());
+        engine.sync_may_compile(processes, &young)
+    };
+    assert!(!may_compile(&mut engine, &processes));
+
+    // The process maps a file the engine has never seen.
+    let library = Path::new("/usr/bin/true");
+    let metadata = std::fs::metadata(library).unwrap();
+    let line = format!(
+        "7f0000000000-7f0000004000 r-xp 00000000 {:02x}:{:02x} {} {}",
+        libc::major(metadata.dev()),
+        libc::minor(metadata.dev()),
+        metadata.ino(),
+        library.display()
+    );
+    let record = ddprof::process::parse_maps_line(pid, &line).unwrap();
+    processes.apply(&ProcessEvent::Map(record));
+    assert!(may_compile(&mut engine, &processes));
+
+    // Written: nothing left to compile for it.
+    engine.sync_with_young(&processes, &none);
+    assert!(!may_compile(&mut engine, &processes));
 }
 
 /// The biggest libLLVM / libstdc++ on the machine.

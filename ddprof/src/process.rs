@@ -225,6 +225,13 @@ impl ProcessTable {
         }
     }
 
+    /// Drops process `pid` without saying that it exited.
+    pub fn forget(&mut self, pid: u32) {
+        if self.processes.remove(&pid).is_some() {
+            self.generation = Generation::next();
+        }
+    }
+
     /// Keeps only the processes for which `keep` holds.
     pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
         self.generation = Generation::next();

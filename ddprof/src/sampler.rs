@@ -238,11 +238,13 @@ impl Sampler {
                 log::info!(
                     "BPF engine: {} samples unwound in the kernel, {} handed to the perf \
                          engine ({} of them mid-stack: a table not in the row map or a mapping \
-                         not yet described), {} unwound by the perf engine in all",
+                         not yet described), {} unwound by the perf engine in all; {} \
+                         processes read from /proc (no record described them yet)",
                     counters.get(BpfCounter::Emitted),
                     counters.get(BpfCounter::HandedToPerf),
                     counters.get(BpfCounter::HandedOffMidStack),
-                    records.sample_counters().samples
+                    records.sample_counters().samples,
+                    samples.table_stats().processes_read_from_proc
                 );
             }
         }

@@ -114,6 +114,12 @@ impl BpfEngine {
         let mut table = preview(young);
         let mut pids = young.clone();
         for pid in self.handed_off.drain() {
+            // Gone by the records applied since its hand-off (a short-lived
+            // process at a low rate, where a hand-off does not wake the
+            // reader): nothing left to describe.
+            if processes.exited(pid) && !young.contains(&pid) {
+                continue;
+            }
             let newer_in_table = processes.get(pid).is_some_and(|process| {
                 self.fingerprints.get(&pid) != Some(&mappings_fingerprint(process))
             });
@@ -122,7 +128,11 @@ impl BpfEngine {
             }
         }
         for &pid in &pids {
-            if table.get(pid).is_none() {
+            // A young process whose exit the records already hold (a
+            // `/bin/true`, gone before its first sync) has nothing to read:
+            // opening its `/proc/PID/maps`, for a zombie or nothing, cost
+            // ~40 us, a fifth of the children of a process-spawning workload.
+            if table.get(pid).is_none() && !table.exited(pid) {
                 self.table_stats.processes_read_from_proc += 1;
                 // Gone already, or unreadable: nothing to describe.
                 let _ = table.load_mappings_from_proc(pid);
@@ -133,20 +143,36 @@ impl BpfEngine {
 
     /// Whether the second half of the sync may compile unwind tables (cc1's
     /// take 0.1 s), rather than only write entries that use loaded ones: a
-    /// file of some process that the engine has not loaded yet.
+    /// file that the engine has not loaded yet, of a process whose entry
+    /// the sync will write (young, or changed since its last sync: the
+    /// others keep their entries, see [`BpfEngine::sync_process`]). Not
+    /// looking at the unchanged ones keeps this check's cost to the
+    /// processes that changed, not every mapping of every process at each
+    /// poll (`--global`).
     pub fn sync_may_compile(&self, processes: &ProcessTable, young: &YoungProcesses) -> bool {
         let needs_load = |file: &Arc<MappedFile>| match self.files.get(file) {
             Some(FileState::Loaded(key)) => !self.tables.contains_key(key),
             Some(FileState::NotLoaded | FileState::Missing) => false,
             None => true,
         };
-        let unknown = |table: &ProcessTable, pid: u32| {
-            table
-                .get(pid)
-                .is_some_and(|process| process.mappings.iter().any(|m| needs_load(&m.file)))
+        let loads = |process: &crate::process::Process| {
+            process.mappings.iter().any(|m| needs_load(&m.file))
         };
-        young.table.pids().any(|pid| unknown(&young.table, pid))
-            || processes.pids().any(|pid| unknown(processes, pid))
+        young
+            .table
+            .pids()
+            .filter_map(|pid| young.table.get(pid))
+            .any(loads)
+            || processes
+                .pids()
+                .filter_map(|pid| Some((pid, processes.get(pid)?)))
+                .any(|(pid, process)| !self.is_synced_as(pid, process) && loads(process))
+    }
+
+    /// Whether `process`'s entry was last written from these mappings.
+    fn is_synced_as(&self, pid: u32, process: &crate::process::Process) -> bool {
+        self.synced.contains_key(&pid)
+            && self.fingerprints.get(&pid) == Some(&mappings_fingerprint(process))
     }
 
     /// The second half of [`BpfEngine::sync_with_young`]: writes the
@@ -213,11 +239,10 @@ impl BpfEngine {
             self.forget_process(pid);
             return;
         };
-        let fingerprint = mappings_fingerprint(process);
-        if self.synced.contains_key(&pid) && self.fingerprints.get(&pid) == Some(&fingerprint) {
+        if self.is_synced_as(pid, process) {
             return;
         }
-        self.fingerprints.insert(pid, fingerprint);
+        self.fingerprints.insert(pid, mappings_fingerprint(process));
         if process.mappings.len() > MAX_PROCESS_MAPPINGS {
             self.table_stats.processes_truncated += 1;
         }

@@ -68,6 +68,8 @@ impl Reorder {
     /// the events and that no record describes fully is read from `/proc`
     /// by whoever needs it.) Reading `/proc/PID/maps` costs ~0.1 ms; this
     /// is what the BPF engine needs of each process a program starts.
+    /// A process whose exit is queued is not in the table either, but
+    /// [`ProcessTable::exited`] says so: there is nothing left to read.
     pub fn preview(&self, processes: &ProcessTable, pids: &HashSet<u32>) -> ProcessTable {
         let mut queued: Vec<(&Pending, &ProcessEvent)> = self
             .pending
@@ -107,8 +109,9 @@ impl Reorder {
                     if table.get(ppid).is_some() {
                         table.apply(event);
                     } else {
-                        // Forked from a process nothing here describes.
-                        table.exit(pid, pid);
+                        // Forked from a process nothing here describes:
+                        // alive, but left to `/proc`.
+                        table.forget(pid);
                     }
                 }
                 ProcessEvent::Comm {
@@ -392,10 +395,45 @@ mod tests {
         assert_eq!(paths(parent), ["/library", "/parent"]);
         assert!(preview.get(orphan).is_none());
         assert!(preview.get(stranger).is_none());
+        // Neither said to have exited: both are left to `/proc`.
+        assert!(!preview.exited(orphan) && !preview.exited(stranger));
         // The table itself is untouched, and the records still queued.
         assert!(table.get(child).is_none());
         assert!(table.find_mapping(parent, 0x2000).is_none());
         assert_eq!(queue.take_ready(None).len(), 7);
+    }
+
+    /// A new process that has already exited by the records still queued
+    /// (`/bin/true` under a shell) is gone from the preview and said to
+    /// have exited, so that nobody reads `/proc` for it; one forked again
+    /// under the same pid afterwards is described.
+    #[test]
+    fn a_preview_says_which_new_processes_have_exited_already() {
+        let (parent, child, reused) = (1 << 30, (1 << 30) + 1, (1 << 30) + 2);
+        let mut table = ProcessTable::new();
+        table.apply(&map(parent, 0x1000, "/parent"));
+        let fork = |pid| {
+            Record::Process(ProcessEvent::Fork {
+                pid,
+                ppid: parent,
+                tid: pid,
+                ptid: parent,
+            })
+        };
+        let exit = |pid| Record::Process(ProcessEvent::Exit { pid, tid: pid });
+        let mut queue = Reorder::default();
+        queue.push(10, fork(child));
+        queue.push(11, Record::Process(map(child, 0x7000, "/child")));
+        queue.push(12, exit(child));
+        queue.push(20, fork(reused));
+        queue.push(21, exit(reused));
+        queue.push(22, fork(reused));
+        let pids: HashSet<u32> = [child, reused].into();
+        let preview = queue.preview(&table, &pids);
+        assert!(preview.get(child).is_none());
+        assert!(preview.exited(child));
+        assert!(preview.get(reused).is_some());
+        assert!(!preview.exited(reused));
     }
 
     #[test]
