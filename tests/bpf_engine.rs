@@ -927,6 +927,33 @@ fn a_bad_variant_in_the_environment_is_one_clear_line() {
     }
 }
 
+/// The user-only cpu-clock events (8-byte stack copies: the perf path only
+/// carries hand-offs here) of process `pid` at `freq` Hz.
+fn cpu_events_of(pid: u32, freq: u32) -> Vec<events::EventFd> {
+    events::open_all(
+        &parse_events(&format!("sCPU freq={freq}")).unwrap(),
+        Scope::Process(pid as i32),
+        &EventOptions {
+            stack_sample_size: 8,
+            include_kernel: false,
+            kernel_stacks: false,
+        },
+    )
+    .unwrap()
+}
+
+/// The engine on `pid`'s events at `freq` Hz, its snapshot holding `pid`.
+fn engine_on(pid: u32, freq: u32) -> BpfEngine {
+    BpfEngine::new(
+        cpu_events_of(pid, freq),
+        BpfEngineOptions {
+            workload_pids: vec![pid],
+            ..BpfEngineOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 #[test]
 fn exec_and_new_mappings_reach_the_maps_while_their_records_are_held_back() {
     exec_then_profile(true);
@@ -958,27 +985,9 @@ fn exec_then_profile(held_back: bool) {
             .unwrap(),
     );
     let pid = child.0.id();
-    let specs = parse_events("sCPU freq=499").unwrap();
-    let fds = events::open_all(
-        &specs,
-        Scope::Process(pid as i32),
-        &EventOptions {
-            stack_sample_size: 8,
-            include_kernel: false,
-            kernel_stacks: false,
-        },
-    )
-    .unwrap();
     let mut processes = ProcessTable::new();
     processes.load_from_proc(pid).unwrap();
-    let mut engine = BpfEngine::new(
-        fds,
-        BpfEngineOptions {
-            workload_pids: vec![pid],
-            ..BpfEngineOptions::default()
-        },
-    )
-    .unwrap();
+    let mut engine = engine_on(pid, 499);
     assert!(engine.tracked_processes().contains(&pid));
     // Let the shell exec, and wait for the new image to run.
     use std::io::Write;
@@ -1067,17 +1076,7 @@ fn a_young_process_whose_exit_is_queued_is_not_read_from_proc() {
     let binary = workload_binary();
     let workload = start_workload(&binary, "chain", 30.0);
     let pid = workload.0.id();
-    let fds = events::open_all(
-        &parse_events("sCPU freq=99").unwrap(),
-        Scope::Process(pid as i32),
-        &EventOptions {
-            stack_sample_size: 8,
-            include_kernel: false,
-            kernel_stacks: false,
-        },
-    )
-    .unwrap();
-    let mut engine = BpfEngine::new(fds, BpfEngineOptions::default()).unwrap();
+    let mut engine = BpfEngine::new(cpu_events_of(pid, 99), BpfEngineOptions::default()).unwrap();
     let processes = ProcessTable::new();
     let young = HashSet::from([pid]);
     let reads = |engine: &BpfEngine| engine.table_stats().processes_read_from_proc;
@@ -1113,26 +1112,9 @@ fn only_a_changed_process_can_make_a_sync_compile() {
     let binary = workload_binary();
     let workload = start_workload(&binary, "chain", 30.0);
     let pid = workload.0.id();
-    let fds = events::open_all(
-        &parse_events("sCPU freq=99").unwrap(),
-        Scope::Process(pid as i32),
-        &EventOptions {
-            stack_sample_size: 8,
-            include_kernel: false,
-            kernel_stacks: false,
-        },
-    )
-    .unwrap();
     let mut processes = ProcessTable::new();
     processes.load_from_proc(pid).unwrap();
-    let mut engine = BpfEngine::new(
-        fds,
-        BpfEngineOptions {
-            workload_pids: vec![pid],
-            ..BpfEngineOptions::default()
-        },
-    )
-    .unwrap();
+    let mut engine = engine_on(pid, 99);
     let none = HashSet::new();
     engine.sync_with_young(&processes, &none);
     assert!(engine.tracked_processes().contains(&pid));
@@ -1220,19 +1202,8 @@ fn biggest_library_table_loads_and_verifies() {
     let rows = table.table.rows.len() as u32;
 
     let mut sleeper = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
-    let specs = parse_events("sCPU freq=99").unwrap();
-    let fds = events::open_all(
-        &specs,
-        Scope::Process(sleeper.id() as i32),
-        &EventOptions {
-            stack_sample_size: 8,
-            include_kernel: false,
-            kernel_stacks: false,
-        },
-    )
-    .unwrap();
     let engine = BpfEngine::new(
-        fds,
+        cpu_events_of(sleeper.id(), 99),
         BpfEngineOptions {
             table_rows: Some(rows),
             ..BpfEngineOptions::default()
