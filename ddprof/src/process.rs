@@ -200,6 +200,11 @@ impl ProcessTable {
         self.processes.keys().copied()
     }
 
+    /// Every process, with its pid.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Process)> + '_ {
+        self.processes.iter().map(|(&pid, process)| (pid, process))
+    }
+
     pub fn find_mapping(&self, pid: u32, addr: u64) -> Option<&Mapping> {
         self.processes.get(&pid)?.find_mapping(addr)
     }

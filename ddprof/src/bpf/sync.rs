@@ -12,7 +12,7 @@ use ddprof_common::unwind::ROW_SIZE;
 use super::engine::{is_alive, BpfEngine};
 use super::load::{BpfError, MapProblem};
 use crate::files::{ContentKey, MappedFile};
-use crate::process::ProcessTable;
+use crate::process::{Process, ProcessTable};
 use crate::unwind::LoadSegment;
 
 /// Counters of the table loading, for reports and tests.
@@ -155,22 +155,15 @@ impl BpfEngine {
             Some(FileState::NotLoaded | FileState::Missing) => false,
             None => true,
         };
-        let loads = |process: &crate::process::Process| {
-            process.mappings.iter().any(|m| needs_load(&m.file))
-        };
-        young
-            .table
-            .pids()
-            .filter_map(|pid| young.table.get(pid))
-            .any(loads)
+        let loads = |process: &Process| process.mappings.iter().any(|m| needs_load(&m.file));
+        young.table.iter().any(|(_, process)| loads(process))
             || processes
-                .pids()
-                .filter_map(|pid| Some((pid, processes.get(pid)?)))
+                .iter()
                 .any(|(pid, process)| !self.is_synced_as(pid, process) && loads(process))
     }
 
     /// Whether `process`'s entry was last written from these mappings.
-    fn is_synced_as(&self, pid: u32, process: &crate::process::Process) -> bool {
+    fn is_synced_as(&self, pid: u32, process: &Process) -> bool {
         self.synced.contains_key(&pid)
             && self.fingerprints.get(&pid) == Some(&mappings_fingerprint(process))
     }
@@ -482,7 +475,7 @@ impl BpfEngine {
 
 /// A hash of a process's mappings: equal when its entry would be written
 /// the same (so that a sync of unchanged processes costs no table lookups).
-fn mappings_fingerprint(process: &crate::process::Process) -> u64 {
+fn mappings_fingerprint(process: &Process) -> u64 {
     process
         .mappings
         .iter()
