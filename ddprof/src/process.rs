@@ -304,10 +304,16 @@ impl ProcessTable {
             return;
         }
         self.exited.remove(&pid);
-        let child = self.processes.get(&ppid).cloned().unwrap_or_default();
-        let mut child = Process {
-            threads: FastMap::default(),
-            ..child
+        // The parent's name and mappings, not its threads: the child has
+        // only the forking thread (cloning the parent's thread map to drop
+        // it cost a table allocation and a copy per fork).
+        let mut child = match self.processes.get(&ppid) {
+            Some(parent) => Process {
+                name: parent.name.clone(),
+                mappings: parent.mappings.clone(),
+                ..Process::default()
+            },
+            None => Process::default(),
         };
         child.threads.insert(tid, child.name.clone());
         child.code_changed();
@@ -617,6 +623,30 @@ mod tests {
         assert!(table.find_mapping(7, 0x1000).is_some());
         table.exit(9, 9);
         assert!(table.get(9).is_none());
+    }
+
+    #[test]
+    fn a_forked_child_has_only_the_forking_thread() {
+        let mut table = ProcessTable::new();
+        table.add_mapping(&record(7, 0x1000, 0x1000, 0, "/a"));
+        table.set_comm(7, 7, "parent", false);
+        table.fork(7, 7, 8);
+        table.set_comm(7, 8, "worker", false);
+        table.fork(9, 7, 9);
+        let child = table.get(9).unwrap();
+        assert_eq!(child.threads.len(), 1);
+        assert_eq!(table.thread_name(9, 9), Some("parent"));
+        let spans = |pid| {
+            let process = table.get(pid).unwrap();
+            process
+                .mappings
+                .iter()
+                .map(|m| (m.start, m.end))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(spans(9), spans(7));
+        assert_eq!(table.get(7).unwrap().threads.len(), 2);
+        assert_eq!(table.thread_name(7, 8), Some("worker"));
     }
 
     #[test]
