@@ -848,12 +848,12 @@ fn the_copy_of_libcs_split_debug_file_holds_every_section_inflated() {
     );
     assert!(has_compressed_sections(&original), "{original:?}");
     let dir = scratch_dir("libc-debug-copy");
-    let cache = ddprof::symbolize::DebugCache::new(dir.clone());
+    let cache = ddprof::symbolize::DebugCache::new(dir.join(".build-id"));
     let copy = cache
         .copy_for(libc, &build_id, &[system_debug])
         .unwrap()
         .expect("a compressed debug file gets a copy");
-    assert_inflated_copy_of(&copy.path, &original);
+    assert_inflated_copy_of(&copy.location, &original);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::files::target::PerfMapRefused;
 use crate::files::{open_mapped, MappedFile, ObjectFile};
 use crate::process::{Mapping, ProcessTable};
 use crate::sample::Sample;
@@ -130,6 +131,10 @@ pub struct PeriodProfile {
     pub end: SystemTime,
     /// Every file seen so far in the run, indexed by [`FileId`].
     pub files: Vec<Arc<ObjectFile>>,
+    /// The perf maps of the processes with anonymous frames this period,
+    /// opened while they ran (see [`crate::files::target::open_perf_map`]),
+    /// or why the one found was refused.
+    pub perf_maps: HashMap<u32, Result<Arc<std::fs::File>, PerfMapRefused>>,
     /// Distinct frames of the period.
     pub frames: Vec<Frame>,
     /// Distinct stacks, as indexes into `frames`, innermost first.
@@ -247,9 +252,7 @@ impl FileRegistry {
             path: path.to_string(),
             ..mapping.file.as_ref().clone()
         };
-        let opened = open_mapped(pid, &mapped, Some((mapping.start, mapping.end)))
-            .ok()
-            .filter(|opened| opened.same_inode)?;
+        let opened = open_mapped(pid, &mapped, Some((mapping.start, mapping.end))).ok()?;
         self.held += 1;
         Some(opened.file)
     }
@@ -345,6 +348,20 @@ impl NameTable {
     }
 }
 
+impl PeriodState {
+    /// Opens `pid`'s perf map the first time the period meets anonymous
+    /// code of it (the process runs then; the symbolizer reads the map
+    /// after the period).
+    fn look_for_perf_map(&mut self, pid: u32) {
+        self.perf_maps.entry(pid).or_insert_with(|| {
+            match crate::files::target::open_perf_map(pid) {
+                Ok(opened) => opened.map(|opened| Ok(Arc::new(opened.file))),
+                Err(refused) => Some(Err(refused)),
+            }
+        });
+    }
+}
+
 #[derive(Debug, Default)]
 struct PeriodState {
     frames: Vec<Frame>,
@@ -355,6 +372,8 @@ struct PeriodState {
     sample_ids: FastMap<SampleKey, u32>,
     names: NameTable,
     thread_names: FastMap<(u32, u32), ThreadNameIds>,
+    /// Perf maps looked for this period, by process (`None`: none).
+    perf_maps: FastMap<u32, Option<Result<Arc<std::fs::File>, PerfMapRefused>>>,
     timeline_events: usize,
     stats: PeriodStats,
     raw_stacks: RawStackCache,
@@ -589,16 +608,22 @@ impl Aggregator {
                     file: self.files.intern(sample.pid, mapping),
                     offset: mapping.file_offset_of(lookup),
                 },
-                Some(mapping) => Frame::Anonymous {
-                    pid: sample.pid,
-                    addr: lookup,
-                    region: self.files.region_name(&mapping.file),
-                },
-                None => Frame::Anonymous {
-                    pid: sample.pid,
-                    addr: lookup,
-                    region: None,
-                },
+                Some(mapping) => {
+                    period.look_for_perf_map(sample.pid);
+                    Frame::Anonymous {
+                        pid: sample.pid,
+                        addr: lookup,
+                        region: self.files.region_name(&mapping.file),
+                    }
+                }
+                None => {
+                    period.look_for_perf_map(sample.pid);
+                    Frame::Anonymous {
+                        pid: sample.pid,
+                        addr: lookup,
+                        region: None,
+                    }
+                }
             };
             let id = period.frame_id(frame);
             self.scratch.push(id);
@@ -702,6 +727,11 @@ impl Aggregator {
             start,
             end,
             files,
+            perf_maps: state
+                .perf_maps
+                .into_iter()
+                .filter_map(|(pid, map)| Some((pid, map?)))
+                .collect(),
             frames: state.frames,
             stacks: state.stacks,
             samples: state.samples,
@@ -716,16 +746,27 @@ mod tests {
     use crate::process::MappingRecord;
     use crate::sample::StackEnd;
 
+    /// The test binary's device and inode: only the mapped inode is ever
+    /// opened, so the mappings of these tests name the real one.
+    fn exe_identity() -> (u64, u64) {
+        let metadata = std::fs::metadata(std::env::current_exe().unwrap()).unwrap();
+        (
+            std::os::unix::fs::MetadataExt::dev(&metadata),
+            std::os::unix::fs::MetadataExt::ino(&metadata),
+        )
+    }
+
     fn table() -> ProcessTable {
         let mut table = ProcessTable::new();
         let exe = std::env::current_exe().unwrap();
+        let (dev, inode) = exe_identity();
         table.add_mapping(&MappingRecord {
             pid: 10,
             start: 0x10000,
             len: 0x10000,
             file_offset: 0x2000,
-            dev: 1,
-            inode: 2,
+            dev,
+            inode,
             prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
             path: exe.to_string_lossy().into_owned(),
         });
@@ -861,8 +902,7 @@ mod tests {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        other.dev = 1;
-        other.inode = 2;
+        (other.dev, other.inode) = exe_identity();
         table.add_mapping(&other);
         aggregator.add(&table, &raw);
         let now = SystemTime::now();
@@ -973,8 +1013,8 @@ mod tests {
             start: 0x10000,
             len: 0x10000,
             file_offset: 0x2000,
-            dev: 1,
-            inode: 2,
+            dev: exe_identity().0,
+            inode: exe_identity().1,
             prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
             path: std::env::current_exe()
                 .unwrap()

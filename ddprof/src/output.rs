@@ -47,6 +47,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use crate::files::disk::{DiskError, PrivateDir};
 use crate::symbolize::SymbolizedProfile;
 
 /// Frame slots kept in the whole-run folded aggregate (~16 MiB of ids);
@@ -59,13 +60,8 @@ pub const FOLDED_FILE: &str = "stacks.folded";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
-    #[error(
-        "cannot create the output directory {path}: {source} (choose another one with --output)"
-    )]
-    CreateDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot use the output directory {0} (choose another one with --output)")]
+    Directory(DiskError),
     #[error("cannot write {path}: {source} (check free space and permissions, or choose another directory with --output)")]
     Write {
         path: PathBuf,
@@ -89,7 +85,7 @@ impl OutputError {
     /// `DIR: error`: where and why, without the file name.
     fn place_and_cause(&self) -> String {
         match self {
-            OutputError::CreateDir { path, source } => format!("{}: {source}", path.display()),
+            OutputError::Directory(error) => error.to_string(),
             OutputError::Write { path, source } => format!(
                 "{}: {source}",
                 path.parent().unwrap_or(Path::new("")).display()
@@ -99,10 +95,12 @@ impl OutputError {
     }
 }
 
-/// The local output directory.
+/// The local output directory: one that belongs to ddprof's user and that
+/// no other user can write, held open; every file is written under a fresh
+/// name and renamed into place (see [`crate::files::disk`]).
 #[derive(Debug, Clone)]
 pub struct LocalOutput {
-    dir: PathBuf,
+    dir: PrivateDir,
     service: String,
 }
 
@@ -114,20 +112,17 @@ pub struct FinalOutputs {
 }
 
 impl LocalOutput {
-    /// Creates the directory (and its parents) if needed.
+    /// Opens the directory, creating it (and its parents, `0700`) if
+    /// needed; refuses one another user owns or can write, or a link.
     pub fn create(dir: &Path, service: &str) -> Result<Self, OutputError> {
-        std::fs::create_dir_all(dir).map_err(|source| OutputError::CreateDir {
-            path: dir.to_path_buf(),
-            source,
-        })?;
         Ok(Self {
-            dir: dir.to_path_buf(),
+            dir: PrivateDir::open(dir, true).map_err(OutputError::Directory)?,
             service: file_name_safe(service),
         })
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// Writes one gzip-compressed pprof profile as
@@ -143,14 +138,13 @@ impl LocalOutput {
             self.service,
             crate::timestamp::utc_timestamp(start)
         );
-        let mut path = self.dir.join(format!("{stem}.pprof"));
+        let mut name = format!("{stem}.pprof");
         let mut suffix = 2;
-        while path.exists() {
-            path = self.dir.join(format!("{stem}-{suffix}.pprof"));
+        while self.dir.has_file(&name) {
+            name = format!("{stem}-{suffix}.pprof");
             suffix += 1;
         }
-        write_atomically(&path, |file| file.write_all(pprof_gz))?;
-        Ok(path)
+        self.write(&name, |file| file.write_all(pprof_gz))
     }
 
     /// Writes `flamegraph.svg` and `stacks.folded` for the whole run.
@@ -163,35 +157,47 @@ impl LocalOutput {
 
     /// Writes `stacks.folded`.
     pub fn write_folded(&self, folded: &FoldedStacks) -> Result<PathBuf, OutputError> {
-        let path = self.dir.join(FOLDED_FILE);
-        write_atomically(&path, |file| folded.write_folded(file))?;
-        Ok(path)
+        self.write(FOLDED_FILE, |file| folded.write_folded(file))
     }
 
     /// Writes `flamegraph.svg`.
     pub fn write_flamegraph(&self, folded: &FoldedStacks) -> Result<PathBuf, OutputError> {
-        let path = self.dir.join(FLAMEGRAPH_FILE);
         let title = format!("{} (ddprof)", self.service);
-        write_atomically(&path, |file| folded.write_flamegraph(&title, file))?;
-        Ok(path)
+        self.write(FLAMEGRAPH_FILE, |file| {
+            folded.write_flamegraph(&title, file)
+        })
     }
 
     /// Checks that files can be written here (creates, writes and removes
-    /// a small one).
+    /// a small one, under a fresh name).
     pub fn probe(&self) -> Result<(), OutputError> {
-        let path = self.dir.join(".ddprof-write-probe");
-        write_atomically(&path, |file| file.write_all(b"ddprof"))?;
-        let _ = std::fs::remove_file(&path);
-        Ok(())
+        let error = |source| OutputError::Write {
+            path: self.dir.path().join(".ddprof-write-probe"),
+            source,
+        };
+        let (name, mut file) = self
+            .dir
+            .create_temporary("ddprof-write-probe")
+            .map_err(error)?;
+        let written = file.write_all(b"ddprof").and_then(|()| file.flush());
+        let _ = self.dir.remove(&name);
+        written.map_err(error)
     }
 
-    /// The file name of a profile starting at `start` (before any `-2` suffix).
-    fn profile_name(&self, start: SystemTime) -> String {
-        format!(
-            "{}-{}.pprof",
-            self.service,
-            crate::timestamp::utc_timestamp(start)
-        )
+    /// Writes `name` whole (a fresh file renamed into place).
+    fn write(
+        &self,
+        name: &str,
+        write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+    ) -> Result<PathBuf, OutputError> {
+        let path = self.dir.path().join(name);
+        self.dir
+            .write_atomically(name, write)
+            .map_err(|source| OutputError::Write {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(path)
     }
 }
 
@@ -206,40 +212,56 @@ struct PendingProfile {
 }
 
 /// The outputs of a whole run, written where they can be: the requested
-/// directory; when it cannot be written (checked at start, and at every
-/// write), a fallback directory, `$TMPDIR/ddprof-out-PID`, with one warning
-/// naming it; when neither can, the profiles stay in memory and every later
-/// period tries again. At the end, the error names every file that could
-/// not be written.
+/// directory; when it cannot be written or is refused (checked at start,
+/// and at every write), a fallback directory made for this run in
+/// `$TMPDIR` (`ddprof-out-XXXXXX`, a fresh, unpredictable name, `0700`),
+/// with one warning naming it; when neither can, the profiles stay in
+/// memory and every later period tries again. At the end, the error names
+/// every file that could not be written.
 pub struct OutputWriter {
     service: String,
-    /// The requested directory, then the fallback.
-    dirs: [PathBuf; 2],
-    /// The directory in use: once the requested one failed, the fallback.
+    requested: PathBuf,
+    fallback: Fallback,
+    /// The directory in use: 0, the requested one; 1, once it failed, the
+    /// fallback.
     current: usize,
     pending: VecDeque<PendingProfile>,
     pending_bytes: usize,
+}
+
+/// Where the outputs go when the requested directory cannot take them.
+enum Fallback {
+    /// A fresh directory in this temporary directory, made when first
+    /// needed (then `Made`).
+    Fresh(PathBuf),
+    Made(PathBuf),
+    /// This one (tests).
+    Given(PathBuf),
 }
 
 impl OutputWriter {
     /// Checks at once that `dir` can be written (creating it), and warns
     /// in one line, naming where the outputs go instead, when it cannot.
     pub fn start(dir: &Path, service: &str) -> Self {
-        let fallback = std::env::temp_dir().join(format!("ddprof-out-{}", std::process::id()));
-        Self::with_fallback(dir, &fallback, service)
+        Self::new(dir, Fallback::Fresh(std::env::temp_dir()), service)
     }
 
     /// [`OutputWriter::start`] with an explicit fallback directory.
     pub fn with_fallback(dir: &Path, fallback: &Path, service: &str) -> Self {
+        Self::new(dir, Fallback::Given(fallback.to_path_buf()), service)
+    }
+
+    fn new(dir: &Path, fallback: Fallback, service: &str) -> Self {
         let mut writer = Self {
             service: service.to_string(),
-            dirs: [dir.to_path_buf(), fallback.to_path_buf()],
+            requested: dir.to_path_buf(),
+            fallback,
             current: 0,
             pending: VecDeque::new(),
             pending_bytes: 0,
         };
         if let Err(errors) =
-            writer.write_somewhere(|output| output.probe().map(|()| output.dir.clone()))
+            writer.write_somewhere(|output| output.probe().map(|()| output.dir().to_path_buf()))
         {
             log::warn!(
                 "cannot write in {}; the profiles are kept in memory until a directory accepts them",
@@ -251,7 +273,27 @@ impl OutputWriter {
 
     /// The directory the outputs go to now.
     pub fn dir(&self) -> &Path {
-        &self.dirs[self.current]
+        match (self.current, &self.fallback) {
+            (0, _) => &self.requested,
+            (_, Fallback::Fresh(temporary)) => temporary,
+            (_, Fallback::Made(dir) | Fallback::Given(dir)) => dir,
+        }
+    }
+
+    /// The fallback directory, made now if it is to be a fresh one.
+    fn fallback_dir(&mut self) -> Result<PathBuf, OutputError> {
+        if let Fallback::Fresh(temporary) = &self.fallback {
+            let template = temporary.join("ddprof-out-XXXXXX");
+            let made = nix::unistd::mkdtemp(&template).map_err(|errno| OutputError::Write {
+                path: template.clone(),
+                source: errno.into(),
+            })?;
+            self.fallback = Fallback::Made(made);
+        }
+        Ok(match &self.fallback {
+            Fallback::Made(dir) | Fallback::Given(dir) => dir.clone(),
+            Fallback::Fresh(_) => unreachable!("made above"),
+        })
     }
 
     /// Writes one gzip'd pprof profile, after those still waiting. On
@@ -337,13 +379,10 @@ impl OutputWriter {
     }
 
     fn pending_names(&self) -> Vec<String> {
-        let output = LocalOutput {
-            dir: self.dir().to_path_buf(),
-            service: file_name_safe(&self.service),
-        };
+        let service = file_name_safe(&self.service);
         self.pending
             .iter()
-            .map(|profile| output.profile_name(profile.start))
+            .map(|profile| profile_name(&service, profile.start))
             .collect()
     }
 
@@ -356,7 +395,12 @@ impl OutputWriter {
     ) -> Result<PathBuf, Vec<OutputError>> {
         let mut errors = Vec::new();
         loop {
-            let attempt = LocalOutput::create(&self.dirs[self.current], &self.service)
+            let dir = match self.current {
+                0 => Ok(self.requested.clone()),
+                _ => self.fallback_dir(),
+            };
+            let attempt = dir
+                .and_then(|dir| LocalOutput::create(&dir, &self.service))
                 .and_then(|output| write(&output));
             match attempt {
                 Ok(path) => {
@@ -371,10 +415,10 @@ impl OutputWriter {
                 }
                 Err(error) => errors.push(error),
             }
-            if self.current + 1 == self.dirs.len() {
+            if self.current == 1 {
                 return Err(errors);
             }
-            self.current += 1;
+            self.current = 1;
         }
     }
 }
@@ -390,29 +434,10 @@ fn causes(errors: &[OutputError]) -> Vec<String> {
     causes
 }
 
-/// Writes through a temporary file renamed into place, so a reader never
-/// sees half a file.
-fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
-) -> Result<(), OutputError> {
-    let error = |source| OutputError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    let file = std::fs::File::create(&temporary).map_err(error)?;
-    let mut writer = BufWriter::new(file);
-    let written = write(&mut writer)
-        .and_then(|()| writer.flush())
-        .and_then(|()| std::fs::rename(&temporary, path));
-    if let Err(source) = written {
-        let _ = std::fs::remove_file(&temporary);
-        return Err(error(source));
-    }
-    Ok(())
+/// The file name of a profile of `service` starting at `start` (before any
+/// `-2` suffix).
+fn profile_name(service: &str, start: SystemTime) -> String {
+    format!("{service}-{}.pprof", crate::timestamp::utc_timestamp(start))
 }
 
 fn file_name_safe(name: &str) -> String {
@@ -702,6 +727,7 @@ mod tests {
                 start: now,
                 end: now,
                 files: vec![],
+                perf_maps: Default::default(),
                 frames,
                 stacks: vec![all, root],
                 samples: counts

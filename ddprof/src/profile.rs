@@ -643,6 +643,7 @@ mod tests {
         let period = PeriodProfile {
             start,
             end: start + Duration::from_secs(60),
+            perf_maps: Default::default(),
             files: vec![Arc::new(ObjectFile::by_path("/bin/app", 1, 2))],
             frames: (0..frames)
                 .map(|i| Frame::File {
@@ -725,6 +726,7 @@ mod tests {
         let period = PeriodProfile {
             start,
             end: start + Duration::from_secs(60),
+            perf_maps: Default::default(),
             files: vec![Arc::new(ObjectFile::by_path("/bin/app", 1, 2))],
             frames: (0..3)
                 .map(|i| Frame::File {
@@ -789,6 +791,7 @@ mod tests {
         let period = PeriodProfile {
             start,
             end: start + Duration::from_secs(60),
+            perf_maps: Default::default(),
             files: vec![Arc::new(app)],
             frames: vec![
                 Frame::File {

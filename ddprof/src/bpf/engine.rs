@@ -408,7 +408,7 @@ fn size_for_workload(
                     if let Ok(table) =
                         compiler.load(pid, &mapping.file, Some((mapping.start, mapping.end)))
                     {
-                        if seen.insert(table.key.clone()) {
+                        if seen.insert(table.key) {
                             needed += table.table.rows.len() as u64;
                         }
                     }

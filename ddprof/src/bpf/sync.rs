@@ -328,7 +328,7 @@ impl BpfEngine {
             }
         };
         if self.tables.contains_key(&table.key) {
-            return FileState::Loaded(table.key.clone());
+            return FileState::Loaded(table.key);
         }
         let rows = &table.table.rows;
         let first_row = match self.rows.store(rows) {
@@ -353,14 +353,14 @@ impl BpfEngine {
             }
         };
         self.tables.insert(
-            table.key.clone(),
+            table.key,
             LoadedTable {
                 first_row,
                 row_count: rows.len() as u32,
                 segments: table.table.segments.clone(),
             },
         );
-        FileState::Loaded(table.key.clone())
+        FileState::Loaded(table.key)
     }
 
     /// Frees the rows of tables no tracked process uses any more.

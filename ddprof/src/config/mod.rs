@@ -227,6 +227,38 @@ pub struct Cli {
     pub command: Vec<String>,
 }
 
+/// `$XDG_CACHE_HOME/ddprof`, else `$HOME/.cache/ddprof`, when that
+/// directory (or the first of its ancestors that exists) belongs to
+/// ddprof's user; else `.cache/ddprof` in the user's home directory from
+/// the password database.
+fn default_cache_dir(environment: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let user = nix::unistd::geteuid();
+    let owned_by_user = |dir: &std::path::Path| {
+        dir.ancestors()
+            .find_map(|ancestor| std::fs::metadata(ancestor).ok())
+            .is_some_and(|metadata| metadata.uid() == user.as_raw())
+    };
+    let from_environment = |name: &str| {
+        environment(name)
+            .map(PathBuf::from)
+            .filter(|dir| dir.is_absolute())
+    };
+    let candidates = [
+        from_environment("XDG_CACHE_HOME"),
+        from_environment("HOME").map(|home| home.join(".cache")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|cache| owned_by_user(cache))
+        .or_else(|| {
+            let home = nix::unistd::User::from_uid(user).ok()??.dir;
+            (home.is_absolute() && owned_by_user(&home)).then(|| home.join(".cache"))
+        })
+        .map(|cache| cache.join("ddprof"))
+}
+
 /// Parses a number within `min..=max`; the error says what was expected.
 fn parse_number_in<T>(value: &str, min: T, max: T, what: &str) -> Result<T, String>
 where
@@ -423,19 +455,15 @@ impl Cli {
 
     /// Where decompressed debug files and compiled unwind tables are kept:
     /// `--debug-cache`, `none` for nowhere, else the user's cache directory
-    /// (nowhere without one).
+    /// (nowhere without one). The user is ddprof's own: an inherited
+    /// `XDG_CACHE_HOME` or `HOME` that belongs to someone else (`sudo`
+    /// keeps the caller's) is not used; the home directory of ddprof's user
+    /// is, as the password database gives it.
     pub fn debug_cache_dir(&self) -> Option<PathBuf> {
-        let env_dir = |name: &str| {
-            std::env::var_os(name)
-                .map(PathBuf::from)
-                .filter(|dir| dir.is_absolute())
-        };
         match &self.debug_cache {
             Some(dir) if dir.as_os_str() == "none" || dir.as_os_str().is_empty() => None,
             Some(dir) => Some(dir.clone()),
-            None => env_dir("XDG_CACHE_HOME")
-                .or_else(|| env_dir("HOME").map(|home| home.join(".cache")))
-                .map(|cache| cache.join("ddprof")),
+            None => default_cache_dir(&|name| std::env::var_os(name)),
         }
     }
 

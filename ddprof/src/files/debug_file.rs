@@ -1,10 +1,9 @@
 //! Finds the split debug file of an ELF file (where `.debug_frame` lives
 //! when the distribution strips it), the way gdb looks for it.
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::build_id_debug_path;
+use super::{build_id_debug_path, FileIdentity, TargetRoot};
 
 /// The global debug directory distributions install `-dbg`/`-dbgsym` files in.
 pub const DEBUG_ROOT: &str = "/usr/lib/debug";
@@ -35,19 +34,14 @@ pub fn candidates(
     paths
 }
 
-/// Opens the first candidate that exists and is not the file itself
-/// (`own_inode`). `root` prefixes every path (a process's `/proc/PID/root`
-/// when it lives in another mount namespace; empty otherwise).
-pub fn open(root: &Path, candidates: &[PathBuf], own_inode: u64) -> Option<File> {
+/// Opens the first candidate that is a regular file and not the file
+/// itself (`own`), each resolved under `root` (the root of the process that
+/// maps the file: a container's debug files are its own), never blocking
+/// and never out of that root ([`TargetRoot::open`]).
+pub fn open(root: &TargetRoot, candidates: &[PathBuf], own: FileIdentity) -> Option<File> {
     candidates.iter().find_map(|candidate| {
-        let path = if root.as_os_str().is_empty() {
-            candidate.clone()
-        } else {
-            root.join(candidate.strip_prefix("/").unwrap_or(candidate))
-        };
-        let file = File::open(path).ok()?;
-        let metadata = file.metadata().ok()?;
-        (metadata.is_file() && metadata.ino() != own_inode).then_some(file)
+        let opened = root.open(candidate).ok()?;
+        (opened.identity != own).then_some(opened.file)
     })
 }
 
@@ -84,7 +78,12 @@ mod tests {
         let binary = dir.join("prog");
         std::fs::write(&binary, b"binary").unwrap();
         std::fs::write(dir.join(".debug/prog.debug"), b"debug").unwrap();
-        let own_inode = std::fs::metadata(&binary).unwrap().ino();
+        let metadata = std::fs::metadata(&binary).unwrap();
+        let own = FileIdentity {
+            dev: std::os::unix::fs::MetadataExt::dev(&metadata),
+            inode: std::os::unix::fs::MetadataExt::ino(&metadata),
+        };
+        let root = TargetRoot::own().unwrap();
         let binary_path = binary.to_str().unwrap();
         let list = candidates(
             Path::new("/nonexistent"),
@@ -92,13 +91,23 @@ mod tests {
             None,
             Some(b"prog.debug"),
         );
-        let mut found = open(Path::new(""), &list, own_inode).expect("found in .debug/");
+        let mut found = open(&root, &list, own).expect("found in .debug/");
         let mut text = String::new();
         std::io::Read::read_to_string(&mut found, &mut text).unwrap();
         assert_eq!(text, "debug");
         // A debuglink naming the file itself is skipped.
         let list = candidates(Path::new("/nonexistent"), binary_path, None, Some(b"prog"));
-        assert!(open(Path::new(""), &list[..1], own_inode).is_none());
+        assert!(open(&root, &list[..1], own).is_none());
+        // Nor a FIFO, which would block an open.
+        let fifo = dir.join("fifo.debug");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let list = candidates(
+            Path::new("/nonexistent"),
+            binary_path,
+            None,
+            Some(b"fifo.debug"),
+        );
+        assert!(open(&root, &list, own).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

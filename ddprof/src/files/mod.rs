@@ -1,16 +1,23 @@
-//! File identity, in one place: which file a mapping maps ([`MappedFile`]),
-//! what its content is ([`ContentKey`], for sharing unwind tables between
-//! copies), its build id, and how to open it while a process maps it: by our
-//! path when that is the mapped inode, else through `/proc/PID/root` (a file
-//! of another mount namespace, a container's `/usr/lib/libc.so.6`), else
-//! through `/proc/PID/map_files` (a file deleted or replaced since it was
-//! mapped, as by a package upgrade). The path of a mapping record does not
-//! say which: perf names the file as it was at mmap time, `/proc/PID/maps`
-//! marks deleted ones. Used by unwinding, aggregation and symbolization.
+//! Files, in one place: which file a mapping maps ([`MappedFile`], the key
+//! of every per-file cache), what its content is ([`ContentKey`]: digests,
+//! see [`digest`]), its build id, the one way to open what a profiled
+//! process names ([`target`]: mapped files, debug files, perf maps — never
+//! blocking, never out of the process's root, the mapped inode or nothing,
+//! under a time bound) and the one way to keep files on disk ([`disk`]:
+//! outputs and caches, in directories no other user can write, never
+//! through a link). Used by unwinding, aggregation, symbolization and the
+//! outputs.
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::path::PathBuf;
+
+pub mod bounded;
+pub mod digest;
+pub mod disk;
+pub mod target;
+
+pub use digest::Digest;
+pub use target::{open_mapped, FileIdentity, OpenedMapped, TargetFileError, TargetRoot};
 
 /// Which file a mapping maps: its path as the kernel named it at mmap time,
 /// its device and inode (0 when unknown). The process table shares one per
@@ -22,82 +29,32 @@ pub struct MappedFile {
     pub inode: u64,
 }
 
-/// Identifies a file's content: tables are shared between paths and
-/// processes with the same content.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ContentKey {
-    BuildId(Vec<u8>),
-    /// Files without a build id.
-    File {
-        path: PathBuf,
-        size: u64,
-        mtime: i64,
-        mtime_nsec: i64,
-    },
-}
-
-/// A mapped file opened for reading.
-#[derive(Debug)]
-pub struct OpenedFile {
-    pub file: File,
-    /// The prefix the path resolved under: empty for our own namespace,
-    /// `/proc/PID/root` otherwise (where the file's debug file is looked for).
-    pub root: PathBuf,
-    /// Whether it is the mapped inode (always true when that is unknown);
-    /// when no candidate is, the first one that opened.
-    pub same_inode: bool,
-}
-
-/// Opens `mapped` while process `pid` maps it: our path, then
-/// `/proc/PID/root` + path, then the mapping `range` (start, end) in
-/// `/proc/PID/map_files`; the first that is the mapped inode, else the
-/// first that opened, else the last error.
-pub fn open_mapped(
-    pid: u32,
-    mapped: &MappedFile,
-    range: Option<(u64, u64)>,
-) -> std::io::Result<OpenedFile> {
-    let through_root = PathBuf::from(format!("/proc/{pid}/root"));
-    let mut candidates = vec![
-        (PathBuf::from(&mapped.path), PathBuf::new()),
-        (
-            through_root.join(mapped.path.trim_start_matches('/')),
-            through_root.clone(),
-        ),
-    ];
-    if let Some((start, end)) = range {
-        candidates.push((
-            PathBuf::from(format!("/proc/{pid}/map_files/{start:x}-{end:x}")),
-            through_root,
-        ));
-    }
-    let mut first_opened = None;
-    let mut last_error = None;
-    for (path, root) in candidates {
-        match File::open(&path) {
-            Ok(file) => {
-                let same_inode = file
-                    .metadata()
-                    .is_ok_and(|m| mapped.inode == 0 || m.ino() == mapped.inode);
-                if same_inode {
-                    return Ok(OpenedFile {
-                        file,
-                        root,
-                        same_inode,
-                    });
-                }
-                first_opened.get_or_insert(OpenedFile {
-                    file,
-                    root,
-                    same_inode,
-                });
-            }
-            Err(error) => last_error = Some(error),
+impl MappedFile {
+    pub fn identity(&self) -> FileIdentity {
+        FileIdentity {
+            dev: self.dev,
+            inode: self.inode,
         }
     }
-    first_opened.ok_or_else(|| {
-        last_error.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
-    })
+}
+
+/// What something derived from a file (an unwind table, names) was derived
+/// from: the file's bytes, and those of the split debug file used with it.
+/// Tables and names are shared between paths, processes and runs by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ContentKey {
+    pub file: Digest,
+    pub debug_file: Option<Digest>,
+}
+
+impl ContentKey {
+    /// One digest for the pair (what the stores on disk name files by).
+    pub fn digest(&self) -> Digest {
+        match &self.debug_file {
+            Some(debug) => Digest::of_parts(&[&self.file.0, &debug.0]),
+            None => Digest::of_parts(&[&self.file.0]),
+        }
+    }
 }
 
 pub mod debug_file;
@@ -203,27 +160,6 @@ pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
     elf.build_id().ok().flatten().map(<[u8]>::to_vec)
 }
 
-/// The bytes of the regular file at `path` if it holds at most `max_bytes`:
-/// `None` for anything else (a FIFO, which would block the open; a device or
-/// a symbolic link, which could be endless), so that a file planted in a
-/// cache directory costs a miss, not a hung or exhausted profiler.
-pub fn read_regular_file(path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    let metadata = file.metadata().ok()?;
-    if !metadata.is_file() || metadata.len() > max_bytes {
-        return None;
-    }
-    let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    file.take(max_bytes + 1).read_to_end(&mut bytes).ok()?;
-    (bytes.len() as u64 <= max_bytes).then_some(bytes)
-}
-
 /// The `.gnu_debuglink` name of an ELF file: the file name of its split
 /// debug file, when it names one.
 pub fn read_debuglink(path: &str) -> Option<Vec<u8>> {
@@ -259,28 +195,43 @@ pub struct ObjectFile {
     pub dev: u64,
     pub inode: u64,
     pub build_id: Option<Vec<u8>>,
-    /// Where the symbolizer reads the file: `/proc/self/fd/N` for a file
-    /// held open, else `path`.
+    /// Where the symbolizer reads the file: `/proc/self/fd/N` of the file
+    /// held open; empty when it is not held (then it is not read at all:
+    /// its path may name another file by now, or one of ddprof's own
+    /// namespace rather than the process's).
     pub open_path: String,
-    /// The file, opened while a process mapped it, so that it can be read
-    /// after the process exited even if it was deleted or replaced on disk
-    /// or lives in another mount namespace.
+    /// The file, opened while a process mapped it (the mapped inode, see
+    /// [`target::open_mapped`]), so that it can be read after the process
+    /// exited even if it was deleted or replaced on disk or lives in
+    /// another mount namespace.
     held: Option<std::fs::File>,
 }
 
 impl ObjectFile {
-    /// A file read by its path, without holding it open.
+    /// A file of ddprof's own namespace, read by its path (tools and tests
+    /// that symbolize files they chose themselves).
     pub fn by_path(path: &str, dev: u64, inode: u64) -> Self {
-        Self::new(path, dev, inode, None)
-    }
-
-    pub(crate) fn new(path: &str, dev: u64, inode: u64, held: Option<std::fs::File>) -> Self {
-        let open_path = open_path(path, held.as_ref());
         Self {
             path: path.to_string(),
             dev,
             inode,
-            build_id: read_build_id(&open_path),
+            build_id: read_build_id(path),
+            open_path: path.to_string(),
+            held: None,
+        }
+    }
+
+    /// The file mapped from `path`, read through `held` (the mapped file
+    /// itself), or not at all.
+    pub(crate) fn new(path: &str, dev: u64, inode: u64, held: Option<std::fs::File>) -> Self {
+        let open_path = open_path(held.as_ref());
+        Self {
+            path: path.to_string(),
+            dev,
+            inode,
+            build_id: (!open_path.is_empty())
+                .then(|| read_build_id(&open_path))
+                .flatten(),
             open_path,
             held,
         }
@@ -293,7 +244,7 @@ impl ObjectFile {
             dev: self.dev,
             inode: self.inode,
             build_id: self.build_id.clone(),
-            open_path: open_path(&self.path, held.as_ref()),
+            open_path: open_path(held.as_ref()),
             held,
         }
     }
@@ -302,6 +253,11 @@ impl ObjectFile {
     /// happens to its path).
     pub fn is_held(&self) -> bool {
         self.held.is_some()
+    }
+
+    /// The file held open, if it is.
+    pub fn held(&self) -> Option<&File> {
+        self.held.as_ref()
     }
 
     /// The build id as lowercase hex ("" when the file has none).
@@ -327,54 +283,9 @@ impl ObjectFile {
     }
 }
 
-/// `/proc/self/fd/N` for a held file, else its path.
-fn open_path(path: &str, held: Option<&std::fs::File>) -> String {
+/// `/proc/self/fd/N` for a held file, else nothing.
+fn open_path(held: Option<&File>) -> String {
     use std::os::fd::AsRawFd;
-    match held {
-        Some(file) => format!("/proc/self/fd/{}", file.as_raw_fd()),
-        None => path.to_string(),
-    }
-}
-
-/// Removes the least recently modified files of `root/*/` (a directory of
-/// prefix directories, as `.build-id/xx/` lays them out) until they take at
-/// most `max_bytes`, never `keep`; returns the files removed. The caches
-/// kept on disk (decompressed debug files, compiled unwind tables) bound
-/// themselves with it, each marking the files it uses as modified.
-pub fn remove_least_recently_used(root: &Path, max_bytes: u64, keep: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<(SystemTime, u64, PathBuf)> = Vec::new();
-    let Ok(prefixes) = std::fs::read_dir(root) else {
-        return Vec::new();
-    };
-    for prefix in prefixes.flatten() {
-        let Ok(entries) = std::fs::read_dir(prefix.path()) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(metadata) = entry.metadata() else {
-                continue;
-            };
-            let modified = metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            // Another writer's file, about to be renamed into place (one
-            // left behind by a crash goes once it is a minute old).
-            let partial = entry.file_name().to_string_lossy().ends_with(".partial");
-            if partial && modified.elapsed().is_ok_and(|age| age.as_secs() < 60) {
-                continue;
-            }
-            files.push((modified, metadata.len(), entry.path()));
-        }
-    }
-    let mut total: u64 = files.iter().map(|(_, size, _)| size).sum();
-    files.sort();
-    let mut removed = Vec::new();
-    for (_, size, path) in files {
-        if total <= max_bytes {
-            break;
-        }
-        if path != keep && std::fs::remove_file(&path).is_ok() {
-            total -= size;
-            removed.push(path);
-        }
-    }
-    removed
+    held.map(|file| format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .unwrap_or_default()
 }

@@ -111,6 +111,37 @@ fn all_pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// `options` with the caches on only if their directory may be used: one
+/// that belongs to ddprof's user and that no other user can write (created
+/// `0700` when missing). Another one is refused with one warning, and the
+/// run keeps no cache, rather than write where someone else chooses or read
+/// what someone else planted. Digests are remembered there too
+/// ([`crate::files::digest`]).
+fn with_usable_caches(mut options: ProfilerOptions) -> ProfilerOptions {
+    use crate::files::digest::{self, DigestMemo};
+    use crate::files::disk::{LazyDir, PrivateDir};
+    let Some(root) = options.symbolizer.debug_cache.clone() else {
+        return options;
+    };
+    match PrivateDir::open(&root, true) {
+        Ok(_) => {
+            let memo = DigestMemo::new(LazyDir::new(root.join("digests")));
+            memo.evict();
+            digest::use_memo(memo);
+        }
+        Err(error) => {
+            log::warn!(
+                "not keeping caches: {error}; every run builds its unwind tables and names \
+                 anew (--debug-cache DIR: another directory, `none`: no cache)"
+            );
+            options.sampler.table_store = None;
+            options.symbolizer.debug_cache = None;
+            options.symbolizer.symbol_store = None;
+        }
+    }
+    options
+}
+
 /// A profiler whose engine is set up (BPF program loaded and attached,
 /// buffers mapped), ready to [`run`](Profiler::run). The launcher drops the
 /// capabilities it only needed for the set-up in between.
@@ -129,6 +160,7 @@ impl Profiler {
         target: Target,
         events: Vec<EventFd>,
     ) -> Result<Self, ProfilerError> {
+        let options = &with_usable_caches(options.clone());
         let mut processes = ProcessTable::new();
         // The running processes, to size the maps and load their tables
         // before their first sample. (A launched command has not exec'd

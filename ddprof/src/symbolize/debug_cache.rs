@@ -8,12 +8,17 @@
 //! which blazesym is not built to read, is not read at all). The first run
 //! that needs such a file writes it once, inflated section by section
 //! straight into `DIR/.build-id/xx/rest.debug` (about what blazesym's own
-//! inflating costs, without the memory, and less: the location lists, which
-//! a symbolizer never reads, are left out); later runs map the copy and read
-//! only the pages they look up. The copy is written next to its final name and
-//! renamed into place, so a reader sees a whole file or none; a build id
-//! names one build, so a copy never goes stale. The oldest copies are
-//! removed once the directory holds more than [`CACHE_MAX_BYTES`].
+//! inflating costs, without the memory, and less: the location lists,
+//! which a symbolizer never reads, are left out); later runs map the copy
+//! and read only the pages they look up. The originals are found by build
+//! id in the debug directories (root's, like `/usr/lib/debug`: see
+//! [`DebugCache::copy_for`] for why a build id is a safe name here), opened
+//! without blocking, and a copy is kept only if its original did not
+//! change while it was written. The directory is
+//! ddprof's own ([`PrivateDir`]): the copy is written under a fresh name
+//! and renamed into place, so a reader sees a whole file or none. The
+//! oldest copies are removed once the directory holds more than
+//! [`CACHE_MAX_BYTES`].
 use std::fs;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -22,7 +27,8 @@ use object::elf::{FileHeader64, SectionHeader64};
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{Endianness, ReadRef};
 
-use crate::files::{build_id_debug_path, remove_least_recently_used};
+use crate::files::disk::{remove_least_recently_used, LazyDir, PrivateDir};
+use crate::files::{build_id_debug_path, TargetRoot};
 
 /// Total size of the copies kept; the least recently used go first.
 pub const CACHE_MAX_BYTES: u64 = 1 << 30;
@@ -67,11 +73,26 @@ struct Segment {
 /// A split debug file to read instead of the mapped file (a decompressed
 /// copy, or the original), and how to turn the mapped file's offsets into
 /// the addresses its DWARF and symbols use.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct DebugCopy {
+    /// Where this process reads it (for a copy, through the directory held
+    /// open: `/proc/self/fd/N/name`).
     pub path: PathBuf,
+    /// Where it is on disk, for messages and other processes.
+    pub location: PathBuf,
     segments: Vec<Segment>,
+    /// The directory a copy is in, held open: `path` reaches the copy
+    /// through it (`/proc/self/fd/N/name`).
+    _dir: Option<PrivateDir>,
 }
+
+impl PartialEq for DebugCopy {
+    fn eq(&self, other: &Self) -> bool {
+        self.path == other.path && self.segments == other.segments
+    }
+}
+
+impl Eq for DebugCopy {}
 
 impl DebugCopy {
     /// The split debug file at `path` as it is, for the ELF file mapped
@@ -79,7 +100,9 @@ impl DebugCopy {
     pub fn of_original(path: &Path, mapped_path: &str) -> Result<Self, DebugCacheError> {
         Ok(Self {
             path: path.to_path_buf(),
+            location: path.to_path_buf(),
             segments: load_segments(Path::new(mapped_path))?,
+            _dir: None,
         })
     }
 
@@ -93,14 +116,17 @@ impl DebugCopy {
 }
 
 /// The directory of decompressed copies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct DebugCache {
-    dir: PathBuf,
+    dir: LazyDir,
 }
 
 impl DebugCache {
+    /// The copies in `dir` (made, `0700`, at first use).
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir }
+        Self {
+            dir: LazyDir::new(dir),
+        }
     }
 
     /// The decompressed copy of the split debug file of the ELF file at
@@ -108,6 +134,13 @@ impl DebugCache {
     /// run that needs it. `None` when no directory of `debug_dirs` holds a
     /// debug file for that build id, or when it has nothing compressed
     /// (blazesym maps it as it is).
+    ///
+    /// The copy is named by the build id, which whoever built the mapped
+    /// file chose, and that is safe here: the id only picks which file of
+    /// the debug directories (root's, `/usr/lib/debug`) is copied, and the
+    /// copy holds that file's bytes, so a forged id can make a file be named
+    /// from another build's debug file (its own frames, wrong), never put
+    /// bytes of its choosing under another file's name.
     pub fn copy_for(
         &self,
         mapped_path: &str,
@@ -121,45 +154,117 @@ impl DebugCache {
         let Some(relative) = build_id_debug_path(build_id) else {
             return Ok(None);
         };
-        let cached = self.dir.join(&relative);
-        if !cached.exists() {
-            let Some(original) = debug_dirs
-                .iter()
-                .map(|dir| dir.join(&relative))
-                .find(|path| path.is_file())
-            else {
-                return Ok(None);
-            };
-            if !write_decompressed(&original, &cached)? {
-                return Ok(None);
+        // `.build-id/xx/rest.debug`: the prefix and the name, under this
+        // cache's own `.build-id`.
+        let (Some(prefix), Some(name)) = (
+            relative
+                .parent()
+                .and_then(Path::file_name)
+                .and_then(|p| p.to_str()),
+            relative.file_name().and_then(|n| n.to_str()),
+        ) else {
+            return Ok(None);
+        };
+        let existing = self
+            .dir
+            .existing()
+            .and_then(|root| root.child(prefix, false).ok())
+            .filter(|dir| dir.has_file(name));
+        let dir = match existing {
+            Some(dir) => {
+                // Marks it recently used for the eviction order.
+                dir.touch(name);
+                dir
             }
-            log::info!(
-                "debug cache: wrote {} (the decompressed {})",
-                cached.display(),
-                original.display()
-            );
-            self.evict_beyond(CACHE_MAX_BYTES, &cached);
-        } else {
-            // Marks it recently used for the eviction order.
-            let _ = fs::File::options()
-                .append(true)
-                .open(&cached)
-                .and_then(|file| file.set_modified(std::time::SystemTime::now()));
-        }
+            None => {
+                let Some((original_path, original)) = self.original(&relative, debug_dirs) else {
+                    return Ok(None);
+                };
+                // Nothing compressed: blazesym maps the original as it is,
+                // and the cache directory is not even made.
+                if !has_compressed_sections(&original_path, &original)? {
+                    return Ok(None);
+                }
+                let io = |source| DebugCacheError::Io {
+                    path: self.dir.path().to_path_buf(),
+                    source,
+                };
+                let root = self
+                    .dir
+                    .get()
+                    .ok_or_else(|| io(std::io::Error::other("the directory cannot be used")))?;
+                let dir = root
+                    .child(prefix, true)
+                    .map_err(|error| io(std::io::Error::other(error)))?;
+                if !write_decompressed(&original_path, original, &dir, name)? {
+                    return Ok(None);
+                }
+                log::info!(
+                    "debug cache: wrote {} (the decompressed {})",
+                    dir.path().join(name).display(),
+                    original_path.display()
+                );
+                self.evict_beyond(root, CACHE_MAX_BYTES, (prefix, name));
+                dir
+            }
+        };
         let segments = load_segments(Path::new(mapped_path))?;
         Ok(Some(DebugCopy {
-            path: cached,
+            path: dir.fd_path(name),
+            location: dir.path().join(name),
             segments,
+            _dir: Some(dir),
         }))
+    }
+
+    /// The debug file at `relative` in the first of `debug_dirs` that has
+    /// one, opened without blocking (a regular file only).
+    fn original(&self, relative: &Path, debug_dirs: &[PathBuf]) -> Option<(PathBuf, fs::File)> {
+        let own_root = TargetRoot::own().ok()?;
+        debug_dirs.iter().find_map(|dir| {
+            let path = dir.join(relative);
+            let opened = own_root.open(&path).ok()?;
+            Some((path, opened.file))
+        })
     }
 
     /// Removes the least recently used copies until the cache holds at most
     /// `max_bytes` (never `keep`, the copy just written).
-    fn evict_beyond(&self, max_bytes: u64, keep: &Path) {
-        for path in remove_least_recently_used(&self.dir.join(".build-id"), max_bytes, keep) {
+    fn evict_beyond(&self, root: &PrivateDir, max_bytes: u64, keep: (&str, &str)) {
+        for path in remove_least_recently_used(root, max_bytes, Some(keep)) {
             log::info!("debug cache: removed {} (over 1 GiB)", path.display());
         }
     }
+}
+
+/// Whether the ELF file `original` (opened as `file`) has a compressed
+/// section (other than those a copy leaves empty).
+fn has_compressed_sections(original: &Path, file: &fs::File) -> Result<bool, DebugCacheError> {
+    let elf = |source| DebugCacheError::Elf {
+        path: original.to_path_buf(),
+        source,
+    };
+    let handle = file.try_clone().map_err(|error| DebugCacheError::Layout {
+        path: original.to_path_buf(),
+        what: format!("cannot open it: {error}"),
+    })?;
+    let headers = object::ReadCache::new(handle);
+    let parsed = ElfFile64::<Endianness, _>::parse(&headers).map_err(elf)?;
+    let endian = parsed.endian();
+    let table = parsed.elf_section_table();
+    for header in table.iter() {
+        let name = table.section_name(endian, header).map_err(elf)?;
+        if SECTIONS_LEFT_EMPTY.contains(&name) {
+            continue;
+        }
+        if header
+            .sh_flags(endian)
+            .contains(object::elf::SHF_COMPRESSED)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Where one section's bytes go in the copy, and where they come from.
@@ -181,15 +286,23 @@ enum CompressionFormat {
     Zstd,
 }
 
-/// Writes `original` to `destination` with every compressed section
-/// inflated and [`SECTIONS_LEFT_EMPTY`] emptied; `false` (and nothing
-/// written) when no other section is compressed.
+/// Writes `original` (opened as `handle`) to `name` in `dir` with every
+/// compressed section inflated and [`SECTIONS_LEFT_EMPTY`] emptied; `false`
+/// (and nothing written) when no other section is compressed, or when the
+/// original changed while it was copied.
 ///
 /// The copy is streamed: each section is inflated (or copied) straight into
 /// the file through small buffers, so writing a copy of any size costs the
 /// worker a few hundred KiB of memory, not the whole inflated file (libc's
 /// debug file: 10 MiB inflated, once held three times over).
-fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, DebugCacheError> {
+fn write_decompressed(
+    original: &Path,
+    handle: fs::File,
+    dir: &PrivateDir,
+    name: &str,
+) -> Result<bool, DebugCacheError> {
+    let destination = dir.path().join(name);
+    let destination = destination.as_path();
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| DebugCacheError::Io { path, source }
@@ -206,7 +319,9 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
     };
     // Only the headers are read through the read cache (it keeps what it
     // reads); section bytes are streamed from a second handle.
-    let handle = fs::File::open(original).map_err(unreadable)?;
+    let second = handle.try_clone().map_err(unreadable)?;
+    let checked = handle.try_clone().map_err(unreadable)?;
+    let before = checked.metadata().map_err(unreadable)?;
     let headers = object::ReadCache::new(handle);
     let file = ElfFile64::<Endianness, _>::parse(&headers).map_err(elf)?;
     let endian = file.endian();
@@ -345,45 +460,64 @@ fn write_decompressed(original: &Path, destination: &Path) -> Result<bool, Debug
     prefix[..std::mem::size_of::<FileHeader64<Endianness>>()]
         .copy_from_slice(object::bytes_of(&new_header));
 
-    let parent = destination.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(parent).map_err(io(parent))?;
-    let partial = destination.with_extension(format!("debug.{}.partial", std::process::id()));
-    let written = fs::File::create(&partial)
-        .map_err(io(&partial))
-        .and_then(|out| {
-            let mut out = BufWriter::with_capacity(STREAM_BUFFER_BYTES, out);
-            let input = fs::File::open(original).map_err(unreadable)?;
-            let mut input = BufReader::with_capacity(STREAM_BUFFER_BYTES, input);
-            stream_copy(
-                &mut input,
-                &mut out,
-                &prefix,
-                &placed,
-                &section_headers,
-                section_headers_offset,
-            )
-            .map_err(|source| match source.kind() {
-                std::io::ErrorKind::InvalidData => DebugCacheError::Layout {
-                    path: original.to_path_buf(),
-                    what: source.to_string(),
-                },
-                _ => DebugCacheError::Io {
-                    path: destination.to_path_buf(),
-                    source,
-                },
-            })?;
-            let out = out.into_inner().map_err(|e| DebugCacheError::Io {
+    let (partial, out) = dir.create_temporary(name).map_err(io(destination))?;
+    let written = Ok(out).and_then(|out| {
+        let mut out = BufWriter::with_capacity(STREAM_BUFFER_BYTES, out);
+        let mut input = BufReader::with_capacity(STREAM_BUFFER_BYTES, second);
+        stream_copy(
+            &mut input,
+            &mut out,
+            &prefix,
+            &placed,
+            &section_headers,
+            section_headers_offset,
+        )
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::InvalidData => DebugCacheError::Layout {
+                path: original.to_path_buf(),
+                what: source.to_string(),
+            },
+            _ => DebugCacheError::Io {
                 path: destination.to_path_buf(),
-                source: e.into_error(),
-            })?;
-            out.sync_data().map_err(io(destination))?;
-            fs::rename(&partial, destination).map_err(io(destination))
-        });
-    if let Err(error) = written {
-        let _ = fs::remove_file(&partial);
-        return Err(error);
+                source,
+            },
+        })?;
+        let out = out.into_inner().map_err(|e| DebugCacheError::Io {
+            path: destination.to_path_buf(),
+            source: e.into_error(),
+        })?;
+        out.sync_data().map_err(io(destination))?;
+        if !same_file_state(&before, &checked) {
+            return Ok(false);
+        }
+        dir.rename(&partial, name).map_err(io(destination))?;
+        Ok(true)
+    });
+    if !matches!(written, Ok(true)) {
+        let _ = dir.remove(&partial);
     }
-    Ok(true)
+    written
+}
+
+/// Whether `file` is as `before` said: same size, modification and change
+/// times (the change time moves at any write).
+fn same_file_state(before: &fs::Metadata, file: &fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().is_ok_and(|now| {
+        (
+            now.len(),
+            now.mtime(),
+            now.mtime_nsec(),
+            now.ctime(),
+            now.ctime_nsec(),
+        ) == (
+            before.len(),
+            before.mtime(),
+            before.mtime_nsec(),
+            before.ctime(),
+            before.ctime_nsec(),
+        )
+    })
 }
 
 /// Buffer size of each stream (read and written) while a copy is made.

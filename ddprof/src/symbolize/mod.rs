@@ -15,7 +15,8 @@ use std::sync::Arc;
 use blazesym::symbolize::{Sym, Symbolized};
 
 use crate::aggregate::{FileId, Frame, PeriodProfile};
-use crate::files::{FileStamp, MappedFile, ObjectFile};
+use crate::files::digest::FileDigest;
+use crate::files::{MappedFile, ObjectFile};
 
 mod debug_cache;
 mod elf;
@@ -31,7 +32,10 @@ pub use names::demangle;
 #[cfg(test)]
 use perf_map::parse_perf_map;
 use perf_map::{reload_perf_map, PerfMap};
-use store::{SymbolKey, SymbolStore};
+use store::{KnownDebugFile, SymbolKey, SymbolStore};
+
+/// A perf map the aggregator opened for a period, or why it refused it.
+type PeriodPerfMap = Result<Arc<std::fs::File>, crate::files::target::PerfMapRefused>;
 
 /// Files not referenced for this many periods are dropped from the caches.
 const EVICT_AFTER_PERIODS: u64 = 10;
@@ -125,13 +129,16 @@ struct FileCache {
     spans: BTreeMap<u64, (u64, FrameSymbols)>,
     /// The first offsets of the functions named whole.
     named_whole: HashSet<u64>,
-    /// The file's key in the symbol store (`None` inside when it has no
-    /// build id, or there is no store), once looked for.
+    /// The file's key in the symbol store (`None` inside when it is not
+    /// held, cannot be hashed, or there is no store), once looked for.
     store_key: Option<Option<SymbolKey>>,
-    /// The split debug files found for the file, with their stamps, once
+    /// The file's digest in that key, and what it was taken for: names
+    /// resolved once the file changed are not stored under it.
+    hashed: Option<FileDigest>,
+    /// The split debug files found for the file, with their digests, once
     /// looked for (for the store's key, and to evict what blazesym parsed
     /// of them).
-    debug_files: Option<Vec<(PathBuf, FileStamp)>>,
+    debug_files: Option<Vec<KnownDebugFile>>,
     /// Addresses blazesym named since the store was last written.
     unsaved: Vec<u64>,
     /// First offsets of the spans named since the store was last written.
@@ -212,7 +219,12 @@ impl Symbolizer {
         Self {
             blazesym,
             inlined_functions: options.inlined_functions,
-            debug_cache: options.debug_cache.map(DebugCache::new),
+            // Beside the other stores, in a directory of its own (each store
+            // bounds the whole of its directory), laid out as debug
+            // directories are.
+            debug_cache: options
+                .debug_cache
+                .map(|dir| DebugCache::new(dir.join(".build-id"))),
             store: options.symbol_store.map(SymbolStore::new),
             debug_dirs: options.debug_dirs,
             files: HashMap::new(),
@@ -278,7 +290,8 @@ impl Symbolizer {
                 }
                 Frame::Kernel { addr } => kernel.push((index, *addr)),
                 Frame::Anonymous { pid, addr, region } => {
-                    frames[index] = Some(self.anonymous(*pid, *addr, region.as_deref()))
+                    let perf_map = period.perf_maps.get(pid);
+                    frames[index] = Some(self.anonymous(*pid, *addr, region.as_deref(), perf_map))
                 }
                 Frame::Unknown => frames[index] = Some(self.named(UNKNOWN)),
                 Frame::Truncated => frames[index] = Some(self.named(TRUNCATED)),
@@ -328,6 +341,16 @@ impl Symbolizer {
         leaves: &[bool],
         frames: &mut [Option<FrameSymbols>],
     ) {
+        if file.open_path.is_empty() {
+            // Not held open: its path may name another file by now (or one
+            // of ddprof's namespace rather than the process's), so nothing
+            // is read, and nothing is remembered for when it is held again.
+            let unread = self.named(&format!("[{}]", file.file_name()));
+            for &(index, _) in offsets {
+                frames[index] = Some(unread.clone());
+            }
+            return;
+        }
         let key = file.identity();
         let period_number = self.period_number;
         let cache = self.files.entry(key.clone()).or_default();
@@ -370,7 +393,7 @@ impl Symbolizer {
             debug_files: self
                 .known_debug_files(&key, file)
                 .into_iter()
-                .map(|(path, _)| path)
+                .map(|known| known.path)
                 .collect(),
             build_id: file.build_id.clone(),
             dwarf_unreadable,
@@ -429,6 +452,24 @@ impl Symbolizer {
         let fallback = self.named(&format!("[{}]", file.file_name()));
         let mut found: HashMap<u64, FrameSymbols> = HashMap::with_capacity(missing.len());
         let cache = self.files.get_mut(&key).expect("entry created above");
+        // Names are kept under the digests of the files they came from only
+        // while those files are still the bytes hashed.
+        let unchanged = cache
+            .hashed
+            .zip(file.held())
+            .is_some_and(|(hashed, held)| hashed.still_matches(held))
+            && cache
+                .debug_files
+                .iter()
+                .flatten()
+                .all(KnownDebugFile::unchanged);
+        if !unchanged && matches!(cache.store_key, Some(Some(_))) {
+            log::debug!(
+                "{} changed while it was symbolized: its names are not stored",
+                file.path
+            );
+            cache.store_key = Some(None);
+        }
         let stored = matches!(cache.store_key, Some(Some(_)));
         for (offset, lines) in missing.iter().zip(resolved.lines) {
             let symbols = match lines {
@@ -523,8 +564,14 @@ impl Symbolizer {
             .collect()
     }
 
-    fn anonymous(&mut self, pid: u32, addr: u64, region: Option<&str>) -> FrameSymbols {
-        if let Some(name) = self.perf_map_symbol(pid, addr) {
+    fn anonymous(
+        &mut self,
+        pid: u32,
+        addr: u64,
+        region: Option<&str>,
+        perf_map: Option<&PeriodPerfMap>,
+    ) -> FrameSymbols {
+        if let Some(name) = self.perf_map_symbol(pid, addr, perf_map) {
             let empty = self.intern("");
             return Arc::new([SymbolLine {
                 function: name.clone(),
@@ -547,13 +594,19 @@ impl Symbolizer {
     /// Looks `addr` up in the process's perf map, re-reading the file once
     /// per period at most, and only when it changed. The parsed map is kept
     /// after the process exits.
-    fn perf_map_symbol(&mut self, pid: u32, addr: u64) -> Option<Arc<str>> {
+    fn perf_map_symbol(
+        &mut self,
+        pid: u32,
+        addr: u64,
+        opened: Option<&PeriodPerfMap>,
+    ) -> Option<Arc<str>> {
         let period_number = self.period_number;
         let map = self.perf_maps.entry(pid).or_default();
         if map.last_period != period_number {
             map.last_period = period_number;
-            let path = PathBuf::from(format!("/tmp/perf-{pid}.map"));
-            reload_perf_map(map, &path);
+            if let Some(opened) = opened {
+                reload_perf_map(map, pid, opened);
+            }
         }
         map.lookup(addr).cloned()
     }
@@ -870,6 +923,7 @@ mod tests {
         let period = PeriodProfile {
             start: now,
             end: now,
+            perf_maps: Default::default(),
             files: vec![Arc::new(ObjectFile::by_path(
                 "/nonexistent/libgone.so",
                 0,

@@ -1,4 +1,4 @@
-//! Names of code addresses kept on disk by build id, so that a later run
+//! Names of code addresses kept on disk by content, so that a later run
 //! (or the next worker of this one) names the addresses an earlier one
 //! resolved without parsing the file's DWARF again.
 //!
@@ -7,38 +7,37 @@
 //! debug file, the largest step of a short run's profiler CPU after the BPF
 //! verifier, paid again by every run and every restarted worker, whose
 //! in-memory caches start empty. A file's names are written to
-//! `DIR/xx/rest-KEY.syms` (the build id in hex, then a hash of the rest of
-//! the key) when a period resolved new addresses in it, merged with what the
-//! file held; a run reads them the first time it meets the file and asks
-//! blazesym only for the others.
+//! `DIR/xx/rest.syms`, named by the digest of their key, when a period
+//! resolved new addresses in it, merged with what the file held; a run
+//! reads them the first time it meets the file and asks blazesym only for
+//! the others.
 //!
-//! Names depend on more than the build id, and the key holds it all: the
-//! ddprof build that resolved them ([`own_build_id`]: its symbolizer),
-//! whether inlined functions are frames of their own (`-I`), the file's size
-//! (`strip` keeps the build id: a stripped copy names less), and every split
-//! debug file that could be found for it (a debug package installed later
-//! gives lines and inlined functions that the symbol table alone did not).
-//! Each file is checked before use (a regular file, CRC-32, counts against
-//! its length, string indices, UTF-8), so that a truncated, corrupt or
-//! foreign file costs a parse, never a wrong name. Files are written beside
-//! their name and renamed into place, and the least recently used go once
-//! the directory holds more than [`STORE_MAX_BYTES`] (checked at most every
+//! The key is what the names depend on: the file's bytes (their digest: a
+//! build id is chosen by whoever builds the file, and a library built with
+//! another's would have given it its names), every split debug file that
+//! could be found for it (a debug package installed later gives lines and
+//! inlined functions that the symbol table alone did not), whether inlined
+//! functions are frames of their own (`-I`) and the ddprof build that
+//! resolved them ([`own_build_id`]: its symbolizer). Names are written only
+//! while those files are still the bytes hashed. Each file is checked
+//! before use (a regular file, CRC-32, its key, counts against its length,
+//! string indices, UTF-8), so that a truncated, corrupt or foreign file
+//! costs a parse, never a wrong name. The directory is ddprof's own
+//! ([`crate::files::disk::PrivateDir`]), files are written under a fresh
+//! name and renamed into place, and the least recently used go once the
+//! directory holds more than [`STORE_MAX_BYTES`] (checked at most every
 //! [`EVICTION_INTERVAL`]). An entry names one address, or a run of
 //! consecutive ones that name the same (a function named whole, see
 //! `functions.rs`).
 use std::collections::HashMap;
-use std::fs;
-use std::hash::{Hash, Hasher};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use super::{FrameSymbols, SymbolLine, Symbolizer};
+use crate::files::digest::{self, FileDigest};
+use crate::files::disk::{remove_least_recently_used, LazyDir};
 use crate::files::{
-    build_id_hex, debug_file, own_build_id, read_debuglink, read_regular_file,
-    remove_least_recently_used, Fields, FileStamp, MappedFile, ObjectFile, MAX_BUILD_ID_LEN,
-    MIN_BUILD_ID_LEN,
+    debug_file, own_build_id, read_debuglink, Digest, Fields, MappedFile, ObjectFile, TargetRoot,
 };
 
 /// Total size of the stored names; the least recently used files go first.
@@ -51,7 +50,7 @@ const EVICTION_MARK: &str = ".evicted";
 /// but the hot ones are met first.
 const MAX_ENTRIES_PER_FILE: usize = 200_000;
 const MAGIC: &[u8; 8] = b"DDPRSYM\0";
-const FORMAT_VERSION: u32 = 3;
+const FORMAT_VERSION: u32 = 4;
 /// Bytes of a line in the file: three string indices and the line number.
 const LINE_BYTES: usize = 16;
 /// Bytes of an entry with one line: offset, length, line count, the line.
@@ -68,48 +67,44 @@ pub(super) struct StoredNames {
 /// What a file's names were resolved from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SymbolKey {
-    pub build_id: Vec<u8>,
-    /// The size of the file itself.
-    pub file_size: u64,
-    /// The split debug files found for it (their inodes, sizes and mtimes;
-    /// empty: none).
-    pub debug_files: Vec<FileStamp>,
+    /// The file's bytes.
+    pub file: Digest,
+    /// The split debug files found for it (empty: none).
+    pub debug_files: Vec<Digest>,
     /// `-I`: inlined functions reported as frames of their own.
     pub inlined_functions: bool,
 }
 
 impl SymbolKey {
-    /// A hash of the key beyond the build id (and of ddprof's own build),
-    /// for the file name: keys that differ keep files of their own rather
-    /// than overwriting each other's.
-    fn variant(&self, own: &[u8]) -> u64 {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        own.hash(&mut hasher);
-        self.hash(&mut hasher);
-        hasher.finish()
+    /// One digest for the key and the ddprof build `own`: the store file's
+    /// name and the first thing it holds.
+    fn digest(&self, own: &[u8]) -> Digest {
+        let mut parts: Vec<&[u8]> = vec![own, &self.file.0];
+        parts.extend(self.debug_files.iter().map(|digest| &digest.0[..]));
+        let inlined = [u8::from(self.inlined_functions)];
+        parts.push(&inlined);
+        Digest::of_parts(&parts)
     }
 }
 
 /// The directory of stored names.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SymbolStore {
-    dir: PathBuf,
+    dir: LazyDir,
 }
 
 impl SymbolStore {
+    /// The store in `dir` (made, `0700`, at first use).
     pub fn new(dir: PathBuf) -> Self {
-        Self { dir }
+        Self {
+            dir: LazyDir::new(dir),
+        }
     }
 
-    /// `DIR/xx/rest-VARIANT.syms`; `None` for ids too short or too long to
-    /// be one.
-    fn path_of(&self, key: &SymbolKey, own: &[u8]) -> Option<PathBuf> {
-        if !(MIN_BUILD_ID_LEN..=MAX_BUILD_ID_LEN).contains(&key.build_id.len()) {
-            return None;
-        }
-        let hex = build_id_hex(&key.build_id);
-        let name = format!("{}-{:016x}.syms", &hex[2..], key.variant(own));
-        Some(self.dir.join(&hex[..2]).join(name))
+    /// `xx` and `rest.syms` for the key's digest.
+    fn place_of(digest: &Digest) -> (String, String) {
+        let hex = digest.hex();
+        (hex[..2].to_string(), format!("{}.syms", &hex[2..]))
     }
 
     /// The stored names of `key`'s file, their strings made by `intern`
@@ -122,17 +117,20 @@ impl SymbolStore {
         let Some(own) = own_build_id() else {
             return Vec::new();
         };
-        let Some(path) = self.path_of(key, own) else {
+        let digest = key.digest(own);
+        let (prefix, name) = Self::place_of(&digest);
+        let Some(dir) = self
+            .dir
+            .get()
+            .and_then(|root| root.child(&prefix, false).ok())
+        else {
             return Vec::new();
         };
-        let Some(entries) = read(&path, key, own, intern) else {
+        let Some(entries) = read(&dir, &name, &digest, intern) else {
             return Vec::new();
         };
         // Marks it recently used for the eviction order.
-        let _ = fs::File::options()
-            .append(true)
-            .open(&path)
-            .and_then(|file| file.set_modified(SystemTime::now()));
+        dir.touch(&name);
         entries
     }
 
@@ -146,12 +144,18 @@ impl SymbolStore {
         let Some(own) = own_build_id() else {
             return Ok(());
         };
-        let Some(path) = self.path_of(key, own) else {
-            return Ok(());
+        let Some(root) = self.dir.get() else {
+            return Err(std::io::Error::other(format!(
+                "{} cannot be used",
+                self.dir.path().display()
+            )));
         };
+        let digest = key.digest(own);
+        let (prefix, name) = Self::place_of(&digest);
+        let dir = root.child(&prefix, true).map_err(std::io::Error::other)?;
         // Another run may have added names since this one read the file.
         let mut entries: HashMap<(u64, u32), FrameSymbols> =
-            read(&path, key, own, &mut |text: &str| Arc::from(text))
+            read(&dir, &name, &digest, &mut |text: &str| Arc::from(text))
                 .unwrap_or_default()
                 .into_iter()
                 .map(|named| ((named.offset, named.length), named.symbols))
@@ -172,26 +176,8 @@ impl SymbolStore {
         if added == 0 {
             return Ok(());
         }
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        // Unique to this writer (pids repeat across pid namespaces that
-        // share a cache directory), and never an existing file.
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.subsec_nanos());
-        let partial = path.with_extension(format!("syms.{}-{nanos}.partial", std::process::id()));
-        let written = fs::File::options()
-            .write(true)
-            .create_new(true)
-            .open(&partial)
-            .and_then(|mut file| file.write_all(&encode(key, &entries, own)))
-            .and_then(|()| fs::rename(&partial, &path));
-        if written.is_err() {
-            let _ = fs::remove_file(&partial);
-            return written;
-        }
-        Ok(())
+        let bytes = encode(&digest, &entries);
+        dir.write_atomically(&name, |out| std::io::Write::write_all(out, &bytes))
     }
 
     /// Removes the least recently used files until the store holds at most
@@ -202,25 +188,13 @@ impl SymbolStore {
     /// by every short run that named anything new. Between two evictions
     /// the store can exceed its size by what the runs wrote meanwhile.
     pub fn evict(&self) {
-        let mark = self.dir.join(EVICTION_MARK);
-        let recent = fs::metadata(&mark)
-            .and_then(|metadata| metadata.modified())
-            .ok()
-            .and_then(|modified| modified.elapsed().ok())
-            .is_some_and(|age| age < EVICTION_INTERVAL);
-        if recent {
+        let Some(root) = self.dir.get() else {
+            return;
+        };
+        if !root.due(EVICTION_MARK, EVICTION_INTERVAL) {
             return;
         }
-        let marked = fs::File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&mark)
-            .and_then(|file| file.set_modified(SystemTime::now()));
-        if let Err(error) = marked {
-            log::debug!("symbol store: cannot mark {}: {error}", mark.display());
-        }
-        for removed in remove_least_recently_used(&self.dir, STORE_MAX_BYTES, Path::new("")) {
+        for removed in remove_least_recently_used(root, STORE_MAX_BYTES, None) {
             log::info!(
                 "symbol store: removed {} (over {} MiB)",
                 removed.display(),
@@ -231,22 +205,25 @@ impl SymbolStore {
 }
 
 fn read(
-    path: &Path,
-    key: &SymbolKey,
-    own: &[u8],
+    dir: &crate::files::disk::PrivateDir,
+    name: &str,
+    digest: &Digest,
     intern: &mut dyn FnMut(&str) -> Arc<str>,
 ) -> Option<Vec<StoredNames>> {
-    let bytes = read_regular_file(path, STORE_MAX_BYTES)?;
-    let entries = decode(&bytes, key, own, intern);
+    let bytes = dir.read_regular(name, STORE_MAX_BYTES)?;
+    let entries = decode(&bytes, digest, intern);
     if entries.is_none() {
-        log::debug!("symbol store: {} is stale or corrupt", path.display());
+        log::debug!(
+            "symbol store: {} is stale or corrupt",
+            dir.path().join(name).display()
+        );
     }
     entries
 }
 
 /// The file's bytes: magic, version, the key, the strings, the entries, and
 /// the CRC-32 of everything before it.
-fn encode(key: &SymbolKey, entries: &HashMap<(u64, u32), FrameSymbols>, own: &[u8]) -> Vec<u8> {
+fn encode(key: &Digest, entries: &HashMap<(u64, u32), FrameSymbols>) -> Vec<u8> {
     let mut strings: Vec<&str> = Vec::new();
     let mut string_ids: HashMap<&str, u32> = HashMap::new();
     for line in entries.values().flat_map(|lines| lines.iter()) {
@@ -275,21 +252,7 @@ fn encode(key: &SymbolKey, entries: &HashMap<(u64, u32), FrameSymbols>, own: &[u
     let mut out = Vec::with_capacity(body.len() + 1024);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    for id in [own, key.build_id.as_slice()] {
-        out.extend_from_slice(&(id.len() as u32).to_le_bytes());
-        out.extend_from_slice(id);
-    }
-    out.push(u8::from(key.inlined_functions));
-    out.extend_from_slice(&key.file_size.to_le_bytes());
-    out.extend_from_slice(&(key.debug_files.len() as u32).to_le_bytes());
-    for stamp in &key.debug_files {
-        for value in [stamp.inode, stamp.size] {
-            out.extend_from_slice(&value.to_le_bytes());
-        }
-        for value in [stamp.mtime, stamp.mtime_nsec] {
-            out.extend_from_slice(&value.to_le_bytes());
-        }
-    }
+    out.extend_from_slice(&key.0);
     out.extend_from_slice(&(strings.len() as u32).to_le_bytes());
     for text in &strings {
         out.extend_from_slice(&(text.len() as u32).to_le_bytes());
@@ -303,39 +266,17 @@ fn encode(key: &SymbolKey, entries: &HashMap<(u64, u32), FrameSymbols>, own: &[u
 }
 
 /// The names in `bytes` if they are a whole, uncorrupted file of this
-/// format, resolved from `key`'s files by the ddprof build `own`. Each
-/// string is made once (by `intern`) and shared by the lines naming it, so
-/// that what a file holds bounds what it costs.
+/// format, stored under `key` (the digest of a [`SymbolKey`] and the
+/// ddprof build). Each string is made once (by `intern`) and shared by the
+/// lines naming it, so that what a file holds bounds what it costs.
 fn decode(
     bytes: &[u8],
-    key: &SymbolKey,
-    own: &[u8],
+    key: &Digest,
     intern: &mut dyn FnMut(&str) -> Arc<str>,
 ) -> Option<Vec<StoredNames>> {
     let mut fields = Fields::checked(bytes, MAGIC, FORMAT_VERSION)?;
-    for id in [own, key.build_id.as_slice()] {
-        let len = fields.u32()? as usize;
-        if fields.take(len)? != id {
-            return None;
-        }
-    }
-    if fields.u8()? != u8::from(key.inlined_functions) || fields.u64()? != key.file_size {
+    if fields.take(key.0.len())? != key.0 {
         return None;
-    }
-    let stamp_count = fields.u32()? as usize;
-    if stamp_count != key.debug_files.len() {
-        return None;
-    }
-    for stamp in &key.debug_files {
-        let stored = FileStamp {
-            inode: fields.u64()?,
-            size: fields.u64()?,
-            mtime: fields.i64()?,
-            mtime_nsec: fields.i64()?,
-        };
-        if stored != *stamp {
-            return None;
-        }
     }
     let string_count = fields.u32()? as usize;
     // Each string takes at least its 4-byte length, each entry
@@ -384,6 +325,22 @@ fn decode(
     fields.rest.is_empty().then_some(entries)
 }
 
+/// A split debug file found for a file, and its digest.
+#[derive(Debug, Clone)]
+pub(super) struct KnownDebugFile {
+    pub path: PathBuf,
+    pub hashed: FileDigest,
+}
+
+impl KnownDebugFile {
+    /// Whether the file at the path is still the one hashed.
+    pub fn unchanged(&self) -> bool {
+        TargetRoot::own()
+            .and_then(|root| root.open(&self.path))
+            .is_ok_and(|opened| self.hashed.still_matches(&opened.file))
+    }
+}
+
 /// How the symbolizer uses the store.
 impl Symbolizer {
     /// Names the addresses of `file` that the store holds, the first time
@@ -426,19 +383,21 @@ impl Symbolizer {
         self.cached_addresses += added;
     }
 
-    /// What `file`'s names are resolved from: its build id and size, the
-    /// split debug files that could be found for it, and `-I`.
+    /// What `file`'s names are resolved from: its bytes, the split debug
+    /// files that could be found for it, and `-I`. `None` for a file not
+    /// held open (nothing of it is read) or that cannot be hashed.
     fn symbol_key(&mut self, key: &MappedFile, file: &ObjectFile) -> Option<SymbolKey> {
-        let build_id = file.build_id.clone()?;
-        let file_size = fs::metadata(&file.open_path).ok()?.len();
+        let hashed = digest::of_file(file.held()?).ok()?;
         let debug_files = self
             .known_debug_files(key, file)
             .into_iter()
-            .map(|(_, stamp)| stamp)
+            .map(|known| known.hashed.digest)
             .collect();
+        if let Some(cache) = self.files.get_mut(key) {
+            cache.hashed = Some(hashed);
+        }
         Some(SymbolKey {
-            build_id,
-            file_size,
+            file: hashed.digest,
             debug_files,
             inlined_functions: self.inlined_functions,
         })
@@ -451,7 +410,7 @@ impl Symbolizer {
         &mut self,
         key: &MappedFile,
         file: &ObjectFile,
-    ) -> Vec<(PathBuf, FileStamp)> {
+    ) -> Vec<KnownDebugFile> {
         if let Some(found) = self.files.get(key).and_then(|c| c.debug_files.clone()) {
             return found;
         }
@@ -466,8 +425,12 @@ impl Symbolizer {
     /// look for them: `DEBUG_DIR/.build-id/xx/rest.debug`, and for a
     /// `.gnu_debuglink` name, beside the file (and in its `.debug/`), under
     /// each debug directory at the file's directory, and in each debug
-    /// directory itself. Each with its stamp.
-    fn debug_files_of(&self, file: &ObjectFile) -> Vec<(PathBuf, FileStamp)> {
+    /// directory itself. Each regular file (opened without blocking), with
+    /// its digest.
+    fn debug_files_of(&self, file: &ObjectFile) -> Vec<KnownDebugFile> {
+        if file.open_path.is_empty() {
+            return Vec::new();
+        }
         let debuglink = read_debuglink(&file.open_path);
         let mut candidates = Vec::new();
         for dir in &self.debug_dirs {
@@ -486,14 +449,24 @@ impl Symbolizer {
                 }
             }
         }
-        let mut found: Vec<(PathBuf, FileStamp)> = Vec::new();
+        let Ok(root) = TargetRoot::own() else {
+            return Vec::new();
+        };
+        let mut found: Vec<KnownDebugFile> = Vec::new();
         for candidate in candidates {
-            let Ok(metadata) = fs::metadata(&candidate) else {
+            if found.iter().any(|known| known.path == candidate) {
+                continue;
+            }
+            let Ok(opened) = root.open(&candidate) else {
                 continue;
             };
-            if metadata.is_file() && !found.iter().any(|(path, _)| *path == candidate) {
-                found.push((candidate, FileStamp::of(&metadata)));
-            }
+            let Ok(hashed) = digest::of_file(&opened.file) else {
+                continue;
+            };
+            found.push(KnownDebugFile {
+                path: candidate,
+                hashed,
+            });
         }
         found
     }
@@ -553,19 +526,21 @@ impl Symbolizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+    use std::time::SystemTime;
 
     fn key() -> SymbolKey {
         SymbolKey {
-            build_id: vec![0xab; 20],
-            file_size: 12_345,
-            debug_files: vec![FileStamp {
-                inode: 7,
-                size: 4096,
-                mtime: 1_700_000_000,
-                mtime_nsec: 5,
-            }],
+            file: Digest::of_bytes(b"the file"),
+            debug_files: vec![Digest::of_bytes(b"its debug file")],
             inlined_functions: false,
         }
+    }
+
+    /// Where `store` keeps `key`'s names.
+    fn path_of(store: &SymbolStore, key: &SymbolKey) -> PathBuf {
+        let (prefix, name) = SymbolStore::place_of(&key.digest(own_build_id().unwrap()));
+        store.dir.path().join(prefix).join(name)
     }
 
     fn line(function: &str, file: &str, number: u32) -> SymbolLine {
@@ -640,7 +615,7 @@ mod tests {
             .unwrap();
         let all = store.load(&key(), &mut intern);
         assert_eq!(all.len(), 4);
-        let path = store.path_of(&key(), own_build_id().unwrap()).unwrap();
+        let path = path_of(&store, &key());
         let before = fs::metadata(&path).unwrap().modified().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
         store
@@ -653,11 +628,9 @@ mod tests {
         inlined.inlined_functions = true;
         let mut no_debug_file = key();
         no_debug_file.debug_files.clear();
-        let mut stripped = key();
-        stripped.file_size = 9_000;
-        let mut other_build = key();
-        other_build.build_id[0] = 0;
-        for other in [inlined, no_debug_file, stripped, other_build] {
+        let mut other_file = key();
+        other_file.file = Digest::of_bytes(b"another file, same build id");
+        for other in [inlined, no_debug_file, other_file] {
             assert!(store.load(&other, &mut intern).is_empty(), "{other:?}");
         }
         let _ = fs::remove_dir_all(&dir);
@@ -665,19 +638,17 @@ mod tests {
 
     #[test]
     fn every_truncation_and_bit_flip_is_refused() {
-        let own = b"ddprof-build-id!";
-        let bytes = encode(&key(), &names(), own);
+        let digest = key().digest(b"ddprof-build-id!");
+        let bytes = encode(&digest, &names());
         assert_eq!(
-            decode(&bytes, &key(), own, &mut intern).map(sorted),
+            decode(&bytes, &digest, &mut intern).map(sorted),
             Some(sorted_names())
         );
-        assert_eq!(
-            decode(&bytes, &key(), b"another-build-id", &mut intern),
-            None
-        );
+        let other_build = key().digest(b"another-build-id");
+        assert_eq!(decode(&bytes, &other_build, &mut intern), None);
         for len in 0..bytes.len() {
             assert_eq!(
-                decode(&bytes[..len], &key(), own, &mut intern),
+                decode(&bytes[..len], &digest, &mut intern),
                 None,
                 "truncated to {len}"
             );
@@ -687,7 +658,7 @@ mod tests {
                 let mut flipped = bytes.clone();
                 flipped[index] ^= 1 << bit;
                 assert_eq!(
-                    decode(&flipped, &key(), own, &mut intern),
+                    decode(&flipped, &digest, &mut intern),
                     None,
                     "byte {index} bit {bit}"
                 );
@@ -733,7 +704,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ddprof-symbol-fifo-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let store = SymbolStore::new(dir.clone());
-        let path = store.path_of(&key(), own_build_id().unwrap()).unwrap();
+        let path = path_of(&store, &key());
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         // A FIFO would block an open for reading; a link to /dev/zero would
         // never end.

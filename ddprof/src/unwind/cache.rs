@@ -1,16 +1,15 @@
 //! Unwind tables built once per file content and shared by every process
 //! (and every mapping) of that file, within a bounded memory budget.
 use super::compile::{compile_elf, CompileError, UnwindTable};
-use super::store::{StoreKey, TableStore};
-use crate::files::{debug_file, FileStamp};
-use crate::files::{open_mapped, ContentKey, MappedFile, OpenedFile};
+use super::store::TableStore;
+use crate::files::{debug_file, digest, Digest, TargetFileError};
+use crate::files::{open_mapped, ContentKey, MappedFile, OpenedMapped};
 use crate::process::Mapping;
 use object::read::elf::ElfFile64;
 use object::{Object, ReadCache};
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -54,7 +53,7 @@ fn register_live_table(table: &Arc<CachedTable>) {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     live.retain(|(_, table)| table.strong_count() > 0);
-    live.push((table.key.clone(), Arc::downgrade(table)));
+    live.push((table.key, Arc::downgrade(table)));
 }
 
 /// Why a mapping has no table.
@@ -62,10 +61,13 @@ fn register_live_table(table: &Arc<CachedTable>) {
 pub enum LoadError {
     #[error("{0} is not a file ddprof can open (anonymous or special mapping)")]
     NotAFile(String),
-    #[error(
-        "cannot open {path}: {source} (is the process in another mount namespace that has exited?)"
-    )]
+    #[error("cannot open {path}: {source}")]
     Open {
+        path: String,
+        source: TargetFileError,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
         path: String,
         source: std::io::Error,
     },
@@ -225,15 +227,19 @@ impl TableCache {
         if !mapped.path.starts_with('/') {
             return Err(LoadError::NotAFile(mapped.path.clone()));
         }
-        let OpenedFile { file, root, .. } =
+        let OpenedMapped { file, root } =
             open_mapped(pid, mapped, range).map_err(|source| LoadError::Open {
                 path: mapped.path.clone(),
                 source,
             })?;
-        let metadata = file.metadata().map_err(|source| LoadError::Open {
+        let read_error = |source| LoadError::Read {
             path: mapped.path.clone(),
             source,
-        })?;
+        };
+        // What the table is derived from: the file's bytes (never its build
+        // id, which whoever built the file chose).
+        let hashed = digest::of_file(&file).map_err(read_error)?;
+        let checked = file.try_clone().map_err(read_error)?;
         let cache = ReadCache::new(file);
         let compile_error = |source| LoadError::Compile {
             path: mapped.path.clone(),
@@ -242,14 +248,28 @@ impl TableCache {
         let elf = ElfFile64::<object::Endianness, _>::parse(&cache)
             .map_err(|e| compile_error(CompileError::NotElf(e)))?;
         let build_id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
-        let key = match &build_id {
-            Some(id) => ContentKey::BuildId(id.clone()),
-            None => ContentKey::File {
-                path: PathBuf::from(&mapped.path),
-                size: metadata.len(),
-                mtime: metadata.mtime(),
-                mtime_nsec: metadata.mtime_nsec(),
-            },
+        let debuglink = elf
+            .gnu_debuglink()
+            .ok()
+            .flatten()
+            .map(|(name, _)| name.to_vec());
+        let segments = super::compile::executable_segments(&elf);
+        drop(elf);
+        // The split debug file, as the process sees it (a container's own),
+        // and only with the process's root known.
+        let candidates = debug_file::candidates(
+            Path::new(debug_file::DEBUG_ROOT),
+            &mapped.path,
+            build_id.as_deref(),
+            debuglink.as_deref(),
+        );
+        let debug = root
+            .as_ref()
+            .and_then(|root| debug_file::open(root, &candidates, mapped.identity()))
+            .and_then(|file| Some((digest::of_file(&file).ok()?, file)));
+        let key = ContentKey {
+            file: hashed.digest,
+            debug_file: debug.as_ref().map(|(hashed, _)| hashed.digest),
         };
         if let Some(table) = self.tables.get(&key) {
             self.stats.tables_shared += 1;
@@ -259,42 +279,24 @@ impl TableCache {
             self.stats.tables_shared += 1;
             return Ok(self.adopt(table));
         }
-        let debuglink = elf
-            .gnu_debuglink()
-            .ok()
-            .flatten()
-            .map(|(name, _)| name.to_vec());
-        let segments = super::compile::executable_segments(&elf);
-        drop(elf);
-        let candidates = debug_file::candidates(
-            Path::new(debug_file::DEBUG_ROOT),
-            &mapped.path,
-            build_id.as_deref(),
-            debuglink.as_deref(),
-        );
-        let debug_file = debug_file::open(&root, &candidates, metadata.ino());
-        let store_key = build_id.map(|build_id| StoreKey {
-            build_id,
-            debug_file: debug_file
-                .as_ref()
-                .and_then(|file| file.metadata().ok())
-                .map(|metadata| FileStamp::of(&metadata)),
-        });
-        // A tool that rewrites program headers and keeps the build id
-        // (patchelf) would otherwise get the other copy's table, biased
-        // for other segments.
-        let stored = match (&self.store, &store_key) {
-            (Some(store), Some(store_key)) => store
-                .load(store_key)
-                .filter(|table| table.segments == segments),
-            _ => None,
-        };
+        // A tool that rewrites program headers keeps the bytes' digest
+        // apart, but a table is checked against its file all the same.
+        let stored = self
+            .store
+            .as_ref()
+            .and_then(|store| store.load(&key))
+            .filter(|table| table.segments == segments);
         if let Some(table) = stored {
             log::debug!("unwind table of {} read from the store", mapped.path);
             self.stats.tables_from_store += 1;
             return Ok(self.insert(key, table));
         }
-        let debug_cache = debug_file.map(ReadCache::new);
+        // (The debug file is read through its own descriptor; the original
+        // stays to check it is unchanged once compiled.)
+        let debug_cache = debug
+            .as_ref()
+            .and_then(|(_, file)| file.try_clone().ok())
+            .map(ReadCache::new);
         // The file is whatever the target mapped: a bug that its bytes
         // trigger in a parser must cost this file's table, not the profiler.
         let table = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -303,8 +305,14 @@ impl TableCache {
         .unwrap_or(Err(CompileError::Corrupt))
         .map_err(compile_error)?;
         self.stats.tables_built += 1;
-        if let (Some(store), Some(store_key)) = (&self.store, &store_key) {
-            if let Err(error) = store.save(store_key, &table) {
+        // Kept for later runs only if the files are still the bytes hashed:
+        // written meanwhile, the table is not theirs.
+        let unchanged = hashed.still_matches(&checked)
+            && debug
+                .as_ref()
+                .is_none_or(|(hashed, file)| hashed.still_matches(file));
+        if let (Some(store), true) = (&self.store, unchanged) {
+            if let Err(error) = store.save(&key, &table) {
                 log::debug!(
                     "unwind table store: cannot keep the table of {} in {}: {error}",
                     mapped.path,
@@ -312,25 +320,24 @@ impl TableCache {
                 );
             }
         }
+        if !unchanged {
+            // Nor shared under a digest its bytes no longer have.
+            return Err(LoadError::Read {
+                path: mapped.path.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::Interrupted,
+                    "the file changed while its table was compiled",
+                ),
+            });
+        }
         Ok(self.insert(key, table))
     }
 
     fn load_vdso(&mut self) -> Result<Arc<CachedTable>, LoadError> {
         let image = own_vdso_image().ok_or_else(|| LoadError::NotAFile("[vdso]".into()))?;
-        let elf = ElfFile64::<object::Endianness, _>::parse(image.as_slice()).map_err(|e| {
-            LoadError::Compile {
-                path: "[vdso]".into(),
-                source: CompileError::NotElf(e),
-            }
-        })?;
-        let key = match elf.build_id().ok().flatten() {
-            Some(id) => ContentKey::BuildId(id.to_vec()),
-            None => ContentKey::File {
-                path: PathBuf::from("[vdso]"),
-                size: image.len() as u64,
-                mtime: 0,
-                mtime_nsec: 0,
-            },
+        let key = ContentKey {
+            file: Digest::of_bytes(image),
+            debug_file: None,
         };
         if let Some(table) = self.tables.get(&key) {
             return Ok(table.clone());
@@ -361,7 +368,7 @@ impl TableCache {
             self.evict_least_recently_used();
         }
         self.cached_bytes += size;
-        self.tables.insert(cached.key.clone(), cached.clone());
+        self.tables.insert(cached.key, cached.clone());
         cached
     }
 

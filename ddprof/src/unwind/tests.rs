@@ -2,7 +2,15 @@
 //! unwinder tests on synthetic stacks.
 use super::compile::{assemble_rows, collect_fdes, CompileStats, LoadSegment};
 use super::*;
-use crate::files::ContentKey;
+use crate::files::{ContentKey, Digest};
+
+/// A content key for a table made up in a test.
+fn content_key(name: &[u8]) -> ContentKey {
+    ContentKey {
+        file: Digest::of_bytes(name),
+        debug_file: None,
+    }
+}
 use crate::process::MappingRecord;
 use ddprof_common::unwind::{DWARF_RBP, DWARF_RSP};
 use gimli::write::{
@@ -694,7 +702,7 @@ fn with_rows(rows: Vec<UnwindRow>) -> (ProcessTable, Unwinder) {
     let file = processes.find_mapping(PID, MAP_START).unwrap().file.clone();
     unwinder
         .tables()
-        .preload(file, ContentKey::BuildId(b"synthetic".to_vec()), table);
+        .preload(file, content_key(b"synthetic"), table);
     (processes, unwinder)
 }
 
@@ -887,18 +895,29 @@ fn cache_shares_tables_and_evicts_within_budget() {
     let stats = cache.stats();
     assert_eq!(stats.tables_built + stats.tables_shared, 1);
     let shared_before = stats.tables_shared;
-    // The same file under another name (a hard link would do; a second
-    // MappedFile with the same path and another inode is enough) shares
-    // the table through its build id.
+    // A copy of the file (another inode, the same bytes) shares the table
+    // through its content's digest.
+    let copy = std::env::temp_dir().join(format!("ddprof-cache-twin-{pid}"));
+    std::fs::copy("/proc/self/exe", &copy).unwrap();
+    let metadata = std::fs::metadata(&copy).unwrap();
     let mut twin = mapping.clone();
     twin.file = Arc::new(crate::files::MappedFile {
-        path: mapping.file.path.clone(),
-        dev: mapping.file.dev,
-        inode: 0,
+        path: copy.to_string_lossy().into_owned(),
+        dev: std::os::unix::fs::MetadataExt::dev(&metadata),
+        inode: std::os::unix::fs::MetadataExt::ino(&metadata),
     });
     let (shared, _) = cache.table_for_mapping(pid, &twin).unwrap();
     assert!(Arc::ptr_eq(&first, &shared));
     assert_eq!(cache.stats().tables_shared, shared_before + 1);
+    // Another file at the mapped path (same inode number, another
+    // device: not the mapped file) is not read at all.
+    let mut impostor = mapping.clone();
+    impostor.file = Arc::new(crate::files::MappedFile {
+        dev: twin.file.dev ^ 0xff,
+        ..(*twin.file).clone()
+    });
+    assert!(cache.table_for_mapping(pid, &impostor).is_none());
+    std::fs::remove_file(&copy).unwrap();
     // A second, different table does not fit: the first is evicted.
     cache.preload(
         Arc::new(crate::files::MappedFile {
@@ -906,7 +925,7 @@ fn cache_shares_tables_and_evicts_within_budget() {
             dev: 0,
             inode: 1,
         }),
-        ContentKey::BuildId(b"other".to_vec()),
+        content_key(b"other"),
         table,
     );
     assert_eq!(cache.stats().tables_evicted, 1);
@@ -1250,7 +1269,7 @@ fn the_row_cache_answers_as_the_table_does() {
         });
         cache.preload(
             file.clone(),
-            ContentKey::BuildId(format!("row-cache-{n}").into_bytes()),
+            content_key(format!("row-cache-{n}").as_bytes()),
             table_of(offset),
         );
         let mapping = Mapping {
