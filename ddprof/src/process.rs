@@ -286,6 +286,11 @@ impl ProcessTable {
             process.code_changed();
             process.mappings.clear();
             process.threads.clear();
+            // Its root, while it runs: a short-lived process's files are
+            // then found after it exited, under the root of the program
+            // that exec'd (a container's, after `chroot`), by their device
+            // and inode (see `files::target::open_mapped`).
+            crate::files::target::note_process_root(pid);
         }
         if pid == tid {
             process.name = name.to_string();

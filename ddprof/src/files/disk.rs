@@ -134,9 +134,15 @@ impl PrivateDir {
                 .recursive(true)
                 .mode_0700()
                 .create(parent)
-                .map_err(|source| DiskError::Io {
-                    path: parent.to_path_buf(),
-                    source,
+                .map_err(|source| match source.kind() {
+                    // A file where a directory of the path should be.
+                    std::io::ErrorKind::AlreadyExists => {
+                        DiskError::NotADirectory(parent.to_path_buf())
+                    }
+                    _ => DiskError::Io {
+                        path: parent.to_path_buf(),
+                        source,
+                    },
                 })?;
         }
         let parent_fd = nix::fcntl::open(

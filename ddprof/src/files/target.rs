@@ -273,10 +273,28 @@ pub fn open_mapped(
             .strip_suffix(" (deleted)")
             .unwrap_or(&mapped.path),
     );
-    // Opening the root itself reads nothing of the process's filesystems.
-    let root = TargetRoot::of_process(pid).ok();
-    let root_fd = root.as_ref().map(|root| root.fd.clone());
-    let (file, through_root) = bounded_call(Some(expected.dev), move || {
+    // Where the path may resolve: the process's own root; when the process
+    // is gone (a 30 ms job of a build in a container), the roots of the
+    // processes met lately (its parent's, most likely: the same
+    // container); last, ddprof's own. Whatever root a path resolves under,
+    // only the mapped device and inode is taken. (Opening a root reads
+    // nothing of the process's filesystems.)
+    let own_root = TargetRoot::own().ok();
+    let mut roots: Vec<TargetRoot> = Vec::new();
+    match TargetRoot::of_process(pid) {
+        Ok(root) => {
+            remember_root(&root);
+            roots.push(root);
+        }
+        Err(_) => roots.extend(recent_roots()),
+    }
+    if let Some(own) = &own_root {
+        if !roots.iter().any(|root| root.same_as(own)) {
+            roots.push(own.clone());
+        }
+    }
+    let fds: Vec<Arc<OwnedFd>> = roots.iter().map(|root| root.fd.clone()).collect();
+    let (file, root_index) = bounded_call(Some(expected.dev), move || {
         let mut first_error = None;
         if let Some((start, end)) = range {
             let map_file = format!("/proc/{pid}/map_files/{start:x}-{end:x}");
@@ -288,35 +306,53 @@ pub fn open_mapped(
             .map_err(TargetFileError::from)
             .and_then(|handle| reopen_regular(handle, Some(expected)));
             match opened {
-                Ok(opened) => return Ok((opened.file, true)),
+                Ok(opened) => return Ok((opened.file, 0)),
                 Err(error) => first_error = Some(error),
             }
         }
-        if let Some(root_fd) = &root_fd {
+        for (index, root_fd) in fds.iter().enumerate() {
             match resolve_in_root(root_fd, &path).and_then(|h| reopen_regular(h, Some(expected))) {
-                Ok(opened) => return Ok((opened.file, true)),
+                Ok(opened) => return Ok((opened.file, index)),
                 Err(error) => {
                     first_error.get_or_insert(error);
                 }
             }
         }
-        // The process is gone (or its root cannot be opened): ddprof's own
-        // path, if it is the very file.
-        match resolve_in_own_namespace(&path).and_then(|h| reopen_regular(h, Some(expected))) {
-            Ok(opened) => Ok((opened.file, false)),
-            Err(error) => Err(match (first_error, error) {
-                // What the process's own view said is the better reason.
-                (Some(first), TargetFileError::NotFound | TargetFileError::OtherFile) => first,
-                (_, error) => error,
-            }),
-        }
+        Err(first_error.unwrap_or(TargetFileError::NotFound))
     })?;
-    let root = if through_root {
-        root
-    } else {
-        TargetRoot::own().ok()
-    };
-    Ok(OpenedMapped { file, root })
+    Ok(OpenedMapped {
+        file,
+        root: roots.into_iter().nth(root_index),
+    })
+}
+
+/// Roots of processes met lately, distinct (see [`open_mapped`]).
+static RECENT_ROOTS: Mutex<Vec<TargetRoot>> = Mutex::new(Vec::new());
+/// How many [`RECENT_ROOTS`] are kept (and tried) at most.
+const RECENT_ROOTS_KEPT: usize = 8;
+
+/// Remembers the root of process `pid` (which has just exec'd), while it
+/// runs, for the files of processes that have exited by the time they are
+/// opened.
+pub fn note_process_root(pid: u32) {
+    if let Ok(root) = TargetRoot::of_process(pid) {
+        remember_root(&root);
+    }
+}
+
+fn remember_root(root: &TargetRoot) {
+    if let Ok(mut recent) = RECENT_ROOTS.lock() {
+        recent.retain(|known| !known.same_as(root));
+        recent.insert(0, root.clone());
+        recent.truncate(RECENT_ROOTS_KEPT);
+    }
+}
+
+fn recent_roots() -> Vec<TargetRoot> {
+    RECENT_ROOTS
+        .lock()
+        .map(|recent| recent.clone())
+        .unwrap_or_default()
 }
 
 /// Perf maps longer than this are not read: a file of any size can sit at
