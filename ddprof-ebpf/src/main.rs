@@ -21,7 +21,8 @@
 use core::ffi::c_void;
 
 use aya_ebpf::bindings::{
-    bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+    bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA,
+    BPF_RB_FORCE_WAKEUP,
     BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
 };
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
@@ -59,9 +60,15 @@ static SAMPLES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[map]
 static SCRATCH: PerCpuArray<RawSample> = PerCpuArray::with_max_entries(1, 0);
 
-/// Executable mappings per process (tgid). Sized by the loader.
+/// Executable mappings per process (tgid). Sized by the loader. Not
+/// preallocated: a preallocated hash map recycles the element an update
+/// replaces at once, so a sample walking it on another CPU could read a
+/// value that a later update is rewriting; without preallocation, a
+/// replaced element is freed only after an RCU grace period (every program
+/// run that looked it up has ended), and a walk reads one whole value.
 #[map]
-static PROCESSES: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(1024, 0);
+static PROCESSES: HashMap<u32, ProcessMappings> =
+    HashMap::with_max_entries(1024, BPF_F_NO_PREALLOC);
 
 /// The unwind rows of every loaded file, back to back; userspace writes them
 /// through an mmap of the map. Sized by the loader.
@@ -614,8 +621,10 @@ fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
         let Some(mappings) = PROCESSES.get_ptr(walk.pid) else {
             return Rule::FramePointer;
         };
-        // SAFETY: a map value, valid for the program run; userspace replaces
-        // whole values, so it is never seen half-written.
+        // SAFETY: a map value, valid for the program run: the map is not
+        // preallocated, so an update replaces the element and the one read
+        // here stays whole until every program run that found it has ended
+        // (an RCU grace period).
         let mappings = unsafe { &*mappings };
         let count = mappings.count.min(MAX_PROCESS_MAPPINGS as u32);
         let Some(index) = search(walk, count, MAPPING_SEARCH_STEPS, pc, |i| {

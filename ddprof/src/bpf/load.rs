@@ -180,7 +180,8 @@ pub struct MapMemory {
     pub table_bytes: usize,
     /// Of which rows of loaded tables.
     pub table_used_bytes: usize,
-    /// The per-process mapping map (preallocated).
+    /// The per-process mapping map, at most (its elements are allocated as
+    /// processes are written, not in advance: see the map's definition).
     pub process_map_bytes: usize,
     /// Per-CPU scratch records and counters.
     pub per_cpu_bytes: usize,
