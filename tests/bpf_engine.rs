@@ -812,7 +812,10 @@ fn profile_forker(variant: &str, freq: u32) -> ((u64, u64, u64), HashMap<String,
     assert!(reaped.status.success(), "{variant}: {stderr}");
     let (in_kernel, by_perf) = unwound_in_kernel_and_by_perf(&stderr);
     let read_from_proc = processes_read_from_proc(&stderr);
-    let summary = ddprof_tests::outputs::summary_fields(&stderr);
+    let mut summary = ddprof_tests::outputs::summary_fields(&stderr);
+    // The workload's CPU time as wait4 tells it (the command and every
+    // child it reaped), to judge the samples and losses by.
+    summary.insert("workload_cpu_ms".to_string(), reaped.cpu.as_millis() as u64);
     let folded = std::fs::read_to_string(output_dir.join("stacks.folded")).unwrap();
     let _ = std::fs::remove_dir_all(&output_dir);
     ((in_kernel, by_perf, read_from_proc), summary, folded)
@@ -838,9 +841,15 @@ fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
             "{variant}: {read_from_proc} processes read from /proc"
         );
         assert!(total >= 2000, "{variant}: {total} samples");
-        // A child has about thirty samples at 999 Hz: its first is handed over.
+        // A child has about thirty samples at 999 Hz: its first is handed
+        // over, and those until the reader, woken, has described it. How
+        // soon that is depends on the machine: on the suite's 2-CPU VM,
+        // 73-89 % of the samples were unwound in the kernel (10 runs, main
+        // at 60ab6d3 and this change alike; the test asked for 75 % and
+        // failed one run in three). Two thirds is below every run measured
+        // here, and far above a child never described before it ends.
         assert!(
-            in_kernel * 4 >= total * 3,
+            in_kernel * 3 >= total * 2,
             "{variant}: only {in_kernel} of {total} samples unwound in the kernel"
         );
         assert!(
@@ -876,7 +885,20 @@ fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
         "{in_kernel} of {total} unwound in the kernel: did a notice wake the reader?"
     );
     assert_eq!(summary["samples"], total, "{summary:?}");
-    assert_eq!(summary["lost"], 0, "{summary:?}");
+    // Nothing dropped by a ring buffer; what the kernel counted of the
+    // children beyond their last sample (a 30 ms child has ~3 samples at
+    // 99 Hz) is lost as unsampled, and every sample due is accounted for.
+    let field = |name: &str| summary.get(name).copied().unwrap_or(0);
+    assert_eq!(field("lost_ring_full"), 0, "{summary:?}");
+    let due = summary["workload_cpu_ms"] * 99 / 1000;
+    assert!(
+        (summary["samples"] + summary["lost"]).abs_diff(due) * 20 <= due,
+        "{summary:?}: {due} samples due"
+    );
+    assert!(
+        field("lost_unsampled") > 0,
+        "a 30 ms child is not always sampled: {summary:?}"
+    );
     assert!(summary["full_stacks"] * 100 >= total * 99, "{summary:?}");
     assert!(folded.contains("forker_child_burn"), "{folded}");
 }

@@ -608,7 +608,10 @@ impl FoldedStacks {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Summary {
     pub samples: u64,
+    /// Samples due and not delivered, all causes (see `lost_by_cause`).
     pub lost: u64,
+    pub lost_by_cause: crate::overhead::Lost,
+    pub throttles: u64,
     pub full_stacks: u64,
     pub profiles: u64,
     pub profiler_cpu_ms: u64,
@@ -642,7 +645,9 @@ impl Summary {
     pub fn of_run(run: &crate::overhead::Overhead, profiles: u64) -> Self {
         Self {
             samples: run.samples,
-            lost: run.lost,
+            lost: run.lost.total(),
+            lost_by_cause: run.lost,
+            throttles: run.throttles,
             full_stacks: run.samples - run.truncated,
             profiles,
             profiler_cpu_ms: run.profiler_cpu.as_millis() as u64,
@@ -665,6 +670,15 @@ impl fmt::Display for Summary {
             self.profiler_cpu_ms,
             self.peak_rss_kib
         )?;
+        let lost = &self.lost_by_cause;
+        if lost.total() > 0 || self.throttles > 0 {
+            write!(
+                f,
+                " lost_ring_full={} lost_malformed={} lost_unsampled={} lost_worker={} \
+                 throttles={}",
+                lost.ring_full, lost.malformed, lost.unsampled, lost.worker, self.throttles
+            )?;
+        }
         if self.target_cpu_ms > 0 {
             write!(
                 f,

@@ -12,6 +12,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::sample::LossCounters;
+
 /// The profiler's own resource use at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OwnUsage {
@@ -236,21 +238,86 @@ impl CacheFigures {
     }
 }
 
+/// Samples that were due and were not delivered, by cause.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lost {
+    /// The kernel's ring buffers were full (`PERF_RECORD_LOST`,
+    /// `PERF_RECORD_LOST_SAMPLES`, the BPF ring buffer full).
+    pub ring_full: u64,
+    /// Records that could not be parsed.
+    pub malformed: u64,
+    /// CPU time the kernel counted for the profiled tasks that no sample
+    /// and no loss above stands for, in samples of the nominal period:
+    /// time a task ran after its last sample and before it ended (each
+    /// thread and process counts towards its own next sample, so a
+    /// short-lived one may never reach it), time the kernel throttled
+    /// sampling, and samples a worker read but never delivered (it died).
+    /// Known where the events count tasks (not `--global`).
+    pub unsampled: u64,
+    /// Of the same, what the first period of a worker that replaced a dead
+    /// one found: samples the dead worker read and never delivered, and
+    /// those the kernel dropped while it hung or was stopped.
+    pub worker: u64,
+}
+
+impl Lost {
+    pub fn total(&self) -> u64 {
+        self.ring_full + self.malformed + self.unsampled + self.worker
+    }
+}
+
+impl std::ops::Add for Lost {
+    type Output = Lost;
+
+    fn add(self, other: Lost) -> Lost {
+        Lost {
+            ring_full: self.ring_full + other.ring_full,
+            malformed: self.malformed + other.malformed,
+            unsampled: self.unsampled + other.unsampled,
+            worker: self.worker + other.worker,
+        }
+    }
+}
+
+/// What the periods of the run add up to so far: kept by whichever worker
+/// runs and handed to the next one by the parent, so that the run's
+/// accounting survives worker restarts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunTotals {
+    pub samples: u64,
+    /// Samples whose user stack did not reach its root.
+    pub truncated: u64,
+    /// The delivered samples' weights (task-clock nanoseconds for sCPU).
+    pub weight_nanos: u64,
+    pub lost: Lost,
+    pub throttles: u64,
+    /// The profiled tasks' CPU time as the kernel counted it at the end of
+    /// the last period (see `Sampler::counted_task_nanos`), when it counts
+    /// them.
+    pub counted_nanos: Option<u64>,
+}
+
 /// The figures of one period (or, from [`OverheadMeter::run`], of the run).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Overhead {
     /// Wall-clock length of the period.
     pub duration: Duration,
     pub samples: u64,
-    /// Samples the kernel could not deliver (full ring buffers).
-    pub lost: u64,
+    /// Samples due and not delivered, by cause.
+    pub lost: Lost,
+    /// Times the kernel throttled sampling (the time it took no sample is
+    /// in `lost.unsampled`).
+    pub throttles: u64,
     /// Samples whose user stack did not reach its root.
     pub truncated: u64,
     pub profiler_cpu: Duration,
-    /// CPU time of the profiled tasks, from the samples.
+    /// CPU time of the profiled tasks: the kernel's count where the events
+    /// count tasks, else what the samples and the lost ones stand for.
     pub target_cpu: Duration,
     pub rss_kib: u64,
     pub peak_rss_kib: u64,
+    /// The run's totals after this period.
+    pub run: RunTotals,
 }
 
 impl Overhead {
@@ -274,7 +341,12 @@ impl Overhead {
     pub fn fields(&self) -> Vec<(&'static str, f64)> {
         let mut fields = vec![
             ("samples", self.samples as f64),
-            ("lost", self.lost as f64),
+            ("lost", self.lost.total() as f64),
+            ("lost_ring_full", self.lost.ring_full as f64),
+            ("lost_malformed", self.lost.malformed as f64),
+            ("lost_unsampled", self.lost.unsampled as f64),
+            ("lost_worker", self.lost.worker as f64),
+            ("throttles", self.throttles as f64),
             ("truncated", self.truncated as f64),
             ("profiler_cpu_ms", self.profiler_cpu.as_secs_f64() * 1e3),
             ("target_cpu_ms", self.target_cpu.as_secs_f64() * 1e3),
@@ -308,11 +380,22 @@ fn format_value(value: f64) -> String {
 
 impl fmt::Display for Overhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} samples, {} lost", self.samples, self.lost.total())?;
+        if self.lost.total() > 0 || self.throttles > 0 {
+            write!(
+                f,
+                " ({} ring buffer full, {} malformed, {} unsampled, {} with a dead worker; {} \
+                 throttles)",
+                self.lost.ring_full,
+                self.lost.malformed,
+                self.lost.unsampled,
+                self.lost.worker,
+                self.throttles
+            )?;
+        }
         write!(
             f,
-            "{} samples, {} lost, {} truncated; profiler CPU {:.0} ms",
-            self.samples,
-            self.lost,
+            ", {} truncated; profiler CPU {:.0} ms",
             self.truncated,
             self.profiler_cpu.as_secs_f64() * 1e3,
         )?;
@@ -346,8 +429,14 @@ pub struct OverheadMeter {
     /// program, compiling tables) is part of the cost reported.
     period_start_cpu: Duration,
     period: Counts,
-    run: Counts,
-    lost_before: u64,
+    /// The run so far, earlier workers' periods included.
+    run: RunTotals,
+    /// The engine's loss counters when the previous period ended (a
+    /// worker's engine counts from the fork it started at).
+    losses_before: LossCounters,
+    /// This worker replaced one that died, and its first period has not
+    /// ended yet (what it finds unaccounted for is the dead worker's).
+    after_a_dead_worker: bool,
     accounting: Accounting,
 }
 
@@ -356,7 +445,6 @@ struct Counts {
     samples: u64,
     truncated: u64,
     weight_nanos: u64,
-    lost: u64,
 }
 
 impl OverheadMeter {
@@ -368,25 +456,35 @@ impl OverheadMeter {
             period_start: now,
             period_start_cpu: Duration::ZERO,
             period: Counts::default(),
-            run: Counts::default(),
-            lost_before: 0,
+            run: RunTotals::default(),
+            losses_before: LossCounters::default(),
+            after_a_dead_worker: false,
             accounting: Accounting::ThisProcess,
         }
     }
 
+    /// Says that this meter's worker replaced one that died: its first
+    /// period's unaccounted samples are [`Lost::worker`].
+    pub fn after_a_dead_worker(mut self) -> Self {
+        self.after_a_dead_worker = true;
+        self
+    }
+
     /// A meter that takes over from earlier ones (a new worker): its first
     /// period counts the CPU time of `accounting` beyond `cpu_counted`
-    /// (what earlier periods reported), and the samples lost beyond
-    /// `lost_before`.
+    /// (what earlier periods reported), the engine's losses beyond
+    /// `losses_before`, and adds to `run`.
     pub fn resume(
         sample_period_nanos: u64,
         accounting: Accounting,
         cpu_counted: Duration,
-        lost_before: u64,
+        run: RunTotals,
+        losses_before: LossCounters,
     ) -> Self {
         Self {
             period_start_cpu: cpu_counted,
-            lost_before,
+            run,
+            losses_before,
             accounting,
             ..Self::start(sample_period_nanos)
         }
@@ -394,32 +492,89 @@ impl OverheadMeter {
 
     /// Counts one sample of the current period.
     pub fn add_sample(&mut self, weight_nanos: u64, complete: bool) {
-        for counts in [&mut self.period, &mut self.run] {
-            counts.samples += 1;
-            counts.truncated += u64::from(!complete);
-            counts.weight_nanos = counts.weight_nanos.saturating_add(weight_nanos);
-        }
+        let counts = &mut self.period;
+        counts.samples += 1;
+        counts.truncated += u64::from(!complete);
+        counts.weight_nanos = counts.weight_nanos.saturating_add(weight_nanos);
     }
 
-    /// Ends the period: its figures, given the engine's count of samples
-    /// lost since the run started.
-    pub fn end_period(&mut self, lost_total: u64) -> Overhead {
-        let lost = lost_total.saturating_sub(self.lost_before);
-        self.lost_before = lost_total.max(self.lost_before);
-        self.period.lost = lost;
-        self.run.lost += lost;
+    /// Ends the period: its figures, given the engine's loss counters since
+    /// it started (`losses`) and the profiled tasks' CPU time as the kernel
+    /// counts it (`counted_nanos`, when it does).
+    ///
+    /// Every sample due is accounted for: what the kernel counted and no
+    /// sample, ring-buffer loss or unreadable record stands for is
+    /// `lost.unsampled`. Samples still in the buffers at the period's end
+    /// make it a little high for that period; the run's figure is exact
+    /// once the last period is flushed (see [`OverheadMeter::run`]).
+    pub fn end_period(&mut self, losses: LossCounters, counted_nanos: Option<u64>) -> Overhead {
+        let new = LossCounters {
+            lost: losses.lost.saturating_sub(self.losses_before.lost),
+            throttled: losses
+                .throttled
+                .saturating_sub(self.losses_before.throttled),
+            malformed: losses
+                .malformed
+                .saturating_sub(self.losses_before.malformed),
+        };
+        self.losses_before = losses;
+        let period = std::mem::take(&mut self.period);
+        let run = &mut self.run;
+        run.samples += period.samples;
+        run.truncated += period.truncated;
+        run.weight_nanos = run.weight_nanos.saturating_add(period.weight_nanos);
+        run.lost.ring_full += new.lost;
+        run.lost.malformed += new.malformed;
+        run.throttles += new.throttled;
+        let mut lost = Lost {
+            ring_full: new.lost,
+            malformed: new.malformed,
+            ..Lost::default()
+        };
+        let counted_before = run.counted_nanos;
+        let target_nanos = match counted_nanos {
+            Some(counted) => {
+                let unaccounted = unsampled_samples(run, counted, self.sample_period_nanos);
+                // Reported once: it only grows (see above).
+                let found = unaccounted.saturating_sub(run.lost.unsampled + run.lost.worker);
+                if std::mem::take(&mut self.after_a_dead_worker) {
+                    lost.worker = found;
+                    run.lost.worker += found;
+                } else {
+                    lost.unsampled = found;
+                    run.lost.unsampled += found;
+                }
+                run.counted_nanos = Some(counted);
+                counted.saturating_sub(counted_before.unwrap_or(0))
+            }
+            None => period.weight_nanos.saturating_add(
+                (lost.ring_full + lost.malformed).saturating_mul(self.sample_period_nanos),
+            ),
+        };
         let usage = OwnUsage::of(self.accounting);
         let now = std::time::Instant::now();
-        let overhead = self.overhead(
-            &self.period,
-            now - self.period_start,
-            usage.cpu.saturating_sub(self.period_start_cpu),
-            usage,
-        );
-        self.period = Counts::default();
+        let overhead = Overhead {
+            duration: now - self.period_start,
+            samples: period.samples,
+            lost,
+            throttles: new.throttled,
+            truncated: period.truncated,
+            profiler_cpu: usage.cpu.saturating_sub(self.period_start_cpu),
+            target_cpu: Duration::from_nanos(target_nanos),
+            rss_kib: usage.rss_kib,
+            peak_rss_kib: usage.peak_rss_kib,
+            run: *run,
+        };
         self.period_start = now;
         self.period_start_cpu = usage.cpu;
         overhead
+    }
+
+    /// The run's totals so far (as of the last [`end_period`]).
+    ///
+    /// [`end_period`]: OverheadMeter::end_period
+    pub fn totals(&self) -> RunTotals {
+        self.run
     }
 
     /// The whole run's figures so far (call after the last [`end_period`]).
@@ -427,28 +582,54 @@ impl OverheadMeter {
     /// [`end_period`]: OverheadMeter::end_period
     pub fn run(&self) -> Overhead {
         let usage = OwnUsage::of(self.accounting);
-        self.overhead(&self.run, self.run_start.elapsed(), usage.cpu, usage)
-    }
-
-    fn overhead(
-        &self,
-        counts: &Counts,
-        duration: Duration,
-        profiler_cpu: Duration,
-        usage: OwnUsage,
-    ) -> Overhead {
-        let lost_nanos = counts.lost.saturating_mul(self.sample_period_nanos);
         Overhead {
-            duration,
-            samples: counts.samples,
-            lost: counts.lost,
-            truncated: counts.truncated,
-            profiler_cpu,
-            target_cpu: Duration::from_nanos(counts.weight_nanos.saturating_add(lost_nanos)),
+            duration: self.run_start.elapsed(),
+            profiler_cpu: usage.cpu,
             rss_kib: usage.rss_kib,
             peak_rss_kib: usage.peak_rss_kib,
+            ..Overhead::of_run(&self.run, self.sample_period_nanos)
         }
     }
+}
+
+impl Overhead {
+    /// The run's sample figures from its totals: the losses as the last
+    /// period's accounting found them (exact once every sample due was
+    /// delivered), the target's CPU time as the kernel counted it.
+    pub fn of_run(run: &RunTotals, sample_period_nanos: u64) -> Overhead {
+        let mut lost = run.lost;
+        let target_nanos = match run.counted_nanos {
+            Some(counted) => {
+                let unaccounted = unsampled_samples(run, counted, sample_period_nanos);
+                // The dead workers' share as the periods found it, the rest
+                // as it stands now.
+                lost.worker = run.lost.worker.min(unaccounted);
+                lost.unsampled = unaccounted - lost.worker;
+                counted
+            }
+            None => run.weight_nanos.saturating_add(
+                (lost.ring_full + lost.malformed).saturating_mul(sample_period_nanos),
+            ),
+        };
+        Overhead {
+            samples: run.samples,
+            lost,
+            throttles: run.throttles,
+            truncated: run.truncated,
+            target_cpu: Duration::from_nanos(target_nanos),
+            run: *run,
+            ..Overhead::default()
+        }
+    }
+}
+
+/// The samples' worth of `counted` CPU nanoseconds that no delivered sample
+/// (their weights) and no counted loss stands for.
+fn unsampled_samples(run: &RunTotals, counted: u64, sample_period_nanos: u64) -> u64 {
+    let accounted = run.weight_nanos.saturating_add(
+        (run.lost.ring_full + run.lost.malformed).saturating_mul(sample_period_nanos),
+    );
+    counted.saturating_sub(accounted) / sample_period_nanos.max(1)
 }
 
 #[cfg(test)]
@@ -470,8 +651,16 @@ mod tests {
         while std::time::Instant::now() < burn_until {
             x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
         }
-        let first = meter.end_period(5);
-        assert_eq!((first.samples, first.lost, first.truncated), (100, 5, 10));
+        let losses = |lost, malformed| LossCounters {
+            lost,
+            throttled: 0,
+            malformed,
+        };
+        let first = meter.end_period(losses(5, 0), None);
+        assert_eq!(
+            (first.samples, first.lost.total(), first.truncated),
+            (100, 5, 10)
+        );
         // 100 samples of 10 ms and 5 lost ones of the nominal 10 ms.
         assert_eq!(first.target_cpu, Duration::from_millis(1050));
         assert!(first.profiler_cpu >= Duration::from_millis(20), "{first:?}");
@@ -480,14 +669,101 @@ mod tests {
         assert!(first.peak_rss_kib >= first.rss_kib && first.rss_kib > 0);
 
         meter.add_sample(20_000_000, true);
-        let second = meter.end_period(5);
-        assert_eq!((second.samples, second.lost, second.truncated), (1, 0, 0));
+        let second = meter.end_period(losses(5, 0), None);
+        assert_eq!(
+            (second.samples, second.lost.total(), second.truncated),
+            (1, 0, 0)
+        );
         assert_eq!(second.target_cpu, Duration::from_millis(20));
 
         let run = meter.run();
-        assert_eq!((run.samples, run.lost, run.truncated), (101, 5, 10));
+        assert_eq!((run.samples, run.lost.total(), run.truncated), (101, 5, 10));
         assert_eq!(run.target_cpu, Duration::from_millis(1070));
         assert!(run.profiler_cpu >= first.profiler_cpu + second.profiler_cpu);
+    }
+
+    /// With the kernel's count of the tasks' CPU time, what no sample or
+    /// counted loss stands for is lost as unsampled: per period as it is
+    /// found (never taken back), for the run exactly; and a new worker's
+    /// meter goes on from the run's totals.
+    #[test]
+    fn what_the_kernel_counted_and_no_sample_stands_for_is_lost_unsampled() {
+        let ms = 1_000_000;
+        let mut meter = OverheadMeter::start(10 * ms);
+        for _ in 0..50 {
+            meter.add_sample(10 * ms, true);
+        }
+        let losses = LossCounters {
+            lost: 2,
+            throttled: 1,
+            malformed: 1,
+        };
+        // 500 ms sampled, 30 ms lost in the buffers; the kernel counted
+        // 600 ms: 70 ms (7 samples) not accounted for.
+        let first = meter.end_period(losses, Some(600 * ms));
+        assert_eq!(
+            first.lost,
+            Lost {
+                ring_full: 2,
+                malformed: 1,
+                unsampled: 7,
+                worker: 0,
+            }
+        );
+        assert_eq!((first.throttles, first.lost.total()), (1, 10));
+        assert_eq!(first.target_cpu, Duration::from_millis(600));
+        // Samples still in the buffers then arrive: the next period finds
+        // less unsampled than reported, and reports none more.
+        for _ in 0..10 {
+            meter.add_sample(10 * ms, true);
+        }
+        let second = meter.end_period(losses, Some(650 * ms));
+        assert_eq!(second.lost.unsampled, 0);
+        assert_eq!(second.target_cpu, Duration::from_millis(50));
+        // The run's figure is the accounting as it stands: 650 ms counted,
+        // 600 sampled, 30 lost: 2 unsampled.
+        let run = meter.run();
+        assert_eq!(run.lost.unsampled, 2);
+        assert_eq!(run.samples + run.lost.total(), 65);
+        assert_eq!(run.target_cpu, Duration::from_millis(650));
+        // A worker that takes over adds to the run.
+        let mut next = OverheadMeter::resume(
+            10 * ms,
+            Accounting::ThisProcess,
+            Duration::ZERO,
+            second.run,
+            LossCounters::default(),
+        );
+        next.add_sample(10 * ms, true);
+        let third = next.end_period(LossCounters::default(), Some(700 * ms));
+        assert_eq!(third.target_cpu, Duration::from_millis(50));
+        assert_eq!(
+            third.lost.unsampled, 0,
+            "2 + 4 unsampled, 7 reported already"
+        );
+        let run = next.run();
+        assert_eq!((run.samples, run.lost.unsampled), (61, 6));
+        // One that replaced a dead worker finds the samples that worker
+        // never sent missing: lost with it.
+        let mut after_crash = OverheadMeter::resume(
+            10 * ms,
+            Accounting::ThisProcess,
+            Duration::ZERO,
+            third.run,
+            LossCounters::default(),
+        )
+        .after_a_dead_worker();
+        after_crash.add_sample(10 * ms, true);
+        let fourth = after_crash.end_period(LossCounters::default(), Some(1_000 * ms));
+        // 1000 ms counted, 620 sampled, 30 lost in the buffers, 7 unsampled
+        // reported: 28 more.
+        assert_eq!((fourth.lost.worker, fourth.lost.unsampled), (28, 0));
+        after_crash.add_sample(10 * ms, true);
+        let fifth = after_crash.end_period(LossCounters::default(), Some(1_100 * ms));
+        assert_eq!((fifth.lost.worker, fifth.lost.unsampled), (0, 9));
+        let run = after_crash.run();
+        assert_eq!((run.lost.worker, run.lost.unsampled), (28, 16));
+        assert_eq!(run.samples + run.lost.total(), 110);
     }
 
     #[test]
@@ -513,7 +789,7 @@ mod tests {
     #[test]
     fn a_period_without_target_cpu_has_no_share() {
         let mut meter = OverheadMeter::start(10_000_000);
-        let period = meter.end_period(0);
+        let period = meter.end_period(LossCounters::default(), None);
         assert_eq!(period.cpu_share_percent(), None);
         assert!(period.to_string().contains("used no CPU time"), "{period}");
         assert!(!period.comments().iter().any(|c| c.contains("cpu_share")));
@@ -524,18 +800,30 @@ mod tests {
         let overhead = Overhead {
             duration: Duration::from_secs(10),
             samples: 990,
-            lost: 3,
+            lost: Lost {
+                ring_full: 1,
+                malformed: 0,
+                unsampled: 2,
+                worker: 0,
+            },
+            throttles: 0,
             truncated: 7,
             profiler_cpu: Duration::from_millis(25),
             target_cpu: Duration::from_millis(10_000),
             rss_kib: 20480,
             peak_rss_kib: 30720,
+            run: RunTotals::default(),
         };
         assert_eq!(
             overhead.comments(),
             [
                 "ddprof.overhead.samples=990",
                 "ddprof.overhead.lost=3",
+                "ddprof.overhead.lost_ring_full=1",
+                "ddprof.overhead.lost_malformed=0",
+                "ddprof.overhead.lost_unsampled=2",
+                "ddprof.overhead.lost_worker=0",
+                "ddprof.overhead.throttles=0",
                 "ddprof.overhead.truncated=7",
                 "ddprof.overhead.profiler_cpu_ms=25",
                 "ddprof.overhead.target_cpu_ms=10000",
@@ -547,7 +835,8 @@ mod tests {
         );
         assert_eq!(
             overhead.to_string(),
-            "990 samples, 3 lost, 7 truncated; profiler CPU 25 ms (0.25 % of the profiled \
+            "990 samples, 3 lost (1 ring buffer full, 0 malformed, 2 unsampled, 0 with a dead \
+             worker; 0 throttles), 7 truncated; profiler CPU 25 ms (0.25 % of the profiled \
              tasks' 10000 ms), RSS 20.0 MiB (peak 30.0 MiB)"
         );
     }

@@ -32,8 +32,22 @@ pub struct LossCounters {
     /// Samples the kernel dropped because a ring buffer was full
     /// (`PERF_RECORD_LOST`, `PERF_RECORD_LOST_SAMPLES`, BPF ring buffer full).
     pub lost: u64,
-    /// Times the kernel throttled an event for sampling too fast.
+    /// Times the kernel throttled an event for sampling too fast (it then
+    /// takes no sample for the rest of the tick: the CPU time goes
+    /// unsampled, see `overhead`).
     pub throttled: u64,
-    /// Records that could not be parsed.
+    /// Records that could not be parsed (each counts as a lost sample).
     pub malformed: u64,
+}
+
+impl std::ops::Add for LossCounters {
+    type Output = LossCounters;
+
+    fn add(self, other: LossCounters) -> LossCounters {
+        LossCounters {
+            lost: self.lost + other.lost,
+            throttled: self.throttled + other.throttled,
+            malformed: self.malformed + other.malformed,
+        }
+    }
 }

@@ -111,6 +111,7 @@ impl Sampler {
                     cpu: event.cpu,
                     spec: event.spec,
                     enable_when_mapped: event.enable_when_mapped,
+                    scope: event.scope,
                 })
             })
             .collect::<Result<Vec<EventFd>, std::io::Error>>()
@@ -325,13 +326,22 @@ impl Sampler {
         }
     }
 
-    /// Samples lost by the kernel so far (ring buffers full).
-    pub fn lost(&self) -> u64 {
+    /// What did not become a sample so far, by cause, both engines'.
+    pub fn losses(&self) -> crate::sample::LossCounters {
         match &self.engine {
-            Engine::Perf(engine) => engine.losses().lost,
+            Engine::Perf(engine) => engine.losses(),
             Engine::Bpf {
                 samples, records, ..
-            } => samples.losses().lost + records.losses().lost,
+            } => samples.losses() + records.losses(),
+        }
+    }
+
+    /// The profiled tasks' CPU time as the kernel counts it, in
+    /// nanoseconds (see [`PerfEngine::counted_task_nanos`]).
+    pub fn counted_task_nanos(&self) -> Option<u64> {
+        match &self.engine {
+            Engine::Perf(engine) => engine.counted_task_nanos(),
+            Engine::Bpf { records, .. } => records.counted_task_nanos(),
         }
     }
 }

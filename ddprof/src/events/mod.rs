@@ -123,9 +123,35 @@ pub struct EventFd {
     /// were gone). `Scope::Process` and `Scope::Global`; the launcher's
     /// events wait for the exec instead.
     pub enable_when_mapped: bool,
+    /// What it watches: with a task scope, its count is the CPU time of the
+    /// tasks it follows (see [`EventFd::count`]).
+    pub scope: Scope,
 }
 
 impl EventFd {
+    /// The event's count so far: for `sCPU` on a task scope (task-clock,
+    /// inherited), the nanoseconds of CPU time of the task it was opened
+    /// on and of every thread and process that inherited it, exited ones
+    /// included. The kernel counts it whether a sample is taken or not:
+    /// what the samples must add up to.
+    pub fn count(&self) -> io::Result<u64> {
+        let mut value = [0u8; 8];
+        let read = nix::unistd::read(&self.fd, &mut value)?;
+        if read != value.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "short read of a perf event's count",
+            ));
+        }
+        Ok(u64::from_ne_bytes(value))
+    }
+
+    /// Whether [`EventFd::count`] is CPU time of the profiled tasks (a
+    /// CPU-wide event, `--global`, counts the CPU's time, idle included).
+    pub fn counts_task_cpu_time(&self) -> bool {
+        self.spec.kind == EventKind::CpuTime && self.scope != Scope::Global
+    }
+
     /// Starts the event counting (`PERF_EVENT_IOC_ENABLE`; its inherited
     /// copies in tasks created since follow).
     pub fn enable(&self) -> io::Result<()> {
@@ -313,6 +339,7 @@ pub fn open(
         cpu,
         spec: *spec,
         enable_when_mapped: !matches!(scope, Scope::SelfOnExec),
+        scope,
     })
 }
 

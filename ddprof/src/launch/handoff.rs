@@ -197,6 +197,7 @@ pub fn receive_events(socket: &OwnedFd, specs: &[EventSpec]) -> Result<Vec<Event
                 spec,
                 // Opened by the launcher: enabled by its exec.
                 enable_when_mapped: false,
+                scope: crate::events::Scope::SelfOnExec,
             });
         }
     }
@@ -318,6 +319,7 @@ mod tests {
                 cpu: -1,
                 spec: specs[0],
                 enable_when_mapped: false,
+                scope: crate::events::Scope::SelfOnExec,
             })
             .collect();
         let (launcher, _daemon) = channel().unwrap();

@@ -44,6 +44,9 @@ pub struct DrainOutcome {
     pub wrapped: u64,
     /// The buffer held bytes that were not a valid record; they were skipped.
     pub corrupted: bool,
+    /// How many bytes were skipped then: records have no marker to find
+    /// the next one by, so everything unread up to the head goes.
+    pub skipped_bytes: u64,
 }
 
 impl RingBuffer {
@@ -210,6 +213,7 @@ impl RingBuffer {
             // The kernel never overwrites unread data in a writable mapping;
             // a head this far ahead means the control page is not what we think.
             outcome.corrupted = true;
+            outcome.skipped_bytes = size;
             return outcome;
         }
         let data = self.data();
@@ -221,6 +225,7 @@ impl RingBuffer {
             let record_size = u16::from_ne_bytes([header[6], header[7]]) as usize;
             if record_size < HEADER_SIZE || record_size > available {
                 outcome.corrupted = true;
+                outcome.skipped_bytes = available as u64;
                 break;
             }
             if !wanted(&header) {

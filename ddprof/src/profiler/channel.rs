@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::overhead::Overhead;
+use crate::overhead::{Lost, Overhead, RunTotals};
 
 /// The largest frame the parent accepts: far above any period's pprof.
 pub const MAX_FRAME: usize = 512 << 20;
@@ -78,6 +78,9 @@ pub struct Retirement {
     pub profile_follows: bool,
     /// The profiler CPU time that profile reports.
     pub reported_cpu: Duration,
+    /// The run's totals once that profile is counted (the next worker's
+    /// accounting goes on from them).
+    pub totals: RunTotals,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -139,6 +142,7 @@ impl ToParent {
                 out.time(retirement.next_period_start);
                 out.bool(retirement.profile_follows);
                 out.duration(retirement.reported_cpu);
+                out.totals(&retirement.totals);
             }
         }
         let length = (out.0.len() - 4) as u32;
@@ -177,6 +181,7 @@ impl ToParent {
                 next_period_start: input.time()?,
                 profile_follows: input.bool()?,
                 reported_cpu: input.duration()?,
+                totals: input.totals()?,
             }),
             other => return Err(ChannelError::UnknownTag(other)),
         };
@@ -277,12 +282,36 @@ impl Writer {
     fn figures(&mut self, figures: &Overhead) {
         self.duration(figures.duration);
         self.u64(figures.samples);
-        self.u64(figures.lost);
+        self.lost(&figures.lost);
+        self.u64(figures.throttles);
         self.u64(figures.truncated);
         self.duration(figures.profiler_cpu);
         self.duration(figures.target_cpu);
         self.u64(figures.rss_kib);
         self.u64(figures.peak_rss_kib);
+        self.totals(&figures.run);
+    }
+
+    fn lost(&mut self, lost: &Lost) {
+        self.u64(lost.ring_full);
+        self.u64(lost.malformed);
+        self.u64(lost.unsampled);
+        self.u64(lost.worker);
+    }
+
+    fn totals(&mut self, totals: &RunTotals) {
+        self.u64(totals.samples);
+        self.u64(totals.truncated);
+        self.u64(totals.weight_nanos);
+        self.lost(&totals.lost);
+        self.u64(totals.throttles);
+        match totals.counted_nanos {
+            None => self.u8(0),
+            Some(counted) => {
+                self.u8(1);
+                self.u64(counted);
+            }
+        }
     }
 
     /// A name table, then each stack as ids into it.
@@ -393,12 +422,38 @@ impl Reader<'_> {
         Ok(Overhead {
             duration: self.duration()?,
             samples: self.u64()?,
-            lost: self.u64()?,
+            lost: self.lost()?,
+            throttles: self.u64()?,
             truncated: self.u64()?,
             profiler_cpu: self.duration()?,
             target_cpu: self.duration()?,
             rss_kib: self.u64()?,
             peak_rss_kib: self.u64()?,
+            run: self.totals()?,
+        })
+    }
+
+    fn lost(&mut self) -> Result<Lost, ChannelError> {
+        Ok(Lost {
+            ring_full: self.u64()?,
+            malformed: self.u64()?,
+            unsampled: self.u64()?,
+            worker: self.u64()?,
+        })
+    }
+
+    fn totals(&mut self) -> Result<RunTotals, ChannelError> {
+        Ok(RunTotals {
+            samples: self.u64()?,
+            truncated: self.u64()?,
+            weight_nanos: self.u64()?,
+            lost: self.lost()?,
+            throttles: self.u64()?,
+            counted_nanos: match self.u8()? {
+                0 => None,
+                1 => Some(self.u64()?),
+                other => return Err(ChannelError::UnknownTag(other)),
+            },
         })
     }
 
@@ -442,12 +497,31 @@ mod tests {
                 figures: Overhead {
                     duration: Duration::from_millis(1001),
                     samples: 990,
-                    lost: 2,
+                    lost: Lost {
+                        ring_full: 2,
+                        malformed: 1,
+                        unsampled: 4,
+                        worker: 0,
+                    },
+                    throttles: 5,
                     truncated: 3,
                     profiler_cpu: Duration::from_millis(12),
                     target_cpu: Duration::from_millis(990),
                     rss_kib: 20_000,
                     peak_rss_kib: 30_000,
+                    run: RunTotals {
+                        samples: 1990,
+                        truncated: 6,
+                        weight_nanos: 1_990_000_000,
+                        lost: Lost {
+                            ring_full: 3,
+                            malformed: 1,
+                            unsampled: 9,
+                            worker: 8,
+                        },
+                        throttles: 5,
+                        counted_nanos: Some(2_020_000_000),
+                    },
                 },
                 worker_peak_rss_kib: 18_000,
                 last_of_run: true,
@@ -479,6 +553,7 @@ mod tests {
                 next_period_start: UNIX_EPOCH + Duration::from_secs(6),
                 profile_follows: true,
                 reported_cpu: Duration::from_millis(35),
+                totals: RunTotals::default(),
             }),
             ToParent::Exiting(WorkerExit::Periods(240)),
             ToParent::Exiting(WorkerExit::Rss(300_000)),

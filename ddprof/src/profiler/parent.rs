@@ -32,7 +32,7 @@ use crate::export::entity::Entity;
 use crate::export::request::RequestContext;
 use crate::export::{Exporter, PeriodFigures, PeriodProfile};
 use crate::output::{FoldedStacks, OutputWriter, Summary};
-use crate::overhead::{Overhead, StatsdSink};
+use crate::overhead::{Overhead, RunTotals, StatsdSink};
 
 /// The comm of the profiler parent.
 pub const PARENT_NAME: &std::ffi::CStr = c"ddprof-profiler";
@@ -67,6 +67,8 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         profiles: 0,
         restarts: 0,
         cpu_counted: Duration::ZERO,
+        totals: RunTotals::default(),
+        after_a_dead_worker: false,
         parent: std::process::id(),
     };
     let mut failures = 0u32;
@@ -134,6 +136,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
             Some(WorkerExit::Periods(periods)) => {
                 cause = format!("period: {periods} upload periods done");
                 failures = 0;
+                handover.after_a_dead_worker = false;
             }
             Some(WorkerExit::Rss(kib)) => {
                 cause = format!(
@@ -142,6 +145,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
                     options.worker.max_rss_kib / 1024
                 );
                 failures = 0;
+                handover.after_a_dead_worker = false;
             }
             None if end.abandoned => break,
             None => {
@@ -164,12 +168,17 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
                     delay.as_secs()
                 );
                 cause = format!("crash: {}", end.status);
+                handover.after_a_dead_worker = true;
                 wait_before_restart(delay, watch.as_ref());
             }
         }
         handover.restarts += 1;
     }
-    outputs.finish(run_start, &handover)
+    // The kernel's count once every worker is done: what the run's samples
+    // and losses must add up to (a last worker that died before sending its
+    // period lost its samples: they count as unsampled).
+    let counted = sampler.counted_task_nanos();
+    outputs.finish(run_start, &handover, counted)
 }
 
 /// 0 s after the first failure, then 1 s, 2 s, 4 s … up to [`MAX_BACKOFF`].
@@ -263,6 +272,7 @@ fn supervise(
                 handover.period_start = retirement.next_period_start;
                 handover.profiles += u64::from(retirement.profile_follows);
                 handover.cpu_counted += retirement.reported_cpu;
+                handover.totals = retirement.totals;
                 end.exit = Some(retirement.exit);
                 end.retiring = true;
                 return end;
@@ -278,6 +288,7 @@ fn supervise(
                     handover.period_start = period_end;
                     handover.profiles += 1;
                     handover.cpu_counted += profile.figures.profiler_cpu;
+                    handover.totals = profile.figures.run;
                     outputs.publish(start, period_end, *profile);
                 }
             }
@@ -431,8 +442,10 @@ struct Outputs {
     output: Option<OutputWriter>,
     exporter: Option<Exporter>,
     internal_stats: Option<StatsdSink>,
-    /// The sum of the periods' figures.
-    run: Overhead,
+    /// The run's totals as the last period received says them.
+    totals: RunTotals,
+    /// The CPU time one sample stands for at the configured rate.
+    sampling_period_nanos: u64,
     /// Profiles received.
     profiles: u64,
     worker_peak_rss_kib: u64,
@@ -449,7 +462,8 @@ impl Outputs {
             exporter: start_exporter(options, target, engine),
             internal_stats: internal_stats_sink(options),
             folded: FoldedStacks::default(),
-            run: Overhead::default(),
+            totals: RunTotals::default(),
+            sampling_period_nanos: options.sampling_period_nanos,
             profiles: 0,
             worker_peak_rss_kib: 0,
         }
@@ -458,10 +472,7 @@ impl Outputs {
     fn publish(&mut self, start: SystemTime, end: SystemTime, profile: EncodedPeriod) {
         let figures = profile.figures;
         self.profiles += 1;
-        self.run.samples += figures.samples;
-        self.run.lost += figures.lost;
-        self.run.truncated += figures.truncated;
-        self.run.target_cpu += figures.target_cpu;
+        self.totals = figures.run;
         self.worker_peak_rss_kib = self.worker_peak_rss_kib.max(profile.worker_peak_rss_kib);
         if let Some(sink) = &mut self.internal_stats {
             sink.send(&figures);
@@ -476,7 +487,7 @@ impl Outputs {
                 pprof_zstd,
                 figures: PeriodFigures {
                     samples: figures.samples,
-                    lost: figures.lost,
+                    lost: figures.lost.total(),
                     truncated: figures.truncated,
                     profiler_cpu_nanos: figures.profiler_cpu.as_nanos() as u64,
                     rss_kib: figures.rss_kib,
@@ -503,7 +514,12 @@ impl Outputs {
     }
 
     /// Ends the export and writes the run's files and summary.
-    fn finish(&mut self, run_start: Instant, handover: &Handover) -> Result<(), ProfilerError> {
+    fn finish(
+        &mut self,
+        run_start: Instant,
+        handover: &Handover,
+        counted_nanos: Option<u64>,
+    ) -> Result<(), ProfilerError> {
         if self.folded.total_samples() == 0 {
             // A flame graph of nothing cannot be drawn; the empty profile
             // already says that the run took no samples.
@@ -531,11 +547,14 @@ impl Outputs {
         // The summary is worth printing even when some outputs could not
         // be written. The CPU time covers the workers, all reaped by now.
         let parent_peak_rss_kib = crate::overhead::peak_rss_kib();
+        if counted_nanos.is_some() {
+            self.totals.counted_nanos = counted_nanos;
+        }
         let run = Overhead {
             duration: run_start.elapsed(),
             profiler_cpu: crate::overhead::own_cpu_time(),
             peak_rss_kib: parent_peak_rss_kib.max(self.worker_peak_rss_kib),
-            ..self.run
+            ..Overhead::of_run(&self.totals, self.sampling_period_nanos)
         };
         let summary = Summary {
             worker_restarts: handover.restarts,
@@ -544,13 +563,50 @@ impl Outputs {
             ..Summary::of_run(&run, self.profiles)
         };
         log::info!("{summary}");
-        if summary.lost > 0 {
-            log::warn!(
-                "{} samples were lost (ring buffer full): raise --ring-buffer-kib or lower the frequency",
-                summary.lost
-            );
-        }
+        warn_of_losses(&run.lost, run.throttles);
         Ok(finished?)
+    }
+}
+
+/// Says at exit, in one line per cause, what samples were lost and what to
+/// do about it.
+fn warn_of_losses(lost: &crate::overhead::Lost, throttles: u64) {
+    if lost.ring_full > 0 {
+        log::warn!(
+            "{} samples were lost with the ring buffers full: raise --ring-buffer-kib or \
+             lower the frequency",
+            lost.ring_full
+        );
+    }
+    if lost.malformed > 0 {
+        log::warn!(
+            "{} records could not be read and were skipped (counted as lost samples)",
+            lost.malformed
+        );
+    }
+    if lost.unsampled > 0 {
+        let throttled = if throttles > 0 {
+            format!(
+                "; the kernel throttled sampling {throttles} times (lower the frequency, or raise \
+                 kernel.perf_event_max_sample_rate)"
+            )
+        } else {
+            String::new()
+        };
+        log::warn!(
+            "{} samples' worth of the profiled tasks' CPU time (as the kernel counted it) has no \
+             sample: time threads and processes ran after their last sample and before they \
+             ended (each samples on its own count, so a short-lived one may never reach a \
+             sample){throttled}",
+            lost.unsampled
+        );
+    }
+    if lost.worker > 0 {
+        log::warn!(
+            "{} samples were lost with a profiler worker that died or hung (read and not sent, \
+             or dropped by the kernel while nothing read the buffers)",
+            lost.worker
+        );
     }
 }
 

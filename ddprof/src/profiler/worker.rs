@@ -26,7 +26,7 @@ use super::channel::{EncodedPeriod, Retirement, ToParent, WorkerExit, STOP_REQUE
 use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
 use crate::aggregate::{Aggregator, PeriodProfile};
 use crate::output::FoldedStacks;
-use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter};
+use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter, RunTotals};
 use crate::process::ProcessTable;
 use crate::profile::{encode_pprof_compressed, Compressions, ProfileMetadata};
 use crate::sample::Sample;
@@ -52,6 +52,11 @@ pub struct Handover {
     pub restarts: u64,
     /// The profiler CPU time the periods so far reported.
     pub cpu_counted: Duration,
+    /// The run's totals so far (samples, losses, the kernel's count of the
+    /// tasks' CPU time): a worker's accounting goes on from them.
+    pub totals: RunTotals,
+    /// This worker replaces one that died (a crash, its watchdog).
+    pub after_a_dead_worker: bool,
     /// The parent's PID.
     pub parent: u32,
 }
@@ -108,7 +113,7 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
         log::error!("profiler worker: {error}");
         return EXIT_FAILED;
     }
-    let mut worker = Worker::new(options, &handover, kallsyms, sampler.lost(), socket);
+    let mut worker = Worker::new(options, &handover, kallsyms, sampler.losses(), socket);
     match worker.run(options, processes, sampler, watch, handover.period_deadline) {
         Ok(()) => EXIT_OK,
         Err(WorkerError::ParentGone) => EXIT_PARENT_GONE,
@@ -181,7 +186,7 @@ impl Worker {
         options: &ProfilerOptions,
         handover: &Handover,
         kallsyms: Option<KallsymsSnapshot>,
-        lost_before: u64,
+        losses_before: crate::sample::LossCounters,
         socket: UnixStream,
     ) -> Self {
         let mut symbolizer = Symbolizer::new(options.symbolizer.clone());
@@ -195,14 +200,22 @@ impl Worker {
                 sampling_period_nanos: options.sampling_period_nanos,
                 comments: Vec::new(),
             },
-            meter: OverheadMeter::resume(
-                options.sampling_period_nanos,
-                Accounting::WorkerOf {
-                    parent: handover.parent,
-                },
-                handover.cpu_counted,
-                lost_before,
-            ),
+            meter: {
+                let meter = OverheadMeter::resume(
+                    options.sampling_period_nanos,
+                    Accounting::WorkerOf {
+                        parent: handover.parent,
+                    },
+                    handover.cpu_counted,
+                    handover.totals,
+                    losses_before,
+                );
+                if handover.after_a_dead_worker {
+                    meter.after_a_dead_worker()
+                } else {
+                    meter
+                }
+            },
             show_samples: options.show_samples,
             period_start: handover.period_start,
             profiles: handover.profiles,
@@ -282,6 +295,7 @@ impl Worker {
                 next_period_start: self.period_start,
                 profile_follows: closed.overhead.is_some(),
                 reported_cpu: closed.overhead.map_or(Duration::ZERO, |o| o.profiler_cpu),
+                totals: self.meter.totals(),
             }))?;
             self.send_period(closed)?;
             self.send(&ToParent::Exiting(exit))?;
@@ -367,7 +381,10 @@ impl Worker {
             start,
             end,
             period,
-            overhead: Some(self.meter.end_period(sampler.lost())),
+            overhead: Some(
+                self.meter
+                    .end_period(sampler.losses(), sampler.counted_task_nanos()),
+            ),
             last,
             caches: sampler.cache_figures(),
         }
