@@ -1,11 +1,15 @@
 //! What profiling costs, as ddprof reports it, checked against what the
 //! kernel measured from outside for the same run: the profiler's own CPU
-//! time in the summary against `wait4`'s figure for the profiler process,
-//! the figures of each period in its log line, its pprof comments and its
+//! time in the summary against the CPU time charged to a cgroup holding
+//! the profiler's processes alone (the launcher until its exec, the
+//! intermediate process of the double fork, the daemon and its workers),
+//! or `wait4`'s figure for a profiler in the foreground (`-p`); the
+//! figures of each period in its log line, its pprof comments and its
 //! DogStatsD gauges (`--internal-stats`, Unix datagram and UDP).
 //!
 //! One test function, so that the test process can be the subreaper of the
 //! detached profiler (which a wrapped run reparents) and reap it itself.
+use ddprof_tests::guards::CpuCgroup;
 use ddprof_tests::outputs::{pprof_files, summary_fields};
 use ddprof_tests::processes::wait_with_cpu_time;
 use ddprof_tests::workloads::build_workload;
@@ -101,8 +105,32 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
             .unwrap();
 
         // Wrapped: `ddprof` execs into the workload; the profiler is its
-        // detached grandchild, reparented here.
+        // detached grandchild, reparented here. The launcher starts in a
+        // cgroup of its own (the daemon and workers it forks stay there);
+        // the workload moves itself to another at once.
+        let profiler_group = CpuCgroup::new(&format!("overhead-profiler-{engine}"));
+        let target_group = CpuCgroup::new(&format!("overhead-target-{engine}"));
         let mut command = ddprof_tests::ddprof_command();
+        let procs =
+            std::ffi::CString::new(profiler_group.procs().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: the closure runs in the forked child before its exec and
+        // makes only system calls (open, write, close) on data prepared
+        // before the fork.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // "0": the writing process itself.
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         command
             .args([
                 "-l",
@@ -118,9 +146,12 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
             .arg(format!("unix://{}", socket_path.display()))
             .arg("--output")
             .arg(&out)
-            .arg("--")
-            .arg(&chain)
-            .arg("3")
+            .args(["--service", "chain", "--", "sh", "-c"])
+            .arg(format!(
+                "echo $$ > {} && exec {} 3",
+                target_group.procs().display(),
+                chain.display()
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -145,23 +176,30 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
         let stderr = stderr_reader.join().unwrap();
         assert!(profiler.status.success(), "{engine}: {stderr}");
 
-        // The summary: the profiler's CPU time as wait4 measured it, within
-        // 15 % (and 3 ms, what the exit after the summary line may take).
+        // The summary: the profiler's CPU time as its cgroup measured it,
+        // within 10 % or 4 ms (the summary is in whole ms; what the exit
+        // after the summary line takes, and the workload's `sh` before it
+        // moves, are in the cgroup: 0.4-2.9 ms in 6 runs here). (wait4's figure for the daemon, with the workers it reaped,
+        // lacks the launcher's time: the summary is above it by that much.)
         let summary = summary_fields(&stderr);
         let reported = Duration::from_millis(summary["profiler_cpu_ms"]);
-        // wait4's figure already holds the children the profiler waited
-        // for (its workers); `children_cpu` would count them twice.
-        let measured = profiler.cpu;
+        let measured = profiler_group.usage();
         let difference = reported.abs_diff(measured);
         eprintln!(
-            "{engine}: profiler CPU reported {reported:?}, measured by wait4 {measured:?}; \
-             target CPU {:?} (summary {} ms)",
+            "{engine}: profiler CPU reported {reported:?}, charged to its cgroup {measured:?} \
+             (the daemon's wait4 {:?}); target CPU {:?} (summary {} ms)",
+            profiler.cpu,
             target.cpu + target.children_cpu,
             summary["target_cpu_ms"]
         );
         assert!(
-            difference.as_secs_f64() <= 0.15 * measured.as_secs_f64()
-                || difference <= Duration::from_millis(3),
+            reported >= profiler.cpu,
+            "{engine}: the summary counts the daemon and more: {reported:?} {:?}",
+            profiler.cpu
+        );
+        assert!(
+            difference.as_secs_f64() <= 0.10 * measured.as_secs_f64()
+                || difference <= Duration::from_millis(4),
             "{engine}: reported {reported:?}, measured {measured:?}:\n{stderr}"
         );
         // The target's CPU time as the samples count it, against wait4's.
@@ -184,7 +222,7 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
         for line in &period_lines {
             assert!(
                 line.contains(" samples, ")
-                    && line.contains(" lost, ")
+                    && line.contains(" lost")
                     && line.contains(" truncated; profiler CPU ")
                     && line.contains("% of the profiled tasks'")
                     && line.contains(", RSS "),
@@ -202,6 +240,11 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
             for name in [
                 "samples",
                 "lost",
+                "lost_ring_full",
+                "lost_malformed",
+                "lost_unsampled",
+                "lost_worker",
+                "throttles",
                 "truncated",
                 "profiler_cpu_ms",
                 "target_cpu_ms",

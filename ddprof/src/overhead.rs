@@ -39,10 +39,11 @@ impl OwnUsage {
     pub fn of(accounting: Accounting) -> Self {
         match accounting {
             Accounting::ThisProcess => Self::now(),
-            Accounting::WorkerOf { parent } => {
+            Accounting::WorkerOf { parent, before } => {
                 // The worker's own time (it has no children) plus the
-                // parent's, which includes the workers it has reaped.
-                let own = cpu_time_of(nix::sys::resource::UsageWho::RUSAGE_SELF);
+                // parent's, which includes the workers it has reaped, plus
+                // the launcher's.
+                let own = cpu_time_of(nix::sys::resource::UsageWho::RUSAGE_SELF) + before;
                 let (rss_kib, peak_rss_kib) = memory_kib("self");
                 let (parent_rss_kib, parent_peak_kib) = memory_kib(&parent.to_string());
                 let both_now = rss_kib + parent_rss_kib;
@@ -67,8 +68,9 @@ pub enum Accounting {
     /// profiler without a worker).
     ThisProcess,
     /// A worker: itself plus its parent's own CPU time and its waited-for
-    /// children's (the previous workers); RSS summed, peak RSS the larger.
-    WorkerOf { parent: u32 },
+    /// children's (the previous workers), and `before` (what the profiler
+    /// spent in the launcher); RSS summed, peak RSS the larger.
+    WorkerOf { parent: u32, before: Duration },
 }
 
 /// User + system CPU time of process `pid` and of the children it waited

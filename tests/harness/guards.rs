@@ -64,3 +64,57 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A cgroup of the cgroup v2 hierarchy (`cpu.stat` is in every v2 cgroup,
+/// whatever controllers are enabled): the CPU time the kernel charged to
+/// the processes that ran in it, however short-lived, measured from
+/// outside. Removed when dropped (once its processes are gone).
+pub struct CpuCgroup(pub PathBuf);
+
+impl CpuCgroup {
+    /// A new cgroup `ddprof-NAME-PID` under the v2 hierarchy's root.
+    pub fn new(name: &str) -> CpuCgroup {
+        let root = cgroup2_root().expect(
+            "a cgroup v2 hierarchy (mounted as cgroup2, e.g. /sys/fs/cgroup or \
+             /sys/fs/cgroup/unified): the test measures the profiler's CPU time there",
+        );
+        let dir = root.join(format!("ddprof-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir)
+            .unwrap_or_else(|e| panic!("cannot create the cgroup {}: {e}", dir.display()));
+        CpuCgroup(dir)
+    }
+
+    /// The `cgroup.procs` file: writing a PID moves that process here.
+    pub fn procs(&self) -> PathBuf {
+        self.0.join("cgroup.procs")
+    }
+
+    /// The CPU time charged to the cgroup so far.
+    pub fn usage(&self) -> std::time::Duration {
+        let stat = std::fs::read_to_string(self.0.join("cpu.stat")).expect("cpu.stat");
+        let micros = stat
+            .lines()
+            .find_map(|line| line.strip_prefix("usage_usec "))
+            .and_then(|value| value.trim().parse().ok())
+            .expect("usage_usec in cpu.stat");
+        std::time::Duration::from_micros(micros)
+    }
+}
+
+impl Drop for CpuCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Where the cgroup v2 hierarchy is mounted (from /proc/self/mountinfo).
+fn cgroup2_root() -> Option<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mountinfo.lines().find_map(|line| {
+        let (mount, filesystem) = line.split_once(" - ")?;
+        filesystem
+            .starts_with("cgroup2 ")
+            .then(|| mount.split_whitespace().nth(4).map(PathBuf::from))?
+    })
+}

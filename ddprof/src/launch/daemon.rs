@@ -14,6 +14,7 @@
 //! profile itself.
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::panic::AssertUnwindSafe;
+use std::time::Duration;
 
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
@@ -130,6 +131,10 @@ fn discard_pending_sigchld() {
     }
 }
 
+/// How long the daemon waits for the launcher's CPU time once it said its
+/// engine is ready (the launcher sends it at once; ~1 ms here).
+const LAUNCHER_CPU_WAIT: Duration = Duration::from_millis(100);
+
 fn daemon_main(setup: DaemonSetup<'_>) {
     let DaemonSetup {
         options,
@@ -183,12 +188,14 @@ fn daemon_main(setup: DaemonSetup<'_>) {
     let target = Target::Launched {
         pid: target_pid as u32,
     };
-    // The command waits for this (bounded) before it starts; the socket
-    // closes with it either way.
+    // The command waits for this (bounded) before it starts; then the
+    // launcher says what it spent, and the socket closes with its exec.
     let engine_ready = move || {
         if let Err(error) = handoff::report_ready(&socket) {
             log::debug!("profiler: {error}");
+            return Duration::ZERO;
         }
+        handoff::receive_launcher_cpu(&socket, LAUNCHER_CPU_WAIT).unwrap_or_default()
     };
     if let Err(error) = super::run_profiler(&options.profiler, target, events, watch, engine_ready)
     {

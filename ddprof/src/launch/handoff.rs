@@ -10,7 +10,10 @@
 //! a second ([`READY`]) once its engine is set up (the BPF program attached
 //! to the events), or closes the socket if it cannot set one up. If the
 //! launcher could not open its events it closes the socket without sending
-//! anything, and the daemon, seeing end-of-file, exits quietly.
+//! anything, and the daemon, seeing end-of-file, exits quietly. Last, just
+//! before it execs the command, the launcher says how much CPU time it
+//! (and the intermediate process of the double fork, which it reaped) spent
+//! ([`send_launcher_cpu`]): the profiler reports it as its own.
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
@@ -32,6 +35,8 @@ const RECORD_SIZE: usize = 8;
 pub const ACK: u8 = b'K';
 /// The daemon's word once its engine is set up.
 pub const READY: u8 = b'R';
+/// The launcher's last message: its CPU time (nanoseconds, u64 native).
+const LAUNCHER_CPU: u8 = b'C';
 
 #[derive(Debug, thiserror::Error)]
 pub enum HandoffError {
@@ -212,6 +217,36 @@ pub fn acknowledge(socket: &OwnedFd) -> Result<(), HandoffError> {
 /// Tells the launcher that the engine is set up: the command may start.
 pub fn report_ready(socket: &OwnedFd) -> Result<(), HandoffError> {
     send_byte(socket, READY)
+}
+
+/// Tells the daemon what the launcher spent (never waits: the command is
+/// about to start).
+pub fn send_launcher_cpu(socket: &OwnedFd, cpu: Duration) {
+    let mut message = [0u8; 9];
+    message[0] = LAUNCHER_CPU;
+    message[1..].copy_from_slice(&(cpu.as_nanos() as u64).to_ne_bytes());
+    let _ = nix::sys::socket::send(
+        socket.as_raw_fd(),
+        &message,
+        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+    );
+}
+
+/// The launcher's CPU time ([`send_launcher_cpu`]), waiting at most
+/// `timeout` for it (it comes right after the launcher heard [`READY`]).
+pub fn receive_launcher_cpu(socket: &OwnedFd, timeout: Duration) -> Option<Duration> {
+    let mut poll_fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
+    let millis = u16::try_from(timeout.as_millis().max(1)).unwrap_or(u16::MAX);
+    if !matches!(poll(&mut poll_fds, PollTimeout::from(millis)), Ok(1)) {
+        return None;
+    }
+    let mut message = [0u8; 9];
+    match nix::sys::socket::recv(socket.as_raw_fd(), &mut message, MsgFlags::MSG_DONTWAIT) {
+        Ok(9) if message[0] == LAUNCHER_CPU => Some(Duration::from_nanos(u64::from_ne_bytes(
+            message[1..].try_into().ok()?,
+        ))),
+        _ => None,
+    }
 }
 
 fn send_byte(socket: &OwnedFd, byte: u8) -> Result<(), HandoffError> {

@@ -237,6 +237,12 @@ fn profile_self(options: &LaunchOptions) -> Result<(), NotProfiled> {
     // The launcher's copies close at the exec anyway; the daemon's keep the
     // events alive.
     drop(events);
+    // What the launcher and the intermediate process it reaped spent is the
+    // profiler's too (the command's CPU counts from its exec): all of this
+    // process's time so far, ddprof's start before `main` (~2-3 ms of
+    // loading) included, and whatever the process did before it exec'd
+    // ddprof (nothing, for a shell's fork or a container's entry point).
+    handoff::send_launcher_cpu(&launcher_socket, crate::overhead::own_cpu_time());
     Ok(())
 }
 
@@ -276,7 +282,7 @@ pub fn attach(options: &LaunchOptions, target: Target) -> Result<(), LaunchError
         describe_capabilities()
     );
     let watch = watched.and_then(|pid| TargetWatch::new(pid as i32).ok());
-    let result = run_profiler(&options.profiler, target, events, watch, || ());
+    let result = run_profiler(&options.profiler, target, events, watch, || Duration::ZERO);
     drop(stop_signals);
     Ok(result?)
 }
@@ -284,19 +290,20 @@ pub fn attach(options: &LaunchOptions, target: Target) -> Result<(), LaunchError
 /// Starts the profiler's engine, drops the capabilities only that set-up
 /// needed, and runs the profiler to its end (both modes: the daemon and
 /// `-p`/`--global` in the foreground).
-/// `started` is called once the engine is set up (or has failed to be).
+/// `started` is called once the engine is set up (or has failed to be), and
+/// says what the profiler spent before this process (the launcher's CPU).
 fn run_profiler(
     options: &ProfilerOptions,
     target: Target,
     events: Vec<EventFd>,
     watch: Option<TargetWatch>,
-    started: impl FnOnce(),
+    started: impl FnOnce() -> Duration,
 ) -> Result<(), ProfilerError> {
     sandbox::one_malloc_arena();
     let starting = std::time::Instant::now();
     let profiler = Profiler::start(options, target, events);
-    started();
-    let profiler = profiler?;
+    let spent_before = started();
+    let profiler = profiler?.spent_before(spent_before);
     sandbox::release_free_memory();
     // `cargo xtask bench` reads the CPU of the start-up at this line.
     log::info!(

@@ -151,6 +151,9 @@ pub struct Profiler {
     processes: ProcessTable,
     sampler: Sampler,
     kallsyms: Option<KallsymsSnapshot>,
+    /// CPU time the profiler spent in other processes before this one ran
+    /// (the launcher's), reported as its own.
+    spent_before: Duration,
 }
 
 impl Profiler {
@@ -201,7 +204,15 @@ impl Profiler {
             processes,
             sampler,
             kallsyms,
+            spent_before: Duration::ZERO,
         })
+    }
+
+    /// Counts `cpu`, spent by the profiler in another process before this
+    /// one (the launcher, for a launched command), with its own.
+    pub fn spent_before(mut self, cpu: Duration) -> Self {
+        self.spent_before = cpu;
+        self
     }
 
     /// Runs until the target is gone (`watch`; without one, for

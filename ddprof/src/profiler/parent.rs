@@ -52,6 +52,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         mut processes,
         mut sampler,
         mut kallsyms,
+        spent_before,
     } = profiler;
     if options.show_samples && log::max_level() < log::LevelFilter::Info {
         log::set_max_level(log::LevelFilter::Info);
@@ -69,6 +70,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         cpu_counted: Duration::ZERO,
         totals: RunTotals::default(),
         after_a_dead_worker: false,
+        spent_before,
         parent: std::process::id(),
     };
     let mut failures = 0u32;
@@ -178,6 +180,11 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
     // and losses must add up to (a last worker that died before sending its
     // period lost its samples: they count as unsampled).
     let counted = sampler.counted_task_nanos();
+    // Unmapped and closed before the summary measures the profiler's CPU:
+    // tearing down the buffers and the BPF maps is work of the run too.
+    drop(sampler);
+    drop(processes);
+    drop(kallsyms);
     outputs.finish(run_start, &handover, counted)
 }
 
@@ -552,7 +559,7 @@ impl Outputs {
         }
         let run = Overhead {
             duration: run_start.elapsed(),
-            profiler_cpu: crate::overhead::own_cpu_time(),
+            profiler_cpu: crate::overhead::own_cpu_time() + handover.spent_before,
             peak_rss_kib: parent_peak_rss_kib.max(self.worker_peak_rss_kib),
             ..Overhead::of_run(&self.totals, self.sampling_period_nanos)
         };

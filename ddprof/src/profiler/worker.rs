@@ -57,6 +57,9 @@ pub struct Handover {
     pub totals: RunTotals,
     /// This worker replaces one that died (a crash, its watchdog).
     pub after_a_dead_worker: bool,
+    /// CPU time the profiler spent before its parent process ran (the
+    /// launcher's): part of the first period's.
+    pub spent_before: Duration,
     /// The parent's PID.
     pub parent: u32,
 }
@@ -205,6 +208,7 @@ impl Worker {
                     options.sampling_period_nanos,
                     Accounting::WorkerOf {
                         parent: handover.parent,
+                        before: handover.spent_before,
                     },
                     handover.cpu_counted,
                     handover.totals,
