@@ -16,7 +16,6 @@
 //! hashes a file only the first time it meets it, or after it changed.
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Mutex;
 
@@ -192,7 +191,7 @@ fn hash_file(file: &File, size: u64) -> std::io::Result<Digest> {
 /// place) in a directory only ddprof's user can write.
 #[derive(Debug, Clone)]
 pub struct DigestMemo {
-    dir: super::disk::LazyDir,
+    dir: super::cache_dir::CacheDir,
 }
 
 const MAGIC: &[u8; 8] = b"DDPRDIG\0";
@@ -201,9 +200,11 @@ const FORMAT_VERSION: u32 = 1;
 const ENTRY_BYTES: u64 = 8 + 4 + 8 * 7 + 32 + 4;
 
 impl DigestMemo {
-    /// The memo in `dir` (opened, and created, at first use).
-    pub fn new(dir: super::disk::LazyDir) -> Self {
-        Self { dir }
+    /// The memo in `dir` (made at its first write).
+    pub fn new(dir: std::path::PathBuf) -> Self {
+        Self {
+            dir: super::cache_dir::CacheDir::new(dir),
+        }
     }
 
     fn place(key: &StatKey) -> (String, String) {
@@ -215,8 +216,7 @@ impl DigestMemo {
 
     fn get(&self, key: &StatKey) -> Option<Digest> {
         let (prefix, name) = Self::place(key);
-        let dir = self.dir.get()?.child(&prefix, false).ok()?;
-        let bytes = dir.read_regular(&name, ENTRY_BYTES)?;
+        let bytes = self.dir.read(&prefix, &name, ENTRY_BYTES)?;
         let mut fields = Fields::checked(&bytes, MAGIC, FORMAT_VERSION)?;
         let stored = StatKey {
             dev: fields.u64()?,
@@ -231,9 +231,6 @@ impl DigestMemo {
 
     fn put(&self, key: &StatKey, digest: Digest) {
         let (prefix, name) = Self::place(key);
-        let Some(Ok(dir)) = self.dir.get().map(|dir| dir.child(&prefix, true)) else {
-            return;
-        };
         let mut bytes = Vec::with_capacity(ENTRY_BYTES as usize);
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -246,10 +243,10 @@ impl DigestMemo {
         bytes.extend_from_slice(&digest.0);
         let crc = crc32fast::hash(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
-        if let Err(error) = dir.write_atomically(&name, |out| out.write_all(&bytes)) {
+        if let Err(error) = self.dir.write(&prefix, &name, |out| out.write_all(&bytes)) {
             log::debug!(
                 "digest memo: cannot write {}: {error}",
-                dir.path().join(&name).display()
+                self.dir.path().join(&prefix).join(&name).display()
             );
         }
     }
@@ -257,11 +254,12 @@ impl DigestMemo {
     /// Bounds the memo (entries are 100 bytes: 16 MiB is ~160,000 files),
     /// at most once an hour for all the runs that share it.
     pub fn evict(&self) {
-        if let Some(dir) = self.dir.get() {
-            if dir.due(".evicted", std::time::Duration::from_secs(3600)) {
-                super::disk::remove_least_recently_used(dir, 16 << 20, None);
-            }
-        }
+        self.dir.trim(
+            "digest memo",
+            16 << 20,
+            None,
+            Some((".evicted", std::time::Duration::from_secs(3600))),
+        );
     }
 }
 
@@ -273,7 +271,7 @@ mod tests {
     fn digests_are_sha256_of_the_bytes_and_remembered_by_identity() {
         let dir = std::env::temp_dir().join(format!("ddprof-digest-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let memo = DigestMemo::new(super::super::disk::LazyDir::new(dir.join("memo")));
+        let memo = DigestMemo::new(dir.join("memo"));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("file");
         std::fs::write(&path, b"abc").unwrap();

@@ -12,6 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 pub mod bounded;
+pub mod cache_dir;
 pub mod digest;
 pub mod disk;
 pub mod target;

@@ -119,13 +119,13 @@ fn all_pids() -> Vec<u32> {
 /// ([`crate::files::digest`]).
 fn with_usable_caches(mut options: ProfilerOptions) -> ProfilerOptions {
     use crate::files::digest::{self, DigestMemo};
-    use crate::files::disk::{LazyDir, PrivateDir};
+    use crate::files::disk::PrivateDir;
     let Some(root) = options.symbolizer.debug_cache.clone() else {
         return options;
     };
     match PrivateDir::open(&root, true) {
         Ok(_) => {
-            let memo = DigestMemo::new(LazyDir::new(root.join("digests")));
+            let memo = DigestMemo::new(root.join("digests"));
             memo.evict();
             digest::use_memo(memo);
         }

@@ -79,6 +79,15 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
     let mut retiring: Option<Connection> = None;
     loop {
         let (socket, worker_socket) = UnixStream::pair()?;
+        // The worker's cache writes, which this process makes for it (see
+        // `files::cache_dir`): one message each, a file with it.
+        let (cache_writes, worker_cache_writes) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(std::io::Error::from)?;
         // SAFETY: the child runs only this thread (see worker.rs for what
         // it may touch) and leaves with _exit, never returning here.
         let pid = unsafe { libc::fork() };
@@ -87,8 +96,10 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         }
         if pid == 0 {
             drop(socket);
-            // The retiring worker's socket is the parent's business.
-            drop(retiring.take().map(|old| old.socket));
+            drop(cache_writes);
+            crate::files::cache_dir::route_writes_to(worker_cache_writes);
+            // The retiring worker's sockets are the parent's business.
+            drop(retiring.take().map(|old| (old.socket, old.cache_writes)));
             let setup = WorkerSetup {
                 options: &options,
                 target,
@@ -107,6 +118,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
             unsafe { libc::_exit(status) };
         }
         drop(worker_socket);
+        drop(worker_cache_writes);
         log::info!(
             "worker started pid={pid} (restart #{}, cause {cause})",
             handover.restarts
@@ -124,6 +136,8 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         }
         let mut connection = Connection {
             socket,
+            cache_writes,
+            cache_root: options.symbolizer.debug_cache.clone(),
             reader: FrameReader::default(),
             pid,
         };
@@ -236,9 +250,13 @@ struct WorkerEnd {
     retiring: bool,
 }
 
-/// The parent's end of a worker's socket.
+/// The parent's end of a worker's sockets.
 struct Connection {
     socket: UnixStream,
+    /// Where the worker's cache writes arrive, and the caches' root they
+    /// must stay under.
+    cache_writes: std::os::fd::OwnedFd,
+    cache_root: Option<std::path::PathBuf>,
     reader: FrameReader,
     pid: libc::pid_t,
 }
@@ -356,7 +374,17 @@ fn next_message(connection: &mut Connection) -> Received {
                 return Received::End;
             }
         }
-        if !wait_readable(&connection.socket, IDLE_WAIT) {
+        let ready = wait_readable(&connection.socket, &connection.cache_writes, IDLE_WAIT);
+        if ready.cache_writes {
+            crate::files::cache_dir::serve_writes(
+                &connection.cache_writes,
+                connection.cache_root.as_deref(),
+            );
+        }
+        if !ready.socket {
+            if ready.cache_writes {
+                continue;
+            }
             return Received::Nothing;
         }
         let mut buffer = [0u8; 64 * 1024];
@@ -380,12 +408,27 @@ fn close_and_reap(connection: &mut Connection) -> String {
         );
     }
     let _ = connection.socket.shutdown(std::net::Shutdown::Both);
+    // What the worker sent last (its last period's names) is written too.
+    crate::files::cache_dir::serve_writes(
+        &connection.cache_writes,
+        connection.cache_root.as_deref(),
+    );
     reap(connection.pid)
 }
 
-/// poll(2) for input on `socket`, returning early on a stop signal.
-/// Whether `socket` is readable.
-fn wait_readable(socket: &UnixStream, timeout: Duration) -> bool {
+/// Which of a worker's sockets have input.
+struct Ready {
+    socket: bool,
+    cache_writes: bool,
+}
+
+/// poll(2) for input on a worker's sockets, returning early on a stop
+/// signal.
+fn wait_readable(
+    socket: &UnixStream,
+    cache_writes: &std::os::fd::OwnedFd,
+    timeout: Duration,
+) -> Ready {
     let pollfd = |fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -394,11 +437,16 @@ fn wait_readable(socket: &UnixStream, timeout: Duration) -> bool {
     // A negative descriptor is skipped by poll(2).
     let mut fds = [
         pollfd(socket.as_raw_fd()),
+        pollfd(cache_writes.as_raw_fd()),
         pollfd(stop::pending_wake_fd().unwrap_or(-1)),
     ];
-    // SAFETY: `fds` is an array of two valid pollfd for the duration of the call.
-    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as libc::c_int) };
-    ready > 0 && fds[0].revents != 0
+    // SAFETY: `fds` is an array of three valid pollfd for the duration of
+    // the call.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout.as_millis() as libc::c_int) };
+    Ready {
+        socket: ready > 0 && fds[0].revents != 0,
+        cache_writes: ready > 0 && fds[1].revents & libc::POLLIN != 0,
+    }
 }
 
 /// Waits for the worker to end; its wait status in words.

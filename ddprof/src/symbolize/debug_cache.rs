@@ -27,8 +27,10 @@ use object::elf::{FileHeader64, SectionHeader64};
 use object::read::elf::{ElfFile64, FileHeader, ProgramHeader, SectionHeader};
 use object::{Endianness, ReadRef};
 
-use crate::files::disk::{remove_least_recently_used, LazyDir, PrivateDir};
+use crate::files::cache_dir::CacheDir;
+use crate::files::disk::PrivateDir;
 use crate::files::{build_id_debug_path, TargetRoot};
+use std::os::fd::AsRawFd;
 
 /// Total size of the copies kept; the least recently used go first.
 pub const CACHE_MAX_BYTES: u64 = 1 << 30;
@@ -81,9 +83,17 @@ pub struct DebugCopy {
     /// Where it is on disk, for messages and other processes.
     pub location: PathBuf,
     segments: Vec<Segment>,
-    /// The directory a copy is in, held open: `path` reaches the copy
-    /// through it (`/proc/self/fd/N/name`).
-    _dir: Option<PrivateDir>,
+    /// What `path` reaches the copy through: the directory it is in
+    /// (`/proc/self/fd/N/name`), or the copy itself (`/proc/self/fd/N`)
+    /// while it is on its way to its directory.
+    _held: Held,
+}
+
+#[derive(Debug, Clone)]
+enum Held {
+    Nothing,
+    Dir { _dir: PrivateDir },
+    File { _file: std::sync::Arc<fs::File> },
 }
 
 impl PartialEq for DebugCopy {
@@ -102,7 +112,7 @@ impl DebugCopy {
             path: path.to_path_buf(),
             location: path.to_path_buf(),
             segments: load_segments(Path::new(mapped_path))?,
-            _dir: None,
+            _held: Held::Nothing,
         })
     }
 
@@ -118,14 +128,14 @@ impl DebugCopy {
 /// The directory of decompressed copies.
 #[derive(Debug, Clone)]
 pub struct DebugCache {
-    dir: LazyDir,
+    dir: CacheDir,
 }
 
 impl DebugCache {
-    /// The copies in `dir` (made, `0700`, at first use).
+    /// The copies in `dir` (made, `0700`, at the first write).
     pub fn new(dir: PathBuf) -> Self {
         Self {
-            dir: LazyDir::new(dir),
+            dir: CacheDir::new(dir),
         }
     }
 
@@ -165,55 +175,57 @@ impl DebugCache {
         ) else {
             return Ok(None);
         };
-        let existing = self
-            .dir
-            .existing()
-            .and_then(|root| root.child(prefix, false).ok())
-            .filter(|dir| dir.has_file(name));
-        let dir = match existing {
-            Some(dir) => {
-                // Marks it recently used for the eviction order.
-                dir.touch(name);
-                dir
-            }
-            None => {
-                let Some((original_path, original)) = self.original(&relative, debug_dirs) else {
-                    return Ok(None);
-                };
-                // Nothing compressed: blazesym maps the original as it is,
-                // and the cache directory is not even made.
-                if !has_compressed_sections(&original_path, &original)? {
-                    return Ok(None);
-                }
-                let io = |source| DebugCacheError::Io {
-                    path: self.dir.path().to_path_buf(),
-                    source,
-                };
-                let root = self
-                    .dir
-                    .get()
-                    .ok_or_else(|| io(std::io::Error::other("the directory cannot be used")))?;
-                let dir = root
-                    .child(prefix, true)
-                    .map_err(|error| io(std::io::Error::other(error)))?;
-                if !write_decompressed(&original_path, original, &dir, name)? {
-                    return Ok(None);
-                }
-                log::info!(
-                    "debug cache: wrote {} (the decompressed {})",
-                    dir.path().join(name).display(),
-                    original_path.display()
-                );
-                self.evict_beyond(root, CACHE_MAX_BYTES, (prefix, name));
-                dir
+        if let Some(dir) = self.dir.prefix_dir(prefix).filter(|dir| dir.has_file(name)) {
+            // Marks it recently used for the eviction order.
+            self.dir.touch(prefix, name);
+            return Ok(Some(DebugCopy {
+                path: dir.fd_path(name),
+                location: dir.path().join(name),
+                segments: load_segments(Path::new(mapped_path))?,
+                _held: Held::Dir { _dir: dir },
+            }));
+        }
+        let Some((original_path, original)) = self.original(&relative, debug_dirs) else {
+            return Ok(None);
+        };
+        // Nothing compressed (or too much): blazesym maps the original as
+        // it is, and the cache directory is not even made.
+        if !worth_a_copy(&original_path, &original)? {
+            return Ok(None);
+        }
+        // Layout errors (the original's) travel through the writer's
+        // `io::Error` and come back as they were; any other error is the
+        // cache's.
+        let written = self.dir.write_keeping(prefix, name, |out| {
+            write_decompressed(&original_path, original, out).map_err(std::io::Error::other)
+        });
+        let copy = match written {
+            Ok(copy) => copy,
+            Err(error) => {
+                return Err(match error.downcast::<DebugCacheError>() {
+                    Ok(error) => error,
+                    Err(error) => DebugCacheError::Io {
+                        path: self.dir.path().join(prefix).join(name),
+                        source: error,
+                    },
+                })
             }
         };
-        let segments = load_segments(Path::new(mapped_path))?;
+        let location = self.dir.path().join(prefix).join(name);
+        log::info!(
+            "debug cache: wrote {} (the decompressed {})",
+            location.display(),
+            original_path.display()
+        );
+        self.dir
+            .trim("debug cache", CACHE_MAX_BYTES, Some((prefix, name)), None);
         Ok(Some(DebugCopy {
-            path: dir.fd_path(name),
-            location: dir.path().join(name),
-            segments,
-            _dir: Some(dir),
+            path: PathBuf::from(format!("/proc/self/fd/{}", copy.as_raw_fd())),
+            location,
+            segments: load_segments(Path::new(mapped_path))?,
+            _held: Held::File {
+                _file: std::sync::Arc::new(copy),
+            },
         }))
     }
 
@@ -227,19 +239,12 @@ impl DebugCache {
             Some((path, opened.file))
         })
     }
-
-    /// Removes the least recently used copies until the cache holds at most
-    /// `max_bytes` (never `keep`, the copy just written).
-    fn evict_beyond(&self, root: &PrivateDir, max_bytes: u64, keep: (&str, &str)) {
-        for path in remove_least_recently_used(root, max_bytes, Some(keep)) {
-            log::info!("debug cache: removed {} (over 1 GiB)", path.display());
-        }
-    }
 }
 
-/// Whether the ELF file `original` (opened as `file`) has a compressed
-/// section (other than those a copy leaves empty).
-fn has_compressed_sections(original: &Path, file: &fs::File) -> Result<bool, DebugCacheError> {
+/// Whether the ELF file `original` (opened as `file`) is worth a copy: it
+/// has a compressed section (other than those a copy leaves empty), and
+/// inflated they fit in what one copy may take.
+fn worth_a_copy(original: &Path, file: &fs::File) -> Result<bool, DebugCacheError> {
     let elf = |source| DebugCacheError::Elf {
         path: original.to_path_buf(),
         source,
@@ -286,10 +291,9 @@ enum CompressionFormat {
     Zstd,
 }
 
-/// Writes `original` (opened as `handle`) to `name` in `dir` with every
-/// compressed section inflated and [`SECTIONS_LEFT_EMPTY`] emptied; `false`
-/// (and nothing written) when no other section is compressed, or when the
-/// original changed while it was copied.
+/// Writes `original` (opened as `handle`) to `out` with every compressed
+/// section inflated and [`SECTIONS_LEFT_EMPTY`] emptied; an error (and the
+/// copy not kept) when the original changed while it was copied.
 ///
 /// The copy is streamed: each section is inflated (or copied) straight into
 /// the file through small buffers, so writing a copy of any size costs the
@@ -298,11 +302,8 @@ enum CompressionFormat {
 fn write_decompressed(
     original: &Path,
     handle: fs::File,
-    dir: &PrivateDir,
-    name: &str,
-) -> Result<bool, DebugCacheError> {
-    let destination = dir.path().join(name);
-    let destination = destination.as_path();
+    out: &mut dyn Write,
+) -> Result<(), DebugCacheError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| DebugCacheError::Io { path, source }
@@ -380,7 +381,10 @@ fn write_decompressed(
         });
     }
     if !placed.iter().any(|p| p.inflate.is_some()) || inflated_total > MAX_INFLATED_BYTES {
-        return Ok(false);
+        return Err(DebugCacheError::Layout {
+            path: original.to_path_buf(),
+            what: "nothing to inflate, or more than a copy may hold".to_string(),
+        });
     }
 
     // The copy keeps the original's order: the ELF and program headers
@@ -460,43 +464,35 @@ fn write_decompressed(
     prefix[..std::mem::size_of::<FileHeader64<Endianness>>()]
         .copy_from_slice(object::bytes_of(&new_header));
 
-    let (partial, out) = dir.create_temporary(name).map_err(io(destination))?;
-    let written = Ok(out).and_then(|out| {
-        let mut out = BufWriter::with_capacity(STREAM_BUFFER_BYTES, out);
-        let mut input = BufReader::with_capacity(STREAM_BUFFER_BYTES, second);
-        stream_copy(
-            &mut input,
-            &mut out,
-            &prefix,
-            &placed,
-            &section_headers,
-            section_headers_offset,
-        )
-        .map_err(|source| match source.kind() {
-            std::io::ErrorKind::InvalidData => DebugCacheError::Layout {
-                path: original.to_path_buf(),
-                what: source.to_string(),
-            },
-            _ => DebugCacheError::Io {
-                path: destination.to_path_buf(),
-                source,
-            },
-        })?;
-        let out = out.into_inner().map_err(|e| DebugCacheError::Io {
-            path: destination.to_path_buf(),
-            source: e.into_error(),
-        })?;
-        out.sync_data().map_err(io(destination))?;
-        if !same_file_state(&before, &checked) {
-            return Ok(false);
-        }
-        dir.rename(&partial, name).map_err(io(destination))?;
-        Ok(true)
-    });
-    if !matches!(written, Ok(true)) {
-        let _ = dir.remove(&partial);
+    let mut out = BufWriter::with_capacity(STREAM_BUFFER_BYTES, out);
+    let mut input = BufReader::with_capacity(STREAM_BUFFER_BYTES, second);
+    stream_copy(
+        &mut input,
+        &mut out,
+        &prefix,
+        &placed,
+        &section_headers,
+        section_headers_offset,
+    )
+    .map_err(|source| match source.kind() {
+        std::io::ErrorKind::InvalidData => DebugCacheError::Layout {
+            path: original.to_path_buf(),
+            what: source.to_string(),
+        },
+        _ => DebugCacheError::Io {
+            path: PathBuf::from("the copy"),
+            source,
+        },
+    })?;
+    out.flush().map_err(io(Path::new("the copy")))?;
+    // Written while it was copied: the copy is not of any one state of it.
+    if !same_file_state(&before, &checked) {
+        return Err(DebugCacheError::Layout {
+            path: original.to_path_buf(),
+            what: "it changed while it was copied".to_string(),
+        });
     }
-    written
+    Ok(())
 }
 
 /// Whether `file` is as `before` said: same size, modification and change

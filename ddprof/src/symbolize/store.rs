@@ -34,8 +34,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{FrameSymbols, SymbolLine, Symbolizer};
+use crate::files::cache_dir::CacheDir;
 use crate::files::digest::{self, FileDigest};
-use crate::files::disk::{remove_least_recently_used, LazyDir};
 use crate::files::{
     debug_file, own_build_id, read_debuglink, Digest, Fields, MappedFile, ObjectFile, TargetRoot,
 };
@@ -90,14 +90,14 @@ impl SymbolKey {
 /// The directory of stored names.
 #[derive(Debug, Clone)]
 pub struct SymbolStore {
-    dir: LazyDir,
+    dir: CacheDir,
 }
 
 impl SymbolStore {
     /// The store in `dir` (made, `0700`, at first use).
     pub fn new(dir: PathBuf) -> Self {
         Self {
-            dir: LazyDir::new(dir),
+            dir: CacheDir::new(dir),
         }
     }
 
@@ -119,18 +119,11 @@ impl SymbolStore {
         };
         let digest = key.digest(own);
         let (prefix, name) = Self::place_of(&digest);
-        let Some(dir) = self
-            .dir
-            .get()
-            .and_then(|root| root.child(&prefix, false).ok())
-        else {
-            return Vec::new();
-        };
-        let Some(entries) = read(&dir, &name, &digest, intern) else {
+        let Some(entries) = self.read(&prefix, &name, &digest, intern) else {
             return Vec::new();
         };
         // Marks it recently used for the eviction order.
-        dir.touch(&name);
+        self.dir.touch(&prefix, &name);
         entries
     }
 
@@ -144,22 +137,15 @@ impl SymbolStore {
         let Some(own) = own_build_id() else {
             return Ok(());
         };
-        let Some(root) = self.dir.get() else {
-            return Err(std::io::Error::other(format!(
-                "{} cannot be used",
-                self.dir.path().display()
-            )));
-        };
         let digest = key.digest(own);
         let (prefix, name) = Self::place_of(&digest);
-        let dir = root.child(&prefix, true).map_err(std::io::Error::other)?;
         // Another run may have added names since this one read the file.
-        let mut entries: HashMap<(u64, u32), FrameSymbols> =
-            read(&dir, &name, &digest, &mut |text: &str| Arc::from(text))
-                .unwrap_or_default()
-                .into_iter()
-                .map(|named| ((named.offset, named.length), named.symbols))
-                .collect();
+        let mut entries: HashMap<(u64, u32), FrameSymbols> = self
+            .read(&prefix, &name, &digest, &mut |text: &str| Arc::from(text))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|named| ((named.offset, named.length), named.symbols))
+            .collect();
         let mut added = 0usize;
         for (span, symbols) in names {
             if entries.len() >= MAX_ENTRIES_PER_FILE {
@@ -177,7 +163,7 @@ impl SymbolStore {
             return Ok(());
         }
         let bytes = encode(&digest, &entries);
-        dir.write_atomically(&name, |out| std::io::Write::write_all(out, &bytes))
+        self.dir.write(&prefix, &name, |out| out.write_all(&bytes))
     }
 
     /// Removes the least recently used files until the store holds at most
@@ -188,37 +174,31 @@ impl SymbolStore {
     /// by every short run that named anything new. Between two evictions
     /// the store can exceed its size by what the runs wrote meanwhile.
     pub fn evict(&self) {
-        let Some(root) = self.dir.get() else {
-            return;
-        };
-        if !root.due(EVICTION_MARK, EVICTION_INTERVAL) {
-            return;
-        }
-        for removed in remove_least_recently_used(root, STORE_MAX_BYTES, None) {
-            log::info!(
-                "symbol store: removed {} (over {} MiB)",
-                removed.display(),
-                STORE_MAX_BYTES >> 20
-            );
-        }
-    }
-}
-
-fn read(
-    dir: &crate::files::disk::PrivateDir,
-    name: &str,
-    digest: &Digest,
-    intern: &mut dyn FnMut(&str) -> Arc<str>,
-) -> Option<Vec<StoredNames>> {
-    let bytes = dir.read_regular(name, STORE_MAX_BYTES)?;
-    let entries = decode(&bytes, digest, intern);
-    if entries.is_none() {
-        log::debug!(
-            "symbol store: {} is stale or corrupt",
-            dir.path().join(name).display()
+        self.dir.trim(
+            "symbol store",
+            STORE_MAX_BYTES,
+            None,
+            Some((EVICTION_MARK, EVICTION_INTERVAL)),
         );
     }
-    entries
+
+    fn read(
+        &self,
+        prefix: &str,
+        name: &str,
+        digest: &Digest,
+        intern: &mut dyn FnMut(&str) -> Arc<str>,
+    ) -> Option<Vec<StoredNames>> {
+        let bytes = self.dir.read(prefix, name, STORE_MAX_BYTES)?;
+        let entries = decode(&bytes, digest, intern);
+        if entries.is_none() {
+            log::debug!(
+                "symbol store: {} is stale or corrupt",
+                self.dir.path().join(prefix).join(name).display()
+            );
+        }
+        entries
+    }
 }
 
 /// The file's bytes: magic, version, the key, the strings, the entries, and

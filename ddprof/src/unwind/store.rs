@@ -17,10 +17,11 @@
 //! table. The directory is ddprof's own ([`PrivateDir`]), files are written
 //! under a fresh name and renamed into place, and the least recently used
 //! go once the directory holds more than [`STORE_MAX_BYTES`].
+
 use ddprof_common::unwind::UnwindRow;
 
 use super::compile::{CompileStats, LoadSegment, UnwindTable};
-use crate::files::disk::{remove_least_recently_used, LazyDir};
+use crate::files::cache_dir::CacheDir;
 use crate::files::{own_build_id, ContentKey, Digest, Fields};
 
 /// Total size of the stored tables; the least recently used go first.
@@ -40,14 +41,14 @@ const SEGMENT_BYTES: usize = 24;
 /// The directory of stored tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableStore {
-    dir: LazyDir,
+    dir: CacheDir,
 }
 
 impl TableStore {
     /// The store in `dir` (made, `0700`, at first use).
     pub fn new(dir: std::path::PathBuf) -> Self {
         Self {
-            dir: LazyDir::new(dir),
+            dir: CacheDir::new(dir),
         }
     }
 
@@ -65,17 +66,16 @@ impl TableStore {
     pub fn load(&self, key: &ContentKey) -> Option<UnwindTable> {
         let compiler = own_build_id()?;
         let (prefix, name) = Self::place_of(key);
-        let dir = self.dir.get()?.child(&prefix, false).ok()?;
         // No table is larger than the whole store may be.
-        let bytes = dir.read_regular(&name, STORE_MAX_BYTES)?;
+        let bytes = self.dir.read(&prefix, &name, STORE_MAX_BYTES)?;
         let table = decode(&bytes, &key.digest(), compiler);
         if table.is_some() {
             // Marks it recently used for the eviction order.
-            dir.touch(&name);
+            self.dir.touch(&prefix, &name);
         } else {
             log::debug!(
                 "unwind table store: {} is stale or corrupt",
-                dir.path().join(&name).display()
+                self.dir.path().join(&prefix).join(&name).display()
             );
         }
         table
@@ -86,13 +86,10 @@ impl TableStore {
         let Some(compiler) = own_build_id() else {
             return Ok(());
         };
-        let Some(root) = self.dir.get() else {
-            return Ok(());
-        };
         let (prefix, name) = Self::place_of(key);
-        let dir = root.child(&prefix, true).map_err(std::io::Error::other)?;
         let bytes = encode(&key.digest(), table, compiler);
-        dir.write_atomically(&name, |out| std::io::Write::write_all(out, &bytes))?;
+        self.dir
+            .write(&prefix, &name, |out| out.write_all(&bytes))?;
         self.evict_beyond(STORE_MAX_BYTES, (&prefix, &name));
         Ok(())
     }
@@ -100,16 +97,8 @@ impl TableStore {
     /// Removes the least recently used tables until the directory holds at
     /// most `max_bytes` (never `keep`, the table just written).
     fn evict_beyond(&self, max_bytes: u64, keep: (&str, &str)) {
-        let Some(root) = self.dir.get() else {
-            return;
-        };
-        for path in remove_least_recently_used(root, max_bytes, Some(keep)) {
-            log::info!(
-                "unwind table store: removed {} (over {} MiB)",
-                path.display(),
-                max_bytes >> 20
-            );
-        }
+        self.dir
+            .trim("unwind table store", max_bytes, Some(keep), None);
     }
 }
 
