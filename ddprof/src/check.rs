@@ -8,9 +8,9 @@
 use std::fmt::Write as _;
 
 use crate::bpf::{self, BpfError, BpfProgram, BpfVariant, Engine, EngineChoice, MapSizes};
+use crate::confine::capabilities::{self, cap};
 use crate::events::{self, EventOptions, OpenError, Scope};
 use crate::events::{EventKind, EventSpec, SampleRate};
-use crate::launch::capabilities::{self, cap};
 
 /// The result of the checks: the lines to print and whether profiling is
 /// possible.

@@ -5,6 +5,7 @@
 //!
 //! - [`check`]: `ddprof --check`, what this machine allows and which engine would sample.
 //! - [`config`]: command line, environment and config file, resolved into each stage's options.
+//! - [`confine`]: what the profiler's processes may do: capabilities, seccomp filters.
 //! - [`launch`]: the wrapper (fd hand-off, detached profiler), `-p` and `--global`.
 //! - [`logging`]: the `log` logger (`--log-level`, `--log-mode`).
 //! - [`events`]: perf_event_open and the perf event attributes both engines use.
@@ -27,6 +28,7 @@ pub mod aggregate;
 pub mod bpf;
 pub mod check;
 pub mod config;
+pub mod confine;
 pub mod events;
 pub mod export;
 pub mod files;

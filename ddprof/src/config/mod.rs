@@ -186,6 +186,10 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_DROP_CAPABILITIES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub drop_capabilities: bool,
 
+    /// Profile even where the kernel refuses the profiler its seccomp filters (the parent's, which keeps it from signalling or tracing other processes, and the worker's allow-list, which keeps what parses the profiled programs' files from writing, running programs or opening sockets); without this the profiler stops there (the command runs on)
+    #[arg(long, env = "DD_PROFILING_NO_SANDBOX", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub no_sandbox: bool,
+
     /// Run the command as this user (name or UID); if there is no such user the command does not run
     #[arg(long, env = "DD_PROFILING_SWITCH_USER", value_parser = parse_user)]
     pub switch_user: Option<String>,

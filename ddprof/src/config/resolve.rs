@@ -95,6 +95,7 @@ pub fn resolve_with(
         export,
         internal_stats,
         show_samples: cli.show_samples,
+        require_sandbox: !cli.no_sandbox,
         worker: WorkerOptions {
             restart_every_periods: cli.worker_period,
             max_rss_kib: u64::from(cli.worker_max_rss_mib) * 1024,

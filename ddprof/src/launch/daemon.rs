@@ -177,7 +177,10 @@ fn daemon_main(setup: DaemonSetup<'_>) {
     let _stop = stop::install()
         .map_err(|error| log::warn!("profiler: cannot install its SIGTERM handler: {error}"))
         .ok();
-    super::settle_profiler(options);
+    if let Err(error) = super::settle_profiler(options) {
+        log::error!("profiler: {error}");
+        return;
+    }
     log::info!(
         "profiler started: pid={} target={} events={} {}",
         std::process::id(),

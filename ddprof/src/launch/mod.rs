@@ -43,16 +43,16 @@
 //!   [`Profiler::run`];
 //! - at exit it logs one notice line containing `summary:` and `samples=N`
 //!   (the integration tests read it).
-pub mod capabilities;
 pub mod daemon;
 pub mod handoff;
-pub mod sandbox;
+pub mod memory;
 pub mod signals;
 
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+use crate::confine::{capabilities, sandbox};
 use crate::events::{self, EventFd, EventOptions, EventSpec, OpenError, Scope};
 use crate::logging::{print_error, LogMode};
 use crate::profiler::target::{self, Target, TargetWatch};
@@ -110,6 +110,11 @@ pub enum LaunchError {
     Global(OpenError),
     #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
     StopSignals(#[source] std::io::Error),
+    #[error(
+        "the kernel refuses the profiler its seccomp filter ({0}); it does not run without it \
+         (--no-sandbox: run it anyway)"
+    )]
+    Sandbox(#[source] std::io::Error),
     #[error(transparent)]
     Profiler(#[from] ProfilerError),
 }
@@ -273,7 +278,7 @@ pub fn attach(options: &LaunchOptions, target: Target) -> Result<(), LaunchError
     // Stop requests must not kill the process before the last period is
     // flushed: the loop checks `stop::requested()`.
     let stop_signals = stop::install().map_err(LaunchError::StopSignals)?;
-    settle_profiler(options);
+    settle_profiler(options)?;
     log::info!(
         "profiler started: pid={} target={:?} events={} {}",
         std::process::id(),
@@ -299,12 +304,12 @@ fn run_profiler(
     watch: Option<TargetWatch>,
     started: impl FnOnce() -> Duration,
 ) -> Result<(), ProfilerError> {
-    sandbox::one_malloc_arena();
+    memory::one_malloc_arena();
     let starting = std::time::Instant::now();
     let profiler = Profiler::start(options, target, events);
     let spent_before = started();
     let profiler = profiler?.spent_before(spent_before);
-    sandbox::release_free_memory();
+    memory::release_free_memory();
     // `cargo xtask bench` reads the CPU of the start-up at this line.
     log::info!(
         "start-up: done in {:.0} ms; profiler CPU so far {:.0} ms",
@@ -370,8 +375,9 @@ fn raise_descriptor_limit() {
 
 /// The profiler's own settings once its events are in place: `--nice`, one
 /// CPU, only the capabilities it uses, and no way to signal or trace other
-/// processes ([`sandbox`]).
-fn settle_profiler(options: &LaunchOptions) {
+/// processes ([`sandbox`]); an error when that filter cannot be installed
+/// (unless `--no-sandbox`).
+fn settle_profiler(options: &LaunchOptions) -> Result<(), LaunchError> {
     if let Some(nice) = options.nice {
         // SAFETY: setpriority on this process only.
         if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) } != 0 {
@@ -386,8 +392,14 @@ fn settle_profiler(options: &LaunchOptions) {
         log::warn!("profiler: {error}");
     }
     if let Err(error) = sandbox::forbid_touching_other_processes() {
-        log::warn!("profiler: cannot install its seccomp filter: {error}");
+        if options.profiler.require_sandbox {
+            return Err(LaunchError::Sandbox(error));
+        }
+        log::warn!(
+            "profiler: running without its seccomp filter ({error}), as --no-sandbox allows"
+        );
     }
+    Ok(())
 }
 
 /// Pins the profiler to the last CPU it may run on: it competes with the

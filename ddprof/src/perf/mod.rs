@@ -426,19 +426,15 @@ impl PerfEngine {
         self.losses
     }
 
-    /// The CPU time of the profiled tasks as the kernel counts it (the sum
-    /// of the events' counts, see [`EventFd::count`]), in nanoseconds:
-    /// `None` when the events do not count tasks (`--global`) or cannot be
-    /// read.
+    /// The profiled tasks' CPU time as the kernel counts it (the events'
+    /// counts, see [`EventFd::count`]), in nanoseconds: `None` when they do
+    /// not count tasks (`--global`) or cannot be read.
     pub fn counted_task_nanos(&self) -> Option<u64> {
-        let mut total = 0u64;
-        for source in &self.sources {
-            if !source.event.counts_task_cpu_time() {
-                return None;
-            }
-            total = total.saturating_add(source.event.count().ok()?);
-        }
-        Some(total)
+        self.sources.iter().try_fold(0u64, |total, source| {
+            let event = &source.event;
+            let count = event.counts_task_cpu_time().then(|| event.count().ok());
+            Some(total.saturating_add(count.flatten()?))
+        })
     }
 
     /// Samples produced so far and how many reached the root.
@@ -770,9 +766,7 @@ fn note_outcome(
 ) {
     *wrapped_records += outcome.wrapped;
     if outcome.corrupted {
-        // The samples among them are not known one by one: the run's
-        // accounting finds them missing from the kernel's count (lost as
-        // unsampled).
+        // Their samples count as lost: the kernel's count has them.
         log::warn!(
             "the perf ring buffer of the event on CPU {} held an invalid record; skipped its \
              {} unread bytes (the samples in them count as lost)",

@@ -60,6 +60,9 @@ pub struct ProfilerOptions {
     pub internal_stats: Option<StatsdAddress>,
     /// `--show-samples`: one log line per sample.
     pub show_samples: bool,
+    /// The profiler stops rather than run where its seccomp filters cannot
+    /// be installed (not `--no-sandbox`).
+    pub require_sandbox: bool,
     /// When the worker process is replaced by a fresh one.
     pub worker: WorkerOptions,
 }

@@ -88,6 +88,10 @@ pub const EXIT_PARENT_GONE: i32 = 4;
 /// a fork: never returns to the caller's caller (see [`super::parent`]).
 pub fn run(setup: WorkerSetup<'_>) -> i32 {
     become_worker(setup.handover.parent);
+    if let Err(error) = confine(setup.options.require_sandbox) {
+        log::error!("profiler worker: {error}");
+        return EXIT_FAILED;
+    }
     let WorkerSetup {
         options,
         target,
@@ -145,6 +149,30 @@ fn become_worker(parent: u32) {
     if std::os::unix::process::parent_id() != parent {
         // SAFETY: ends this process without running anything of the parent's.
         unsafe { libc::_exit(EXIT_PARENT_GONE) };
+    }
+}
+
+/// Gives the worker what it reads the profiled processes with, then takes
+/// from it every way to write, run a program or reach out (see
+/// `confine::worker_sandbox`). Without the filter (a kernel that refuses
+/// it), the worker stops, unless `--no-sandbox` says to go on.
+fn confine(require_sandbox: bool) -> Result<(), String> {
+    if let Err(error) = crate::confine::capabilities::raise_for_worker() {
+        log::warn!("profiler worker: {error}");
+    }
+    match crate::confine::worker_sandbox::install() {
+        Ok(()) => Ok(()),
+        Err(error) if require_sandbox => Err(format!(
+            "cannot install its seccomp filter ({error}): it does not run without it \
+             (--no-sandbox: run it anyway)"
+        )),
+        Err(error) => {
+            log::warn!(
+                "profiler worker: running without its seccomp filter ({error}), as \
+                 --no-sandbox allows"
+            );
+            Ok(())
+        }
     }
 }
 

@@ -6,13 +6,22 @@
 //!
 //! | capability            | why                                                               | until                |
 //! |-----------------------|-------------------------------------------------------------------|----------------------|
-//! | `CAP_SYS_PTRACE`      | read `/proc/PID/maps` of a target whose permitted set is larger than the profiler's (ptrace access mode check), or that belongs to another user | the end              |
-//! | `CAP_DAC_READ_SEARCH` | open the target's binaries through `/proc/PID/root` when they are not readable by the profiler's user | the end              |
-//! | `CAP_CHECKPOINT_RESTORE` | read `/proc/PID/map_files/` links (deleted or replaced binaries) without `CAP_SYS_ADMIN` | the end              |
+//! | `CAP_SYS_PTRACE`      | read `/proc/PID/maps` of a target whose permitted set is larger than the profiler's (ptrace access mode check), or that belongs to another user | the end (a worker's) |
+//! | `CAP_DAC_READ_SEARCH` | open the target's binaries through `/proc/PID/root` when they are not readable by the profiler's user | the end (a worker's) |
+//! | `CAP_CHECKPOINT_RESTORE` | read `/proc/PID/map_files/` links (deleted or replaced binaries) without `CAP_SYS_ADMIN` | the end (a worker's) |
 //! | `CAP_BPF`, `CAP_PERFMON` | load the BPF program and attach it to the perf events        | [`drop_after_setup`] |
 //! | `CAP_SYS_ADMIN`       | BPF and perf on kernels older than 5.8, which lack `CAP_BPF`/`CAP_PERFMON` | [`drop_after_setup`] |
 //! | `CAP_IPC_LOCK`        | lock BPF maps on kernels that charge them to `RLIMIT_MEMLOCK` (before 5.11) | [`drop_after_setup`] |
 //! | `CAP_SYSLOG` (only with `--include-kernel`) | copy `/proc/kallsyms` with its addresses (hidden without it when `perf_event_paranoid` > 1) | [`drop_after_setup`] |
+//!
+//! After the set-up, the three kept for the end are only the workers'
+//! ([`raise_for_worker`]): the parent, which neither reads the profiled
+//! processes nor parses their files (it writes outputs and caches and
+//! uploads), keeps them permitted but not effective, only so that the
+//! workers it forks can have them; a worker, which reads what the profiled
+//! processes map, has them effective under an allow-list of system calls
+//! that leaves it no way to write, run a program or reach out (see
+//! `worker_sandbox`): they are read-only powers there.
 //!
 //! Everything else, including `CAP_KILL` (the profiler must not be able to
 //! signal a target of another user) and `CAP_SETUID`/`CAP_SETGID`, goes as
@@ -302,12 +311,26 @@ pub fn drop_for_profiler(kernel_symbols: bool) -> Result<(), CapabilityError> {
 }
 
 /// Called by the profiler loop once its engine is set up (BPF program loaded
-/// and attached, ring buffers mapped): keeps only [`KEPT_BY_PROFILER`].
+/// and attached, ring buffers mapped): keeps only [`KEPT_BY_PROFILER`],
+/// and those only permitted, for the workers (see the module
+/// documentation); none is effective.
 pub fn drop_after_setup() -> Result<(), CapabilityError> {
     let kept = CapSet::of(KEPT_BY_PROFILER);
     let current = current()?;
     set(ProcessCaps {
-        effective: current.effective.intersect(kept),
+        effective: CapSet::default(),
+        permitted: current.permitted.intersect(kept),
+        inheritable: CapSet::default(),
+    })
+}
+
+/// Called by a worker (forked from the parent after the set-up): makes the
+/// [`KEPT_BY_PROFILER`] capabilities the parent holds permitted effective.
+pub fn raise_for_worker() -> Result<(), CapabilityError> {
+    let kept = CapSet::of(KEPT_BY_PROFILER);
+    let current = current()?;
+    set(ProcessCaps {
+        effective: current.permitted.intersect(kept),
         permitted: current.permitted.intersect(kept),
         inheritable: CapSet::default(),
     })
