@@ -190,6 +190,10 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_NO_SANDBOX", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub no_sandbox: bool,
 
+    /// Run the command as a child and stay as its init: signals sent to ddprof go to the command, orphans are reaped, and ddprof exits with the command's status once the profiler has written its last period. For a container's entry point (PID 1), where the command's exit would otherwise end the profiler before its last period
+    #[arg(long, env = "DD_PROFILING_INIT", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub init: bool,
+
     /// Run the command as this user (name or UID); if there is no such user the command does not run
     #[arg(long, env = "DD_PROFILING_SWITCH_USER", value_parser = parse_user)]
     pub switch_user: Option<String>,

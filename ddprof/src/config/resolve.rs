@@ -106,6 +106,7 @@ pub fn resolve_with(
         enabled: cli.enabled,
         switch_user: cli.switch_user.clone(),
         drop_capabilities: cli.drop_capabilities,
+        init: cli.init,
         nice: cli.nice,
         log_mode: cli.log_mode,
         events,

@@ -83,6 +83,9 @@ pub enum Scope {
     /// The calling process itself, from its next exec (the launcher): each
     /// event starts disabled and is enabled by the exec; children inherit.
     SelfOnExec,
+    /// A child of the calling process, from its next exec (`--init`: the
+    /// command runs as ddprof's child), as `SelfOnExec`.
+    ChildOnExec(i32),
     /// A running process (and the threads and children it creates later).
     Process(i32),
     /// Every process on one CPU.
@@ -272,7 +275,7 @@ pub fn attributes(
     // had to shrink it to fit the locked-memory limit.
     attr.__bindgen_anon_2.wakeup_events = i32::MAX as u32;
     match scope {
-        Scope::SelfOnExec => {
+        Scope::SelfOnExec | Scope::ChildOnExec(_) => {
             attr.set_disabled(1);
             attr.set_enable_on_exec(1);
             attr.set_inherit(1);
@@ -297,6 +300,7 @@ pub fn open(
     let mut attr = attributes(spec, scope, options);
     let pid = match scope {
         Scope::SelfOnExec => 0,
+        Scope::ChildOnExec(pid) => pid,
         Scope::Process(pid) => pid,
         Scope::Global => -1,
     };
@@ -338,7 +342,7 @@ pub fn open(
         fd,
         cpu,
         spec: *spec,
-        enable_when_mapped: !matches!(scope, Scope::SelfOnExec),
+        enable_when_mapped: !matches!(scope, Scope::SelfOnExec | Scope::ChildOnExec(_)),
         scope,
     })
 }

@@ -40,9 +40,10 @@ pub enum SpawnError {
 /// What the daemon needs from the launcher.
 pub struct DaemonSetup<'a> {
     pub options: &'a LaunchOptions,
-    /// The launcher's PID: the command keeps it.
+    /// The command's PID: the launcher's (which the command keeps), or its
+    /// child's with `--init`.
     pub target_pid: i32,
-    /// A pidfd of the launcher, opened before the fork.
+    /// A pidfd of the command, opened before the daemon's fork.
     pub target_pidfd: Option<OwnedFd>,
     /// The daemon's end of the hand-off socket.
     pub socket: OwnedFd,
@@ -51,8 +52,9 @@ pub struct DaemonSetup<'a> {
 }
 
 /// Forks the daemon; returns in the launcher once the intermediate child is
-/// reaped. Never returns in the daemon.
-pub fn spawn(setup: DaemonSetup<'_>) -> Result<(), SpawnError> {
+/// reaped, with the daemon's PID when the intermediate could say it. Never
+/// returns in the daemon.
+pub fn spawn(setup: DaemonSetup<'_>) -> Result<Option<i32>, SpawnError> {
     // With SIGCHLD ignored, the kernel would reap the intermediate child
     // itself and waitpid would wait for every other child: take the default
     // disposition while forking, and give the caller's back for the exec.
@@ -66,7 +68,9 @@ pub fn spawn(setup: DaemonSetup<'_>) -> Result<(), SpawnError> {
     result
 }
 
-fn fork_twice(setup: DaemonSetup<'_>) -> Result<(), SpawnError> {
+fn fork_twice(setup: DaemonSetup<'_>) -> Result<Option<i32>, SpawnError> {
+    // The intermediate process says the daemon's PID through this pipe.
+    let said = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok();
     // SAFETY: the launcher is single-threaded here (nothing has spawned a
     // thread), so the child may run arbitrary code after the fork.
     match unsafe { fork() }.map_err(SpawnError::Fork)? {
@@ -74,14 +78,20 @@ fn fork_twice(setup: DaemonSetup<'_>) -> Result<(), SpawnError> {
             // SAFETY: as above, still single-threaded.
             match unsafe { fork() } {
                 Ok(ForkResult::Child) => {
+                    drop(said);
                     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| daemon_main(setup)));
                     // Whatever happened, never return into the launcher's code
                     // (it would exec the command a second time).
                     // SAFETY: _exit ends this process without touching shared state.
                     unsafe { libc::_exit(if outcome.is_ok() { 0 } else { 101 }) }
                 }
-                // SAFETY: the intermediate process only exits.
-                Ok(ForkResult::Parent { .. }) => unsafe { libc::_exit(0) },
+                Ok(ForkResult::Parent { child }) => {
+                    if let Some((_, write_end)) = &said {
+                        let _ = nix::unistd::write(write_end, &child.as_raw().to_ne_bytes());
+                    }
+                    // SAFETY: the intermediate process only exits.
+                    unsafe { libc::_exit(0) }
+                }
                 // SAFETY: as above.
                 Err(_) => unsafe { libc::_exit(1) },
             }
@@ -89,7 +99,13 @@ fn fork_twice(setup: DaemonSetup<'_>) -> Result<(), SpawnError> {
         ForkResult::Parent { child } => {
             drop(setup.socket);
             drop(setup.target_pidfd);
-            reap(child)
+            reap(child)?;
+            let daemon = said.and_then(|(read_end, write_end)| {
+                drop(write_end);
+                let mut pid = [0u8; 4];
+                (nix::unistd::read(&read_end, &mut pid).ok()? == 4).then(|| i32::from_ne_bytes(pid))
+            });
+            Ok(daemon)
         }
     }
 }

@@ -45,6 +45,7 @@
 //!   (the integration tests read it).
 pub mod daemon;
 pub mod handoff;
+mod init;
 pub mod memory;
 pub mod signals;
 
@@ -72,6 +73,9 @@ pub struct LaunchOptions {
     /// `--drop-capabilities`: remove CAP_SYS_ADMIN, CAP_PERFMON and CAP_BPF
     /// from the command.
     pub drop_capabilities: bool,
+    /// `--init`: run the command as ddprof's child, ddprof staying as its
+    /// init (see [`init`]).
+    pub init: bool,
     /// `--nice`: the profiler's niceness.
     pub nice: Option<i32>,
     /// Where the logs go (the daemon keeps stderr or stdout open for them).
@@ -170,25 +174,60 @@ pub fn run_command(options: &LaunchOptions, not_profiled: Option<String>) -> u8 
             return 1;
         }
     };
+    if options.init {
+        return init::run(
+            options,
+            not_profiled,
+            &argv,
+            switch_user.as_ref(),
+            caller_sigpipe,
+        );
+    }
     if options.enabled {
+        warn_if_pid_1();
         let profiled = match not_profiled {
             Some(reason) => Err(reason),
-            None => profile_self(options).map_err(|cause| cause.to_string()),
+            None => profile(options, Profiled::Launcher).map_err(|cause| cause.to_string()),
         };
         if let Err(cause) = profiled {
             log::warn!("running the command without profiling: {cause}");
         }
     }
+    become_command(options, switch_user.as_ref(), caller_sigpipe);
+    exec_command(program, &argv)
+}
+
+/// A command that will be PID 1 of its PID namespace (a container's entry
+/// point) takes the profiler with it when it exits: the kernel ends every
+/// process of the namespace. Said once, with what to do.
+fn warn_if_pid_1() {
+    if std::process::id() == 1 {
+        log::warn!(
+            "the command is PID 1 of its PID namespace: when it exits, the kernel ends every \
+             process of the namespace, the profiler too, before it writes its last period (up \
+             to --upload-period of samples) and its summary; to keep them, run `ddprof --init \
+             -- COMMAND` (ddprof stays PID 1 as a minimal init and waits for the profiler)"
+        );
+    }
+}
+
+/// `--drop-capabilities`, `--switch-user` and the caller's SIGPIPE
+/// disposition, just before the exec; exits 1 when the command must not run.
+fn become_command(
+    options: &LaunchOptions,
+    switch_user: Option<&user::TargetUser>,
+    caller_sigpipe: Option<signals::SavedDisposition>,
+) {
     if options.drop_capabilities {
         if let Err(error) = capabilities::drop_from_command() {
             print_error(format_args!("{}", LaunchError::DropCapabilities(error)));
-            return 1;
+            std::process::exit(1);
         }
     }
-    if let Some(user) = &switch_user {
+    if let Some(user) = switch_user {
         if let Err(error) = user::switch_to(user) {
             print_error(format_args!("{error}"));
-            return 1;
+            std::process::exit(1);
         }
     }
     // main.rs does not let the Rust runtime ignore SIGPIPE, so this is the
@@ -196,7 +235,12 @@ pub fn run_command(options: &LaunchOptions, not_profiled: Option<String>) -> u8 
     if let Some(saved) = caller_sigpipe {
         saved.restore();
     }
-    let error = nix::unistd::execvp(&argv[0], &argv).unwrap_err();
+}
+
+/// Execs the command (PATH lookup like `execvp`); returns only when it
+/// cannot, with the shell's exit status for that.
+fn exec_command(program: &str, argv: &[CString]) -> u8 {
+    let error = nix::unistd::execvp(&argv[0], argv).unwrap_err();
     match error {
         nix::errno::Errno::ENOENT if !program.contains('/') => {
             print_error(format_args!("{program}: command not found"));
@@ -213,15 +257,28 @@ pub fn run_command(options: &LaunchOptions, not_profiled: Option<String>) -> u8 
     }
 }
 
-/// Steps 1–3 of the launch: on success the daemon holds every event.
-fn profile_self(options: &LaunchOptions) -> Result<(), NotProfiled> {
+/// Which process runs the command (and is profiled from its exec).
+#[derive(Debug, Clone, Copy)]
+enum Profiled {
+    /// The launcher itself, which execs the command.
+    Launcher,
+    /// A child of the launcher (`--init`), stopped before its exec.
+    Child(i32),
+}
+
+/// Steps 1–3 of the launch: on success the daemon holds every event; its
+/// PID, when known.
+fn profile(options: &LaunchOptions, profiled: Profiled) -> Result<Option<i32>, NotProfiled> {
     let (launcher_socket, daemon_socket) = handoff::channel()?;
-    let target_pid = std::process::id() as i32;
+    let (target_pid, scope) = match profiled {
+        Profiled::Launcher => (std::process::id() as i32, Scope::SelfOnExec),
+        Profiled::Child(pid) => (pid, Scope::ChildOnExec(pid)),
+    };
     // Opened before the fork so that the daemon's watch refers to this very
     // process even if the PID were reused; close-on-exec, so the command
     // never sees it.
     let target_pidfd = target::pidfd_open(target_pid).ok().flatten();
-    daemon::spawn(daemon::DaemonSetup {
+    let daemon = daemon::spawn(daemon::DaemonSetup {
         options,
         target_pid,
         target_pidfd,
@@ -229,7 +286,7 @@ fn profile_self(options: &LaunchOptions) -> Result<(), NotProfiled> {
         launcher_socket: launcher_socket.as_raw_fd(),
     })?;
     // Dropping `launcher_socket` on failure tells the daemon to exit.
-    let events = events::open_all(&options.events, Scope::SelfOnExec, &options.event_options)?;
+    let events = events::open_all(&options.events, scope, &options.event_options)?;
     handoff::send_events(&launcher_socket, &events, &options.events, HANDOFF_TIMEOUT)?;
     handoff::wait_for_ack(&launcher_socket, HANDOFF_TIMEOUT)?;
     events::warn_if_kernel_time_refused();
@@ -248,7 +305,7 @@ fn profile_self(options: &LaunchOptions) -> Result<(), NotProfiled> {
     // loading) included, and whatever the process did before it exec'd
     // ddprof (nothing, for a shell's fork or a container's entry point).
     handoff::send_launcher_cpu(&launcher_socket, crate::overhead::own_cpu_time());
-    Ok(())
+    Ok(daemon)
 }
 
 /// `-p PID` or `--global`: opens the events and runs the profiler in the
