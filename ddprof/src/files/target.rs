@@ -428,31 +428,6 @@ pub fn open_perf_map(pid: u32) -> Result<Option<OpenedRegular>, PerfMapRefused> 
     refused.map_or(Ok(None), Err)
 }
 
-/// Opens `path` of ddprof's own namespace, if it is the regular file
-/// `expected` (a mapped file whose process has exited, named in profiles
-/// after the period that sampled it).
-pub fn open_same_file(path: &Path, expected: FileIdentity) -> Result<File, TargetFileError> {
-    if device_hung(expected.dev) {
-        return Err(TargetFileError::Unanswered(Unanswered::TooManyStuck));
-    }
-    let path = path.to_path_buf();
-    bounded_call(Some(expected.dev), move || {
-        let handle = resolve_in_own_namespace(&path)?;
-        reopen_regular(handle, Some(expected)).map(|opened| opened.file)
-    })
-}
-
-/// `O_PATH` handle of the regular file (or anything) at `path` in ddprof's
-/// own namespace, following links but no magic link.
-fn resolve_in_own_namespace(path: &Path) -> Result<OwnedFd, TargetFileError> {
-    let root = nix::fcntl::open(
-        "/",
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    resolve(&root, path, ResolveFlag::RESOLVE_NO_MAGICLINKS)
-}
-
 /// `O_PATH` handle of `path` resolved under `root` as if it were `/`.
 fn resolve_in_root(root: &OwnedFd, path: &Path) -> Result<OwnedFd, TargetFileError> {
     resolve(
@@ -481,7 +456,10 @@ fn resolve(root: &OwnedFd, path: &Path, flags: ResolveFlag) -> Result<OwnedFd, T
                 OPENAT2.store(AVAILABLE, Ordering::Relaxed);
                 return Ok(fd);
             }
-            Err(Errno::ENOSYS | Errno::EPERM) if OPENAT2.load(Ordering::Relaxed) == UNKNOWN => {
+            // Whenever it comes: a worker inherits the parent's "available"
+            // and its seccomp filter answers ENOSYS (a filter cannot read
+            // `openat2`'s flags, behind a pointer).
+            Err(Errno::ENOSYS | Errno::EPERM) => {
                 OPENAT2.store(MISSING, Ordering::Relaxed);
             }
             // The kernel refuses a magic link, or a link (in-root
