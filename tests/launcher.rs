@@ -59,9 +59,12 @@ fn temp_path(name: &str) -> PathBuf {
 
 #[test]
 fn the_command_keeps_the_callers_pid() {
+    // Its profiles go to a scratch directory, not `./ddprof-out` in the
+    // source tree.
     let script = format!(
-        "echo $$; exec {} -- sh -c 'echo $$'",
-        ddprof_bin().display()
+        "echo $$; exec {} --output {} -- sh -c 'echo $$'",
+        ddprof_bin().display(),
+        temp_path("callers-pid").display()
     );
     let output = run(Command::new("sh").args(["-c", &script]));
     let stdout = text(&output.stdout);
