@@ -844,12 +844,15 @@ fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
         // A child has about thirty samples at 999 Hz: its first is handed
         // over, and those until the reader, woken, has described it. How
         // soon that is depends on the machine: on the suite's 2-CPU VM,
-        // 73-89 % of the samples were unwound in the kernel (10 runs, main
-        // at 60ab6d3 and this change alike; the test asked for 75 % and
-        // failed one run in three). Two thirds is below every run measured
-        // here, and far above a child never described before it ends.
+        // 73-89 % of the samples were unwound in the kernel with per-task
+        // events (10 runs at 60ab6d3). Every CPU sampled, a child is also
+        // sampled from its first microseconds (its fork and exec, before
+        // any record of it is read): 87-93 % on a quiet machine, 58-66 %
+        // while another build or test used the other CPU (the niced reader
+        // describes the children later). Three fifths, far above a child
+        // never described before it ends.
         assert!(
-            in_kernel * 3 >= total * 2,
+            in_kernel * 5 >= total * 3,
             "{variant}: only {in_kernel} of {total} samples unwound in the kernel"
         );
         assert!(
@@ -885,9 +888,11 @@ fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
         "{in_kernel} of {total} unwound in the kernel: did a notice wake the reader?"
     );
     assert_eq!(summary["samples"], total, "{summary:?}");
-    // Nothing dropped by a ring buffer; what the kernel counted of the
-    // children beyond their last sample (a 30 ms child has ~3 samples at
-    // 99 Hz) is lost as unsampled, and every sample due is accounted for.
+    // Nothing dropped by a ring buffer, and every sample due is accounted
+    // for. Every CPU is sampled: a 30 ms child (~3 samples at 99 Hz) is
+    // sampled as its CPU time says, not only past a whole period of its
+    // own (with per-task events, the time after a child's last sample was
+    // counted as unsampled), so the samples alone make 95 % of what is due.
     let field = |name: &str| summary.get(name).copied().unwrap_or(0);
     assert_eq!(field("lost_ring_full"), 0, "{summary:?}");
     let due = summary["workload_cpu_ms"] * 99 / 1000;
@@ -896,8 +901,8 @@ fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
         "{summary:?}: {due} samples due"
     );
     assert!(
-        field("lost_unsampled") > 0,
-        "a 30 ms child is not always sampled: {summary:?}"
+        summary["samples"] * 100 >= due * 95,
+        "{summary:?}: {due} samples due"
     );
     assert!(summary["full_stacks"] * 100 >= total * 99, "{summary:?}");
     assert!(folded.contains("forker_child_burn"), "{folded}");

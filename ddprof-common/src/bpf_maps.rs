@@ -31,8 +31,11 @@ pub mod names {
     pub const WALKS: &str = "WALKS";
     /// The tail-call variant's continuation (slot 0).
     pub const WALK_PROGRAMS: &str = "WALK_PROGRAMS";
+    /// With `TREE_ONLY`: processes userspace found not profiled (tgid →
+    /// 1), whose samples the program drops.
+    pub const NOT_PROFILED: &str = "NOT_PROFILED";
     /// Every map of the object.
-    pub const MAPS: [&str; 8] = [
+    pub const MAPS: [&str; 9] = [
         COUNTERS,
         SAMPLES,
         SCRATCH,
@@ -41,12 +44,22 @@ pub mod names {
         HANDED_OFF,
         WALKS,
         WALK_PROGRAMS,
+        NOT_PROFILED,
     ];
     /// Global set by the loader: collect kernel stacks (non-zero) or not.
     pub const KERNEL_STACKS: &str = "KERNEL_STACKS";
     /// Global set by the loader: hand-off notices wake the reader at once
     /// (non-zero) or wait for its next wake-up.
     pub const HANDOFF_WAKEUP: &str = "HANDOFF_WAKEUP";
+    /// Global set by the loader: the program samples every task of a CPU
+    /// and keeps only the profiled processes' samples (non-zero), dropping
+    /// those of the processes in `NOT_PROFILED`.
+    pub const TREE_ONLY: &str = "TREE_ONLY";
+    /// Globals set by the loader when the profiler runs in a PID namespace
+    /// other than the initial one: its `/proc/self/ns/pid` device and
+    /// inode, in which the program numbers the sampled task.
+    pub const PID_NS_DEV: &str = "PID_NS_DEV";
+    pub const PID_NS_INO: &str = "PID_NS_INO";
     /// The `bpf_loop` variant's program (Linux 5.17+).
     pub const LOOP_ENTRY_PROGRAM: &str = "ddprof_sample";
     /// The tail-call variant's entry program (Linux 5.10+).
@@ -54,11 +67,16 @@ pub mod names {
     /// The tail-call variant's continuation, tail-called through
     /// `WALK_PROGRAMS`.
     pub const TAIL_CALL_WALK_PROGRAM: &str = "ddprof_walk_tail";
+    /// Returns 0 for every sample: attached to the per-task events, which
+    /// then only count and report process events, while per-CPU events
+    /// sample (`TREE_ONLY`).
+    pub const IGNORE_PROGRAM: &str = "ddprof_ignore";
     /// Every program of the object.
-    pub const PROGRAMS: [&str; 3] = [
+    pub const PROGRAMS: [&str; 4] = [
         LOOP_ENTRY_PROGRAM,
         TAIL_CALL_ENTRY_PROGRAM,
         TAIL_CALL_WALK_PROGRAM,
+        IGNORE_PROGRAM,
     ];
 }
 
@@ -100,6 +118,11 @@ pub struct MappingEntry {
 /// the perf engine, which unwinds them in userspace with the whole table,
 /// rather than guess with frame pointers.
 pub const TABLE_NOT_LOADED: u32 = u32::MAX;
+
+/// Entries of `NOT_PROFILED` (an LRU hash: a process evicted from it has
+/// its next sample handed to the perf engine, and userspace names it
+/// again).
+pub const MAX_NOT_PROFILED: u32 = 16384;
 
 /// The value of the `PROCESSES` map.
 #[repr(C)]
@@ -184,7 +207,11 @@ mod tests {
             let definition = std::format!("pub fn {program}(");
             assert!(source.contains(&definition), "no program `{program}`");
         }
-        for name in [names::KERNEL_STACKS, names::HANDOFF_WAKEUP] {
+        for name in [
+            names::KERNEL_STACKS,
+            names::HANDOFF_WAKEUP,
+            names::TREE_ONLY,
+        ] {
             let global = std::format!("static {name}: u32");
             assert!(source.contains(&global), "no global {name}");
         }

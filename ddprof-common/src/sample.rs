@@ -152,6 +152,9 @@ bpf_counters! {
     /// describes (a mapping made since the last sync, or beyond
     /// `MAX_PROCESS_MAPPINGS`), below the first frame.
     HandedOffMidStack,
+    /// With `TREE_ONLY` (every task of a CPU sampled): samples of a process
+    /// userspace found not profiled, dropped before anything else.
+    NotProfiled,
 }
 
 // Each counter's slot is its place in `ALL`.

@@ -21,13 +21,13 @@
 use core::ffi::c_void;
 
 use aya_ebpf::bindings::{
-    bpf_perf_event_data, pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA,
+    bpf_perf_event_data, bpf_pidns_info, pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA,
     BPF_RB_FORCE_WAKEUP,
     BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
 };
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use aya_ebpf::helpers::generated::{
-    bpf_get_current_task_btf, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
+    bpf_get_current_task_btf, bpf_get_ns_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
     bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output, bpf_task_pt_regs,
 };
 use aya_ebpf::macros::map;
@@ -36,7 +36,7 @@ use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::EbpfContext;
 use ddprof_common::bpf_maps::{
     ProcessMappings, RowChunk, FRAMES_PER_TAIL_CALL_RUN, MAPPING_SEARCH_STEPS,
-    MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK, TABLE_NOT_LOADED,
+    MAX_NOT_PROFILED, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK, TABLE_NOT_LOADED,
 };
 use ddprof_common::sample::{
     BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, HANDOFF_NOTICE, HANDOFF_NOTICE_INTERVAL_NS,
@@ -79,6 +79,29 @@ static ROWS: Array<RowChunk> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 /// `HANDOFF_NOTICE` record; only the program reads and writes it.
 #[map]
 static HANDED_OFF: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
+
+/// With `TREE_ONLY`: the processes userspace found not profiled (a sample
+/// of theirs was handed over, and no record of the profiled processes
+/// names them), whose samples are dropped at once. Userspace writes it
+/// and removes a process that the records later name (a reused PID).
+#[map]
+static NOT_PROFILED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(MAX_NOT_PROFILED, 0);
+
+/// Set by the loader: the program is attached to per-CPU events, which
+/// sample every task of their CPU, and keeps the profiled processes'
+/// samples only (non-zero); else to events that follow the profiled tasks.
+#[no_mangle]
+static TREE_ONLY: u32 = 0;
+
+/// Set by the loader when the profiler runs in a PID namespace other than
+/// the initial one (a container): the device and inode of its namespace
+/// (`/proc/self/ns/pid`). The process map and the records use the PIDs of
+/// that namespace; the program then takes the sampled task's PIDs there
+/// too, and a task outside it is none of the profiler's.
+#[no_mangle]
+static PID_NS_DEV: u64 = 0;
+#[no_mangle]
+static PID_NS_INO: u64 = 0;
 
 /// Set by the loader: collect kernel stacks (non-zero) or not.
 #[no_mangle]
@@ -186,6 +209,15 @@ pub fn ddprof_sample_tail(ctx: *mut c_void) -> u32 {
     }
 }
 
+/// Attached to the per-task events when per-CPU events sample
+/// (`TREE_ONLY`): their samples are dropped (they sample at the lowest
+/// rate; the events stay for their counts and process records).
+#[no_mangle]
+#[link_section = "perf_event/ddprof_ignore"]
+pub fn ddprof_ignore(_ctx: *mut c_void) -> u32 {
+    0
+}
+
 /// The tail-called program of the tail-call variant: the next
 /// `FRAMES_PER_TAIL_CALL_RUN` frames of the walk `WALKS` holds.
 #[no_mangle]
@@ -228,6 +260,35 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     finish_sample()
 }
 
+/// The current task's tgid (high half) and tid, as the profiler's PID
+/// namespace numbers them (`PID_NS_INO`), or as the initial one does; `None`
+/// for a task outside the profiler's namespace.
+#[inline(always)]
+fn current_pid_tgid() -> Option<u64> {
+    // SAFETY: reads of constants the loader may have set.
+    let (dev, ino) = unsafe {
+        (
+            core::ptr::read_volatile(&PID_NS_DEV),
+            core::ptr::read_volatile(&PID_NS_INO),
+        )
+    };
+    if ino == 0 {
+        return Some(bpf_get_current_pid_tgid());
+    }
+    let mut ids = bpf_pidns_info { pid: 0, tgid: 0 };
+    // SAFETY: the helper writes `size` bytes into `ids`, a local of that
+    // size (Linux 5.7+; the tail-call variant is for 5.10+).
+    let result = unsafe {
+        bpf_get_ns_current_pid_tgid(
+            dev,
+            ino,
+            &mut ids,
+            core::mem::size_of::<bpf_pidns_info>() as u32,
+        )
+    };
+    (result == 0).then_some(((ids.tgid as u64) << 32) | ids.pid as u64)
+}
+
 /// How a sample starts.
 enum Start {
     /// Nothing to walk: the program returns this value.
@@ -252,9 +313,24 @@ enum SavedRegs {
 /// the user registers of a sample taken in kernel mode.
 #[inline(always)]
 fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> SavedRegs) -> Start {
-    count(BpfCounter::Seen);
-    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(pid_tgid) = current_pid_tgid() else {
+        // A task outside the profiler's PID namespace (per-CPU events).
+        count(BpfCounter::NotProfiled);
+        return Start::Done(0);
+    };
     let pid = (pid_tgid >> 32) as u32;
+    // SAFETY: a read of a constant the loader may have set.
+    if unsafe { core::ptr::read_volatile(&TREE_ONLY) } != 0 {
+        // Another process's sample: the idle task, or one userspace found
+        // not profiled. Any other unknown process is handed over below and
+        // userspace decides.
+        // SAFETY: the value is not used, only whether there is one.
+        if pid == 0 || unsafe { NOT_PROFILED.get(&pid) }.is_some() {
+            count(BpfCounter::NotProfiled);
+            return Start::Done(0);
+        }
+    }
+    count(BpfCounter::Seen);
     // A process userspace has not described yet (just forked or started,
     // or beyond the map's size): the perf engine unwinds this sample from
     // the stack copy the kernel then writes.

@@ -675,8 +675,13 @@ impl fmt::Display for Summary {
             write!(
                 f,
                 " lost_ring_full={} lost_malformed={} lost_unsampled={} lost_worker={} \
-                 throttles={}",
-                lost.ring_full, lost.malformed, lost.unsampled, lost.worker, self.throttles
+                 lost_exiting={} throttles={}",
+                lost.ring_full,
+                lost.malformed,
+                lost.unsampled,
+                lost.worker,
+                lost.exiting,
+                self.throttles
             )?;
         }
         if self.target_cpu_ms > 0 {

@@ -260,11 +260,16 @@ pub struct Lost {
     /// one found: samples the dead worker read and never delivered, and
     /// those the kernel dropped while it hung or was stopped.
     pub worker: u64,
+    /// Samples of profiled processes taken on their way out, after their
+    /// exit record (every CPU sampled): no address space left to unwind,
+    /// and beyond the kernel's count of the tasks' CPU time (which stops
+    /// when their events detach), so not in `unsampled` either.
+    pub exiting: u64,
 }
 
 impl Lost {
     pub fn total(&self) -> u64 {
-        self.ring_full + self.malformed + self.unsampled + self.worker
+        self.ring_full + self.malformed + self.unsampled + self.worker + self.exiting
     }
 }
 
@@ -277,6 +282,7 @@ impl std::ops::Add for Lost {
             malformed: self.malformed + other.malformed,
             unsampled: self.unsampled + other.unsampled,
             worker: self.worker + other.worker,
+            exiting: self.exiting + other.exiting,
         }
     }
 }
@@ -348,6 +354,7 @@ impl Overhead {
             ("lost_malformed", self.lost.malformed as f64),
             ("lost_unsampled", self.lost.unsampled as f64),
             ("lost_worker", self.lost.worker as f64),
+            ("lost_exiting", self.lost.exiting as f64),
             ("throttles", self.throttles as f64),
             ("truncated", self.truncated as f64),
             ("profiler_cpu_ms", self.profiler_cpu.as_secs_f64() * 1e3),
@@ -386,12 +393,13 @@ impl fmt::Display for Overhead {
         if self.lost.total() > 0 || self.throttles > 0 {
             write!(
                 f,
-                " ({} ring buffer full, {} malformed, {} unsampled, {} with a dead worker; {} \
-                 throttles)",
+                " ({} ring buffer full, {} malformed, {} unsampled, {} with a dead worker, {} \
+                 exiting; {} throttles)",
                 self.lost.ring_full,
                 self.lost.malformed,
                 self.lost.unsampled,
                 self.lost.worker,
+                self.lost.exiting,
                 self.throttles
             )?;
         }
@@ -518,6 +526,7 @@ impl OverheadMeter {
             malformed: losses
                 .malformed
                 .saturating_sub(self.losses_before.malformed),
+            exiting: losses.exiting.saturating_sub(self.losses_before.exiting),
         };
         self.losses_before = losses;
         let period = std::mem::take(&mut self.period);
@@ -527,10 +536,12 @@ impl OverheadMeter {
         run.weight_nanos = run.weight_nanos.saturating_add(period.weight_nanos);
         run.lost.ring_full += new.lost;
         run.lost.malformed += new.malformed;
+        run.lost.exiting += new.exiting;
         run.throttles += new.throttled;
         let mut lost = Lost {
             ring_full: new.lost,
             malformed: new.malformed,
+            exiting: new.exiting,
             ..Lost::default()
         };
         let counted_before = run.counted_nanos;
@@ -657,6 +668,7 @@ mod tests {
             lost,
             throttled: 0,
             malformed,
+            exiting: 0,
         };
         let first = meter.end_period(losses(5, 0), None);
         assert_eq!(
@@ -699,6 +711,7 @@ mod tests {
             lost: 2,
             throttled: 1,
             malformed: 1,
+            exiting: 0,
         };
         // 500 ms sampled, 30 ms lost in the buffers; the kernel counted
         // 600 ms: 70 ms (7 samples) not accounted for.
@@ -710,6 +723,7 @@ mod tests {
                 malformed: 1,
                 unsampled: 7,
                 worker: 0,
+                exiting: 0,
             }
         );
         assert_eq!((first.throttles, first.lost.total()), (1, 10));
@@ -807,6 +821,7 @@ mod tests {
                 malformed: 0,
                 unsampled: 2,
                 worker: 0,
+                exiting: 4,
             },
             throttles: 0,
             truncated: 7,
@@ -820,11 +835,12 @@ mod tests {
             overhead.comments(),
             [
                 "ddprof.overhead.samples=990",
-                "ddprof.overhead.lost=3",
+                "ddprof.overhead.lost=7",
                 "ddprof.overhead.lost_ring_full=1",
                 "ddprof.overhead.lost_malformed=0",
                 "ddprof.overhead.lost_unsampled=2",
                 "ddprof.overhead.lost_worker=0",
+                "ddprof.overhead.lost_exiting=4",
                 "ddprof.overhead.throttles=0",
                 "ddprof.overhead.truncated=7",
                 "ddprof.overhead.profiler_cpu_ms=25",
@@ -837,8 +853,8 @@ mod tests {
         );
         assert_eq!(
             overhead.to_string(),
-            "990 samples, 3 lost (1 ring buffer full, 0 malformed, 2 unsampled, 0 with a dead \
-             worker; 0 throttles), 7 truncated; profiler CPU 25 ms (0.25 % of the profiled \
+            "990 samples, 7 lost (1 ring buffer full, 0 malformed, 2 unsampled, 0 with a dead \
+             worker, 4 exiting; 0 throttles), 7 truncated; profiler CPU 25 ms (0.25 % of the profiled \
              tasks' 10000 ms), RSS 20.0 MiB (peak 30.0 MiB)"
         );
     }

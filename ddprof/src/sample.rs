@@ -38,6 +38,10 @@ pub struct LossCounters {
     pub throttled: u64,
     /// Records that could not be parsed (each counts as a lost sample).
     pub malformed: u64,
+    /// Samples of a profiled process taken after its exit record (every
+    /// CPU sampled): its address space is gone, there is no stack to
+    /// unwind, and the kernel's count of the tasks' CPU time stops there.
+    pub exiting: u64,
 }
 
 impl std::ops::Add for LossCounters {
@@ -48,6 +52,7 @@ impl std::ops::Add for LossCounters {
             lost: self.lost + other.lost,
             throttled: self.throttled + other.throttled,
             malformed: self.malformed + other.malformed,
+            exiting: self.exiting + other.exiting,
         }
     }
 }

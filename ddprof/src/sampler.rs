@@ -16,7 +16,7 @@ use std::time::Duration;
 use ddprof_common::sample::BpfCounter;
 
 use crate::bpf::{choose_engine_with, BpfEngine, BpfEngineOptions, BpfError, EngineChoice};
-use crate::events::EventFd;
+use crate::events::{EventFd, EventOptions, EventSpec, Scope};
 use crate::perf::{settled_time, PerfEngine, PerfEngineOptions, PerfError};
 use crate::process::ProcessTable;
 use crate::sample::Sample;
@@ -39,6 +39,11 @@ pub struct SamplerOptions {
     /// samples taken in the kernel (the perf engine's come with the
     /// records: [`crate::events::EventOptions::kernel_stacks`]).
     pub kernel_stacks: bool,
+    /// With the BPF engine, sample every CPU (events opened with these
+    /// options) and let the program keep the profiled processes' samples,
+    /// rather than sample each profiled task (see [`open_every_cpu`]).
+    /// `None` for `--global`, whose events sample every CPU already.
+    pub sample_every_cpu: Option<EventOptions>,
     /// Where both engines keep the unwind tables they compile for later
     /// runs (`--debug-cache`), if anywhere.
     pub table_store: Option<TableStore>,
@@ -94,10 +99,16 @@ impl Sampler {
     /// before their first sample; `processes` is the table as known so far.
     pub fn start(
         options: &SamplerOptions,
-        events: Vec<EventFd>,
+        mut events: Vec<EventFd>,
         workload_pids: Vec<u32>,
         processes: &ProcessTable,
     ) -> Result<Self, SamplerError> {
+        if let Some(event_options) = options
+            .sample_every_cpu
+            .filter(|_| options.engine != EngineChoice::Perf)
+        {
+            events.extend(open_every_cpu(&events, &event_options));
+        }
         // Map the perf buffers before anything slow (the BPF load takes
         // ~0.1 s): exec and mmap records written while an event has no
         // buffer are lost. The perf engine works on duplicates of the
@@ -138,6 +149,14 @@ impl Sampler {
         log::info!("engine: {}", decision.reason);
         let engine = match bpf {
             Some(mut samples) => {
+                if samples.tree_only() {
+                    perf.keep_only_known_processes();
+                    log::info!(
+                        "BPF engine: every CPU sampled, the program keeping the profiled \
+                         processes' samples (threads and processes too short-lived for a \
+                         per-task sample are sampled too)"
+                    );
+                }
                 // A command that has exec'd already runs with the program
                 // attached: give the maps its mappings now, not at the first
                 // poll (the rest of the set-up takes a while). The records
@@ -151,7 +170,11 @@ impl Sampler {
                     pending: Vec::new(),
                 }
             }
-            None => Engine::Perf(perf),
+            None => {
+                // The perf engine samples each task: no per-CPU buffers.
+                perf.drop_cpu_wide_sources(Scope::CpuForTree);
+                Engine::Perf(perf)
+            }
         };
         Ok(Self { engine })
     }
@@ -247,6 +270,16 @@ impl Sampler {
                     records.sample_counters().samples,
                     samples.table_stats().processes_read_from_proc
                 );
+                if samples.tree_only() {
+                    log::info!(
+                        "BPF engine: every CPU sampled: {} samples of other processes dropped \
+                         by the program, {} after they were handed over; {} processes marked \
+                         not profiled",
+                        counters.get(BpfCounter::NotProfiled),
+                        records.not_profiled_samples() + samples.not_profiled_samples(),
+                        samples.not_profiled_marked()
+                    );
+                }
             }
         }
     }
@@ -346,6 +379,38 @@ impl Sampler {
     }
 }
 
+/// Per-CPU copies of the sampling events of `events` (one per event kind
+/// and rate, on every CPU), for the BPF program to keep the profiled
+/// processes' samples: per-task events sample a task only once it has
+/// used a whole period of CPU, so threads and processes that live shorter
+/// (2,000 threads of 5 ms: 69 % of their CPU time × frequency sampled;
+/// 5,000 processes of 1 ms: none) are never sampled, while a CPU's counter
+/// goes on from task to task. Needs CAP_PERFMON (or `perf_event_paranoid`
+/// ≤ 0); refused, the per-task events sample, as said in one line.
+fn open_every_cpu(events: &[EventFd], options: &EventOptions) -> Vec<EventFd> {
+    let mut specs: Vec<EventSpec> = Vec::new();
+    for event in events {
+        if event.scope.is_cpu_wide() {
+            // `--global`, or already opened.
+            return Vec::new();
+        }
+        if !specs.contains(&event.spec) {
+            specs.push(event.spec);
+        }
+    }
+    match crate::events::open_all(&specs, Scope::CpuForTree, options) {
+        Ok(opened) => opened,
+        Err(error) => {
+            log::info!(
+                "sampling each profiled task rather than every CPU ({error}): threads and \
+                 processes that use less than a sampling period of CPU are not sampled, and \
+                 are counted as lost"
+            );
+            Vec::new()
+        }
+    }
+}
+
 /// Runs `work` (which may take a while: a sync compiles the unwind tables of
 /// new programs, 0.1 s for cc1's 430 K rows) on another thread while this
 /// one keeps the perf buffers drained. Meanwhile the program hands the
@@ -392,6 +457,14 @@ fn deliver_merged(
     for sample in pending.drain(..ready) {
         records.deliver_until(processes, sample.time, on_sample);
         samples.before_sample(processes, sample.pid);
+        // Sampling every CPU, a process the records do not name is not
+        // profiled (its PID reused since the program's map named it), or
+        // has exited (sampled on its way out: nothing left to unwind).
+        if samples.tree_only() && processes.get(sample.pid).is_none() {
+            samples.count_unkept(processes.exited(sample.pid));
+            samples.recycle(sample);
+            continue;
+        }
         on_sample(processes, &sample);
         samples.recycle(sample);
     }

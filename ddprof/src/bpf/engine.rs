@@ -126,6 +126,19 @@ pub struct BpfEngine {
     pub(super) read_from_proc: HashSet<u32>,
     pub(super) table_stats: TableStats,
     pub(super) malformed: u64,
+    /// The program samples every CPU and keeps the profiled processes'
+    /// samples (per-CPU events among the events): see
+    /// [`BpfEngine::tree_only`].
+    pub(super) tree_only: bool,
+    /// The processes written to `NOT_PROFILED`, with when (a count of
+    /// writes), so that a PID the records name later is taken out of it
+    /// and the oldest go when it is full.
+    pub(super) not_profiled: HashMap<u32, u64>,
+    pub(super) not_profiled_writes: u64,
+    /// Samples not kept: of processes gone by their records (exiting), and
+    /// of other processes (see [`BpfEngine::count_unkept`]).
+    exiting_samples: u64,
+    not_profiled_samples: u64,
     /// Frame vectors of delivered samples, reused by the next ones: most
     /// samples of a deep stack are over 1 KiB of frames, beyond malloc's
     /// per-thread cache, and allocating and freeing them was ~10 % of the
@@ -151,9 +164,13 @@ impl BpfEngine {
             table_rows,
             processes,
         };
+        let tree_only = events
+            .iter()
+            .any(|event| event.scope == crate::events::Scope::CpuForTree);
         let settings = ProgramSettings {
             kernel_stacks: options.kernel_stacks,
             wake_on_handoff: options.wake_on_handoff,
+            tree_only,
         };
         let mut program = BpfProgram::load_with(sizes, settings, options.variant)?;
         let ring = program.take_ring()?;
@@ -186,6 +203,11 @@ impl BpfEngine {
             read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
             malformed: 0,
+            tree_only,
+            not_profiled: HashMap::new(),
+            not_profiled_writes: 0,
+            exiting_samples: 0,
+            not_profiled_samples: 0,
             spare_frames: Vec::new(),
         };
         // The workload's tables are in the maps before its first sample.
@@ -193,8 +215,23 @@ impl BpfEngine {
         engine.sync_with_young(&snapshot, &HashSet::new());
         let fill_time = filling.elapsed();
         let attaching = Instant::now();
-        for event in &events {
+        // Per-CPU events (if any) sample from here on; then the per-task
+        // events stop sampling (a few samples may be taken twice, none
+        // missed).
+        let (every_cpu, per_task): (Vec<&EventFd>, Vec<&EventFd>) = events
+            .iter()
+            .partition(|event| event.scope == crate::events::Scope::CpuForTree);
+        for event in every_cpu {
             engine.program.attach(event)?;
+            event.enable().map_err(BpfError::Attach)?;
+        }
+        for event in per_task {
+            if tree_only {
+                engine.program.attach_ignoring(event)?;
+                event.sample_rarely().map_err(BpfError::Attach)?;
+            } else {
+                engine.program.attach(event)?;
+            }
             // Enabled already when a perf engine maps these events' buffers
             // first (the sampler): enabling again changes nothing.
             if event.enable_when_mapped {
@@ -217,6 +254,14 @@ impl BpfEngine {
         );
         engine._events = events;
         Ok(engine)
+    }
+
+    /// Whether the program samples every CPU and keeps only the profiled
+    /// processes' samples: then a process that no record of the profiled
+    /// processes names is not profiled (never read from `/proc`), and its
+    /// samples are dropped.
+    pub fn tree_only(&self) -> bool {
+        self.tree_only
     }
 
     pub fn program(&self) -> &BpfProgram {
@@ -274,6 +319,7 @@ impl BpfEngine {
                 .unwrap_or_default(),
             throttled: 0,
             malformed: self.malformed,
+            exiting: self.exiting_samples,
         }
     }
 
@@ -306,6 +352,28 @@ impl BpfEngine {
         Ok(finished)
     }
 
+    /// Counts a sample the caller did not keep (every CPU sampled, its
+    /// process unknown to the records): of a profiled process on its way
+    /// out (`exited`: after its exit record), a loss; else of another
+    /// process (its PID reused since the program's map named it).
+    pub fn count_unkept(&mut self, exited: bool) {
+        if exited {
+            self.exiting_samples += 1;
+        } else {
+            self.not_profiled_samples += 1;
+        }
+    }
+
+    /// Samples of other processes not kept (see [`BpfEngine::count_unkept`]).
+    pub fn not_profiled_samples(&self) -> u64 {
+        self.not_profiled_samples
+    }
+
+    /// Processes written to the program's `NOT_PROFILED` map so far.
+    pub fn not_profiled_marked(&self) -> u64 {
+        self.not_profiled_writes
+    }
+
     /// Takes back a delivered sample's frame vectors for the next samples.
     pub fn recycle(&mut self, sample: Sample) {
         /// About what a poll delivers at 999 Hz on two CPUs: the spare
@@ -323,7 +391,11 @@ impl BpfEngine {
     /// from `/proc` once, for this sample's symbolization and the maps of
     /// the next ones.
     pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) {
-        if pid == 0 || processes.get(pid).is_some() || !self.read_from_proc.insert(pid) {
+        if self.tree_only
+            || pid == 0
+            || processes.get(pid).is_some()
+            || !self.read_from_proc.insert(pid)
+        {
             return;
         }
         match processes.load_from_proc(pid) {

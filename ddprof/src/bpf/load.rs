@@ -232,6 +232,18 @@ pub struct BpfProgram {
     stats: ProgramStats,
 }
 
+/// The inode of the initial PID namespace (`PROC_PID_INIT_INO`).
+const INITIAL_PID_NAMESPACE_INODE: u64 = 0xEFFF_FFFC;
+
+/// The device and inode of the profiler's PID namespace when it is not
+/// the initial one (the profiler runs in a container): the program then
+/// numbers tasks in it, as the perf records and the process table do.
+fn own_pid_namespace() -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let namespace = std::fs::metadata("/proc/self/ns/pid").ok()?;
+    (namespace.ino() != INITIAL_PID_NAMESPACE_INODE).then(|| (namespace.dev(), namespace.ino()))
+}
+
 pub(super) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
@@ -250,6 +262,10 @@ pub struct ProgramSettings {
     /// maps do not describe yet), rather than let the notice wait for the
     /// reader's next wake-up. See [`wakes_on_handoff_at`].
     pub wake_on_handoff: bool,
+    /// The program samples every task of each CPU (per-CPU events) and
+    /// keeps the profiled processes' samples (`TREE_ONLY`); the per-task
+    /// events get the program that drops every sample.
+    pub tree_only: bool,
 }
 
 impl ProgramSettings {
@@ -258,6 +274,7 @@ impl ProgramSettings {
         Self {
             kernel_stacks,
             wake_on_handoff: true,
+            tree_only: false,
         }
     }
 }
@@ -349,6 +366,8 @@ impl BpfProgram {
         };
         let kernel_stacks = u32::from(settings.kernel_stacks);
         let handoff_wakeup = u32::from(settings.wake_on_handoff);
+        let tree_only = u32::from(settings.tree_only);
+        let (pid_ns_dev, pid_ns_ino) = own_pid_namespace().unwrap_or((0, 0));
         let started = Instant::now();
         let mut loader = EbpfLoader::new();
         // For diagnosing verifier rejections: DDPROF_BPF_VERIFIER_LOG=stats|verbose.
@@ -369,6 +388,9 @@ impl BpfProgram {
             .map_max_entries(names::PROCESSES, sizes.processes)
             .override_global(names::KERNEL_STACKS, &kernel_stacks, true)
             .override_global(names::HANDOFF_WAKEUP, &handoff_wakeup, true)
+            .override_global(names::TREE_ONLY, &tree_only, true)
+            .override_global(names::PID_NS_DEV, &pid_ns_dev, true)
+            .override_global(names::PID_NS_INO, &pid_ns_ino, true)
             .load(object)
             .map_err(|e| classify(&e))?;
         // The continuation first: the entry may only run once the
@@ -377,6 +399,11 @@ impl BpfProgram {
             Some(name) => programs::load_continuation(&mut ebpf, name)?,
             None => None,
         };
+        if settings.tree_only {
+            let name = names::IGNORE_PROGRAM;
+            let program = programs::perf_program_mut(&mut ebpf, name)?;
+            program.load().map_err(|e| programs::load_error(e, name))?;
+        }
         let name = variant.entry_program();
         let program = programs::perf_program_mut(&mut ebpf, name)?;
         program.load().map_err(|e| programs::load_error(e, name))?;
@@ -419,7 +446,17 @@ impl BpfProgram {
     /// Attaches the program to one perf event opened elsewhere. The event's
     /// samples then go through the program, which decides what is kept.
     pub fn attach(&self, event: &EventFd) -> Result<(), BpfError> {
-        let name = self.variant.entry_program();
+        self.attach_program(self.variant.entry_program(), event)
+    }
+
+    /// Attaches the program that drops every sample (loaded with
+    /// `tree_only`): the event keeps counting and writing its process
+    /// records, and its samples cost an interrupt and two instructions.
+    pub fn attach_ignoring(&self, event: &EventFd) -> Result<(), BpfError> {
+        self.attach_program(names::IGNORE_PROGRAM, event)
+    }
+
+    fn attach_program(&self, name: &str, event: &EventFd) -> Result<(), BpfError> {
         let program: &PerfEvent = self
             .ebpf
             .program(name)
@@ -519,6 +556,22 @@ impl BpfProgram {
         &mut self,
     ) -> Result<aya::maps::HashMap<&mut MapData, u32, ProcessMappings>, BpfError> {
         const MAP: &str = names::PROCESSES;
+        let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
+            map: MAP,
+            problem: MapProblem::Missing,
+        })?;
+        aya::maps::HashMap::try_from(map).map_err(|e| BpfError::Map {
+            map: MAP,
+            problem: e.into(),
+        })
+    }
+
+    /// The processes found not profiled (`TREE_ONLY`), whose samples the
+    /// program drops.
+    pub(super) fn not_profiled_map(
+        &mut self,
+    ) -> Result<aya::maps::HashMap<&mut MapData, u32, u32>, BpfError> {
+        const MAP: &str = names::NOT_PROFILED;
         let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
             map: MAP,
             problem: MapProblem::Missing,

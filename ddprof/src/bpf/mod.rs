@@ -20,6 +20,7 @@
 mod choose;
 mod engine;
 mod load;
+mod not_profiled;
 mod programs;
 mod record;
 mod rows;

@@ -113,7 +113,14 @@ impl BpfEngine {
     ) -> YoungProcesses {
         let mut table = preview(young);
         let mut pids = young.clone();
-        for pid in self.handed_off.drain() {
+        let handed_off: Vec<u32> = self.handed_off.drain().collect();
+        for pid in handed_off {
+            // Sampling every CPU: another process of the host, whose
+            // samples the program drops from now on.
+            if self.is_not_profiled(pid, processes, young) {
+                self.mark_not_profiled(pid);
+                continue;
+            }
             // Gone by the records applied since its hand-off (a short-lived
             // process at a low rate, where a hand-off does not wake the
             // reader): nothing left to describe.
@@ -235,6 +242,7 @@ impl BpfEngine {
         if self.is_synced_as(pid, process) {
             return;
         }
+        self.unmark_not_profiled(pid);
         self.fingerprints.insert(pid, mappings_fingerprint(process));
         if process.mappings.len() > MAX_PROCESS_MAPPINGS {
             self.table_stats.processes_truncated += 1;
@@ -421,6 +429,7 @@ impl BpfEngine {
         let data = aya::maps::MapData::from_fd(fd).map_err(map_error)?;
         let map = aya::maps::Map::from_map_data(data).map_err(map_error)?;
         self.ring = aya::maps::RingBuf::try_from(map).map_err(map_error)?;
+        self.clear_not_profiled();
         {
             let mut map = self.program.process_map()?;
             let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();

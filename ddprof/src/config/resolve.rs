@@ -53,6 +53,14 @@ pub fn resolve_with(
         .transpose()
         .map_err(ResolveError::InternalStats)?;
     let kernel_stacks = kernel_stacks(cli);
+    // Time in the kernel is sampled where permitted (as `perf record`
+    // does), each such sample attributed to the user stack that made the
+    // system call.
+    let event_options = EventOptions {
+        stack_sample_size: cli.stack_sample_size,
+        include_kernel: true,
+        kernel_stacks,
+    };
     // --ring-buffer-kib sizes whichever buffer receives the samples.
     let ring_buffer_bytes = cli.ring_buffer_kib.map(|kib| kib as usize * 1024);
     let (export, export_problem) = match export_options(cli, environment) {
@@ -76,6 +84,8 @@ pub fn resolve_with(
             }),
             bpf_wake_on_handoff: crate::bpf::wakes_on_handoff_at(samples_per_task_second(&events)),
             kernel_stacks,
+            // `--global` samples every CPU already.
+            sample_every_cpu: (!cli.global).then_some(event_options),
             // Beside the debug copies: one directory of ddprof's caches.
             table_store: cli
                 .debug_cache_dir()
@@ -110,14 +120,7 @@ pub fn resolve_with(
         nice: cli.nice,
         log_mode: cli.log_mode,
         events,
-        // Time in the kernel is sampled where permitted (as `perf record`
-        // does), each such sample attributed to the user stack that made
-        // the system call.
-        event_options: EventOptions {
-            stack_sample_size: cli.stack_sample_size,
-            include_kernel: true,
-            kernel_stacks,
-        },
+        event_options,
         profiler,
     };
     Ok(Resolved {

@@ -90,10 +90,22 @@ pub enum Scope {
     Process(i32),
     /// Every process on one CPU.
     Global,
+    /// Every task on one CPU, for the samples only: the BPF program keeps
+    /// those of the profiled processes (which per-task events follow for
+    /// their counts and process records). No process records: the other
+    /// processes' exec and mmap are none of the profiler's business.
+    CpuForTree,
+}
+
+impl Scope {
+    /// The event samples every task of its CPU.
+    pub fn is_cpu_wide(self) -> bool {
+        matches!(self, Scope::Global | Scope::CpuForTree)
+    }
 }
 
 /// Options common to every event of one profiling session.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventOptions {
     /// Bytes of user stack the kernel copies per sample.
     pub stack_sample_size: u32,
@@ -152,7 +164,44 @@ impl EventFd {
     /// Whether [`EventFd::count`] is CPU time of the profiled tasks (a
     /// CPU-wide event, `--global`, counts the CPU's time, idle included).
     pub fn counts_task_cpu_time(&self) -> bool {
-        self.spec.kind == EventKind::CpuTime && self.scope != Scope::Global
+        self.spec.kind == EventKind::CpuTime && !self.scope.is_cpu_wide()
+    }
+
+    /// Has the event sample at its lowest rate (`PERF_EVENT_IOC_PERIOD`),
+    /// for an event kept for its count and process records while others
+    /// sample.
+    ///
+    /// The kernel's clock events turn a frequency into a period when they
+    /// are opened, and the ioctl then sets the period: 1 would be the
+    /// 10 µs floor, 100,000 interrupts a second per task (a workload of
+    /// quick forks ran 8 times slower). So the longest period first; a
+    /// frequency event refuses it (above the highest rate), and gets 1 Hz.
+    pub fn sample_rarely(&self) -> io::Result<()> {
+        /// The kernel refuses a period with bit 63 set: 2^62 ns is 146
+        /// years of CPU time.
+        const LONGEST_PERIOD: u64 = 1 << 62;
+        const LOWEST_FREQUENCY: u64 = 1;
+        match self.set_period(LONGEST_PERIOD) {
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+                self.set_period(LOWEST_FREQUENCY)
+            }
+            other => other,
+        }
+    }
+
+    /// `PERF_EVENT_IOC_PERIOD`: the period, or the frequency of an event
+    /// that samples at a frequency.
+    fn set_period(&self, value: u64) -> io::Result<()> {
+        // The kernel reads the value through a pointer (the binding types
+        // the argument as the u64 the pointer is passed as).
+        let pointer = &value as *const u64 as u64;
+        // SAFETY: PERIOD reads one u64 at `pointer`, valid for the call;
+        // the descriptor is open.
+        let result = unsafe { sys::ioctls::PERIOD(self.fd.as_raw_fd(), pointer) };
+        if result < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Starts the event counting (`PERF_EVENT_IOC_ENABLE`; its inherited
@@ -236,7 +285,9 @@ pub fn attributes(
     attr.type_ = sys::bindings::PERF_TYPE_SOFTWARE;
     attr.config = match (spec.kind, scope) {
         // A CPU-wide event has no task to follow: count CPU time of the CPU.
-        (EventKind::CpuTime, Scope::Global) => sys::bindings::PERF_COUNT_SW_CPU_CLOCK as u64,
+        (EventKind::CpuTime, Scope::Global | Scope::CpuForTree) => {
+            sys::bindings::PERF_COUNT_SW_CPU_CLOCK as u64
+        }
         (EventKind::CpuTime, _) => sys::bindings::PERF_COUNT_SW_TASK_CLOCK as u64,
     };
     match spec.rate {
@@ -257,11 +308,13 @@ pub fn attributes(
     attr.set_exclude_hv(1);
     // `mmap2` only selects the record format: the kernel emits executable
     // mapping records at all only when `mmap` is set too.
-    attr.set_mmap(1);
-    attr.set_mmap2(1);
-    attr.set_comm(1);
-    attr.set_comm_exec(1);
-    attr.set_task(1);
+    if scope != Scope::CpuForTree {
+        attr.set_mmap(1);
+        attr.set_mmap2(1);
+        attr.set_comm(1);
+        attr.set_comm_exec(1);
+        attr.set_task(1);
+    }
     attr.set_sample_id_all(1);
     attr.set_use_clockid(1);
     attr.clockid = libc::CLOCK_MONOTONIC;
@@ -285,6 +338,11 @@ pub fn attributes(
             attr.set_inherit(1);
         }
         Scope::Global => attr.set_disabled(1),
+        Scope::CpuForTree => {
+            attr.set_disabled(1);
+            // The idle task is nobody's: its samples would only be dropped.
+            attr.set_exclude_idle(1);
+        }
     }
     attr
 }
@@ -302,7 +360,7 @@ pub fn open(
         Scope::SelfOnExec => 0,
         Scope::ChildOnExec(pid) => pid,
         Scope::Process(pid) => pid,
-        Scope::Global => -1,
+        Scope::Global | Scope::CpuForTree => -1,
     };
     // SAFETY: `attr` is a fully initialised perf_event_attr whose `size`
     // matches its type; the returned descriptor is owned below.
@@ -342,7 +400,12 @@ pub fn open(
         fd,
         cpu,
         spec: *spec,
-        enable_when_mapped: !matches!(scope, Scope::SelfOnExec | Scope::ChildOnExec(_)),
+        // Per-CPU events for a tree are enabled once the BPF program that
+        // keeps the tree's samples is attached.
+        enable_when_mapped: !matches!(
+            scope,
+            Scope::SelfOnExec | Scope::ChildOnExec(_) | Scope::CpuForTree
+        ),
         scope,
     })
 }

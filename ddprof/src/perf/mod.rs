@@ -11,6 +11,7 @@
 mod record;
 mod ring;
 mod tracking;
+mod unwinding;
 mod wait;
 
 use std::collections::HashMap;
@@ -20,13 +21,14 @@ use std::time::{Duration, Instant};
 
 use crate::events::EventFd;
 use crate::process::ProcessTable;
-use crate::sample::{LossCounters, Sample, StackEnd};
+use crate::sample::{LossCounters, Sample};
 use crate::unwind::{TableLoading, TableStore, Unwinder};
 
 pub use ddprof_common::sample::MAX_USER_FRAMES;
 use record::{Record, TimedRecord};
 use ring::RingBuffer;
 use tracking::{ProcessTracker, Reorder};
+use unwinding::Unwinding;
 use wait::Waiter;
 
 /// How long records wait for older records from other buffers.
@@ -182,6 +184,12 @@ pub struct PerfEngine {
     /// wait by the process that reads the buffers (not inherited by a
     /// worker: the parent's set is its own).
     waiter: Option<Waiter>,
+    /// Samples of processes the records do not name are dropped (events
+    /// sample every CPU and the BPF program hands over any process its map
+    /// does not describe), rather than read from `/proc`.
+    known_only: bool,
+    /// Samples dropped so: of processes no record named.
+    not_profiled_samples: u64,
 }
 
 impl PerfEngine {
@@ -251,6 +259,8 @@ impl PerfEngine {
             losses: LossCounters::default(),
             counters: SampleCounters::default(),
             waiter: None,
+            known_only: false,
+            not_profiled_samples: 0,
         })
     }
 
@@ -277,8 +287,42 @@ impl PerfEngine {
         if restarted {
             self.reorder = Reorder::default();
             self.tracker = ProcessTracker::default();
+            self.tracker.load_sampled_from_proc(!self.known_only);
         }
         Ok(())
+    }
+
+    /// A sample not kept (every CPU sampled): of a profiled process on its
+    /// way out (after its exit record: no address space left), a loss
+    /// with its cause; else of another process.
+    fn count_unkept(&mut self, processes: &ProcessTable, pid: u32) {
+        if processes.exited(pid) {
+            self.losses.exiting += 1;
+        } else {
+            self.not_profiled_samples += 1;
+        }
+    }
+
+    /// Samples of processes that the records do not name, dropped (every
+    /// CPU sampled, see [`PerfEngine::keep_only_known_processes`]).
+    pub fn not_profiled_samples(&self) -> u64 {
+        self.not_profiled_samples
+    }
+
+    /// Keeps only the samples of processes that the records name (or the
+    /// caller's table has): the events sample every CPU, and the BPF
+    /// program hands over the first samples of a process it does not know,
+    /// profiled or not.
+    pub fn keep_only_known_processes(&mut self) {
+        self.known_only = true;
+        self.tracker.load_sampled_from_proc(false);
+    }
+
+    /// Closes the events of `scope` (per-CPU events opened for a BPF
+    /// engine that did not start).
+    pub fn drop_cpu_wide_sources(&mut self, scope: crate::events::Scope) {
+        self.sources.retain(|source| source.event.scope != scope);
+        self.waiter = None;
     }
 
     /// Waits up to `timeout` for records; applies process events to
@@ -382,7 +426,16 @@ impl PerfEngine {
             ..PollOutcome::default()
         };
         for record in self.reorder.take_ready(cutoff) {
+            let unknown = |pid: u32| processes.get(pid).is_none();
             match record {
+                Record::Sample(raw) if self.known_only && unknown(raw.pid) => {
+                    self.count_unkept(processes, raw.pid);
+                    self.recycle_stack(raw.stack);
+                }
+                Record::Unwound(sample) if self.known_only && unknown(sample.pid) => {
+                    self.count_unkept(processes, sample.pid);
+                    self.recycle_frames(sample.frames);
+                }
                 Record::Sample(raw) => {
                     self.tracker.before_sample(processes, raw.pid);
                     let mut unwinding = self.unwinding();
@@ -430,10 +483,19 @@ impl PerfEngine {
     /// counts, see [`EventFd::count`]), in nanoseconds: `None` when they do
     /// not count tasks (`--global`) or cannot be read.
     pub fn counted_task_nanos(&self) -> Option<u64> {
-        self.sources.iter().try_fold(0u64, |total, source| {
-            let event = &source.event;
-            let count = event.counts_task_cpu_time().then(|| event.count().ok());
-            Some(total.saturating_add(count.flatten()?))
+        // Per-CPU events beside the task ones (the BPF engine's) count
+        // their CPUs, not the tasks: left out.
+        let counting = self
+            .sources
+            .iter()
+            .map(|source| &source.event)
+            .filter(|event| event.counts_task_cpu_time())
+            .collect::<Vec<_>>();
+        if counting.is_empty() {
+            return None;
+        }
+        counting.into_iter().try_fold(0u64, |total, event| {
+            Some(total.saturating_add(event.count().ok()?))
         })
     }
 
@@ -442,8 +504,13 @@ impl PerfEngine {
         self.counters
     }
 
+    /// Every event that follows tasks has hung up (their tasks are gone);
+    /// per-CPU events for the BPF program never do.
     fn all_hung_up(&self) -> bool {
-        self.sources.iter().all(|source| source.hung_up)
+        self.sources
+            .iter()
+            .filter(|source| source.event.scope != crate::events::Scope::CpuForTree)
+            .all(|source| source.hung_up)
     }
 
     /// Waits on every event that has not hung up yet.
@@ -661,77 +728,6 @@ impl PerfEngine {
         const MAX_SPARE_FRAMES: usize = 256;
         if self.spare_frames.len() < MAX_SPARE_FRAMES && frames.capacity() > 0 {
             self.spare_frames.push(frames);
-        }
-    }
-}
-
-/// What unwinding a sample takes of the engine (borrowed apart from the
-/// buffers, which a sample may be read in place from).
-struct Unwinding<'a> {
-    unwinder: &'a mut Unwinder,
-    spare_frames: &'a mut Vec<Vec<u64>>,
-    counters: &'a mut SampleCounters,
-    max_frames: usize,
-}
-
-impl Unwinding<'_> {
-    /// Unwinds one sample with the table as it is (the caller made sure it
-    /// is the table of the sample's time for its process).
-    fn unwind(&mut self, processes: &ProcessTable, raw: record::SampleView<'_>) -> Sample {
-        // With loading allowed there is always an answer.
-        let (frames, end) = self
-            .frames_of(processes, &raw, TableLoading::Allowed)
-            .unwrap_or((Vec::new(), StackEnd::NoUnwindInfo));
-        self.sample(raw, frames, end)
-    }
-
-    /// `raw`'s frames and how its walk ended; with
-    /// [`TableLoading::KnownOnly`], `None` when a frame is in a file whose
-    /// table was not looked for yet (reading, maybe compiling it, is for
-    /// the sample's turn).
-    fn frames_of(
-        &mut self,
-        processes: &ProcessTable,
-        raw: &record::SampleView<'_>,
-        loading: TableLoading,
-    ) -> Option<(Vec<u64>, StackEnd)> {
-        let mut frames = self.spare_frames.pop().unwrap_or_default();
-        frames.clear();
-        let Some(regs) = &raw.regs else {
-            return Some((frames, StackEnd::NoUserContext));
-        };
-        let end = self.unwinder.unwind_with(
-            processes,
-            raw.pid,
-            regs,
-            raw.stack,
-            self.max_frames,
-            &mut frames,
-            loading,
-        );
-        match end {
-            Some(end) => Some((frames, end)),
-            None => {
-                self.spare_frames.push(frames);
-                None
-            }
-        }
-    }
-
-    fn sample(&mut self, raw: record::SampleView<'_>, frames: Vec<u64>, end: StackEnd) -> Sample {
-        self.counters.samples += 1;
-        if end.is_complete() {
-            self.counters.complete += 1;
-        }
-        Sample {
-            pid: raw.pid,
-            tid: raw.tid,
-            time: raw.time,
-            cpu: raw.cpu,
-            weight: raw.period,
-            frames,
-            kernel_frames: raw.kernel_frames,
-            end,
         }
     }
 }

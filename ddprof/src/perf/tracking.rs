@@ -176,9 +176,18 @@ fn new_code_of(record: &Record) -> Option<u32> {
 #[derive(Default)]
 pub struct ProcessTracker {
     known_pids: HashSet<u32>,
+    /// A sample of a process no record named is not a reason to read it
+    /// from `/proc` (events that sample every CPU: it is not profiled).
+    sampled_stay_unknown: bool,
 }
 
 impl ProcessTracker {
+    /// Whether a sample of a process no record named has it read from
+    /// `/proc` (the default), or leaves it unknown.
+    pub fn load_sampled_from_proc(&mut self, load: bool) {
+        self.sampled_stay_unknown = !load;
+    }
+
     /// Applies one process event to the table.
     pub fn apply(&mut self, processes: &mut ProcessTable, event: &ProcessEvent) {
         match *event {
@@ -209,6 +218,9 @@ impl ProcessTracker {
 
     /// Makes sure the table knows process `pid` before one of its samples.
     pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) {
+        if self.sampled_stay_unknown {
+            return;
+        }
         self.ensure_known(processes, pid);
     }
 

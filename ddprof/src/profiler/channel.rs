@@ -297,6 +297,7 @@ impl Writer {
         self.u64(lost.malformed);
         self.u64(lost.unsampled);
         self.u64(lost.worker);
+        self.u64(lost.exiting);
     }
 
     fn totals(&mut self, totals: &RunTotals) {
@@ -439,6 +440,7 @@ impl Reader<'_> {
             malformed: self.u64()?,
             unsampled: self.u64()?,
             worker: self.u64()?,
+            exiting: self.u64()?,
         })
     }
 
@@ -502,6 +504,7 @@ mod tests {
                         malformed: 1,
                         unsampled: 4,
                         worker: 0,
+                        exiting: 3,
                     },
                     throttles: 5,
                     truncated: 3,
@@ -518,6 +521,7 @@ mod tests {
                             malformed: 1,
                             unsampled: 9,
                             worker: 8,
+                            exiting: 5,
                         },
                         throttles: 5,
                         counted_nanos: Some(2_020_000_000),
