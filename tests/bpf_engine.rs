@@ -856,7 +856,8 @@ fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
             "{variant}: only {in_kernel} of {total} samples unwound in the kernel"
         );
         assert!(
-            summary["full_stacks"] * 100 >= summary["samples"] * 99,
+            // Not all: see the exec transition in the next test.
+            summary["full_stacks"] * 100 >= summary["samples"] * 98,
             "{summary:?}"
         );
         assert!(folded.contains("forker_child_burn"), "{folded}");
@@ -887,7 +888,12 @@ fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
         in_kernel * 2 < total,
         "{in_kernel} of {total} unwound in the kernel: did a notice wake the reader?"
     );
-    assert_eq!(summary["samples"], total, "{summary:?}");
+    // The counts include samples then found taken after their process's
+    // exit record (counted as lost_exiting, not delivered).
+    assert!(
+        summary["samples"] <= total && total <= summary["samples"] + summary["lost_exiting"],
+        "{summary:?}: {total} samples unwound"
+    );
     // Nothing dropped by a ring buffer, and every sample due is accounted
     // for. Every CPU is sampled: a 30 ms child (~3 samples at 99 Hz) is
     // sampled as its CPU time says, not only past a whole period of its
@@ -904,7 +910,12 @@ fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
         summary["samples"] * 100 >= due * 95,
         "{summary:?}: {due} samples due"
     );
-    assert!(summary["full_stacks"] * 100 >= total * 99, "{summary:?}");
+    // A child's sample taken inside execve once the new program's address
+    // space has replaced the old one has the old registers and no stack
+    // to unwind (`forker;[truncated];__GI_execve`), as has one on the new
+    // program's first instruction before its mappings are recorded: about
+    // one sample in a hundred here (3 of 298 in one run of the suite).
+    assert!(summary["full_stacks"] * 100 >= total * 98, "{summary:?}");
     assert!(folded.contains("forker_child_burn"), "{folded}");
 }
 

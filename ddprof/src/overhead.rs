@@ -447,6 +447,10 @@ pub struct OverheadMeter {
     /// This worker replaced one that died, and its first period has not
     /// ended yet (what it finds unaccounted for is the dead worker's).
     after_a_dead_worker: bool,
+    /// Handed-over samples lost in shared per-CPU buffers
+    /// ([`LossCounters::unattributed`]) in this period and the last, not
+    /// found to be the profiled tasks'.
+    unattributed_pending: u64,
     accounting: Accounting,
 }
 
@@ -469,6 +473,7 @@ impl OverheadMeter {
             run: RunTotals::default(),
             losses_before: LossCounters::default(),
             after_a_dead_worker: false,
+            unattributed_pending: 0,
             accounting: Accounting::ThisProcess,
         }
     }
@@ -527,8 +532,20 @@ impl OverheadMeter {
                 .malformed
                 .saturating_sub(self.losses_before.malformed),
             exiting: losses.exiting.saturating_sub(self.losses_before.exiting),
+            unattributed: losses
+                .unattributed
+                .saturating_sub(self.losses_before.unattributed),
         };
         self.losses_before = losses;
+        if new.unattributed > 0 {
+            log::info!(
+                "{} samples handed to the perf engine were lost in full per-CPU buffers; they \
+                 count as lost as far as the kernel's count of the profiled tasks' CPU time \
+                 says samples of theirs are missing (the others were other processes')",
+                new.unattributed
+            );
+        }
+        self.unattributed_pending += new.unattributed;
         let period = std::mem::take(&mut self.period);
         let run = &mut self.run;
         run.samples += period.samples;
@@ -549,7 +566,14 @@ impl OverheadMeter {
             Some(counted) => {
                 let unaccounted = unsampled_samples(run, counted, self.sample_period_nanos);
                 // Reported once: it only grows (see above).
-                let found = unaccounted.saturating_sub(run.lost.unsampled + run.lost.worker);
+                let mut found = unaccounted.saturating_sub(run.lost.unsampled + run.lost.worker);
+                // Samples missing while shared buffers lost handed-over
+                // samples: lost there.
+                let in_shared_buffers = found.min(self.unattributed_pending);
+                self.unattributed_pending -= in_shared_buffers;
+                found -= in_shared_buffers;
+                lost.ring_full += in_shared_buffers;
+                run.lost.ring_full += in_shared_buffers;
                 if std::mem::take(&mut self.after_a_dead_worker) {
                     lost.worker = found;
                     run.lost.worker += found;
@@ -560,10 +584,16 @@ impl OverheadMeter {
                 run.counted_nanos = Some(counted);
                 counted.saturating_sub(counted_before.unwrap_or(0))
             }
+            // No count of the tasks (`--global`): every CPU event is the
+            // profiler's own, none shares its buffer with others.
             None => period.weight_nanos.saturating_add(
                 (lost.ring_full + lost.malformed).saturating_mul(self.sample_period_nanos),
             ),
         };
+        // A sample still in a buffer at a period's end is found missing
+        // then and arrives in the next: a period's shared losses can stand
+        // for the next period's deficit, no later one.
+        self.unattributed_pending = self.unattributed_pending.min(new.unattributed);
         let usage = OwnUsage::of(self.accounting);
         let now = std::time::Instant::now();
         let overhead = Overhead {
@@ -669,6 +699,7 @@ mod tests {
             throttled: 0,
             malformed,
             exiting: 0,
+            unattributed: 0,
         };
         let first = meter.end_period(losses(5, 0), None);
         assert_eq!(
@@ -696,6 +727,39 @@ mod tests {
         assert!(run.profiler_cpu >= first.profiler_cpu + second.profiler_cpu);
     }
 
+    /// Handed-over samples lost in buffers shared with other processes
+    /// count as lost only as far as the kernel's count says samples of the
+    /// profiled tasks are missing: other processes' losses (a fork storm
+    /// beside a stopped worker) never make the figures exceed what was due.
+    #[test]
+    fn losses_in_shared_buffers_count_only_as_far_as_the_tasks_miss_samples() {
+        let ms = 1_000_000;
+        let mut meter = OverheadMeter::start(10 * ms);
+        for _ in 0..50 {
+            meter.add_sample(10 * ms, true);
+        }
+        let shared = |unattributed| LossCounters {
+            unattributed,
+            ..LossCounters::default()
+        };
+        // 500 ms sampled of 530 ms counted, 400 lost in shared buffers:
+        // 3 of them were the tasks'.
+        let first = meter.end_period(shared(400), Some(530 * ms));
+        assert_eq!((first.lost.ring_full, first.lost.unsampled), (3, 0));
+        // All delivered next period: nothing more is theirs.
+        for _ in 0..10 {
+            meter.add_sample(10 * ms, true);
+        }
+        let second = meter.end_period(shared(400), Some(630 * ms));
+        assert_eq!(second.lost.total(), 0);
+        // Missing samples beyond what the shared buffers lost are
+        // unsampled.
+        let third = meter.end_period(shared(402), Some(1_000 * ms));
+        assert_eq!((third.lost.ring_full, third.lost.unsampled), (2, 35));
+        let run = meter.run();
+        assert_eq!(run.samples + run.lost.total(), 100);
+    }
+
     /// With the kernel's count of the tasks' CPU time, what no sample or
     /// counted loss stands for is lost as unsampled: per period as it is
     /// found (never taken back), for the run exactly; and a new worker's
@@ -712,6 +776,7 @@ mod tests {
             throttled: 1,
             malformed: 1,
             exiting: 0,
+            unattributed: 0,
         };
         // 500 ms sampled, 30 ms lost in the buffers; the kernel counted
         // 600 ms: 70 ms (7 samples) not accounted for.

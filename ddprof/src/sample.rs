@@ -42,6 +42,13 @@ pub struct LossCounters {
     /// CPU sampled): its address space is gone, there is no stack to
     /// unwind, and the kernel's count of the tasks' CPU time stops there.
     pub exiting: u64,
+    /// Samples handed to the perf engine and lost in a full per-CPU buffer
+    /// (every CPU sampled, `--engine bpf`): the program hands over the
+    /// samples of every process it does not know yet, so some of these may
+    /// be other processes'. They count as lost only as far as the kernel's
+    /// count of the profiled tasks' CPU time says samples of theirs are
+    /// missing (see `overhead::OverheadMeter::end_period`).
+    pub unattributed: u64,
 }
 
 impl std::ops::Add for LossCounters {
@@ -53,6 +60,7 @@ impl std::ops::Add for LossCounters {
             throttled: self.throttled + other.throttled,
             malformed: self.malformed + other.malformed,
             exiting: self.exiting + other.exiting,
+            unattributed: self.unattributed + other.unattributed,
         }
     }
 }

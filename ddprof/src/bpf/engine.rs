@@ -320,6 +320,7 @@ impl BpfEngine {
             throttled: 0,
             malformed: self.malformed,
             exiting: self.exiting_samples,
+            unattributed: 0,
         }
     }
 

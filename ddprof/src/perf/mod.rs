@@ -159,6 +159,15 @@ struct Source {
     hung_up: bool,
 }
 
+impl Source {
+    /// A per-CPU event of the BPF engine's: the program hands it the
+    /// samples of processes it does not know yet, which may be any
+    /// process's, so its `PERF_RECORD_LOST` counts are not all ours.
+    fn shared_with_others(&self) -> bool {
+        self.event.scope == crate::events::Scope::CpuForTree
+    }
+}
+
 pub struct PerfEngine {
     sources: Vec<Source>,
     options: PerfEngineOptions,
@@ -589,8 +598,9 @@ impl PerfEngine {
                 ..
             } = self;
             for source in sources.iter_mut() {
+                let shared = source.shared_with_others();
                 let outcome = source.ring.drain(scratch, &mut |bytes| {
-                    queue_record(bytes, reorder, spare_stacks, losses)
+                    queue_record(bytes, reorder, spare_stacks, losses, shared)
                 });
                 note_outcome(source, outcome, wrapped_records, losses);
             }
@@ -621,10 +631,11 @@ impl PerfEngine {
         for (source, &head) in self.sources.iter().zip(&heads) {
             let (reorder, spare_stacks, losses) =
                 (&mut self.reorder, &mut self.spare_stacks, &mut self.losses);
+            let shared = source.shared_with_others();
             let outcome = source
                 .ring
                 .scan(head, &mut scratch, &not_sample, &mut |bytes| {
-                    queue_record(bytes, reorder, spare_stacks, losses)
+                    queue_record(bytes, reorder, spare_stacks, losses, shared)
                 });
             // Corruption is noted after the second pass, which meets it too.
             self.wrapped_records += outcome.wrapped;
@@ -732,15 +743,19 @@ impl PerfEngine {
     }
 }
 
-/// Parses one record into the queue (or the loss counters).
+/// Parses one record into the queue (or the loss counters); `shared`: the
+/// buffer holds samples of processes that may not be profiled (see
+/// [`Source::shared_with_others`]).
 fn queue_record(
     bytes: &[u8],
     reorder: &mut Reorder,
     spare_stacks: &mut Vec<Vec<u8>>,
     losses: &mut LossCounters,
+    shared: bool,
 ) {
     match record::parse_reusing(bytes, spare_stacks) {
         Ok(TimedRecord { time, record }) => match record {
+            Record::Lost(count) if shared => losses.unattributed += count,
             Record::Lost(count) => losses.lost += count,
             Record::Throttle => losses.throttled += 1,
             Record::Unthrottle | Record::Ignored(_) => {}
