@@ -289,6 +289,8 @@ struct SectionUse {
     maps: std::collections::BTreeMap<String, u32>,
     /// Global data sections referenced (`.rodata`, …): array maps to aya.
     data_sections: std::collections::BTreeSet<String>,
+    /// Maps declared in BTF (`.maps`), by name.
+    btf_maps: std::collections::BTreeSet<String>,
     /// Relocations to anything else.
     other_relocations: Vec<String>,
 }
@@ -338,6 +340,10 @@ fn section_use(object: &object::File, section: &str) -> SectionUse {
             found
                 .maps
                 .insert(symbol.name().unwrap().to_string(), map_type);
+        } else if target_name == ".maps" {
+            found
+                .btf_maps
+                .insert(symbol.name().unwrap_or("?").to_string());
         } else if [".rodata", ".data", ".bss"]
             .iter()
             .any(|prefix| target_name.starts_with(prefix))
@@ -393,6 +399,15 @@ fn tail_call_variant_uses_only_what_linux_5_10_has() {
         // BPF_MAP_TYPE_PROG_ARRAY and BPF_MAP_TYPE_RINGBUF (5.8).
         assert_eq!(used.maps.get("WALK_PROGRAMS"), Some(&3));
         assert_eq!(used.maps.get("SAMPLES"), Some(&27));
+        // The one map declared in BTF: `TABLES`, an array of maps (4.12)
+        // whose inner maps differ in size (`BPF_F_INNER_MAP`, 5.10), as
+        // its definition in ddprof-ebpf says (aya reads its type and
+        // flags from the BTF; loading it here checks them).
+        assert_eq!(
+            used.btf_maps.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["TABLES"],
+            "{used:?}"
+        );
         assert!(used.other_relocations.is_empty(), "{used:?}");
     }
     // The entry program collects the sample; the continuation does not.
@@ -1285,20 +1300,15 @@ fn biggest_library_table_loads_and_verifies() {
     let rows = table.table.rows.len() as u32;
 
     let mut sleeper = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
-    let engine = BpfEngine::new(
-        cpu_events_of(sleeper.id(), 99),
-        BpfEngineOptions {
-            table_rows: Some(rows),
-            ..BpfEngineOptions::default()
-        },
-    );
-    let mut engine = engine.expect("the program verifies with a row map for the biggest table");
+    let engine = BpfEngine::new(cpu_events_of(sleeper.id(), 99), BpfEngineOptions::default());
+    let mut engine = engine.expect("the program verifies");
+    let before = engine.memory().table_bytes;
     let loaded = engine
         .load_file(&mapped.path)
-        .expect("the table fits the row map sized for it");
+        .expect("the table fits the default budget");
     sleeper.stop();
     eprintln!(
-        "{}: {} rows, {} bytes ({:.1} MiB) in the row map, compiled in {compile_time:?}; \
+        "{}: {} rows, {} bytes ({:.1} MiB) in its map, compiled in {compile_time:?}; \
          program {:?}; {}",
         library.display(),
         loaded.rows,
@@ -1310,11 +1320,66 @@ fn biggest_library_table_loads_and_verifies() {
     assert_eq!(loaded.rows, rows);
     assert!(rows > 1000, "{rows} rows");
     assert_eq!(
-        engine.stored_rows(loaded.first_row, loaded.rows).unwrap(),
+        engine.stored_rows(loaded.slot).unwrap(),
         &table.table.rows[..],
-        "the row map holds exactly the compiled rows"
+        "the table's map holds exactly the compiled rows"
     );
-    assert_eq!(engine.memory().table_used_bytes, loaded.bytes);
+    // Its own map, sized for it: the rows, page-rounded, and one page.
+    assert_eq!(
+        engine.memory().table_bytes - before,
+        ddprof::bpf::TableMaps::bytes_for(rows as usize) as usize
+    );
+    assert!(
+        engine.memory().table_bytes - before >= loaded.bytes,
+        "{:?}",
+        engine.memory()
+    );
+}
+
+/// A table bigger than the budget is not loaded, once: a warning names the
+/// file and the option, and the program hands the samples that need it to
+/// the perf engine (which unwinds them whole from the stack copy).
+#[test]
+fn a_table_over_the_budget_is_refused_once_with_a_warning() {
+    let _cpu = cpu_shared();
+    let library = biggest_shared_library().expect("libstdc++ or libLLVM is installed");
+    let path = library.to_string_lossy().into_owned();
+    let metadata = std::fs::metadata(&library).unwrap();
+    let mapped = ddprof::files::MappedFile {
+        path: path.clone(),
+        dev: std::os::unix::fs::MetadataExt::dev(&metadata),
+        inode: std::os::unix::fs::MetadataExt::ino(&metadata),
+    };
+    let rows = ddprof::unwind::TableCache::with_limit(1 << 30)
+        .load(std::process::id(), &mapped, None)
+        .expect("the library has CFI")
+        .table
+        .rows
+        .len();
+    let needed = ddprof::bpf::TableMaps::bytes_for(rows);
+    let mut sleeper = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
+    let mut engine = BpfEngine::new(
+        cpu_events_of(sleeper.id(), 99),
+        BpfEngineOptions {
+            max_table_bytes: (needed / 2) as usize,
+            ..BpfEngineOptions::default()
+        },
+    )
+    .expect("the program verifies");
+    let refused_before = engine.table_stats().tables_not_fitting;
+    let memory_before = engine.memory().table_bytes;
+    assert!(
+        engine.load_file(&path).is_none(),
+        "{rows} rows over the budget"
+    );
+    assert!(engine.load_file(&path).is_none(), "still over the budget");
+    sleeper.stop();
+    assert_eq!(
+        engine.table_stats().tables_not_fitting,
+        refused_before + 1,
+        "decided once"
+    );
+    assert_eq!(engine.memory().table_bytes, memory_before);
 }
 
 const CHILD_ENV: &str = "DDPROF_BPF_TEST_UNPRIVILEGED_CHILD";

@@ -1,12 +1,16 @@
 //! The real-program corpus (issue 14): every entry of
 //! [`ddprof_tests::corpus::ENTRIES`] — programs of this machine or built by
 //! its compilers — runs under `ddprof --engine auto` (the default),
-//! `ddprof --engine perf` and `perf record --call-graph dwarf,32768` at the
-//! same frequency. The test fails when a ddprof engine is more than 3 points
+//! `ddprof --engine perf` and `perf record --call-graph dwarf,32768` (65528
+//! for the big programs, and ddprof's perf engine then copies as much) at
+//! the same frequency. The test fails when a ddprof engine is more than 3 points
 //! less complete than perf record, delivers less than 90 % of the samples
 //! the command's CPU time calls for (or, where perf record delivered less,
 //! more than 3 points less than it did), or misses perf record's top leaf
-//! function in its top 5.
+//! function in its top 5, or marks complete a stack that does not reach a
+//! thread's entry. On the big programs (clang, rustc, a 205 MB static
+//! binary) the default engine must unwind 99 % of the samples in the
+//! kernel, and be at least 97 % and at least as complete as perf record.
 //!
 //! It prints the table (`cargo test --release -p ddprof-tests --test corpus
 //! -- --nocapture`) and writes it to `target/corpus-table.md`.
@@ -41,7 +45,7 @@ fn ddprof_matches_perf_record_on_the_real_program_corpus() {
             .is_none_or(|names| names.iter().any(|n| n == e.name))
     }) {
         let workload = entry.prepare();
-        let runs = Tool::ALL
+        let mut runs: Vec<_> = Tool::RUN_ORDER
             .iter()
             .map(|&tool| {
                 let measured = measure(entry, &workload, tool);
@@ -62,6 +66,7 @@ fn ddprof_matches_perf_record_on_the_real_program_corpus() {
                 (tool, measured)
             })
             .collect();
+        runs.sort_by_key(|(tool, _)| Tool::ALL.iter().position(|t| t == tool));
         results.push(EntryResult { entry, runs });
     }
 

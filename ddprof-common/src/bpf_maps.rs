@@ -1,13 +1,16 @@
 //! The layout of the BPF maps the userspace engine fills and the BPF
 //! program reads to unwind user stacks in the kernel.
 //!
-//! - `ROWS`: one array of [`RowChunk`]s holding the unwind rows of every
-//!   loaded file back to back. A file's table is the row range
-//!   `first_row..first_row + row_count`; processes mapping the same file share
-//!   it. Rows are grouped 16 to a map element so that the array (which the
-//!   kernel rounds to 8-byte elements) wastes nothing on 12-byte rows.
+//! - `TABLES`: an array of maps, one slot per loaded file's unwind table.
+//!   Each table is an array map of its own, created by userspace when the
+//!   file is first needed and sized for exactly its rows, so that the
+//!   kernel memory follows what the processes map (within a budget) and a
+//!   table of millions of rows (libLLVM, a static service) fits as well as
+//!   libc's. Rows are grouped 16 to a map element ([`RowChunk`]) so that
+//!   the array (which the kernel rounds to 8-byte elements) wastes nothing
+//!   on 12-byte rows. Processes mapping the same file share its slot.
 //! - `PROCESSES`: per process (tgid), its executable mappings sorted by start,
-//!   each with the load bias of its file and its table's row range.
+//!   each with the load bias of its file and its table's slot and row count.
 use crate::unwind::UnwindRow;
 
 /// The names the BPF object gives its maps, programs and globals: the
@@ -23,8 +26,9 @@ pub mod names {
     pub const SCRATCH: &str = "SCRATCH";
     /// tgid → `ProcessMappings`.
     pub const PROCESSES: &str = "PROCESSES";
-    /// The unwind rows, in `RowChunk`s.
-    pub const ROWS: &str = "ROWS";
+    /// The unwind tables: an array of maps, each inner map one file's rows
+    /// in `RowChunk`s.
+    pub const TABLES: &str = "TABLES";
     /// Processes whose samples went to the perf engine.
     pub const HANDED_OFF: &str = "HANDED_OFF";
     /// Per-CPU walk state.
@@ -40,7 +44,7 @@ pub mod names {
         SAMPLES,
         SCRATCH,
         PROCESSES,
-        ROWS,
+        TABLES,
         HANDED_OFF,
         WALKS,
         WALK_PROGRAMS,
@@ -80,10 +84,20 @@ pub mod names {
     ];
 }
 
-/// Rows per `ROWS` map element.
+/// Rows per element of a table's map.
 pub const ROWS_PER_CHUNK: u32 = 16;
 
-/// One element of the `ROWS` array map.
+/// Slots of the `TABLES` array of maps: files whose tables are loaded at
+/// once (a process maps at most `MAX_PROCESS_MAPPINGS` of them).
+pub const MAX_TABLES: u32 = 8192;
+
+/// The flags of every table's map: userspace writes it through an mmap
+/// (`BPF_F_MMAPABLE`), and tables differ in size (`BPF_F_INNER_MAP`:
+/// the kernel then checks each index against the map's own size). An
+/// inner map must have the flags of the template in the program.
+pub const TABLE_MAP_FLAGS: u32 = (1 << 10) | (1 << 12);
+
+/// One element of a table's map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RowChunk {
@@ -105,16 +119,16 @@ pub struct MappingEntry {
     pub end: u64,
     /// Subtracted from a PC to get the ELF virtual address the rows use.
     pub bias: u64,
-    /// First row of the file's table in `ROWS`; [`TABLE_NOT_LOADED`] (with
-    /// `row_count` 0) when the file has a table that is not in `ROWS`.
-    pub first_row: u32,
+    /// The slot of the file's table in `TABLES`; [`TABLE_NOT_LOADED`] (with
+    /// `row_count` 0) when the file has a table that is not loaded.
+    pub table: u32,
     /// Rows of the table; 0 when the file has none (frame pointers are used,
     /// as the perf engine would) or it is not loaded.
     pub row_count: u32,
 }
 
-/// `MappingEntry::first_row` of a file whose unwind table exists but is not
-/// in `ROWS` (it did not fit): the program hands samples that need it to
+/// `MappingEntry::table` of a file whose unwind table exists but is not
+/// loaded (it did not fit the budget): the program hands samples that need it to
 /// the perf engine, which unwinds them in userspace with the whole table,
 /// rather than guess with frame pointers.
 pub const TABLE_NOT_LOADED: u32 = u32::MAX;
@@ -189,11 +203,12 @@ mod tests {
     #[test]
     fn the_bpf_program_declares_exactly_the_names_userspace_uses() {
         let source = bpf_source();
-        // Every `#[map]` static, by its name (aya-ebpf names the map after it).
+        // Every `#[map]` and `#[btf_map]` static, by its name (aya-ebpf
+        // names the map after it).
         let lines: Vec<&str> = source.lines().map(str::trim).collect();
         let mut declared: Vec<&str> = lines
             .windows(2)
-            .filter(|pair| pair[0] == "#[map]")
+            .filter(|pair| pair[0] == "#[map]" || pair[0] == "#[btf_map]")
             .filter_map(|pair| {
                 let rest = pair[1].strip_prefix("static ")?;
                 rest.split(':').next()

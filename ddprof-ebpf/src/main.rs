@@ -21,7 +21,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::bindings::{
-    bpf_perf_event_data, bpf_pidns_info, pt_regs, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA,
+    bpf_perf_event_data, bpf_pidns_info, pt_regs, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA,
     BPF_RB_FORCE_WAKEUP,
     BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
 };
@@ -30,13 +30,15 @@ use aya_ebpf::helpers::generated::{
     bpf_get_current_task_btf, bpf_get_ns_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
     bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output, bpf_task_pt_regs,
 };
-use aya_ebpf::macros::map;
-use aya_ebpf::maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf};
+use aya_ebpf::btf_maps::{Array as BtfArray, ArrayOfMaps};
+use aya_ebpf::macros::{btf_map, map};
+use aya_ebpf::maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf};
 use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::EbpfContext;
 use ddprof_common::bpf_maps::{
     ProcessMappings, RowChunk, FRAMES_PER_TAIL_CALL_RUN, MAPPING_SEARCH_STEPS,
-    MAX_NOT_PROFILED, MAX_PROCESS_MAPPINGS, ROWS_PER_CHUNK, TABLE_NOT_LOADED,
+    MAX_NOT_PROFILED, MAX_PROCESS_MAPPINGS, MAX_TABLES, ROWS_PER_CHUNK, TABLE_MAP_FLAGS,
+    TABLE_NOT_LOADED,
 };
 use ddprof_common::sample::{
     BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, HANDOFF_NOTICE, HANDOFF_NOTICE_INTERVAL_NS,
@@ -70,10 +72,14 @@ static SCRATCH: PerCpuArray<RawSample> = PerCpuArray::with_max_entries(1, 0);
 static PROCESSES: HashMap<u32, ProcessMappings> =
     HashMap::with_max_entries(1024, BPF_F_NO_PREALLOC);
 
-/// The unwind rows of every loaded file, back to back; userspace writes them
-/// through an mmap of the map. Sized by the loader.
-#[map]
-static ROWS: Array<RowChunk> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// One file's unwind rows: the template of `TABLES`' inner maps (userspace
+/// creates each with its table's size and these flags, and writes it
+/// through an mmap).
+type TableRows = BtfArray<RowChunk, 1, { TABLE_MAP_FLAGS as usize }>;
+
+/// The loaded files' unwind tables, a slot each (`MappingEntry::table`).
+#[btf_map]
+static TABLES: ArrayOfMaps<TableRows, { MAX_TABLES as usize }> = ArrayOfMaps::new();
 
 /// When (`bpf_ktime_get_ns`) the program last named each process in a
 /// `HANDOFF_NOTICE` record; only the program reads and writes it.
@@ -155,7 +161,7 @@ struct Walk {
     mapping_start: u64,
     mapping_end: u64,
     mapping_bias: u64,
-    mapping_first_row: u32,
+    mapping_table: u32,
     mapping_row_count: u32,
     /// The bounds of the binary search under way (see `search`).
     search_low: u32,
@@ -413,7 +419,7 @@ fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> Sav
         addr_of_mut!((*walk).mapping_start).write_volatile(0);
         addr_of_mut!((*walk).mapping_end).write_volatile(0);
         addr_of_mut!((*walk).mapping_bias).write_volatile(0);
-        addr_of_mut!((*walk).mapping_first_row).write_volatile(0);
+        addr_of_mut!((*walk).mapping_table).write_volatile(0);
         addr_of_mut!((*walk).mapping_row_count).write_volatile(0);
         addr_of_mut!((*walk).search_low).write_volatile(0);
         addr_of_mut!((*walk).search_high).write_volatile(0);
@@ -632,11 +638,15 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
     };
     let mut used_frame_pointer = false;
     if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
+        // Code the CFI describes, in rules this format cannot express
+        // (`_dl_runtime_resolve`'s CFA in RBX): no thread's root, whatever
+        // its RBP holds.
+        let described = matches!(result, StepResult::Unsupported);
         used_frame_pointer = true;
         result = step_frame_pointer(&mut next, &mut read);
         // The sampled RBP of code without frame pointers may be 0: only a
         // restored one proves the root (as in the perf engine's unwinder).
-        if walk.bp_restored == 0 && matches!(result, StepResult::Outermost) {
+        if (walk.bp_restored == 0 || described) && matches!(result, StepResult::Outermost) {
             result = StepResult::NoInfo;
         }
     }
@@ -667,7 +677,12 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         return None;
     }
     if next.ip == 0 {
-        walk.end = if root_credible {
+        // A thread's root says so in its CFI (`Stop`): a zero read where the
+        // CFI put a return address is a stack in flux (libgcc installing a
+        // handler's context), not a root; a frame-pointer chain may end so.
+        walk.end = if !used_frame_pointer {
+            StackEnd::BadAddress
+        } else if root_credible {
             StackEnd::Complete
         } else {
             StackEnd::NoUnwindInfo
@@ -723,11 +738,11 @@ fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
         walk.mapping_start = entry.start;
         walk.mapping_end = entry.end;
         walk.mapping_bias = entry.bias;
-        walk.mapping_first_row = entry.first_row;
+        walk.mapping_table = entry.table;
         walk.mapping_row_count = entry.row_count;
     }
     if walk.mapping_row_count == 0 {
-        if walk.mapping_first_row == TABLE_NOT_LOADED {
+        if walk.mapping_table == TABLE_NOT_LOADED {
             return Rule::NotLoaded;
         }
         walk.no_table = 1;
@@ -737,14 +752,18 @@ fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
     if vaddr > u32::MAX as u64 {
         return Rule::FramePointer;
     }
-    let first_row = walk.mapping_first_row;
     let row_count = walk.mapping_row_count;
+    // (Only missing if userspace freed the table since the entry was read:
+    // the next sample finds the entry rewritten.)
+    let Some(table) = TABLES.get(walk.mapping_table) else {
+        return Rule::NotLoaded;
+    };
     let Some(index) = search(walk, row_count, MAX_LOOKUP_STEPS, vaddr, |i| {
-        row_at(first_row.wrapping_add(i)).map(|row| row.start as u64)
+        row_at(table, i).map(|row| row.start as u64)
     }) else {
         return Rule::FramePointer;
     };
-    match row_at(first_row.wrapping_add(index)) {
+    match row_at(table, index) {
         Some(row) => rule_of(row),
         None => Rule::FramePointer,
     }
@@ -804,8 +823,8 @@ fn search<F: FnMut(u32) -> Option<u64>>(
 }
 
 #[inline(always)]
-fn row_at(index: u32) -> Option<UnwindRow> {
-    let chunk = ROWS.get(index / ROWS_PER_CHUNK)?;
+fn row_at(table: &TableRows, index: u32) -> Option<UnwindRow> {
+    let chunk = table.get(index / ROWS_PER_CHUNK)?;
     chunk.rows.get((index % ROWS_PER_CHUNK) as usize).copied()
 }
 

@@ -32,6 +32,9 @@ pub struct SamplerOptions {
     pub perf: PerfEngineOptions,
     /// Bytes of the BPF engine's sample ring buffer.
     pub bpf_ring_buffer_bytes: usize,
+    /// Kernel memory the BPF engine's unwind tables may take
+    /// (`--bpf-table-mib`).
+    pub bpf_table_bytes: usize,
     /// The BPF program's hand-off notices wake the loop at once (from
     /// [`crate::bpf::HANDOFF_WAKEUP_MIN_HZ`] samples a second of a task).
     pub bpf_wake_on_handoff: bool,
@@ -133,6 +136,7 @@ impl Sampler {
             kernel_stacks: options.kernel_stacks,
             wake_on_handoff: options.bpf_wake_on_handoff,
             ring_buffer_bytes: options.bpf_ring_buffer_bytes,
+            max_table_bytes: options.bpf_table_bytes,
             table_store: options.table_store.clone(),
             workload_pids,
             ..BpfEngineOptions::default()

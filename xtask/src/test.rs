@@ -30,6 +30,8 @@ const PREREQUISITES: &[(&str, &str)] = &[
     ("sqlite3", "sqlite3"),
     ("xz", "xz-utils"),
     ("ld.lld", "lld"),
+    // The corpus's big programs: clang++ (libclang-cpp, libLLVM).
+    ("clang++", "clang"),
     // Debian's own python3 (the corpus runs /usr/bin/python3, not a pyenv shim).
     ("/usr/bin/python3", "python3"),
 ];

@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use ddprof_common::bpf_maps::MappingEntry;
 use ddprof_common::sample::BpfCounter;
-use ddprof_common::unwind::ROW_SIZE;
 
 use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes, ProgramSettings};
 use super::record::{decode, Record};
-use super::rows::RowStore;
+use super::rows::TableMaps;
 use super::sync::{FileState, LoadedTable, TableStats};
 use super::variant::BpfVariant;
 use crate::events::EventFd;
@@ -50,11 +49,10 @@ pub fn ring_buffer_bytes_for_rate(samples_per_second: u64) -> usize {
         .unwrap_or(DEFAULT_RING_BUFFER_BYTES)
         .clamp(256 << 10, DEFAULT_RING_BUFFER_BYTES)
 }
-/// Default cap on the memory of the unwind-row map.
+/// Default budget of kernel memory for the unwind tables in the maps
+/// (`--bpf-table-mib`): spent per file as tables load, ~12 MiB per million
+/// rows (libLLVM's 0.8-1.3 M, libc's 5 k).
 pub const DEFAULT_MAX_TABLE_BYTES: usize = 256 << 20;
-/// Rows reserved beyond what the workload needs at start, for libraries and
-/// programs that appear later (dlopen, exec): 6 MiB.
-pub const TABLE_HEADROOM_ROWS: u32 = 512 * 1024;
 
 /// Options of the BPF engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,9 +68,7 @@ pub struct BpfEngineOptions {
     pub workload_pids: Vec<u32>,
     /// Processes the process map holds; `None`: from the workload.
     pub max_processes: Option<u32>,
-    /// Unwind rows the row map holds; `None`: from the workload.
-    pub table_rows: Option<u32>,
-    /// Upper bound of the row map's memory.
+    /// Kernel memory the unwind tables in the maps may take, in all.
     pub max_table_bytes: usize,
     /// The program variant; `None`: the one the kernel runs (or
     /// `DDPROF_BPF_VARIANT`), see [`choose_variant`].
@@ -89,7 +85,6 @@ impl Default for BpfEngineOptions {
             wake_on_handoff: true,
             workload_pids: Vec::new(),
             max_processes: None,
-            table_rows: None,
             max_table_bytes: DEFAULT_MAX_TABLE_BYTES,
             variant: None,
             table_store: None,
@@ -105,9 +100,11 @@ pub struct BpfEngine {
     pub(super) _events: Vec<EventFd>,
     pub(super) workload_pids: Vec<u32>,
     pub(super) ring: RingBuf<MapData>,
-    pub(super) rows: RowStore,
+    pub(super) rows: TableMaps,
     pub(super) compiler: TableCache,
     pub(super) tables: HashMap<ContentKey, LoadedTable>,
+    /// Files (device, inode) whose table did not fit, already warned about.
+    pub(super) warned_not_loaded: HashSet<(u64, u64)>,
     pub(super) files: HashMap<Arc<MappedFile>, FileState>,
     /// Per process, the entries last written and the tables they use.
     pub(super) synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
@@ -153,15 +150,11 @@ impl BpfEngine {
         if events.is_empty() {
             return Err(BpfError::NoEvents);
         }
-        let mut compiler = TableCache::with_limit(64 << 20).with_store(options.table_store.clone());
-        let sizing = Instant::now();
-        let (snapshot, table_rows, processes, proc_time) =
-            size_for_workload(&mut compiler, &options);
-        let tables_time = sizing.elapsed().saturating_sub(proc_time);
+        let compiler = TableCache::with_limit(64 << 20).with_store(options.table_store.clone());
+        let (snapshot, processes, proc_time) = size_for_workload(&options);
         let loading = Instant::now();
         let sizes = MapSizes {
             ring_buffer_bytes: options.ring_buffer_bytes,
-            table_rows,
             processes,
         };
         let tree_only = events
@@ -174,7 +167,7 @@ impl BpfEngine {
         };
         let mut program = BpfProgram::load_with(sizes, settings, options.variant)?;
         let ring = program.take_ring()?;
-        let rows = program.map_rows()?;
+        let rows = program.table_maps(options.max_table_bytes as u64)?;
         let load_time = loading.elapsed();
         let stats = program.stats();
         log::info!(
@@ -194,6 +187,7 @@ impl BpfEngine {
             compiler,
             tables: HashMap::new(),
             files: HashMap::new(),
+            warned_not_loaded: HashSet::new(),
             synced: HashMap::new(),
             syncing: Vec::new(),
             handed_off: HashSet::new(),
@@ -240,15 +234,14 @@ impl BpfEngine {
         }
         let ms = |time: Duration| time.as_secs_f64() * 1e3;
         log::info!(
-            "start-up: BPF engine: /proc snapshot {:.0} ms ({} processes), unwind tables {:.0} ms, \
-             program load {:.0} ms, maps filled {:.0} ms ({} files, {} rows), attached to {} events {:.0} ms",
+            "start-up: BPF engine: /proc snapshot {:.0} ms ({} processes), program load {:.0} ms, \
+             maps filled {:.0} ms ({} files, {} rows), attached to {} events {:.0} ms",
             ms(proc_time),
             snapshot.pids().count(),
-            ms(tables_time),
             ms(load_time),
             ms(fill_time),
             engine.tables.len(),
-            engine.rows.capacity_rows() - engine.rows.free_rows(),
+            engine.rows.used_rows(),
             events.len(),
             ms(attaching.elapsed())
         );
@@ -271,22 +264,21 @@ impl BpfEngine {
     /// The maps' memory, with the rows in use now.
     pub fn memory(&self) -> MapMemory {
         MapMemory {
-            table_used_bytes: (self.rows.capacity_rows() - self.rows.free_rows()) as usize
-                * ROW_SIZE,
+            table_bytes: self.rows.used_bytes() as usize,
             ..self.program.memory()
         }
     }
 
-    /// Its bounded caches, for the overhead report: the row map (the
-    /// budget is its size, fixed at start) and the compiled tables it is
-    /// filled from.
+    /// Its bounded caches, for the overhead report: the tables in the maps
+    /// (kernel memory, within `--bpf-table-mib`) and the compiled tables
+    /// they are filled from.
     pub fn cache_figures(&self) -> [crate::overhead::CacheFigures; 2] {
         let stats = self.table_stats();
         let rows = crate::overhead::CacheFigures {
             name: "bpf_rows",
             entries: stats.files_loaded,
-            used: ((self.rows.capacity_rows() - self.rows.free_rows()) as usize * ROW_SIZE) as u64,
-            budget: Some(self.rows.capacity_bytes() as u64),
+            used: self.rows.used_bytes(),
+            budget: Some(self.rows.budget_bytes()),
             unit: "bytes",
             evicted: stats.tables_freed + stats.tables_not_fitting,
         };
@@ -452,14 +444,11 @@ pub(super) fn is_alive(pid: u32) -> bool {
     }
 }
 
-/// Row-map and process-map sizes for the workload: the tables its processes
-/// map now, twice, plus room for what comes later, within the memory cap.
-/// Also returns how long reading `/proc` took.
-fn size_for_workload(
-    compiler: &mut TableCache,
-    options: &BpfEngineOptions,
-) -> (ProcessTable, u32, u32, Duration) {
-    let max_rows = (options.max_table_bytes / ROW_SIZE).min(u32::MAX as usize / 2) as u32;
+/// The workload's processes as `/proc` shows them now, the process map's
+/// size for them, and how long reading `/proc` took. (The tables need no
+/// sizing: each is a map of its own, created when its file is first
+/// needed.)
+fn size_for_workload(options: &BpfEngineOptions) -> (ProcessTable, u32, Duration) {
     let reading = Instant::now();
     let mut processes = ProcessTable::new();
     for &pid in &options.workload_pids {
@@ -468,34 +457,11 @@ fn size_for_workload(
         }
     }
     let proc_time = reading.elapsed();
-    let table_rows = match options.table_rows {
-        Some(rows) => rows.min(max_rows),
-        None => {
-            let mut seen = HashSet::new();
-            let mut needed: u64 = 0;
-            for pid in processes.pids().collect::<Vec<_>>() {
-                let Some(process) = processes.get(pid) else {
-                    continue;
-                };
-                for mapping in &process.mappings {
-                    if let Ok(table) =
-                        compiler.load(pid, &mapping.file, Some((mapping.start, mapping.end)))
-                    {
-                        if seen.insert(table.key) {
-                            needed += table.table.rows.len() as u64;
-                        }
-                    }
-                }
-            }
-            let needed = needed.min(u32::MAX as u64 / 4) as u32;
-            (needed.saturating_mul(2).max(needed + TABLE_HEADROOM_ROWS)).min(max_rows)
-        }
-    };
     let process_count = options.workload_pids.len() as u32;
     let max_processes = options
         .max_processes
         .unwrap_or_else(|| (process_count.saturating_mul(2) + 64).clamp(128, 16384));
-    (processes, table_rows, max_processes, proc_time)
+    (processes, max_processes, proc_time)
 }
 
 #[cfg(test)]

@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use aya::programs::PerfEvent;
 use aya::{Ebpf, EbpfLoader};
-use ddprof_common::bpf_maps::{names, ProcessMappings, ROWS_PER_CHUNK};
+use ddprof_common::bpf_maps::{names, ProcessMappings};
 use ddprof_common::sample::{BpfCounter, RawSample};
-use ddprof_common::unwind::ROW_SIZE;
 use perf_event_open_sys as sys;
 
 use super::programs;
-use super::rows::RowStore;
+use super::rows::TableMaps;
 use super::variant::{self, BpfVariant};
 use crate::events::EventFd;
 
@@ -58,12 +57,12 @@ pub enum BpfError {
 pub enum MapProblem {
     #[error("the object has no such map")]
     Missing,
-    #[error("not an array")]
+    #[error("not of the type the program declares")]
     NotAnArray,
     #[error(transparent)]
     Aya(#[from] aya::maps::MapError),
-    #[error("mmap: {0}")]
-    Mmap(io::Error),
+    #[error("{0}")]
+    Io(io::Error),
 }
 
 /// The whole error chain on one line, then its first line (aya puts the
@@ -155,8 +154,6 @@ pub(super) fn classify(error: &(dyn std::error::Error + 'static)) -> BpfError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapSizes {
     pub ring_buffer_bytes: usize,
-    /// Unwind rows the row map holds (rounded up to whole chunks).
-    pub table_rows: u32,
     /// Processes the process map holds.
     pub processes: u32,
 }
@@ -166,7 +163,6 @@ impl MapSizes {
     pub fn minimal() -> Self {
         MapSizes {
             ring_buffer_bytes: page_size(),
-            table_rows: ROWS_PER_CHUNK,
             processes: 1,
         }
     }
@@ -176,10 +172,9 @@ impl MapSizes {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MapMemory {
     pub ring_buffer_bytes: usize,
-    /// The unwind-row map (all of it, used or not).
+    /// The loaded unwind tables' maps (each sized for its file's rows,
+    /// created as files are first needed).
     pub table_bytes: usize,
-    /// Of which rows of loaded tables.
-    pub table_used_bytes: usize,
     /// The per-process mapping map, at most (its elements are allocated as
     /// processes are written, not in advance: see the map's definition).
     pub process_map_bytes: usize,
@@ -198,11 +193,10 @@ impl std::fmt::Display for MapMemory {
         let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
         write!(
             f,
-            "{:.1} MiB of BPF maps: unwind rows {:.1} MiB ({:.1} MiB used), processes {:.1} MiB, \
-             ring buffer {:.1} MiB, per-CPU {:.2} MiB",
+            "{:.1} MiB of BPF maps: unwind tables {:.1} MiB, processes {:.1} MiB, ring buffer \
+             {:.1} MiB, per-CPU {:.2} MiB",
             mib(self.total_bytes()),
             mib(self.table_bytes),
-            mib(self.table_used_bytes),
             mib(self.process_map_bytes),
             mib(self.ring_buffer_bytes),
             mib(self.per_cpu_bytes),
@@ -358,10 +352,8 @@ impl BpfProgram {
             .max(1)
             .next_power_of_two()
             * page;
-        let chunks = sizes.table_rows.div_ceil(ROWS_PER_CHUNK).max(1);
         let sizes = MapSizes {
             ring_buffer_bytes: ring_bytes,
-            table_rows: chunks * ROWS_PER_CHUNK,
             processes: sizes.processes.max(1),
         };
         let kernel_stacks = u32::from(settings.kernel_stacks);
@@ -384,7 +376,6 @@ impl BpfProgram {
         }
         let mut ebpf = loader
             .map_max_entries(names::SAMPLES, ring_bytes as u32)
-            .map_max_entries(names::ROWS, chunks)
             .map_max_entries(names::PROCESSES, sizes.processes)
             .override_global(names::KERNEL_STACKS, &kernel_stacks, true)
             .override_global(names::HANDOFF_WAKEUP, &handoff_wakeup, true)
@@ -532,23 +523,23 @@ impl BpfProgram {
         })
     }
 
-    pub(super) fn map_rows(&self) -> Result<RowStore, BpfError> {
-        const MAP: &str = names::ROWS;
+    /// The store of the `TABLES` array of maps, spending at most
+    /// `budget_bytes` on tables.
+    pub(super) fn table_maps(&self, budget_bytes: u64) -> Result<TableMaps, BpfError> {
+        const MAP: &str = names::TABLES;
         let map = self.ebpf.map(MAP).ok_or(BpfError::Map {
             map: MAP,
             problem: MapProblem::Missing,
         })?;
-        let aya::maps::Map::Array(data) = map else {
+        let aya::maps::Map::ArrayOfMaps(data) = map else {
             return Err(BpfError::Map {
                 map: MAP,
                 problem: MapProblem::NotAnArray,
             });
         };
-        RowStore::map(data.fd().as_fd(), self.sizes.table_rows / ROWS_PER_CHUNK).map_err(|e| {
-            BpfError::Map {
-                map: MAP,
-                problem: MapProblem::Mmap(e),
-            }
+        TableMaps::new(data.fd().as_fd(), budget_bytes).map_err(|e| BpfError::Map {
+            map: MAP,
+            problem: MapProblem::Io(e),
         })
     }
 
@@ -589,8 +580,7 @@ impl BpfProgram {
         let process_element = process_value + 8 + 48;
         MapMemory {
             ring_buffer_bytes: self.sizes.ring_buffer_bytes,
-            table_bytes: self.sizes.table_rows as usize * ROW_SIZE,
-            table_used_bytes: 0,
+            table_bytes: 0,
             process_map_bytes: self.sizes.processes as usize * process_element,
             per_cpu_bytes: online_cpus()
                 * (std::mem::size_of::<RawSample>() + 8 * BpfCounter::COUNT),

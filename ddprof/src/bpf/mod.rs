@@ -15,7 +15,9 @@
 //!   attached to events, its counters) and [`BpfError`];
 //! - `engine`: [`BpfEngine`], the ring buffer read into samples;
 //! - `sync`: the maps kept in step with the process table;
-//! - `rows`: the row map, written through short-lived mmaps ([`RowStore`]);
+//! - `rows`: the unwind tables' maps, one per loaded file, created on
+//!   demand within a budget and written through short-lived mmaps
+//!   ([`TableMaps`]);
 //! - `record`: one ring-buffer record decoded into a `Sample`.
 mod choose;
 mod engine;
@@ -30,12 +32,12 @@ mod variant;
 pub use choose::{choose_engine, choose_engine_with, Engine, EngineChoice, EngineDecision};
 pub use engine::{
     ring_buffer_bytes_for_rate, BpfEngine, BpfEngineOptions, DEFAULT_MAX_TABLE_BYTES,
-    DEFAULT_RING_BUFFER_BYTES, TABLE_HEADROOM_ROWS,
+    DEFAULT_RING_BUFFER_BYTES,
 };
 pub use load::{
     wakes_on_handoff_at, BpfCounters, BpfError, BpfProgram, MapMemory, MapProblem, MapSizes,
     ProgramSettings, ProgramStats, BPF_OBJECT, HANDOFF_WAKEUP_MIN_HZ,
 };
-pub use rows::RowStore;
+pub use rows::{StoreError, TableMaps};
 pub use sync::{LoadedFileReport, TableStats};
 pub use variant::{choose_variant, kernel_has_bpf_loop, probe_variants, BpfVariant, VARIANT_ENV};

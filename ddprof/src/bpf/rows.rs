@@ -1,206 +1,465 @@
-//! The `ROWS` BPF array seen from userspace: written through short-lived
-//! mmaps of the map (created with `BPF_F_MMAPABLE`), and a first-fit
-//! allocator of row ranges in it, one range per loaded file.
+//! The `TABLES` array of maps seen from userspace: one array map per loaded
+//! file's unwind table, created for exactly its rows when the file is
+//! first needed (`BPF_MAP_CREATE`), written through a short-lived mmap,
+//! put in a free slot of `TABLES`, and freed (slot cleared, descriptor
+//! closed) when no process maps the file any more. The kernel memory they
+//! take is counted against a budget (`--bpf-table-mib`).
+//!
+//! Each change of a slot waits in the kernel for an RCU grace period
+//! (`synchronize_rcu`, so that no program still uses what it replaced):
+//! ~16 ms here. Set one at a time, the 20 libraries of a new clang process
+//! took 320 ms to reach the kernel, and their samples went to the perf
+//! engine meanwhile. So [`TableMaps::store`] and [`TableMaps::release`]
+//! only note the change, and [`TableMaps::flush`] makes all that are
+//! pending at once, one thread each: their grace periods overlap.
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use ddprof_common::bpf_maps::ROWS_PER_CHUNK;
+use ddprof_common::bpf_maps::{RowChunk, MAX_TABLES, ROWS_PER_CHUNK, TABLE_MAP_FLAGS};
 use ddprof_common::unwind::{UnwindRow, ROW_SIZE};
 
-/// The rows of the `ROWS` map.
-pub struct RowStore {
-    map: OwnedFd,
-    /// Rows the map holds (a multiple of `ROWS_PER_CHUNK`).
-    capacity: u32,
-    free: RangeAllocator,
+/// The loaded tables' maps and the budget they share.
+pub struct TableMaps {
+    outer: OwnedFd,
+    slots: Vec<Slot>,
+    budget_bytes: u64,
+    used_bytes: u64,
 }
 
-/// The most of the map mapped at once while writing, so that a large table
-/// does not make the whole of it resident in the profiler.
+/// A slot of `TABLES` as userspace left it.
+enum Slot {
+    Free,
+    /// In the kernel's slot.
+    Set(TableMap),
+    /// Written, not yet in the kernel's slot ([`TableMaps::flush`]).
+    Pending(TableMap),
+    /// Released, not yet cleared in the kernel's slot: not reused before.
+    Clearing,
+}
+
+/// One table's map.
+struct TableMap {
+    fd: OwnedFd,
+    rows: u32,
+    /// What the kernel allocated for it (page-rounded values).
+    bytes: u64,
+}
+
+impl Slot {
+    fn map(&self) -> Option<&TableMap> {
+        match self {
+            Slot::Set(map) | Slot::Pending(map) => Some(map),
+            Slot::Free | Slot::Clearing => None,
+        }
+    }
+}
+
+/// At most this many slot changes run at once (a thread each).
+const FLUSH_THREADS: usize = 32;
+
+/// Why a table was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{needed} bytes of table do not fit the {free} bytes left of the budget")]
+    OverBudget { needed: u64, free: u64 },
+    #[error("every one of the {MAX_TABLES} table slots is in use")]
+    NoSlot,
+    #[error("a table of {0} rows is beyond what a map can hold")]
+    TooBig(usize),
+    #[error("{call} failed: {source}")]
+    Kernel {
+        call: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The most of a table mapped at once while writing it, so that a large
+/// table does not make the whole map resident in the profiler.
 const WINDOW_BYTES: usize = 1 << 20;
 
-/// First-fit allocation of row ranges; freed ranges merge with their
-/// neighbours.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RangeAllocator {
-    /// Free ranges `(first, len)`, sorted by first, coalesced.
-    free: Vec<(u32, u32)>,
-}
-
-impl RangeAllocator {
-    pub fn new(capacity: u32) -> Self {
-        RangeAllocator {
-            free: if capacity > 0 {
-                vec![(0, capacity)]
-            } else {
-                Vec::new()
-            },
-        }
+impl TableMaps {
+    /// The table store of the program's `TABLES` map `outer`, spending at
+    /// most `budget_bytes` of kernel memory on tables.
+    pub fn new(outer: BorrowedFd<'_>, budget_bytes: u64) -> io::Result<Self> {
+        Ok(TableMaps {
+            outer: outer.try_clone_to_owned()?,
+            slots: Vec::new(),
+            budget_bytes,
+            used_bytes: 0,
+        })
     }
 
-    pub fn free_len(&self) -> u32 {
-        self.free.iter().map(|&(_, len)| len).sum()
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
     }
 
-    /// The first of `len` consecutive free rows, now taken.
-    pub fn allocate(&mut self, len: u32) -> Option<u32> {
-        if len == 0 {
-            return None;
-        }
-        let slot = self.free.iter().position(|&(_, free)| free >= len)?;
-        let (first, free) = self.free[slot];
-        if free == len {
-            self.free.remove(slot);
-        } else {
-            self.free[slot] = (first + len, free - len);
-        }
-        Some(first)
+    /// Kernel memory of the loaded tables.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
     }
 
-    /// Returns a range taken by `allocate`.
-    pub fn release(&mut self, first: u32, len: u32) {
-        if len == 0 {
-            return;
-        }
-        let at = self.free.partition_point(|&(start, _)| start < first);
-        self.free.insert(at, (first, len));
-        if at + 1 < self.free.len() && self.free[at].0 + self.free[at].1 == self.free[at + 1].0 {
-            self.free[at].1 += self.free[at + 1].1;
-            self.free.remove(at + 1);
-        }
-        if at > 0 && self.free[at - 1].0 + self.free[at - 1].1 == self.free[at].0 {
-            self.free[at - 1].1 += self.free[at].1;
-            self.free.remove(at);
-        }
+    /// Rows of the loaded tables.
+    pub fn used_rows(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter_map(Slot::map)
+            .map(|map| u64::from(map.rows))
+            .sum()
     }
-}
 
-impl RowStore {
-    /// The row store of the `ROWS` map `map_fd`, of `chunks` elements.
-    /// Checks once that the map can be mapped (it is created mmapable).
-    pub fn map(map_fd: BorrowedFd<'_>, chunks: u32) -> io::Result<Self> {
-        let store = RowStore {
-            map: map_fd.try_clone_to_owned()?,
-            capacity: chunks * ROWS_PER_CHUNK,
-            free: RangeAllocator::new(chunks * ROWS_PER_CHUNK),
+    /// The kernel memory a table of `rows` rows takes.
+    pub fn bytes_for(rows: usize) -> u64 {
+        let page = super::load::page_size() as u64;
+        let chunks = (rows as u64).div_ceil(u64::from(ROWS_PER_CHUNK)).max(1);
+        // The values, page-rounded for the mmap, and the map's own page.
+        (chunks * std::mem::size_of::<RowChunk>() as u64).div_ceil(page) * page + page
+    }
+
+    /// Stores `rows` in a map of their own and returns its slot; the
+    /// program finds it there once [`TableMaps::flush`] has run.
+    pub fn store(&mut self, rows: &[UnwindRow], name: &str) -> Result<u32, StoreError> {
+        let needed = Self::bytes_for(rows.len());
+        let free = self.budget_bytes.saturating_sub(self.used_bytes);
+        if needed > free {
+            return Err(StoreError::OverBudget { needed, free });
+        }
+        let chunks = u32::try_from(rows.len().div_ceil(ROWS_PER_CHUNK as usize).max(1))
+            .ok()
+            .filter(|&chunks| {
+                u64::from(chunks) * (std::mem::size_of::<RowChunk>() as u64) < u64::from(u32::MAX)
+            })
+            .ok_or(StoreError::TooBig(rows.len()))?;
+        let slot = match self
+            .slots
+            .iter()
+            .position(|slot| matches!(slot, Slot::Free))
+        {
+            Some(slot) => slot,
+            None if self.slots.len() < MAX_TABLES as usize => {
+                self.slots.push(Slot::Free);
+                self.slots.len() - 1
+            }
+            None => return Err(StoreError::NoSlot),
         };
-        store.with_window(0, ROW_SIZE.min(store.capacity_bytes()), |_| ())?;
-        Ok(store)
-    }
-
-    pub fn capacity_rows(&self) -> u32 {
-        self.capacity
-    }
-
-    pub fn capacity_bytes(&self) -> usize {
-        self.capacity as usize * ROW_SIZE
-    }
-
-    /// Rows not allocated to any table.
-    pub fn free_rows(&self) -> u32 {
-        self.free.free_len()
-    }
-
-    /// Copies `rows` into a free range and returns its first row, or `None`
-    /// when no free range is large enough (or the map cannot be mapped).
-    pub fn store(&mut self, rows: &[UnwindRow]) -> Option<u32> {
-        let len = u32::try_from(rows.len()).ok()?;
-        let first = self.free.allocate(len)?;
+        let fd = create_table_map(chunks, name).map_err(|source| StoreError::Kernel {
+            call: "bpf(BPF_MAP_CREATE)",
+            source,
+        })?;
         // SAFETY: `UnwindRow` is `repr(C)` plain data without padding (its
         // size is ROW_SIZE, the sum of its fields), so its bytes are
         // initialised.
         let bytes = unsafe {
             std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), rows.len() * ROW_SIZE)
         };
+        let capacity = chunks as usize * std::mem::size_of::<RowChunk>();
         let mut written = 0;
         while written < bytes.len() {
             let part = &bytes[written..(written + WINDOW_BYTES).min(bytes.len())];
-            let at = first as usize * ROW_SIZE + written;
-            if let Err(error) =
-                self.with_window(at, part.len(), |window| window.copy_from_slice(part))
-            {
-                log::warn!("BPF engine: cannot map the unwind-row map to write it: {error}");
-                self.free.release(first, len);
-                return None;
-            }
+            with_window(fd.as_fd(), capacity, written, part.len(), |window| {
+                window.copy_from_slice(part)
+            })
+            .map_err(|source| StoreError::Kernel {
+                call: "mmap of a table map",
+                source,
+            })?;
             written += part.len();
         }
-        Some(first)
+        self.used_bytes += needed;
+        self.slots[slot] = Slot::Pending(TableMap {
+            fd,
+            rows: rows.len() as u32,
+            bytes: needed,
+        });
+        Ok(slot as u32)
     }
 
-    /// Returns a range to the free list.
-    pub fn release(&mut self, first: u32, len: u32) {
-        self.free.release(first, len);
-    }
-
-    /// A copy of the rows stored at `first..first + len` (for tests and
-    /// checks).
-    pub fn rows(&self, first: u32, len: u32) -> Option<Vec<UnwindRow>> {
-        let end = first.checked_add(len)?;
-        if end > self.capacity {
-            return None;
+    /// Frees the table in `slot` (the slot is cleared in the kernel by the
+    /// next [`TableMaps::flush`]; a walk that already looked the table up
+    /// keeps it until it ends: the kernel frees an inner map after an RCU
+    /// grace period).
+    pub fn release(&mut self, slot: u32) {
+        let Some(entry) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        let released = std::mem::replace(entry, Slot::Clearing);
+        match released {
+            Slot::Set(map) => self.used_bytes -= map.bytes,
+            // Never in the kernel: nothing to clear.
+            Slot::Pending(map) => {
+                self.used_bytes -= map.bytes;
+                *entry = Slot::Free;
+            }
+            other => *entry = other,
         }
-        let mut rows = vec![UnwindRow::default(); len as usize];
+    }
+
+    /// Makes the kernel's slots what [`TableMaps::store`] and
+    /// [`TableMaps::release`] said, all at once (a thread per change, so
+    /// that their grace periods overlap). A slot that cannot be set is
+    /// freed: its table's samples are then handed to the perf engine.
+    pub fn flush(&mut self) {
+        let changes: Vec<(u32, Option<i32>)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, state)| match state {
+                Slot::Pending(map) => Some((slot as u32, Some(map.fd.as_raw_fd()))),
+                Slot::Clearing => Some((slot as u32, None)),
+                Slot::Free | Slot::Set(_) => None,
+            })
+            .collect();
+        if changes.is_empty() {
+            return;
+        }
+        let outer = self.outer.as_fd();
+        let results: Vec<io::Result<()>> = if changes.len() == 1 {
+            vec![update_slot(outer, changes[0].0, changes[0].1)]
+        } else {
+            changes
+                .chunks(FLUSH_THREADS)
+                .flat_map(|batch| {
+                    std::thread::scope(|scope| {
+                        let running: Vec<_> = batch
+                            .iter()
+                            .map(|&(slot, fd)| scope.spawn(move || update_slot(outer, slot, fd)))
+                            .collect();
+                        running
+                            .into_iter()
+                            .map(|thread| {
+                                thread
+                                    .join()
+                                    .unwrap_or_else(|_| Err(io::Error::other("thread panicked")))
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect()
+        };
+        for ((slot, _), result) in changes.into_iter().zip(results) {
+            let entry = &mut self.slots[slot as usize];
+            let state = std::mem::replace(entry, Slot::Free);
+            *entry = match (state, result) {
+                (Slot::Pending(map), Ok(())) => Slot::Set(map),
+                (Slot::Pending(map), Err(error)) => {
+                    log::warn!("BPF engine: cannot put an unwind table in slot {slot}: {error}");
+                    self.used_bytes -= map.bytes;
+                    Slot::Free
+                }
+                (_, Ok(())) => Slot::Free,
+                (_, Err(error)) => {
+                    log::debug!("BPF engine: cannot clear table slot {slot}: {error}");
+                    Slot::Free
+                }
+            };
+        }
+    }
+
+    /// Empties every slot of `TABLES`, the ones this copy does not know
+    /// too: a worker that replaces another starts from the parent's copy,
+    /// while the earlier workers filled and freed slots since (the maps
+    /// they left in slots would stay alive, uncounted).
+    pub fn clear_all(&mut self) {
+        let outer = self.outer.as_fd();
+        self.slots = (0..MAX_TABLES)
+            .map(|slot| {
+                if slot_is_set(outer, slot) {
+                    Slot::Clearing
+                } else {
+                    Slot::Free
+                }
+            })
+            .collect();
+        self.used_bytes = 0;
+        self.flush();
+        self.slots.clear();
+    }
+
+    /// A copy of the rows of the table in `slot` (for tests and checks).
+    pub fn rows(&self, slot: u32) -> Option<Vec<UnwindRow>> {
+        let map = self.slots.get(slot as usize)?.map()?;
+        let mut rows = vec![UnwindRow::default(); map.rows as usize];
         // SAFETY: as in `store`: plain data, every byte pattern the map
         // holds was written from an `UnwindRow`, or is zero.
         let bytes = unsafe {
             std::slice::from_raw_parts_mut(rows.as_mut_ptr().cast::<u8>(), rows.len() * ROW_SIZE)
         };
-        self.with_window(first as usize * ROW_SIZE, bytes.len(), |window| {
+        let capacity = (map.rows as usize).div_ceil(ROWS_PER_CHUNK as usize).max(1)
+            * std::mem::size_of::<RowChunk>();
+        with_window(map.fd.as_fd(), capacity, 0, bytes.len(), |window| {
             bytes.copy_from_slice(window)
         })
         .ok()?;
         Some(rows)
     }
+}
 
-    /// Maps the pages of the map's values that hold `len` bytes at byte
-    /// `offset`, lends those bytes to `access`, and unmaps them.
-    ///
-    /// Mapped only while written, so the map's memory (kernel memory, sized
-    /// with headroom for what the target loads later) is not resident in
-    /// the profiler's address space between writes.
-    fn with_window<R>(
-        &self,
-        offset: usize,
-        len: usize,
-        access: impl FnOnce(&mut [u8]) -> R,
-    ) -> io::Result<R> {
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > self.capacity_bytes())
-        {
-            return Err(io::Error::other("row window beyond the map"));
-        }
-        let page = super::load::page_size();
-        let map_start = offset / page * page;
-        let map_len = (offset + len).div_ceil(page) * page - map_start;
-        // SAFETY: a shared mapping of a BPF array map created mmapable, at
-        // a page-aligned offset; the kernel refuses a window beyond its
-        // (page-rounded) value area.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.map.as_raw_fd(),
-                map_start as libc::off_t,
-            )
-        };
-        if address == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `offset - map_start + len <= map_len`, all mapped just
-        // above; this is the only reference into the mapping, and it does
-        // not outlive the call.
-        let window = unsafe {
-            std::slice::from_raw_parts_mut(address.cast::<u8>().add(offset - map_start), len)
-        };
-        let result = access(window);
-        // SAFETY: unmaps exactly the mapping made above.
-        unsafe { libc::munmap(address, map_len) };
-        Ok(result)
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
+
+/// The leading fields of `union bpf_attr` for `BPF_MAP_CREATE` (the kernel
+/// takes the fields after them as zero).
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+}
+
+/// `union bpf_attr` for the element commands.
+#[repr(C)]
+#[derive(Default)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// A new array map of `chunks` `RowChunk`s with the flags of `TABLES`'
+/// template, named after the file (up to 15 bytes, for `bpftool`).
+fn create_table_map(chunks: u32, name: &str) -> io::Result<OwnedFd> {
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: std::mem::size_of::<RowChunk>() as u32,
+        max_entries: chunks,
+        map_flags: TABLE_MAP_FLAGS,
+        ..MapCreateAttr::default()
+    };
+    // Map names allow [A-Za-z0-9_.] only.
+    for (to, from) in attr.map_name[..15].iter_mut().zip(
+        name.bytes()
+            .filter(|byte| byte.is_ascii_alphanumeric() || *byte == b'_' || *byte == b'.'),
+    ) {
+        *to = from;
     }
+    // SAFETY: bpf(2) reads `size_of::<MapCreateAttr>()` bytes of a live,
+    // initialised struct laid out as the head of `union bpf_attr`.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_CREATE,
+            &mut attr as *mut MapCreateAttr,
+            std::mem::size_of::<MapCreateAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: BPF_MAP_CREATE returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether `outer`'s slot `slot` holds a map (a lookup answers its ID,
+/// or `ENOENT`).
+fn slot_is_set(outer: BorrowedFd<'_>, slot: u32) -> bool {
+    let key = slot;
+    let mut id: u32 = 0;
+    let mut attr = MapElemAttr {
+        map_fd: outer.as_raw_fd() as u32,
+        key: &key as *const u32 as u64,
+        value: &mut id as *mut u32 as u64,
+        ..MapElemAttr::default()
+    };
+    // SAFETY: bpf(2) reads the attr struct and the 4-byte key, and writes
+    // the 4-byte value (an inner map's ID), which live until it returns.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_ELEM,
+            &mut attr as *mut MapElemAttr,
+            std::mem::size_of::<MapElemAttr>(),
+        )
+    };
+    result == 0
+}
+
+/// Puts the map `inner` (a descriptor) in `outer`'s slot `slot`, or
+/// clears the slot.
+fn update_slot(outer: BorrowedFd<'_>, slot: u32, inner: Option<i32>) -> io::Result<()> {
+    let key = slot;
+    let value: u32 = inner.map_or(0, |fd| fd as u32);
+    let mut attr = MapElemAttr {
+        map_fd: outer.as_raw_fd() as u32,
+        key: &key as *const u32 as u64,
+        value: &value as *const u32 as u64,
+        ..MapElemAttr::default()
+    };
+    let command = if inner.is_some() {
+        BPF_MAP_UPDATE_ELEM
+    } else {
+        BPF_MAP_DELETE_ELEM
+    };
+    // SAFETY: bpf(2) reads the attr struct and, through it, the 4-byte key
+    // and value, which live until the call returns.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            &mut attr as *mut MapElemAttr,
+            std::mem::size_of::<MapElemAttr>(),
+        )
+    };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Maps the pages of the map `fd` (of `capacity` value bytes) that hold
+/// `len` bytes at byte `offset`, lends those bytes to `access`, and unmaps
+/// them: mapped only while used, so the map's memory is not resident in
+/// the profiler's address space between writes.
+fn with_window<R>(
+    fd: BorrowedFd<'_>,
+    capacity: usize,
+    offset: usize,
+    len: usize,
+    access: impl FnOnce(&mut [u8]) -> R,
+) -> io::Result<R> {
+    if offset.checked_add(len).is_none_or(|end| end > capacity) {
+        return Err(io::Error::other("window beyond the table map"));
+    }
+    let page = super::load::page_size();
+    let map_start = offset / page * page;
+    let map_len = (offset + len).div_ceil(page) * page - map_start;
+    // SAFETY: a shared mapping of a BPF array map created mmapable, at a
+    // page-aligned offset; the kernel refuses a window beyond its
+    // (page-rounded) value area.
+    let address = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            map_start as libc::off_t,
+        )
+    };
+    if address == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `offset - map_start + len <= map_len`, all mapped just above;
+    // this is the only reference into the mapping, and it does not outlive
+    // the call.
+    let window = unsafe {
+        std::slice::from_raw_parts_mut(address.cast::<u8>().add(offset - map_start), len)
+    };
+    let result = access(window);
+    // SAFETY: unmaps exactly the mapping made above.
+    unsafe { libc::munmap(address, map_len) };
+    Ok(result)
 }
 
 #[cfg(test)]
@@ -208,22 +467,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn allocates_first_fit_and_coalesces_on_release() {
-        let mut ranges = RangeAllocator::new(100);
-        assert_eq!(ranges.allocate(0), None);
-        assert_eq!(ranges.allocate(30), Some(0));
-        assert_eq!(ranges.allocate(30), Some(30));
-        assert_eq!(ranges.allocate(30), Some(60));
-        assert_eq!(ranges.allocate(30), None);
-        assert_eq!(ranges.free_len(), 10);
-        ranges.release(0, 30);
-        ranges.release(60, 30);
-        // Two holes (0..30, 60..100) cannot hold 50 rows...
-        assert_eq!(ranges.allocate(50), None);
-        // ...until the middle one is freed and everything merges.
-        ranges.release(30, 30);
-        assert_eq!(ranges, RangeAllocator::new(100));
-        assert_eq!(ranges.allocate(100), Some(0));
-        assert_eq!(RangeAllocator::new(0).allocate(1), None);
+    fn a_table_costs_its_pages_and_one_more() {
+        let page = super::super::load::page_size() as u64;
+        assert_eq!(TableMaps::bytes_for(0), 2 * page);
+        assert_eq!(TableMaps::bytes_for(16), 2 * page);
+        // 1 M rows: 65,536 chunks of 192 bytes = 12 MiB.
+        assert_eq!(TableMaps::bytes_for(1 << 20), (12 << 20) + page);
     }
 }

@@ -1,6 +1,7 @@
 //! Keeping the BPF maps true: the process map mirrors the process table's
-//! executable mappings, and the row map holds the unwind rows of the files
-//! they map (loaded on first use, freed when room is needed).
+//! executable mappings, and `TABLES` holds the unwind tables of the files
+//! they map, a map each (loaded on first use, freed when the budget needs
+//! room and no process maps the file).
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -15,14 +16,21 @@ use crate::files::{ContentKey, MappedFile};
 use crate::process::{Process, ProcessTable};
 use crate::unwind::LoadSegment;
 
+/// Files whose table state (none, or not fitting) is remembered; past this
+/// many, the decisions are made again.
+const DECIDED_FILES_KEPT: usize = 16384;
+/// Files already warned about (their table did not fit).
+const WARNED_FILES_KEPT: usize = 4096;
+
 /// Counters of the table loading, for reports and tests.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct TableStats {
-    /// Distinct files whose rows are in the row map now.
+    /// Distinct files whose tables are in the maps now.
     pub files_loaded: u64,
     /// Files with no usable table (no CFI, unreadable, not ELF).
     pub files_without_table: u64,
-    /// Tables that did not fit in the row map (frame pointers used instead).
+    /// Files whose tables did not fit the budget (their samples are
+    /// unwound in userspace).
     pub tables_not_fitting: u64,
     /// Processes not in the process map because it was full.
     pub processes_not_tracked: u64,
@@ -35,9 +43,10 @@ pub struct TableStats {
     pub processes_read_from_proc: u64,
 }
 
-/// A table in the row map.
+/// A table in the maps.
 pub(super) struct LoadedTable {
-    pub(super) first_row: u32,
+    /// Its slot in `TABLES`.
+    pub(super) slot: u32,
     pub(super) row_count: u32,
     pub(super) segments: Vec<LoadSegment>,
 }
@@ -53,8 +62,9 @@ pub struct YoungProcesses {
 #[derive(Clone)]
 pub(super) enum FileState {
     Loaded(ContentKey),
-    /// The file has a table but the row map has no room for it: samples
-    /// that need it are handed to the perf engine (`TABLE_NOT_LOADED`).
+    /// The file has a table but it did not fit the budget: samples that
+    /// need it are handed to the perf engine (`TABLE_NOT_LOADED`). Decided
+    /// once per file: not tried again while the file is known.
     NotLoaded,
     /// No table (no CFI, unreadable, not ELF): frame pointers, as the perf
     /// engine would use.
@@ -66,7 +76,8 @@ pub(super) enum FileState {
 pub struct LoadedFileReport {
     pub rows: u32,
     pub bytes: usize,
-    pub first_row: u32,
+    /// Its slot in `TABLES`.
+    pub slot: u32,
 }
 
 impl BpfEngine {
@@ -203,6 +214,8 @@ impl BpfEngine {
         self.dirty
             .extend(processes.pids().filter(|pid| !young.pids.contains(pid)));
         self.sync_dirty(processes);
+        // Slots released by the syncs above and not reused yet.
+        self.rows.flush();
     }
 
     /// Whether [`BpfEngine::sync_with_young`] has anything to do: young
@@ -260,7 +273,7 @@ impl BpfEngine {
             };
             let state = self.table_for(pid, &mapping.file, Some((mapping.start, mapping.end)));
             if let FileState::NotLoaded = state {
-                entry.first_row = TABLE_NOT_LOADED;
+                entry.table = TABLE_NOT_LOADED;
             }
             if let FileState::Loaded(key) = state {
                 if let Some(table) = self.tables.get(&key) {
@@ -270,7 +283,7 @@ impl BpfEngine {
                         mapping.file_offset,
                     ) {
                         entry.bias = bias;
-                        entry.first_row = table.first_row;
+                        entry.table = table.slot;
                         entry.row_count = table.row_count;
                     }
                 }
@@ -285,6 +298,8 @@ impl BpfEngine {
         {
             return;
         }
+        // The new tables reach their slots before the entry that uses them.
+        self.rows.flush();
         let mut value = ProcessMappings {
             count: entries.len() as u32,
             ..ProcessMappings::default()
@@ -307,7 +322,7 @@ impl BpfEngine {
         self.synced.insert(pid, (entries, keys));
     }
 
-    /// The state of `file`'s table, loading it into the row map on first
+    /// The state of `file`'s table, loading it into a map of its own on first
     /// use. `range` is a mapping of the file in `pid` (to reach deleted
     /// files).
     fn table_for(
@@ -327,6 +342,7 @@ impl BpfEngine {
     }
 
     fn load_table(&mut self, pid: u32, file: &MappedFile, range: Option<(u64, u64)>) -> FileState {
+        let started = std::time::Instant::now();
         let table = match self.compiler.load(pid, file, range) {
             Ok(table) => table,
             Err(error) => {
@@ -338,37 +354,62 @@ impl BpfEngine {
         if self.tables.contains_key(&table.key) {
             return FileState::Loaded(table.key);
         }
+        let loaded_after = started.elapsed();
         let rows = &table.table.rows;
-        let first_row = match self.rows.store(rows) {
-            Some(first) => first,
-            None => {
+        let name = file.path.rsplit('/').next().unwrap_or_default();
+        let slot = match self.rows.store(rows, name) {
+            Ok(slot) => slot,
+            Err(_) => {
                 self.release_unused_tables();
-                match self.rows.store(rows) {
-                    Some(first) => first,
-                    None => {
-                        log::info!(
-                            "BPF engine: no room for the {} unwind rows of {} in the row map \
-                             ({} of {} rows free): its samples are unwound in userspace",
-                            rows.len(),
-                            file.path,
-                            self.rows.free_rows(),
-                            self.rows.capacity_rows()
-                        );
+                match self.rows.store(rows, name) {
+                    Ok(slot) => slot,
+                    Err(error) => {
                         self.table_stats.tables_not_fitting += 1;
+                        self.warn_not_loaded(file, rows.len(), &error);
                         return FileState::NotLoaded;
                     }
                 }
             }
         };
+        log::debug!(
+            "BPF engine: table of {} ({} rows) in slot {slot} after {:.1} ms ({:.1} ms to \
+             compile or read it)",
+            file.path,
+            rows.len(),
+            started.elapsed().as_secs_f64() * 1e3,
+            loaded_after.as_secs_f64() * 1e3
+        );
         self.tables.insert(
             table.key,
             LoadedTable {
-                first_row,
+                slot,
                 row_count: rows.len() as u32,
                 segments: table.table.segments.clone(),
             },
         );
         FileState::Loaded(table.key)
+    }
+
+    /// Says, once per file, that its table is not in the kernel and what
+    /// makes it fit.
+    fn warn_not_loaded(&mut self, file: &MappedFile, rows: usize, error: &super::rows::StoreError) {
+        if self.warned_not_loaded.len() >= WARNED_FILES_KEPT {
+            self.warned_not_loaded.clear();
+        }
+        if !self.warned_not_loaded.insert((file.dev, file.inode)) {
+            return;
+        }
+        let mib = |bytes: u64| bytes.div_ceil(1 << 20);
+        log::warn!(
+            "BPF engine: the unwind table of {} ({rows} rows, {} MiB) is not in the kernel: \
+             {error} ({} of {} MiB in use); its samples are unwound in userspace from a copy \
+             of the stack (slower, and stacks deeper than --stack-sample-size end early). \
+             Raise --bpf-table-mib (DD_PROFILING_BPF_TABLE_MIB) to unwind them in the kernel",
+            file.path,
+            mib(super::rows::TableMaps::bytes_for(rows)),
+            mib(self.rows.used_bytes()),
+            mib(self.rows.budget_bytes()),
+        );
     }
 
     /// Frees the rows of tables no tracked process uses any more.
@@ -387,13 +428,18 @@ impl BpfEngine {
             .collect();
         for key in unused {
             if let Some(table) = self.tables.remove(&key) {
-                self.rows.release(table.first_row, table.row_count);
+                self.rows.release(table.slot);
                 self.table_stats.tables_freed += 1;
             }
         }
-        self.files.retain(
-            |_, state| matches!(state, FileState::Loaded(key) if self.tables.contains_key(key)),
-        );
+        // Files found without a table, or whose table did not fit, keep
+        // that state (decided once, see `FileState::NotLoaded`) unless the
+        // list grew past its bound.
+        let forget_decisions = self.files.len() > DECIDED_FILES_KEPT;
+        self.files.retain(|_, state| match state {
+            FileState::Loaded(key) => self.tables.contains_key(key),
+            FileState::NotLoaded | FileState::Missing => !forget_decisions,
+        });
     }
 
     /// Makes this copy of the engine true again in a profiler worker that
@@ -406,13 +452,13 @@ impl BpfEngine {
     /// - Every process map entry is deleted (listed from the kernel's map,
     ///   not from the stale bookkeeping): until its process is synced
     ///   again, the program hands its samples to the perf engine, which
-    ///   unwinds them exactly, so none is unwound with rows being
-    ///   rewritten. (A sample that looked its entry up just before the
-    ///   deletion, on another CPU, may still read rows being rewritten: a
+    ///   unwinds them exactly, so none is unwound with a table slot given
+    ///   to another file. (A sample that looked its entry up just before
+    ///   the deletion, on another CPU, may still read such a slot: a
     ///   window of one sample per CPU, whose stack may then end early.)
-    /// - The row map is emptied (the copy's ranges are released: the copy
-    ///   only knows the tables of the start) and the rows and entries of
-    ///   every process of `processes` are written again.
+    /// - Every table slot is emptied (the copy only knows the tables of the
+    ///   start; earlier workers filled others) and the tables and entries
+    ///   of every process of `processes` are written again.
     pub fn resync_after_restart(&mut self, processes: &ProcessTable) -> Result<(), BpfError> {
         let map_error = |error: aya::maps::MapError| BpfError::Map {
             map: ddprof_common::bpf_maps::names::SAMPLES,
@@ -437,9 +483,8 @@ impl BpfEngine {
                 let _ = map.remove(&pid);
             }
         }
-        for table in std::mem::take(&mut self.tables).into_values() {
-            self.rows.release(table.first_row, table.row_count);
-        }
+        self.tables.clear();
+        self.rows.clear_all();
         self.files.clear();
         self.synced.clear();
         self.fingerprints.clear();
@@ -451,7 +496,7 @@ impl BpfEngine {
         Ok(())
     }
 
-    /// Loads the table of one file into the row map now, as if a process
+    /// Loads the table of one file into a map now, as if a process
     /// mapped it (tests, and files known to be needed soon).
     pub fn load_file(&mut self, path: &str) -> Option<LoadedFileReport> {
         use std::os::unix::fs::MetadataExt;
@@ -461,24 +506,22 @@ impl BpfEngine {
             dev: metadata.dev(),
             inode: metadata.ino(),
         });
-        let FileState::Loaded(key) = self.table_for(std::process::id(), &file, None) else {
+        let state = self.table_for(std::process::id(), &file, None);
+        self.rows.flush();
+        let FileState::Loaded(key) = state else {
             return None;
         };
         let table = self.tables.get(&key)?;
         Some(LoadedFileReport {
             rows: table.row_count,
             bytes: table.row_count as usize * ROW_SIZE,
-            first_row: table.first_row,
+            slot: table.slot,
         })
     }
 
-    /// The rows the row map holds at `first_row..first_row + rows`.
-    pub fn stored_rows(
-        &self,
-        first_row: u32,
-        rows: u32,
-    ) -> Option<Vec<ddprof_common::unwind::UnwindRow>> {
-        self.rows.rows(first_row, rows)
+    /// The rows of the table in `slot`, as the kernel's map holds them.
+    pub fn stored_rows(&self, slot: u32) -> Option<Vec<ddprof_common::unwind::UnwindRow>> {
+        self.rows.rows(slot)
     }
 }
 

@@ -137,10 +137,17 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_SAMPLE_STACK_USER", default_value_t = DEFAULT_STACK_SAMPLE_SIZE, value_parser = parse_stack_size)]
     pub stack_sample_size: u32,
 
-    /// KiB of perf ring buffer per event and CPU (perf engine; rounded up to a power of two pages).
-    /// Hidden: for tests that force sample loss, and for machines short of locked memory.
-    #[arg(long, hide = true, env = "DD_PROFILING_RING_BUFFER_KIB", value_parser = clap::value_parser!(u32).range(4..=1048576))]
+    /// KiB of ring buffer per event and CPU (perf engine) or in all (BPF engine), rounded up to a
+    /// power of two pages; default from the sampling rate. Raise it when samples are lost with a
+    /// full ring buffer
+    #[arg(long, env = "DD_PROFILING_RING_BUFFER_KIB", value_parser = clap::value_parser!(u32).range(4..=1048576))]
     pub ring_buffer_kib: Option<u32>,
+
+    /// MiB of kernel memory the BPF engine may spend on unwind tables, taken per file as
+    /// programs and libraries are first sampled (about 12 MiB per million rows: libc 0.1 MiB,
+    /// libLLVM 10-16 MiB). A file whose table does not fit is unwound in userspace, with a warning
+    #[arg(long, env = "DD_PROFILING_BPF_TABLE_MIB", default_value_t = (crate::bpf::DEFAULT_MAX_TABLE_BYTES >> 20) as u32, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub bpf_table_mib: u32,
 
     /// Profile a running process and its future children
     #[arg(short = 'p', long, env = "DD_PROFILING_PID", conflicts_with = "global", value_parser = parse_pid)]

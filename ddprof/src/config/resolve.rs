@@ -82,6 +82,7 @@ pub fn resolve_with(
             bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or_else(|| {
                 crate::bpf::ring_buffer_bytes_for_rate(samples_per_second(&events))
             }),
+            bpf_table_bytes: cli.bpf_table_mib as usize * (1 << 20),
             bpf_wake_on_handoff: crate::bpf::wakes_on_handoff_at(samples_per_task_second(&events)),
             kernel_stacks,
             // `--global` samples every CPU already.

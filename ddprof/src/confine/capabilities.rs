@@ -10,6 +10,7 @@
 //! | `CAP_DAC_READ_SEARCH` | open the target's binaries through `/proc/PID/root` when they are not readable by the profiler's user | the end (a worker's) |
 //! | `CAP_CHECKPOINT_RESTORE` | read `/proc/PID/map_files/` links (deleted or replaced binaries) without `CAP_SYS_ADMIN` | the end (a worker's) |
 //! | `CAP_BPF`, `CAP_PERFMON` | load the BPF program and attach it to the perf events        | [`drop_after_setup`] |
+//! | `CAP_BPF` (BPF engine only) | create a map for each unwind table a worker loads (`bpf::TableMaps`); the worker's filter allows map commands only | the end (a worker's) |
 //! | `CAP_SYS_ADMIN`       | BPF and perf on kernels older than 5.8, which lack `CAP_BPF`/`CAP_PERFMON` | [`drop_after_setup`] |
 //! | `CAP_IPC_LOCK`        | lock BPF maps on kernels that charge them to `RLIMIT_MEMLOCK` (before 5.11) | [`drop_after_setup`] |
 //! | `CAP_SYSLOG` (only with `--include-kernel`) | copy `/proc/kallsyms` with its addresses (hidden without it when `perf_event_paranoid` > 1) | [`drop_after_setup`] |
@@ -53,6 +54,11 @@ pub const KEPT_BY_PROFILER: &[u32] = &[
     cap::DAC_READ_SEARCH,
     cap::CHECKPOINT_RESTORE,
 ];
+
+/// Also kept by the profiler, for its workers, when the BPF engine runs:
+/// a worker creates a map for each unwind table it loads (its seccomp
+/// filter lets `bpf(2)` create and use maps, never load a program).
+pub const KEPT_FOR_TABLE_MAPS: u32 = cap::BPF;
 
 /// What the profiler keeps only until its engine is set up.
 pub const KEPT_FOR_SETUP: &[u32] = &[cap::BPF, cap::PERFMON, cap::SYS_ADMIN, cap::IPC_LOCK];
@@ -311,11 +317,15 @@ pub fn drop_for_profiler(kernel_symbols: bool) -> Result<(), CapabilityError> {
 }
 
 /// Called by the profiler loop once its engine is set up (BPF program loaded
-/// and attached, ring buffers mapped): keeps only [`KEPT_BY_PROFILER`],
-/// and those only permitted, for the workers (see the module
-/// documentation); none is effective.
-pub fn drop_after_setup() -> Result<(), CapabilityError> {
-    let kept = CapSet::of(KEPT_BY_PROFILER);
+/// and attached, ring buffers mapped): keeps only [`KEPT_BY_PROFILER`]
+/// (and [`KEPT_FOR_TABLE_MAPS`] when `bpf_maps`), and those only
+/// permitted, for the workers (see the module documentation); none is
+/// effective.
+pub fn drop_after_setup(bpf_maps: bool) -> Result<(), CapabilityError> {
+    let mut kept = CapSet::of(KEPT_BY_PROFILER);
+    if bpf_maps {
+        kept = CapSet(kept.0 | CapSet::of(&[KEPT_FOR_TABLE_MAPS]).0);
+    }
     let current = current()?;
     set(ProcessCaps {
         effective: CapSet::default(),
@@ -325,9 +335,10 @@ pub fn drop_after_setup() -> Result<(), CapabilityError> {
 }
 
 /// Called by a worker (forked from the parent after the set-up): makes the
-/// [`KEPT_BY_PROFILER`] capabilities the parent holds permitted effective.
+/// [`KEPT_BY_PROFILER`] and [`KEPT_FOR_TABLE_MAPS`] capabilities the
+/// parent holds permitted effective.
 pub fn raise_for_worker() -> Result<(), CapabilityError> {
-    let kept = CapSet::of(KEPT_BY_PROFILER);
+    let kept = CapSet(CapSet::of(KEPT_BY_PROFILER).0 | CapSet::of(&[KEPT_FOR_TABLE_MAPS]).0);
     let current = current()?;
     set(ProcessCaps {
         effective: current.permitted.intersect(kept),

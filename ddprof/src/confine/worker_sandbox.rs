@@ -18,8 +18,10 @@
 //! - no memory becomes executable (`mmap`, `mprotect` without `PROT_EXEC`);
 //! - `ioctl` only the perf events' (`'$'`) and the terminal queries
 //!   (`TCGETS`, `FIONREAD`: not `TIOCSTI`, which types into a terminal);
-//! - `bpf` only on the maps it holds (lookup, update, delete, next key,
-//!   object info), `prctl` only its name, `prlimit64` only to read.
+//! - `bpf` only to create maps (an unwind table's, with `CAP_BPF`, BPF
+//!   engine only) and use the maps it holds (lookup, update, delete, next
+//!   key, object info): no program is loaded or attached, no object pinned
+//!   or fetched by id; `prctl` only its name, `prlimit64` only to read.
 //!
 //! The list is what the worker's code, the standard library, glibc or musl
 //! and blazesym call (traced with `strace -f` on both engines, with
@@ -85,9 +87,9 @@ enum Rule {
 const WRITE_FLAGS: u32 = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u32;
 const PROT_EXEC_BIT: u32 = libc::PROT_EXEC as u32;
 const CLONE_THREAD_BIT: u32 = libc::CLONE_THREAD as u32;
-/// `BPF_MAP_LOOKUP_ELEM`, `UPDATE_ELEM`, `DELETE_ELEM`, `GET_NEXT_KEY`,
-/// `BPF_OBJ_GET_INFO_BY_FD`.
-const BPF_MAP_COMMANDS: &[u32] = &[1, 2, 3, 4, 15];
+/// `BPF_MAP_CREATE`, `BPF_MAP_LOOKUP_ELEM`, `UPDATE_ELEM`, `DELETE_ELEM`,
+/// `GET_NEXT_KEY`, `BPF_OBJ_GET_INFO_BY_FD`.
+const BPF_MAP_COMMANDS: &[u32] = &[0, 1, 2, 3, 4, 15];
 const PRCTL_NAME: &[u32] = &[libc::PR_SET_NAME as u32, libc::PR_GET_NAME as u32];
 
 /// The allow-list: `(system call, rule)`.

@@ -375,7 +375,9 @@ fn run_profiler(
     );
     // (-p and --global opened the events in this process.)
     events::warn_if_kernel_time_refused();
-    if let Err(error) = capabilities::drop_after_setup() {
+    // The BPF engine's worker creates a map for each unwind table it loads.
+    let bpf_maps = profiler.engine_name() == "bpf";
+    if let Err(error) = capabilities::drop_after_setup(bpf_maps) {
         log::warn!("profiler: {error}");
     }
     profiler.run(watch)

@@ -10,6 +10,7 @@
 //! profiled processes are gone).
 mod record;
 mod ring;
+mod source;
 mod tracking;
 mod unwinding;
 mod wait;
@@ -25,8 +26,9 @@ use crate::sample::{LossCounters, Sample};
 use crate::unwind::{TableLoading, TableStore, Unwinder};
 
 pub use ddprof_common::sample::MAX_USER_FRAMES;
-use record::{Record, TimedRecord};
+use record::Record;
 use ring::RingBuffer;
+use source::{note_outcome, queue_record, Source};
 use tracking::{ProcessTracker, Reorder};
 use unwinding::Unwinding;
 use wait::Waiter;
@@ -151,21 +153,6 @@ pub struct SampleCounters {
     /// the buffer (the others were copied out first: see
     /// `PerfEngine::drain_buffers`).
     pub unwound_in_place: u64,
-}
-
-struct Source {
-    event: EventFd,
-    ring: RingBuffer,
-    hung_up: bool,
-}
-
-impl Source {
-    /// A per-CPU event of the BPF engine's: the program hands it the
-    /// samples of processes it does not know yet, which may be any
-    /// process's, so its `PERF_RECORD_LOST` counts are not all ours.
-    fn shared_with_others(&self) -> bool {
-        self.event.scope == crate::events::Scope::CpuForTree
-    }
 }
 
 pub struct PerfEngine {
@@ -740,51 +727,6 @@ impl PerfEngine {
         if self.spare_frames.len() < MAX_SPARE_FRAMES && frames.capacity() > 0 {
             self.spare_frames.push(frames);
         }
-    }
-}
-
-/// Parses one record into the queue (or the loss counters); `shared`: the
-/// buffer holds samples of processes that may not be profiled (see
-/// [`Source::shared_with_others`]).
-fn queue_record(
-    bytes: &[u8],
-    reorder: &mut Reorder,
-    spare_stacks: &mut Vec<Vec<u8>>,
-    losses: &mut LossCounters,
-    shared: bool,
-) {
-    match record::parse_reusing(bytes, spare_stacks) {
-        Ok(TimedRecord { time, record }) => match record {
-            Record::Lost(count) if shared => losses.unattributed += count,
-            Record::Lost(count) => losses.lost += count,
-            Record::Throttle => losses.throttled += 1,
-            Record::Unthrottle | Record::Ignored(_) => {}
-            record => reorder.push(time, record),
-        },
-        Err(error) => {
-            log::debug!("skipping a perf record: {error}");
-            losses.malformed += 1;
-        }
-    }
-}
-
-/// Counts what a scan of `source`'s buffer found besides records.
-fn note_outcome(
-    source: &Source,
-    outcome: ring::DrainOutcome,
-    wrapped_records: &mut u64,
-    losses: &mut LossCounters,
-) {
-    *wrapped_records += outcome.wrapped;
-    if outcome.corrupted {
-        // Their samples count as lost: the kernel's count has them.
-        log::warn!(
-            "the perf ring buffer of the event on CPU {} held an invalid record; skipped its \
-             {} unread bytes (the samples in them count as lost)",
-            source.event.cpu,
-            outcome.skipped_bytes
-        );
-        losses.malformed += 1;
     }
 }
 

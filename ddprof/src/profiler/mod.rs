@@ -211,6 +211,11 @@ impl Profiler {
         })
     }
 
+    /// The engine that samples: `bpf` or `perf`.
+    pub fn engine_name(&self) -> &'static str {
+        self.sampler.engine_name()
+    }
+
     /// Counts `cpu`, spent by the profiler in another process before this
     /// one (the launcher, for a launched command), with its own.
     pub fn spent_before(mut self, cpu: Duration) -> Self {

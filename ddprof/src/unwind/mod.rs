@@ -266,13 +266,17 @@ impl Unwinder {
             };
             let mut used_frame_pointer = false;
             if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
-                if result == StepResult::Unsupported {
+                // Code the CFI describes in rules the rows cannot express
+                // (`_dl_runtime_resolve`'s CFA in RBX) is no thread's root,
+                // whatever its RBP holds.
+                let described = result == StepResult::Unsupported;
+                if described {
                     self.stats.unsupported_steps += 1;
                 }
                 used_frame_pointer = true;
                 self.stats.frame_pointer_steps += 1;
                 result = step_frame_pointer(&mut next, &mut reader);
-                if !bp_restored && matches!(result, StepResult::Outermost) {
+                if (!bp_restored || described) && matches!(result, StepResult::Outermost) {
                     return Some(StackEnd::NoUnwindInfo);
                 }
             }
@@ -299,7 +303,13 @@ impl Unwinder {
                 }
             }
             if next.ip == 0 {
-                return Some(if root_credible {
+                // A thread's root says so in its CFI (`Stop`): a zero read
+                // where the CFI put a return address is a stack in flux
+                // (libgcc installing a handler's context), not a root; a
+                // frame-pointer chain may end so.
+                return Some(if !used_frame_pointer {
+                    StackEnd::BadAddress
+                } else if root_credible {
                     StackEnd::Complete
                 } else {
                     StackEnd::NoUnwindInfo

@@ -1,0 +1,67 @@
+//! One event's buffer as the engine reads it ([`Source`]), and what a
+//! read of it yields besides records: losses, by cause, and corruption.
+use super::record::{self, Record, TimedRecord};
+use super::ring::{self, RingBuffer};
+use super::tracking::Reorder;
+use crate::events::EventFd;
+use crate::sample::LossCounters;
+
+pub(super) struct Source {
+    pub(super) event: EventFd,
+    pub(super) ring: RingBuffer,
+    pub(super) hung_up: bool,
+}
+
+impl Source {
+    /// A per-CPU event of the BPF engine's: the program hands it the
+    /// samples of processes it does not know yet, which may be any
+    /// process's, so its `PERF_RECORD_LOST` counts are not all ours.
+    pub(super) fn shared_with_others(&self) -> bool {
+        self.event.scope == crate::events::Scope::CpuForTree
+    }
+}
+
+/// Parses one record into the queue (or the loss counters); `shared`: the
+/// buffer holds samples of processes that may not be profiled (see
+/// [`Source::shared_with_others`]).
+pub(super) fn queue_record(
+    bytes: &[u8],
+    reorder: &mut Reorder,
+    spare_stacks: &mut Vec<Vec<u8>>,
+    losses: &mut LossCounters,
+    shared: bool,
+) {
+    match record::parse_reusing(bytes, spare_stacks) {
+        Ok(TimedRecord { time, record }) => match record {
+            Record::Lost(count) if shared => losses.unattributed += count,
+            Record::Lost(count) => losses.lost += count,
+            Record::Throttle => losses.throttled += 1,
+            Record::Unthrottle | Record::Ignored(_) => {}
+            record => reorder.push(time, record),
+        },
+        Err(error) => {
+            log::debug!("skipping a perf record: {error}");
+            losses.malformed += 1;
+        }
+    }
+}
+
+/// Counts what a scan of `source`'s buffer found besides records.
+pub(super) fn note_outcome(
+    source: &Source,
+    outcome: ring::DrainOutcome,
+    wrapped_records: &mut u64,
+    losses: &mut LossCounters,
+) {
+    *wrapped_records += outcome.wrapped;
+    if outcome.corrupted {
+        // Their samples count as lost: the kernel's count has them.
+        log::warn!(
+            "the perf ring buffer of the event on CPU {} held an invalid record; skipped its \
+             {} unread bytes (the samples in them count as lost)",
+            source.event.cpu,
+            outcome.skipped_bytes
+        );
+        losses.malformed += 1;
+    }
+}
