@@ -862,12 +862,13 @@ fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
         // 73-89 % of the samples were unwound in the kernel with per-task
         // events (10 runs at 60ab6d3). Every CPU sampled, a child is also
         // sampled from its first microseconds (its fork and exec, before
-        // any record of it is read): 87-93 % on a quiet machine, 58-66 %
-        // while another build or test used the other CPU (the niced reader
-        // describes the children later). Three fifths, far above a child
-        // never described before it ends.
+        // any record of it is read): 87-93 % on a quiet machine when
+        // measured at 4164985, but 54-72 % in later runs on the same
+        // machine, idle, with that binary and later ones alike (6 runs
+        // each), and 54 % in a suite run. Two fifths: far above children
+        // that no wake-up describes (13 % at 99 Hz, the next test).
         assert!(
-            in_kernel * 5 >= total * 3,
+            in_kernel * 5 >= total * 2,
             "{variant}: only {in_kernel} of {total} samples unwound in the kernel"
         );
         assert!(
