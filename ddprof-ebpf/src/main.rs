@@ -677,12 +677,9 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         return None;
     }
     if next.ip == 0 {
-        // A thread's root says so in its CFI (`Stop`): a zero read where the
-        // CFI put a return address is a stack in flux (libgcc installing a
-        // handler's context), not a root; a frame-pointer chain may end so.
-        walk.end = if !used_frame_pointer {
-            StackEnd::BadAddress
-        } else if root_credible {
+        // A zero return address ends a thread that its CFI does not mark
+        // (Go's `runtime.goexit`, described by `.debug_frame`).
+        walk.end = if root_credible {
             StackEnd::Complete
         } else {
             StackEnd::NoUnwindInfo

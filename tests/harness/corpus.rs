@@ -57,7 +57,8 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 ///   the other threads' system stacks) and `runtime.clone`, which calls
 ///   `mstart` in a new thread; `runtime.systemstack`, `runtime.mcall` and
 ///   `runtime.morestack` switch onto the system stack, and their callers
-///   are on another stack.
+///   are on another stack; so do `runtime.nanotime1` and
+///   `runtime.walltime` around their vDSO calls.
 pub const ENTRY_FUNCTIONS: &[&str] = &[
     "_start",
     "_dl_start_user",
@@ -70,6 +71,9 @@ pub const ENTRY_FUNCTIONS: &[&str] = &[
     "runtime.systemstack",
     "runtime.mcall",
     "runtime.morestack",
+    // Switch to the system stack to call the vDSO (sys_linux_amd64.s).
+    "runtime.nanotime1",
+    "runtime.walltime",
 ];
 
 /// glibc's `__libc_start_main` (its internal name, and the exported one
@@ -232,6 +236,12 @@ pub struct Entry {
     /// least [`MIN_BIG_COMPLETE_PERCENT`] of them complete.
     pub big: bool,
 }
+
+/// The least share of complete stacks of either ddprof engine on any
+/// entry, whatever perf record makes of it (perf record 0 % on Go and on
+/// big-static: ddprof 98-100 %; a rule that marked Go's goroutine roots
+/// truncated made ddprof 0 % on Go, and only this caught it).
+pub const MIN_DDPROF_COMPLETE_PERCENT: f64 = 90.0;
 
 /// perf record's stack copy for most entries.
 const STACK_BYTES: u32 = 32768;
@@ -1637,6 +1647,12 @@ impl EntryResult {
                         measured.complete_percent()
                     ));
                 }
+            }
+            if measured.complete_percent() < MIN_DDPROF_COMPLETE_PERCENT {
+                failures.push(format!(
+                    "{name} / {label}: {:.1} % complete stacks, at least {MIN_DDPROF_COMPLETE_PERCENT:.0} % required",
+                    measured.complete_percent()
+                ));
             }
             let min_ratio = min_sample_ratio(reference.map(Measured::sample_ratio));
             if measured.sample_ratio() < min_ratio {
