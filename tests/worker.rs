@@ -445,3 +445,78 @@ fn workers_that_keep_dying_are_restarted_with_backoff() {
     assert_eq!(samples, summary["samples"]);
     assert!(samples > 0 && leaf * 2 >= samples, "{leaf} of {samples}");
 }
+
+/// The descriptors of `pid` that are unwind table maps of the BPF engine
+/// (array maps with `BPF_F_MMAPABLE | BPF_F_INNER_MAP`, as `fdinfo` shows
+/// them).
+fn table_maps_held_by(pid: u32) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    fds.flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target == Path::new("anon_inode:bpf-map"))
+        })
+        .filter(|fd| {
+            std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .is_ok_and(|info| {
+                info.lines().any(|line| line == "map_type:\t2")
+                    && info.lines().any(|line| line == "map_flags:\t0x1400")
+            })
+        })
+        .count()
+}
+
+/// Before: with `-p`, the parent loaded the target's unwind tables into the
+/// kernel before it forked the first worker, and kept their descriptors
+/// for its whole run: after a worker restart (which empties the slots) the
+/// parent still held that kernel memory, counted nowhere. Control: the
+/// worker holds table maps (the target's). ddprof: the parent none.
+#[test]
+fn the_parent_holds_none_of_its_workers_unwind_tables() {
+    let chain = build_workload("chain.c");
+    let out = Scratch::new("worker-parent-tables");
+    let mut target = KillOnDrop(
+        std::process::Command::new(&chain)
+            .arg("5")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut ddprof = KillOnDrop(
+        ddprof_tests::ddprof_command()
+            .args([
+                "-l", "notice", "-e", SAMPLING, "-u", "60", "--engine", "bpf",
+            ])
+            .arg("--output")
+            .arg(&out.0)
+            .args(["-p", &target.id().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let marker = out.0.to_string_lossy().into_owned();
+    let worker = wait_for_worker(&marker, None);
+    std::thread::sleep(Duration::from_millis(500));
+    let parent = ddprof.id();
+    let in_worker = table_maps_held_by(worker);
+    let in_parent = table_maps_held_by(parent);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(parent as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = ddprof.0.wait();
+    let _ = target.0.kill();
+    assert!(
+        in_worker >= 1,
+        "control: the worker {worker} holds no table map"
+    );
+    assert_eq!(in_parent, 0, "the parent {parent} holds table maps");
+}

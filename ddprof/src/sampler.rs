@@ -341,6 +341,16 @@ impl Sampler {
         Ok(())
     }
 
+    /// Called in the parent once a worker was forked: closes what only a
+    /// worker uses and that would otherwise keep kernel memory alive beyond
+    /// its worker (the BPF engine's start-up unwind tables, whose slots the
+    /// next worker clears).
+    pub fn release_worker_resources(&mut self) {
+        if let Engine::Bpf { samples, .. } = &mut self.engine {
+            samples.release_table_maps();
+        }
+    }
+
     /// The engine in use (`bpf` or `perf`), as event.json `info` says it.
     pub fn engine_name(&self) -> &'static str {
         match &self.engine {

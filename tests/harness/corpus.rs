@@ -266,6 +266,12 @@ const DEEP_STACK_BYTES: u32 = 65528;
 /// at 95 %: clang read 98.0 % in a suite run, and a loaded CI machine
 /// delays the reader.
 pub const MIN_IN_KERNEL_SHARE: f64 = 0.95;
+/// The least share of a big program's expected samples either ddprof
+/// engine delivers. The perf engine read none of its buffers while it
+/// compiled a big table: 94 % of big-static's samples (395 of 5,785 lost
+/// with a cold store); reading them meanwhile, 99.9-100 % (and clang,
+/// rustc 98-99 % → 100 %).
+pub const MIN_BIG_SAMPLE_RATIO: f64 = 0.95;
 /// The least share of a big program's samples whose stacks the default
 /// engine completes.
 pub const MIN_BIG_COMPLETE_PERCENT: f64 = 97.0;
@@ -1147,7 +1153,7 @@ impl Measured {
                 *marked_complete_elsewhere.entry(tail.join(";")).or_default() += stack.count;
             }
             let leaf = stack.frames.first().map_or("[unknown]", String::as_str);
-            *leaves.entry(leaf).or_default() += stack.count;
+            *leaves.entry(without_parameters(leaf)).or_default() += stack.count;
             let root = stack.frames.last().map_or("[unknown]", String::as_str);
             *outermost.entry(root).or_default() += stack.count;
         }
@@ -1190,6 +1196,18 @@ impl Measured {
         self.shares(&self.leaves, n)
     }
 
+    /// The percentage of samples whose leaf is `function` (parameters
+    /// ignored).
+    pub fn leaf_share(&self, function: &str) -> f64 {
+        let function = without_parameters(function);
+        self.leaves
+            .iter()
+            .find(|(f, _)| f == function)
+            .map_or(0.0, |(_, count)| {
+                100.0 * *count as f64 / self.samples.max(1) as f64
+            })
+    }
+
     /// The `n` outermost frames with the most samples and their percentages.
     pub fn top_outermost(&self, n: usize) -> Vec<(&str, f64)> {
         self.shares(&self.outermost, n)
@@ -1207,6 +1225,31 @@ impl Measured {
             })
             .collect()
     }
+}
+
+/// A C++ function's name without its parameter list (and `const`), as
+/// perf names it: blazesym keeps `llvm::InstCombinePass::run(llvm::Function&, …)`
+/// where perf says `llvm::InstCombinePass::run`, and a leaf must compare
+/// equal under both.
+pub fn without_parameters(name: &str) -> &str {
+    let body = name.strip_suffix(" const").unwrap_or(name);
+    if !body.ends_with(')') {
+        return name;
+    }
+    let mut depth = 0usize;
+    for (at, byte) in body.bytes().enumerate().rev() {
+        match byte {
+            b')' => depth += 1,
+            b'(' => {
+                depth -= 1;
+                if depth == 0 {
+                    return if at == 0 { name } else { &name[..at] };
+                }
+            }
+            _ => {}
+        }
+    }
+    name
 }
 
 fn most_first(counts: HashMap<&str, u64>) -> Vec<(String, u64)> {
@@ -1663,13 +1706,27 @@ impl EntryResult {
                     ));
                 }
             }
-            if measured.complete_percent() < MIN_DDPROF_COMPLETE_PERCENT {
+            // The perf engine copies what perf record copies: on a big
+            // program whose stacks outgrow the copy (rustc: perf record
+            // 90.2-91.9 %), it cannot beat perf record by much.
+            let floor = match reference {
+                Some(reference) if self.entry.big && tool == Tool::DdprofPerf => {
+                    MIN_DDPROF_COMPLETE_PERCENT
+                        .min(reference.complete_percent() - COMPLETENESS_TOLERANCE_POINTS)
+                }
+                _ => MIN_DDPROF_COMPLETE_PERCENT,
+            };
+            if measured.complete_percent() < floor {
                 failures.push(format!(
-                    "{name} / {label}: {:.1} % complete stacks, at least {MIN_DDPROF_COMPLETE_PERCENT:.0} % required",
+                    "{name} / {label}: {:.1} % complete stacks, at least {floor:.1} % required",
                     measured.complete_percent()
                 ));
             }
-            let min_ratio = min_sample_ratio(reference.map(Measured::sample_ratio));
+            let min_ratio = if self.entry.big {
+                MIN_BIG_SAMPLE_RATIO
+            } else {
+                min_sample_ratio(reference.map(Measured::sample_ratio))
+            };
             if measured.sample_ratio() < min_ratio {
                 failures.push(format!(
                     "{name} / {label}: {} samples, {:.1} % of the {:.0} expected ({:.2} s CPU × {FREQUENCY_HZ} Hz); at least {:.1} % required (perf record: {})",
@@ -1698,9 +1755,12 @@ impl EntryResult {
                     reference.complete_percent()
                 ));
             }
+            // In a flat profile (rustc: the top three leaves within 0.3
+            // points of 1.8 %) the order is noise: the function may also be
+            // outside the top five if it has at least 3/4 of its share.
             if let Some((top, share)) = reference.top_leaves(1).first() {
                 let ours = measured.top_leaves(5);
-                if !ours.iter().any(|(f, _)| f == top) {
+                if !ours.iter().any(|(f, _)| f == top) && measured.leaf_share(top) < 0.75 * share {
                     failures.push(format!(
                         "{name} / {label}: perf record's top leaf function `{top}` ({share:.1} %) is not in its top 5: {}",
                         format_leaves(&ours)
@@ -1818,6 +1878,28 @@ mod tests {
         assert!(close(min_sample_ratio(Some(0.906)), 0.876));
         // A tool that loses samples perf record got still fails.
         assert!(min_sample_ratio(Some(0.70)) > 0.66);
+    }
+
+    #[test]
+    fn leaves_compare_without_their_parameter_lists() {
+        assert_eq!(
+            without_parameters(
+                "llvm::InstCombinePass::run(llvm::Function&, llvm::AnalysisManager<llvm::Function, >&)"
+            ),
+            "llvm::InstCombinePass::run"
+        );
+        assert_eq!(
+            without_parameters("(anonymous namespace)::Walker::visit(int (*)(void)) const"),
+            "(anonymous namespace)::Walker::visit"
+        );
+        assert_eq!(
+            without_parameters("std::less<int>::operator()(int const&, int const&) const"),
+            "std::less<int>::operator()"
+        );
+        assert_eq!(without_parameters("free"), "free");
+        assert_eq!(without_parameters("[libLLVM-14.so.1]"), "[libLLVM-14.so.1]");
+        assert_eq!(without_parameters("(broken"), "(broken");
+        assert_eq!(without_parameters("unbalanced)"), "unbalanced)");
     }
 
     #[test]

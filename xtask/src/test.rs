@@ -84,16 +84,56 @@ pub fn build_demo_workload() -> Result<PathBuf> {
     crate::build_c_workload("chain.c", "demo", "chain")
 }
 
-/// Totals of every `test result:` line cargo test printed.
+/// Lines of a failed test's panic message kept for the digest.
+const DIGEST_LINES: usize = 4;
+/// Characters kept of each digest line.
+const DIGEST_LINE_CHARS: usize = 400;
+
+/// Totals of every `test result:` line cargo test printed, and the first
+/// lines of each failed test's panic message: printed again last, so that
+/// the end of a long log says why the suite failed.
 #[derive(Default, Debug)]
 struct Totals {
     passed: u64,
     failed: u64,
     ignored: u64,
+    /// The test whose captured output libtest is printing (`---- NAME
+    /// stdout ----`).
+    failing: Option<String>,
+    /// Lines still to keep of the current panic message.
+    keep: usize,
+    digest: Vec<(String, Vec<String>)>,
 }
 
 impl Totals {
     fn add_line(&mut self, line: &str) {
+        if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|rest| rest.strip_suffix(" stdout ----"))
+        {
+            self.failing = Some(name.to_string());
+            self.keep = 0;
+            return;
+        }
+        // libtest lists the failed tests' names after their output.
+        if line == "failures:" || line.starts_with("test result: ") {
+            self.failing = None;
+        }
+        if let Some(name) = &self.failing {
+            // `thread 'NAME' (TID) panicked at FILE:LINE:COLUMN:`
+            if line.starts_with("thread '") && line.contains(" panicked at ") {
+                self.digest.push((name.clone(), Vec::new()));
+                self.keep = DIGEST_LINES;
+                return;
+            }
+            if self.keep > 0 {
+                if let Some((_, lines)) = self.digest.last_mut() {
+                    lines.push(line.chars().take(DIGEST_LINE_CHARS).collect());
+                }
+                self.keep -= 1;
+                return;
+            }
+        }
         let Some(rest) = line.trim().strip_prefix("test result: ") else {
             return;
         };
@@ -173,6 +213,12 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         started.elapsed().as_secs_f64(),
         totals.ignored
     );
+    for (test, lines) in &totals.digest {
+        println!("xtask: FAILED {test}:");
+        for line in lines {
+            println!("    {line}");
+        }
+    }
     println!("{} passed, {} failed", totals.passed, totals.failed);
     if !every_run_passed || totals.failed > 0 || totals.passed == 0 {
         return Ok(ExitCode::FAILURE);
@@ -208,5 +254,45 @@ mod tests {
         );
         totals.add_line("running 4 tests");
         assert_eq!((totals.passed, totals.failed, totals.ignored), (14, 1, 2));
+    }
+
+    #[test]
+    fn keeps_the_first_lines_of_each_failed_tests_panic() {
+        let mut totals = Totals::default();
+        for line in [
+            "failures:",
+            "",
+            "---- a_test stdout ----",
+            "some output the test printed",
+            "thread 'a_test' (1234) panicked at tests/x.rs:10:5:",
+            "samples 1 + lost 2 must be within 5 %",
+            "second line",
+            "third line",
+            "fourth line",
+            "fifth line, not kept",
+            "---- b_test stdout ----",
+            "thread 'b_test' panicked at tests/y.rs:1:1:",
+            "assertion failed: ok",
+            "",
+            "failures:",
+            "    a_test",
+            "thread 'main' panicked at later output:",
+            "test result: FAILED. 0 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out",
+        ] {
+            totals.add_line(line);
+        }
+        assert_eq!(totals.failed, 2);
+        let names: Vec<&str> = totals.digest.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a_test", "b_test"]);
+        assert_eq!(
+            totals.digest[0].1,
+            [
+                "samples 1 + lost 2 must be within 5 %",
+                "second line",
+                "third line",
+                "fourth line"
+            ]
+        );
+        assert_eq!(totals.digest[1].1, ["assertion failed: ok", ""]);
     }
 }

@@ -546,15 +546,7 @@ impl BpfProgram {
     pub(super) fn process_map(
         &mut self,
     ) -> Result<aya::maps::HashMap<&mut MapData, u32, ProcessMappings>, BpfError> {
-        const MAP: &str = names::PROCESSES;
-        let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
-            map: MAP,
-            problem: MapProblem::Missing,
-        })?;
-        aya::maps::HashMap::try_from(map).map_err(|e| BpfError::Map {
-            map: MAP,
-            problem: e.into(),
-        })
+        self.hash_map(names::PROCESSES)
     }
 
     /// The processes found not profiled (`TREE_ONLY`), whose samples the
@@ -562,13 +554,20 @@ impl BpfProgram {
     pub(super) fn not_profiled_map(
         &mut self,
     ) -> Result<aya::maps::HashMap<&mut MapData, u32, u32>, BpfError> {
-        const MAP: &str = names::NOT_PROFILED;
-        let map = self.ebpf.map_mut(MAP).ok_or(BpfError::Map {
-            map: MAP,
+        self.hash_map(names::NOT_PROFILED)
+    }
+
+    /// The hash map `name` of the loaded object, typed.
+    fn hash_map<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<aya::maps::HashMap<&mut MapData, K, V>, BpfError> {
+        let map = self.ebpf.map_mut(name).ok_or(BpfError::Map {
+            map: name,
             problem: MapProblem::Missing,
         })?;
         aya::maps::HashMap::try_from(map).map_err(|e| BpfError::Map {
-            map: MAP,
+            map: name,
             problem: e.into(),
         })
     }

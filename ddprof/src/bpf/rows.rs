@@ -275,6 +275,14 @@ impl TableMaps {
         self.slots.clear();
     }
 
+    /// Closes this copy's table maps without touching the kernel's slots
+    /// (the parent's copy, after a fork: the worker owns the slots, and a
+    /// later worker empties them with [`TableMaps::clear_all`]).
+    pub fn close_descriptors(&mut self) {
+        self.slots.clear();
+        self.used_bytes = 0;
+    }
+
     /// A copy of the rows of the table in `slot` (for tests and checks).
     pub fn rows(&self, slot: u32) -> Option<Vec<UnwindRow>> {
         let map = self.slots.get(slot as usize)?.map()?;
@@ -326,6 +334,33 @@ struct MapElemAttr {
     flags: u64,
 }
 
+/// The attribute structs this module hands to bpf(2): plain `#[repr(C)]`
+/// heads of `union bpf_attr` whose pointer fields, if any, point at
+/// memory that outlives the call.
+trait BpfAttr {}
+impl BpfAttr for MapCreateAttr {}
+impl BpfAttr for MapElemAttr {}
+
+/// bpf(2) with `attr`: the call's non-negative result, or its error.
+fn bpf_command<A: BpfAttr>(command: libc::c_long, attr: &mut A) -> io::Result<i64> {
+    // SAFETY: bpf(2) reads (and for lookups writes through) at most
+    // `size_of::<A>()` bytes of a live, initialised `#[repr(C)]` head of
+    // `union bpf_attr`; the buffers its pointer fields name are borrowed by
+    // the caller for the whole call (the `BpfAttr` contract).
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            attr as *mut A,
+            std::mem::size_of::<A>(),
+        )
+    };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(result)
+}
+
 /// A new array map of `chunks` `RowChunk`s with the flags of `TABLES`'
 /// template, named after the file (up to 15 bytes, for `bpftool`).
 fn create_table_map(chunks: u32, name: &str) -> io::Result<OwnedFd> {
@@ -344,19 +379,7 @@ fn create_table_map(chunks: u32, name: &str) -> io::Result<OwnedFd> {
     ) {
         *to = from;
     }
-    // SAFETY: bpf(2) reads `size_of::<MapCreateAttr>()` bytes of a live,
-    // initialised struct laid out as the head of `union bpf_attr`.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_CREATE,
-            &mut attr as *mut MapCreateAttr,
-            std::mem::size_of::<MapCreateAttr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = bpf_command(BPF_MAP_CREATE, &mut attr)?;
     // SAFETY: BPF_MAP_CREATE returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
@@ -372,17 +395,7 @@ fn slot_is_set(outer: BorrowedFd<'_>, slot: u32) -> bool {
         value: &mut id as *mut u32 as u64,
         ..MapElemAttr::default()
     };
-    // SAFETY: bpf(2) reads the attr struct and the 4-byte key, and writes
-    // the 4-byte value (an inner map's ID), which live until it returns.
-    let result = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_LOOKUP_ELEM,
-            &mut attr as *mut MapElemAttr,
-            std::mem::size_of::<MapElemAttr>(),
-        )
-    };
-    result == 0
+    bpf_command(BPF_MAP_LOOKUP_ELEM, &mut attr).is_ok()
 }
 
 /// Puts the map `inner` (a descriptor) in `outer`'s slot `slot`, or
@@ -401,20 +414,7 @@ fn update_slot(outer: BorrowedFd<'_>, slot: u32, inner: Option<i32>) -> io::Resu
     } else {
         BPF_MAP_DELETE_ELEM
     };
-    // SAFETY: bpf(2) reads the attr struct and, through it, the 4-byte key
-    // and value, which live until the call returns.
-    let result = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            &mut attr as *mut MapElemAttr,
-            std::mem::size_of::<MapElemAttr>(),
-        )
-    };
-    if result < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    bpf_command(command, &mut attr).map(drop)
 }
 
 /// Maps the pages of the map `fd` (of `capacity` value bytes) that hold

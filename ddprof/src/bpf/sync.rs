@@ -496,6 +496,12 @@ impl BpfEngine {
         Ok(())
     }
 
+    /// Closes this copy's unwind table maps (the parent's, once a worker
+    /// was forked; see [`super::rows::TableMaps::close_descriptors`]).
+    pub fn release_table_maps(&mut self) {
+        self.rows.close_descriptors();
+    }
+
     /// Loads the table of one file into a map now, as if a process
     /// mapped it (tests, and files known to be needed soon).
     pub fn load_file(&mut self, path: &str) -> Option<LoadedFileReport> {

@@ -28,7 +28,7 @@ use crate::unwind::{TableLoading, TableStore, Unwinder};
 pub use ddprof_common::sample::MAX_USER_FRAMES;
 use record::Record;
 use ring::RingBuffer;
-use source::{note_outcome, queue_record, Source};
+use source::{note_outcome, queue_record, ReadAhead, Source};
 use tracking::{ProcessTracker, Reorder};
 use unwinding::Unwinding;
 use wait::Waiter;
@@ -434,9 +434,37 @@ impl PerfEngine {
                 }
                 Record::Sample(raw) => {
                     self.tracker.before_sample(processes, raw.pid);
-                    let mut unwinding = self.unwinding();
-                    let (sample, stack) =
-                        (*raw).with_view(|view| unwinding.unwind(processes, view));
+                    let Self {
+                        sources,
+                        reorder,
+                        scratch,
+                        spare_stacks,
+                        losses,
+                        wrapped_records,
+                        unwinder,
+                        spare_frames,
+                        counters,
+                        options,
+                        ..
+                    } = self;
+                    let mut unwinding = Unwinding {
+                        unwinder,
+                        spare_frames,
+                        counters,
+                        max_frames: options.max_frames,
+                    };
+                    let mut read_ahead = ReadAhead {
+                        sources,
+                        reorder,
+                        scratch,
+                        spare_stacks,
+                        losses,
+                        wrapped_records,
+                    };
+                    let processes = &*processes;
+                    let (sample, stack) = (*raw).with_view(|view| {
+                        unwinding.unwind_reading_ahead(processes, view, &mut read_ahead)
+                    });
                     self.recycle_stack(stack);
                     outcome.samples += 1;
                     on_sample(processes, &sample);
@@ -575,22 +603,7 @@ impl PerfEngine {
     /// sample is copied.
     fn drain_buffers(&mut self, processes: Option<&mut ProcessTable>) {
         let Some(processes) = processes else {
-            let Self {
-                sources,
-                reorder,
-                scratch,
-                spare_stacks,
-                losses,
-                wrapped_records,
-                ..
-            } = self;
-            for source in sources.iter_mut() {
-                let shared = source.shared_with_others();
-                let outcome = source.ring.drain(scratch, &mut |bytes| {
-                    queue_record(bytes, reorder, spare_stacks, losses, shared)
-                });
-                note_outcome(source, outcome, wrapped_records, losses);
-            }
+            self.read_ahead_buffers().read();
             return;
         };
         // A sample written before this was written before the heads below.
@@ -701,12 +714,14 @@ impl PerfEngine {
         self.heads = heads;
     }
 
-    fn unwinding(&mut self) -> Unwinding<'_> {
-        Unwinding {
-            unwinder: &mut self.unwinder,
-            spare_frames: &mut self.spare_frames,
-            counters: &mut self.counters,
-            max_frames: self.options.max_frames,
+    fn read_ahead_buffers(&mut self) -> ReadAhead<'_> {
+        ReadAhead {
+            sources: &mut self.sources,
+            reorder: &mut self.reorder,
+            scratch: &mut self.scratch,
+            spare_stacks: &mut self.spare_stacks,
+            losses: &mut self.losses,
+            wrapped_records: &mut self.wrapped_records,
         }
     }
 
@@ -803,10 +818,14 @@ mod tests {
                 samples.push(sample.clone())
             })
             .unwrap();
-        assert!(samples.len() > 50, "only {} samples", samples.len());
-        assert!(samples
-            .iter()
-            .all(|s| s.pid == me && s.tid == thread as u32 && s.weight > 0));
+        // The engine's helper thread, which reads the first sample's table,
+        // inherits the event: its samples have its own thread id.
+        let this_thread = samples.iter().filter(|s| s.tid == thread as u32).count();
+        assert!(
+            this_thread > 50,
+            "only {this_thread} samples of this thread"
+        );
+        assert!(samples.iter().all(|s| s.pid == me && s.weight > 0));
         assert!(samples.windows(2).all(|w| w[0].time <= w[1].time));
         // The first sample loaded this process from /proc: its leaf is in our code.
         let here = table.find_mapping(me, samples[0].frames[0]).unwrap();

@@ -21,6 +21,40 @@ impl Source {
     }
 }
 
+/// What reading the buffers ahead takes of the engine: every record is
+/// copied into the queue as it is, nothing applied or unwound (while the
+/// engine's other parts are busy: its table on a helper thread, the BPF
+/// program's load).
+pub(super) struct ReadAhead<'a> {
+    pub(super) sources: &'a mut [Source],
+    pub(super) reorder: &'a mut Reorder,
+    pub(super) scratch: &'a mut Vec<u8>,
+    pub(super) spare_stacks: &'a mut Vec<Vec<u8>>,
+    pub(super) losses: &'a mut LossCounters,
+    pub(super) wrapped_records: &'a mut u64,
+}
+
+impl ReadAhead<'_> {
+    /// Moves what every buffer holds into the queue; the bytes read.
+    pub(super) fn read(&mut self) -> usize {
+        let mut bytes_read = 0;
+        for source in self.sources.iter_mut() {
+            let shared = source.shared_with_others();
+            let (reorder, spare_stacks, losses) = (
+                &mut *self.reorder,
+                &mut *self.spare_stacks,
+                &mut *self.losses,
+            );
+            let outcome = source.ring.drain(self.scratch, &mut |bytes| {
+                bytes_read += bytes.len();
+                queue_record(bytes, reorder, spare_stacks, losses, shared)
+            });
+            note_outcome(source, outcome, self.wrapped_records, self.losses);
+        }
+        bytes_read
+    }
+}
+
 /// Parses one record into the queue (or the loss counters); `shared`: the
 /// buffer holds samples of processes that may not be profiled (see
 /// [`Source::shared_with_others`]).

@@ -119,6 +119,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         }
         drop(worker_socket);
         drop(worker_cache_writes);
+        sampler.release_worker_resources();
         log::info!(
             "worker started pid={pid} (restart #{}, cause {cause})",
             handover.restarts
