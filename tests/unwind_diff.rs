@@ -1,5 +1,7 @@
-//! Differential test of ddprof's user-side unwinder against framehop (a
-//! reference DWARF unwinder) on real processes.
+//! Differential test of ddprof's stack walker against framehop (a
+//! reference DWARF unwinder) on real processes: the one walker
+//! (`ddprof_common::unwind::Walker`) that the BPF program and the perf
+//! engine's unwinder both drive, here through the latter.
 //!
 //! Each workload is built with `cc -O2 -fomit-frame-pointer -g` (so only
 //! CFI unwinds it), run, and stopped at random moments with

@@ -263,6 +263,14 @@ fn restarting_the_worker_every_period_loses_no_sample() {
             (delivered - expected).abs() <= 0.05 * expected,
             "{engine}: {delivered} samples for {expected} ms of CPU time:\n{stderr}"
         );
+        // A planned restart hands the buffers over: what was due is
+        // delivered, not merely counted lost.
+        assert!(
+            samples as f64 >= 0.95 * expected,
+            "{engine}: {samples} samples delivered ({} counted lost) for {expected} ms of CPU \
+             time:\n{stderr}",
+            summary["lost"]
+        );
 
         // The same run with the default worker period counts the same.
         let (cpu_default, summary_default, samples_default, stderr_default) =

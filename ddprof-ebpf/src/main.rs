@@ -46,7 +46,7 @@ use ddprof_common::sample::{
     MAX_RECORD_FRAMES, MAX_USER_FRAMES, RAW_SAMPLE_HEADER_SIZE,
 };
 use ddprof_common::unwind::{
-    step, step_frame_pointer, Regs, RowKind, StepResult, UnwindRow, MAX_LOOKUP_STEPS,
+    Advance, FrameRule, LastStep, Regs, RowKind, UnwindRow, Walker, MAX_LOOKUP_STEPS,
 };
 
 /// Why samples were kept or dropped, indexed by `BpfCounter`.
@@ -134,15 +134,14 @@ static WALK_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 #[repr(C)]
 struct Walk {
-    regs: Regs,
+    /// The walk's registers and what it knows of them (the state machine
+    /// the perf engine's unwinder drives too).
+    walker: Walker,
     pid: u32,
     kernel_frames: u32,
     user_frames: u32,
     /// A `StackEnd` value.
     end: u32,
-    /// The PC is exact (first frame, or interrupted by a signal) rather than
-    /// a return address.
-    exact_pc: u32,
     /// Flags for the counters: some frame had no table / a read faulted /
     /// the process was unknown.
     no_table: u32,
@@ -151,11 +150,6 @@ struct Walk {
     /// the process's mappings; 2, a later frame is, or needs a table that
     /// is not loaded.
     handoff: u32,
-    /// The last step used frame pointers rather than a table row.
-    frame_pointer_step: u32,
-    /// RBP was restored from the stack by some step (see the perf
-    /// engine's unwinder).
-    bp_restored: u32,
     /// The mapping of the previous frame (consecutive frames are often in the
     /// same file): `[start, end)`, its bias and its table's rows.
     mapping_start: u64,
@@ -410,12 +404,12 @@ fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> Sav
         addr_of_mut!((*walk).kernel_frames).write_volatile(kernel_frames);
         addr_of_mut!((*walk).user_frames).write_volatile(0);
         addr_of_mut!((*walk).end).write_volatile(StackEnd::NoUserContext as u32);
-        addr_of_mut!((*walk).exact_pc).write_volatile(1);
+        addr_of_mut!((*walk).walker.exact_pc).write_volatile(1);
         addr_of_mut!((*walk).no_table).write_volatile(0);
         addr_of_mut!((*walk).read_fault).write_volatile(0);
         addr_of_mut!((*walk).handoff).write_volatile(0);
-        addr_of_mut!((*walk).frame_pointer_step).write_volatile(0);
-        addr_of_mut!((*walk).bp_restored).write_volatile(0);
+        addr_of_mut!((*walk).walker.last_step).write_volatile(LastStep::Row as u32);
+        addr_of_mut!((*walk).walker.bp_restored).write_volatile(0);
         addr_of_mut!((*walk).mapping_start).write_volatile(0);
         addr_of_mut!((*walk).mapping_end).write_volatile(0);
         addr_of_mut!((*walk).mapping_bias).write_volatile(0);
@@ -428,7 +422,7 @@ fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> Sav
     let walk = unsafe { &mut *walk_ptr };
     match regs {
         Some(regs) => {
-            walk.regs = regs;
+            walk.walker.regs = regs;
             // Stays DepthLimit only if every frame step asked for more.
             walk.end = StackEnd::DepthLimit as u32;
             Start::Walk
@@ -591,27 +585,12 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         walk.end = StackEnd::DepthLimit as u32;
         return None;
     };
-    *frame = walk.regs.ip;
+    *frame = walk.walker.regs.ip;
     walk.user_frames += 1;
 
-    let lookup_pc = if walk.exact_pc != 0 {
-        walk.regs.ip
-    } else {
-        walk.regs.ip.wrapping_sub(1)
-    };
-    let rule = rule_for(walk, lookup_pc);
-    let mut next = walk.regs;
-    let mut faulted = false;
-    let mut read = |addr: u64| {
-        let value = read_user_u64(addr);
-        if value.is_none() {
-            faulted = true;
-        }
-        value
-    };
-    let mut result = match rule {
-        Rule::Row(row) => step(&row, &mut next, &mut read),
-        Rule::FramePointer => StepResult::NoInfo,
+    let rule = match rule_for(walk, walk.walker.lookup_pc()) {
+        Rule::Row(row) => FrameRule::Row(row),
+        Rule::FramePointer => FrameRule::FramePointer,
         // The PC is in no mapping the entry describes (the process exec'd
         // or mapped code since userspace wrote it, or has more mappings
         // than an entry holds), or in a file whose table is not loaded:
@@ -627,7 +606,7 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         Rule::Unmapped => {
             walk.handoff = if walk.user_frames == 1 {
                 1
-            } else if walk.frame_pointer_step == 0 {
+            } else if walk.walker.last_step == LastStep::Row as u32 {
                 2
             } else {
                 0
@@ -636,62 +615,22 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
             return None;
         }
     };
-    let mut used_frame_pointer = false;
-    if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
-        // Code the CFI describes, in rules this format cannot express
-        // (`_dl_runtime_resolve`'s CFA in RBX): no thread's root, whatever
-        // its RBP holds.
-        let described = matches!(result, StepResult::Unsupported);
-        used_frame_pointer = true;
-        result = step_frame_pointer(&mut next, &mut read);
-        // The sampled RBP of code without frame pointers may be 0: only a
-        // restored one proves the root (as in the perf engine's unwinder).
-        if (walk.bp_restored == 0 || described) && matches!(result, StepResult::Outermost) {
-            result = StepResult::NoInfo;
+    let end = match walk.walker.advance(rule, read_user_u64) {
+        Advance::Next => return Some(()),
+        Advance::End(end) => end,
+        Advance::ReadFault { frame_pointer } => {
+            walk.read_fault = 1;
+            // A frame-pointer chain into unreadable memory: RBP was no
+            // frame pointer there.
+            if frame_pointer {
+                StackEnd::NoUnwindInfo
+            } else {
+                StackEnd::BadAddress
+            }
         }
-    }
-    let root_credible = walk.bp_restored != 0 || !used_frame_pointer;
-    if used_frame_pointer || next.bp != walk.regs.bp {
-        walk.bp_restored = 1;
-    }
-    if faulted {
-        walk.read_fault = 1;
-    }
-    walk.frame_pointer_step = u32::from(used_frame_pointer);
-    let end = match result {
-        StepResult::Caller => {
-            walk.exact_pc = 0;
-            None
-        }
-        StepResult::Interrupted => {
-            walk.exact_pc = 1;
-            None
-        }
-        StepResult::Outermost => Some(StackEnd::Complete),
-        StepResult::NoInfo | StepResult::Unsupported => Some(StackEnd::NoUnwindInfo),
-        StepResult::ReadFailed if used_frame_pointer => Some(StackEnd::NoUnwindInfo),
-        StepResult::ReadFailed => Some(StackEnd::BadAddress),
     };
-    if let Some(end) = end {
-        walk.end = end as u32;
-        return None;
-    }
-    if next.ip == 0 {
-        // A zero return address ends a thread that its CFI does not mark
-        // (Go's `runtime.goexit`, described by `.debug_frame`).
-        walk.end = if root_credible {
-            StackEnd::Complete
-        } else {
-            StackEnd::NoUnwindInfo
-        } as u32;
-        return None;
-    }
-    if next.sp <= walk.regs.sp {
-        walk.end = StackEnd::NoProgress as u32;
-        return None;
-    }
-    walk.regs = next;
-    Some(())
+    walk.end = end as u32;
+    None
 }
 
 enum Rule {

@@ -203,10 +203,14 @@ impl Sampler {
                 // Wakes for the BPF ring buffer and for the perf buffers,
                 // which receive the samples the program hands over.
                 records.wait_with(Some(samples.ring_fd()), timeout.min(BPF_MAX_POLL))?;
-                let workload_gone = samples.read_samples(Duration::ZERO, pending)?;
-                // Records of other CPUs may still be on their way: samples
-                // newer than this wait for the next poll.
+                // Taken before either buffer is read: everything stamped
+                // before it is written by then, so every sample and record
+                // up to it is in hand below, however long the reads take.
+                // Samples newer than it wait for the next poll. (Taken
+                // after the BPF ring's read, a stall over the hold-back
+                // between the two delivered samples after newer records.)
                 let cutoff = settled_time();
+                let workload_gone = samples.read_samples(Duration::ZERO, pending)?;
                 let hung_up = records.read_ahead();
                 let finished = hung_up || workload_gone;
                 deliver_merged(

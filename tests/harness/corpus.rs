@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::big_program;
 use crate::guards::Scratch;
 use crate::outputs::pprof_files;
 use crate::pprof;
@@ -940,106 +941,17 @@ fn prepare_rustc(dir: &Path) -> Workload {
     Workload::new(command)
 }
 
-/// Functions of the generated big program: each is 512 bytes apart, so
-/// that 400,000 make 205 MB of text.
-const BIG_FUNCTIONS: usize = 400_000;
-/// Frames of the deep chain (1 KiB each: a 48 KiB stack, beyond a 32 KiB
-/// stack copy), spread over the whole text.
-const BIG_DEPTH: usize = 48;
-
-/// The generated functions, in assembly (GNU as expands them): each has a
-/// 1 KiB frame described by CFI and no frame pointer; given a depth in
-/// `%rdi`, it calls the function `BIG_FUNCTIONS / BIG_DEPTH` ahead with one
-/// less, and at 0 calls `big_leaf`.
-fn big_static_assembly() -> String {
-    let stride = BIG_FUNCTIONS / BIG_DEPTH;
-    format!(
-        r#"    .text
-    .altmacro
-    .macro big_function n
-    .globl big_fn_\n
-    .type big_fn_\n, @function
-    .balign 512
-big_fn_\n:
-    .cfi_startproc
-    push %rbp
-    .cfi_def_cfa_offset 16
-    .cfi_offset %rbp, -16
-    sub $1008, %rsp
-    .cfi_def_cfa_offset 1024
-    movq %rdi, (%rsp)
-    test %rdi, %rdi
-    jz 1f
-    dec %rdi
-    call big_fn_0 + (\n + {stride}) * 512
-    jmp 2f
-1:
-    call big_leaf
-2:
-    add $1008, %rsp
-    .cfi_def_cfa_offset 16
-    pop %rbp
-    .cfi_def_cfa_offset 8
-    ret
-    .cfi_endproc
-    .size big_fn_\n, . - big_fn_\n
-    .endm
-    .set i, 0
-    .rept {BIG_FUNCTIONS}
-    big_function %i
-    .set i, i + 1
-    .endr
-    .section .note.GNU-stack,"",@progbits
-"#
-    )
-}
-
-const BIG_STATIC_MAIN: &str = r#"// The big program's C++ side: main calls the generated chain 48 deep
-// for the given seconds; the leaf burns CPU.
-#include <chrono>
-#include <cstdlib>
-
-extern "C" void big_fn_0(unsigned long depth);
-
-volatile unsigned long big_sink;
-
-extern "C" __attribute__((noinline)) void big_leaf() {
-    unsigned long x = big_sink;
-    for (long i = 0; i < 200000; i++)
-        x = x * 6364136223846793005UL + 1442695040888963407UL;
-    big_sink = x;
-}
-
-int main(int argc, char **argv) {
-    double seconds = argc > 1 ? std::atof(argv[1]) : 2.0;
-    auto until = std::chrono::steady_clock::now() +
-                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                     std::chrono::duration<double>(seconds));
-    while (std::chrono::steady_clock::now() < until)
-        big_fn_0(47);
-    return 0;
-}
-"#;
-
 fn prepare_big_static(dir: &Path) -> Workload {
     let assembly = dir.join("big.s");
-    write_if_changed(&assembly, big_static_assembly().as_bytes());
+    write_if_changed(&assembly, big_program::assembly().as_bytes());
     let main = dir.join("main.cpp");
-    write_if_changed(&main, BIG_STATIC_MAIN.as_bytes());
+    write_if_changed(&main, big_program::MAIN_CPP.as_bytes());
     let binary = dir.join("big-static");
     build_if_stale(
         &binary,
         &[&assembly, &main],
         "g++ -static (big program)",
-        |out| {
-            let mut command = Command::new("g++");
-            command
-                .args(["-O2", "-g", "-static", "-fomit-frame-pointer", "-o"])
-                .arg(out)
-                .arg(&main)
-                .arg(&assembly);
-            command
-        },
+        |out| big_program::build_command(out, &main, &assembly),
     );
     Workload::new([binary.as_os_str(), OsStr::new("6")])
 }

@@ -9,6 +9,7 @@
 //! `DDPROF_BIN=/path/to/ddprof` skips the build and uses that binary.
 //! [`binary::static_ddprof_bin`] is the static (musl) ddprof of `cargo
 //! xtask dist` (`DDPROF_STATIC_BIN` overrides it).
+pub mod big_program;
 pub mod binary;
 pub mod corpus;
 pub mod e2e;

@@ -76,7 +76,14 @@ enum Language {
     /// cargo's release optimisation level (3), no frame pointers, debug
     /// information for symbols and lines, as the tests' Rust workloads.
     RustRelease,
+    /// The corpus's generated big program (`tests/harness/big_program.rs`,
+    /// shared as source), statically linked.
+    BigProgram,
 }
+
+/// The corpus's generator of the big program, the same source.
+#[path = "../../tests/harness/big_program.rs"]
+mod big_program;
 
 /// A workload of tests/workloads.
 struct Workload {
@@ -158,6 +165,17 @@ const WORKLOADS: &[Workload] = &[
         },
         thread_entries: &[],
         single_process: false,
+    },
+    // Issue 32: a 205 MB static binary (2.4 M unwind rows) with 48 KiB
+    // stacks, what the eBPF engine must unwind in the kernel.
+    Workload {
+        name: "big_static",
+        source: "(generated: tests/harness/big_program.rs)",
+        language: Language::BigProgram,
+        helpers: &[],
+        args: work_args,
+        thread_entries: &[],
+        single_process: true,
     },
 ];
 
@@ -571,6 +589,18 @@ fn build_source(source: &str, name: &str, language: Language) -> Result<PathBuf>
                     .arg(workspace_root().join("tests/workloads").join(source)),
             )
             .with_context(|| format!("cannot build the workload {source}"))?;
+            Ok(binary)
+        }
+        Language::BigProgram => {
+            let out_dir = workload_dir();
+            std::fs::create_dir_all(&out_dir)?;
+            let binary = out_dir.join(name);
+            let assembly = out_dir.join(format!("{name}.s"));
+            let main = out_dir.join(format!("{name}.cpp"));
+            std::fs::write(&assembly, big_program::assembly())?;
+            std::fs::write(&main, big_program::MAIN_CPP)?;
+            crate::run_checked(&mut big_program::build_command(&binary, &main, &assembly))
+                .context("cannot build the big program")?;
             Ok(binary)
         }
     }

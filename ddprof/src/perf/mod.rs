@@ -434,33 +434,7 @@ impl PerfEngine {
                 }
                 Record::Sample(raw) => {
                     self.tracker.before_sample(processes, raw.pid);
-                    let Self {
-                        sources,
-                        reorder,
-                        scratch,
-                        spare_stacks,
-                        losses,
-                        wrapped_records,
-                        unwinder,
-                        spare_frames,
-                        counters,
-                        options,
-                        ..
-                    } = self;
-                    let mut unwinding = Unwinding {
-                        unwinder,
-                        spare_frames,
-                        counters,
-                        max_frames: options.max_frames,
-                    };
-                    let mut read_ahead = ReadAhead {
-                        sources,
-                        reorder,
-                        scratch,
-                        spare_stacks,
-                        losses,
-                        wrapped_records,
-                    };
+                    let (mut unwinding, mut read_ahead, _) = self.parts();
                     let processes = &*processes;
                     let (sample, stack) = (*raw).with_view(|view| {
                         unwinding.unwind_reading_ahead(processes, view, &mut read_ahead)
@@ -603,7 +577,7 @@ impl PerfEngine {
     /// sample is copied.
     fn drain_buffers(&mut self, processes: Option<&mut ProcessTable>) {
         let Some(processes) = processes else {
-            self.read_ahead_buffers().read();
+            self.parts().1.read();
             return;
         };
         // A sample written before this was written before the heads below.
@@ -645,25 +619,15 @@ impl PerfEngine {
         } else {
             HashMap::new()
         };
-        let Self {
+        let (mut unwinding, read_ahead, tracker) = self.parts();
+        let ReadAhead {
             sources,
             reorder,
             spare_stacks,
             losses,
             wrapped_records,
-            tracker,
-            unwinder,
-            spare_frames,
-            counters,
-            options,
             ..
-        } = self;
-        let mut unwinding = Unwinding {
-            unwinder,
-            spare_frames,
-            counters,
-            max_frames: options.max_frames,
-        };
+        } = read_ahead;
         let unwinding_started = Instant::now();
         // The clock is read every few samples, not for each (a vDSO call
         // was ~4 % of the perf engine's work per sample).
@@ -714,15 +678,26 @@ impl PerfEngine {
         self.heads = heads;
     }
 
-    fn read_ahead_buffers(&mut self) -> ReadAhead<'_> {
-        ReadAhead {
-            sources: &mut self.sources,
-            reorder: &mut self.reorder,
-            scratch: &mut self.scratch,
-            spare_stacks: &mut self.spare_stacks,
-            losses: &mut self.losses,
-            wrapped_records: &mut self.wrapped_records,
-        }
+    /// The engine borrowed apart: what unwinds, what reads the buffers,
+    /// and the process tracker.
+    fn parts(&mut self) -> (Unwinding<'_>, ReadAhead<'_>, &mut ProcessTracker) {
+        (
+            Unwinding {
+                unwinder: &mut self.unwinder,
+                spare_frames: &mut self.spare_frames,
+                counters: &mut self.counters,
+                max_frames: self.options.max_frames,
+            },
+            ReadAhead {
+                sources: &mut self.sources,
+                reorder: &mut self.reorder,
+                scratch: &mut self.scratch,
+                spare_stacks: &mut self.spare_stacks,
+                losses: &mut self.losses,
+                wrapped_records: &mut self.wrapped_records,
+            },
+            &mut self.tracker,
+        )
     }
 
     /// Keeps a copied stack's buffer for the next copies.

@@ -18,7 +18,7 @@ pub use store::TableStore;
 
 use crate::process::{Mapping, ProcessTable};
 use crate::sample::StackEnd;
-use ddprof_common::unwind::{step, step_frame_pointer};
+use ddprof_common::unwind::{Advance, FrameRule, LastStep, Walker};
 use std::sync::Arc;
 
 /// The user registers a sample carries (x86_64): IP, SP, RBP and the other
@@ -111,11 +111,10 @@ impl Default for RowCache {
     }
 }
 
-/// How the unwinder will step one frame.
-enum FrameRule {
-    Row(UnwindRow),
-    /// No table or no row here: frame pointers.
-    FramePointer,
+/// What the unwinder found for one frame's PC.
+enum Lookup {
+    /// How to step it.
+    Rule(FrameRule),
     /// The PC is in no executable mapping of a known process.
     Unmapped,
     /// The mapping's file has no table looked for yet, and the walk may
@@ -219,102 +218,60 @@ impl Unwinder {
 
         let process = processes.get(pid);
         let mut memo: Option<MappingMemo> = None;
-        let mut current = *regs;
-        // The first frame's PC, and the PC a signal interrupted, are exact;
-        // every other one is a return address, looked up at the call (pc - 1).
-        let mut exact_pc = true;
-        // RBP was restored from the stack (by a frame-pointer step or a row
-        // that saves it), rather than being the sampled register, which
-        // code built without frame pointers uses as it likes: only a
-        // restored RBP of 0 (or a return address of 0 found through it)
-        // proves that frame pointers reached the thread's root.
-        let mut bp_restored = false;
+        let mut walker = Walker::new(*regs);
         let mut pushed = 0usize;
         loop {
             if pushed >= max_frames {
                 return Some(StackEnd::DepthLimit);
             }
-            frames.push(current.ip);
+            frames.push(walker.regs.ip);
             pushed += 1;
 
-            let lookup_pc = if exact_pc {
-                current.ip
-            } else {
-                current.ip.wrapping_sub(1)
-            };
             let rule = match process {
-                Some(process) => self.rule_for(pid, process, lookup_pc, loading, &mut memo),
+                Some(process) => {
+                    match self.rule_for(pid, process, walker.lookup_pc(), loading, &mut memo) {
+                        Lookup::Rule(rule) => rule,
+                        Lookup::Unmapped => return Some(StackEnd::BadAddress),
+                        Lookup::TableNotLookedFor => return None,
+                    }
+                }
                 None => FrameRule::FramePointer,
             };
-            let mut next = current;
             let mut fault = None;
-            let mut reader = |addr: u64| {
+            let advance = walker.advance(rule, |addr: u64| {
                 let value = read(addr);
                 if value.is_none() {
                     fault = Some(addr);
                 }
                 value
-            };
-            let mut result = match rule {
-                FrameRule::Row(row) => {
-                    self.stats.table_steps += 1;
-                    step(&row, &mut next, &mut reader)
-                }
-                FrameRule::FramePointer => StepResult::NoInfo,
-                FrameRule::Unmapped => return Some(StackEnd::BadAddress),
-                FrameRule::TableNotLookedFor => return None,
-            };
-            let mut used_frame_pointer = false;
-            if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
-                // Code the CFI describes in rules the rows cannot express
-                // (`_dl_runtime_resolve`'s CFA in RBX) is no thread's root,
-                // whatever its RBP holds.
-                let described = result == StepResult::Unsupported;
-                if described {
-                    self.stats.unsupported_steps += 1;
-                }
-                used_frame_pointer = true;
-                self.stats.frame_pointer_steps += 1;
-                result = step_frame_pointer(&mut next, &mut reader);
-                if (!bp_restored || described) && matches!(result, StepResult::Outermost) {
-                    return Some(StackEnd::NoUnwindInfo);
+            });
+            match walker.last_step {
+                step if step == LastStep::Row as u32 => self.stats.table_steps += 1,
+                step => {
+                    if step == LastStep::UnsupportedRow as u32 {
+                        self.stats.unsupported_steps += 1;
+                    }
+                    self.stats.frame_pointer_steps += 1;
                 }
             }
-            let root_credible = bp_restored || !used_frame_pointer;
-            bp_restored = bp_restored || used_frame_pointer || next.bp != current.bp;
-            match result {
-                StepResult::Caller => exact_pc = false,
-                StepResult::Interrupted => exact_pc = true,
-                StepResult::Outermost => return Some(StackEnd::Complete),
-                StepResult::NoInfo | StepResult::Unsupported => {
-                    return Some(StackEnd::NoUnwindInfo)
-                }
+            match advance {
+                Advance::Next => {}
+                Advance::End(end) => return Some(end),
                 // A frame-pointer chain that leaves the copy upwards is a
                 // plausible chain cut by the copy; anything else means RBP
                 // was not a frame pointer here.
-                StepResult::ReadFailed if used_frame_pointer => {
+                Advance::ReadFault {
+                    frame_pointer: true,
+                } => {
                     return Some(match fault.map(fault_end) {
                         Some(StackEnd::StackExhausted) => StackEnd::StackExhausted,
                         _ => StackEnd::NoUnwindInfo,
                     });
                 }
-                StepResult::ReadFailed => {
-                    return Some(fault.map_or(StackEnd::BadAddress, fault_end));
-                }
+                Advance::ReadFault {
+                    frame_pointer: false,
+                } => return Some(fault.map_or(StackEnd::BadAddress, fault_end)),
             }
-            if next.ip == 0 {
-                // A zero return address ends a thread that its CFI does not
-                // mark (Go's `runtime.goexit`, described by `.debug_frame`).
-                return Some(if root_credible {
-                    StackEnd::Complete
-                } else {
-                    StackEnd::NoUnwindInfo
-                });
-            }
-            if next.sp <= current.sp {
-                return Some(StackEnd::NoProgress);
-            }
-            current = next;
         }
     }
 
@@ -325,14 +282,14 @@ impl Unwinder {
         pc: u64,
         loading: TableLoading,
         memo: &mut Option<MappingMemo>,
-    ) -> FrameRule {
+    ) -> Lookup {
         let in_memo = memo.as_ref().is_some_and(|m| pc >= m.start && pc < m.end);
         if !in_memo {
             let Some(mapping) = process.find_mapping(pc) else {
-                return FrameRule::Unmapped;
+                return Lookup::Unmapped;
             };
             if loading == TableLoading::KnownOnly && !self.tables.knows(&mapping.file) {
-                return FrameRule::TableNotLookedFor;
+                return Lookup::TableNotLookedFor;
             }
             *memo = Some(self.memo_for(pid, mapping));
         }
@@ -341,12 +298,12 @@ impl Unwinder {
             ..
         }) = memo.as_ref()
         else {
-            return FrameRule::FramePointer;
+            return Lookup::Rule(FrameRule::FramePointer);
         };
-        match self.rows.rule(table, pc.wrapping_sub(*bias)) {
+        Lookup::Rule(match self.rows.rule(table, pc.wrapping_sub(*bias)) {
             Some(row) => FrameRule::Row(row),
             None => FrameRule::FramePointer,
-        }
+        })
     }
 
     fn memo_for(&mut self, pid: u32, mapping: &Mapping) -> MappingMemo {
