@@ -14,8 +14,10 @@ use ddprof::bpf::{
 };
 use ddprof::events::parse_events;
 use ddprof::events::{self, EventOptions, Scope};
+use ddprof::perf::PerfEngineOptions;
 use ddprof::process::ProcessTable;
 use ddprof::sample::{Sample, StackEnd};
+use ddprof::sampler::{Sampler, SamplerOptions};
 use ddprof_common::sample::{BpfCounter, MAX_USER_FRAMES};
 use ddprof_tests::guards::{monotonic_nanos, KillOnDrop};
 use ddprof_tests::symbols::ElfSymbols;
@@ -85,12 +87,14 @@ impl Symbols {
     }
 }
 
-/// One poll of the BPF engine with the calls `sampler::Sampler` makes (the
-/// perf records it merges by time aside): the maps brought up to date with
-/// the table (`young`: processes whose records are read but held back, read
-/// from `/proc`), then the ring buffer read, each sample's process made
-/// known first. Returns whether every workload process had exited.
-fn poll_as_the_sampler_does(
+/// One poll of the BPF engine alone, for the test that feeds it process
+/// records by hand (`exec_and_new_mappings_reach_the_maps…`): the maps
+/// brought up to date with the table (`young`: processes whose records are
+/// read but held back, read from `/proc`), then the ring buffer read, each
+/// sample's process made known first. Returns whether every workload
+/// process had exited. (The profiles of the other tests go through the
+/// real [`Sampler`]: [`profile_variant`].)
+fn poll_engine_alone(
     engine: &mut BpfEngine,
     processes: &mut ProcessTable,
     young: &HashSet<u32>,
@@ -113,7 +117,18 @@ fn poll_as_the_sampler_does(
 struct Profile {
     samples: Vec<Sample>,
     processes: ProcessTable,
-    engine: BpfEngine,
+    /// The real sampler (the BPF engine, and the perf engine reading the
+    /// process records and unwinding what the program hands over), as the
+    /// profiler runs it.
+    sampler: Sampler,
+}
+
+impl Profile {
+    fn engine(&self) -> &BpfEngine {
+        self.sampler
+            .bpf_engine()
+            .expect("--engine bpf runs the BPF engine")
+    }
 }
 
 /// Samples wanted per profile. The machine's CPUs are shared, so a profile
@@ -126,11 +141,14 @@ fn profile_with(pid: u32, include_kernel: bool) -> Profile {
     profile_variant(pid, include_kernel, None)
 }
 
-/// Samples `pid` with the given program variant (`None`: the kernel's).
+/// Samples `pid` with the given program variant (`None`: the kernel's),
+/// through the profiler's own [`Sampler`] (`--engine bpf -p PID`).
 fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) -> Profile {
     let specs = parse_events("sCPU freq=499").unwrap();
     let options = EventOptions {
-        stack_sample_size: 8,
+        // The profiler's default: the samples the program hands over are
+        // unwound by the perf engine from this copy.
+        stack_sample_size: 32768,
         include_kernel,
         // The program's bpf_get_stack reads the kernel call chain the event
         // samples: it must ask for one.
@@ -142,25 +160,38 @@ fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) 
     processes
         .load_from_proc(pid)
         .expect("the workload is alive");
-    let mut engine = BpfEngine::new(
-        fds,
-        BpfEngineOptions {
-            workload_pids: vec![pid],
-            kernel_stacks: true,
-            variant,
-            ..BpfEngineOptions::default()
-        },
-    )
-    .expect("the BPF engine starts");
+    let sampler_options = SamplerOptions {
+        engine: EngineChoice::Bpf,
+        perf: PerfEngineOptions::default(),
+        bpf_ring_buffer_bytes: BpfEngineOptions::default().ring_buffer_bytes,
+        bpf_table_bytes: BpfEngineOptions::default().max_table_bytes,
+        bpf_wake_on_handoff: true,
+        kernel_stacks: true,
+        sample_every_cpu: None,
+        table_store: None,
+        bpf_variant: variant,
+    };
+    let mut sampler = Sampler::start(&sampler_options, fds, vec![pid], &processes)
+        .expect("the BPF engine starts");
+    // The events sample from their opening; until the program is attached
+    // (the load takes 10-400 ms) the perf engine unwinds their samples from
+    // its stack copy, as the profiler does at start. These tests judge the
+    // program: its samples are the ones taken since.
+    let attached_at = monotonic_nanos();
     let mut samples = Vec::new();
     let started = Instant::now();
     while started.elapsed() < PROFILE_TIMEOUT && samples.len() < WANTED_SAMPLES {
-        let finished = poll_as_the_sampler_does(
-            &mut engine,
-            &mut processes,
-            &HashSet::new(),
-            &mut |sample| samples.push(sample),
-        );
+        let finished = sampler
+            .poll(
+                &mut processes,
+                Duration::from_millis(100),
+                &mut |_, sample| {
+                    if sample.time > attached_at {
+                        samples.push(sample.clone())
+                    }
+                },
+            )
+            .expect("the sampler polls");
         if finished {
             break;
         }
@@ -168,7 +199,7 @@ fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) 
     Profile {
         samples,
         processes,
-        engine,
+        sampler,
     }
 }
 
@@ -185,7 +216,7 @@ fn report(profile: &Profile, label: &str) {
         .collect();
     eprintln!("{label}: stack ends {ends:?}, first depths {depths:?}");
     // Known when `kernel.bpf_stats_enabled` is 1 (nothing asserts on time).
-    if let Some((time, runs)) = profile.engine.program().run_stats() {
+    if let Some((time, runs)) = profile.engine().program().run_stats() {
         if runs > 0 {
             eprintln!(
                 "{label}: the BPF program ran {runs} times, {:?} per sample on average",
@@ -193,17 +224,17 @@ fn report(profile: &Profile, label: &str) {
             );
         }
     }
-    let stats = profile.engine.program().stats();
+    let stats = profile.engine().program().stats();
     eprintln!(
         "{label}: {} samples; {}: program {} insns, {} verified, loaded in {:?}; {}; tables {:?}; counters: {}",
         profile.samples.len(),
-        profile.engine.program().variant(),
+        profile.engine().program().variant(),
         stats.instructions.unwrap_or(0),
         stats.verified_instructions.unwrap_or(0),
         stats.load_time,
-        profile.engine.memory(),
-        profile.engine.table_stats(),
-        profile.engine.counters().unwrap(),
+        profile.engine().memory(),
+        profile.engine().table_stats(),
+        profile.engine().counters().unwrap(),
     );
 }
 
@@ -461,7 +492,7 @@ fn chain_unwinds_to_main(variant: BpfVariant) {
     let profile = profile_variant(pid, false, Some(variant));
     drop(child);
     report(&profile, &format!("chain, {variant}"));
-    assert_eq!(profile.engine.program().variant(), variant);
+    assert_eq!(profile.engine().program().variant(), variant);
 
     let ours: Vec<&Sample> = profile.samples.iter().filter(|s| s.pid == pid).collect();
     assert!(ours.len() >= 200, "only {} samples", ours.len());
@@ -504,11 +535,11 @@ fn chain_unwinds_to_main(variant: BpfVariant) {
         "{complete_with_main} of {} samples reached main and the root",
         ours.len()
     );
-    let counters = profile.engine.counters().unwrap();
+    let counters = profile.engine().counters().unwrap();
     assert_eq!(counters.get(BpfCounter::HandedToPerf), 0);
-    assert_eq!(profile.engine.losses().lost, 0);
+    assert_eq!(profile.engine().losses().lost, 0);
     // libc and the workload have tables in the row map.
-    assert!(profile.engine.table_stats().files_loaded >= 2);
+    assert!(profile.engine().table_stats().files_loaded >= 2);
 }
 
 #[test]
@@ -532,7 +563,7 @@ fn recursion_reaches_main(variant: BpfVariant) {
     let profile = profile_variant(pid, false, Some(variant));
     drop(child);
     report(&profile, &format!("recurse, {variant}"));
-    assert_eq!(profile.engine.program().variant(), variant);
+    assert_eq!(profile.engine().program().variant(), variant);
 
     assert!(
         profile.samples.len() >= 200,
@@ -569,7 +600,7 @@ fn recursion_reaches_main(variant: BpfVariant) {
     );
     assert_eq!(
         profile
-            .engine
+            .engine()
             .counters()
             .unwrap()
             .get(BpfCounter::DepthLimit),
@@ -617,7 +648,7 @@ fn deep_recursion_stops_at_the_limit(variant: BpfVariant) {
     );
     assert!(
         profile
-            .engine
+            .engine()
             .counters()
             .unwrap()
             .get(BpfCounter::DepthLimit)
@@ -676,7 +707,7 @@ fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
     );
     assert_eq!(
         profile
-            .engine
+            .engine()
             .counters()
             .unwrap()
             .get(BpfCounter::NoUserContext),
@@ -688,7 +719,8 @@ fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
 /// entry (`bpf_get_current_task_btf` is 5.11, `bpf_task_pt_regs` 5.15): it
 /// hands samples taken in the kernel to the perf engine, which unwinds them
 /// from the kernel's copy of the user registers and stack. What it emits
-/// itself are the samples taken in user mode, complete.
+/// itself are the samples taken in user mode; the sampler delivers both,
+/// complete.
 #[test]
 fn tail_call_variant_hands_samples_in_the_kernel_to_the_perf_engine() {
     let _cpu = cpu_shared();
@@ -700,7 +732,7 @@ fn tail_call_variant_hands_samples_in_the_kernel_to_the_perf_engine() {
     drop(child);
     report(&profile, "syscall, tail-call variant");
 
-    let counters = profile.engine.counters().unwrap();
+    let counters = profile.engine().counters().unwrap();
     let seen = counters.get(BpfCounter::Seen);
     let handed = counters.get(BpfCounter::HandedToPerf);
     // The workload spends most of its time in read(): the loop variant's
@@ -713,16 +745,26 @@ fn tail_call_variant_hands_samples_in_the_kernel_to_the_perf_engine() {
     assert_eq!(counters.get(BpfCounter::NoUserContext), 0);
     assert!(!profile.samples.is_empty());
     let mut reached_main = 0;
+    let mut in_the_kernel = 0;
     for sample in &profile.samples {
-        assert!(sample.kernel_frames.is_empty(), "a sample in the kernel");
+        // Only the perf engine's samples carry kernel frames here: the
+        // ones the program handed over.
+        if !sample.kernel_frames.is_empty() {
+            in_the_kernel += 1;
+        }
         let names = symbols.names(&profile.processes, sample);
         if sample.end == StackEnd::Complete && names.iter().any(|n| n == "main") {
             reached_main += 1;
         }
     }
     assert!(
+        in_the_kernel > 0 && in_the_kernel <= handed,
+        "{in_the_kernel} samples in the kernel reached the profile, {handed} handed over"
+    );
+    assert!(
         reached_main * 100 >= profile.samples.len() * 99,
-        "{reached_main} of {} user-mode samples unwound to main",
+        "{reached_main} of {} samples (in user mode from the program, in the kernel \
+         from the perf engine) unwound to main",
         profile.samples.len()
     );
 }
@@ -1132,7 +1174,7 @@ fn exec_then_profile(held_back: bool) {
     }
     if !held_back {
         // The first poll brings the maps up to date.
-        poll_as_the_sampler_does(&mut engine, &mut processes, &HashSet::new(), &mut |_| {});
+        poll_engine_alone(&mut engine, &mut processes, &HashSet::new(), &mut |_| {});
     }
     // Only samples taken from now on are sure to see the updated maps.
     let updated_at = monotonic_nanos();
@@ -1145,7 +1187,7 @@ fn exec_then_profile(held_back: bool) {
             .count()
             < WANTED_SAMPLES
     {
-        poll_as_the_sampler_does(
+        poll_engine_alone(
             &mut engine,
             &mut processes,
             &HashSet::new(),

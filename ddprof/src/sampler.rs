@@ -50,6 +50,9 @@ pub struct SamplerOptions {
     /// Where both engines keep the unwind tables they compile for later
     /// runs (`--debug-cache`), if anywhere.
     pub table_store: Option<TableStore>,
+    /// The BPF program variant; `None`: the one the kernel runs (or
+    /// `DDPROF_BPF_VARIANT`). Tests load each variant with it.
+    pub bpf_variant: Option<crate::bpf::BpfVariant>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +142,7 @@ impl Sampler {
             max_table_bytes: options.bpf_table_bytes,
             table_store: options.table_store.clone(),
             workload_pids,
+            variant: options.bpf_variant,
             ..BpfEngineOptions::default()
         };
         // Loads, verifies and attaches the program once; `auto` falls back
@@ -352,6 +356,15 @@ impl Sampler {
     pub fn release_worker_resources(&mut self) {
         if let Engine::Bpf { samples, .. } = &mut self.engine {
             samples.release_table_maps();
+        }
+    }
+
+    /// The BPF engine, when it samples (its program, maps and counters,
+    /// for reports and tests).
+    pub fn bpf_engine(&self) -> Option<&BpfEngine> {
+        match &self.engine {
+            Engine::Bpf { samples, .. } => Some(samples),
+            Engine::Perf(_) => None,
         }
     }
 

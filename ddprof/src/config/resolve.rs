@@ -91,6 +91,7 @@ pub fn resolve_with(
             table_store: cli
                 .debug_cache_dir()
                 .map(|dir| TableStore::new(dir.join("unwind"))),
+            bpf_variant: None,
         },
         aggregator: AggregatorOptions::new(cli.timeline),
         symbolizer: SymbolizerOptions {
