@@ -94,6 +94,33 @@ fn wrap_chain(options: &[&str], out: &Path, chain: &Path, seconds: u32) -> Child
         .unwrap()
 }
 
+/// `chain SECONDS` on its own (a target for `-p`), killed when dropped.
+fn start_chain(chain: &Path, seconds: u32) -> KillOnDrop {
+    KillOnDrop(
+        std::process::Command::new(chain)
+            .arg(seconds.to_string())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// `ddprof -l notice -e SAMPLING OPTIONS --output OUT -p PID`, its stderr
+/// as given.
+fn attach_to(pid: u32, options: &[&str], out: &Path, stderr: Stdio) -> Child {
+    ddprof_tests::ddprof_command()
+        .args(["-l", "notice", "-e", SAMPLING])
+        .args(options)
+        .arg("--output")
+        .arg(out)
+        .args(["-p", &pid.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
 /// Reads a child's stderr to its end on another thread (the detached
 /// profiler shares it: the end comes when it exits).
 fn read_stderr(child: &mut Child) -> std::thread::JoinHandle<String> {
@@ -332,23 +359,8 @@ fn sigterm_flushes_the_open_period_and_leaves_the_target_running() {
     // -p: the profiler in the foreground.
     {
         let out = Scratch::new("worker-sigterm-pid");
-        let mut target = KillOnDrop(
-            std::process::Command::new(&chain)
-                .arg("6")
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let mut ddprof = ddprof_tests::ddprof_command()
-            .args(["-l", "notice", "-e", SAMPLING, "-u", "60"])
-            .arg("--output")
-            .arg(&out.0)
-            .args(["-p", &target.id().to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut target = start_chain(&chain, 6);
+        let mut ddprof = attach_to(target.id(), &["-u", "60"], &out.0, Stdio::piped());
         let stderr = read_stderr(&mut ddprof);
         let marker = out.0.to_string_lossy().into_owned();
         wait_for_worker(&marker, None);
@@ -488,27 +500,13 @@ fn table_maps_held_by(pid: u32) -> usize {
 fn the_parent_holds_none_of_its_workers_unwind_tables() {
     let chain = build_workload("chain.c");
     let out = Scratch::new("worker-parent-tables");
-    let mut target = KillOnDrop(
-        std::process::Command::new(&chain)
-            .arg("5")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut ddprof = KillOnDrop(
-        ddprof_tests::ddprof_command()
-            .args([
-                "-l", "notice", "-e", SAMPLING, "-u", "60", "--engine", "bpf",
-            ])
-            .arg("--output")
-            .arg(&out.0)
-            .args(["-p", &target.id().to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut target = start_chain(&chain, 5);
+    let mut ddprof = KillOnDrop(attach_to(
+        target.id(),
+        &["-u", "60", "--engine", "bpf"],
+        &out.0,
+        Stdio::null(),
+    ));
     let marker = out.0.to_string_lossy().into_owned();
     let worker = wait_for_worker(&marker, None);
     std::thread::sleep(Duration::from_millis(500));

@@ -461,12 +461,12 @@ pub struct Walker {
     /// restored RBP of 0 (or a zero return address found through it)
     /// proves that frame pointers reached the thread's root.
     pub bp_restored: u32,
-    /// How the last [`Walker::advance`] stepped: one of [`LastStep`]'s
-    /// values.
-    pub last_step: u32,
+    /// How the last [`Walker::advance`] stepped.
+    pub last_step: LastStep,
 }
 
-/// How a walker's last step went ([`Walker::last_step`]).
+/// How a walker's last step went ([`Walker::last_step`]). `Row` is 0, so
+/// that the zeroed memory of a map slot holding a walker is a valid one.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LastStep {
@@ -486,7 +486,7 @@ impl Walker {
             regs,
             exact_pc: 1,
             bp_restored: 0,
-            last_step: LastStep::Row as u32,
+            last_step: LastStep::Row,
         }
     }
 
@@ -516,7 +516,7 @@ impl Walker {
         // RBX, and RBX's sampled value there made one clang sample in
         // ~8,000 read a zero and end "complete" in lazy binding.
         let mut cfa_from_stack = true;
-        self.last_step = LastStep::Row as u32;
+        self.last_step = LastStep::Row;
         let mut result = match rule {
             FrameRule::Row(row) => {
                 if matches!(
@@ -540,10 +540,10 @@ impl Walker {
                 LastStep::UnsupportedRow
             } else {
                 LastStep::FramePointer
-            } as u32;
+            };
             used_frame_pointer = true;
             cfa_from_stack = true;
-            next = self.regs;
+            // (`step` left `next` as it was: these results change nothing.)
             result = step_frame_pointer(&mut next, &mut read_u64);
             if (self.bp_restored == 0 || described) && matches!(result, StepResult::Outermost) {
                 return Advance::End(StackEnd::NoUnwindInfo);
@@ -761,7 +761,7 @@ mod tests {
         // The last step used frame pointers, and said so.
         let mut walker = Walker::new(Regs::new(0x4000, 0x1000, 0x1010));
         walker.advance(FrameRule::FramePointer, |addr| stack.read(addr));
-        assert_eq!(walker.last_step, LastStep::FramePointer as u32);
+        assert_eq!(walker.last_step, LastStep::FramePointer);
         assert_eq!(walker.exact_pc, 0);
         assert_eq!(walker.lookup_pc(), 0x5000 - 1);
     }

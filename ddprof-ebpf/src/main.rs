@@ -408,7 +408,7 @@ fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> Sav
         addr_of_mut!((*walk).no_table).write_volatile(0);
         addr_of_mut!((*walk).read_fault).write_volatile(0);
         addr_of_mut!((*walk).handoff).write_volatile(0);
-        addr_of_mut!((*walk).walker.last_step).write_volatile(LastStep::Row as u32);
+        addr_of_mut!((*walk).walker.last_step).write_volatile(LastStep::Row);
         addr_of_mut!((*walk).walker.bp_restored).write_volatile(0);
         addr_of_mut!((*walk).mapping_start).write_volatile(0);
         addr_of_mut!((*walk).mapping_end).write_volatile(0);
@@ -606,7 +606,7 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         Rule::Unmapped => {
             walk.handoff = if walk.user_frames == 1 {
                 1
-            } else if walk.walker.last_step == LastStep::Row as u32 {
+            } else if walk.walker.last_step == LastStep::Row {
                 2
             } else {
                 0

@@ -1145,23 +1145,32 @@ impl Measured {
 /// equal under both.
 pub fn without_parameters(name: &str) -> &str {
     let body = name.strip_suffix(" const").unwrap_or(name);
-    if !body.ends_with(')') {
-        return name;
+    match last_parenthesized_group(body) {
+        Some(at) if at > 0 => &name[..at],
+        _ => name,
+    }
+}
+
+/// Where the balanced parenthesis group that ends `text` opens (`text`
+/// ends with `)`; groups may nest), if it does.
+fn last_parenthesized_group(text: &str) -> Option<usize> {
+    if !text.ends_with(')') {
+        return None;
     }
     let mut depth = 0usize;
-    for (at, byte) in body.bytes().enumerate().rev() {
+    for (at, byte) in text.bytes().enumerate().rev() {
         match byte {
             b')' => depth += 1,
             b'(' => {
                 depth -= 1;
                 if depth == 0 {
-                    return if at == 0 { name } else { &name[..at] };
+                    return Some(at);
                 }
             }
             _ => {}
         }
     }
-    name
+    None
 }
 
 fn most_first(counts: HashMap<&str, u64>) -> Vec<(String, u64)> {
@@ -1472,21 +1481,8 @@ pub fn parse_perf_script(
 /// parenthesis group (symbols and paths may contain parentheses).
 fn split_symbol_and_dso(text: &str) -> Option<(&str, &str)> {
     let text = text.trim_end();
-    let inner_end = text.len().checked_sub(1).filter(|_| text.ends_with(')'))?;
-    let mut depth = 0;
-    for (index, byte) in text.bytes().enumerate().rev() {
-        match byte {
-            b')' => depth += 1,
-            b'(' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some((text[..index].trim_end(), &text[index + 1..inner_end]));
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+    let at = last_parenthesized_group(text)?;
+    Some((text[..at].trim_end(), &text[at + 1..text.len() - 1]))
 }
 
 /// Reads a gzip'd pprof file into (process_id label, user stack) per sample

@@ -246,11 +246,10 @@ impl Unwinder {
                 value
             });
             match walker.last_step {
-                step if step == LastStep::Row as u32 => self.stats.table_steps += 1,
-                step => {
-                    if step == LastStep::UnsupportedRow as u32 {
-                        self.stats.unsupported_steps += 1;
-                    }
+                LastStep::Row => self.stats.table_steps += 1,
+                LastStep::FramePointer => self.stats.frame_pointer_steps += 1,
+                LastStep::UnsupportedRow => {
+                    self.stats.unsupported_steps += 1;
                     self.stats.frame_pointer_steps += 1;
                 }
             }
