@@ -49,6 +49,8 @@ const PROFILER_EXIT_BOUND: Duration = Duration::from_secs(15);
 const NO_HANG: Duration = Duration::from_secs(10);
 /// The event of the tests that look at names: enough samples in a second.
 const EVENT: &str = "sCPU freq=499";
+/// [`EVENT`]'s frequency.
+const EVENT_HZ: u32 = 499;
 /// `STORE_MAX_BYTES` of the symbol store: past it, it evicts.
 const SYMBOL_STORE_MAX: u64 = 64 << 20;
 /// 2020-01-01T00:00:00Z: the mtime of the victims (older than anything
@@ -1327,6 +1329,7 @@ fn assert_fifo_profiled(run: &Finished, library: &Path, out: &Path) {
         "{}: the library behind the FIFO must be named: {summary:?}\n{stacks:?}",
         run.what
     );
+    assert_summary_accounts(run, EVENT_HZ);
 }
 
 /// Before: a target that put a FIFO at its mapped library's path hung the
@@ -1528,6 +1531,7 @@ fn perfmap_fifo_does_not_hang_the_profiler() {
         "{}",
         run.stderr
     );
+    assert_summary_accounts(&run, EVENT_HZ);
 }
 
 /// Before: a 3 GiB sparse perf map was read whole: the worker reached
@@ -1567,6 +1571,7 @@ fn perfmap_3gib_sparse_is_not_read() {
     assert!(run.profiler_tail < NO_HANG, "{:?}", run.profiler_tail);
     let stacks = folded(&out);
     assert!(stacks.of_process("hostile_jit") >= 200, "{stacks:?}");
+    assert_summary_accounts(&run, EVENT_HZ);
 }
 
 // ---------------------------------------------------------------------
@@ -1712,6 +1717,7 @@ fn host_file_never_names_a_containers_frames() {
             dlrun >= 200 && named * 100 >= dlrun * 80,
             "{name}: the container's function must be named: {stacks:?}"
         );
+        assert_summary_accounts(&run, EVENT_HZ);
     }
 }
 
@@ -1804,6 +1810,7 @@ fn buildid_poison_a_shared_build_id_neither_poisons_nor_is_poisoned() {
             "{}: {comm}'s stacks must be {chain}, none naming {foreign}*: {stacks:?}",
             run.what
         );
+        assert_summary_accounts(run, EVENT_HZ);
     };
 
     // One run, A then B.
@@ -1957,7 +1964,8 @@ fn assert_pid1_exit_kills_its_namespace(scratch: &Scratch, burn: &Path) {
 }
 
 /// The outputs of a whole run are there: a pprof, `stacks.folded` naming
-/// the workload, `flamegraph.svg`, and the summary.
+/// the workload, `flamegraph.svg`, and the summary, which accounts for
+/// every sample due.
 fn assert_last_period_kept(run: &Finished, out: &Path, engine: &str) {
     run.assert_no_panic();
     assert!(
@@ -1979,6 +1987,7 @@ fn assert_last_period_kept(run: &Finished, out: &Path, engine: &str) {
         "{}: {stacks:?}",
         run.what
     );
+    assert_summary_accounts(run, EVENT_HZ);
 }
 
 /// Before: `unshare --pid --fork --mount-proc ddprof -- svc`: when the
@@ -2224,6 +2233,27 @@ fn accounting(run: &Finished, hz: u32, tolerance: f64) -> (f64, f64, f64) {
         run.stderr
     );
     (samples, lost, expected)
+}
+
+/// Every sample due accounted for, by the summary alone (it also serves
+/// `-p`, whose target is no child of the test): samples + counted losses
+/// within 5 % of the kernel's count of the profiled tasks' CPU time
+/// (`target_cpu_ms`) × `hz`.
+fn assert_summary_accounts(run: &Finished, hz: u32) {
+    let summary = run.summary();
+    let field = |name: &str| summary.get(name).copied().unwrap_or(0) as f64;
+    let due = field("target_cpu_ms") * f64::from(hz) / 1000.0;
+    let accounted = field("samples") + field("lost");
+    eprintln!(
+        "{}: samples + lost = {accounted} = {:.1} % of {due:.0} due",
+        run.what,
+        accounted * 100.0 / due
+    );
+    assert!(
+        due >= 100.0 && (accounted - due).abs() <= due * 0.05,
+        "{}: samples + lost = {accounted} must be within 5 % of the {due:.0} due: {summary:?}",
+        run.what
+    );
 }
 
 /// Before: a worker stopped past its watchdog lost half the samples with
