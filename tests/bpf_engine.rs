@@ -992,6 +992,54 @@ fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
     assert!(folded.contains("forker_child_burn"), "{folded}");
 }
 
+/// Below `HANDOFF_WAKEUP_MIN_HZ` a process's first hand-off notice leaves
+/// the reader asleep (the previous test), and its next one, 100 ms later
+/// (`HANDOFF_NOTICE_INTERVAL_NS`), wakes it: a process still handed over
+/// then is no short job, and until the reader's timed wake-up (up to
+/// 250 ms) its deep stacks would go to the perf engine's copy. Before, at
+/// 99 Hz, nothing woke the reader (the 3 s poll below timed out). At
+/// 999 Hz the first notice wakes it.
+#[test]
+fn at_low_rates_a_process_handed_over_at_its_second_notice_wakes_the_reader() {
+    let _cpu = cpu_alone();
+    let binary = workload_binary();
+    for (freq, wake_on_handoff) in [(99, false), (999, true)] {
+        let workload = start_workload(&binary, "chain", 4.0);
+        // No process described: every sample of the workload is handed over.
+        let engine = BpfEngine::new(
+            cpu_events_of(workload.0.id(), freq),
+            BpfEngineOptions {
+                wake_on_handoff,
+                ..BpfEngineOptions::default()
+            },
+        )
+        .unwrap();
+        let started = Instant::now();
+        let mut ring = [libc::pollfd {
+            fd: engine.ring_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one live pollfd, its length given.
+        let ready = unsafe { libc::poll(ring.as_mut_ptr(), 1, 3000) };
+        let waited = started.elapsed();
+        eprintln!("{freq} Hz: the ring woke the reader after {waited:?} ({ready})");
+        assert_eq!(
+            ready, 1,
+            "{freq} Hz: no notice woke the reader in {waited:?}"
+        );
+        if wake_on_handoff {
+            assert!(waited < Duration::from_millis(100), "{freq} Hz: {waited:?}");
+        } else {
+            // Not the first notice (~10 ms in), the second, ≥ 100 ms later.
+            assert!(
+                waited >= Duration::from_millis(100) && waited < Duration::from_millis(500),
+                "{freq} Hz: {waited:?}"
+            );
+        }
+    }
+}
+
 /// A launched command that starts its threads at once: the command starts
 /// only once the program is attached (the launcher waits for the profiler's
 /// word), because an event inherited by a thread created before the attach

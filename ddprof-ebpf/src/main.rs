@@ -114,8 +114,9 @@ static PID_NS_INO: u64 = 0;
 static KERNEL_STACKS: u32 = 0;
 
 /// Set by the loader: a hand-off notice wakes the reader at once (non-zero)
-/// or waits for its next wake-up (low sampling rates, where the wake-up
-/// costs more than the samples it saves from the perf engine's path).
+/// or, for a process's first notice, waits for its next wake-up (low
+/// sampling rates, where the wake-up costs more than the samples of a short
+/// job it saves from the perf engine's path).
 #[no_mangle]
 static HANDOFF_WAKEUP: u32 = 1;
 
@@ -781,24 +782,27 @@ fn read_user_u64(addr: u64) -> Option<u64> {
 
 /// Counts a sample handed to the perf engine and, unless it named the
 /// process less than `HANDOFF_NOTICE_INTERVAL_NS` ago, writes a
-/// `HANDOFF_NOTICE` record naming it that wakes the reader at once (unless
-/// the loader said otherwise, `HANDOFF_WAKEUP`): a process that just
-/// started or exec'd (a compiler job, a shell command) would otherwise be
-/// gone before the reader's next timed poll describes it, and all its
-/// samples would take the perf engine's path. The reader
-/// never touches `HANDED_OFF` (each bpf(2) call of its own cost more than
-/// the rest of a new process's sync on a VM).
+/// `HANDOFF_NOTICE` record naming it that wakes the reader at once: a
+/// process that just started or exec'd (a compiler job, a shell command)
+/// would otherwise be gone before the reader's next timed poll describes
+/// it, and all its samples would take the perf engine's path. At low
+/// rates (`HANDOFF_WAKEUP` zero) a process's first notice waits for the
+/// reader's next wake-up, and only one named before (at least the interval
+/// ago, so a process that outlived the short jobs the setting spares a
+/// wake-up for) wakes it. The reader never touches `HANDED_OFF` (each
+/// bpf(2) call of its own cost more than the rest of a new process's sync
+/// on a VM).
 #[inline(always)]
 fn hand_off_waking_reader(pid: u32) {
     count(BpfCounter::HandedToPerf);
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: the value is read at once, not kept.
-    if let Some(&named) = unsafe { HANDED_OFF.get(&pid) } {
-        if now.wrapping_sub(named) < HANDOFF_NOTICE_INTERVAL_NS {
-            return;
-        }
-    }
+    let named_before = match unsafe { HANDED_OFF.get(&pid) } {
+        Some(&named) if now.wrapping_sub(named) < HANDOFF_NOTICE_INTERVAL_NS => return,
+        Some(_) => true,
+        None => false,
+    };
     let _ = HANDED_OFF.insert(&pid, &now, 0);
     let Some(record) = SCRATCH.get_ptr_mut(0) else {
         return;
@@ -811,7 +815,7 @@ fn hand_off_waking_reader(pid: u32) {
     record.header.user_frames = 0;
     record.header.kernel_frames = 0;
     // SAFETY: a global the loader sets, read once.
-    let wakeup = if unsafe { core::ptr::read_volatile(&HANDOFF_WAKEUP) } != 0 {
+    let wakeup = if named_before || unsafe { core::ptr::read_volatile(&HANDOFF_WAKEUP) } != 0 {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

@@ -71,10 +71,11 @@ pub enum SamplerError {
 
 /// How long the loop sleeps at most on the BPF engine's buffers. Nothing
 /// waits on this timeout: the program wakes the loop when its ring buffer
-/// is a quarter full (the buffer is sized for 250 ms of samples) and, from
-/// [`crate::bpf::HANDOFF_WAKEUP_MIN_HZ`], at once with a hand-off notice
-/// when a process its maps do not describe yet samples (an exec, a new
-/// mapping); the perf buffers wake it when half
+/// is a quarter full (the buffer is sized for 250 ms of samples) and with
+/// a hand-off notice when a process its maps do not describe yet samples
+/// (an exec, a new mapping): at once from
+/// [`crate::bpf::HANDOFF_WAKEUP_MIN_HZ`], below it from the process's
+/// second notice; the perf buffers wake it when half
 /// full and when the events hang up. It only bounds how late samples are
 /// counted at low rates. Every timed wake-up costs ~50 µs of CPU on a VM,
 /// whatever the loop then does (a bare poll loop on the bench machine):

@@ -274,16 +274,20 @@ impl ProgramSettings {
 }
 
 /// The sampling frequency (samples per second of a task's CPU time) from
-/// which a hand-off notice wakes the reader at once.
+/// which a process's first hand-off notice wakes the reader at once.
 ///
 /// The wake-up and the sync it leads to cost ~90 µs of CPU per new
 /// process on a VM; without it the process is described at the reader's
 /// next wake-up (at most `sampler::BPF_MAX_POLL`, 250 ms), and until then
-/// its samples take the perf engine's path (~5 µs more each). At 99 Hz a
-/// process must run ~180 ms for the wake-up to pay, and the processes of
+/// its samples take the perf engine's path (~5 µs more each, and a stack
+/// copy that a stack deeper than `--stack-sample-size` outgrows). At 99 Hz
+/// a process must run ~180 ms for the wake-up to pay, and the processes of
 /// a build or a shell script mostly end sooner (forker's 30 ms children at
 /// 99 Hz: 41.3 → 32.4 ms of profiler CPU without the wake-up); at 999 Hz it
-/// pays from ~18 ms (forker: 47.7 → 49.6 ms without it).
+/// pays from ~18 ms (forker: 47.7 → 49.6 ms without it). Below this rate a
+/// process's next notice, `HANDOFF_NOTICE_INTERVAL_NS` (100 ms) after its
+/// first, wakes the reader: a process still handed over then is no short
+/// job, and the wait for its description drops from up to 250 ms to ~100.
 pub const HANDOFF_WAKEUP_MIN_HZ: u64 = 250;
 
 /// Whether hand-off notices should wake the reader when each task is
