@@ -958,6 +958,44 @@ fn caches_of_one_process_share_the_tables_they_hold() {
 }
 
 #[test]
+fn caches_that_need_one_table_at_once_make_it_once() {
+    // The BPF engine's sync thread and the perf engine's table thread meet
+    // a new process's libraries at the same moment: the second waits for
+    // the first's table instead of making its own. A copy of this test's
+    // executable with bytes of its own: no other test holds its table.
+    let pid = std::process::id();
+    let copy = std::env::temp_dir().join(format!("ddprof-cache-flight-{pid}"));
+    let mut bytes = std::fs::read("/proc/self/exe").unwrap();
+    bytes.extend_from_slice(format!("flight {pid} {:?}", std::time::SystemTime::now()).as_bytes());
+    std::fs::write(&copy, &bytes).unwrap();
+    let metadata = std::fs::metadata(&copy).unwrap();
+    let file = crate::files::MappedFile {
+        path: copy.to_string_lossy().into_owned(),
+        dev: std::os::unix::fs::MetadataExt::dev(&metadata),
+        inode: std::os::unix::fs::MetadataExt::ino(&metadata),
+    };
+    let start = std::sync::Barrier::new(2);
+    let (tables, stats): (Vec<_>, Vec<_>) = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut cache = TableCache::default();
+                    start.wait();
+                    let table = cache.load(pid, &file, None).unwrap();
+                    (table, cache.stats())
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).unzip()
+    });
+    std::fs::remove_file(&copy).unwrap();
+    assert!(Arc::ptr_eq(&tables[0], &tables[1]));
+    let built: u64 = stats.iter().map(|s| s.tables_built).sum();
+    let shared: u64 = stats.iter().map(|s| s.tables_shared).sum();
+    assert_eq!((built, shared), (1, 1), "{stats:?}");
+}
+
+#[test]
 fn vdso_table_comes_from_our_own_vdso() {
     let mut cache = TableCache::default();
     let vdso = crate::files::MappedFile {
