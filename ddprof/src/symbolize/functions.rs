@@ -27,6 +27,7 @@
 //! large function's call sites are left to their own lookups: they are
 //! fewer than its instructions, and naming 15 KiB of ld.so's `dl_main` cost
 //! 13 ms.
+use std::collections::HashSet;
 use std::ops::Range;
 
 use super::{DebugCopy, FrameSymbols, Symbolizer};
@@ -77,6 +78,8 @@ impl Symbolizer {
         copy: Option<&DebugCopy>,
         functions: Vec<(Range<u64>, bool)>,
     ) {
+        let functions =
+            self.name_symbol_only_functions(key, open_path, display_path, copy, functions);
         let Some(cache) = self.files.get_mut(key) else {
             return;
         };
@@ -161,6 +164,12 @@ impl Symbolizer {
             started.elapsed(),
             spans.len()
         );
+        self.add_spans(key, spans);
+    }
+
+    /// Adds `spans` to the cache of the file under `key` (and to what its
+    /// store entry is to gain).
+    fn add_spans(&mut self, key: &MappedFile, spans: Vec<Span>) {
         let Some(cache) = self.files.get_mut(key) else {
             return;
         };
@@ -179,6 +188,88 @@ impl Symbolizer {
             }
         }
         self.cached_addresses += added;
+    }
+
+    /// Names whole, for two lookups each, the `functions` that a symbol
+    /// table alone names (no lines, no inlined functions: a file without
+    /// DWARF, as the Rust toolchain's libraries and many a package are),
+    /// whatever their size and wherever they were met; returns the others.
+    /// Every byte of such a function is named as its first is when its
+    /// last is named alike too: the symbol covers the whole range (a symbol
+    /// nested inside it would name the bytes after its start, the last
+    /// among them). A file named so needs blazesym again only for a
+    /// function never met before: at a warm `rustc -O` of a 1,000-function
+    /// file, naming the functions of librustc_driver byte by byte was ~50
+    /// ms a run, within the period's budget, and each run met new ones.
+    fn name_symbol_only_functions(
+        &mut self,
+        key: &MappedFile,
+        open_path: &str,
+        display_path: &str,
+        copy: Option<&DebugCopy>,
+        functions: Vec<(Range<u64>, bool)>,
+    ) -> Vec<(Range<u64>, bool)> {
+        // A split debug file is DWARF: its names have lines.
+        let Some(cache) = self.files.get(key).filter(|_| copy.is_none()) else {
+            return functions;
+        };
+        let mut candidates: Vec<Range<u64>> = functions
+            .iter()
+            .map(|(function, _)| function.clone())
+            .filter(|function| {
+                function.end - function.start >= 2 && !cache.named_whole.contains(&function.start)
+            })
+            .collect();
+        candidates.sort_by_key(|function| (function.start, function.end));
+        candidates.dedup();
+        if candidates.is_empty() {
+            return functions;
+        }
+        let ends: Vec<u64> = candidates
+            .iter()
+            .flat_map(|function| [function.start, function.end - 1])
+            .collect();
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.blazesym_lines(open_path, &ends, copy, true)
+        }));
+        let Ok(Ok(raw)) = attempt else {
+            log::debug!("cannot look up the functions of {display_path}");
+            return functions;
+        };
+        let symbol_only = |lines: &Option<Vec<super::OwnedLine>>| match lines.as_deref() {
+            Some([line]) if line.line == 0 && line.file.is_empty() => Some(line.clone()),
+            _ => None,
+        };
+        let mut spans: Vec<(Range<u64>, super::OwnedLine)> = Vec::new();
+        for (function, ends) in candidates.iter().zip(raw.lines.chunks(2)) {
+            if let [first, last] = ends {
+                if let (Some(first), Some(last)) = (symbol_only(first), symbol_only(last)) {
+                    if first == last {
+                        spans.push((function.clone(), first));
+                    }
+                }
+            }
+        }
+        if spans.is_empty() {
+            return functions;
+        }
+        let spanned: HashSet<u64> = spans.iter().map(|(function, _)| function.start).collect();
+        let spans: Vec<Span> = spans
+            .into_iter()
+            .map(|(function, line)| Span {
+                start: function.start,
+                end: function.end,
+                symbols: FrameSymbols::from(self.intern_lines(vec![line])),
+            })
+            .collect();
+        self.add_spans(key, spans);
+        if let Some(cache) = self.files.get_mut(key) {
+            cache.named_whole.extend(spanned.iter().copied());
+        }
+        functions
+            .into_iter()
+            .filter(|(function, _)| !spanned.contains(&function.start))
+            .collect()
     }
 
     /// Runs of consecutive `offsets` whose `lines` are equal (offsets that
@@ -449,5 +540,82 @@ mod tests {
             cache.lookup(getaddrinfo_at + 2000).is_none(),
             "getaddrinfo at {getaddrinfo_at:#x}, a call site in a large function, named whole"
         );
+    }
+
+    /// libgcc_s's `_Unwind_RaiseException`, which a symbol table alone
+    /// names (Debian ships the library without DWARF; no debug file here):
+    /// the file offset of its first byte, its size, and where this process
+    /// maps that byte.
+    fn symbol_only_function() -> (u64, u64, u64) {
+        use object::{Object, ObjectSegment, ObjectSymbol};
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let (line, path) = maps
+            .lines()
+            .find_map(|line| {
+                let path = line.split_whitespace().nth(5)?;
+                (path.contains("libgcc_s.so") && line.contains(" r-xp ")).then_some((line, path))
+            })
+            .expect("this test links libgcc_s");
+        let mut fields = line.split_whitespace();
+        let start = u64::from_str_radix(fields.next().unwrap().split('-').next().unwrap(), 16);
+        let map_offset = u64::from_str_radix(fields.nth(1).unwrap(), 16).unwrap();
+        let bytes = std::fs::read(path).unwrap();
+        let elf = object::File::parse(&*bytes).unwrap();
+        assert!(
+            elf.section_by_name(".debug_info").is_none(),
+            "{path} has DWARF"
+        );
+        let symbol = elf
+            .dynamic_symbols()
+            .find(|symbol| symbol.name() == Ok("_Unwind_RaiseException"))
+            .expect("libgcc_s exports _Unwind_RaiseException");
+        let segment = elf
+            .segments()
+            .find(|segment| {
+                (segment.address()..segment.address() + segment.size()).contains(&symbol.address())
+            })
+            .unwrap();
+        let offset = symbol.address() - segment.address() + segment.file_range().0;
+        (offset, symbol.size(), start.unwrap() + offset - map_offset)
+    }
+
+    /// A function that a symbol table alone names is named whole for two
+    /// lookups, whatever its size and though met once: every byte of it
+    /// as its own lookup names it, one span, no byte-by-byte lookups.
+    #[test]
+    fn a_function_named_by_its_symbol_alone_is_named_whole_at_once() {
+        let (offset, size, address) = symbol_only_function();
+        assert!(size > 16, "{size} bytes");
+        let mut table = ProcessTable::new();
+        table.load_from_proc(std::process::id()).unwrap();
+        let mut symbolizer = Symbolizer::new(SymbolizerOptions::default());
+        symbolizer.symbolize(period_with_leaves(&table, &[address + 5]));
+        let (file, cache) = symbolizer
+            .files
+            .iter()
+            .find(|(file, _)| file.path.contains("libgcc_s"))
+            .expect("libgcc_s was symbolized");
+        let spans: Vec<(u64, u64)> = cache
+            .spans
+            .iter()
+            .map(|(start, (end, _))| (*start, *end))
+            .collect();
+        assert_eq!(
+            spans,
+            [(offset, offset + size)],
+            "one span for the whole function"
+        );
+        assert!(cache.named_whole.contains(&offset));
+        assert_eq!(
+            symbolizer.whole_function_bytes, 0,
+            "no byte-by-byte lookups"
+        );
+        let every_offset: Vec<u64> = (offset..offset + size).collect();
+        let one_by_one = Symbolizer::new(SymbolizerOptions::default())
+            .symbolize_file_offsets(&file.path, &every_offset);
+        for (byte, own_lookup) in every_offset.iter().zip(&one_by_one) {
+            assert_eq!(cache.lookup(*byte), Some(own_lookup), "at {byte:#x}");
+        }
+        assert!(one_by_one[0][0].function.contains("_Unwind_RaiseException"));
     }
 }
