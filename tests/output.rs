@@ -850,10 +850,27 @@ fn the_copy_of_libcs_split_debug_file_holds_every_section_inflated() {
     let dir = scratch_dir("libc-debug-copy");
     let cache = ddprof::symbolize::DebugCache::new(dir.join(".build-id"));
     let copy = cache
-        .copy_for(libc, &build_id, &[system_debug])
+        .copy_for(libc, &build_id, std::slice::from_ref(&system_debug))
         .unwrap()
         .expect("a compressed debug file gets a copy");
     assert_inflated_copy_of(&copy.location, &original);
+    // A damaged copy (cut short, as a full disk or a crash could leave one
+    // behind another writer's back) is written again, not kept: before,
+    // every later run took it as it was and named libc without lines.
+    let location = copy.location.clone();
+    drop(copy);
+    let length = std::fs::metadata(&location).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&location)
+        .unwrap()
+        .set_len(length / 2)
+        .unwrap();
+    let again = cache
+        .copy_for(libc, &build_id, &[system_debug])
+        .unwrap()
+        .expect("a compressed debug file gets a copy");
+    assert_inflated_copy_of(&again.location, &original);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -175,7 +175,25 @@ impl DebugCache {
         ) else {
             return Ok(None);
         };
-        if let Some(dir) = self.dir.prefix_dir(prefix).filter(|dir| dir.has_file(name)) {
+        let kept = self
+            .dir
+            .prefix_dir(prefix)
+            .filter(|dir| dir.has_file(name))
+            .filter(|dir| {
+                // A copy that is not a whole ELF file (seen once in root's
+                // default cache: 13.2 MB of which the first 4.2 MB were the
+                // 8.9 MB copy's, every later run failing to read libc's
+                // lines from it) is written again rather than kept forever.
+                let whole = is_whole_elf(&dir.fd_path(name));
+                if !whole {
+                    log::info!(
+                        "debug cache: {} is damaged; writing it again",
+                        dir.path().join(name).display()
+                    );
+                }
+                whole
+            });
+        if let Some(dir) = kept {
             // Marks it recently used for the eviction order.
             self.dir.touch(prefix, name);
             return Ok(Some(DebugCopy {
@@ -600,6 +618,35 @@ fn pad_to(out: &mut impl Write, position: &mut u64, offset: u64) -> std::io::Res
         *position += n;
     }
     Ok(())
+}
+
+/// Whether the file at `path` is an ELF file whose sections' data all lie
+/// within it and whose section links name sections it has (only the
+/// headers are read).
+fn is_whole_elf(path: &Path) -> bool {
+    let Ok(file) = fs::File::open(path) else {
+        return false;
+    };
+    let Ok(length) = file.metadata().map(|metadata| metadata.len()) else {
+        return false;
+    };
+    let data = object::ReadCache::new(file);
+    let Ok(header) = FileHeader64::<Endianness>::parse(&data) else {
+        return false;
+    };
+    let Ok(endian) = header.endian() else {
+        return false;
+    };
+    let Ok(sections) = header.section_headers(endian, &data) else {
+        return false;
+    };
+    let count = sections.len() as u64;
+    sections.iter().all(|section| {
+        let within = section
+            .file_range(endian)
+            .is_none_or(|(offset, size)| offset.checked_add(size).is_some_and(|end| end <= length));
+        within && u64::from(section.sh_link(endian)) < count.max(1)
+    })
 }
 
 /// The `PT_LOAD` segments of the ELF file at `path`.
