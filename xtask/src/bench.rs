@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: ddprof's engines against `perf record` and samply on
 //! the same workloads, at two sampling frequencies, several runs each; then
-//! the start-up of `ddprof --global`, and the targets of issue 10.
+//! the start-up of `ddprof --global`, and the targets of issues 10 and 32.
 //!
 //! How each figure is measured (the report says it too):
 //! - **wall**: the workload's own elapsed time, from `measure` (measure.c),
@@ -79,11 +79,16 @@ enum Language {
     /// The corpus's generated big program (`tests/harness/big_program.rs`,
     /// shared as source), statically linked.
     BigProgram,
+    /// Not built: the stable toolchain's own `rustc` (not rustup's proxy,
+    /// which would be a process of its own), compiling a generated library
+    /// ([`rust_library`]).
+    Rustc,
 }
 
 /// The corpus's generator of the big program, the same source.
 #[path = "../../tests/harness/big_program.rs"]
 mod big_program;
+mod rust_library;
 
 /// A workload of tests/workloads.
 struct Workload {
@@ -97,8 +102,12 @@ struct Workload {
     args: fn(u32, &Path) -> Vec<String>,
     /// Functions its threads start in (they count as roots, see [`ROOT_FRAMES`]).
     thread_entries: &'static [&'static str],
-    /// One process, for the RSS target ("one profiled process").
+    /// One process of small unwind tables, for issue 10's RSS target ("one
+    /// profiled process"): the big programs' tables alone are tens of MiB.
     single_process: bool,
+    /// The most CPU the whole profiler may spend at the lowest frequency,
+    /// in % of the workload's (start-up included).
+    cpu_share_target: f64,
 }
 
 fn work_args(work: u32, _: &Path) -> Vec<String> {
@@ -114,6 +123,7 @@ const WORKLOADS: &[Workload] = &[
         args: work_args,
         thread_entries: &[],
         single_process: true,
+        cpu_share_target: 1.0,
     },
     Workload {
         name: "recursion",
@@ -123,6 +133,7 @@ const WORKLOADS: &[Workload] = &[
         args: work_args,
         thread_entries: &[],
         single_process: true,
+        cpu_share_target: 1.0,
     },
     Workload {
         name: "threads",
@@ -132,6 +143,7 @@ const WORKLOADS: &[Workload] = &[
         args: work_args,
         thread_entries: &["thread_a_work", "thread_b_work"],
         single_process: true,
+        cpu_share_target: 1.0,
     },
     Workload {
         name: "qsort",
@@ -141,6 +153,7 @@ const WORKLOADS: &[Workload] = &[
         args: work_args,
         thread_entries: &[],
         single_process: true,
+        cpu_share_target: 1.0,
     },
     Workload {
         name: "chain_rs",
@@ -150,6 +163,7 @@ const WORKLOADS: &[Workload] = &[
         args: work_args,
         thread_entries: &[],
         single_process: true,
+        cpu_share_target: 1.0,
     },
     Workload {
         name: "forker",
@@ -165,6 +179,7 @@ const WORKLOADS: &[Workload] = &[
         },
         thread_entries: &[],
         single_process: false,
+        cpu_share_target: 1.0,
     },
     // Issue 32: a 205 MB static binary (2.4 M unwind rows) with 48 KiB
     // stacks, what the eBPF engine must unwind in the kernel.
@@ -175,7 +190,32 @@ const WORKLOADS: &[Workload] = &[
         helpers: &[],
         args: work_args,
         thread_entries: &[],
-        single_process: true,
+        single_process: false,
+        cpu_share_target: 1.0,
+    },
+    // Issue 32: a compiler whose libraries (librustc_driver, libLLVM) have
+    // ~2.3 M unwind rows and no GNU build id, profiled as a build would
+    // run it: its tables and names found in the cache. `--work N` compiles
+    // a library of 250 × N functions (1,000 at the default 4).
+    Workload {
+        name: "rustc",
+        source: "(generated: xtask/src/rust_library.rs)",
+        language: Language::Rustc,
+        helpers: &[],
+        args: |work, dir| {
+            let source = dir.join(rust_library::file_name(work));
+            let object = dir.join("rust_library.o");
+            let mut args: Vec<String> = rust_library::RUSTC_ARGS
+                .iter()
+                .map(|arg| arg.to_string())
+                .collect();
+            args.extend(["-o".into(), object.display().to_string()]);
+            args.push(source.display().to_string());
+            args
+        },
+        thread_entries: &[],
+        single_process: false,
+        cpu_share_target: 3.0,
     },
 ];
 
@@ -565,9 +605,11 @@ fn build_measure() -> Result<PathBuf> {
     Ok(binary)
 }
 
-/// Builds `tests/workloads/SOURCE` as `language` into the bench directory.
-fn build_source(source: &str, name: &str, language: Language) -> Result<PathBuf> {
+/// Builds `tests/workloads/SOURCE` as `language` into the bench directory
+/// (or writes the generated input that `work` units need).
+fn build_source(source: &str, name: &str, language: Language, work: u32) -> Result<PathBuf> {
     match language {
+        Language::Rustc => rust_library::prepare(&workload_dir(), work),
         Language::C => crate::build_c_workload(source, "bench", name),
         Language::RustRelease => {
             let out_dir = workload_dir();
@@ -606,12 +648,12 @@ fn build_source(source: &str, name: &str, language: Language) -> Result<PathBuf>
     }
 }
 
-fn build_workload(workload: &Workload) -> Result<PathBuf> {
+fn build_workload(workload: &Workload, work: u32) -> Result<PathBuf> {
     for helper in workload.helpers {
         let name = helper.trim_end_matches(".c");
-        build_source(helper, name, Language::C)?;
+        build_source(helper, name, Language::C, work)?;
     }
-    build_source(workload.source, workload.name, workload.language)
+    build_source(workload.source, workload.name, workload.language, work)
 }
 
 fn dir_size(path: &Path) -> u64 {
@@ -1529,7 +1571,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut results = BenchResults::default();
     let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
     for workload in &workloads {
-        let binary = build_workload(workload)?;
+        let binary = build_workload(workload, args.work)?;
         let mut workload_exes: HashSet<PathBuf> = HashSet::new();
         workload_exes.insert(canonical(&measure_exe));
         workload_exes.insert(canonical(&binary));
@@ -1856,7 +1898,7 @@ fn write_targets(
     freqs: &[u32],
     work: u32,
 ) -> Result<()> {
-    writeln!(report, "## Targets (issue 10)\n")?;
+    writeln!(report, "## Targets (issues 10 and 32)\n")?;
     writeln!(report, "From this run; ratios of medians.\n")?;
     writeln!(report, "| target | measured | |")?;
     writeln!(report, "| --- | --- | --- |")?;
@@ -1914,8 +1956,20 @@ fn write_targets(
             verdict(ours.zip(theirs).map(|(a, b)| a * ratio <= b))
         )?;
     }
-    // 4. Whole profiler CPU at the lowest frequency < 1 % of the workload's.
+    // 4. Whole profiler CPU at the lowest frequency within each workload's
+    // target: 1 % (issue 10); 3 % for a warm rustc (issue 32).
     let low = freqs[0];
+    let target_of = |workload: &str| {
+        WORKLOADS
+            .iter()
+            .find(|w| w.name == workload)
+            .map_or(1.0, |w| w.cpu_share_target)
+    };
+    let targets: Vec<String> = WORKLOADS
+        .iter()
+        .filter(|w| w.cpu_share_target != 1.0)
+        .map(|w| format!("{} {} %", w.name, w.cpu_share_target))
+        .collect();
     for engine in ["ddprof-bpf", "ddprof-perf"] {
         let shares: Vec<(&str, f64)> = workloads_with(engine)
             .iter()
@@ -1924,13 +1978,22 @@ fn write_targets(
                 Some((*w, m.tool_cpu_ms? / m.workload_cpu_ms? * 100.0))
             })
             .collect();
-        let worst = shares.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1));
+        // The worst against its own target.
+        let worst = shares
+            .iter()
+            .copied()
+            .max_by(|a, b| (a.1 / target_of(a.0)).total_cmp(&(b.1 / target_of(b.0))));
         let first_run = worst_first_run(results, engine, |_, run| run.tool_cpu_percent())
             .map(|(w, v)| format!("; first run with an empty cache: worst {v:.2} % ({w})"))
             .unwrap_or_default();
         writeln!(
             report,
-            "| {engine}: whole profiler CPU at {low} Hz < 1 % of the workload's (`--work {work}`, start-up included) | {}{first_run} | {} |",
+            "| {engine}: whole profiler CPU at {low} Hz < 1 % of the workload's{} (`--work {work}`, start-up included) | {}{first_run} | {} |",
+            if targets.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", targets.join(", "))
+            },
             worst
                 .map(|(w, v)| format!(
                     "worst {v:.2} % ({w}); {}",
@@ -1941,7 +2004,7 @@ fn write_targets(
                         .join(", ")
                 ))
                 .unwrap_or_else(|| "–".into()),
-            verdict(worst.map(|(_, v)| v < 1.0))
+            verdict(worst.map(|(w, v)| v < target_of(w)))
         )?;
     }
     // 5. Peak RSS ≤ 24 MiB for one profiled process.
@@ -1970,7 +2033,7 @@ fn write_targets(
         .unwrap_or_default();
         writeln!(
             report,
-            "| {engine}: peak RSS ≤ 24 MiB profiling one process | {}{first_run} | {} |",
+            "| {engine}: peak RSS ≤ 24 MiB profiling one process (not the big programs: their tables alone are tens of MiB) | {}{first_run} | {} |",
             worst
                 .map(|(w, v)| format!("worst {v:.1} MiB ({w})"))
                 .unwrap_or_else(|| "–".into()),
