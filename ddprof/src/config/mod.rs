@@ -498,6 +498,42 @@ impl Cli {
 mod tests {
     use super::*;
 
+    /// An inherited `XDG_CACHE_HOME` or `HOME` of another user (`sudo -E`,
+    /// a service manager's environment) is not ddprof's cache: as root,
+    /// directories that `nobody` owns are passed over for ddprof's own.
+    #[test]
+    fn another_users_cache_home_is_not_followed() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test gives nobody a directory: run it as root (cargo xtask test does)"
+        );
+        let base = std::env::temp_dir().join(format!("ddprof-cache-home-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (theirs, own) = (base.join("nobody"), base.join("root"));
+        for dir in [&theirs, &own] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let from = |xdg: &std::path::Path, home: &std::path::Path| {
+            default_cache_dir(&|name| match name {
+                "XDG_CACHE_HOME" => Some(xdg.into()),
+                "HOME" => Some(home.into()),
+                _ => None,
+            })
+        };
+        // Control: ddprof's own directories are taken as they come.
+        assert_eq!(from(&own, &theirs), Some(own.join("ddprof")));
+        assert_eq!(from(&theirs, &own), Some(own.join(".cache/ddprof")));
+        // Nobody's, both: neither, whatever ddprof falls back to.
+        let fallback = from(&theirs, &theirs).expect("root has a home directory");
+        assert!(!fallback.starts_with(&theirs), "{fallback:?}");
+        // Nor a directory of nobody's to be made inside.
+        let planted = theirs.join("not-yet");
+        let fallback = from(&planted, &planted).expect("root has a home directory");
+        assert!(!fallback.starts_with(&theirs), "{fallback:?}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
     #[test]
     fn tags_are_key_value_pairs() {
         assert!(parse_tags("team:core").is_ok());
