@@ -329,10 +329,7 @@ impl TableCache {
             self.stats.tables_shared += 1;
             return Ok(table.clone());
         }
-        if let Some(table) = live_table(&key) {
-            self.stats.tables_shared += 1;
-            return Ok(self.adopt(table));
-        }
+        // Another cache's table, made already or (after the wait) now.
         let _flight = board(&key);
         if let Some(table) = live_table(&key) {
             self.stats.tables_shared += 1;
