@@ -104,7 +104,7 @@ struct Workload {
     thread_entries: &'static [&'static str],
     /// One process of small unwind tables, for issue 10's RSS target ("one
     /// profiled process"): the big programs' tables alone are tens of MiB.
-    single_process: bool,
+    one_small_process: bool,
     /// The most CPU the whole profiler may spend at the lowest frequency,
     /// in % of the workload's (start-up included).
     cpu_share_target: f64,
@@ -122,7 +122,7 @@ const WORKLOADS: &[Workload] = &[
         helpers: &[],
         args: work_args,
         thread_entries: &[],
-        single_process: true,
+        one_small_process: true,
         cpu_share_target: 1.0,
     },
     Workload {
@@ -132,7 +132,7 @@ const WORKLOADS: &[Workload] = &[
         helpers: &[],
         args: work_args,
         thread_entries: &[],
-        single_process: true,
+        one_small_process: true,
         cpu_share_target: 1.0,
     },
     Workload {
@@ -142,7 +142,7 @@ const WORKLOADS: &[Workload] = &[
         helpers: &[],
         args: work_args,
         thread_entries: &["thread_a_work", "thread_b_work"],
-        single_process: true,
+        one_small_process: true,
         cpu_share_target: 1.0,
     },
     Workload {
@@ -152,7 +152,7 @@ const WORKLOADS: &[Workload] = &[
         helpers: &[],
         args: work_args,
         thread_entries: &[],
-        single_process: true,
+        one_small_process: true,
         cpu_share_target: 1.0,
     },
     Workload {
@@ -162,7 +162,7 @@ const WORKLOADS: &[Workload] = &[
         helpers: &[],
         args: work_args,
         thread_entries: &[],
-        single_process: true,
+        one_small_process: true,
         cpu_share_target: 1.0,
     },
     Workload {
@@ -178,7 +178,7 @@ const WORKLOADS: &[Workload] = &[
             ]
         },
         thread_entries: &[],
-        single_process: false,
+        one_small_process: false,
         cpu_share_target: 1.0,
     },
     // Issue 32: a 205 MB static binary (2.4 M unwind rows) with 48 KiB
@@ -190,7 +190,7 @@ const WORKLOADS: &[Workload] = &[
         helpers: &[],
         args: work_args,
         thread_entries: &[],
-        single_process: false,
+        one_small_process: false,
         cpu_share_target: 1.0,
     },
     // Issue 32: a compiler whose libraries (librustc_driver, libLLVM) have
@@ -199,22 +199,12 @@ const WORKLOADS: &[Workload] = &[
     // a library of 250 × N functions (1,000 at the default 4).
     Workload {
         name: "rustc",
-        source: "(generated: xtask/src/rust_library.rs)",
+        source: "(generated: xtask/src/bench/rust_library.rs)",
         language: Language::Rustc,
         helpers: &[],
-        args: |work, dir| {
-            let source = dir.join(rust_library::file_name(work));
-            let object = dir.join("rust_library.o");
-            let mut args: Vec<String> = rust_library::RUSTC_ARGS
-                .iter()
-                .map(|arg| arg.to_string())
-                .collect();
-            args.extend(["-o".into(), object.display().to_string()]);
-            args.push(source.display().to_string());
-            args
-        },
+        args: rust_library::args,
         thread_entries: &[],
-        single_process: false,
+        one_small_process: false,
         cpu_share_target: 3.0,
     },
 ];
@@ -2011,7 +2001,11 @@ fn write_targets(
     for engine in ["ddprof-bpf", "ddprof-perf"] {
         let peaks: Vec<(&str, f64)> = workloads_with(engine)
             .iter()
-            .filter(|(w, _)| WORKLOADS.iter().any(|x| x.name == *w && x.single_process))
+            .filter(|(w, _)| {
+                WORKLOADS
+                    .iter()
+                    .any(|x| x.name == *w && x.one_small_process)
+            })
             .filter_map(|(w, f)| {
                 Some((
                     *w,
@@ -2026,7 +2020,7 @@ fn write_targets(
         let first_run = worst_first_run(results, engine, |workload, run| {
             let one_process = WORKLOADS
                 .iter()
-                .any(|x| x.name == workload && x.single_process);
+                .any(|x| x.name == workload && x.one_small_process);
             one_process.then_some(run.peak_rss_mib()?)
         })
         .map(|(w, v)| format!("; first run with an empty cache: worst {v:.1} MiB ({w})"))

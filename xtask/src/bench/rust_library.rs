@@ -10,22 +10,30 @@ use anyhow::{bail, Context, Result};
 /// Functions per unit of `--work`.
 const FUNCTIONS_PER_UNIT: u32 = 250;
 
-/// How the workload runs the compiler (then `-o OBJECT SOURCE`): an
-/// optimised library, object only (no linker run).
-pub const RUSTC_ARGS: &[&str] = &[
-    "-O",
-    "--edition",
-    "2021",
-    "--crate-type",
-    "lib",
-    "--crate-name",
-    "rust_library",
-    "--emit",
-    "obj",
-];
+/// The compiler's arguments for `work` units, the source and its object in
+/// `dir`: an optimised library, object only (no linker run).
+pub fn args(work: u32, dir: &Path) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "-O",
+        "--edition",
+        "2021",
+        "--crate-type",
+        "lib",
+        "--crate-name",
+        "rust_library",
+        "--emit",
+        "obj",
+        "-o",
+    ]
+    .map(String::from)
+    .into();
+    args.push(dir.join("rust_library.o").display().to_string());
+    args.push(dir.join(file_name(work)).display().to_string());
+    args
+}
 
 /// The source's name for `work` units.
-pub fn file_name(work: u32) -> String {
+fn file_name(work: u32) -> String {
     format!("rust_library_{work}.rs")
 }
 
