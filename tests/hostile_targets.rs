@@ -1417,18 +1417,31 @@ fn run_jit(
     as_nobody_user: bool,
     plant: impl FnOnce(u32, u64, &Path),
 ) -> (Finished, PathBuf, u32) {
-    let jit_dir = dir_with_mode(&scratch.0.join(format!("jit-{name}")), 0o777);
-    let address_file = jit_dir.join("address");
     let out = scratch.0.join(format!("out-{name}"));
     let mut command = ddprof(&out);
     command.args(["-u", "1"]);
     if as_nobody_user {
         command.args(["--switch-user", "65534"]);
     }
+    run_jit_under(scratch, name, command, 2, plant)
+}
+
+/// [`run_jit`] under `command` (ddprof and its options, up to `--`), the
+/// JIT running `seconds`; its outputs are where `command` says.
+fn run_jit_under(
+    scratch: &Scratch,
+    name: &str,
+    mut command: Command,
+    seconds: u32,
+    plant: impl FnOnce(u32, u64, &Path),
+) -> (Finished, PathBuf, u32) {
+    let jit_dir = dir_with_mode(&scratch.0.join(format!("jit-{name}")), 0o777);
+    let address_file = jit_dir.join("address");
+    let out = scratch.0.join(format!("out-{name}"));
     command
         .arg("--")
         .arg(build_workload("hostile_jit.c"))
-        .arg("2")
+        .arg(seconds.to_string())
         .arg(&address_file);
     let running = Running::spawn(&format!("jit-{name}"), scratch, &mut command);
     wait_until("the JIT's address", Duration::from_secs(10), || {
@@ -1572,6 +1585,96 @@ fn perfmap_3gib_sparse_is_not_read() {
     let stacks = folded(&out);
     assert!(stacks.of_process("hostile_jit") >= 200, "{stacks:?}");
     assert_summary_accounts(&run, EVENT_HZ);
+}
+
+/// A JIT's perf map that keeps growing (as Node's with
+/// `--perf-basic-prof` does) is read again every period, and reading and
+/// parsing 16 MiB takes ~60 ms: the period's symbolization is that long.
+/// Before, the loop symbolized in line and the buffers (here 512 KiB a CPU:
+/// ~16 stack copies, 16 ms at 999 Hz) overflowed at every period's end:
+/// 165 of 4,989 samples lost in full buffers. Control: a period's
+/// symbolization outlasts what the buffers hold. ddprof: the loop goes on
+/// while the publisher thread symbolizes, no more than 0.5 % of the samples
+/// lost in full buffers, every sample due accounted for.
+#[test]
+fn perfmap_growing_does_not_stop_the_sampling() {
+    const HZ: u32 = 999;
+    const RING_KIB: u32 = 512;
+    const MAP_MIB: usize = 16;
+    let scratch = scratch("perfmap-growing");
+    let _leftovers = Leftovers::new(&scratch);
+    let out = scratch.0.join("out-growing");
+    let mut command = ddprof_command();
+    command
+        .env_remove("TMPDIR")
+        .env_remove("XDG_CACHE_HOME")
+        .args(["-l", "info", "--debug-cache", "none", "-u", "1"])
+        .args([
+            "--engine",
+            "perf",
+            "--ring-buffer-kib",
+            &RING_KIB.to_string(),
+        ])
+        .args(["-e", &format!("sCPU freq={HZ}"), "--output"])
+        .arg(&out);
+    let (run, out, _) = run_jit_under(&scratch, "growing", command, 5, |_, address, map| {
+        let filler = 0x7f00_0000_0000u64;
+        let mut text = format!("{address:x} 100 HOSTILE_GROWING_jit_fn\n");
+        let mut index = 0u64;
+        while text.len() < MAP_MIB << 20 {
+            text.push_str(&format!(
+                "{:x} 40 LazyCompile:~filler_function_{index:08} /srv/app/module{}.js:1\n",
+                filler + index * 64,
+                index % 977
+            ));
+            index += 1;
+        }
+        fs::write(map, &text).unwrap();
+        // One more function compiled every 250 ms, for the JIT's run.
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(4500) {
+            std::thread::sleep(Duration::from_millis(250));
+            index += 1;
+            let mut file = OpenOptions::new().append(true).open(map).unwrap();
+            writeln!(
+                file,
+                "{:x} 40 LazyCompile:~appended_{index}",
+                filler - 0x10_0000
+            )
+            .unwrap();
+        }
+    });
+    run.assert_success();
+    run.assert_no_panic();
+    let symbolized_ms: Vec<f64> = run
+        .stderr
+        .split("symbolized in ")
+        .skip(1)
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect();
+    let longest = symbolized_ms.iter().copied().fold(0.0, f64::max);
+    let ring_ms = f64::from(RING_KIB) * 1024.0 / (32768.0 + 256.0) * 1000.0 / f64::from(HZ);
+    eprintln!("growing perf map: periods symbolized in {symbolized_ms:?} ms; the buffers hold {ring_ms:.0} ms");
+    assert!(
+        longest >= 2.0 * ring_ms,
+        "control: a period's symbolization ({longest} ms) outlasts what the buffers hold \
+         ({ring_ms:.0} ms):\n{}",
+        run.stderr
+    );
+    let summary = run.summary();
+    let ring_full = summary.get("lost_ring_full").copied().unwrap_or(0);
+    assert!(
+        ring_full * 200 <= summary["samples"],
+        "{ring_full} samples lost in full buffers of {}:\n{}",
+        summary["samples"],
+        run.stderr
+    );
+    let stacks = folded(&out);
+    assert!(
+        stacks.with_frame("HOSTILE_GROWING_jit_fn") >= 3000,
+        "the JIT's code named from its map: {stacks:?}"
+    );
+    assert_summary_accounts(&run, HZ);
 }
 
 // ---------------------------------------------------------------------

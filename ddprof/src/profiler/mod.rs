@@ -9,8 +9,9 @@
 //!   loop: the engine applies process events to the [`ProcessTable`] and
 //!   hands over samples, which the aggregator normalizes at once (so that
 //!   processes that exit before the flush are still symbolized). At the end
-//!   of each upload period, and when the target is gone, it symbolizes and
-//!   encodes the period and sends it to the parent ([`channel`]), which
+//!   of each upload period, and when the target is gone, its publisher
+//!   thread ([`publish`]) symbolizes and encodes the period while the loop
+//!   goes on, and sends it to the parent ([`channel`]), which
 //!   writes and uploads it; the whole run's folded stacks become
 //!   `flamegraph.svg` and `stacks.folded` at exit.
 //!
@@ -19,6 +20,7 @@
 //! buffers is lost meanwhile.
 pub mod channel;
 pub mod parent;
+mod publish;
 pub mod stop;
 pub mod target;
 pub mod worker;

@@ -1,7 +1,8 @@
-//! The worker process (comm `ddprof-worker`): the profiler loop of a
-//! profiler without a worker — the sampler's poll, aggregation and, at each
-//! upload period, symbolization and pprof encoding — with the encoded period
-//! sent to the parent ([`super::parent`]) instead of written or uploaded.
+//! The worker process (comm `ddprof-worker`): the profiler loop — the
+//! sampler's poll and aggregation on this thread and, at each upload
+//! period, symbolization and pprof encoding on the publisher's
+//! ([`super::publish`]) — with the encoded period sent to the parent
+//! ([`super::parent`]) instead of written or uploaded.
 //!
 //! A worker is forked from the parent, so it starts with a copy of the
 //! parent's state as it was when the engine was set up: the first worker
@@ -11,27 +12,26 @@
 //! beyond that is in the [`Handover`], read through the fork.
 //!
 //! Fork hazards: the parent has other threads (the exporter's), so only
-//! this thread exists here, and locks another thread held at the fork stay
-//! held forever. The worker never touches the exporter or its runtime (not
+//! the forking thread exists here at first, and locks another thread held
+//! at the fork stay held forever. The worker never touches the exporter or its runtime (not
 //! even to drop them: it ends with `_exit`, see [`super::parent`]), and the
 //! logger writes each line with one `write(2)`, without the standard
 //! library's stderr lock (see [`crate::logging`]). glibc's `malloc` makes
 //! itself usable in the child of a fork.
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::channel::{EncodedPeriod, Retirement, ToParent, WorkerExit, STOP_REQUEST};
+use super::channel::{Retirement, ToParent, WorkerExit, STOP_REQUEST};
+use super::publish::{Publisher, PublisherSetup};
 use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
 use crate::aggregate::{Aggregator, PeriodProfile};
-use crate::output::FoldedStacks;
 use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter, RunTotals};
 use crate::process::ProcessTable;
-use crate::profile::{encode_pprof_compressed, Compressions, ProfileMetadata};
+use crate::profile::Compressions;
 use crate::sample::Sample;
 use crate::sampler::Sampler;
-use crate::symbolize::{KallsymsSnapshot, Symbolizer};
+use crate::symbolize::KallsymsSnapshot;
 
 /// The comm of a worker process.
 pub const WORKER_NAME: &std::ffi::CStr = c"ddprof-worker";
@@ -120,8 +120,11 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
         log::error!("profiler worker: {error}");
         return EXIT_FAILED;
     }
-    let mut worker = Worker::new(options, &handover, kallsyms, sampler.losses(), socket);
-    match worker.run(options, processes, sampler, watch, handover.period_deadline) {
+    let ran =
+        Worker::new(options, &handover, kallsyms, sampler.losses(), socket).and_then(|worker| {
+            worker.run(options, processes, sampler, watch, handover.period_deadline)
+        });
+    match ran {
         Ok(()) => EXIT_OK,
         Err(WorkerError::ParentGone) => EXIT_PARENT_GONE,
         Err(WorkerError::Profiler(error)) => {
@@ -177,7 +180,7 @@ fn confine(require_sandbox: bool) -> Result<(), String> {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum WorkerError {
+pub(super) enum WorkerError {
     #[error("the profiler parent is gone")]
     ParentGone,
     #[error(transparent)]
@@ -199,16 +202,14 @@ fn watchdog_seconds(upload_period: Duration) -> u32 {
 
 struct Worker {
     aggregator: Aggregator,
-    symbolizer: Symbolizer,
-    metadata: ProfileMetadata,
     meter: OverheadMeter,
     show_samples: bool,
     period_start: SystemTime,
     /// Profiles of the run so far (the parent's and this worker's).
     profiles: u64,
-    restarts: u64,
-    kernel_stacks: bool,
-    compressions: Compressions,
+    /// Symbolizes, encodes and sends what this loop closes and says.
+    publisher: Publisher,
+    /// Read only, for the parent's stop request (the publisher writes).
     socket: UnixStream,
 }
 
@@ -219,18 +220,24 @@ impl Worker {
         kallsyms: Option<KallsymsSnapshot>,
         losses_before: crate::sample::LossCounters,
         socket: UnixStream,
-    ) -> Self {
-        let mut symbolizer = Symbolizer::new(options.symbolizer.clone());
-        if let Some(snapshot) = kallsyms {
-            symbolizer.use_kallsyms(snapshot);
-        }
-        Self {
-            aggregator: Aggregator::new(options.aggregator),
-            symbolizer,
-            metadata: ProfileMetadata {
+    ) -> Result<Self, WorkerError> {
+        let publisher = Publisher::start(
+            PublisherSetup {
+                symbolizer: options.symbolizer.clone(),
+                kallsyms,
                 sampling_period_nanos: options.sampling_period_nanos,
-                comments: Vec::new(),
+                kernel_stacks: options.sampler.kernel_stacks,
+                restarts: handover.restarts,
+                compressions: Compressions {
+                    gzip: options.output_dir.is_some(),
+                    zstd: options.export.is_some(),
+                },
             },
+            socket.try_clone().map_err(ProfilerError::from)?,
+        )
+        .map_err(ProfilerError::from)?;
+        Ok(Self {
+            aggregator: Aggregator::new(options.aggregator),
             meter: {
                 let meter = OverheadMeter::resume(
                     options.sampling_period_nanos,
@@ -251,17 +258,26 @@ impl Worker {
             show_samples: options.show_samples,
             period_start: handover.period_start,
             profiles: handover.profiles,
-            restarts: handover.restarts,
-            kernel_stacks: options.sampler.kernel_stacks,
-            compressions: Compressions {
-                gzip: options.output_dir.is_some(),
-                zstd: options.export.is_some(),
-            },
+            publisher,
             socket,
-        }
+        })
     }
 
+    /// Runs the loop until the run ends or this worker retires, then waits
+    /// for the publisher to send everything.
     fn run(
+        mut self,
+        options: &ProfilerOptions,
+        processes: &mut ProcessTable,
+        sampler: &mut Sampler,
+        watch: Option<&TargetWatch>,
+        period_deadline: Instant,
+    ) -> Result<(), WorkerError> {
+        self.sample(options, processes, sampler, watch, period_deadline)?;
+        self.publisher.finish()
+    }
+
+    fn sample(
         &mut self,
         options: &ProfilerOptions,
         processes: &mut ProcessTable,
@@ -296,9 +312,11 @@ impl Worker {
             let target_gone = check && watch.is_some_and(TargetWatch::has_exited);
             if finished || target_gone || (check && self.stop_requested()?) {
                 sampler.flush(processes, &mut |table, sample| self.add(table, sample));
-                self.end_period(true, sampler)?;
-                self.send(&ToParent::Exiting(WorkerExit::Finished))?;
-                return Ok(());
+                let closed = self.close_period(true, sampler);
+                self.publisher.period(closed)?;
+                return self
+                    .publisher
+                    .message(ToParent::Exiting(WorkerExit::Finished));
             }
             if Instant::now() < period_deadline {
                 continue;
@@ -313,7 +331,10 @@ impl Worker {
                 None
             };
             let Some(exit) = exit else {
-                self.end_period(false, sampler)?;
+                // Symbolized on the publisher's thread while this one
+                // goes on draining the buffers.
+                let closed = self.close_period(false, sampler);
+                self.publisher.period(closed)?;
                 period_deadline += period;
                 continue;
             };
@@ -322,16 +343,15 @@ impl Worker {
             // symbolizes: the buffers need only hold the time a fork takes.
             sampler.drain(processes, &mut |table, sample| self.add(table, sample));
             let closed = self.close_period(false, sampler);
-            self.send(&ToParent::Retiring(Retirement {
+            self.publisher.message(ToParent::Retiring(Retirement {
                 exit,
                 next_period_start: self.period_start,
                 profile_follows: closed.overhead.is_some(),
                 reported_cpu: closed.overhead.map_or(Duration::ZERO, |o| o.profiler_cpu),
                 totals: self.meter.totals(),
             }))?;
-            self.send_period(closed)?;
-            self.send(&ToParent::Exiting(exit))?;
-            return Ok(());
+            self.publisher.period(closed)?;
+            return self.publisher.message(ToParent::Exiting(exit));
         }
     }
 
@@ -376,19 +396,6 @@ impl Worker {
         }
     }
 
-    fn send(&mut self, message: &ToParent) -> Result<(), WorkerError> {
-        self.socket
-            .write_all(&message.to_frame())
-            .map_err(|_| WorkerError::ParentGone)
-    }
-
-    /// Ends the current period: symbolizes and encodes it, and sends it to
-    /// the parent (see [`Worker::close_period`]).
-    fn end_period(&mut self, last: bool, sampler: &Sampler) -> Result<(), WorkerError> {
-        let closed = self.close_period(last, sampler);
-        self.send_period(closed)
-    }
-
     /// Closes the current period and takes its figures. An empty period
     /// gets no profile unless it is the run's only one (the next profile
     /// then covers it too). The sampler says what it lost so far and how
@@ -421,81 +428,17 @@ impl Worker {
             caches: sampler.cache_figures(),
         }
     }
-
-    /// Symbolizes and encodes a closed period, and sends it to the parent.
-    fn send_period(&mut self, closed: ClosedPeriod) -> Result<(), WorkerError> {
-        let ClosedPeriod {
-            start,
-            end,
-            period,
-            overhead,
-            last,
-            mut caches,
-        } = closed;
-        let Some(overhead) = overhead else {
-            return self.send(&ToParent::PeriodEnd {
-                start,
-                end,
-                profile: None,
-            });
-        };
-        self.metadata.comments = overhead.comments();
-        self.metadata
-            .comments
-            .push(format!("ddprof.include_kernel={}", self.kernel_stacks));
-        self.metadata
-            .comments
-            .push(format!("ddprof.worker_restarts={}", self.restarts));
-        let symbolizing = Instant::now();
-        let symbolized = self.symbolizer.symbolize(period);
-        let symbolize_time = symbolizing.elapsed();
-        // The caches' figures go with the overhead's: in the profile and
-        // in the log, after the period's line.
-        caches.extend(self.symbolizer.cache_figures());
-        self.metadata
-            .comments
-            .extend(CacheFigures::comments(&caches));
-        let encoding = Instant::now();
-        let encoded = encode_pprof_compressed(&symbolized, &self.metadata, self.compressions)
-            .map_err(ProfilerError::from)?;
-        let encode_time = encoding.elapsed();
-        log::info!(
-            "period: {overhead}; symbolized in {:.1} ms, encoded in {:.1} ms, pprof {} bytes",
-            symbolize_time.as_secs_f64() * 1e3,
-            encode_time.as_secs_f64() * 1e3,
-            encoded
-                .gzip
-                .as_ref()
-                .or(encoded.zstd.as_ref())
-                .map_or(0, Vec::len)
-        );
-        log::info!("caches: {}", CacheFigures::describe(&caches));
-        let profile = EncodedPeriod {
-            figures: overhead,
-            worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
-            last_of_run: last,
-            folded: FoldedStacks::stacks_of(&symbolized),
-            pprof_gzip: encoded.gzip,
-            pprof_zstd: encoded.zstd,
-        };
-        drop(symbolized);
-        self.send(&ToParent::PeriodEnd {
-            start,
-            end,
-            profile: Some(Box::new(profile)),
-        })
-    }
 }
 
 /// A period taken from the aggregator, not yet symbolized.
-struct ClosedPeriod {
-    start: SystemTime,
-    end: SystemTime,
-    period: PeriodProfile,
+pub(super) struct ClosedPeriod {
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub period: PeriodProfile,
     /// Its figures; `None`: it gets no profile.
-    overhead: Option<Overhead>,
+    pub overhead: Option<Overhead>,
     /// The run's last period.
-    last: bool,
+    pub last: bool,
     /// The sampler's caches when the period was closed.
-    caches: Vec<CacheFigures>,
+    pub caches: Vec<CacheFigures>,
 }

@@ -1,0 +1,209 @@
+//! The worker's publisher: a thread of its own that symbolizes and encodes
+//! each closed period and writes every message to the parent, so that the
+//! sampling loop goes on draining the ring buffers meanwhile.
+//!
+//! Symbolizing a period takes tens of milliseconds with warm caches and
+//! from hundreds of milliseconds to seconds with cold ones (a big
+//! program's debug information, a busy machine); the buffers hold far less
+//! than that in stack copies (a sample the BPF engine hands over carries
+//! one): done on the sampling thread, every such pause lost samples in
+//! full buffers (38 of 498 in a CI run whose first period took 770 ms).
+//!
+//! Every message to the parent goes through this thread, in the order the
+//! loop gave them, so frames never interleave on the socket and a period
+//! always precedes the `Exiting` that follows it. At most one closed period
+//! waits while another is symbolized: a loop that closes periods faster
+//! than they are published waits for the publisher (its watchdog still
+//! runs), so memory stays bounded.
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::channel::{EncodedPeriod, ToParent};
+use super::worker::{ClosedPeriod, WorkerError};
+use super::ProfilerError;
+use crate::output::FoldedStacks;
+use crate::overhead::CacheFigures;
+use crate::profile::{encode_pprof_compressed, Compressions, ProfileMetadata};
+use crate::symbolize::{KallsymsSnapshot, Symbolizer, SymbolizerOptions};
+
+/// What the publisher is given, in order.
+enum Job {
+    /// A period to symbolize, encode and send.
+    Period(Box<ClosedPeriod>),
+    /// A message to send as it is.
+    Message(ToParent),
+}
+
+/// What a period's profile says about the worker besides its samples.
+pub(super) struct PublisherSetup {
+    pub symbolizer: SymbolizerOptions,
+    pub kallsyms: Option<KallsymsSnapshot>,
+    pub sampling_period_nanos: u64,
+    pub kernel_stacks: bool,
+    pub restarts: u64,
+    pub compressions: Compressions,
+}
+
+/// The sampling loop's end of the publisher thread.
+pub(super) struct Publisher {
+    jobs: Option<SyncSender<Job>>,
+    thread: Option<JoinHandle<Result<(), WorkerError>>>,
+}
+
+impl Publisher {
+    /// Starts the thread (named `ddprof-publish`), which owns the
+    /// symbolizer and writes to `socket`.
+    pub(super) fn start(setup: PublisherSetup, socket: UnixStream) -> std::io::Result<Self> {
+        // One period symbolized, one waiting: see the module documentation.
+        let (jobs, waiting) = sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("ddprof-publish".into())
+            .spawn(move || publish(setup, socket, waiting))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands over a closed period; waits while another one already waits.
+    pub(super) fn period(&mut self, closed: ClosedPeriod) -> Result<(), WorkerError> {
+        self.give(Job::Period(Box::new(closed)))
+    }
+
+    /// Hands over a message, sent after everything handed over before it.
+    pub(super) fn message(&mut self, message: ToParent) -> Result<(), WorkerError> {
+        self.give(Job::Message(message))
+    }
+
+    /// Waits until everything handed over is sent (the worker exits next).
+    pub(super) fn finish(mut self) -> Result<(), WorkerError> {
+        self.jobs = None;
+        self.join()
+    }
+
+    fn give(&mut self, job: Job) -> Result<(), WorkerError> {
+        let sent = self.jobs.as_ref().map(|jobs| jobs.send(job).is_ok());
+        match sent {
+            Some(true) => Ok(()),
+            // The thread stopped: its error says why.
+            _ => {
+                self.jobs = None;
+                self.join().and(Err(WorkerError::ParentGone))
+            }
+        }
+    }
+
+    fn join(&mut self) -> Result<(), WorkerError> {
+        match self.thread.take() {
+            Some(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            None => Err(WorkerError::ParentGone),
+        }
+    }
+}
+
+/// The thread: publishes each job in turn until the loop's end is dropped
+/// or the parent is gone.
+fn publish(
+    setup: PublisherSetup,
+    mut socket: UnixStream,
+    jobs: Receiver<Job>,
+) -> Result<(), WorkerError> {
+    let mut symbolizer = Symbolizer::new(setup.symbolizer);
+    if let Some(snapshot) = setup.kallsyms {
+        symbolizer.use_kallsyms(snapshot);
+    }
+    let mut metadata = ProfileMetadata {
+        sampling_period_nanos: setup.sampling_period_nanos,
+        comments: Vec::new(),
+    };
+    for job in jobs {
+        let message = match job {
+            Job::Message(message) => message,
+            Job::Period(closed) => encode(
+                *closed,
+                &mut symbolizer,
+                &mut metadata,
+                &setup.compressions,
+                setup.kernel_stacks,
+                setup.restarts,
+            )?,
+        };
+        socket
+            .write_all(&message.to_frame())
+            .map_err(|_| WorkerError::ParentGone)?;
+    }
+    Ok(())
+}
+
+/// Symbolizes and encodes a closed period into its message to the parent.
+fn encode(
+    closed: ClosedPeriod,
+    symbolizer: &mut Symbolizer,
+    metadata: &mut ProfileMetadata,
+    compressions: &Compressions,
+    kernel_stacks: bool,
+    restarts: u64,
+) -> Result<ToParent, WorkerError> {
+    let ClosedPeriod {
+        start,
+        end,
+        period,
+        overhead,
+        last,
+        mut caches,
+    } = closed;
+    let Some(overhead) = overhead else {
+        return Ok(ToParent::PeriodEnd {
+            start,
+            end,
+            profile: None,
+        });
+    };
+    metadata.comments = overhead.comments();
+    metadata
+        .comments
+        .push(format!("ddprof.include_kernel={kernel_stacks}"));
+    metadata
+        .comments
+        .push(format!("ddprof.worker_restarts={restarts}"));
+    let symbolizing = Instant::now();
+    let symbolized = symbolizer.symbolize(period);
+    let symbolize_time = symbolizing.elapsed();
+    // The caches' figures go with the overhead's: in the profile and in
+    // the log, after the period's line.
+    caches.extend(symbolizer.cache_figures());
+    metadata.comments.extend(CacheFigures::comments(&caches));
+    let encoding = Instant::now();
+    let encoded = encode_pprof_compressed(&symbolized, metadata, *compressions)
+        .map_err(ProfilerError::from)?;
+    let encode_time = encoding.elapsed();
+    log::info!(
+        "period: {overhead}; symbolized in {:.1} ms, encoded in {:.1} ms, pprof {} bytes",
+        symbolize_time.as_secs_f64() * 1e3,
+        encode_time.as_secs_f64() * 1e3,
+        encoded
+            .gzip
+            .as_ref()
+            .or(encoded.zstd.as_ref())
+            .map_or(0, Vec::len)
+    );
+    log::info!("caches: {}", CacheFigures::describe(&caches));
+    let profile = EncodedPeriod {
+        figures: overhead,
+        worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
+        last_of_run: last,
+        folded: FoldedStacks::stacks_of(&symbolized),
+        pprof_gzip: encoded.gzip,
+        pprof_zstd: encoded.zstd,
+    };
+    Ok(ToParent::PeriodEnd {
+        start,
+        end,
+        profile: Some(Box::new(profile)),
+    })
+}
