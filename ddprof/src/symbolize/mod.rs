@@ -29,8 +29,6 @@ pub use debug_cache::{DebugCache, DebugCacheError, DebugCopy};
 use elf::TableFallback;
 pub use kernel::KallsymsSnapshot;
 pub use names::demangle;
-#[cfg(test)]
-use perf_map::parse_perf_map;
 use perf_map::{reload_perf_map, PerfMap};
 use store::{KnownDebugFile, SymbolKey, SymbolStore};
 
@@ -608,7 +606,7 @@ impl Symbolizer {
                 reload_perf_map(map, pid, opened);
             }
         }
-        map.lookup(addr).cloned()
+        map.lookup(addr).map(Arc::from)
     }
 
     /// Its caches, for the overhead report: the files it has parsed
@@ -901,17 +899,9 @@ mod tests {
 
     #[test]
     fn parses_and_looks_up_perf_maps() {
-        let map = PerfMap {
-            entries: parse_perf_map(
-                "1000 100 jitted_a\n0x2000 20 LazyCompile:*b x.js:1\nbad line\n",
-            ),
-            ..PerfMap::default()
-        };
-        assert_eq!(map.lookup(0x1050).map(|n| &**n), Some("jitted_a"));
-        assert_eq!(
-            map.lookup(0x2010).map(|n| &**n),
-            Some("LazyCompile:*b x.js:1")
-        );
+        let map = PerfMap::parsed("1000 100 jitted_a\n0x2000 20 LazyCompile:*b x.js:1\nbad line\n");
+        assert_eq!(map.lookup(0x1050), Some("jitted_a"));
+        assert_eq!(map.lookup(0x2010), Some("LazyCompile:*b x.js:1"));
         assert_eq!(map.lookup(0x1100), None);
         assert_eq!(map.lookup(0x10), None);
     }
