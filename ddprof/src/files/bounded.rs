@@ -7,6 +7,11 @@
 //! stopped) and the next call gets a fresh helper; after [`MAX_STUCK`]
 //! such threads no call is made any more (each answers at once that it
 //! timed out), so that a hung mount costs a few threads, not one per file.
+//!
+//! Each calling thread has a helper of its own: with one for the process,
+//! the worker's loop would wait behind the publisher's open of a debug
+//! file (its bound counting from when it asked, not when its open began),
+//! and a call queued behind a hung one would time out on a healthy device.
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -27,15 +32,20 @@ pub enum Unanswered {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The helper thread of this process (after a fork the child has none: the
-/// `pid` tells), and how many of its predecessors are stuck.
-struct Helpers {
+/// How many helpers of this process (the `pid` tells: after a fork the
+/// child has none) are stuck in the kernel.
+struct Stuck {
     pid: u32,
-    jobs: Option<mpsc::Sender<Job>>,
-    stuck: Arc<Mutex<usize>>,
+    count: Arc<Mutex<usize>>,
 }
 
-static HELPERS: Mutex<Option<Helpers>> = Mutex::new(None);
+static STUCK: Mutex<Option<Stuck>> = Mutex::new(None);
+
+thread_local! {
+    /// This thread's helper, and the process it was started in.
+    static OWN_HELPER: std::cell::RefCell<Option<(u32, mpsc::Sender<Job>)>> =
+        const { std::cell::RefCell::new(None) };
+}
 
 enum Slot<T> {
     Waiting,
@@ -94,51 +104,50 @@ pub fn run<T: Send + 'static>(
     }
 }
 
-/// The helper of this process, started if needed.
+/// The calling thread's helper, started if needed, and the process's
+/// count of stuck helpers.
 fn helper() -> Result<(mpsc::Sender<Job>, Arc<Mutex<usize>>), Unanswered> {
     let pid = std::process::id();
-    let mut helpers = HELPERS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if helpers.as_ref().is_none_or(|h| h.pid != pid) {
-        // A forked child inherits the parent's state, not its threads.
-        *helpers = Some(Helpers {
-            pid,
-            jobs: None,
-            stuck: Arc::new(Mutex::new(0)),
-        });
-    }
-    let helpers = helpers.as_mut().expect("set above");
-    if *helpers.stuck.lock().unwrap_or_else(|p| p.into_inner()) >= MAX_STUCK {
+    let stuck = {
+        let mut stuck = STUCK
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if stuck.as_ref().is_none_or(|s| s.pid != pid) {
+            // A forked child inherits the parent's state, not its threads.
+            *stuck = Some(Stuck {
+                pid,
+                count: Arc::new(Mutex::new(0)),
+            });
+        }
+        stuck.as_ref().expect("set above").count.clone()
+    };
+    if *stuck.lock().unwrap_or_else(|p| p.into_inner()) >= MAX_STUCK {
         return Err(Unanswered::TooManyStuck);
     }
-    if helpers.jobs.is_none() {
+    OWN_HELPER.with(|own| {
+        let mut own = own.borrow_mut();
+        if let Some((started_in, jobs)) = own.as_ref() {
+            if *started_in == pid {
+                return Ok((jobs.clone(), stuck.clone()));
+            }
+        }
         let (sender, receiver) = mpsc::channel::<Job>();
-        let spawned = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("ddprof-open".into())
             .spawn(move || {
                 for job in receiver {
                     job();
                 }
-            });
-        if spawned.is_err() {
-            return Err(Unanswered::Panicked);
-        }
-        helpers.jobs = Some(sender);
-    }
-    Ok((
-        helpers.jobs.clone().expect("set above"),
-        helpers.stuck.clone(),
-    ))
+            })
+            .map_err(|_| Unanswered::Panicked)?;
+        *own = Some((pid, sender.clone()));
+        Ok((sender, stuck.clone()))
+    })
 }
 
+/// The calling thread's next call gets a new helper.
 fn forget_helper() {
-    let mut helpers = HELPERS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(helpers) = helpers.as_mut() {
-        helpers.jobs = None;
-    }
+    OWN_HELPER.with(|own| own.borrow_mut().take());
 }
 
 #[cfg(test)]
@@ -166,7 +175,26 @@ mod tests {
         );
         // Once the slow call returns, its thread counts as free again.
         std::thread::sleep(Duration::from_millis(500));
-        let helpers = HELPERS.lock().unwrap();
-        assert_eq!(*helpers.as_ref().unwrap().stuck.lock().unwrap(), 0);
+        let stuck = STUCK.lock().unwrap();
+        assert_eq!(*stuck.as_ref().unwrap().count.lock().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_thread_never_waits_behind_another_threads_call() {
+        let slow = std::thread::spawn(|| {
+            run(Duration::from_secs(5), || {
+                std::thread::sleep(Duration::from_millis(600));
+                1
+            })
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
+        assert_eq!(run(Duration::from_secs(5), || 2), Ok(2));
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "waited {:?} behind the other thread's call",
+            started.elapsed()
+        );
+        assert_eq!(slow.join().unwrap(), Ok(1));
     }
 }

@@ -15,9 +15,15 @@
 //! waits while another is symbolized: a loop that closes periods faster
 //! than they are published waits for the publisher (its watchdog still
 //! runs), so memory stays bounded.
+//!
+//! A worker that retires waits, still draining, until the publisher is idle
+//! before it drains the last time and says `Retiring`: the parent starts
+//! the next worker on that message, so nothing may wait ahead of it.
 use std::io::Write;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -51,6 +57,8 @@ pub(super) struct PublisherSetup {
 pub(super) struct Publisher {
     jobs: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<Result<(), WorkerError>>>,
+    /// Jobs handed over and not yet sent.
+    pending: Arc<AtomicUsize>,
 }
 
 impl Publisher {
@@ -59,13 +67,31 @@ impl Publisher {
     pub(super) fn start(setup: PublisherSetup, socket: UnixStream) -> std::io::Result<Self> {
         // One period symbolized, one waiting: see the module documentation.
         let (jobs, waiting) = sync_channel(1);
+        let pending = Arc::new(AtomicUsize::new(0));
+        let sent = pending.clone();
         let thread = std::thread::Builder::new()
             .name("ddprof-publish".into())
-            .spawn(move || publish(setup, socket, waiting))?;
+            .spawn(move || publish(setup, socket, waiting, &sent))?;
         Ok(Self {
             jobs: Some(jobs),
             thread: Some(thread),
+            pending,
         })
+    }
+
+    /// Whether everything handed over has been sent.
+    pub(super) fn idle(&self) -> bool {
+        self.pending.load(Ordering::Acquire) == 0
+    }
+
+    /// The thread's error if it stopped (the parent gone, an encoding that
+    /// failed): the loop has no reason to go on sampling.
+    pub(super) fn check(&mut self) -> Result<(), WorkerError> {
+        if self.thread.as_ref().is_some_and(JoinHandle::is_finished) {
+            self.jobs = None;
+            return self.join().and(Err(WorkerError::ParentGone));
+        }
+        Ok(())
     }
 
     /// Hands over a closed period; waits while another one already waits.
@@ -85,6 +111,7 @@ impl Publisher {
     }
 
     fn give(&mut self, job: Job) -> Result<(), WorkerError> {
+        self.pending.fetch_add(1, Ordering::AcqRel);
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(job).is_ok());
         match sent {
             Some(true) => Ok(()),
@@ -112,6 +139,7 @@ fn publish(
     setup: PublisherSetup,
     mut socket: UnixStream,
     jobs: Receiver<Job>,
+    pending: &AtomicUsize,
 ) -> Result<(), WorkerError> {
     let mut symbolizer = Symbolizer::new(setup.symbolizer);
     if let Some(snapshot) = setup.kallsyms {
@@ -136,6 +164,7 @@ fn publish(
         socket
             .write_all(&message.to_frame())
             .map_err(|_| WorkerError::ParentGone)?;
+        pending.fetch_sub(1, Ordering::AcqRel);
     }
     Ok(())
 }

@@ -187,6 +187,10 @@ pub(super) enum WorkerError {
     Profiler(#[from] ProfilerError),
 }
 
+/// How long a retiring worker's loop polls at a time while it waits for
+/// the publisher to send the previous period.
+const PUBLISHER_WAIT_POLL: Duration = Duration::from_millis(10);
+
 /// How often a busy worker loop looks at its watchdog, the target and the
 /// parent's socket (an idle loop does at each turn: it waits up to
 /// `MAX_POLL` for samples). A stop request or the target's exit waits at
@@ -273,8 +277,13 @@ impl Worker {
         watch: Option<&TargetWatch>,
         period_deadline: Instant,
     ) -> Result<(), WorkerError> {
-        self.sample(options, processes, sampler, watch, period_deadline)?;
-        self.publisher.finish()
+        let sampled = self.sample(options, processes, sampler, watch, period_deadline);
+        // What was handed over is sent even when the loop failed; the
+        // publisher gets a watchdog interval of its own to finish.
+        // SAFETY: alarm only (re)arms this process's timer.
+        unsafe { libc::alarm(watchdog_seconds(options.upload_period)) };
+        let published = self.publisher.finish();
+        sampled.and(published)
     }
 
     fn sample(
@@ -309,6 +318,9 @@ impl Worker {
                 // SAFETY: alarm only (re)arms this process's timer.
                 unsafe { libc::alarm(watchdog) };
             }
+            if check {
+                self.publisher.check()?;
+            }
             let target_gone = check && watch.is_some_and(TargetWatch::has_exited);
             if finished || target_gone || (check && self.stop_requested()?) {
                 sampler.flush(processes, &mut |table, sample| self.add(table, sample));
@@ -341,6 +353,16 @@ impl Worker {
             // The next worker resumes the buffers where this one stops, and
             // starts (the parent forks it on `Retiring`) while this one
             // symbolizes: the buffers need only hold the time a fork takes.
+            // So `Retiring` waits behind nothing: the previous period is
+            // sent first, the loop draining meanwhile (under the watchdog).
+            while !self.publisher.idle() {
+                self.publisher.check()?;
+                sampler
+                    .poll(processes, PUBLISHER_WAIT_POLL, &mut |table, sample| {
+                        self.add(table, sample)
+                    })
+                    .map_err(ProfilerError::from)?;
+            }
             sampler.drain(processes, &mut |table, sample| self.add(table, sample));
             let closed = self.close_period(false, sampler);
             self.publisher.message(ToParent::Retiring(Retirement {

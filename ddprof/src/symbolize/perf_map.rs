@@ -22,6 +22,10 @@ use crate::files::target::{PerfMapRefused, MAX_PERF_MAP_BYTES};
 /// all its symbols again) is read from its start.
 const SEAM_BYTES: usize = 64;
 
+/// Functions kept of one map: 64 MiB of real lines name about a million;
+/// 64 MiB of the shortest lines would be 11 million entries (260 MiB).
+const MAX_PERF_MAP_ENTRIES: usize = 2_000_000;
+
 /// Which file, how long and when last changed, to notice updates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct MapVersion {
@@ -69,6 +73,11 @@ pub(super) struct PerfMap {
     names: String,
     /// The last [`SEAM_BYTES`] parsed, as they were read.
     seam: Vec<u8>,
+    /// The line after the last newline, parsed until the next read (a
+    /// runtime may still be writing it, or exited without ending it).
+    unfinished: Option<(u64, u64, String)>,
+    /// Lines past [`MAX_PERF_MAP_ENTRIES`] were said already.
+    overflow_said: bool,
     pub(super) last_period: u64,
     /// A refused map was said already (once per process).
     pub(super) refusal_said: bool,
@@ -84,19 +93,27 @@ impl PerfMap {
     }
 
     pub(super) fn lookup(&self, addr: u64) -> Option<&str> {
+        let covers = |start: u64, size: u64| start <= addr && addr < start.saturating_add(size);
         let index = self.entries.partition_point(|entry| entry.start <= addr);
         // Entries can overlap when a JIT reuses memory: the latest start at or
         // below the address that still covers it wins (for the same start, the
         // line written last).
-        self.entries[..index]
+        let found = self.entries[..index]
             .iter()
             .rev()
             .take(8)
-            .find(|entry| addr < entry.start.saturating_add(entry.size))
-            .map(|entry| {
+            .find(|entry| covers(entry.start, entry.size));
+        match (&self.unfinished, found) {
+            (Some((start, size, name)), found)
+                if covers(*start, *size) && found.is_none_or(|entry| entry.start <= *start) =>
+            {
+                Some(name)
+            }
+            (_, found) => found.map(|entry| {
                 let at = entry.name_at as usize;
                 &self.names[at..at + entry.name_len as usize]
-            })
+            }),
+        }
     }
 
     /// Functions in the map.
@@ -105,26 +122,14 @@ impl PerfMap {
         self.entries.len()
     }
 
-    fn clear(&mut self) {
-        self.version = None;
-        self.parsed = 0;
-        self.entries = Vec::new();
-        self.names = String::new();
-        self.seam = Vec::new();
-    }
-
     /// Parses `text`'s lines (`START SIZE NAME`, hexadecimal numbers) into
     /// the map; lines that do not parse are skipped.
     fn append(&mut self, text: &str) {
-        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
         let sorted_before = self.entries.len();
+        // Names are most of a map's bytes: one allocation, not a doubling.
+        self.names.reserve(text.len());
         for line in text.lines() {
-            let mut fields = line.trim().splitn(3, ' ');
-            let (Some(start), Some(size), Some(name)) = (
-                fields.next().and_then(hex),
-                fields.next().and_then(hex),
-                fields.next().map(str::trim),
-            ) else {
+            let Some((start, size, name)) = parse_line(line) else {
                 continue;
             };
             // The names stay below MAX_PERF_MAP_BYTES (4 GiB would not).
@@ -133,8 +138,15 @@ impl PerfMap {
             else {
                 break;
             };
-            if name.is_empty() {
-                continue;
+            if self.entries.len() >= MAX_PERF_MAP_ENTRIES {
+                if !self.overflow_said {
+                    self.overflow_said = true;
+                    log::warn!(
+                        "a perf map names more than {MAX_PERF_MAP_ENTRIES} functions: the \
+                         rest stay unnamed"
+                    );
+                }
+                break;
             }
             self.names.push_str(name);
             self.entries.push(Entry {
@@ -179,50 +191,98 @@ pub(super) fn reload_perf_map(
     if Some(version) == map.version {
         return;
     }
-    let grew = map.version.is_some_and(|last| {
-        last.same_file(&version)
-            && version.length >= map.parsed
-            && seam_unchanged(file, map.parsed, &map.seam)
-    });
-    if !grew {
-        map.clear();
-    }
     let end = version.length.min(MAX_PERF_MAP_BYTES);
-    let mut bytes = Vec::with_capacity(end.saturating_sub(map.parsed) as usize);
-    let reader = FromOffset {
-        file,
-        offset: map.parsed,
+    // An append: the bytes read last just before where the read stopped
+    // are still there (read again with the new ones, in one go).
+    let appended = map
+        .version
+        .is_some_and(|last| last.same_file(&version) && end >= map.parsed)
+        .then(|| {
+            let from = map.parsed - map.seam.len() as u64;
+            read_range(file, from, end)
+        })
+        .flatten()
+        .filter(|bytes| bytes.starts_with(&map.seam));
+    let complete = match appended {
+        Some(bytes) => {
+            let seam = map.seam.len();
+            let from = map.parsed - seam as u64;
+            let complete = bytes.len() as u64 == end - from;
+            map.take_lines(&bytes[seam..]);
+            complete
+        }
+        None => {
+            // Anything else: read whole (the last map stays if it cannot be
+            // read; it is dropped before the new one is parsed).
+            let Some(bytes) = read_range(file, 0, end) else {
+                return;
+            };
+            *map = PerfMap {
+                last_period: map.last_period,
+                refusal_said: map.refusal_said,
+                overflow_said: map.overflow_said,
+                ..PerfMap::default()
+            };
+            let complete = bytes.len() as u64 == end;
+            map.take_lines(&bytes);
+            complete
+        }
     };
-    if reader
-        .take(end.saturating_sub(map.parsed))
-        .read_to_end(&mut bytes)
-        .is_err()
-    {
-        return;
-    }
-    // Whole lines only: a runtime may be writing the next one.
-    let whole = bytes
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |at| at + 1);
-    // JIT names are whatever bytes the runtime wrote: decode lossily
-    // rather than lose the whole map to one non-UTF-8 name.
-    map.append(&String::from_utf8_lossy(&bytes[..whole]));
-    map.parsed += whole as u64;
-    // The seam: the last SEAM_BYTES parsed, old and new.
-    map.seam
-        .extend_from_slice(&bytes[whole.saturating_sub(SEAM_BYTES)..whole]);
-    let excess = map.seam.len().saturating_sub(SEAM_BYTES);
-    map.seam.drain(..excess);
-    map.version = Some(version);
+    // Rewritten while it was read (a runtime that writes it whole again):
+    // what was read may mix two versions, so it is read whole next time.
+    // Appends meanwhile are fine: they are read next time.
+    let still_there = file.metadata().is_ok_and(|after| {
+        let after = MapVersion::of(&after);
+        after.same_file(&version)
+            && after.length >= map.parsed
+            && read_range(file, map.parsed - map.seam.len() as u64, map.parsed)
+                .is_some_and(|seam| seam == map.seam)
+    });
+    map.version = (complete && still_there).then_some(version);
 }
 
-/// Whether the file still holds, just before `parsed`, the bytes `seam`
-/// read there last time (a map rewritten in place is read again whole).
-fn seam_unchanged(file: &std::fs::File, parsed: u64, seam: &[u8]) -> bool {
-    let mut now = vec![0; seam.len()];
-    let at = parsed.saturating_sub(seam.len() as u64);
-    std::os::unix::fs::FileExt::read_exact_at(file, &mut now, at).is_ok() && now == seam
+impl PerfMap {
+    /// Takes `bytes`, read from where the last read stopped: its whole
+    /// lines for good, the line after its last newline until the next read.
+    fn take_lines(&mut self, bytes: &[u8]) {
+        let whole = bytes
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        // JIT names are whatever bytes the runtime wrote: decode lossily
+        // rather than lose the whole map to one non-UTF-8 name.
+        self.append(&String::from_utf8_lossy(&bytes[..whole]));
+        self.parsed += whole as u64;
+        // The seam: the last SEAM_BYTES parsed, old and new.
+        self.seam
+            .extend_from_slice(&bytes[whole.saturating_sub(SEAM_BYTES)..whole]);
+        let excess = self.seam.len().saturating_sub(SEAM_BYTES);
+        self.seam.drain(..excess);
+        self.unfinished = parse_line(&String::from_utf8_lossy(&bytes[whole..]))
+            .map(|(start, size, name)| (start, size, name.to_string()));
+    }
+}
+
+/// One line of a perf map: `START SIZE NAME`, hexadecimal numbers (`0x`
+/// or not), a name that is not empty.
+fn parse_line(line: &str) -> Option<(u64, u64, &str)> {
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let mut fields = line.trim().splitn(3, ' ');
+    let start = hex(fields.next()?)?;
+    let size = hex(fields.next()?)?;
+    let name = fields.next()?.trim();
+    (!name.is_empty()).then_some((start, size, name))
+}
+
+/// The bytes of `file` from `from` to `end` (`pread`, leaving the file's
+/// position alone), or `None` when it cannot be read.
+fn read_range(file: &std::fs::File, from: u64, end: u64) -> Option<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(end.saturating_sub(from) as usize);
+    FromOffset { file, offset: from }
+        .take(end.saturating_sub(from))
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
 }
 
 /// Reads a file from `offset` with `pread`, leaving its position alone.
@@ -288,11 +348,18 @@ mod tests {
         assert_eq!(map.lookup(0x2010), Some("second"));
         // The same start: the line written last wins.
         assert_eq!(map.lookup(0x1050), Some("first_again"));
-        assert_eq!(map.lookup(0x4000), None);
+        // The unfinished line names what it can until it is finished.
+        assert_eq!(map.lookup(0x4000), Some("fou"));
         writeln!(appending, "rth").unwrap();
         reload(&mut map, path);
         assert_eq!(map.lookup(0x4004), Some("fourth"));
         assert_eq!(map.len(), 5);
+        // A last line without its newline (a runtime that exited) names
+        // its function too.
+        write!(appending, "5000 10 fifth").unwrap();
+        reload(&mut map, path);
+        assert_eq!(map.lookup(0x5001), Some("fifth"));
+        assert_eq!(map.lookup(0x4004), Some("fourth"));
     }
 
     #[test]
