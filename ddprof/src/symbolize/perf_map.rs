@@ -10,8 +10,7 @@
 //! entry, ~85 MiB of the worker's RSS. So a map that only grew is read from
 //! where the last read stopped (the bytes before it checked unchanged), and
 //! its names are kept in one string: the parsed map is about the size of
-//! the file.
-use std::io::Read;
+//! the file, and it is read a chunk at a time, never held whole as bytes.
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
@@ -21,6 +20,9 @@ use crate::files::target::{PerfMapRefused, MAX_PERF_MAP_BYTES};
 /// appended part is read: a map rewritten in place (an agent that dumps
 /// all its symbols again) is read from its start.
 const SEAM_BYTES: usize = 64;
+
+/// Bytes of a map read at a time.
+const READ_CHUNK: usize = 1 << 20;
 
 /// Functions kept of one map: 64 MiB of real lines name about a million;
 /// 64 MiB of the shortest lines would be 11 million entries (260 MiB).
@@ -126,8 +128,6 @@ impl PerfMap {
     /// the map; lines that do not parse are skipped.
     fn append(&mut self, text: &str) {
         let sorted_before = self.entries.len();
-        // Names are most of a map's bytes: one allocation, not a doubling.
-        self.names.reserve(text.len());
         for line in text.lines() {
             let Some((start, size, name)) = parse_line(line) else {
                 continue;
@@ -193,62 +193,103 @@ pub(super) fn reload_perf_map(
     }
     let end = version.length.min(MAX_PERF_MAP_BYTES);
     // An append: the bytes read last just before where the read stopped
-    // are still there (read again with the new ones, in one go).
-    let appended = map
-        .version
-        .is_some_and(|last| last.same_file(&version) && end >= map.parsed)
-        .then(|| {
-            let from = map.parsed - map.seam.len() as u64;
-            read_range(file, from, end)
-        })
-        .flatten()
-        .filter(|bytes| bytes.starts_with(&map.seam));
-    let complete = match appended {
-        Some(bytes) => {
-            let seam = map.seam.len();
-            let from = map.parsed - seam as u64;
-            let complete = bytes.len() as u64 == end - from;
-            map.take_lines(&bytes[seam..]);
-            complete
-        }
-        None => {
-            // Anything else: read whole (the last map stays if it cannot be
-            // read; it is dropped before the new one is parsed).
-            let Some(bytes) = read_range(file, 0, end) else {
-                return;
-            };
-            *map = PerfMap {
-                last_period: map.last_period,
-                refusal_said: map.refusal_said,
-                overflow_said: map.overflow_said,
-                ..PerfMap::default()
-            };
-            let complete = bytes.len() as u64 == end;
-            map.take_lines(&bytes);
-            complete
-        }
+    // are still there.
+    let appended = map.version.is_some_and(|last| {
+        last.same_file(&version) && end >= map.parsed && seam_still_there(file, map)
+    });
+    if !appended {
+        // Anything else is read whole, into a fresh map.
+        map.parsed = 0;
+    }
+    let Some(complete) = read_into(map, file, end, !appended) else {
+        return;
     };
     // Rewritten while it was read (a runtime that writes it whole again):
     // what was read may mix two versions, so it is read whole next time.
     // Appends meanwhile are fine: they are read next time.
     let still_there = file.metadata().is_ok_and(|after| {
         let after = MapVersion::of(&after);
-        after.same_file(&version)
-            && after.length >= map.parsed
-            && read_range(file, map.parsed - map.seam.len() as u64, map.parsed)
-                .is_some_and(|seam| seam == map.seam)
+        after.same_file(&version) && after.length >= map.parsed && seam_still_there(file, map)
     });
     map.version = (complete && still_there).then_some(version);
 }
 
+/// Whether the file holds, just before where `map` stopped reading, the
+/// bytes it read there.
+fn seam_still_there(file: &std::fs::File, map: &PerfMap) -> bool {
+    let mut now = vec![0; map.seam.len()];
+    let at = map.parsed - map.seam.len() as u64;
+    std::os::unix::fs::FileExt::read_exact_at(file, &mut now, at).is_ok() && now == map.seam
+}
+
+/// Reads `file` from `map.parsed` to `end` into `map`, [`READ_CHUNK`] bytes
+/// at a time (a map is never held whole as bytes beside its parsed form);
+/// with `fresh`, `map` starts again once the first read succeeded (until
+/// then the last one stays). Whether it read to `end`; `None`: nothing
+/// could be read.
+fn read_into(map: &mut PerfMap, file: &std::fs::File, end: u64, fresh: bool) -> Option<bool> {
+    let mut chunk = vec![0; READ_CHUNK];
+    let mut offset = map.parsed;
+    // The bytes after the last newline read so far.
+    let mut carried = Vec::new();
+    let mut first = true;
+    while offset < end {
+        let want = (end - offset).min(READ_CHUNK as u64) as usize;
+        let read = match std::os::unix::fs::FileExt::read_at(file, &mut chunk[..want], offset) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) if first => return None,
+            Err(_) => break,
+        };
+        if first {
+            first = false;
+            if fresh {
+                *map = PerfMap {
+                    last_period: map.last_period,
+                    refusal_said: map.refusal_said,
+                    overflow_said: map.overflow_said,
+                    ..PerfMap::default()
+                };
+            }
+            // Names are most of a map's bytes: one allocation, not a
+            // doubling.
+            map.names.reserve((end - offset) as usize);
+        }
+        offset += read as u64;
+        carried.extend_from_slice(&chunk[..read]);
+        // (Looked for in the new bytes only: a map without newlines is
+        // not scanned again at each chunk.)
+        if chunk[..read].contains(&b'\n') {
+            let taken = map.take_whole_lines(&carried);
+            carried.drain(..taken);
+        }
+    }
+    if first && fresh {
+        // An empty file (or one emptied since its length was taken).
+        *map = PerfMap {
+            last_period: map.last_period,
+            refusal_said: map.refusal_said,
+            overflow_said: map.overflow_said,
+            ..PerfMap::default()
+        };
+    }
+    map.unfinished = parse_line(&String::from_utf8_lossy(&carried))
+        .map(|(start, size, name)| (start, size, name.to_string()));
+    Some(offset == end)
+}
+
 impl PerfMap {
-    /// Takes `bytes`, read from where the last read stopped: its whole
-    /// lines for good, the line after its last newline until the next read.
-    fn take_lines(&mut self, bytes: &[u8]) {
+    /// Takes the whole lines of `bytes` (read from where the last read
+    /// stopped); returns how many bytes they are.
+    fn take_whole_lines(&mut self, bytes: &[u8]) -> usize {
         let whole = bytes
             .iter()
             .rposition(|&b| b == b'\n')
             .map_or(0, |at| at + 1);
+        if whole == 0 {
+            return 0;
+        }
         // JIT names are whatever bytes the runtime wrote: decode lossily
         // rather than lose the whole map to one non-UTF-8 name.
         self.append(&String::from_utf8_lossy(&bytes[..whole]));
@@ -258,8 +299,7 @@ impl PerfMap {
             .extend_from_slice(&bytes[whole.saturating_sub(SEAM_BYTES)..whole]);
         let excess = self.seam.len().saturating_sub(SEAM_BYTES);
         self.seam.drain(..excess);
-        self.unfinished = parse_line(&String::from_utf8_lossy(&bytes[whole..]))
-            .map(|(start, size, name)| (start, size, name.to_string()));
+        whole
     }
 }
 
@@ -272,31 +312,6 @@ fn parse_line(line: &str) -> Option<(u64, u64, &str)> {
     let size = hex(fields.next()?)?;
     let name = fields.next()?.trim();
     (!name.is_empty()).then_some((start, size, name))
-}
-
-/// The bytes of `file` from `from` to `end` (`pread`, leaving the file's
-/// position alone), or `None` when it cannot be read.
-fn read_range(file: &std::fs::File, from: u64, end: u64) -> Option<Vec<u8>> {
-    let mut bytes = Vec::with_capacity(end.saturating_sub(from) as usize);
-    FromOffset { file, offset: from }
-        .take(end.saturating_sub(from))
-        .read_to_end(&mut bytes)
-        .ok()?;
-    Some(bytes)
-}
-
-/// Reads a file from `offset` with `pread`, leaving its position alone.
-struct FromOffset<'a> {
-    file: &'a std::fs::File,
-    offset: u64,
-}
-
-impl Read for FromOffset<'_> {
-    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
-        let read = std::os::unix::fs::FileExt::read_at(self.file, buffer, self.offset)?;
-        self.offset += read as u64;
-        Ok(read)
-    }
 }
 
 #[cfg(test)]
@@ -360,6 +375,28 @@ mod tests {
         reload(&mut map, path);
         assert_eq!(map.lookup(0x5001), Some("fifth"));
         assert_eq!(map.lookup(0x4004), Some("fourth"));
+    }
+
+    #[test]
+    fn a_map_longer_than_a_read_is_parsed_across_its_reads() {
+        let mut text = String::new();
+        let mut lines = 0u64;
+        while text.len() < 2 * READ_CHUNK + READ_CHUNK / 2 {
+            text.push_str(&format!(
+                "{:x} 10 function_{lines}\n",
+                0x10_0000 + lines * 16
+            ));
+            lines += 1;
+        }
+        let file = map_file("chunks", &text);
+        let mut map = PerfMap::default();
+        reload(&mut map, &file.0);
+        assert_eq!(map.len() as u64, lines);
+        assert_eq!(map.parsed, text.len() as u64);
+        for line in [0, lines / 3, lines / 2, lines - 1] {
+            let name = format!("function_{line}");
+            assert_eq!(map.lookup(0x10_0000 + line * 16 + 3), Some(name.as_str()));
+        }
     }
 
     #[test]
