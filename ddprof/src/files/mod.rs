@@ -60,10 +60,11 @@ impl ContentKey {
 
 pub mod debug_file;
 
-/// A file's identity as its metadata tells it: enough to notice that a
-/// debug file was replaced (a package upgrade) or appeared.
+/// A file as its metadata tells it, to notice that it changed since it was
+/// last read (a perf map written to, replaced or rewritten).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct FileStamp {
+    pub device: u64,
     pub inode: u64,
     pub size: u64,
     pub mtime: i64,
@@ -73,11 +74,17 @@ pub struct FileStamp {
 impl FileStamp {
     pub fn of(metadata: &std::fs::Metadata) -> Self {
         Self {
+            device: metadata.dev(),
             inode: metadata.ino(),
             size: metadata.len(),
             mtime: metadata.mtime(),
             mtime_nsec: metadata.mtime_nsec(),
         }
+    }
+
+    /// Whether `other` is a stamp of the same file (whatever its contents).
+    pub fn same_file(&self, other: &Self) -> bool {
+        (self.device, self.inode) == (other.device, other.inode)
     }
 }
 

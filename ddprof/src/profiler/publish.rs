@@ -88,8 +88,7 @@ impl Publisher {
     /// failed): the loop has no reason to go on sampling.
     pub(super) fn check(&mut self) -> Result<(), WorkerError> {
         if self.thread.as_ref().is_some_and(JoinHandle::is_finished) {
-            self.jobs = None;
-            return self.join().and(Err(WorkerError::ParentGone));
+            return self.stopped();
         }
         Ok(())
     }
@@ -115,12 +114,15 @@ impl Publisher {
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(job).is_ok());
         match sent {
             Some(true) => Ok(()),
-            // The thread stopped: its error says why.
-            _ => {
-                self.jobs = None;
-                self.join().and(Err(WorkerError::ParentGone))
-            }
+            _ => self.stopped(),
         }
+    }
+
+    /// The thread stopped while the loop runs: its error says why (one
+    /// that ended without one can only have lost the parent).
+    fn stopped(&mut self) -> Result<(), WorkerError> {
+        self.jobs = None;
+        self.join().and(Err(WorkerError::ParentGone))
     }
 
     fn join(&mut self) -> Result<(), WorkerError> {

@@ -13,11 +13,11 @@
 //!
 //! Fork hazards: the parent has other threads (the exporter's), so only
 //! the forking thread exists here at first, and locks another thread held
-//! at the fork stay held forever. The worker never touches the exporter or its runtime (not
-//! even to drop them: it ends with `_exit`, see [`super::parent`]), and the
-//! logger writes each line with one `write(2)`, without the standard
-//! library's stderr lock (see [`crate::logging`]). glibc's `malloc` makes
-//! itself usable in the child of a fork.
+//! at the fork stay held forever. The worker never touches the exporter or
+//! its runtime (not even to drop them: it ends with `_exit`, see
+//! [`super::parent`]), and the logger writes each line with one `write(2)`,
+//! without the standard library's stderr lock (see [`crate::logging`]).
+//! glibc's `malloc` makes itself usable in the child of a fork.
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant, SystemTime};
@@ -317,8 +317,6 @@ impl Worker {
                 checked = Instant::now();
                 // SAFETY: alarm only (re)arms this process's timer.
                 unsafe { libc::alarm(watchdog) };
-            }
-            if check {
                 self.publisher.check()?;
             }
             let target_gone = check && watch.is_some_and(TargetWatch::has_exited);

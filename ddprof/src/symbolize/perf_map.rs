@@ -11,10 +11,10 @@
 //! where the last read stopped (the bytes before it checked unchanged), and
 //! its names are kept in one string: the parsed map is about the size of
 //! the file, and it is read a chunk at a time, never held whole as bytes.
-use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
 use crate::files::target::{PerfMapRefused, MAX_PERF_MAP_BYTES};
+use crate::files::FileStamp;
 
 /// Bytes just before the end of what was parsed, compared again before an
 /// appended part is read: a map rewritten in place (an agent that dumps
@@ -27,30 +27,6 @@ const READ_CHUNK: usize = 1 << 20;
 /// Functions kept of one map: 64 MiB of real lines name about a million;
 /// 64 MiB of the shortest lines would be 11 million entries (260 MiB).
 const MAX_PERF_MAP_ENTRIES: usize = 2_000_000;
-
-/// Which file, how long and when last changed, to notice updates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct MapVersion {
-    device: u64,
-    inode: u64,
-    length: u64,
-    modified: (i64, i64),
-}
-
-impl MapVersion {
-    fn of(metadata: &std::fs::Metadata) -> Self {
-        Self {
-            device: metadata.dev(),
-            inode: metadata.ino(),
-            length: metadata.len(),
-            modified: (metadata.mtime(), metadata.mtime_nsec()),
-        }
-    }
-
-    fn same_file(&self, other: &Self) -> bool {
-        (self.device, self.inode) == (other.device, other.inode)
-    }
-}
 
 /// One function of a map: its code and where its name is in
 /// [`PerfMap::names`].
@@ -66,7 +42,7 @@ struct Entry {
 #[derive(Debug, Default)]
 pub(super) struct PerfMap {
     /// The file as last read.
-    version: Option<MapVersion>,
+    version: Option<FileStamp>,
     /// Bytes of it parsed (whole lines).
     parsed: u64,
     /// Sorted by start; entries with the same start in the file's order.
@@ -187,29 +163,27 @@ pub(super) fn reload_perf_map(
     let Ok(metadata) = file.metadata() else {
         return;
     };
-    let version = MapVersion::of(&metadata);
+    let version = FileStamp::of(&metadata);
     if Some(version) == map.version {
         return;
     }
-    let end = version.length.min(MAX_PERF_MAP_BYTES);
+    let end = version.size.min(MAX_PERF_MAP_BYTES);
     // An append: the bytes read last just before where the read stopped
     // are still there.
     let appended = map.version.is_some_and(|last| {
         last.same_file(&version) && end >= map.parsed && seam_still_there(file, map)
     });
-    if !appended {
-        // Anything else is read whole, into a fresh map.
-        map.parsed = 0;
-    }
-    let Some(complete) = read_into(map, file, end, !appended) else {
+    // Anything else is read whole, into a fresh map.
+    let from = if appended { map.parsed } else { 0 };
+    let Some(complete) = read_into(map, file, from, end, !appended) else {
         return;
     };
     // Rewritten while it was read (a runtime that writes it whole again):
     // what was read may mix two versions, so it is read whole next time.
     // Appends meanwhile are fine: they are read next time.
     let still_there = file.metadata().is_ok_and(|after| {
-        let after = MapVersion::of(&after);
-        after.same_file(&version) && after.length >= map.parsed && seam_still_there(file, map)
+        let after = FileStamp::of(&after);
+        after.same_file(&version) && after.size >= map.parsed && seam_still_there(file, map)
     });
     map.version = (complete && still_there).then_some(version);
 }
@@ -222,14 +196,20 @@ fn seam_still_there(file: &std::fs::File, map: &PerfMap) -> bool {
     std::os::unix::fs::FileExt::read_exact_at(file, &mut now, at).is_ok() && now == map.seam
 }
 
-/// Reads `file` from `map.parsed` to `end` into `map`, [`READ_CHUNK`] bytes
-/// at a time (a map is never held whole as bytes beside its parsed form);
-/// with `fresh`, `map` starts again once the first read succeeded (until
-/// then the last one stays). Whether it read to `end`; `None`: nothing
-/// could be read.
-fn read_into(map: &mut PerfMap, file: &std::fs::File, end: u64, fresh: bool) -> Option<bool> {
+/// Reads `file` from `from` (where `map` stopped, or 0 with `fresh`) to
+/// `end` into `map`, [`READ_CHUNK`] bytes at a time (a map is never held
+/// whole as bytes beside its parsed form); with `fresh`, `map` starts over
+/// once the first read succeeded (until then the last one stays). Whether
+/// it read to `end`; `None`: nothing could be read.
+fn read_into(
+    map: &mut PerfMap,
+    file: &std::fs::File,
+    from: u64,
+    end: u64,
+    fresh: bool,
+) -> Option<bool> {
     let mut chunk = vec![0; READ_CHUNK];
-    let mut offset = map.parsed;
+    let mut offset = from;
     // The bytes after the last newline read so far.
     let mut carried = Vec::new();
     let mut first = true;
@@ -245,12 +225,7 @@ fn read_into(map: &mut PerfMap, file: &std::fs::File, end: u64, fresh: bool) -> 
         if first {
             first = false;
             if fresh {
-                *map = PerfMap {
-                    last_period: map.last_period,
-                    refusal_said: map.refusal_said,
-                    overflow_said: map.overflow_said,
-                    ..PerfMap::default()
-                };
+                map.start_over();
             }
             // Names are most of a map's bytes: one allocation, not a
             // doubling.
@@ -267,12 +242,7 @@ fn read_into(map: &mut PerfMap, file: &std::fs::File, end: u64, fresh: bool) -> 
     }
     if first && fresh {
         // An empty file (or one emptied since its length was taken).
-        *map = PerfMap {
-            last_period: map.last_period,
-            refusal_said: map.refusal_said,
-            overflow_said: map.overflow_said,
-            ..PerfMap::default()
-        };
+        map.start_over();
     }
     map.unfinished = parse_line(&String::from_utf8_lossy(&carried))
         .map(|(start, size, name)| (start, size, name.to_string()));
@@ -280,6 +250,16 @@ fn read_into(map: &mut PerfMap, file: &std::fs::File, end: u64, fresh: bool) -> 
 }
 
 impl PerfMap {
+    /// Forgets what was read (what was said about the process stays).
+    fn start_over(&mut self) {
+        *self = PerfMap {
+            last_period: self.last_period,
+            refusal_said: self.refusal_said,
+            overflow_said: self.overflow_said,
+            ..PerfMap::default()
+        };
+    }
+
     /// Takes the whole lines of `bytes` (read from where the last read
     /// stopped); returns how many bytes they are.
     fn take_whole_lines(&mut self, bytes: &[u8]) -> usize {
