@@ -2439,10 +2439,10 @@ fn lost_uncounted_killed_worker_perf() {
 /// task's CPU time (from `wait4`) is below one 99 Hz period, so per-task
 /// counters alone cannot sample them. ddprof: samples + counted losses
 /// within `tolerance` of CPU × frequency; with the BPF engine (per-CPU
-/// sampling of the process tree) the delivered samples alone ≥ 95 % of
-/// the kernel's count of the tasks' CPU time, and with the samples of
-/// processes on their way out (`lost_exiting`) ≥ 95 % of `wait4`'s; the
-/// workload's function named.
+/// sampling of the process tree) the samples taken (delivered, or lost in
+/// a full buffer: at most 10 %) ≥ 95 % of the kernel's count of the tasks'
+/// CPU time, and with the samples of processes on their way out
+/// (`lost_exiting`) ≥ 95 % of `wait4`'s; the workload's function named.
 ///
 /// A process's CPU time after its events detach in the kernel's exit path
 /// (tens of µs: ~6 % of a 1 ms child here) is in `wait4`'s figure and in
@@ -2474,17 +2474,29 @@ fn short_tasks(engine: &str, workload: &str, tasks: u32, each: &str, leaf: &str,
     if engine == "bpf" {
         let summary = run.summary();
         let counted = summary["target_cpu_ms"] as f64 * f64::from(DEFAULT_HZ) / 1000.0;
+        // What the per-CPU events sampled: delivered, or lost in a full
+        // buffer (taken by the kernel, and counted). A busy machine can
+        // keep the loop from the buffers for a while (CI at 89a493f: 28 of
+        // 499 lost so); each period's line says how full they were and
+        // whether the loop was busy or kept off a CPU. Per-task events
+        // alone sample ~58 % of these tasks.
+        let ring_full = summary.get("lost_ring_full").copied().unwrap_or(0) as f64;
         assert!(
-            samples >= counted * 0.95,
-            "{name}: the BPF engine delivered {samples} samples of the {counted:.0} the \
-             kernel's count makes due:\n{}",
+            samples + ring_full >= counted * 0.95,
+            "{name}: the BPF engine sampled {samples} + {ring_full} lost in full buffers of \
+             the {counted:.0} the kernel's count makes due:\n{}",
+            run.stderr
+        );
+        assert!(
+            ring_full <= counted * 0.1,
+            "{name}: {ring_full} samples of {counted:.0} lost in full buffers:\n{}",
             run.stderr
         );
         let exiting = summary.get("lost_exiting").copied().unwrap_or(0) as f64;
         assert!(
-            samples + exiting >= expected * 0.95,
-            "{name}: the BPF engine sampled {samples} + {exiting} exiting of {expected:.0} \
-             due:\n{}",
+            samples + ring_full + exiting >= expected * 0.95,
+            "{name}: the BPF engine sampled {samples} + {ring_full} lost in full buffers + \
+             {exiting} exiting of {expected:.0} due:\n{}",
             run.stderr
         );
     }

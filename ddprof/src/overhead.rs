@@ -160,6 +160,56 @@ fn memory_kib(process: &str) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// Where the calling thread's time went, from `/proc/thread-self/schedstat`:
+/// running, and runnable but waiting for a CPU. A stage that took long in
+/// wall-clock time was busy (`on_cpu`), kept off a CPU (`waiting`), or
+/// blocked (neither: a disk read, a lock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadTimes {
+    pub on_cpu: Duration,
+    pub waiting: Duration,
+}
+
+impl ThreadTimes {
+    /// The calling thread's times so far; zero where the kernel does not
+    /// keep them (no `CONFIG_SCHED_INFO`).
+    pub fn now() -> Self {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|text| Self::parse(&text))
+            .unwrap_or_default()
+    }
+
+    /// `schedstat`'s first two fields, in nanoseconds.
+    fn parse(text: &str) -> Option<Self> {
+        let mut fields = text.split_ascii_whitespace();
+        let mut next = || fields.next()?.parse::<u64>().ok().map(Duration::from_nanos);
+        Some(Self {
+            on_cpu: next()?,
+            waiting: next()?,
+        })
+    }
+
+    /// The times since `earlier`, taken on the same thread.
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            on_cpu: self.on_cpu.saturating_sub(earlier.on_cpu),
+            waiting: self.waiting.saturating_sub(earlier.waiting),
+        }
+    }
+}
+
+impl fmt::Display for ThreadTimes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:.0} ms on a CPU, {:.0} ms waiting for one",
+            self.on_cpu.as_secs_f64() * 1e3,
+            self.waiting.as_secs_f64() * 1e3
+        )
+    }
+}
+
 /// Peak resident set size of this process (`VmHWM`), in KiB.
 pub fn peak_rss_kib() -> u64 {
     memory_kib("self").1
@@ -678,6 +728,35 @@ fn unsampled_samples(run: &RunTotals, counted: u64, sample_period_nanos: u64) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_threads_times_count_its_own_cpu_and_not_another_threads() {
+        let burn = |duration: Duration| {
+            let mut x = 1u64;
+            let until = std::time::Instant::now() + duration;
+            while std::time::Instant::now() < until {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        };
+        let before = ThreadTimes::now();
+        std::thread::scope(|scope| {
+            scope.spawn(|| burn(Duration::from_millis(200)));
+        });
+        burn(Duration::from_millis(50));
+        let spent = ThreadTimes::now().since(before);
+        assert!(
+            spent.on_cpu >= Duration::from_millis(40) && spent.on_cpu < Duration::from_millis(150),
+            "{spent:?}"
+        );
+        assert_eq!(
+            ThreadTimes::parse("1500000 2500000 7\n"),
+            Some(ThreadTimes {
+                on_cpu: Duration::from_micros(1500),
+                waiting: Duration::from_micros(2500)
+            })
+        );
+        assert_eq!(ThreadTimes::parse("garbage"), None);
+    }
 
     #[test]
     fn periods_split_the_counts_and_the_run_adds_them_up() {

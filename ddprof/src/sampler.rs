@@ -377,6 +377,15 @@ impl Sampler {
         }
     }
 
+    /// The fullest a perf buffer was when read since the last call, in
+    /// percent (see [`PerfEngine::take_fullest_percent`]).
+    pub fn take_fullest_buffer_percent(&mut self) -> u32 {
+        match &mut self.engine {
+            Engine::Perf(engine) => engine.take_fullest_percent(),
+            Engine::Bpf { records, .. } => records.take_fullest_percent(),
+        }
+    }
+
     /// The engines' bounded caches, for the overhead report.
     pub fn cache_figures(&self) -> Vec<crate::overhead::CacheFigures> {
         match &self.engine {

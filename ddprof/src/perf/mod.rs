@@ -186,6 +186,9 @@ pub struct PerfEngine {
     known_only: bool,
     /// Samples dropped so: of processes no record named.
     not_profiled_samples: u64,
+    /// The fullest any buffer was when read, in percent, since
+    /// [`PerfEngine::take_fullest_percent`].
+    fullest_percent: u32,
 }
 
 impl PerfEngine {
@@ -257,6 +260,7 @@ impl PerfEngine {
             waiter: None,
             known_only: false,
             not_profiled_samples: 0,
+            fullest_percent: 0,
         })
     }
 
@@ -467,6 +471,13 @@ impl PerfEngine {
         *self.unwinder.tables() = tables.with_store(store);
     }
 
+    /// The fullest any buffer was found when read since the last call, in
+    /// percent of its size (100: the kernel dropped samples meanwhile),
+    /// and starts over: how late the reader came, for the period's line.
+    pub fn take_fullest_percent(&mut self) -> u32 {
+        std::mem::take(&mut self.fullest_percent)
+    }
+
     /// Its bounded caches, for the overhead report.
     pub fn cache_figures(&self) -> crate::overhead::CacheFigures {
         self.unwinder.table_cache().figures("perf_unwind_tables")
@@ -585,6 +596,9 @@ impl PerfEngine {
         let mut heads = std::mem::take(&mut self.heads);
         heads.clear();
         heads.extend(self.sources.iter().map(|source| source.ring.head()));
+        for (source, &head) in self.sources.iter().zip(&heads) {
+            self.fullest_percent = self.fullest_percent.max(source.ring.percent_full(head));
+        }
         // The BPF engine's loop calls this before each of its samples.
         let nothing_new = self
             .sources
@@ -695,6 +709,7 @@ impl PerfEngine {
                 spare_stacks: &mut self.spare_stacks,
                 losses: &mut self.losses,
                 wrapped_records: &mut self.wrapped_records,
+                fullest_percent: &mut self.fullest_percent,
             },
             &mut self.tracker,
         )

@@ -245,6 +245,13 @@ impl RingBuffer {
         outcome
     }
 
+    /// How full the buffer is up to `head`, in percent of its data area: at
+    /// 100 the kernel drops what it samples next (and counts it lost).
+    pub fn percent_full(&self, head: u64) -> u32 {
+        let unread = head.wrapping_sub(self.tail).min(self.data_size as u64);
+        (unread * 100 / (self.data_size as u64).max(1)) as u32
+    }
+
     /// Whether every record before `head` has been released already.
     pub fn is_read_up_to(&self, head: u64) -> bool {
         self.tail == head

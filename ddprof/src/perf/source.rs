@@ -3,6 +3,8 @@
 use super::record::{self, Record, TimedRecord};
 use super::ring::{self, RingBuffer};
 use super::tracking::Reorder;
+#[cfg(doc)]
+use super::PerfEngine;
 use crate::events::EventFd;
 use crate::sample::LossCounters;
 
@@ -32,6 +34,8 @@ pub(super) struct ReadAhead<'a> {
     pub(super) spare_stacks: &'a mut Vec<Vec<u8>>,
     pub(super) losses: &'a mut LossCounters,
     pub(super) wrapped_records: &'a mut u64,
+    /// The fullest a buffer was when read (see [`PerfEngine::take_fullest_percent`]).
+    pub(super) fullest_percent: &'a mut u32,
 }
 
 impl ReadAhead<'_> {
@@ -40,6 +44,8 @@ impl ReadAhead<'_> {
         let mut bytes_read = 0;
         for source in self.sources.iter_mut() {
             let shared = source.shared_with_others();
+            let fill = source.ring.percent_full(source.ring.head());
+            *self.fullest_percent = (*self.fullest_percent).max(fill);
             let (reorder, spare_stacks, losses) = (
                 &mut *self.reorder,
                 &mut *self.spare_stacks,

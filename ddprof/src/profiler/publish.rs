@@ -31,7 +31,7 @@ use super::channel::{EncodedPeriod, ToParent};
 use super::worker::{ClosedPeriod, WorkerError};
 use super::ProfilerError;
 use crate::output::FoldedStacks;
-use crate::overhead::CacheFigures;
+use crate::overhead::{CacheFigures, ThreadTimes};
 use crate::profile::{encode_pprof_compressed, Compressions, ProfileMetadata};
 use crate::symbolize::{KallsymsSnapshot, Symbolizer, SymbolizerOptions};
 
@@ -187,6 +187,7 @@ fn encode(
         overhead,
         last,
         mut caches,
+        keeping_up,
     } = closed;
     let Some(overhead) = overhead else {
         return Ok(ToParent::PeriodEnd {
@@ -202,9 +203,10 @@ fn encode(
     metadata
         .comments
         .push(format!("ddprof.worker_restarts={restarts}"));
-    let symbolizing = Instant::now();
+    let symbolizing = (Instant::now(), ThreadTimes::now());
     let symbolized = symbolizer.symbolize(period);
-    let symbolize_time = symbolizing.elapsed();
+    let symbolize_time = symbolizing.0.elapsed();
+    let symbolize_times = ThreadTimes::now().since(symbolizing.1);
     // The caches' figures go with the overhead's: in the profile and in
     // the log, after the period's line.
     caches.extend(symbolizer.cache_figures());
@@ -213,8 +215,13 @@ fn encode(
     let encoded = encode_pprof_compressed(&symbolized, metadata, *compressions)
         .map_err(ProfilerError::from)?;
     let encode_time = encoding.elapsed();
+    // How the loop kept up and where the symbolization's time went: when
+    // samples are lost in full buffers, this says whether the profiler was
+    // busy, kept off a CPU, or waiting on a disk.
+    let keeping_up = keeping_up.map(|k| format!("; {k}")).unwrap_or_default();
     log::info!(
-        "period: {overhead}; symbolized in {:.1} ms, encoded in {:.1} ms, pprof {} bytes",
+        "period: {overhead}; symbolized in {:.1} ms ({symbolize_times}), encoded in {:.1} ms, \
+         pprof {} bytes{keeping_up}",
         symbolize_time.as_secs_f64() * 1e3,
         encode_time.as_secs_f64() * 1e3,
         encoded

@@ -26,7 +26,7 @@ use super::channel::{Retirement, ToParent, WorkerExit, STOP_REQUEST};
 use super::publish::{Publisher, PublisherSetup};
 use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
 use crate::aggregate::{Aggregator, PeriodProfile};
-use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter, RunTotals};
+use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter, RunTotals, ThreadTimes};
 use crate::process::ProcessTable;
 use crate::profile::Compressions;
 use crate::sample::Sample;
@@ -215,6 +215,9 @@ struct Worker {
     publisher: Publisher,
     /// Read only, for the parent's stop request (the publisher writes).
     socket: UnixStream,
+    /// This (the loop's) thread's times when the current period's figures
+    /// started.
+    loop_times: ThreadTimes,
 }
 
 impl Worker {
@@ -264,6 +267,7 @@ impl Worker {
             profiles: handover.profiles,
             publisher,
             socket,
+            loop_times: ThreadTimes::now(),
         })
     }
 
@@ -420,7 +424,7 @@ impl Worker {
     /// gets no profile unless it is the run's only one (the next profile
     /// then covers it too). The sampler says what it lost so far and how
     /// full its caches are.
-    fn close_period(&mut self, last: bool, sampler: &Sampler) -> ClosedPeriod {
+    fn close_period(&mut self, last: bool, sampler: &mut Sampler) -> ClosedPeriod {
         let end = SystemTime::now();
         let start = self.period_start;
         let period = self.aggregator.take_period(start, end);
@@ -432,10 +436,16 @@ impl Worker {
                 overhead: None,
                 last,
                 caches: Vec::new(),
+                keeping_up: None,
             };
         }
         self.period_start = end;
         self.profiles += 1;
+        let loop_times = ThreadTimes::now();
+        let keeping_up = KeepingUp {
+            fullest_buffer_percent: sampler.take_fullest_buffer_percent(),
+            loop_times: loop_times.since(std::mem::replace(&mut self.loop_times, loop_times)),
+        };
         ClosedPeriod {
             start,
             end,
@@ -446,6 +456,7 @@ impl Worker {
             ),
             last,
             caches: sampler.cache_figures(),
+            keeping_up: Some(keeping_up),
         }
     }
 }
@@ -461,4 +472,26 @@ pub(super) struct ClosedPeriod {
     pub last: bool,
     /// The sampler's caches when the period was closed.
     pub caches: Vec<CacheFigures>,
+    /// How the loop kept up with the buffers (with the figures).
+    pub keeping_up: Option<KeepingUp>,
+}
+
+/// How the loop kept up with the perf buffers over a period: when samples
+/// are lost in full buffers, whether it was busy or kept off a CPU.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeepingUp {
+    /// The fullest a perf buffer was when read, in percent.
+    pub fullest_buffer_percent: u32,
+    /// The loop thread's time on a CPU and waiting for one.
+    pub loop_times: ThreadTimes,
+}
+
+impl std::fmt::Display for KeepingUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "perf buffers up to {} % full when read; the loop {}",
+            self.fullest_buffer_percent, self.loop_times
+        )
+    }
 }
