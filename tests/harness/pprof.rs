@@ -22,6 +22,10 @@ pub struct Profile {
     pub time_nanos: i64,
     #[prost(int64, tag = "10")]
     pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
     #[prost(int64, repeated, tag = "13")]
     pub comment: Vec<i64>,
 }
@@ -30,6 +34,8 @@ pub struct Profile {
 pub struct ValueType {
     #[prost(int64, tag = "1")]
     pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -56,8 +62,16 @@ pub struct Label {
 pub struct Mapping {
     #[prost(uint64, tag = "1")]
     pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
     #[prost(int64, tag = "5")]
     pub filename: i64,
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -66,6 +80,8 @@ pub struct Location {
     pub id: u64,
     #[prost(uint64, tag = "2")]
     pub mapping_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
     #[prost(message, repeated, tag = "4")]
     pub line: Vec<Line>,
 }
@@ -74,6 +90,8 @@ pub struct Location {
 pub struct Line {
     #[prost(uint64, tag = "1")]
     pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -82,18 +100,27 @@ pub struct Function {
     pub id: u64,
     #[prost(int64, tag = "2")]
     pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
 }
 
 impl Profile {
     /// A gzip'd pprof file (ddprof's `.pprof` output), decoded.
     pub fn read_gzipped(path: &Path) -> Result<Profile, String> {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut decoded = Vec::new();
-        flate2::read::GzDecoder::new(&bytes[..])
-            .read_to_end(&mut decoded)
-            .map_err(|e| format!("{}: not gzip: {e}", path.display()))?;
-        <Profile as prost::Message>::decode(&decoded[..])
-            .map_err(|e| format!("{}: not a pprof profile: {e}", path.display()))
+        Self::decode_gzipped(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Gzip'd pprof bytes, decoded.
+    pub fn decode_gzipped(bytes: &[u8]) -> Result<Profile, String> {
+        Self::decode(&gunzip(bytes)?)
+    }
+
+    /// Uncompressed pprof bytes, decoded.
+    pub fn decode(raw: &[u8]) -> Result<Profile, String> {
+        <Profile as prost::Message>::decode(raw).map_err(|e| format!("not a pprof profile: {e}"))
     }
 
     pub fn string(&self, index: i64) -> &str {
@@ -137,4 +164,13 @@ impl Profile {
             .map(|&index| self.string(index).to_string())
             .collect()
     }
+}
+
+/// Gzip'd bytes, inflated.
+pub fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let mut inflated = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut inflated)
+        .map_err(|e| format!("not gzip: {e}"))?;
+    Ok(inflated)
 }
