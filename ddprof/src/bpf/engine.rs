@@ -119,7 +119,9 @@ pub struct BpfEngine {
     pub(super) dirty: HashSet<u32>,
     /// `ProcessTable::generation` at the last full sync.
     pub(super) synced_generation: Option<u64>,
-    /// Processes read from `/proc` because a sample named them first.
+    /// Processes read from `/proc` because a sample named them first (or
+    /// tried: a read that failed is not tried again for every sample);
+    /// forgotten with the process, so a reused pid is read again.
     pub(super) read_from_proc: HashSet<u32>,
     pub(super) table_stats: TableStats,
     pub(super) malformed: u64,
@@ -384,6 +386,13 @@ impl BpfEngine {
     /// from `/proc` once, for this sample's symbolization and the maps of
     /// the next ones.
     pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) {
+        /// Pids whose read failed stay in the set until then (a pid whose
+        /// process was read leaves it when the process is forgotten):
+        /// past this many, it starts over, and they may be read once more.
+        const MAX_READ_FROM_PROC: usize = 1 << 16;
+        if self.read_from_proc.len() >= MAX_READ_FROM_PROC {
+            self.read_from_proc.clear();
+        }
         if self.tree_only
             || pid == 0
             || processes.get(pid).is_some()

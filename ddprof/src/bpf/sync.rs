@@ -239,6 +239,8 @@ impl BpfEngine {
     fn forget_process(&mut self, pid: u32) {
         self.dirty.remove(&pid);
         self.fingerprints.remove(&pid);
+        // A later process with this pid is read from `/proc` again.
+        self.read_from_proc.remove(&pid);
         if self.synced.remove(&pid).is_some() {
             if let Ok(mut map) = self.program.process_map() {
                 let _ = map.remove(&pid);

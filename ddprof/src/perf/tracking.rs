@@ -18,10 +18,17 @@ struct Pending {
 pub struct Reorder {
     pending: Vec<Pending>,
     next_sequence: u64,
+    /// A record was queued behind a later one since the last sort: the BPF
+    /// engine's merge takes the ready records before each of its samples,
+    /// and sorting a queue already in order each time cost a pass over it.
+    unsorted: bool,
 }
 
 impl Reorder {
     pub fn push(&mut self, time: u64, record: Record) {
+        if self.pending.last().is_some_and(|last| last.time > time) {
+            self.unsorted = true;
+        }
         self.pending.push(Pending {
             time,
             sequence: self.next_sequence,
@@ -137,8 +144,10 @@ impl Reorder {
     /// Removes and returns, oldest first, the records timestamped at or
     /// before `cutoff`, or every record when `cutoff` is `None`.
     pub fn take_ready(&mut self, cutoff: Option<u64>) -> Vec<Record> {
-        self.pending
-            .sort_unstable_by_key(|pending| (pending.time, pending.sequence));
+        if std::mem::take(&mut self.unsorted) {
+            self.pending
+                .sort_unstable_by_key(|pending| (pending.time, pending.sequence));
+        }
         let ready = match cutoff {
             Some(cutoff) => self
                 .pending
