@@ -1,0 +1,303 @@
+//! Reading each tool's output back into sample counts, with one rule for
+//! what reaches the root.
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// Outermost frames of a stack that reached its thread's root: the
+/// executable's entry and libc's, and the functions a new thread starts in.
+/// Names are compared without a symbol version (`@@GLIBC_2.34`) or offset.
+pub(super) const ROOT_FRAMES: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_main_impl",
+    "clone",
+    "clone3",
+    "start_thread",
+];
+
+/// Whether `name` (as a tool printed it) is a root frame of a workload
+/// whose threads start in `thread_entries`.
+pub(super) fn is_root_frame(name: &str, thread_entries: &[&str]) -> bool {
+    let name = name.trim();
+    let name = name.split('@').next().unwrap_or(name);
+    let name = name.split("+0x").next().unwrap_or(name);
+    // samply names ELF symbols without their first underscore (`start`,
+    // `_libc_start_main_impl`): leading underscores are not compared.
+    let bare = |s: &str| s.trim_start_matches('_').to_string();
+    let name = bare(name);
+    ROOT_FRAMES.iter().any(|root| bare(root) == name)
+        || thread_entries.iter().any(|entry| bare(entry) == name)
+}
+
+/// Stacks read back from a tool's output.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct StackCounts {
+    pub(super) samples: u64,
+    pub(super) rooted: u64,
+    pub(super) lost: Option<u64>,
+}
+
+/// ddprof's `stacks.folded`: `process;root;…;leaf COUNT` lines.
+pub(super) fn read_folded(path: &Path, thread_entries: &[&str]) -> Result<StackCounts> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut counts = StackCounts::default();
+    for line in text.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(count) = count.parse::<u64>() else {
+            continue;
+        };
+        counts.samples += count;
+        // The first name is the process's.
+        if stack
+            .split(';')
+            .nth(1)
+            .is_some_and(|root| is_root_frame(root, thread_entries))
+        {
+            counts.rooted += count;
+        }
+    }
+    Ok(counts)
+}
+
+/// The arguments of `perf script` that print one header line per sample,
+/// then its frames innermost first (`ADDRESS SYMBOL`), then a blank line;
+/// deep stacks whole, no inline expansion (addr2line takes minutes).
+pub(super) fn perf_script_args(perf_data: &Path) -> Vec<String> {
+    vec![
+        "perf".into(),
+        "script".into(),
+        "-i".into(),
+        perf_data.display().to_string(),
+        "-F".into(),
+        "comm,tid,ip,sym".into(),
+        "--max-stack".into(),
+        "1024".into(),
+        "--no-inline".into(),
+        "--show-lost-events".into(),
+    ]
+}
+
+/// Parses `perf script`'s output (see [`perf_script_args`]) as it comes.
+pub(super) fn parse_perf_script(output: impl Read, thread_entries: &[&str]) -> StackCounts {
+    let mut counts = StackCounts::default();
+    let mut in_sample = false;
+    let mut outermost: Option<String> = None;
+    let mut lost = 0u64;
+    let finish = |outermost: &mut Option<String>, counts: &mut StackCounts| {
+        counts.samples += 1;
+        if outermost
+            .take()
+            .is_some_and(|name| is_root_frame(&name, thread_entries))
+        {
+            counts.rooted += 1;
+        }
+    };
+    for line in BufReader::new(output).split(b'\n').map_while(Result::ok) {
+        let line = String::from_utf8_lossy(&line);
+        if line.trim().is_empty() {
+            if in_sample {
+                finish(&mut outermost, &mut counts);
+                in_sample = false;
+            }
+            continue;
+        }
+        if line.contains("PERF_RECORD_LOST") {
+            // `… PERF_RECORD_LOST lost 12` / `PERF_RECORD_LOST_SAMPLES lost 3`
+            lost += line
+                .split_whitespace()
+                .skip_while(|w| *w != "lost")
+                .nth(1)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            continue;
+        }
+        if line.starts_with(char::is_whitespace) {
+            // `\t    16a90 _start`: the symbol follows the address.
+            let frame = line.trim_start();
+            let symbol = frame.split_once(' ').map_or("", |(_, s)| s);
+            outermost = Some(symbol.to_string());
+        } else {
+            if in_sample {
+                finish(&mut outermost, &mut counts);
+            }
+            in_sample = true;
+            outermost = None;
+        }
+    }
+    if in_sample {
+        finish(&mut outermost, &mut counts);
+    }
+    counts.lost = Some(lost);
+    counts
+}
+
+/// samply's profile (the Firefox profiler's processed format, optionally
+/// gzip'd) and the `.syms.json` that `--unstable-presymbolicate` writes
+/// beside it: threads → samples → stack → frame → func → name, frames named
+/// from the symbols file by (library, address) when it has them.
+pub(super) fn read_samply_profile(profile: &Path, thread_entries: &[&str]) -> Result<StackCounts> {
+    let bytes =
+        std::fs::read(profile).with_context(|| format!("cannot read {}", profile.display()))?;
+    let json: serde_json::Value = if bytes.starts_with(&[0x1f, 0x8b]) {
+        serde_json::from_reader(flate2::read::GzDecoder::new(&bytes[..]))?
+    } else {
+        serde_json::from_slice(&bytes)?
+    };
+    let symbols = read_samply_symbols(&profile.with_extension("syms.json"));
+    let libs: Vec<String> = json["libs"]
+        .as_array()
+        .map(|libs| {
+            libs.iter()
+                .map(|lib| lib["debugName"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let index = |value: &serde_json::Value| value.as_u64().map(|v| v as usize);
+    let mut counts = StackCounts::default();
+    for thread in json["threads"].as_array().into_iter().flatten() {
+        let strings = &thread["stringArray"];
+        let stack_prefix = &thread["stackTable"]["prefix"];
+        let stack_frame = &thread["stackTable"]["frame"];
+        let frame_func = &thread["frameTable"]["func"];
+        let frame_address = &thread["frameTable"]["address"];
+        let func_name = &thread["funcTable"]["name"];
+        let func_resource = &thread["funcTable"]["resource"];
+        let resource_lib = &thread["resourceTable"]["lib"];
+        // The outermost frame's name of each stack, memoized.
+        let mut root_of: HashMap<usize, bool> = HashMap::new();
+        let mut is_rooted = |mut stack: usize| -> bool {
+            let start = stack;
+            if let Some(&known) = root_of.get(&start) {
+                return known;
+            }
+            while let Some(prefix) = index(&stack_prefix[stack]) {
+                stack = prefix;
+            }
+            let rooted = index(&stack_frame[stack]).is_some_and(|frame| {
+                let func = index(&frame_func[frame]);
+                let from_symbols = func
+                    .and_then(|func| index(&func_resource[func]))
+                    .and_then(|resource| index(&resource_lib[resource]))
+                    .and_then(|lib| libs.get(lib))
+                    .zip(frame_address[frame].as_u64())
+                    .and_then(|(lib, address)| symbols.get(&(lib.clone(), address)));
+                let name = match from_symbols {
+                    Some(name) => name.as_str(),
+                    None => func
+                        .and_then(|func| index(&func_name[func]))
+                        .and_then(|s| strings[s].as_str())
+                        .unwrap_or(""),
+                };
+                is_root_frame(name, thread_entries)
+            });
+            root_of.insert(start, rooted);
+            rooted
+        };
+        let samples = &thread["samples"];
+        let weights = samples["weight"].as_array();
+        for (i, stack) in samples["stack"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let weight = weights.and_then(|w| w.get(i)?.as_u64()).unwrap_or(1);
+            counts.samples += weight;
+            if index(stack).is_some_and(&mut is_rooted) {
+                counts.rooted += weight;
+            }
+        }
+    }
+    Ok(counts)
+}
+
+/// (library debug name, address) → symbol name, from samply's `.syms.json`.
+pub(super) fn read_samply_symbols(path: &Path) -> HashMap<(String, u64), String> {
+    let mut names = HashMap::new();
+    let Ok(text) = std::fs::read(path) else {
+        return names;
+    };
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return names;
+    };
+    let strings = &json["string_table"];
+    for lib in json["data"].as_array().into_iter().flatten() {
+        let debug_name = lib["debug_name"].as_str().unwrap_or("").to_string();
+        let table = &lib["symbol_table"];
+        for known in lib["known_addresses"].as_array().into_iter().flatten() {
+            let (Some(address), Some(symbol)) = (known[0].as_u64(), known[1].as_u64()) else {
+                continue;
+            };
+            if let Some(name) = table[symbol as usize]["symbol"]
+                .as_u64()
+                .and_then(|s| strings[s as usize].as_str())
+            {
+                names.insert((debug_name.clone(), address), name.to_string());
+            }
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_frames_ignore_versions_and_offsets() {
+        assert!(is_root_frame("__libc_start_main@@GLIBC_2.34", &[]));
+        assert!(is_root_frame("_start+0x25", &[]));
+        assert!(is_root_frame("clone3", &[]));
+        assert!(!is_root_frame("main", &[]));
+        assert!(!is_root_frame("[unknown]", &[]));
+        assert!(is_root_frame("thread_a_work", &["thread_a_work"]));
+        // As samply writes them.
+        assert!(is_root_frame("start", &[]));
+        assert!(is_root_frame("_libc_start_main_impl", &[]));
+    }
+
+    #[test]
+    fn perf_script_samples_are_counted_by_their_outermost_frame() {
+        let output = "chain  5711 \n\
+                      \t           16e09 chain_leaf_70\n\
+                      \t           27304 __libc_start_main@@GLIBC_2.34\n\
+                      \t           16a90 _start\n\
+                      \n\
+                      chain  5711 \n\
+                      \t           16e09 chain_leaf_70\n\
+                      \t           16e34 [unknown]\n\
+                      \n\
+                      perf 0 [000] 0.0: PERF_RECORD_LOST lost 7\n\
+                      worker-a  5712 \n\
+                      \t           16e09 thread_a_leaf\n\
+                      \t           16e34 thread_a_work\n";
+        let counts = parse_perf_script(output.as_bytes(), &["thread_a_work"]);
+        assert_eq!(
+            (counts.samples, counts.rooted, counts.lost),
+            (3, 2, Some(7))
+        );
+    }
+
+    #[test]
+    fn folded_stacks_skip_the_process_name() {
+        let dir = std::env::temp_dir().join(format!("xtask-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stacks.folded");
+        std::fs::write(
+            &path,
+            "chain;_start;__libc_start_main;main;leaf 30\n\
+             chain;[truncated];leaf 5\n\
+             _start;leaf 1\n",
+        )
+        .unwrap();
+        let counts = read_folded(&path, &[]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((counts.samples, counts.rooted), (36, 30));
+    }
+}
