@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
-use ddprof_common::bpf_maps::MappingEntry;
 use ddprof_common::sample::BpfCounter;
 
 use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes, ProgramSettings};
 use super::record::{decode, Record};
 use super::rows::TableMaps;
-use super::sync::{FileState, LoadedTable, TableStats};
+use super::sync::{FileState, LoadedTable, SyncedProcess, TableStats};
 use super::variant::BpfVariant;
 use crate::events::EventFd;
 use crate::files::{ContentKey, MappedFile};
@@ -106,16 +105,13 @@ pub struct BpfEngine {
     /// Files (device, inode) whose table did not fit, already warned about.
     pub(super) warned_not_loaded: HashSet<(u64, u64)>,
     pub(super) files: HashMap<Arc<MappedFile>, FileState>,
-    /// Per process, the entries last written and the tables they use.
-    pub(super) synced: HashMap<u32, (Vec<MappingEntry>, Vec<ContentKey>)>,
+    /// Per process, its entry in the process map as last written.
+    pub(super) synced: HashMap<u32, SyncedProcess>,
     /// The tables of the entry being written by `sync_process` so far.
     pub(super) syncing: Vec<ContentKey>,
     /// Processes the program handed to the perf engine and named in a
     /// `HANDOFF_NOTICE` record, not synced yet.
     pub(super) handed_off: HashSet<u32>,
-    /// Per process, a fingerprint of the table's mappings when last synced
-    /// (so that a sync of unchanged processes costs no table lookups).
-    pub(super) fingerprints: HashMap<u32, u64>,
     pub(super) dirty: HashSet<u32>,
     /// `ProcessTable::generation` at the last full sync.
     pub(super) synced_generation: Option<u64>,
@@ -193,7 +189,6 @@ impl BpfEngine {
             synced: HashMap::new(),
             syncing: Vec::new(),
             handed_off: HashSet::new(),
-            fingerprints: HashMap::new(),
             dirty: HashSet::new(),
             synced_generation: None,
             read_from_proc: HashSet::new(),

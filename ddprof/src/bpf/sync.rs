@@ -139,7 +139,8 @@ impl BpfEngine {
                 continue;
             }
             let newer_in_table = processes.get(pid).is_some_and(|process| {
-                self.fingerprints.get(&pid) != Some(&mappings_fingerprint(process))
+                self.synced.get(&pid).map(|synced| synced.fingerprint)
+                    != Some(mappings_fingerprint(process))
             });
             if !newer_in_table || young.contains(&pid) {
                 pids.insert(pid);
@@ -182,8 +183,9 @@ impl BpfEngine {
 
     /// Whether `process`'s entry was last written from these mappings.
     fn is_synced_as(&self, pid: u32, process: &Process) -> bool {
-        self.synced.contains_key(&pid)
-            && self.fingerprints.get(&pid) == Some(&mappings_fingerprint(process))
+        self.synced
+            .get(&pid)
+            .is_some_and(|synced| synced.fingerprint == mappings_fingerprint(process))
     }
 
     /// The second half of [`BpfEngine::sync_with_young`]: writes the
@@ -238,7 +240,6 @@ impl BpfEngine {
 
     fn forget_process(&mut self, pid: u32) {
         self.dirty.remove(&pid);
-        self.fingerprints.remove(&pid);
         // A later process with this pid is read from `/proc` again.
         self.read_from_proc.remove(&pid);
         if self.synced.remove(&pid).is_some() {
@@ -258,7 +259,7 @@ impl BpfEngine {
             return;
         }
         self.unmark_not_profiled(pid);
-        self.fingerprints.insert(pid, mappings_fingerprint(process));
+        let fingerprint = mappings_fingerprint(process);
         if process.mappings.len() > MAX_PROCESS_MAPPINGS {
             self.table_stats.processes_truncated += 1;
         }
@@ -293,11 +294,12 @@ impl BpfEngine {
             }
             entries.push(entry);
         }
-        if self
+        if let Some(synced) = self
             .synced
-            .get(&pid)
-            .is_some_and(|(old, _)| *old == entries)
+            .get_mut(&pid)
+            .filter(|synced| synced.entries == entries)
         {
+            synced.fingerprint = fingerprint;
             return;
         }
         // The new tables reach their slots before the entry that uses them.
@@ -312,16 +314,33 @@ impl BpfEngine {
                 if let Err(error) = map.insert(pid, value, 0) {
                     log::debug!("process {pid} not tracked by the BPF engine: {error}");
                     self.table_stats.processes_not_tracked += 1;
+                    self.not_written(pid, fingerprint);
                     return;
                 }
             }
             Err(error) => {
                 log::warn!("{error}");
+                self.not_written(pid, fingerprint);
                 return;
             }
         }
-        let keys = std::mem::take(&mut self.syncing);
-        self.synced.insert(pid, (entries, keys));
+        self.synced.insert(
+            pid,
+            SyncedProcess {
+                fingerprint,
+                entries,
+                tables: std::mem::take(&mut self.syncing),
+            },
+        );
+    }
+
+    /// An entry that could not be written (the map is full): the one
+    /// written before, if any, stays, and is not tried again until the
+    /// process's mappings change.
+    fn not_written(&mut self, pid: u32, fingerprint: u64) {
+        if let Some(synced) = self.synced.get_mut(&pid) {
+            synced.fingerprint = fingerprint;
+        }
     }
 
     /// The state of `file`'s table, loading it into a map of its own on first
@@ -419,7 +438,7 @@ impl BpfEngine {
         let used: HashSet<&ContentKey> = self
             .synced
             .values()
-            .flat_map(|(_, keys)| keys.iter())
+            .flat_map(|synced| synced.tables.iter())
             .chain(&self.syncing)
             .collect();
         let unused: Vec<ContentKey> = self
@@ -489,7 +508,6 @@ impl BpfEngine {
         self.rows.clear_all();
         self.files.clear();
         self.synced.clear();
-        self.fingerprints.clear();
         self.dirty.clear();
         self.handed_off.clear();
         self.read_from_proc.clear();
@@ -531,6 +549,17 @@ impl BpfEngine {
     pub fn stored_rows(&self, slot: u32) -> Option<Vec<ddprof_common::unwind::UnwindRow>> {
         self.rows.rows(slot)
     }
+}
+
+/// A process's entry in the process map, as the engine last wrote it.
+pub(super) struct SyncedProcess {
+    /// [`mappings_fingerprint`] of the mappings it was last synced from (so
+    /// that a sync of unchanged processes costs no table lookups).
+    pub(super) fingerprint: u64,
+    /// The entries written.
+    pub(super) entries: Vec<MappingEntry>,
+    /// The tables they use, kept loaded while they do.
+    pub(super) tables: Vec<ContentKey>,
 }
 
 /// A hash of a process's mappings: equal when its entry would be written
