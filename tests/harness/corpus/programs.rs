@@ -157,7 +157,7 @@ pub(super) fn prepare_lld_c(dir: &Path) -> Workload {
 /// a HashMap (SipHash), ranks them with a stable sort.
 pub(super) const RUST_PROGRAM: &str = r#"use std::collections::HashMap;
 
-pub(super) fn main() {
+fn main() {
     let rounds: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20);
     let vocabulary: Vec<String> = (0..5000u64)
         .map(|i| format!("w{:x}", i.wrapping_mul(2654435761) % 1_000_003))
@@ -208,8 +208,8 @@ pub(super) fn generated_c_file(functions: usize) -> String {
         write!(
             source,
             r#"
-pub(super) struct s{i} {{ int a[8]; double d; }};
-pub(super) static int helper{i}(struct s{i} *p, int n) {{
+struct s{i} {{ int a[8]; double d; }};
+static int helper{i}(struct s{i} *p, int n) {{
     int acc = {i};
     for (int k = 0; k < n; k++) {{
         switch ((k + acc) % 5) {{
