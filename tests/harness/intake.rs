@@ -86,7 +86,7 @@ impl Received {
     }
 
     pub fn profile(&self) -> pprof::Profile {
-        prost::Message::decode(&self.pprof[..]).expect("checked when received")
+        pprof::Profile::decode(&self.pprof).expect("checked when received")
     }
 }
 
@@ -434,8 +434,7 @@ fn check(request: RawRequest, attempt: usize, status: u16) -> Result<Received, S
     }
     let pprof = zstd::stream::decode_all(&profile_part.bytes[..])
         .map_err(|e| format!("profile.pprof does not decompress: {e}"))?;
-    <pprof::Profile as prost::Message>::decode(&pprof[..])
-        .map_err(|e| format!("profile.pprof is not a pprof Profile: {e}"))?;
+    pprof::Profile::decode(&pprof).map_err(|e| format!("profile.pprof: {e}"))?;
     Ok(Received {
         attempt,
         status,

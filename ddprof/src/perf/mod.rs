@@ -596,9 +596,6 @@ impl PerfEngine {
         let mut heads = std::mem::take(&mut self.heads);
         heads.clear();
         heads.extend(self.sources.iter().map(|source| source.ring.head()));
-        for (source, &head) in self.sources.iter().zip(&heads) {
-            self.fullest_percent = self.fullest_percent.max(source.ring.percent_full(head));
-        }
         // The BPF engine's loop calls this before each of its samples.
         let nothing_new = self
             .sources
@@ -608,6 +605,9 @@ impl PerfEngine {
         if nothing_new {
             self.heads = heads;
             return;
+        }
+        for (source, &head) in self.sources.iter().zip(&heads) {
+            self.fullest_percent = self.fullest_percent.max(source.ring.percent_full(head));
         }
         let mut scratch = std::mem::take(&mut self.scratch);
         let samples_read = std::cell::Cell::new(false);

@@ -203,10 +203,10 @@ fn encode(
     metadata
         .comments
         .push(format!("ddprof.worker_restarts={restarts}"));
-    let symbolizing = (Instant::now(), ThreadTimes::now());
+    let (symbolizing, times_before) = (Instant::now(), ThreadTimes::now());
     let symbolized = symbolizer.symbolize(period);
-    let symbolize_time = symbolizing.0.elapsed();
-    let symbolize_times = ThreadTimes::now().since(symbolizing.1);
+    let symbolize_time = symbolizing.elapsed();
+    let symbolize_times = ThreadTimes::now().since(times_before);
     // The caches' figures go with the overhead's: in the profile and in
     // the log, after the period's line.
     caches.extend(symbolizer.cache_figures());
