@@ -353,12 +353,31 @@ impl PeriodState {
     /// code of it (the process runs then; the symbolizer reads the map
     /// after the period).
     fn look_for_perf_map(&mut self, pid: u32) {
-        self.perf_maps.entry(pid).or_insert_with(|| {
-            match crate::files::target::open_perf_map(pid) {
-                Ok(opened) => opened.map(|opened| Ok(Arc::new(opened.file))),
-                Err(refused) => Some(Err(refused)),
+        self.perf_maps
+            .entry(pid)
+            .or_insert_with(|| open_perf_map(pid));
+    }
+
+    /// Looks again, at the period's end, for the maps that were not there
+    /// when the period first met a process's anonymous code: a runtime
+    /// writes its map after its first code runs (or a sample landed in
+    /// anonymous memory before the runtime started), and the period's
+    /// samples of that code would otherwise all stay unnamed. Once per
+    /// process a period.
+    fn look_again_for_missing_perf_maps(&mut self) {
+        for (&pid, opened) in &mut self.perf_maps {
+            if opened.is_none() {
+                *opened = open_perf_map(pid);
             }
-        });
+        }
+    }
+}
+
+/// `pid`'s perf map opened (`None`: it has none, or it is gone).
+fn open_perf_map(pid: u32) -> Option<Result<Arc<std::fs::File>, PerfMapRefused>> {
+    match crate::files::target::open_perf_map(pid) {
+        Ok(opened) => opened.map(|opened| Ok(Arc::new(opened.file))),
+        Err(refused) => Some(Err(refused)),
     }
 }
 
@@ -717,7 +736,8 @@ impl Aggregator {
 
     /// Hands over the period's aggregate and starts a new, empty one.
     pub fn take_period(&mut self, start: SystemTime, end: SystemTime) -> PeriodProfile {
-        let state = std::mem::take(&mut self.period);
+        let mut state = std::mem::take(&mut self.period);
+        state.look_again_for_missing_perf_maps();
         // Re-read the clock offset each period so wall-clock adjustments
         // (NTP steps) do not accumulate into the timestamps.
         self.clock = WallClock::now();

@@ -11,6 +11,13 @@
 //! where the last read stopped (the bytes before it checked unchanged), and
 //! its names are kept in one string: the parsed map is about the size of
 //! the file, and it is read a chunk at a time, never held whole as bytes.
+//!
+//! An agent that dumps its map again truncates it and writes it anew; a
+//! read in between finds a few bytes or none, and a period named from that
+//! would lose its JIT frames. So a map that comes out shorter than the one
+//! read before keeps the longer one to answer what it does not name, until
+//! the file is as long again or stays unchanged for a period (then it was
+//! a map that really shrank).
 use std::sync::Arc;
 
 use crate::files::target::{PerfMapRefused, MAX_PERF_MAP_BYTES};
@@ -56,6 +63,9 @@ pub(super) struct PerfMap {
     unfinished: Option<(u64, u64, String)>,
     /// Lines past [`MAX_PERF_MAP_ENTRIES`] were said already.
     overflow_said: bool,
+    /// The longer map read before this one, while the file is shorter (a
+    /// runtime may be writing it again): it names what this one does not.
+    earlier: Option<Box<PerfMap>>,
     pub(super) last_period: u64,
     /// A refused map was said already (once per process).
     pub(super) refusal_said: bool,
@@ -71,6 +81,12 @@ impl PerfMap {
     }
 
     pub(super) fn lookup(&self, addr: u64) -> Option<&str> {
+        self.lookup_here(addr)
+            .or_else(|| self.earlier.as_ref()?.lookup_here(addr))
+    }
+
+    /// [`Self::lookup`] in what was read last only.
+    fn lookup_here(&self, addr: u64) -> Option<&str> {
         let covers = |start: u64, size: u64| start <= addr && addr < start.saturating_add(size);
         let index = self.entries.partition_point(|entry| entry.start <= addr);
         // Entries can overlap when a JIT reuses memory: the latest start at or
@@ -165,6 +181,9 @@ pub(super) fn reload_perf_map(
     };
     let version = FileStamp::of(&metadata);
     if Some(version) == map.version {
+        // Unchanged for a period: no runtime is writing it, a shorter map
+        // is the whole map now.
+        map.earlier = None;
         return;
     }
     let end = version.size.min(MAX_PERF_MAP_BYTES);
@@ -186,6 +205,13 @@ pub(super) fn reload_perf_map(
         after.same_file(&version) && after.size >= map.parsed && seam_still_there(file, map)
     });
     map.version = (complete && still_there).then_some(version);
+    if map
+        .earlier
+        .as_ref()
+        .is_some_and(|earlier| map.parsed >= earlier.parsed)
+    {
+        map.earlier = None;
+    }
 }
 
 /// Whether the file holds, just before where `map` stopped reading, the
@@ -225,7 +251,7 @@ fn read_into(
         if first {
             first = false;
             if fresh {
-                map.start_over();
+                map.start_over(end);
             }
             // Names are most of a map's bytes: one allocation, not a
             // doubling.
@@ -242,7 +268,7 @@ fn read_into(
     }
     if first && fresh {
         // An empty file (or one emptied since its length was taken).
-        map.start_over();
+        map.start_over(0);
     }
     map.unfinished = parse_line(&String::from_utf8_lossy(&carried))
         .map(|(start, size, name)| (start, size, name.to_string()));
@@ -250,14 +276,22 @@ fn read_into(
 }
 
 impl PerfMap {
-    /// Forgets what was read (what was said about the process stays).
-    fn start_over(&mut self) {
-        *self = PerfMap {
+    /// Forgets what was read, to read a file of `length` bytes from its
+    /// start (what was said about the process stays). The longest map read
+    /// before stays as [`Self::earlier`] if it is longer than that.
+    fn start_over(&mut self, length: u64) {
+        let fresh = PerfMap {
             last_period: self.last_period,
             refusal_said: self.refusal_said,
             overflow_said: self.overflow_said,
             ..PerfMap::default()
         };
+        let mut last = std::mem::replace(self, fresh);
+        let longest = match last.earlier.take() {
+            Some(earlier) if earlier.parsed >= last.parsed => earlier,
+            _ => Box::new(last),
+        };
+        self.earlier = (longest.parsed > length).then_some(longest);
     }
 
     /// Takes the whole lines of `bytes` (read from where the last read
@@ -392,8 +426,12 @@ mod tests {
         assert_eq!(map.lookup(0x1000), Some("new_a"));
         assert_eq!(map.lookup(0x2000), Some("new_bb"));
         assert_eq!(map.len(), 3);
-        // Shorter: read again whole.
+        // Shorter: read again whole. The longer map names what it does
+        // not until the file stays unchanged for a period.
         std::fs::write(path, "7000 10 only\n").unwrap();
+        reload(&mut map, path);
+        assert_eq!(map.lookup(0x7001), Some("only"));
+        assert_eq!(map.lookup(0x1000), Some("new_a"));
         reload(&mut map, path);
         assert_eq!(map.lookup(0x1000), None);
         assert_eq!(map.lookup(0x7001), Some("only"));
@@ -402,5 +440,39 @@ mod tests {
         std::fs::write(path, "7000 10 only\n8000 10 other\n").unwrap();
         reload(&mut map, path);
         assert_eq!(map.len(), 2);
+    }
+
+    /// An agent that dumps its map again truncates it and writes it anew;
+    /// the reads in between find nothing, then part of it.
+    #[test]
+    fn a_map_read_while_it_is_written_again_keeps_naming_its_functions() {
+        let whole = "1000 100 jit_a\n2000 100 jit_b\n3000 100 jit_c\n";
+        let file = map_file("dumped", whole);
+        let path = &file.0;
+        let mut map = PerfMap::default();
+        reload(&mut map, path);
+        // Truncated: nothing to read yet.
+        std::fs::write(path, "").unwrap();
+        reload(&mut map, path);
+        assert_eq!(map.lookup(0x1010), Some("jit_a"));
+        assert_eq!(map.lookup(0x3010), Some("jit_c"));
+        // Part of it, with a function moved: the new line wins.
+        let dumped = "1000 100 jit_a\n2000 100 jit_b2\n3000 100 jit_c\n4000 10 jit_d\n";
+        std::fs::write(path, &dumped[..20]).unwrap();
+        reload(&mut map, path);
+        assert_eq!(map.lookup(0x2010), Some("jit_b"));
+        assert_eq!(map.lookup(0x3010), Some("jit_c"));
+        // Written again to the end (an append now): the earlier map goes.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .unwrap()
+            .write_all(&dumped.as_bytes()[20..])
+            .unwrap();
+        reload(&mut map, path);
+        assert!(map.earlier.is_none());
+        assert_eq!(map.lookup(0x2010), Some("jit_b2"));
+        assert_eq!(map.lookup(0x4001), Some("jit_d"));
+        assert_eq!(map.len(), 4);
     }
 }
