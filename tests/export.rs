@@ -441,14 +441,17 @@ fn an_agent_that_never_answers_delays_the_exit_by_at_most_the_grace_period() {
     let (stderr, closed) = reader.join().unwrap();
     let profiler_exit = closed.duration_since(started);
     assert!(status.success(), "{stderr}");
+    // Room for a slow machine's start-up, last symbolization and encoding
+    // (here ~0.2 s; over 1 s once on CI); an upload that ignored the grace
+    // would hold the exit for its 60 s timeout.
     assert!(
-        command_exit < Duration::from_secs(3),
+        command_exit < Duration::from_secs(5),
         "the command ran 1 s: {command_exit:?}"
     );
     let delay = profiler_exit.saturating_sub(command_exit);
     assert!(
-        delay < Duration::from_secs(2) + Duration::from_millis(1500),
-        "the profiler exited {delay:?} after the command (grace 2 s):\n{stderr}"
+        delay < Duration::from_secs(2) + Duration::from_secs(4),
+        "the profiler exited {delay:?} after the command (grace 2 s, upload timeout 60 s):\n{stderr}"
     );
     assert!(intake.attempts() >= 1, "{stderr}");
     assert!(stderr.contains("1 profile(s) not sent"), "{stderr}");

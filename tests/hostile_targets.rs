@@ -1591,20 +1591,32 @@ fn perfmap_3gib_sparse_is_not_read() {
 /// period's first anonymous sample comes before the runtime made its map).
 /// Before: the map was looked for once a period, at the period's first
 /// anonymous sample of the process; not there then, the whole period's
-/// JIT samples stayed `[anon]`. Here the map is written 600 ms into a 2 s
-/// run of 1 s periods. ddprof: the map is looked for again at the period's
-/// end, and at least 90 % of the JIT's samples are named (before: about
-/// half).
+/// JIT samples stayed `[anon]`. Here the map is written 600 ms after the
+/// JIT's code starts, in a 4 s run of 3 s periods (so that a slow machine
+/// still writes it within the first period). ddprof: the map is looked
+/// for again at the period's end, and at least 90 % of the JIT's samples
+/// are named (before: 505 of 1,997).
 #[test]
 fn perfmap_written_after_the_code_runs_names_that_period() {
     let scratch = scratch("perfmap-late");
     let _leftovers = Leftovers::new(&scratch);
-    let (run, out, _) = run_jit(&scratch, "late", false, |_, address, map| {
+    let out = scratch.0.join("out-late");
+    let mut command = ddprof(&out);
+    command.args(["-u", "3"]);
+    let started = Instant::now();
+    let mut written_after = Duration::ZERO;
+    let (run, out, _) = run_jit_under(&scratch, "late", command, 4, |_, address, map| {
         std::thread::sleep(Duration::from_millis(600));
         fs::write(map, format!("{address:x} 100 HOSTILE_LATE_jit_fn\n")).unwrap();
+        written_after = started.elapsed();
     });
     run.assert_success();
     run.assert_no_panic();
+    assert!(
+        written_after < Duration::from_millis(2500),
+        "control: the map written within the first 3 s period ({written_after:?} after ddprof \
+         started)"
+    );
     let stacks = folded(&out);
     let jit = stacks.of_process("hostile_jit");
     let named = stacks.with_frame("HOSTILE_LATE_jit_fn");
@@ -2082,11 +2094,21 @@ fn unshare_pid(program: &Path) -> Command {
 /// in the background is gone at once).
 fn assert_pid1_exit_kills_its_namespace(scratch: &Scratch, burn: &Path) {
     let word = format!("{}/pid1-control", scratch.0.display());
+    // PID 1 exits once the test has seen its background process (a file
+    // says so; at most 10 s), not after a fixed time a slow machine may
+    // not have started the process in.
+    let seen = scratch.0.join("pid1-control-seen");
+    let _ = fs::remove_file(&seen);
     let mut command = unshare_pid(Path::new("sh"));
     command
-        .args(["-c", "\"$0\" 30 0 -1 \"$1\" & sleep 0.5; exit 0"])
+        .args([
+            "-c",
+            "\"$0\" 30 0 -1 \"$1\" & i=0; \
+             while [ ! -e \"$2\" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; exit 0",
+        ])
         .arg(burn)
-        .arg(&word);
+        .arg(&word)
+        .arg(&seen);
     let running = Running::spawn("pid1-control", scratch, &mut command);
     let in_namespace = || {
         marked_processes(&word)
@@ -2098,6 +2120,7 @@ fn assert_pid1_exit_kills_its_namespace(scratch: &Scratch, burn: &Path) {
         Duration::from_secs(5),
         in_namespace,
     );
+    fs::write(&seen, "").unwrap();
     let run = running.finish();
     run.assert_success();
     wait_until(

@@ -509,10 +509,17 @@ fn the_parent_holds_none_of_its_workers_unwind_tables() {
     ));
     let marker = out.0.to_string_lossy().into_owned();
     let worker = wait_for_worker(&marker, None);
-    std::thread::sleep(Duration::from_millis(500));
     let parent = ddprof.id();
-    let in_worker = table_maps_held_by(worker);
-    let in_parent = table_maps_held_by(parent);
+    // The worker loads the tables after it is named: looked at until it
+    // holds them (a slow machine takes longer), the parent each time.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (mut in_worker, mut in_parent) = (0, 0);
+    while in_worker == 0 && in_parent == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        in_worker = table_maps_held_by(worker);
+        in_parent = table_maps_held_by(parent);
+    }
+    in_parent = in_parent.max(table_maps_held_by(parent));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(parent as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -18,8 +18,10 @@ pub mod intake;
 pub mod launcher;
 pub mod old_kernel;
 pub mod outputs;
+pub mod perf_script;
 pub mod pprof;
 pub mod processes;
+pub mod workload_build;
 
 pub use binary::{ddprof_bin, static_ddprof_bin};
 

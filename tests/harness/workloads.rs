@@ -22,9 +22,8 @@ pub fn workloads_build_dir() -> PathBuf {
 }
 
 /// Builds `tests/workloads/<source>` (e.g. `chain.c`, `chain.cpp`, `chain.rs`)
-/// unless an executable newer than the source is there, and returns its path.
-/// C and C++ are built `-O2 -fomit-frame-pointer -g` (no frame pointers, as
-/// most distribution code), Rust `-C opt-level=2 -C force-frame-pointers=no -g`.
+/// unless an executable newer than the source is there, and returns its path
+/// (built as [`crate::workload_build::compile_command`] says).
 /// The executable is named after the source: `chain`, `chain_cpp`, `chain_rs`;
 /// a C source named `*_plugin.c` is a shared library, `lib*_plugin.so`.
 pub fn build_workload(source: &str) -> PathBuf {
@@ -58,31 +57,8 @@ pub fn build_workload(source: &str) -> PathBuf {
         }
     }
     let temporary = out_dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let mut command = match extension {
-        "rs" => {
-            let mut command = Command::new("rustc");
-            command.args([
-                "-C",
-                "opt-level=2",
-                "-C",
-                "force-frame-pointers=no",
-                "-g",
-                "--edition",
-                "2021",
-            ]);
-            command
-        }
-        _ => {
-            let compiler = if extension == "cpp" { "c++" } else { "cc" };
-            let mut command = Command::new(compiler);
-            command.args(["-O2", "-fomit-frame-pointer", "-g", "-Wall", "-pthread"]);
-            if shared_library {
-                command.args(["-shared", "-fPIC"]);
-            }
-            command
-        }
-    };
-    command.arg("-o").arg(&temporary).arg(&source_path);
+    let mut command = crate::workload_build::compile_command(&source_path, &temporary)
+        .unwrap_or_else(|e| panic!("{e}"));
     let result = command
         .output()
         .unwrap_or_else(|e| panic!("cannot run the compiler for {source}: {e}"));

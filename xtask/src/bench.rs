@@ -88,6 +88,9 @@ pub struct BenchArgs {
 /// The corpus's generator of the big program, the same source.
 #[path = "../../tests/harness/big_program.rs"]
 mod big_program;
+/// The corpus's reader of `perf script`'s output, the same source.
+#[path = "../../tests/harness/perf_script.rs"]
+mod perf_script;
 mod rust_library;
 
 const TOOLS: &[&str] = &[

@@ -102,21 +102,22 @@ pub fn have(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Builds the C workload `tests/workloads/SOURCE` into `target/OUT_DIR/NAME`
-/// with the flags the tests use (no frame pointers: only DWARF unwinding
-/// reaches the roots).
-pub fn build_c_workload(source: &str, out_dir: &str, name: &str) -> Result<PathBuf> {
+/// How the tests compile their workloads, the same source.
+#[path = "../../tests/harness/workload_build.rs"]
+mod workload_build;
+
+/// Builds the workload `tests/workloads/SOURCE` into `target/OUT_DIR/NAME`
+/// as the tests build it (no frame pointers: only DWARF unwinding reaches
+/// the roots).
+pub fn build_workload(source: &str, out_dir: &str, name: &str) -> Result<PathBuf> {
     let source = workspace_root().join("tests/workloads").join(source);
     let out_dir = target_dir().join(out_dir);
     std::fs::create_dir_all(&out_dir)?;
     let binary = out_dir.join(name);
-    run_checked(
-        Command::new("cc")
-            .args(["-O2", "-fomit-frame-pointer", "-g", "-pthread", "-o"])
-            .arg(&binary)
-            .arg(&source),
-    )
-    .with_context(|| format!("cannot build the workload {}", source.display()))?;
+    let mut command =
+        workload_build::compile_command(&source, &binary).map_err(anyhow::Error::msg)?;
+    run_checked(&mut command)
+        .with_context(|| format!("cannot build the workload {}", source.display()))?;
     Ok(binary)
 }
 

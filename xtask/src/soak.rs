@@ -104,23 +104,10 @@ fn read_profilers(marker: &str) -> Reading {
 
 pub fn run(args: &SoakArgs) -> Result<()> {
     let ddprof = crate::build_all(true)?;
-    let chain = crate::build_c_workload("chain.c", "soak", "chain")?;
-    let churn = crate::build_c_workload("churn.c", "soak", "churn")?;
-    let child = crate::build_c_workload("forker_child.c", "soak", "forker_child")?;
-    let plugin = crate::target_dir().join("soak/libchurn_plugin.so");
-    crate::run_checked(
-        Command::new("cc")
-            .args([
-                "-O2",
-                "-fomit-frame-pointer",
-                "-g",
-                "-shared",
-                "-fPIC",
-                "-o",
-            ])
-            .arg(&plugin)
-            .arg(crate::workspace_root().join("tests/workloads/churn_plugin.c")),
-    )?;
+    let chain = crate::build_workload("chain.c", "soak", "chain")?;
+    let churn = crate::build_workload("churn.c", "soak", "churn")?;
+    let child = crate::build_workload("forker_child.c", "soak", "forker_child")?;
+    let plugin = crate::build_workload("churn_plugin.c", "soak", "libchurn_plugin.so")?;
     let seconds = args.minutes * 60;
     let out: PathBuf = crate::target_dir().join(format!("soak/out-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);

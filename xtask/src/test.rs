@@ -81,7 +81,7 @@ fn install_prerequisites() -> Result<()> {
 
 /// Builds the demo workload (the 6-deep chain with a 70/30 split).
 pub fn build_demo_workload() -> Result<PathBuf> {
-    crate::build_c_workload("chain.c", "demo", "chain")
+    crate::build_workload("chain.c", "demo", "chain")
 }
 
 /// Lines of a failed test's panic message kept for the digest.

@@ -4,7 +4,6 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, RingBuf};
@@ -12,11 +11,9 @@ use ddprof_common::sample::BpfCounter;
 
 use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes, ProgramSettings};
 use super::record::{decode, Record};
-use super::rows::TableMaps;
-use super::sync::{FileState, LoadedTable, SyncedProcess, TableStats};
+use super::sync::{MapMirror, TableStats};
 use super::variant::BpfVariant;
 use crate::events::EventFd;
-use crate::files::{ContentKey, MappedFile};
 use crate::process::ProcessTable;
 use crate::sample::{LossCounters, Sample};
 use crate::unwind::cache::TableCache;
@@ -96,31 +93,12 @@ impl Default for BpfEngineOptions {
 pub struct BpfEngine {
     pub(super) program: BpfProgram,
     /// Kept open: the program stays attached as long as they are.
-    pub(super) _events: Vec<EventFd>,
-    pub(super) workload_pids: Vec<u32>,
+    _events: Vec<EventFd>,
+    workload_pids: Vec<u32>,
     pub(super) ring: RingBuf<MapData>,
-    pub(super) rows: TableMaps,
-    pub(super) compiler: TableCache,
-    pub(super) tables: HashMap<ContentKey, LoadedTable>,
-    /// Files (device, inode) whose table did not fit, already warned about.
-    pub(super) warned_not_loaded: HashSet<(u64, u64)>,
-    pub(super) files: HashMap<Arc<MappedFile>, FileState>,
-    /// Per process, its entry in the process map as last written.
-    pub(super) synced: HashMap<u32, SyncedProcess>,
-    /// The tables of the entry being written by `sync_process` so far.
-    pub(super) syncing: Vec<ContentKey>,
-    /// Processes the program handed to the perf engine and named in a
-    /// `HANDOFF_NOTICE` record, not synced yet.
-    pub(super) handed_off: HashSet<u32>,
-    pub(super) dirty: HashSet<u32>,
-    /// `ProcessTable::generation` at the last full sync.
-    pub(super) synced_generation: Option<u64>,
-    /// Processes read from `/proc` because a sample named them first (or
-    /// tried: a read that failed is not tried again for every sample);
-    /// forgotten with the process, so a reused pid is read again.
-    pub(super) read_from_proc: HashSet<u32>,
-    pub(super) table_stats: TableStats,
-    pub(super) malformed: u64,
+    /// What the maps hold (edited by the sync only: `super::sync`).
+    pub(super) mirror: MapMirror,
+    malformed: u64,
     /// The program samples every CPU and keeps the profiled processes'
     /// samples (per-CPU events among the events): see
     /// [`BpfEngine::tree_only`].
@@ -181,18 +159,7 @@ impl BpfEngine {
             _events: Vec::new(),
             workload_pids: options.workload_pids.clone(),
             ring,
-            rows,
-            compiler,
-            tables: HashMap::new(),
-            files: HashMap::new(),
-            warned_not_loaded: HashSet::new(),
-            synced: HashMap::new(),
-            syncing: Vec::new(),
-            handed_off: HashSet::new(),
-            dirty: HashSet::new(),
-            synced_generation: None,
-            read_from_proc: HashSet::new(),
-            table_stats: TableStats::default(),
+            mirror: MapMirror::new(rows, compiler),
             malformed: 0,
             tree_only,
             not_profiled: HashMap::new(),
@@ -230,6 +197,7 @@ impl BpfEngine {
             }
         }
         let ms = |time: Duration| time.as_secs_f64() * 1e3;
+        let (tables, rows) = engine.mirror.tables_loaded();
         log::info!(
             "start-up: BPF engine: /proc snapshot {:.0} ms ({} processes), program load {:.0} ms, \
              maps filled {:.0} ms ({} files, {} rows), attached to {} events {:.0} ms",
@@ -237,8 +205,8 @@ impl BpfEngine {
             snapshot.pids().count(),
             ms(load_time),
             ms(fill_time),
-            engine.tables.len(),
-            engine.rows.used_rows(),
+            tables,
+            rows,
             events.len(),
             ms(attaching.elapsed())
         );
@@ -261,7 +229,7 @@ impl BpfEngine {
     /// The maps' memory, with the rows in use now.
     pub fn memory(&self) -> MapMemory {
         MapMemory {
-            table_bytes: self.rows.used_bytes() as usize,
+            table_bytes: self.mirror.table_bytes() as usize,
             ..self.program.memory()
         }
     }
@@ -270,28 +238,16 @@ impl BpfEngine {
     /// (kernel memory, within `--bpf-table-mib`) and the compiled tables
     /// they are filled from.
     pub fn cache_figures(&self) -> [crate::overhead::CacheFigures; 2] {
-        let stats = self.table_stats();
-        let rows = crate::overhead::CacheFigures {
-            name: "bpf_rows",
-            entries: stats.files_loaded,
-            used: self.rows.used_bytes(),
-            budget: Some(self.rows.budget_bytes()),
-            unit: "bytes",
-            evicted: stats.tables_freed + stats.tables_not_fitting,
-        };
-        [rows, self.compiler.figures("bpf_compiled_tables")]
+        self.mirror.cache_figures()
     }
 
     pub fn table_stats(&self) -> TableStats {
-        TableStats {
-            files_loaded: self.tables.len() as u64,
-            ..self.table_stats
-        }
+        self.mirror.table_stats()
     }
 
     /// The processes whose mappings are in the process map.
     pub fn tracked_processes(&self) -> HashSet<u32> {
-        self.synced.keys().copied().collect()
+        self.mirror.tracked_processes()
     }
 
     pub fn counters(&self) -> Result<BpfCounters, BpfError> {
@@ -334,7 +290,7 @@ impl BpfEngine {
                 Some(Record::Sample(sample)) => samples.push(sample),
                 // The next sync describes it.
                 Some(Record::HandoffNotice { pid }) => {
-                    self.handed_off.insert(pid);
+                    self.mirror.note_handed_off(pid);
                 }
                 None => self.malformed += 1,
             }
@@ -381,17 +337,10 @@ impl BpfEngine {
     /// from `/proc` once, for this sample's symbolization and the maps of
     /// the next ones.
     pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) {
-        /// Pids whose read failed stay in the set until then (a pid whose
-        /// process was read leaves it when the process is forgotten):
-        /// past this many, it starts over, and they may be read once more.
-        const MAX_READ_FROM_PROC: usize = 1 << 16;
-        if self.read_from_proc.len() >= MAX_READ_FROM_PROC {
-            self.read_from_proc.clear();
-        }
         if self.tree_only
             || pid == 0
             || processes.get(pid).is_some()
-            || !self.read_from_proc.insert(pid)
+            || !self.mirror.first_read_from_proc(pid)
         {
             return;
         }

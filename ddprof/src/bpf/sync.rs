@@ -2,7 +2,7 @@
 //! executable mappings, and `TABLES` holds the unwind tables of the files
 //! they map, a map each (loaded on first use, freed when the budget needs
 //! room and no process maps the file).
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ddprof_common::bpf_maps::{
@@ -12,8 +12,10 @@ use ddprof_common::unwind::ROW_SIZE;
 
 use super::engine::{is_alive, BpfEngine};
 use super::load::{BpfError, MapProblem};
+use super::rows::TableMaps;
 use crate::files::{ContentKey, MappedFile};
 use crate::process::{Process, ProcessTable};
+use crate::unwind::cache::TableCache;
 use crate::unwind::LoadSegment;
 
 /// Files whose table state (none, or not fitting) is remembered; past this
@@ -44,11 +46,115 @@ pub struct TableStats {
 }
 
 /// A table in the maps.
-pub(super) struct LoadedTable {
+struct LoadedTable {
     /// Its slot in `TABLES`.
-    pub(super) slot: u32,
-    pub(super) row_count: u32,
-    pub(super) segments: Vec<LoadSegment>,
+    slot: u32,
+    row_count: u32,
+    segments: Vec<LoadSegment>,
+}
+
+/// What the engine knows of its maps' contents, one record per process
+/// and per table; only this module edits it (the sync writes the maps and
+/// this mirror together).
+pub(super) struct MapMirror {
+    rows: TableMaps,
+    compiler: TableCache,
+    tables: HashMap<ContentKey, LoadedTable>,
+    /// Files (device, inode) whose table did not fit, already warned about.
+    warned_not_loaded: HashSet<(u64, u64)>,
+    files: HashMap<Arc<MappedFile>, FileState>,
+    /// Per process, its entry in the process map as last written.
+    synced: HashMap<u32, SyncedProcess>,
+    /// The tables of the entry being written by `sync_process` so far.
+    syncing: Vec<ContentKey>,
+    /// Processes the program handed to the perf engine and named in a
+    /// `HANDOFF_NOTICE` record, not synced yet.
+    handed_off: HashSet<u32>,
+    dirty: HashSet<u32>,
+    /// `ProcessTable::generation` at the last full sync.
+    synced_generation: Option<u64>,
+    /// Processes read from `/proc` because a sample named them first (or
+    /// tried: a read that failed is not tried again for every sample);
+    /// forgotten with the process, so a reused pid is read again.
+    read_from_proc: HashSet<u32>,
+    table_stats: TableStats,
+}
+
+impl MapMirror {
+    /// Nothing in the maps yet: `rows` are the table maps, filled from
+    /// the tables `compiler` compiles (or reads back).
+    pub(super) fn new(rows: TableMaps, compiler: TableCache) -> Self {
+        MapMirror {
+            rows,
+            compiler,
+            tables: HashMap::new(),
+            warned_not_loaded: HashSet::new(),
+            files: HashMap::new(),
+            synced: HashMap::new(),
+            syncing: Vec::new(),
+            handed_off: HashSet::new(),
+            dirty: HashSet::new(),
+            synced_generation: None,
+            read_from_proc: HashSet::new(),
+            table_stats: TableStats::default(),
+        }
+    }
+
+    /// The program named `pid` in a hand-off notice: the next sync
+    /// describes it.
+    pub(super) fn note_handed_off(&mut self, pid: u32) {
+        self.handed_off.insert(pid);
+    }
+
+    /// Whether `pid` is to be read from `/proc` now (a sample named it and
+    /// the table does not know it): once per process.
+    pub(super) fn first_read_from_proc(&mut self, pid: u32) -> bool {
+        /// Pids whose read failed stay in the set until then (a pid whose
+        /// process was read leaves it when the process is forgotten):
+        /// past this many, it starts over, and they may be read once more.
+        const MAX_READ_FROM_PROC: usize = 1 << 16;
+        if self.read_from_proc.len() >= MAX_READ_FROM_PROC {
+            self.read_from_proc.clear();
+        }
+        self.read_from_proc.insert(pid)
+    }
+
+    pub(super) fn table_stats(&self) -> TableStats {
+        TableStats {
+            files_loaded: self.tables.len() as u64,
+            ..self.table_stats
+        }
+    }
+
+    /// The processes whose mappings are in the process map.
+    pub(super) fn tracked_processes(&self) -> HashSet<u32> {
+        self.synced.keys().copied().collect()
+    }
+
+    /// Bytes of rows in the table maps now.
+    pub(super) fn table_bytes(&self) -> u64 {
+        self.rows.used_bytes()
+    }
+
+    /// Tables in the maps and their rows.
+    pub(super) fn tables_loaded(&self) -> (usize, u64) {
+        (self.tables.len(), self.rows.used_rows())
+    }
+
+    /// The tables in the maps (kernel memory, within `--bpf-table-mib`) and
+    /// the compiled tables they are filled from, for the overhead report.
+    pub(super) fn cache_figures(&self) -> [crate::overhead::CacheFigures; 2] {
+        let stats = self.table_stats();
+        let rows = crate::overhead::CacheFigures {
+            name: "bpf_rows",
+            entries: stats.files_loaded,
+            used: self.rows.used_bytes(),
+            budget: Some(self.rows.budget_bytes()),
+            unit: "bytes",
+            evicted: stats.tables_freed + stats.tables_not_fitting,
+        };
+        [rows, self.compiler.figures("bpf_compiled_tables")]
+    }
 }
 
 /// Processes read for a sync ([`BpfEngine::read_young`]).
@@ -60,7 +166,7 @@ pub struct YoungProcesses {
 
 /// The table state of one mapped file.
 #[derive(Clone)]
-pub(super) enum FileState {
+enum FileState {
     Loaded(ContentKey),
     /// The file has a table but it did not fit the budget: samples that
     /// need it are handed to the perf engine (`TABLE_NOT_LOADED`). Decided
@@ -124,7 +230,7 @@ impl BpfEngine {
     ) -> YoungProcesses {
         let mut table = preview(young);
         let mut pids = young.clone();
-        let handed_off: Vec<u32> = self.handed_off.drain().collect();
+        let handed_off: Vec<u32> = self.mirror.handed_off.drain().collect();
         for pid in handed_off {
             // Sampling every CPU: another process of the host, whose
             // samples the program drops from now on.
@@ -139,7 +245,10 @@ impl BpfEngine {
                 continue;
             }
             let newer_in_table = processes.get(pid).is_some_and(|process| {
-                self.synced.get(&pid).map(|synced| synced.fingerprint)
+                self.mirror
+                    .synced
+                    .get(&pid)
+                    .map(|synced| synced.fingerprint)
                     != Some(mappings_fingerprint(process))
             });
             if !newer_in_table || young.contains(&pid) {
@@ -152,7 +261,7 @@ impl BpfEngine {
             // opening its `/proc/PID/maps`, for a zombie or nothing, cost
             // ~40 us, a fifth of the children of a process-spawning workload.
             if table.get(pid).is_none() && !table.exited(pid) {
-                self.table_stats.processes_read_from_proc += 1;
+                self.mirror.table_stats.processes_read_from_proc += 1;
                 // Gone already, or unreadable: nothing to describe.
                 let _ = table.load_mappings_from_proc(pid);
             }
@@ -169,8 +278,8 @@ impl BpfEngine {
     /// processes that changed, not every mapping of every process at each
     /// poll (`--global`).
     pub fn sync_may_compile(&self, processes: &ProcessTable, young: &YoungProcesses) -> bool {
-        let needs_load = |file: &Arc<MappedFile>| match self.files.get(file) {
-            Some(FileState::Loaded(key)) => !self.tables.contains_key(key),
+        let needs_load = |file: &Arc<MappedFile>| match self.mirror.files.get(file) {
+            Some(FileState::Loaded(key)) => !self.mirror.tables.contains_key(key),
             Some(FileState::NotLoaded | FileState::Missing) => false,
             None => true,
         };
@@ -183,7 +292,8 @@ impl BpfEngine {
 
     /// Whether `process`'s entry was last written from these mappings.
     fn is_synced_as(&self, pid: u32, process: &Process) -> bool {
-        self.synced
+        self.mirror
+            .synced
             .get(&pid)
             .is_some_and(|synced| synced.fingerprint == mappings_fingerprint(process))
     }
@@ -192,7 +302,7 @@ impl BpfEngine {
     /// entries of `young` as read, and of every other changed process as
     /// `processes` has it.
     pub fn sync_read_young(&mut self, processes: &ProcessTable, young: YoungProcesses) {
-        self.synced_generation = Some(processes.generation());
+        self.mirror.synced_generation = Some(processes.generation());
         let read: Vec<u32> = young.table.pids().collect();
         for pid in read {
             self.sync_process(pid, &young.table);
@@ -201,6 +311,7 @@ impl BpfEngine {
         // (an entry read from `/proc`, or from the snapshot at start), a path
         // lookup that costs more than the rest of a new process's sync.
         let gone: Vec<u32> = self
+            .mirror
             .synced
             .keys()
             .copied()
@@ -213,11 +324,12 @@ impl BpfEngine {
         for pid in gone {
             self.forget_process(pid);
         }
-        self.dirty
+        self.mirror
+            .dirty
             .extend(processes.pids().filter(|pid| !young.pids.contains(pid)));
         self.sync_dirty(processes);
         // Slots released by the syncs above and not reused yet.
-        self.rows.flush();
+        self.mirror.rows.flush();
     }
 
     /// Whether [`BpfEngine::sync_with_young`] has anything to do: young
@@ -226,12 +338,12 @@ impl BpfEngine {
     /// that a caller can skip setting up for a sync that may be slow.
     pub fn sync_due(&self, processes: &ProcessTable, young: &HashSet<u32>) -> bool {
         !young.is_empty()
-            || !self.handed_off.is_empty()
-            || self.synced_generation != Some(processes.generation())
+            || !self.mirror.handed_off.is_empty()
+            || self.mirror.synced_generation != Some(processes.generation())
     }
 
     fn sync_dirty(&mut self, processes: &ProcessTable) {
-        let mut dirty: Vec<u32> = self.dirty.drain().collect();
+        let mut dirty: Vec<u32> = self.mirror.dirty.drain().collect();
         dirty.sort_unstable();
         for pid in dirty {
             self.sync_process(pid, processes);
@@ -239,10 +351,10 @@ impl BpfEngine {
     }
 
     fn forget_process(&mut self, pid: u32) {
-        self.dirty.remove(&pid);
+        self.mirror.dirty.remove(&pid);
         // A later process with this pid is read from `/proc` again.
-        self.read_from_proc.remove(&pid);
-        if self.synced.remove(&pid).is_some() {
+        self.mirror.read_from_proc.remove(&pid);
+        if self.mirror.synced.remove(&pid).is_some() {
             if let Ok(mut map) = self.program.process_map() {
                 let _ = map.remove(&pid);
             }
@@ -261,13 +373,13 @@ impl BpfEngine {
         self.unmark_not_profiled(pid);
         let fingerprint = mappings_fingerprint(process);
         if process.mappings.len() > MAX_PROCESS_MAPPINGS {
-            self.table_stats.processes_truncated += 1;
+            self.mirror.table_stats.processes_truncated += 1;
         }
         let mut entries = Vec::with_capacity(process.mappings.len().min(MAX_PROCESS_MAPPINGS));
         // The tables this entry uses, as they are loaded: making room for a
         // later one must not free an earlier one (its rows would be handed
         // out again while this entry points at them).
-        self.syncing.clear();
+        self.mirror.syncing.clear();
         for mapping in process.mappings.iter().take(MAX_PROCESS_MAPPINGS) {
             let mut entry = MappingEntry {
                 start: mapping.start,
@@ -279,7 +391,7 @@ impl BpfEngine {
                 entry.table = TABLE_NOT_LOADED;
             }
             if let FileState::Loaded(key) = state {
-                if let Some(table) = self.tables.get(&key) {
+                if let Some(table) = self.mirror.tables.get(&key) {
                     if let Some(bias) = LoadSegment::bias_for_mapping(
                         &table.segments,
                         mapping.start,
@@ -290,11 +402,12 @@ impl BpfEngine {
                         entry.row_count = table.row_count;
                     }
                 }
-                self.syncing.push(key);
+                self.mirror.syncing.push(key);
             }
             entries.push(entry);
         }
         if let Some(synced) = self
+            .mirror
             .synced
             .get_mut(&pid)
             .filter(|synced| synced.entries == entries)
@@ -303,7 +416,7 @@ impl BpfEngine {
             return;
         }
         // The new tables reach their slots before the entry that uses them.
-        self.rows.flush();
+        self.mirror.rows.flush();
         let mut value = ProcessMappings {
             count: entries.len() as u32,
             ..ProcessMappings::default()
@@ -313,7 +426,7 @@ impl BpfEngine {
             Ok(mut map) => {
                 if let Err(error) = map.insert(pid, value, 0) {
                     log::debug!("process {pid} not tracked by the BPF engine: {error}");
-                    self.table_stats.processes_not_tracked += 1;
+                    self.mirror.table_stats.processes_not_tracked += 1;
                     self.not_written(pid, fingerprint);
                     return;
                 }
@@ -324,12 +437,12 @@ impl BpfEngine {
                 return;
             }
         }
-        self.synced.insert(
+        self.mirror.synced.insert(
             pid,
             SyncedProcess {
                 fingerprint,
                 entries,
-                tables: std::mem::take(&mut self.syncing),
+                tables: std::mem::take(&mut self.mirror.syncing),
             },
         );
     }
@@ -338,7 +451,7 @@ impl BpfEngine {
     /// written before, if any, stays, and is not tried again until the
     /// process's mappings change.
     fn not_written(&mut self, pid: u32, fingerprint: u64) {
-        if let Some(synced) = self.synced.get_mut(&pid) {
+        if let Some(synced) = self.mirror.synced.get_mut(&pid) {
             synced.fingerprint = fingerprint;
         }
     }
@@ -352,40 +465,40 @@ impl BpfEngine {
         file: &Arc<MappedFile>,
         range: Option<(u64, u64)>,
     ) -> FileState {
-        match self.files.get(file) {
-            Some(FileState::Loaded(key)) if !self.tables.contains_key(key) => {}
+        match self.mirror.files.get(file) {
+            Some(FileState::Loaded(key)) if !self.mirror.tables.contains_key(key) => {}
             Some(state) => return state.clone(),
             None => {}
         }
         let state = self.load_table(pid, file, range);
-        self.files.insert(file.clone(), state.clone());
+        self.mirror.files.insert(file.clone(), state.clone());
         state
     }
 
     fn load_table(&mut self, pid: u32, file: &MappedFile, range: Option<(u64, u64)>) -> FileState {
         let started = std::time::Instant::now();
-        let table = match self.compiler.load(pid, file, range) {
+        let table = match self.mirror.compiler.load(pid, file, range) {
             Ok(table) => table,
             Err(error) => {
                 log::debug!("BPF engine: no unwind table: {error}");
-                self.table_stats.files_without_table += 1;
+                self.mirror.table_stats.files_without_table += 1;
                 return FileState::Missing;
             }
         };
-        if self.tables.contains_key(&table.key) {
+        if self.mirror.tables.contains_key(&table.key) {
             return FileState::Loaded(table.key);
         }
         let loaded_after = started.elapsed();
         let rows = &table.table.rows;
         let name = file.path.rsplit('/').next().unwrap_or_default();
-        let slot = match self.rows.store(rows, name) {
+        let slot = match self.mirror.rows.store(rows, name) {
             Ok(slot) => slot,
             Err(_) => {
                 self.release_unused_tables();
-                match self.rows.store(rows, name) {
+                match self.mirror.rows.store(rows, name) {
                     Ok(slot) => slot,
                     Err(error) => {
-                        self.table_stats.tables_not_fitting += 1;
+                        self.mirror.table_stats.tables_not_fitting += 1;
                         self.warn_not_loaded(file, rows.len(), &error);
                         return FileState::NotLoaded;
                     }
@@ -400,7 +513,7 @@ impl BpfEngine {
             started.elapsed().as_secs_f64() * 1e3,
             loaded_after.as_secs_f64() * 1e3
         );
-        self.tables.insert(
+        self.mirror.tables.insert(
             table.key,
             LoadedTable {
                 slot,
@@ -414,10 +527,10 @@ impl BpfEngine {
     /// Says, once per file, that its table is not in the kernel and what
     /// makes it fit.
     fn warn_not_loaded(&mut self, file: &MappedFile, rows: usize, error: &super::rows::StoreError) {
-        if self.warned_not_loaded.len() >= WARNED_FILES_KEPT {
-            self.warned_not_loaded.clear();
+        if self.mirror.warned_not_loaded.len() >= WARNED_FILES_KEPT {
+            self.mirror.warned_not_loaded.clear();
         }
-        if !self.warned_not_loaded.insert((file.dev, file.inode)) {
+        if !self.mirror.warned_not_loaded.insert((file.dev, file.inode)) {
             return;
         }
         let mib = |bytes: u64| bytes.div_ceil(1 << 20);
@@ -428,37 +541,39 @@ impl BpfEngine {
              Raise --bpf-table-mib (DD_PROFILING_BPF_TABLE_MIB) to unwind them in the kernel",
             file.path,
             mib(super::rows::TableMaps::bytes_for(rows)),
-            mib(self.rows.used_bytes()),
-            mib(self.rows.budget_bytes()),
+            mib(self.mirror.rows.used_bytes()),
+            mib(self.mirror.rows.budget_bytes()),
         );
     }
 
     /// Frees the rows of tables no tracked process uses any more.
     fn release_unused_tables(&mut self) {
         let used: HashSet<&ContentKey> = self
+            .mirror
             .synced
             .values()
             .flat_map(|synced| synced.tables.iter())
-            .chain(&self.syncing)
+            .chain(&self.mirror.syncing)
             .collect();
         let unused: Vec<ContentKey> = self
+            .mirror
             .tables
             .keys()
             .filter(|key| !used.contains(key))
             .cloned()
             .collect();
         for key in unused {
-            if let Some(table) = self.tables.remove(&key) {
-                self.rows.release(table.slot);
-                self.table_stats.tables_freed += 1;
+            if let Some(table) = self.mirror.tables.remove(&key) {
+                self.mirror.rows.release(table.slot);
+                self.mirror.table_stats.tables_freed += 1;
             }
         }
         // Files found without a table, or whose table did not fit, keep
         // that state (decided once, see `FileState::NotLoaded`) unless the
         // list grew past its bound.
-        let forget_decisions = self.files.len() > DECIDED_FILES_KEPT;
-        self.files.retain(|_, state| match state {
-            FileState::Loaded(key) => self.tables.contains_key(key),
+        let forget_decisions = self.mirror.files.len() > DECIDED_FILES_KEPT;
+        self.mirror.files.retain(|_, state| match state {
+            FileState::Loaded(key) => self.mirror.tables.contains_key(key),
             FileState::NotLoaded | FileState::Missing => !forget_decisions,
         });
     }
@@ -504,14 +619,14 @@ impl BpfEngine {
                 let _ = map.remove(&pid);
             }
         }
-        self.tables.clear();
-        self.rows.clear_all();
-        self.files.clear();
-        self.synced.clear();
-        self.dirty.clear();
-        self.handed_off.clear();
-        self.read_from_proc.clear();
-        self.synced_generation = None;
+        self.mirror.tables.clear();
+        self.mirror.rows.clear_all();
+        self.mirror.files.clear();
+        self.mirror.synced.clear();
+        self.mirror.dirty.clear();
+        self.mirror.handed_off.clear();
+        self.mirror.read_from_proc.clear();
+        self.mirror.synced_generation = None;
         self.sync_with_young(processes, &HashSet::new());
         Ok(())
     }
@@ -519,7 +634,7 @@ impl BpfEngine {
     /// Closes this copy's unwind table maps (the parent's, once a worker
     /// was forked; see [`super::rows::TableMaps::close_descriptors`]).
     pub fn release_table_maps(&mut self) {
-        self.rows.close_descriptors();
+        self.mirror.rows.close_descriptors();
     }
 
     /// Loads the table of one file into a map now, as if a process
@@ -533,11 +648,11 @@ impl BpfEngine {
             inode: metadata.ino(),
         });
         let state = self.table_for(std::process::id(), &file, None);
-        self.rows.flush();
+        self.mirror.rows.flush();
         let FileState::Loaded(key) = state else {
             return None;
         };
-        let table = self.tables.get(&key)?;
+        let table = self.mirror.tables.get(&key)?;
         Some(LoadedFileReport {
             rows: table.row_count,
             bytes: table.row_count as usize * ROW_SIZE,
@@ -547,19 +662,19 @@ impl BpfEngine {
 
     /// The rows of the table in `slot`, as the kernel's map holds them.
     pub fn stored_rows(&self, slot: u32) -> Option<Vec<ddprof_common::unwind::UnwindRow>> {
-        self.rows.rows(slot)
+        self.mirror.rows.rows(slot)
     }
 }
 
 /// A process's entry in the process map, as the engine last wrote it.
-pub(super) struct SyncedProcess {
+struct SyncedProcess {
     /// [`mappings_fingerprint`] of the mappings it was last synced from (so
     /// that a sync of unchanged processes costs no table lookups).
-    pub(super) fingerprint: u64,
+    fingerprint: u64,
     /// The entries written.
-    pub(super) entries: Vec<MappingEntry>,
+    entries: Vec<MappingEntry>,
     /// The tables they use, kept loaded while they do.
-    pub(super) tables: Vec<ContentKey>,
+    tables: Vec<ContentKey>,
 }
 
 /// A hash of a process's mappings: equal when its entry would be written

@@ -389,15 +389,7 @@ pub(super) fn measure_perf_record(
         return Err(format!("perf record failed ({}):\n{stderr}", reaped.status));
     }
     let script = perf(&buildid_dir)
-        .args(["script", "-i"])
-        .arg(&data)
-        .args([
-            "-F",
-            "pid,tid,ip,sym,dso",
-            "--max-stack",
-            "1024",
-            "--no-inline",
-        ])
+        .args(crate::perf_script::script_args(&data))
         .output()
         .map_err(|e| format!("cannot run perf script: {e}"))?;
     if !script.status.success() {

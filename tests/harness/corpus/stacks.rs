@@ -3,6 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use crate::perf_script::{last_parenthesized_group, read_script, ScriptRecord};
 use crate::pprof;
 
 /// The outermost frames that are a thread's entry: where the stack of a
@@ -177,28 +178,6 @@ pub fn without_parameters(name: &str) -> &str {
     }
 }
 
-/// Where the balanced parenthesis group that ends `text` opens (`text`
-/// ends with `)`; groups may nest), if it does.
-pub(super) fn last_parenthesized_group(text: &str) -> Option<usize> {
-    if !text.ends_with(')') {
-        return None;
-    }
-    let mut depth = 0usize;
-    for (at, byte) in text.bytes().enumerate().rev() {
-        match byte {
-            b')' => depth += 1,
-            b'(' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(at);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
 /// Kernel addresses (the upper half of the x86-64 address space).
 pub(super) const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
@@ -220,61 +199,26 @@ pub fn perf_frame_name(symbol: &str, dso: &str, names: &mut FunctionNames) -> St
     }
 }
 
-/// Parses `perf script -F pid,tid,ip,sym,dso` into (pid, user stack) per
-/// sample; kernel frames are left out (ddprof attributes kernel time to the
-/// user stack that made the system call).
+/// Parses `perf script`'s output (`crate::perf_script::script_args`) into
+/// (pid, user stack) per sample; kernel frames are left out (ddprof
+/// attributes kernel time to the user stack that made the system call).
 pub fn parse_perf_script(
     text: &str,
     names: &mut FunctionNames,
 ) -> Result<Vec<(u32, Stack)>, String> {
     let mut stacks = Vec::new();
-    let mut current: Option<(u32, Vec<String>)> = None;
-    for line in text.lines() {
-        if line.trim().is_empty() {
-            continue;
+    read_script(text.as_bytes(), |record| {
+        if let ScriptRecord::Sample(sample) = record {
+            let frames = sample
+                .frames
+                .iter()
+                .filter(|frame| frame.address < KERNEL_START)
+                .map(|frame| perf_frame_name(&frame.symbol, &frame.dso, names))
+                .collect();
+            stacks.push((sample.pid, Stack { frames, count: 1 }));
         }
-        if !line.starts_with('\t') {
-            // `  PID/TID `: a new sample.
-            stacks.extend(
-                current
-                    .take()
-                    .map(|(pid, frames)| (pid, Stack { frames, count: 1 })),
-            );
-            let pid = line
-                .trim()
-                .split('/')
-                .next()
-                .and_then(|p| p.parse().ok())
-                .ok_or_else(|| format!("perf script: unexpected sample header `{line}`"))?;
-            current = Some((pid, Vec::new()));
-            continue;
-        }
-        let Some((_, frames)) = current.as_mut() else {
-            return Err(format!("perf script: a frame before any sample: `{line}`"));
-        };
-        let (address, rest) = line
-            .trim()
-            .split_once(' ')
-            .ok_or_else(|| format!("perf script: unexpected frame `{line}`"))?;
-        let address = u64::from_str_radix(address, 16)
-            .map_err(|_| format!("perf script: unexpected address in `{line}`"))?;
-        if address >= KERNEL_START {
-            continue;
-        }
-        let (symbol, dso) = split_symbol_and_dso(rest)
-            .ok_or_else(|| format!("perf script: no `(dso)` in `{line}`"))?;
-        frames.push(perf_frame_name(symbol, dso, names));
-    }
-    stacks.extend(current.map(|(pid, frames)| (pid, Stack { frames, count: 1 })));
+    })?;
     Ok(stacks)
-}
-
-/// `SYMBOL (DSO)` → (SYMBOL, DSO); the DSO is the last balanced
-/// parenthesis group (symbols and paths may contain parentheses).
-pub(super) fn split_symbol_and_dso(text: &str) -> Option<(&str, &str)> {
-    let text = text.trim_end();
-    let at = last_parenthesized_group(text)?;
-    Some((text[..at].trim_end(), &text[at + 1..text.len() - 1]))
 }
 
 /// Reads a gzip'd pprof file into (process_id label, user stack) per sample

@@ -7,9 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use super::cgroup::run_in_cgroup;
-use super::stacks::{
-    parse_perf_script, perf_script_args, read_folded, read_samply_profile, StackCounts,
-};
+use super::stacks::{parse_perf_script, perf_script_args, read_folded, read_samply_profile};
 use super::workloads::Workload;
 use crate::say;
 
@@ -216,13 +214,18 @@ pub(super) fn run_once(
     } else if tool.starts_with("perf") {
         // perf unwinds (dwarf) and names the frames here: part of the tool.
         let script = perf_script_args(&out.join("perf.data"));
-        let mut counts = StackCounts::default();
+        let mut parsed = None;
         let scripted = run_in_cgroup(
             &script,
             &format!("ddprof-bench-{run_id}-script"),
             &Arc::new(HashSet::new()),
-            Some(&mut |stdout| counts = parse_perf_script(stdout, entries)),
+            Some(&mut |stdout| parsed = Some(parse_perf_script(stdout, entries))),
         )?;
+        // A reader that stopped at a line it did not expect leaves perf
+        // script to die of SIGPIPE: its error says more than the status.
+        let counts = parsed
+            .context("perf script's output was not read")?
+            .context("cannot read perf script's output")?;
         if !scripted.status.success() {
             bail!(
                 "perf script failed ({}): {}",

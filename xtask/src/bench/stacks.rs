@@ -1,10 +1,12 @@
 //! Reading each tool's output back into sample counts, with one rule for
 //! what reaches the root.
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use anyhow::{Context, Result};
+
+use super::perf_script::{self, ScriptRecord};
 
 /// Outermost frames of a stack that reached its thread's root: the
 /// executable's entry and libc's, and the functions a new thread starts in.
@@ -65,76 +67,36 @@ pub(super) fn read_folded(path: &Path, thread_entries: &[&str]) -> Result<StackC
     Ok(counts)
 }
 
-/// The arguments of `perf script` that print one header line per sample,
-/// then its frames innermost first (`ADDRESS SYMBOL`), then a blank line;
-/// deep stacks whole, no inline expansion (addr2line takes minutes).
+/// The command line of `perf script` that prints `perf.data`'s samples
+/// and losses as [`parse_perf_script`] reads them.
 pub(super) fn perf_script_args(perf_data: &Path) -> Vec<String> {
-    vec![
-        "perf".into(),
-        "script".into(),
-        "-i".into(),
-        perf_data.display().to_string(),
-        "-F".into(),
-        "comm,tid,ip,sym".into(),
-        "--max-stack".into(),
-        "1024".into(),
-        "--no-inline".into(),
-        "--show-lost-events".into(),
-    ]
+    let mut args = vec!["perf".to_string()];
+    args.extend(perf_script::script_args(perf_data));
+    args
 }
 
-/// Parses `perf script`'s output (see [`perf_script_args`]) as it comes.
-pub(super) fn parse_perf_script(output: impl Read, thread_entries: &[&str]) -> StackCounts {
-    let mut counts = StackCounts::default();
-    let mut in_sample = false;
-    let mut outermost: Option<String> = None;
-    let mut lost = 0u64;
-    let finish = |outermost: &mut Option<String>, counts: &mut StackCounts| {
-        counts.samples += 1;
-        if outermost
-            .take()
-            .is_some_and(|name| is_root_frame(&name, thread_entries))
-        {
-            counts.rooted += 1;
-        }
+/// Parses `perf script`'s output (see [`perf_script_args`]) as it comes:
+/// a sample is rooted if its outermost frame is a root frame.
+pub(super) fn parse_perf_script(output: impl Read, thread_entries: &[&str]) -> Result<StackCounts> {
+    let mut counts = StackCounts {
+        lost: Some(0),
+        ..StackCounts::default()
     };
-    for line in BufReader::new(output).split(b'\n').map_while(Result::ok) {
-        let line = String::from_utf8_lossy(&line);
-        if line.trim().is_empty() {
-            if in_sample {
-                finish(&mut outermost, &mut counts);
-                in_sample = false;
+    perf_script::read_script(BufReader::new(output), |record| match record {
+        ScriptRecord::Sample(sample) => {
+            counts.samples += 1;
+            if sample
+                .frames
+                .last()
+                .is_some_and(|outermost| is_root_frame(&outermost.symbol, thread_entries))
+            {
+                counts.rooted += 1;
             }
-            continue;
         }
-        if line.contains("PERF_RECORD_LOST") {
-            // `… PERF_RECORD_LOST lost 12` / `PERF_RECORD_LOST_SAMPLES lost 3`
-            lost += line
-                .split_whitespace()
-                .skip_while(|w| *w != "lost")
-                .nth(1)
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0);
-            continue;
-        }
-        if line.starts_with(char::is_whitespace) {
-            // `\t    16a90 _start`: the symbol follows the address.
-            let frame = line.trim_start();
-            let symbol = frame.split_once(' ').map_or("", |(_, s)| s);
-            outermost = Some(symbol.to_string());
-        } else {
-            if in_sample {
-                finish(&mut outermost, &mut counts);
-            }
-            in_sample = true;
-            outermost = None;
-        }
-    }
-    if in_sample {
-        finish(&mut outermost, &mut counts);
-    }
-    counts.lost = Some(lost);
-    counts
+        ScriptRecord::Lost(lost) => *counts.lost.get_or_insert(0) += lost,
+    })
+    .map_err(anyhow::Error::msg)?;
+    Ok(counts)
 }
 
 /// samply's profile (the Firefox profiler's processed format, optionally
@@ -264,20 +226,20 @@ mod tests {
 
     #[test]
     fn perf_script_samples_are_counted_by_their_outermost_frame() {
-        let output = "chain  5711 \n\
-                      \t           16e09 chain_leaf_70\n\
-                      \t           27304 __libc_start_main@@GLIBC_2.34\n\
-                      \t           16a90 _start\n\
+        let output = "5711/5711 \n\
+                      \t           16e09 chain_leaf_70 (/b/chain)\n\
+                      \t           27304 __libc_start_main@@GLIBC_2.34 (/lib/libc.so.6)\n\
+                      \t           16a90 _start (/b/chain)\n\
                       \n\
-                      chain  5711 \n\
-                      \t           16e09 chain_leaf_70\n\
-                      \t           16e34 [unknown]\n\
+                      5711/5711 \n\
+                      \t           16e09 chain_leaf_70 (/b/chain)\n\
+                      \t           16e34 [unknown] (/b/chain)\n\
                       \n\
                       perf 0 [000] 0.0: PERF_RECORD_LOST lost 7\n\
-                      worker-a  5712 \n\
-                      \t           16e09 thread_a_leaf\n\
-                      \t           16e34 thread_a_work\n";
-        let counts = parse_perf_script(output.as_bytes(), &["thread_a_work"]);
+                      5711/5712 \n\
+                      \t           16e09 thread_a_leaf (/b/chain)\n\
+                      \t           16e34 thread_a_work (/b/chain)\n";
+        let counts = parse_perf_script(output.as_bytes(), &["thread_a_work"]).unwrap();
         assert_eq!(
             (counts.samples, counts.rooted, counts.lost),
             (3, 2, Some(7))

@@ -5,16 +5,14 @@ use std::process::Command;
 use anyhow::{Context, Result};
 
 use super::{big_program, rust_library};
-use crate::{target_dir, workspace_root};
+use crate::target_dir;
 
 /// How a workload's source is built.
 #[derive(Clone, Copy)]
 pub(super) enum Language {
-    /// With the tests' flags (`-O2 -fomit-frame-pointer -g -pthread`).
-    C,
-    /// cargo's release optimisation level (3), no frame pointers, debug
-    /// information for symbols and lines, as the tests' Rust workloads.
-    RustRelease,
+    /// A C, C++ or Rust source built as the tests build it
+    /// (`tests/harness/workload_build.rs`, shared as source).
+    Source,
     /// The corpus's generated big program (`tests/harness/big_program.rs`,
     /// shared as source), statically linked.
     BigProgram,
@@ -52,7 +50,7 @@ pub(super) const WORKLOADS: &[Workload] = &[
     Workload {
         name: "chain",
         source: "chain.c",
-        language: Language::C,
+        language: Language::Source,
         helpers: &[],
         args: work_args,
         thread_entries: &[],
@@ -62,7 +60,7 @@ pub(super) const WORKLOADS: &[Workload] = &[
     Workload {
         name: "recursion",
         source: "recursion.c",
-        language: Language::C,
+        language: Language::Source,
         helpers: &[],
         args: work_args,
         thread_entries: &[],
@@ -72,7 +70,7 @@ pub(super) const WORKLOADS: &[Workload] = &[
     Workload {
         name: "threads",
         source: "threads.c",
-        language: Language::C,
+        language: Language::Source,
         helpers: &[],
         args: work_args,
         thread_entries: &["thread_a_work", "thread_b_work"],
@@ -82,7 +80,7 @@ pub(super) const WORKLOADS: &[Workload] = &[
     Workload {
         name: "qsort",
         source: "qsort.c",
-        language: Language::C,
+        language: Language::Source,
         helpers: &[],
         args: work_args,
         thread_entries: &[],
@@ -92,7 +90,7 @@ pub(super) const WORKLOADS: &[Workload] = &[
     Workload {
         name: "chain_rs",
         source: "chain.rs",
-        language: Language::RustRelease,
+        language: Language::Source,
         helpers: &[],
         args: work_args,
         thread_entries: &[],
@@ -102,7 +100,7 @@ pub(super) const WORKLOADS: &[Workload] = &[
     Workload {
         name: "forker",
         source: "forker.c",
-        language: Language::C,
+        language: Language::Source,
         helpers: &["forker_child.c"],
         args: |work, dir| {
             vec![
@@ -179,29 +177,7 @@ pub(super) fn build_source(
 ) -> Result<PathBuf> {
     match language {
         Language::Rustc => rust_library::prepare(&workload_dir(), work),
-        Language::C => crate::build_c_workload(source, "bench", name),
-        Language::RustRelease => {
-            let out_dir = workload_dir();
-            std::fs::create_dir_all(&out_dir)?;
-            let binary = out_dir.join(name);
-            crate::run_checked(
-                Command::new("rustc")
-                    .args([
-                        "-C",
-                        "opt-level=3",
-                        "-C",
-                        "force-frame-pointers=no",
-                        "-g",
-                        "--edition",
-                        "2021",
-                        "-o",
-                    ])
-                    .arg(&binary)
-                    .arg(workspace_root().join("tests/workloads").join(source)),
-            )
-            .with_context(|| format!("cannot build the workload {source}"))?;
-            Ok(binary)
-        }
+        Language::Source => crate::build_workload(source, "bench", name),
         Language::BigProgram => {
             let out_dir = workload_dir();
             std::fs::create_dir_all(&out_dir)?;
@@ -220,7 +196,7 @@ pub(super) fn build_source(
 pub(super) fn build_workload(workload: &Workload, work: u32) -> Result<PathBuf> {
     for helper in workload.helpers {
         let name = helper.trim_end_matches(".c");
-        build_source(helper, name, Language::C, work)?;
+        build_source(helper, name, Language::Source, work)?;
     }
     build_source(workload.source, workload.name, workload.language, work)
 }
