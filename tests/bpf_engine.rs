@@ -1450,19 +1450,7 @@ fn a_table_over_the_budget_is_refused_once_with_a_warning() {
     let _cpu = cpu_shared();
     let library = biggest_shared_library().expect("libstdc++ or libLLVM is installed");
     let path = library.to_string_lossy().into_owned();
-    let metadata = std::fs::metadata(&library).unwrap();
-    let mapped = ddprof::files::MappedFile {
-        path: path.clone(),
-        dev: std::os::unix::fs::MetadataExt::dev(&metadata),
-        inode: std::os::unix::fs::MetadataExt::ino(&metadata),
-    };
-    let rows = ddprof::unwind::TableCache::with_limit(1 << 30)
-        .load(std::process::id(), &mapped, None)
-        .expect("the library has CFI")
-        .table
-        .rows
-        .len();
-    let needed = ddprof::bpf::TableMaps::bytes_for(rows);
+    let (rows, needed) = table_size_of(&path);
     let mut sleeper = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
     let mut engine = BpfEngine::new(
         cpu_events_of(sleeper.id(), 99),
@@ -1486,6 +1474,109 @@ fn a_table_over_the_budget_is_refused_once_with_a_warning() {
         "decided once"
     );
     assert_eq!(engine.memory().table_bytes, memory_before);
+}
+
+/// The rows of `path`'s unwind table and the bytes of its map.
+fn table_size_of(path: &str) -> (usize, u64) {
+    let metadata = std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{path} (g++ and openssl install it): {e}"));
+    let mapped = ddprof::files::MappedFile {
+        path: path.to_string(),
+        dev: std::os::unix::fs::MetadataExt::dev(&metadata),
+        inode: std::os::unix::fs::MetadataExt::ino(&metadata),
+    };
+    let rows = ddprof::unwind::TableCache::with_limit(1 << 30)
+        .load(std::process::id(), &mapped, None)
+        .expect("the library has CFI")
+        .table
+        .rows
+        .len();
+    (rows, ddprof::bpf::TableMaps::bytes_for(rows))
+}
+
+/// The tables are counted by the process entries that use them: making
+/// room for a table frees the tables no entry uses (one loaded for no
+/// process), never one in use (the sleeper's own libc, ld.so and `sleep`).
+#[test]
+fn making_room_frees_only_the_tables_no_process_uses() {
+    let _cpu = cpu_shared();
+    let libraries = [
+        "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+        "/usr/lib/x86_64-linux-gnu/libcrypto.so.3",
+    ];
+    let bytes_of = |path: &str| table_size_of(path).1 as usize;
+    let (first_bytes, second_bytes) = (bytes_of(libraries[0]), bytes_of(libraries[1]));
+    let mut sleeper = KillOnDrop(Command::new("sleep").arg("30").spawn().unwrap());
+    let pid = sleeper.id();
+    // Once `sleep` runs (its exe and its libc mapped).
+    let libc_of_sleep = || {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        if !exe.to_string_lossy().ends_with("/sleep") {
+            return None;
+        }
+        std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .ok()?
+            .lines()
+            .filter_map(|line| line.split_whitespace().nth(5))
+            .find(|path| path.contains("/libc.so"))
+            .map(str::to_string)
+    };
+    let started = Instant::now();
+    let libc = loop {
+        if let Some(libc) = libc_of_sleep() {
+            break libc;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "sleep maps libc"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The sleeper's tables, as an engine loads them at its start.
+    let in_use = engine_on(pid, 99).memory().table_bytes;
+    assert!(
+        in_use > 0,
+        "control: the sleeper's tables are loaded at start"
+    );
+    // Room for the sleeper's tables and one of the two libraries.
+    let mut engine = BpfEngine::new(
+        cpu_events_of(pid, 99),
+        BpfEngineOptions {
+            workload_pids: vec![pid],
+            max_table_bytes: in_use + first_bytes.max(second_bytes) + 4096,
+            ..BpfEngineOptions::default()
+        },
+    )
+    .expect("the program verifies");
+    let libc_before = engine
+        .load_file(&libc)
+        .expect("libc's table since the start");
+    assert!(
+        engine.load_file(libraries[0]).is_some(),
+        "{} fits beside the sleeper's tables",
+        libraries[0]
+    );
+    let freed_before = engine.table_stats().tables_freed;
+    assert!(
+        engine.load_file(libraries[1]).is_some(),
+        "{} fits once the table no process uses is freed",
+        libraries[1]
+    );
+    sleeper.stop();
+    assert_eq!(
+        engine.table_stats().tables_freed,
+        freed_before + 1,
+        "only the table no process uses is freed"
+    );
+    let libc_after = engine.load_file(&libc).expect("libc's table is kept");
+    assert_eq!(libc_after.slot, libc_before.slot);
+    assert_eq!(
+        engine
+            .stored_rows(libc_after.slot)
+            .map(|rows| rows.len() as u32),
+        Some(libc_before.rows),
+        "libc's rows are still in its map"
+    );
 }
 
 const CHILD_ENV: &str = "DDPROF_BPF_TEST_UNPRIVILEGED_CHILD";

@@ -51,6 +51,9 @@ struct LoadedTable {
     slot: u32,
     row_count: u32,
     segments: Vec<LoadSegment>,
+    /// Mappings of the process map's entries (as written) that use it:
+    /// freed for another table only at 0.
+    users: u32,
 }
 
 /// What the engine knows of its maps' contents, one record per process
@@ -97,6 +100,38 @@ impl MapMirror {
             synced_generation: None,
             read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
+        }
+    }
+
+    /// `pid`'s entry as written now: its tables count it as a user, those
+    /// of the entry it replaces no longer.
+    fn record_synced(&mut self, pid: u32, synced: SyncedProcess) {
+        self.count_users(&synced.tables, true);
+        if let Some(replaced) = self.synced.insert(pid, synced) {
+            self.count_users(&replaced.tables, false);
+        }
+    }
+
+    /// Forgets `pid`'s entry (its tables lose a user); whether it had one.
+    fn forget_synced(&mut self, pid: u32) -> bool {
+        match self.synced.remove(&pid) {
+            Some(forgotten) => {
+                self.count_users(&forgotten.tables, false);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn count_users(&mut self, keys: &[ContentKey], add: bool) {
+        for key in keys {
+            if let Some(table) = self.tables.get_mut(key) {
+                table.users = if add {
+                    table.users.saturating_add(1)
+                } else {
+                    table.users.saturating_sub(1)
+                };
+            }
         }
     }
 
@@ -354,7 +389,7 @@ impl BpfEngine {
         self.mirror.dirty.remove(&pid);
         // A later process with this pid is read from `/proc` again.
         self.mirror.read_from_proc.remove(&pid);
-        if self.mirror.synced.remove(&pid).is_some() {
+        if self.mirror.forget_synced(pid) {
             if let Ok(mut map) = self.program.process_map() {
                 let _ = map.remove(&pid);
             }
@@ -437,12 +472,13 @@ impl BpfEngine {
                 return;
             }
         }
-        self.mirror.synced.insert(
+        let tables = std::mem::take(&mut self.mirror.syncing);
+        self.mirror.record_synced(
             pid,
             SyncedProcess {
                 fingerprint,
                 entries,
-                tables: std::mem::take(&mut self.mirror.syncing),
+                tables,
             },
         );
     }
@@ -519,6 +555,7 @@ impl BpfEngine {
                 slot,
                 row_count: rows.len() as u32,
                 segments: table.table.segments.clone(),
+                users: 0,
             },
         );
         FileState::Loaded(table.key)
@@ -548,19 +585,13 @@ impl BpfEngine {
 
     /// Frees the rows of tables no tracked process uses any more.
     fn release_unused_tables(&mut self) {
-        let used: HashSet<&ContentKey> = self
-            .mirror
-            .synced
-            .values()
-            .flat_map(|synced| synced.tables.iter())
-            .chain(&self.mirror.syncing)
-            .collect();
+        let syncing: HashSet<&ContentKey> = self.mirror.syncing.iter().collect();
         let unused: Vec<ContentKey> = self
             .mirror
             .tables
-            .keys()
-            .filter(|key| !used.contains(key))
-            .cloned()
+            .iter()
+            .filter(|(key, table)| table.users == 0 && !syncing.contains(key))
+            .map(|(key, _)| *key)
             .collect();
         for key in unused {
             if let Some(table) = self.mirror.tables.remove(&key) {
