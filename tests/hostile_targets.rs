@@ -33,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime};
 use ddprof_tests::guards::Scratch;
 use ddprof_tests::outputs::{pprof_files, summary_fields};
 use ddprof_tests::processes::wait_with_cpu_time;
+use ddprof_tests::workload_build::compile_command;
 use ddprof_tests::workloads::{build_workload, workloads_source_dir};
 use ddprof_tests::{as_nobody, ddprof_bin, ddprof_command};
 use object::{Object, ObjectSegment};
@@ -155,12 +156,9 @@ fn random_hex(count: usize) -> String {
 /// workloads that need flags `build_workload` does not give: a chosen
 /// build id, `-D`).
 fn compile(source: &str, output: &Path, flags: &[&str]) -> PathBuf {
-    let result = Command::new("cc")
-        .args(["-O2", "-g", "-fomit-frame-pointer", "-Wall", "-pthread"])
+    let result = compile_command(&workloads_source_dir().join(source), output)
+        .unwrap_or_else(|e| panic!("{e}"))
         .args(flags)
-        .arg("-o")
-        .arg(output)
-        .arg(workloads_source_dir().join(source))
         .output()
         .expect("run cc");
     assert!(

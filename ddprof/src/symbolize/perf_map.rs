@@ -456,7 +456,8 @@ mod tests {
         reload(&mut map, path);
         assert_eq!(map.lookup(0x1010), Some("jit_a"));
         assert_eq!(map.lookup(0x3010), Some("jit_c"));
-        // Part of it, with a function moved: the new line wins.
+        // Part of the new map (a function moved, its line not written
+        // yet): the earlier map names it, and what is past the new part.
         let dumped = "1000 100 jit_a\n2000 100 jit_b2\n3000 100 jit_c\n4000 10 jit_d\n";
         std::fs::write(path, &dumped[..20]).unwrap();
         reload(&mut map, path);

@@ -78,10 +78,8 @@ pub(super) fn perf_script_args(perf_data: &Path) -> Vec<String> {
 /// Parses `perf script`'s output (see [`perf_script_args`]) as it comes:
 /// a sample is rooted if its outermost frame is a root frame.
 pub(super) fn parse_perf_script(output: impl Read, thread_entries: &[&str]) -> Result<StackCounts> {
-    let mut counts = StackCounts {
-        lost: Some(0),
-        ..StackCounts::default()
-    };
+    let mut counts = StackCounts::default();
+    let mut lost = 0;
     perf_script::read_script(BufReader::new(output), |record| match record {
         ScriptRecord::Sample(sample) => {
             counts.samples += 1;
@@ -93,9 +91,10 @@ pub(super) fn parse_perf_script(output: impl Read, thread_entries: &[&str]) -> R
                 counts.rooted += 1;
             }
         }
-        ScriptRecord::Lost(lost) => *counts.lost.get_or_insert(0) += lost,
+        ScriptRecord::Lost(count) => lost += count,
     })
     .map_err(anyhow::Error::msg)?;
+    counts.lost = Some(lost);
     Ok(counts)
 }
 
