@@ -189,7 +189,7 @@ fn snapshot(pid: Pid, tid: Pid, stack_bytes: usize) -> Snapshot {
                 regs.rax, regs.rdx, regs.rcx, regs.rbx, regs.rsi, regs.rdi, 0, 0, regs.r8, regs.r9,
                 regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
             ],
-            others_known: true,
+            known: UserRegs::ALL_KNOWN,
             ..UserRegs::new(regs.rip, regs.rsp, regs.rbp)
         },
         stack,

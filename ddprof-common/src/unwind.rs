@@ -29,12 +29,16 @@
 //!
 //! # Registers
 //!
-//! The walk tracks IP, SP and RBP through every frame. The other
-//! general-purpose registers are known in the first frame (from the sample)
-//! and keep their values in a caller as long as no frame stepped through
-//! had a rule for them (DWARF's "same value"): hand-written assembly such as
-//! OpenSSL's uses them as the CFA's base (`CFA = RAX + 8`), also across
-//! calls to its own helpers that leave them alone.
+//! The walk tracks IP, SP and RBP through every frame, and RBX where a
+//! row says where it was saved. The other general-purpose registers are
+//! known in the first frame (from the sample) and keep their values in a
+//! caller as long as no frame stepped through had a rule for them (DWARF's
+//! "same value"): hand-written assembly such as OpenSSL's uses them as the
+//! CFA's base (`CFA = RAX + 8`), also across calls to its own helpers that
+//! leave them alone. RBX is tracked further because ld.so's lazy-binding
+//! trampoline (`_dl_runtime_resolve_*`) keeps its CFA in RBX and calls
+//! `_dl_fixup`, which saves RBX: without RBX restored from `_dl_fixup`'s
+//! frame, no walk from the binder gets past the trampoline.
 //!
 //! Everything here is plain integer math over `Copy` values: no allocation,
 //! no recursion, no panics, no unchecked indexing, loops bounded by
@@ -94,21 +98,29 @@ impl RowKind {
     }
 }
 
-/// The return address is at `CFA - 8` on x86_64 (the `call` pushed it).
+/// The return address is at `CFA - 8` on x86_64 (the `call` pushed it);
+/// every row but a [`RowKind::Signal`] one says so.
 pub const DEFAULT_RA_OFFSET_BY_8: i8 = -1;
+
+/// [`UnwindRow::slot_by_8`] of a row whose rule for RBX the format cannot
+/// express (or whose slot is out of reach): the caller's RBX is unknown.
+pub const RBX_UNKNOWN: i8 = i8::MIN;
 
 /// DWARF register numbers (x86_64 psABI): 0 RAX, 1 RDX, 2 RCX, 3 RBX,
 /// 4 RSI, 5 RDI, 6 RBP, 7 RSP, 8-15 R8-R15.
+pub const DWARF_RBX: u8 = 3;
 pub const DWARF_RBP: u8 = 6;
 pub const DWARF_RSP: u8 = 7;
 /// General-purpose registers have DWARF numbers below this.
 pub const GPR_COUNT: usize = 16;
+const RBX_KNOWN: u16 = 1 << DWARF_RBX;
 
 /// [`UnwindRow::kind_bits`]: the [`RowKind`].
 const KIND_MASK: u8 = 0b0111;
 /// [`UnwindRow::kind_bits`]: the row has a rule for a general-purpose
-/// register other than RSP and RBP, so the caller's value of those is not
-/// the current one.
+/// register other than RSP and RBP (the function saves registers, so it may
+/// change the caller-saved ones too): the caller's values of those are not
+/// the current ones, RBX's but where [`UnwindRow::saved_rbx`] says.
 const SAVES_OTHERS: u8 = 0b1000;
 /// [`UnwindRow::kind_bits`]: the CFA's base register (DWARF number).
 const REGISTER_SHIFT: u8 = 4;
@@ -127,10 +139,13 @@ pub struct UnwindRow {
     /// [`RowKind::Signal`], the offset from SP; for
     /// [`RowKind::CfaDerefDrap`], the offset from RBP.
     pub rbp_offset: i16,
-    /// Where the return address is, in units of 8 bytes: at
-    /// `CFA + ra_offset_by_8 * 8` (normally -1). For [`RowKind::Signal`],
-    /// relative to SP.
-    pub ra_offset_by_8: i8,
+    /// A slot of the stack, in units of 8 bytes. For [`RowKind::Signal`],
+    /// the interrupted IP, at `SP + slot_by_8 * 8`. For the other kinds,
+    /// the caller's RBX, at `CFA + slot_by_8 * 8`; 0 means RBX is
+    /// unchanged, [`RBX_UNKNOWN`] that it is not known (the return address
+    /// of those kinds is always at `CFA - 8`, see
+    /// [`UnwindRow::ra_offset_by_8`]).
+    pub slot_by_8: i8,
     /// Bits 0-2: a [`RowKind`]; bit 3: other registers saved (see
     /// [`UnwindRow::saves_other_registers`]); bits 4-7: the CFA's base
     /// register. Packed so that a row stays 12 bytes (rows are most of the
@@ -155,7 +170,8 @@ impl UnwindRow {
 
     /// The row has a rule for a general-purpose register other than RSP
     /// and RBP (a callee-saved register pushed, or one it cannot describe):
-    /// the caller's values of those registers are unknown from here on.
+    /// the caller's values of those registers are unknown from here on,
+    /// but for RBX where [`UnwindRow::saved_rbx`] finds it.
     pub const fn saves_other_registers(&self) -> bool {
         self.kind_bits & SAVES_OTHERS != 0
     }
@@ -171,7 +187,27 @@ impl UnwindRow {
         self.kind_bits == other.kind_bits
             && self.cfa_offset == other.cfa_offset
             && self.rbp_offset == other.rbp_offset
-            && self.ra_offset_by_8 == other.ra_offset_by_8
+            && self.slot_by_8 == other.slot_by_8
+    }
+
+    /// Where the return address is, in units of 8 bytes: at
+    /// `CFA + ra_offset_by_8 * 8`, or for [`RowKind::Signal`] at
+    /// `SP + ra_offset_by_8 * 8`.
+    pub const fn ra_offset_by_8(&self) -> i8 {
+        match self.row_kind() {
+            RowKind::Signal => self.slot_by_8,
+            _ => DEFAULT_RA_OFFSET_BY_8,
+        }
+    }
+
+    /// Where the caller's RBX is (not meaningful for [`RowKind::Signal`],
+    /// whose registers other than IP, SP and RBP are all unknown).
+    pub const fn saved_rbx(&self) -> SavedRbx {
+        match self.slot_by_8 {
+            0 => SavedRbx::Unchanged,
+            RBX_UNKNOWN => SavedRbx::Unknown,
+            by_8 => SavedRbx::AtCfa(by_8 as i64 * 8),
+        }
     }
 
     pub const fn with_kind(start: u32, kind: RowKind) -> UnwindRow {
@@ -179,18 +215,19 @@ impl UnwindRow {
             start,
             cfa_offset: 0,
             rbp_offset: 0,
-            ra_offset_by_8: 0,
+            slot_by_8: 0,
             kind_bits: kind as u8,
         }
     }
 
-    /// `CFA = register + offset`, return address at `CFA - 8`, RBP unchanged.
+    /// `CFA = register + offset`, return address at `CFA - 8`, RBP and RBX
+    /// unchanged.
     pub const fn cfa(register: u8, offset: i32) -> UnwindRow {
         UnwindRow {
             start: 0,
             cfa_offset: offset,
             rbp_offset: 0,
-            ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
+            slot_by_8: 0,
             kind_bits: RowKind::Cfa as u8 | (register & 15) << REGISTER_SHIFT,
         }
     }
@@ -202,7 +239,7 @@ impl UnwindRow {
             start: 0,
             cfa_offset: (offset as u16 as u32 | (addend as u16 as u32) << 16) as i32,
             rbp_offset: 0,
-            ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
+            slot_by_8: 0,
             kind_bits: kind as u8 | (register & 15) << REGISTER_SHIFT,
         }
     }
@@ -214,7 +251,7 @@ impl UnwindRow {
             start: 0,
             cfa_offset,
             rbp_offset: (push_end & 15) as i16,
-            ra_offset_by_8: DEFAULT_RA_OFFSET_BY_8,
+            slot_by_8: 0,
             kind_bits: RowKind::Plt as u8 | DWARF_RSP << REGISTER_SHIFT,
         }
     }
@@ -227,10 +264,25 @@ impl UnwindRow {
         UnwindRow { rbp_offset, ..self }
     }
 
-    pub const fn with_ra_offset_by_8(self, ra_offset_by_8: i8) -> UnwindRow {
+    /// The caller's RBX saved at `CFA + offset_by_8 * 8` (0: unchanged,
+    /// [`RBX_UNKNOWN`]: unknown).
+    pub const fn with_saved_rbx_by_8(self, offset_by_8: i8) -> UnwindRow {
         UnwindRow {
-            ra_offset_by_8,
+            slot_by_8: offset_by_8,
             ..self
+        }
+    }
+
+    /// A [`RowKind::Signal`] row: the ucontext at SP holds the interrupted
+    /// SP at `SP + sp_slot`, IP at `SP + ip_slot_by_8 * 8`, and RBP at
+    /// `SP + rbp_slot` (0: RBP unchanged).
+    pub const fn signal(sp_slot: i32, ip_slot_by_8: i8, rbp_slot: i16) -> UnwindRow {
+        UnwindRow {
+            start: 0,
+            cfa_offset: sp_slot,
+            rbp_offset: rbp_slot,
+            slot_by_8: ip_slot_by_8,
+            kind_bits: RowKind::Signal as u8,
         }
     }
 
@@ -242,6 +294,17 @@ impl UnwindRow {
     }
 }
 
+/// Where a row says the caller's RBX is ([`UnwindRow::saved_rbx`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SavedRbx {
+    /// Not saved: the caller's RBX is this frame's.
+    Unchanged,
+    /// Saved at `CFA + offset`.
+    AtCfa(i64),
+    /// The rule is one the format cannot express.
+    Unknown,
+}
+
 /// The registers the unwinder tracks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -250,14 +313,20 @@ pub struct Regs {
     pub sp: u64,
     pub bp: u64,
     /// The other general-purpose registers by DWARF number (entries 6 and 7
-    /// are not used: see `bp` and `sp`), valid while `others_known`.
+    /// are not used: see `bp` and `sp`), each valid while its bit of
+    /// `known` is set.
     pub others: [u64; GPR_COUNT],
-    /// `others` hold this frame's values: the sample's, and no frame
-    /// stepped through since had a rule for one of them.
-    pub others_known: bool,
+    /// Bit `n`: `others[n]` holds this frame's value of register `n`: the
+    /// sample's, unchanged by every frame stepped through since, or (RBX)
+    /// restored from where a frame saved it.
+    pub known: u16,
 }
 
 impl Regs {
+    /// [`Regs::known`] when every general-purpose register's value is
+    /// known (the sampled registers of the first frame).
+    pub const ALL_KNOWN: u16 = u16::MAX;
+
     /// Registers where only IP, SP and RBP are known.
     pub const fn new(ip: u64, sp: u64, bp: u64) -> Regs {
         Regs {
@@ -265,7 +334,7 @@ impl Regs {
             sp,
             bp,
             others: [0; GPR_COUNT],
-            others_known: false,
+            known: 0,
         }
     }
 
@@ -276,7 +345,9 @@ impl Regs {
         match register {
             DWARF_RSP => Some(self.sp),
             DWARF_RBP => Some(self.bp),
-            _ if self.others_known => self.others.get(usize::from(register)).copied(),
+            _ if u32::from(self.known) >> (register & 15) & 1 != 0 => {
+                self.others.get(usize::from(register)).copied()
+            }
             _ => None,
         }
     }
@@ -340,7 +411,7 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
             add_signed(regs.sp, row.cfa_offset as i64).wrapping_add(pushed)
         }
         RowKind::Signal => {
-            let ip = read_u64(add_signed(regs.sp, row.ra_offset_by_8 as i64 * 8));
+            let ip = read_u64(add_signed(regs.sp, row.ra_offset_by_8() as i64 * 8));
             let sp = read_u64(add_signed(regs.sp, row.cfa_offset as i64));
             let bp = if row.rbp_offset == 0 {
                 Some(regs.bp)
@@ -353,7 +424,7 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
                     regs.sp = sp;
                     regs.bp = bp;
                     // (The ucontext holds them too; nothing needs them yet.)
-                    regs.others_known = false;
+                    regs.known = 0;
                     StepResult::Interrupted
                 }
                 _ => StepResult::ReadFailed,
@@ -363,7 +434,7 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
         RowKind::NoInfo => return StepResult::NoInfo,
         RowKind::Unsupported => return StepResult::Unsupported,
     };
-    let Some(ip) = read_u64(add_signed(cfa, row.ra_offset_by_8 as i64 * 8)) else {
+    let Some(ip) = read_u64(add_signed(cfa, row.ra_offset_by_8() as i64 * 8)) else {
         return StepResult::ReadFailed;
     };
     let saved_bp_at = match kind {
@@ -383,11 +454,27 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
             None => return StepResult::ReadFailed,
         },
     };
+    // Unlike the return address, an RBX that cannot be read only makes
+    // RBX unknown: few callers need it.
+    let rbx = match row.saved_rbx() {
+        SavedRbx::Unchanged => regs.register(DWARF_RBX),
+        // Below SP: popped already, as RBP above.
+        SavedRbx::AtCfa(offset) if add_signed(cfa, offset) < regs.sp => regs.register(DWARF_RBX),
+        SavedRbx::AtCfa(offset) => read_u64(add_signed(cfa, offset)),
+        SavedRbx::Unknown => None,
+    };
     regs.ip = ip;
     regs.sp = cfa;
     regs.bp = bp;
     if row.saves_other_registers() {
-        regs.others_known = false;
+        regs.known = 0;
+    }
+    match rbx {
+        Some(value) => {
+            regs.others[DWARF_RBX as usize] = value;
+            regs.known |= RBX_KNOWN;
+        }
+        None => regs.known &= !RBX_KNOWN,
     }
     StepResult::Caller
 }
@@ -413,7 +500,7 @@ pub fn step_frame_pointer<F: FnMut(u64) -> Option<u64>>(
     regs.ip = ip;
     regs.sp = regs.bp.wrapping_add(16);
     regs.bp = bp;
-    regs.others_known = false;
+    regs.known = 0;
     StepResult::Caller
 }
 
@@ -662,7 +749,7 @@ mod tests {
     /// IP, SP, RBP and the other registers, all known.
     fn all_known(ip: u64, sp: u64, bp: u64, others: &[(u8, u64)]) -> Regs {
         let mut regs = Regs::new(ip, sp, bp);
-        regs.others_known = true;
+        regs.known = Regs::ALL_KNOWN;
         for &(register, value) in others {
             regs.others[register as usize] = value;
         }
@@ -784,15 +871,11 @@ mod tests {
             }
         );
         // A CFA at SP itself (a rule that pops nothing): no progress.
-        let mut stack = Stack::new(0x1000);
-        stack.set(0x1000, 0x5000);
-        let pops_nothing = UnwindRow {
-            ra_offset_by_8: 0,
-            ..sp_row(0, 0)
-        };
+        let mut stack = Stack::new(0xff8);
+        stack.set(0xff8, 0x5000);
         let (_, end) = walk(
             Regs::new(0x4000, 0x1000, 0),
-            &[FrameRule::Row(pops_nothing)],
+            &[FrameRule::Row(sp_row(0, 0))],
             &stack,
         );
         assert_eq!(end, Advance::End(StackEnd::NoProgress));
@@ -930,6 +1013,69 @@ mod tests {
     }
 
     #[test]
+    fn rows_that_save_rbx_restore_it_for_a_cfa_based_on_rbx() {
+        // ld.so's lazy binding: `_dl_runtime_resolve_xsavec` (CFA = RBX +
+        // 24) calls `_dl_fixup`, sampled after `push rbx; sub $0x10,%rsp`
+        // (CFA = RSP + 32, RBX at CFA - 16) with RBX reused.
+        let mut stack = Stack::new(0x1000);
+        stack.set(0x1010, 0x1040); // _dl_fixup's save of RBX
+        stack.set(0x1018, 0x7777); // return into the trampoline
+        stack.set(0x1050, 0x8888); // the trampoline's return address, CFA - 8
+        let fixup = sp_row(32, 0).with_saved_rbx_by_8(-2);
+        assert_eq!(fixup.saved_rbx(), SavedRbx::AtCfa(-16));
+        let trampoline = UnwindRow::cfa(RBX, 24);
+        let regs = all_known(0x4000, 0x1000, 5, &[(RBX, 0xdead)]);
+        let (pcs, end) = walk(
+            regs,
+            &[FrameRule::Row(fixup), FrameRule::Row(trampoline)],
+            &stack,
+        );
+        assert_eq!(pcs, [0x4000, 0x7777, 0x8888][..]);
+        // (The third frame's rule, the trampoline's again, finds the same
+        // CFA.)
+        assert_eq!(end, Advance::End(crate::sample::StackEnd::NoProgress));
+        // Known through a frame that saves other registers too, and only
+        // RBX of them.
+        let mut regs = all_known(0x4000, 0x1000, 5, &[(RBX, 0xdead), (R9, 9)]);
+        let saves_both = fixup.saving_other_registers();
+        assert_eq!(
+            step(&saves_both, &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!(regs.register(RBX), Some(0x1040));
+        assert_eq!(regs.register(R9), None);
+        // A saved RBX is known even where the sample's registers were not.
+        let mut regs = Regs::new(0x4000, 0x1000, 5);
+        assert_eq!(
+            step(&fixup, &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!(regs.register(RBX), Some(0x1040));
+        // A rule the format cannot express: unknown from there on.
+        let mut regs = all_known(0x4000, 0x1000, 5, &[(RBX, 0xdead)]);
+        let unknown = sp_row(32, 0).with_saved_rbx_by_8(RBX_UNKNOWN);
+        assert_eq!(
+            step(&unknown, &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!(regs.register(RBX), None);
+        // Its save slot below SP: popped already, so RBX is as it was.
+        let mut regs = all_known(0x4000, 0x1010, 5, &[(RBX, 0xdead)]);
+        let popped = sp_row(16, 0).with_saved_rbx_by_8(-4);
+        stack.set(0x1018, 0x7777);
+        assert_eq!(
+            step(&popped, &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!((regs.ip, regs.register(RBX)), (0x7777, Some(0xdead)));
+        // Unreadable: unknown, and the step still made.
+        let mut regs = all_known(0x4000, 0x1000, 5, &[(RBX, 0xdead)]);
+        let far = sp_row(32, 0).with_saved_rbx_by_8(100);
+        assert_eq!(step(&far, &mut regs, |a| stack.read(a)), StepResult::Caller);
+        assert_eq!((regs.ip, regs.register(RBX)), (0x7777, None));
+    }
+
+    #[test]
     fn deref_row_reads_saved_sp_and_adds() {
         // OpenSSL's `.cfi_cfa_expression %rsp+40,deref,+8`: the entry SP was
         // stored at RSP + 40 of a realigned frame.
@@ -992,20 +1138,16 @@ mod tests {
         stack.set(0x1000 + 160, 0x7000); // rsp
         stack.set(0x1000 + 168, 0x401234); // rip
         stack.set(0x1000 + 120, 0x6000); // rbp
-        let signal = UnwindRow {
-            start: 0,
-            cfa_offset: 160,
-            rbp_offset: 120,
-            ra_offset_by_8: 21,
-            kind_bits: RowKind::Signal as u8,
-        };
-        let mut regs = all_known(1, 0x1000, 0, &[(RAX, 3)]);
+        let signal = UnwindRow::signal(160, 21, 120);
+        assert_eq!(signal.ra_offset_by_8(), 21);
+        let mut regs = all_known(1, 0x1000, 0, &[(RAX, 3), (RBX, 4)]);
         assert_eq!(
             step(&signal, &mut regs, |a| stack.read(a)),
             StepResult::Interrupted
         );
         assert_eq!((regs.ip, regs.sp, regs.bp), (0x401234, 0x7000, 0x6000));
         assert_eq!(regs.register(RAX), None);
+        assert_eq!(regs.register(RBX), None);
     }
 
     #[test]

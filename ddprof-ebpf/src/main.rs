@@ -553,7 +553,7 @@ fn regs_of(regs: &pt_regs) -> Regs {
             regs.rax, regs.rdx, regs.rcx, regs.rbx, regs.rsi, regs.rdi, regs.rbp, regs.rsp,
             regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
         ],
-        others_known: true,
+        known: Regs::ALL_KNOWN,
     }
 }
 

@@ -8,7 +8,9 @@ use std::process::Command;
 /// `output`: C and C++ `-O2 -fomit-frame-pointer -g` (no frame pointers,
 /// as most distribution code), Rust `-C opt-level=2 -C
 /// force-frame-pointers=no -g`; a C source named `*_plugin.c` is a shared
-/// library. `Err` names a language this does not know.
+/// library, linked `-z lazy` (its calls bound at the first, as Debian links
+/// by default and as `lazy_binding_plugin.c` needs whatever the toolchain's
+/// default). `Err` names a language this does not know.
 pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> {
     let name = source.file_name().unwrap_or_default().to_string_lossy();
     let extension = source.extension().unwrap_or_default().to_string_lossy();
@@ -31,7 +33,7 @@ pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> 
             let mut command = Command::new(compiler);
             command.args(["-O2", "-fomit-frame-pointer", "-g", "-Wall", "-pthread"]);
             if name.ends_with("_plugin.c") {
-                command.args(["-shared", "-fPIC"]);
+                command.args(["-shared", "-fPIC", "-Wl,-z,lazy"]);
             }
             command
         }

@@ -352,7 +352,7 @@ fn parse_sample<'a>(cursor: &mut Cursor<'a>) -> Option<SampleView<'a>> {
                 }
             }
         }
-        regs.others_known = true;
+        regs.known = UserRegs::ALL_KNOWN;
         Some(regs)
     };
     let stack_size = usize::try_from(cursor.u64()?).ok()?;

@@ -8,7 +8,10 @@
 //! then tries frame pointers); code not covered by any FDE gets a
 //! [`RowKind::NoInfo`] row, except PLT stubs, whose rules are read from
 //! their code when the linker gave them no CFI (see [`super::plt`]).
-use ddprof_common::unwind::{RowKind, UnwindRow, DWARF_RBP, DWARF_RSP, GPR_COUNT, ROW_SIZE};
+use ddprof_common::unwind::{
+    RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, DWARF_RBP, DWARF_RSP, GPR_COUNT, RBX_UNKNOWN,
+    ROW_SIZE,
+};
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation,
     Reader, RegisterRule, UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow, X86_64,
@@ -361,9 +364,27 @@ fn general_register(register: gimli::Register) -> Option<u8> {
         .filter(|&n| usize::from(n) < GPR_COUNT)
 }
 
-/// A general-purpose register the walk does not restore (not RSP or RBP).
+/// A general-purpose register other than RSP and RBP. A rule for any of
+/// them (RBX too, which the row restores besides) marks a function that
+/// may change the caller-saved ones: only RBX is known past it.
 fn is_other_register(register: gimli::Register) -> bool {
     general_register(register).is_some_and(|n| n != DWARF_RSP && n != DWARF_RBP)
+}
+
+/// The row's byte for the caller's RBX ([`UnwindRow::with_saved_rbx_by_8`]):
+/// 0 when unchanged, its slot when saved at a multiple of 8 from the CFA
+/// within reach, [`RBX_UNKNOWN`] for any other rule.
+fn saved_rbx_by_8(rule: Option<RegisterRule<usize>>) -> i8 {
+    match rule {
+        None | Some(RegisterRule::SameValue) => 0,
+        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 && offset != 0 => {
+            match i8::try_from(offset / 8) {
+                Ok(by_8) if by_8 != RBX_UNKNOWN => by_8,
+                _ => RBX_UNKNOWN,
+            }
+        }
+        Some(_) => RBX_UNKNOWN,
+    }
 }
 
 fn is_deref8<R: Reader>(op: &Operation<R>) -> bool {
@@ -514,14 +535,12 @@ fn convert_row<'a, S: UnwindSection<Slice<'a>>>(
         }
     };
 
-    let ra_offset_by_8 = match ra_rule {
-        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 => match i8::try_from(offset / 8) {
-            Ok(by_8) => by_8,
-            Err(_) => return UNSUPPORTED,
-        },
-        _ => return UNSUPPORTED,
-    };
-    let cfa = cfa.with_ra_offset_by_8(ra_offset_by_8);
+    // x86_64's `call` pushes the return address just below the CFA; the
+    // rows have no room for another place (none seen in real code).
+    if ra_rule != Some(RegisterRule::Offset(8 * DEFAULT_RA_OFFSET_BY_8 as i64)) {
+        return UNSUPPORTED;
+    }
+    let cfa = cfa.with_saved_rbx_by_8(saved_rbx_by_8(row.register(X86_64::RBX)));
 
     let slot = match rbp_rule {
         // Unchanged (an undefined RBP is left as is: callers that need it
@@ -577,7 +596,7 @@ fn with_saved_rbp(cfa: UnwindRow, slot: SaveSlot) -> Option<UnwindRow> {
                 addend,
             );
             return Some(
-                drap.with_ra_offset_by_8(cfa.ra_offset_by_8)
+                drap.with_saved_rbx_by_8(cfa.slot_by_8)
                     .with_rbp_offset(i16::try_from(offset).ok()?),
             );
         }
@@ -641,13 +660,9 @@ fn signal_row<'a>(
             .flatten(),
         i16::try_from(rbp_slot),
     ) {
-        (Ok(cfa_offset), Some(ra_offset_by_8), Ok(rbp_offset)) => UnwindRow {
-            start: 0,
-            cfa_offset,
-            rbp_offset,
-            ra_offset_by_8,
-            kind_bits: RowKind::Signal as u8,
-        },
+        (Ok(cfa_offset), Some(ra_offset_by_8), Ok(rbp_offset)) => {
+            UnwindRow::signal(cfa_offset, ra_offset_by_8, rbp_offset)
+        }
         _ => UNSUPPORTED,
     }
 }

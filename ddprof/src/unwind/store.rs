@@ -31,9 +31,10 @@ const MAGIC: &[u8; 8] = b"DDPRUNW\0";
 /// ddprof that compiled them ([`own_build_id`]), so that a table another
 /// build compiled (whose compiler may have changed) is compiled again with
 /// no version to bump by hand.
-const FORMAT_VERSION: u32 = 3;
+const FORMAT_VERSION: u32 = 4;
 /// Bytes of a row in the file: `start`, `cfa_offset`, `rbp_offset`,
-/// `ra_offset_by_8`, `kind_bits`, little-endian.
+/// `slot_by_8` (version 4: the caller's RBX, was the return address),
+/// `kind_bits`, little-endian.
 const ROW_BYTES: usize = 12;
 /// Bytes of a segment in the file: `file_offset`, `vaddr`, `file_size`.
 const SEGMENT_BYTES: usize = 24;
@@ -134,7 +135,7 @@ fn encode(key: &Digest, table: &UnwindTable, compiler: &[u8]) -> Vec<u8> {
         out.extend_from_slice(&row.start.to_le_bytes());
         out.extend_from_slice(&row.cfa_offset.to_le_bytes());
         out.extend_from_slice(&row.rbp_offset.to_le_bytes());
-        out.extend_from_slice(&row.ra_offset_by_8.to_le_bytes());
+        out.extend_from_slice(&row.slot_by_8.to_le_bytes());
         out.push(row.kind_bits);
     }
     let crc = crc32fast::hash(&out);
@@ -186,7 +187,7 @@ fn decode(bytes: &[u8], key: &Digest, compiler: &[u8]) -> Option<UnwindTable> {
             start: row.u32()?,
             cfa_offset: i32::from_le_bytes(row.array()?),
             rbp_offset: i16::from_le_bytes(row.array()?),
-            ra_offset_by_8: i8::from_le_bytes(row.array()?),
+            slot_by_8: i8::from_le_bytes(row.array()?),
             kind_bits: row.u8()?,
         });
     }
@@ -225,7 +226,7 @@ mod tests {
         let mut cfa = UnwindRow::with_kind(0x1010, RowKind::Cfa);
         cfa.cfa_offset = -24;
         cfa.rbp_offset = -16;
-        cfa.ra_offset_by_8 = -1;
+        cfa.slot_by_8 = -2;
         UnwindTable {
             rows: vec![
                 UnwindRow::with_kind(0x1000, RowKind::Stop),

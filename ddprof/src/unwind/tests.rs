@@ -12,7 +12,7 @@ fn content_key(name: &[u8]) -> ContentKey {
     }
 }
 use crate::process::MappingRecord;
-use ddprof_common::unwind::{DWARF_RBP, DWARF_RSP};
+use ddprof_common::unwind::{DWARF_RBP, DWARF_RBX, DWARF_RSP, RBX_UNKNOWN};
 use gimli::write::{
     Address, CallFrameInstruction as Cfi, CommonInformationEntry, EndianVec, Expression,
     FrameDescriptionEntry, FrameTable,
@@ -278,13 +278,7 @@ fn signal_trampoline_reads_ucontext() {
     assert_eq!(
         rows_of(vec![trampoline]),
         vec![
-            UnwindRow {
-                start: 0x6000,
-                cfa_offset: 160,
-                rbp_offset: 120,
-                ra_offset_by_8: 21,
-                kind_bits: RowKind::Signal as u8,
-            },
+            UnwindRow::signal(160, 21, 120).at(0x6000),
             kind_at(0x6010, RowKind::NoInfo),
         ]
     );
@@ -329,6 +323,68 @@ const RAX: u8 = 0;
 const RSI: u8 = 4;
 
 #[test]
+fn rbx_save_rules_compile_to_its_slot_or_unknown() {
+    // ld.so's `_dl_fixup`: push rbx (RBX at CFA - 16: the other registers
+    // unknown past it, RBX restored) and r12; RBX then kept in a register
+    // (not expressible: unknown), then restored.
+    let rows = rows_of(vec![fde(
+        0xc000,
+        0x40,
+        vec![
+            (1, Cfi::CfaOffset(16)),
+            (1, Cfi::Offset(X86_64::RBX, -16)),
+            (3, Cfi::CfaOffset(24)),
+            (3, Cfi::Offset(Register(12), -24)),
+            (0x10, Cfi::Register(X86_64::RBX, R10)),
+            (0x20, Cfi::Restore(Register(12))),
+            (0x20, Cfi::Restore(X86_64::RBX)),
+            (0x20, Cfi::CfaOffset(8)),
+        ],
+    )]);
+    assert_eq!(
+        rows,
+        vec![
+            sp(0xc000, 8, 0),
+            sp(0xc001, 16, 0)
+                .with_saved_rbx_by_8(-2)
+                .saving_other_registers(),
+            sp(0xc003, 24, 0)
+                .with_saved_rbx_by_8(-2)
+                .saving_other_registers(),
+            sp(0xc010, 24, 0)
+                .with_saved_rbx_by_8(RBX_UNKNOWN)
+                .saving_other_registers(),
+            sp(0xc020, 8, 0),
+            kind_at(0xc040, RowKind::NoInfo),
+        ]
+    );
+    // The trampoline that `_dl_fixup` returns to: CFA in RBX.
+    let rows = rows_of(vec![fde(
+        0xd000,
+        0x40,
+        vec![
+            (1, Cfi::CfaOffset(24)),
+            (1, Cfi::Offset(X86_64::RBX, -24)),
+            (4, Cfi::CfaRegister(X86_64::RBX)),
+        ],
+    )]);
+    assert_eq!(
+        rows[2],
+        UnwindRow::cfa(DWARF_RBX, 24)
+            .with_saved_rbx_by_8(-3)
+            .saving_other_registers()
+            .at(0xd004)
+    );
+    // A return address anywhere but CFA - 8: not expressible.
+    let rows = rows_of(vec![fde(
+        0xe000,
+        0x10,
+        vec![(1, Cfi::Offset(X86_64::RA, -16))],
+    )]);
+    assert_eq!(rows[1], kind_at(0xe001, RowKind::Unsupported));
+}
+
+#[test]
 fn openssl_frames_compile_to_register_and_deref_rows() {
     // OpenSSL's perlasm (bn_mul_mont, sha512): `mov %rsp,%rax` and CFA in
     // RAX while pushing; after realigning RSP the entry SP is stored at
@@ -358,6 +414,7 @@ fn openssl_frames_compile_to_register_and_deref_rows() {
     let deref = |register, offset, addend| {
         UnwindRow::cfa_deref(RowKind::CfaDeref, register, offset, addend)
             .with_rbp_offset(-24)
+            .with_saved_rbx_by_8(-2)
             .saving_other_registers()
     };
     assert_eq!(
@@ -365,17 +422,22 @@ fn openssl_frames_compile_to_register_and_deref_rows() {
         vec![
             sp(0xb000, 8, 0),
             UnwindRow::cfa(RAX, 8).at(0xb003),
-            // RBX pushed: the caller's RBX (and the like) are not the
-            // current ones any more.
-            UnwindRow::cfa(RAX, 8).saving_other_registers().at(0xb004),
+            // RBX pushed: the caller's RBX is at CFA - 16, and its other
+            // registers (RAX and the like) not the current ones any more.
+            UnwindRow::cfa(RAX, 8)
+                .with_saved_rbx_by_8(-2)
+                .saving_other_registers()
+                .at(0xb004),
             UnwindRow::cfa(RAX, 8)
                 .with_rbp_offset(-24)
+                .with_saved_rbx_by_8(-2)
                 .saving_other_registers()
                 .at(0xb005),
             deref(DWARF_RSP, 40, 8).at(0xb010),
             deref(DWARF_RBP, 88, 8).at(0xb040),
             UnwindRow::cfa(RSI, 8)
                 .with_rbp_offset(-24)
+                .with_saved_rbx_by_8(-2)
                 .saving_other_registers()
                 .at(0xb048),
             sp(0xb050, 8, 0),
@@ -665,13 +727,7 @@ fn synthetic() -> (ProcessTable, Unwinder) {
         fp(0x1200, 16, -16),
         kind_at(0x1300, RowKind::Stop),
         kind_at(0x1310, RowKind::NoInfo),
-        UnwindRow {
-            start: 0x1400,
-            cfa_offset: 160,
-            rbp_offset: 120,
-            ra_offset_by_8: 21,
-            kind_bits: RowKind::Signal as u8,
-        },
+        UnwindRow::signal(160, 21, 120).at(0x1400),
         kind_at(0x1410, RowKind::NoInfo),
     ])
 }
@@ -1173,7 +1229,7 @@ fn walk(
 fn sampled(ip: u64, bp: u64, rax: u64) -> UserRegs {
     let mut regs = UserRegs::new(MAP_START + ip, STACK, bp);
     regs.others[usize::from(RAX)] = rax;
-    regs.others_known = true;
+    regs.known = UserRegs::ALL_KNOWN;
     regs
 }
 

@@ -24,8 +24,8 @@ pub use measure::{measure, Measured, Tool};
 pub use programs::Workload;
 use programs::{
     prepare_big_static, prepare_cc1, prepare_clang, prepare_dd, prepare_deleted, prepare_go,
-    prepare_lld_c, prepare_openssl, prepare_python3, prepare_rust_release, prepare_rustc,
-    prepare_shell_loop, prepare_sqlite3, prepare_throw, prepare_xz,
+    prepare_lazy_binding, prepare_lld_c, prepare_openssl, prepare_python3, prepare_rust_release,
+    prepare_rustc, prepare_shell_loop, prepare_sqlite3, prepare_throw, prepare_xz,
 };
 pub use report::{details, min_sample_ratio, table, EntryResult};
 pub use stacks::{
@@ -217,6 +217,13 @@ pub const ENTRIES: &[Entry] = &[
         prepare: prepare_big_static,
         stack_bytes: DEEP_STACK_BYTES,
         big: true,
+    },
+    Entry {
+        name: "lazy-binding",
+        what: "tests/workloads/lazy_binding.c: a library linked `-z lazy` loaded by dlopen, calling 2,000 of its functions through its PLT, unloaded, in a loop: most samples in ld.so's binder (`_dl_runtime_resolve_xsavec`, whose CFA is in RBX, and `_dl_fixup`)",
+        prepare: prepare_lazy_binding,
+        stack_bytes: STACK_BYTES,
+        big: false,
     },
     Entry {
         name: "throw",

@@ -577,6 +577,12 @@ pub(super) fn prepare_big_static(dir: &Path) -> Workload {
     Workload::new([binary.as_os_str(), OsStr::new("6")])
 }
 
+pub(super) fn prepare_lazy_binding(_: &Path) -> Workload {
+    let binary = build_workload("lazy_binding.c");
+    let plugin = build_workload("lazy_binding_plugin.c");
+    Workload::new([binary.as_os_str(), OsStr::new("3"), plugin.as_os_str()])
+}
+
 pub(super) fn prepare_throw(_: &Path) -> Workload {
     let binary = build_workload("throw.cpp");
     Workload::new([binary.as_os_str(), OsStr::new("3")])
