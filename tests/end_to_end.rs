@@ -306,6 +306,66 @@ fn an_unprivileged_user_profiles_its_own_command_with_the_perf_engine() {
 }
 
 #[test]
+fn the_bpf_engine_unwinds_and_names_the_plt_stubs_of_a_static_program() {
+    unwinds_and_names_the_plt_stubs_of_a_static_program("bpf");
+}
+
+#[test]
+fn the_perf_engine_unwinds_and_names_the_plt_stubs_of_a_static_program() {
+    unwinds_and_names_the_plt_stubs_of_a_static_program("perf");
+}
+
+/// A static program's `.plt` holds 8-byte IFUNC stubs without CFI: before
+/// they had rows, 6 % of this program's samples ended truncated in them,
+/// and the stubs were named `_init` (the symbol before `.plt`).
+fn unwinds_and_names_the_plt_stubs_of_a_static_program(engine: &str) {
+    let program = build_workload("strings_static.c");
+    let out = Scratch::new(&format!("static-plt-{engine}"));
+    let (output, stderr) = run(ddprof(&out.0)
+        .args(["--engine", engine, "-e", "sCPU freq=999", "--"])
+        .arg(&program)
+        .arg("2"));
+    assert!(output.status.success(), "{stderr}");
+    let stacks = folded(&out.0);
+    let total: u64 = stacks.iter().map(|(_, count)| count).sum();
+    let complete: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames.get(1).is_some_and(|root| root == "_start"))
+        .map(|(_, count)| count)
+        .sum();
+    let in_stub = |stub: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|(frames, _)| frames.last().is_some_and(|leaf| leaf == stub))
+            .map(|(_, count)| count)
+            .sum()
+    };
+    let stubs = ["memcpy@plt", "strlen@plt", "memset@plt"].map(in_stub);
+    let described = stacks
+        .iter()
+        .map(|(frames, count)| format!("{} {count}", frames.join(";")))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(total >= 1000, "{engine}: {total} samples\n{described}");
+    assert!(
+        complete * 100 >= total * 99,
+        "{engine}: {complete} of {total} samples reach _start\n{described}"
+    );
+    // ~5 % of the samples are in the stubs, each named after its IFUNC;
+    // none after `_init`.
+    assert!(
+        stubs.iter().sum::<u64>() * 100 >= total * 2,
+        "{engine}: samples in memcpy@plt, strlen@plt, memset@plt: {stubs:?} of {total}\n{described}"
+    );
+    assert!(
+        !stacks
+            .iter()
+            .any(|(frames, _)| frames.iter().any(|f| f == "_init")),
+        "{engine}: a frame named _init\n{described}"
+    );
+}
+
+#[test]
 fn lost_samples_are_counted_and_reported() {
     let chain = build_workload("chain.c");
     let out = Scratch::new("lost");

@@ -78,8 +78,65 @@ impl Symbolizer {
     /// ([`Resolved::dwarf_unreadable`] says so). A file that makes blazesym
     /// fail in any other way (a panic, a file truncated under us) names
     /// nothing; its data is dropped from blazesym's caches then, so that
-    /// nothing half-read stays behind.
+    /// nothing half-read stays behind. Offsets in PLT stubs are named after
+    /// the function the stub jumps to (`memcpy@plt`, see `plt.rs`).
     pub(super) fn resolve_elf_offsets(
+        &mut self,
+        open_path: &str,
+        display_path: &str,
+        offsets: &[u64],
+        copy: Option<&DebugCopy>,
+        fallback: &TableFallback,
+    ) -> Resolved {
+        let stubs = std::panic::catch_unwind(|| super::plt::stub_names(open_path, offsets))
+            .unwrap_or_else(|_| vec![None; offsets.len()]);
+        if stubs.iter().all(Option::is_none) {
+            return self.resolve_with_blazesym(open_path, display_path, offsets, copy, fallback);
+        }
+        let others: Vec<u64> = offsets
+            .iter()
+            .zip(&stubs)
+            .filter(|(_, stub)| stub.is_none())
+            .map(|(&offset, _)| offset)
+            .collect();
+        let resolved = if others.is_empty() {
+            Resolved::default()
+        } else {
+            self.resolve_with_blazesym(open_path, display_path, &others, copy, fallback)
+        };
+        let mut lines = resolved.lines.into_iter();
+        let mut functions = resolved.functions.into_iter();
+        let mut merged = Resolved {
+            dwarf_unreadable: resolved.dwarf_unreadable,
+            ..Resolved::default()
+        };
+        for stub in stubs {
+            match stub {
+                Some(name) => {
+                    let function = match name.strip_suffix("@plt") {
+                        Some(symbol) => format!("{}@plt", demangle(symbol)),
+                        None => name.clone(),
+                    };
+                    let line = OwnedLine {
+                        function,
+                        system_name: name,
+                        file: String::new(),
+                        line: 0,
+                    };
+                    merged.lines.push(Some(self.intern_lines(vec![line])));
+                    merged.functions.push(None);
+                }
+                None => {
+                    merged.lines.push(lines.next().flatten());
+                    merged.functions.push(functions.next().flatten());
+                }
+            }
+        }
+        merged
+    }
+
+    /// [`Self::resolve_elf_offsets`] for offsets in no PLT stub.
+    fn resolve_with_blazesym(
         &mut self,
         open_path: &str,
         display_path: &str,
@@ -107,11 +164,11 @@ impl Symbolizer {
                     "cannot symbolize {display_path} from {}: {error}",
                     copy.path.display()
                 );
-                self.resolve_elf_offsets(open_path, display_path, offsets, None, fallback)
+                self.resolve_with_blazesym(open_path, display_path, offsets, None, fallback)
             }
             (Err(_), Some(copy)) => {
                 self.evict_from_blazesym(&copy.path.to_string_lossy());
-                self.resolve_elf_offsets(open_path, display_path, offsets, None, fallback)
+                self.resolve_with_blazesym(open_path, display_path, offsets, None, fallback)
             }
             (Ok(Err(error)), None) => {
                 log::debug!("cannot symbolize {display_path}: {error}");

@@ -24,6 +24,7 @@ mod functions;
 mod kernel;
 mod names;
 mod perf_map;
+mod plt;
 mod store;
 pub use debug_cache::{DebugCache, DebugCacheError, DebugCopy};
 use elf::TableFallback;

@@ -18,6 +18,13 @@
 //! slot that pushed), plus 8 from the end of its one `push` on
 //! ([`RowKind::Plt`]). Slots with other instructions, or more than one
 //! push, get no row (frame pointers, as before).
+//!
+//! GNU ld also makes sections of 8-byte stubs, `jmp *GOT[n](%rip); xchg
+//! %ax,%ax`, with no CFI: the `.plt` of a statically linked program, whose
+//! entries call glibc's IFUNC-selected string functions (`memcpy`,
+//! `strlen`: 6 % of a string-heavy static program's samples ended there),
+//! and `.plt.got` without IBT. Their one instruction runs with the return
+//! address at SP.
 use super::compile::FdeRows;
 use ddprof_common::unwind::{RowKind, UnwindRow, DWARF_RSP};
 use object::{Object, ObjectSection};
@@ -148,6 +155,20 @@ fn section_rows(address: u64, code: &[u8]) -> Vec<(u64, UnwindRow)> {
         .collect()
 }
 
+/// Bytes of a stub in a section of 8-byte stubs.
+const SHORT_SLOT: u64 = 8;
+
+/// The rows of a section of 8-byte `jmp *disp32(%rip)` stubs (the 2 bytes
+/// after the jump are padding, never run), or `None` when any slot is
+/// something else.
+fn short_stub_rows(address: u64, code: &[u8]) -> Option<Vec<(u64, UnwindRow)>> {
+    let all_jumps = code
+        .chunks_exact(SHORT_SLOT as usize)
+        .all(|slot| matches!(decode(slot), Some((6, Effect::IndirectJump))));
+    let whole_slots = !code.is_empty() && code.len().is_multiple_of(SHORT_SLOT as usize);
+    (all_jumps && whole_slots).then(|| vec![(address, UnwindRow::cfa(DWARF_RSP, 8))])
+}
+
 /// Rows for the PLT sections of `file` that no FDE in `fdes` covers, and
 /// how many stubs got a rule.
 pub(crate) fn uncovered_plt_rows<'d, O: Object<'d>>(
@@ -164,8 +185,7 @@ pub(crate) fn uncovered_plt_rows<'d, O: Object<'d>>(
         let Some(end) = start.checked_add(size) else {
             continue;
         };
-        // The `IP & 15` rule needs slots aligned on 16 bytes.
-        if size == 0 || start % SLOT != 0 || size % SLOT != 0 {
+        if size == 0 || start % SHORT_SLOT != 0 || size % SHORT_SLOT != 0 {
             continue;
         }
         if fdes.iter().any(|fde| fde.start < end && fde.end > start) {
@@ -177,11 +197,20 @@ pub(crate) fn uncovered_plt_rows<'d, O: Object<'d>>(
         if code.len() as u64 != size {
             continue;
         }
-        let rows = section_rows(start, code);
-        stubs += rows
-            .iter()
-            .filter(|(_, row)| row.row_kind() != RowKind::NoInfo)
-            .count() as u64;
+        let rows = if let Some(rows) = short_stub_rows(start, code) {
+            stubs += size / SHORT_SLOT;
+            rows
+        } else if start % SLOT == 0 && size % SLOT == 0 {
+            // (The `IP & 15` rule needs slots aligned on 16 bytes.)
+            let rows = section_rows(start, code);
+            stubs += rows
+                .iter()
+                .filter(|(_, row)| row.row_kind() != RowKind::NoInfo)
+                .count() as u64;
+            rows
+        } else {
+            continue;
+        };
         out.push(FdeRows { start, end, rows });
     }
     (out, stubs)
@@ -246,6 +275,26 @@ mod tests {
             section_rows(0x1950, &sec),
             vec![(0x1950, UnwindRow::cfa(DWARF_RSP, 8))]
         );
+    }
+
+    #[test]
+    fn eight_byte_stubs_of_a_static_programs_plt() {
+        // GNU ld's `.plt` of a static program (IFUNC relocations), at an
+        // 8-byte boundary: `jmp *disp32(%rip); xchg %ax,%ax`.
+        let stub = [0xff, 0x25, 0xe2, 0xcf, 0x0a, 0x00, 0x66, 0x90];
+        let code = stub.repeat(3);
+        assert_eq!(
+            short_stub_rows(0x401018, &code),
+            Some(vec![(0x401018, UnwindRow::cfa(DWARF_RSP, 8))])
+        );
+        // Anything else in a slot: not such a section.
+        let mut mixed = code.clone();
+        mixed[8] = 0x68;
+        assert_eq!(short_stub_rows(0x401018, &mixed), None);
+        assert_eq!(short_stub_rows(0x401018, &stub[..6]), None);
+        // 16-byte stubs whose first 8 bytes are a jump (lazy entries) are
+        // not 8-byte stubs: the `push` at byte 6 is no jump.
+        assert_eq!(short_stub_rows(0x1860, &lld_plt(2)[16..]), None);
     }
 
     #[test]
