@@ -134,7 +134,15 @@ fn profiles_reach_an_http_agent_in_the_exporters_wire_format() {
         ("region", "eu"),
         ("language", "native"),
         ("profiler_version", env!("CARGO_PKG_VERSION")),
-        ("cpu_arch", std::env::consts::ARCH),
+        // Go's name, as the C++ ddprof sends it.
+        (
+            "cpu_arch",
+            if cfg!(target_arch = "x86_64") {
+                "amd64"
+            } else {
+                "arm64"
+            },
+        ),
         ("profile_seq", "0"),
         ("include_kernel", "false"),
     ];

@@ -19,6 +19,8 @@ pub enum LogLevel {
     Error,
     Warn,
     Notice,
+    /// (`informational`: the C++ ddprof's name.)
+    #[value(alias = "informational")]
     Info,
     Debug,
 }

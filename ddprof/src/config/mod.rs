@@ -48,7 +48,12 @@ pub const DEFAULT_STACK_SAMPLE_SIZE: u32 = 32000;
     about = "A native CPU profiler for Linux",
     long_about = "Runs COMMAND as if ddprof were not there (same PID, same exit status) and profiles it and its children. \
                   Also attaches to a running process (-p) or the whole machine (-g).",
-    after_help = "Examples:\n  ddprof -- ./my-service --port 8080\n  ddprof --output /tmp/prof -e 'sCPU freq=999' -- make -j2\n  ddprof -p 1234\n  ddprof --global --upload-period 10"
+    after_help = "Examples:\n  ddprof -- ./my-service --port 8080\n  ddprof --output /tmp/prof -e 'sCPU freq=999' -- make -j2\n  ddprof -p 1234\n  ddprof --global --upload-period 10",
+    after_long_help = "Examples:\n  ddprof -- ./my-service --port 8080\n  ddprof --output /tmp/prof -e 'sCPU freq=999' -- make -j2\n  ddprof -p 1234\n  ddprof --global --upload-period 10\n\n\
+                       Datadog's C++ ddprof spellings are accepted too: every long option with `_` for `-` \
+                       (`--worker_period`, `--switch_user`), `-v` for `--version`, `informational` for the `info` log level, \
+                       and its variables DD_PROFILING_NATIVE_LOG_LEVEL, DD_PROFILING_NATIVE_CONFIG and \
+                       DD_PROFILING_TIMELINE_ENABLE when ours are not set."
 )]
 pub struct Cli {
     /// Service name reported with profiles

@@ -38,6 +38,37 @@ const COMMAND_LINE_ONLY: &[&str] = &[
     "check",
 ];
 
+/// Variables of Datadog's C++ ddprof read for the same setting when ours is
+/// not set: `(setting id, variable)`. (Its `DD_PROFILING_NATIVE_LOG_MODE`
+/// is not one: it also takes a file path, which `--log-mode` does not.)
+pub const CPP_VARIABLES: &[(&str, &str)] = &[
+    ("log_level", "DD_PROFILING_NATIVE_LOG_LEVEL"),
+    ("config", "DD_PROFILING_NATIVE_CONFIG"),
+    ("timeline", "DD_PROFILING_TIMELINE_ENABLE"),
+];
+
+/// The command line as parsed: [`Cli`] with the C++ ddprof's spellings as
+/// hidden aliases, so that its command lines run unchanged: every long
+/// option with `-` also with `_` (`--worker_period`, `--switch_user`), and
+/// `-v` for `--version`.
+pub fn command() -> Command {
+    Cli::command().mut_args(|arg| {
+        let underscored = arg
+            .get_long()
+            .filter(|long| long.contains('-'))
+            .map(|long| long.replace('-', "_"));
+        let arg = match underscored {
+            Some(alias) => arg.alias(alias),
+            None => arg,
+        };
+        if arg.get_id() == "version" {
+            arg.short_alias('v')
+        } else {
+            arg
+        }
+    })
+}
+
 /// Settings that decide how the command runs. When one of them cannot be
 /// known, the command does not run: running it as the caller when another
 /// user was asked for, or with capabilities that were to be dropped, would
@@ -160,7 +191,7 @@ impl Config {
         T: Into<OsString>,
     {
         let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-        let documented = Cli::command();
+        let documented = command();
         let parser = documented.clone().mut_args(|arg| arg.env(None));
         let command_line = match parser.clone().try_get_matches_from(&args) {
             Ok(matches) => matches,
@@ -178,17 +209,27 @@ impl Config {
             }
             Err(error) => return Err(error),
         };
+        // Empty variables count as unset (`DD_SERVICE=` in a container spec).
+        let variable_value =
+            |variable: &str| environment(variable).filter(|value| !value.is_empty());
+        // The setting's variable, else the C++ ddprof's, whichever is set
+        // first, with its value.
         let variable_of = |id: &str| {
-            documented
+            let ours = documented
                 .get_arguments()
                 .find(|arg| arg.get_id().as_str() == id)
                 .and_then(Arg::get_env)
                 .and_then(OsStr::to_str)
-                .map(str::to_string)
+                .map(str::to_string);
+            let theirs = CPP_VARIABLES
+                .iter()
+                .filter(|(setting, _)| *setting == id)
+                .map(|(_, variable)| variable.to_string());
+            ours.into_iter().chain(theirs).find_map(|variable| {
+                let value = variable_value(&variable)?;
+                Some((variable, value))
+            })
         };
-        // Empty variables count as unset (`DD_SERVICE=` in a container spec).
-        let variable_value =
-            |variable: &str| environment(variable).filter(|value| !value.is_empty());
 
         let mut origins = HashMap::new();
         let mut problems = Vec::new();
@@ -197,10 +238,9 @@ impl Config {
                 origins.insert("config".to_string(), Origin::CommandLine);
                 Some(path.clone())
             }
-            None => variable_of("config").and_then(|variable| {
-                let path = variable_value(&variable)?;
+            None => variable_of("config").map(|(variable, path)| {
                 origins.insert("config".to_string(), Origin::Environment { variable });
-                Some(PathBuf::from(path))
+                PathBuf::from(path)
             }),
         };
         let mut file_values = match &config_path {
@@ -240,9 +280,7 @@ impl Config {
                         Origin::Default
                     }
                 }
-            } else if let Some((variable, value)) = variable_of(id)
-                .and_then(|variable| Some((variable.clone(), variable_value(&variable)?)))
-            {
+            } else if let Some((variable, value)) = variable_of(id) {
                 match check(&parser, arg, &value) {
                     Ok(flag) => {
                         injected.extend(flag.map(|flag| (id.to_string(), flag)));
@@ -328,7 +366,7 @@ impl Config {
             )),
             (None, _) => text.push_str("# config file: none\n"),
         }
-        for arg in Cli::command().get_arguments() {
+        for arg in command().get_arguments() {
             let id = arg.get_id().as_str();
             let Some(long) = arg.get_long() else { continue };
             if COMMAND_LINE_ONLY.contains(&id) {
@@ -576,6 +614,95 @@ mod tests {
         .unwrap();
         assert_eq!(config.cli.service.as_deref(), Some("from-file"));
         std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn the_cpp_ddprofs_spellings_are_accepted() {
+        // Its README's and docs' command lines: underscores, `informational`.
+        let config = load(
+            &[
+                "--worker_period",
+                "15",
+                "--stack_sample_size=16384",
+                "--upload_period",
+                "30",
+                "-l",
+                "informational",
+                "--switch_user",
+                "nobody",
+                "./app",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(config.cli.worker_period, 15);
+        assert_eq!(config.cli.stack_sample_size, 16384);
+        assert_eq!(config.cli.upload_period, 30);
+        assert_eq!(config.cli.log_level, LogLevel::Info);
+        assert_eq!(config.cli.switch_user.as_deref(), Some("nobody"));
+        assert_eq!(config.origin("worker_period"), &Origin::CommandLine);
+        assert_eq!(config.cli.command, vec!["./app".to_string()]);
+        // After the command, `_` options are the command's own.
+        let config = load(&["./app", "--worker_period", "1"], &[]).unwrap();
+        assert_eq!(config.cli.command, ["./app", "--worker_period", "1"]);
+        assert_eq!(config.cli.worker_period, 240);
+        // `-v` is `--version`.
+        let error = load(&["-v"], &[]).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::DisplayVersion);
+    }
+
+    #[test]
+    fn the_cpp_ddprofs_variables_are_read_when_ours_are_not_set() {
+        let config = load(
+            &["true"],
+            &[
+                ("DD_PROFILING_NATIVE_LOG_LEVEL", "debug"),
+                ("DD_PROFILING_TIMELINE_ENABLE", "false"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.cli.log_level, LogLevel::Debug);
+        assert!(!config.cli.timeline);
+        assert_eq!(
+            config.origin("log_level"),
+            &Origin::Environment {
+                variable: "DD_PROFILING_NATIVE_LOG_LEVEL".into()
+            }
+        );
+        // Ours first when both are set; an empty one is unset.
+        let config = load(
+            &["true"],
+            &[
+                ("DD_PROFILING_LOG_LEVEL", "error"),
+                ("DD_PROFILING_NATIVE_LOG_LEVEL", "debug"),
+                ("DD_PROFILING_TIMELINE", ""),
+                ("DD_PROFILING_TIMELINE_ENABLE", "false"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.cli.log_level, LogLevel::Error);
+        assert!(!config.cli.timeline);
+        // A bad value names the variable it came from.
+        let config = load(&["true"], &[("DD_PROFILING_NATIVE_LOG_LEVEL", "loud")]).unwrap();
+        let line = config.problems_line().unwrap();
+        assert!(
+            line.starts_with("DD_PROFILING_NATIVE_LOG_LEVEL: invalid value `loud`"),
+            "{line}"
+        );
+        // The config file from DD_PROFILING_NATIVE_CONFIG.
+        let path = write_config("cpp-config", "upload_period = 12\n");
+        let config = load(
+            &["true"],
+            &[("DD_PROFILING_NATIVE_CONFIG", path.to_str().unwrap())],
+        )
+        .unwrap();
+        assert_eq!(config.cli.upload_period, 12);
+        assert_eq!(
+            config.origin("config"),
+            &Origin::Environment {
+                variable: "DD_PROFILING_NATIVE_CONFIG".into()
+            }
+        );
     }
 
     #[test]

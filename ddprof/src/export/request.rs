@@ -73,6 +73,17 @@ impl std::fmt::Debug for Request {
     }
 }
 
+/// The CPU architecture as Datadog's profilers and backend name it (Go's
+/// names, `amd64` and `arm64`, as the C++ ddprof sends them), not as Rust
+/// does (`x86_64`, `aarch64`).
+pub fn cpu_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
 /// The tags of one profile: the user's (service, env, version, `-T`),
 /// then the profiler's own.
 pub fn profile_tags(context: &RequestContext, sequence: u64) -> Vec<Tag> {
@@ -82,7 +93,7 @@ pub fn profile_tags(context: &RequestContext, sequence: u64) -> Vec<Tag> {
         Tag::new("profiler_version", VERSION),
         Tag::new("runtime-id", context.options.runtime_id.clone()),
         Tag::new("runtime_platform", runtime_platform()),
-        Tag::new("cpu_arch", std::env::consts::ARCH),
+        Tag::new("cpu_arch", cpu_arch()),
         Tag::new("number_of_cpu_cores", context.cpu_cores.to_string()),
         Tag::new("profile_seq", sequence.to_string()),
         Tag::new("include_kernel", context.options.include_kernel.to_string()),
