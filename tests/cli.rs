@@ -102,6 +102,12 @@ fn environment_and_config_file_errors_run_the_command_unprofiled() {
             vec!["--config", "/nonexistent/ddprof.toml"],
             "cannot read the config file /nonexistent/ddprof.toml".into(),
         ),
+        // The C++ ddprof's preset of allocations alone: nothing sampled here.
+        (
+            vec![("DD_PROFILING_NATIVE_PRESET", "alloc_only")],
+            vec![],
+            "--event: no event this ddprof samples: sALLOC (allocations) not available yet".into(),
+        ),
     ];
     for (environment, flags, expected) in cases {
         let output = run(ddprof()
@@ -127,6 +133,64 @@ fn environment_and_config_file_errors_run_the_command_unprofiled() {
         );
     }
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// The command lines and environments of Datadog's C++ ddprof README and
+/// docs, unchanged: each runs the command and profiles its CPU time, with
+/// one warning line for the allocations it asks for.
+#[test]
+fn the_cpp_ddprofs_own_examples_profile_cpu_time() {
+    // (variables, flags before the command)
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
+        (
+            vec![],
+            vec![
+                "-S",
+                "svc",
+                "--preset",
+                "cpu_live_heap",
+                "-l",
+                "warn",
+                "--worker-period",
+                "15000",
+            ],
+        ),
+        (vec![("DD_PROFILING_NATIVE_EVENTS", "sCPU;sALLOC")], vec![]),
+        (
+            vec![("DD_PROFILING_NATIVE_PRESET", "default")],
+            vec!["--upload_period", "10"],
+        ),
+    ];
+    for (index, (environment, flags)) in cases.into_iter().enumerate() {
+        let out = scratch(&format!("cpp-example-{index}"));
+        let output = run(ddprof_tests::ddprof_command()
+            .envs(environment.iter().copied())
+            .arg("--output")
+            .arg(&out)
+            .args(&flags)
+            .args(["sh", "-c", BUSY_THEN_FINISHED]));
+        let stderr = text(&output.stderr);
+        assert!(
+            output.status.success(),
+            "{environment:?} {flags:?}: {stderr}"
+        );
+        assert!(stderr.contains("finished"), "{stderr}");
+        let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("warning")).collect();
+        assert_eq!(warnings.len(), 1, "{environment:?} {flags:?}: {stderr}");
+        assert!(
+            warnings[0].ends_with(
+                "warning: not sampled by this ddprof yet, left out: sALLOC (allocations); \
+                 the other events are sampled"
+            ),
+            "{environment:?} {flags:?}: {stderr}"
+        );
+        assert!(
+            !pprof_files(&out).is_empty(),
+            "{environment:?} {flags:?}: no profile written\n{stderr}"
+        );
+        let _ = std::fs::remove_dir_all(out);
+    }
 }
 
 #[test]

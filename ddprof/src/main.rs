@@ -83,8 +83,20 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
     // it was read: this cannot fail but for a bug). Unusable export
     // settings are a problem like a bad variable: the command still runs,
     // unprofiled.
-    let (options, export_problem) = match config::resolve(cli) {
-        Ok(resolved) => (resolved.options, resolved.export_problem),
+    let (options, export_problem, events_problem) = match config::resolve(cli) {
+        Ok(resolved) => {
+            if !resolved.unavailable_events.is_empty() && resolved.events_problem.is_none() {
+                log::warn!(
+                    "not sampled by this ddprof yet, left out: {}; the other events are sampled",
+                    resolved.unavailable_events.join(", ")
+                );
+            }
+            (
+                resolved.options,
+                resolved.export_problem,
+                resolved.events_problem,
+            )
+        }
         Err(error) => {
             print_error(format_args!("error: {error}"));
             return EXIT_USAGE;
@@ -96,10 +108,12 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
         (None, false) => None,
     };
     let export_problem = export_problem.map(|problem| problem.to_string());
-    let problems = match (config.problems_line(), export_problem) {
-        (Some(problems), Some(export)) => Some(format!("{problems}; {export}")),
-        (problems, export) => problems.or(export),
-    };
+    let events_problem = events_problem.map(|problem| format!("--event: {problem}"));
+    let problems: Vec<String> = [config.problems_line(), export_problem, events_problem]
+        .into_iter()
+        .flatten()
+        .collect();
+    let problems = (!problems.is_empty()).then(|| problems.join("; "));
     match attach_target {
         Some(_) if !cli.command.is_empty() => {
             let typed =

@@ -1,7 +1,9 @@
 //! The second step of the configuration: from what was typed ([`Cli`]) to
 //! what it means for each stage, resolved once. No stage sees [`Cli`].
 use crate::aggregate::AggregatorOptions;
-use crate::events::{parse_events, EventOptions, EventSpec, EventSpecError, SampleRate};
+use crate::events::{
+    parse_events, unavailable_events, EventOptions, EventSpec, EventSpecError, SampleRate,
+};
 use crate::launch::LaunchOptions;
 use crate::overhead::StatsdAddress;
 use crate::perf::{default_ring_buffer_bytes, PerfEngineOptions, MAX_USER_FRAMES};
@@ -32,7 +34,16 @@ pub struct Resolved {
     /// a bad variable, a one-line problem — the command still runs,
     /// unprofiled; `-p`/`--global` stop with it.
     pub export_problem: Option<ExportConfigError>,
+    /// Events asked for that this ddprof does not sample yet (`sALLOC
+    /// (allocations)`), left out: a warning.
+    pub unavailable_events: Vec<String>,
+    /// None of the events asked for is sampled here: like a bad variable,
+    /// the command runs unprofiled.
+    pub events_problem: Option<EventSpecError>,
 }
+
+/// The events when neither `--event` nor `--preset` is given.
+pub const DEFAULT_EVENTS: &str = "sCPU";
 
 /// What every stage is asked to do, from this process's environment for
 /// the export settings (each call draws a new `runtime-id`: call it once).
@@ -45,7 +56,19 @@ pub fn resolve_with(
     cli: &Cli,
     environment: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Resolved, ResolveError> {
-    let events = parse_events(&cli.events)?;
+    let events_text = match (&cli.events, cli.preset) {
+        (Some(text), _) => text.as_str(),
+        (None, Some(preset)) => preset.events(cli.pid.is_some()),
+        (None, None) => DEFAULT_EVENTS,
+    };
+    let unavailable_events = unavailable_events(events_text);
+    let (events, events_problem) = match parse_events(events_text) {
+        Ok(events) => (events, None),
+        Err(problem @ EventSpecError::NoneAvailable(_)) => {
+            (parse_events(DEFAULT_EVENTS)?, Some(problem))
+        }
+        Err(error) => return Err(error.into()),
+    };
     let internal_stats = cli
         .internal_stats
         .as_deref()
@@ -128,6 +151,8 @@ pub fn resolve_with(
     Ok(Resolved {
         options,
         export_problem,
+        unavailable_events,
+        events_problem,
     })
 }
 

@@ -15,8 +15,8 @@ use perf_event_open_sys as sys;
 mod spec;
 
 pub use spec::{
-    check_frequencies, parse_events, EventKind, EventSpec, EventSpecError, SampleRate,
-    DEFAULT_CPU_FREQUENCY,
+    check_frequencies, parse_events, unavailable_events, EventKind, EventSpec, EventSpecError,
+    Preset, SampleRate, DEFAULT_CPU_FREQUENCY, NOT_YET_AVAILABLE,
 };
 
 /// `perf_event_attr.sample_regs_user` bits (x86_64 `enum perf_event_x86_regs`).
