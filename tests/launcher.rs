@@ -235,6 +235,69 @@ fn log_modes_route_or_silence_the_warning() {
     let output =
         run(deny_perf_event_open(&mut ddprof()).args(["--log-level", "error", "--", "true"]));
     assert_eq!(text(&output.stderr), "");
+
+    // A file (the C++ ddprof's `-o PATH`), appended to: the launcher's and
+    // the profiler's lines, nothing on stderr; the command does not get
+    // the descriptor.
+    let dir = std::env::temp_dir().join(format!("ddprof-launcher-logs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("ddprof.log");
+    std::fs::write(&log, "earlier line\n").unwrap();
+    let output = run(deny_perf_event_open(&mut ddprof())
+        .arg("-o")
+        .arg(&log)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "ls -l /proc/self/fd | grep -c ddprof.log || true",
+        ]));
+    assert!(output.status.success());
+    assert_eq!(text(&output.stderr), "");
+    assert_eq!(
+        text(&output.stdout),
+        "0\n",
+        "the command inherited the log file"
+    );
+    let written = std::fs::read_to_string(&log).unwrap();
+    assert!(written.starts_with("earlier line\n"), "{written}");
+    assert_eq!(warnings(&written).len(), 1, "{written}");
+    // Where another user could point it: a link, or their file, is not
+    // written; the logs go to stderr, with one line saying why.
+    let link = dir.join("link.log");
+    std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+    let passwd = std::fs::read("/etc/passwd").unwrap();
+    let output = run(deny_perf_event_open(&mut ddprof())
+        .arg("--log-mode")
+        .arg(&link)
+        .args(["--", "true"]));
+    assert!(output.status.success());
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "ddprof: warning: cannot log to {}: it is a symbolic link; logging to stderr\n",
+            link.display()
+        )),
+        "{stderr}"
+    );
+    // (and the launcher's own warning after it)
+    assert_eq!(warnings(&stderr).len(), 1, "{stderr}");
+    assert_eq!(std::fs::read("/etc/passwd").unwrap(), passwd);
+    let theirs = dir.join("theirs.log");
+    std::fs::write(&theirs, "").unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let output = run(deny_perf_event_open(&mut ddprof())
+        .env("DD_PROFILING_NATIVE_LOG_MODE", &theirs)
+        .args(["--", "true"]));
+    assert!(output.status.success());
+    assert!(
+        text(&output.stderr).contains("it belongs to uid 65534, not to this user"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert_eq!(std::fs::read(&theirs).unwrap(), b"");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

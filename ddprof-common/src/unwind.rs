@@ -620,8 +620,8 @@ impl Walker {
         let mut used_frame_pointer = false;
         if matches!(result, StepResult::NoInfo | StepResult::Unsupported) {
             // Code the CFI describes in rules the rows cannot express
-            // (`_dl_runtime_resolve`'s CFA in RBX, unknown here) is no
-            // thread's root, whatever its RBP holds.
+            // (a CFA based on a register unknown here) is no thread's
+            // root, whatever its RBP holds.
             let described = matches!(result, StepResult::Unsupported);
             self.last_step = if described {
                 LastStep::UnsupportedRow

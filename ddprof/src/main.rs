@@ -54,7 +54,7 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
         Err(error) => error.exit(),
     };
     let cli = &config.cli;
-    logging::init(cli.log_level, cli.log_mode);
+    logging::init(cli.log_level, &cli.log_mode);
     if cli.show_config {
         print!("{}", config.to_toml());
         return match config.problems_line() {

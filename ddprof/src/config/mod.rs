@@ -52,8 +52,8 @@ pub const DEFAULT_STACK_SAMPLE_SIZE: u32 = 32000;
     after_long_help = "Examples:\n  ddprof -- ./my-service --port 8080\n  ddprof --output /tmp/prof -e 'sCPU freq=999' -- make -j2\n  ddprof -p 1234\n  ddprof --global --upload-period 10\n\n\
                        Datadog's C++ ddprof spellings are accepted too: every long option with `_` for `-` \
                        (`--worker_period`, `--switch_user`), `-v` for `--version`, `informational` for the `info` log level, \
-                       and its variables DD_PROFILING_NATIVE_LOG_LEVEL, DD_PROFILING_NATIVE_CONFIG and \
-                       DD_PROFILING_TIMELINE_ENABLE when ours are not set."
+                       `-o` for `--log-mode`, `--preset`, and its variables DD_PROFILING_NATIVE_LOG_LEVEL and \
+                       DD_PROFILING_NATIVE_LOG_MODE when ours are not set."
 )]
 pub struct Cli {
     /// Service name reported with profiles
@@ -217,8 +217,8 @@ pub struct Cli {
     #[arg(short = 'l', long, env = "DD_PROFILING_LOG_LEVEL", value_enum, default_value_t = LogLevel::Warn)]
     pub log_level: LogLevel,
 
-    /// Where logs go
-    #[arg(long, env = "DD_PROFILING_LOG_MODE", value_enum, default_value_t = LogMode::Stderr)]
+    /// Where logs go: stdout, stderr, syslog, disabled, or a file (a path with a `/` or a `.`) they are appended to; a link, a FIFO or another user's file is refused (logs go to stderr, said once)
+    #[arg(short = 'o', long, env = "DD_PROFILING_LOG_MODE", value_parser = LogMode::parse, default_value = "stderr")]
     pub log_mode: LogMode,
 
     /// Print the resolved settings as TOML, each with where it came from, and exit

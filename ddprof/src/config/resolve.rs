@@ -58,7 +58,7 @@ pub fn resolve_with(
 ) -> Result<Resolved, ResolveError> {
     let events_text = match (&cli.events, cli.preset) {
         (Some(text), _) => text.as_str(),
-        (None, Some(preset)) => preset.events(cli.pid.is_some()),
+        (None, Some(preset)) => preset.events(cli.pid.is_some() || cli.global),
         (None, None) => DEFAULT_EVENTS,
     };
     let unavailable_events = unavailable_events(events_text);
@@ -143,7 +143,7 @@ pub fn resolve_with(
         drop_capabilities: cli.drop_capabilities,
         init: cli.init,
         nice: cli.nice,
-        log_mode: cli.log_mode,
+        log_mode: cli.log_mode.clone(),
         events,
         event_options,
         profiler,

@@ -39,12 +39,15 @@ const COMMAND_LINE_ONLY: &[&str] = &[
 ];
 
 /// Variables of Datadog's C++ ddprof read for the same setting when ours is
-/// not set: `(setting id, variable)`. (Its `DD_PROFILING_NATIVE_LOG_MODE`
-/// is not one: it also takes a file path, which `--log-mode` does not.)
+/// not set: `(setting id, variable)`. Only those whose every C++ value
+/// means the same here: a value refused here would turn a variable ignored
+/// today into a command run unprofiled. Not `DD_PROFILING_TIMELINE_ENABLE`
+/// (CLI11 flags take `1`, `yes`, `on`; ours `true`/`false`), nor
+/// `DD_PROFILING_NATIVE_CONFIG` (CLI11's config files carry keys this
+/// ddprof does not have).
 pub const CPP_VARIABLES: &[(&str, &str)] = &[
     ("log_level", "DD_PROFILING_NATIVE_LOG_LEVEL"),
-    ("config", "DD_PROFILING_NATIVE_CONFIG"),
-    ("timeline", "DD_PROFILING_TIMELINE_ENABLE"),
+    ("log_mode", "DD_PROFILING_NATIVE_LOG_MODE"),
 ];
 
 /// The command line as parsed: [`Cli`] with the C++ ddprof's spellings as
@@ -657,12 +660,15 @@ mod tests {
             &["true"],
             &[
                 ("DD_PROFILING_NATIVE_LOG_LEVEL", "debug"),
-                ("DD_PROFILING_TIMELINE_ENABLE", "false"),
+                ("DD_PROFILING_NATIVE_LOG_MODE", "/var/log/ddprof.log"),
             ],
         )
         .unwrap();
         assert_eq!(config.cli.log_level, LogLevel::Debug);
-        assert!(!config.cli.timeline);
+        assert_eq!(
+            config.cli.log_mode,
+            crate::logging::LogMode::File("/var/log/ddprof.log".into())
+        );
         assert_eq!(
             config.origin("log_level"),
             &Origin::Environment {
@@ -675,13 +681,13 @@ mod tests {
             &[
                 ("DD_PROFILING_LOG_LEVEL", "error"),
                 ("DD_PROFILING_NATIVE_LOG_LEVEL", "debug"),
-                ("DD_PROFILING_TIMELINE", ""),
-                ("DD_PROFILING_TIMELINE_ENABLE", "false"),
+                ("DD_PROFILING_LOG_MODE", ""),
+                ("DD_PROFILING_NATIVE_LOG_MODE", "stdout"),
             ],
         )
         .unwrap();
         assert_eq!(config.cli.log_level, LogLevel::Error);
-        assert!(!config.cli.timeline);
+        assert_eq!(config.cli.log_mode, crate::logging::LogMode::Stdout);
         // A bad value names the variable it came from.
         let config = load(&["true"], &[("DD_PROFILING_NATIVE_LOG_LEVEL", "loud")]).unwrap();
         let line = config.problems_line().unwrap();
@@ -689,20 +695,10 @@ mod tests {
             line.starts_with("DD_PROFILING_NATIVE_LOG_LEVEL: invalid value `loud`"),
             "{line}"
         );
-        // The config file from DD_PROFILING_NATIVE_CONFIG.
-        let path = write_config("cpp-config", "upload_period = 12\n");
-        let config = load(
-            &["true"],
-            &[("DD_PROFILING_NATIVE_CONFIG", path.to_str().unwrap())],
-        )
-        .unwrap();
-        assert_eq!(config.cli.upload_period, 12);
-        assert_eq!(
-            config.origin("config"),
-            &Origin::Environment {
-                variable: "DD_PROFILING_NATIVE_CONFIG".into()
-            }
-        );
+        // Variables whose C++ values differ from ours are not read.
+        let config = load(&["true"], &[("DD_PROFILING_TIMELINE_ENABLE", "yes")]).unwrap();
+        assert!(config.problems.is_empty());
+        assert!(config.cli.timeline);
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub const NOT_YET_AVAILABLE: &[(&str, &str)] = &[
     ("sMig", "CPU migrations"),
     ("sALGN", "alignment faults"),
     ("sEMU", "emulation faults"),
+    ("sDUM", "a dummy event"),
 ];
 
 /// What a known event this ddprof does not sample yet is (`group:name` is a
@@ -106,7 +107,7 @@ pub enum Preset {
 
 impl Preset {
     /// The preset's events, as `-e` would give them; `attached`: for
-    /// `-p`, where the C++ default samples CPU time only.
+    /// `-p` and `--global`, where the C++ default samples CPU time only.
     pub fn events(self, attached: bool) -> &'static str {
         match self {
             Preset::Default if attached => "sCPU",

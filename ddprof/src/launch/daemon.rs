@@ -168,7 +168,9 @@ fn daemon_main(setup: DaemonSetup<'_>) {
     unsafe { libc::prctl(libc::PR_SET_NAME, PROCESS_NAME.as_ptr(), 0, 0, 0) };
     let mut keep = vec![socket.as_raw_fd()];
     keep.extend(target_pidfd.as_ref().map(|fd| fd.as_raw_fd()));
-    detach_descriptors(options.log_mode, &keep);
+    keep.extend(crate::logging::file_descriptor());
+    let log_mode = crate::logging::mode().unwrap_or_else(|| options.log_mode.clone());
+    detach_descriptors(&log_mode, &keep);
 
     let events = match handoff::receive_events(&socket, &options.events) {
         Ok(events) => events,
@@ -226,8 +228,8 @@ fn daemon_main(setup: DaemonSetup<'_>) {
 /// the logs in stderr mode. Every other inherited descriptor is closed: the
 /// caller may wait for end-of-file on a pipe the command holds, and the
 /// profiler must not hold it open after the command exits.
-fn detach_descriptors(log_mode: LogMode, keep: &[RawFd]) {
-    if log_mode == LogMode::Syslog {
+fn detach_descriptors(log_mode: &LogMode, keep: &[RawFd]) {
+    if *log_mode == LogMode::Syslog {
         // The syslog socket is about to be closed: let syslog() reopen it
         // rather than write to whatever later gets its number.
         // SAFETY: closelog only closes syslog's own descriptor.
@@ -239,10 +241,10 @@ fn detach_descriptors(log_mode: LogMode, keep: &[RawFd]) {
         .open("/dev/null");
     if let Ok(null) = null {
         let mut redirect = vec![libc::STDIN_FILENO];
-        if log_mode != LogMode::Stdout {
+        if *log_mode != LogMode::Stdout {
             redirect.push(libc::STDOUT_FILENO);
         }
-        if log_mode != LogMode::Stderr {
+        if *log_mode != LogMode::Stderr {
             redirect.push(libc::STDERR_FILENO);
         }
         for fd in redirect {

@@ -22,14 +22,50 @@ use std::fs::File;
 use std::ops::Range;
 
 use object::elf;
-use object::read::elf::{ElfFile64, Rela, SectionHeader, Sym};
+use object::read::elf::{FileHeader, Rela, SectionHeader, SectionTable, Sym};
 use object::{Endianness, ReadCache, ReadRef};
 
 /// Sections made of stubs that jump elsewhere (as `unwind::plt` unwinds).
 const PLT_SECTIONS: [&[u8]; 5] = [b".plt", b".plt.sec", b".plt.got", b".plt.bnd", b".iplt"];
-/// Relocation and symbol sections bigger than this are not read: names are
-/// worth less than the memory a hostile file could make the profiler use.
+/// The relocation sections of GOT slots.
+const RELOCATION_SECTIONS: [&[u8]; 3] = [b".rela.plt", b".rela.iplt", b".rela.dyn"];
+/// Sections larger than this are not read (a PLT, its relocations, a
+/// symbol table and its strings): names are worth less than the memory a
+/// hostile file could make the profiler use. Each is read once at most:
+/// the first section of each name counts, whatever else the file claims.
 const MAX_SECTION_BYTES: u64 = 64 << 20;
+
+type Header = elf::FileHeader64<Endianness>;
+
+/// An ELF file's header and section table: nothing else is read until a
+/// stub needs it (not the symbol tables that a full parse reads).
+struct Elf<'d, R: ReadRef<'d>> {
+    endian: Endianness,
+    sections: SectionTable<'d, Header, R>,
+    data: R,
+}
+
+impl<'d, R: ReadRef<'d>> Elf<'d, R> {
+    fn parse(data: R) -> Option<Self> {
+        let header = Header::parse(data).ok()?;
+        let endian = header.endian().ok()?;
+        let sections = header.sections(endian, data).ok()?;
+        Some(Self {
+            endian,
+            sections,
+            data,
+        })
+    }
+
+    /// The first section named `name`, with its index.
+    fn section_named(&self, name: &[u8]) -> Option<(usize, &'d elf::SectionHeader64<Endianness>)> {
+        self.sections.iter().enumerate().find(|(_, header)| {
+            self.sections
+                .section_name(self.endian, header)
+                .is_ok_and(|found| found == name)
+        })
+    }
+}
 
 /// A PLT section: where its bytes are in the file and in memory.
 #[derive(Debug, Clone)]
@@ -53,47 +89,55 @@ pub(super) fn stub_names(open_path: &str, offsets: &[u64]) -> Vec<Option<String>
         return names;
     };
     let cache = ReadCache::new(file);
-    let Ok(elf) = ElfFile64::<Endianness, _>::parse(&cache) else {
+    let Some(elf) = Elf::parse(&cache) else {
         return names;
     };
-    let sections = plt_sections(&elf);
+    let sections = plt_sections(&elf, offsets);
     if sections.is_empty() {
         return names;
     }
-    let mut relocations: Option<Relocations> = None;
+    let relocations = Relocations::read(&elf);
+    // One name per stub, however many offsets fall in it.
+    let mut by_stub: HashMap<(usize, u64), String> = HashMap::new();
     for (name, &offset) in names.iter_mut().zip(offsets) {
-        let Some(section) = sections.iter().find(|s| s.file_range.contains(&offset)) else {
+        let Some((index, section)) = sections
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.file_range.contains(&offset))
+        else {
             continue;
         };
-        let relocations = relocations.get_or_insert_with(|| Relocations::read(&elf));
-        *name = Some(stub_name(&elf, section, offset, relocations));
+        let into_section = offset - section.file_range.start;
+        let stub_start = into_section - into_section % section.slot;
+        let stub_name = by_stub
+            .entry((index, stub_start))
+            .or_insert_with(|| stub_name(&elf, section, stub_start, &relocations));
+        *name = Some(stub_name.clone());
     }
     names
 }
 
-/// The PLT sections of `elf` whose code is readable and of a sane size.
-fn plt_sections<'d, R: ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>) -> Vec<PltSection> {
-    let endian = elf.endian();
-    let table = elf.elf_section_table();
+/// The PLT sections of `elf` that hold one of `offsets`, their code read
+/// (each name once, of a sane size).
+fn plt_sections<'d, R: ReadRef<'d>>(elf: &Elf<'d, R>, offsets: &[u64]) -> Vec<PltSection> {
     let mut out = Vec::new();
-    for header in table.iter() {
-        let Ok(name) = table.section_name(endian, header) else {
+    for known in PLT_SECTIONS {
+        let Some((_, header)) = elf.section_named(known) else {
             continue;
         };
-        let Some(&known) = PLT_SECTIONS.iter().find(|known| **known == name) else {
-            continue;
-        };
-        if header.sh_type(endian) != elf::SHT_PROGBITS {
+        if header.sh_type(elf.endian) != elf::SHT_PROGBITS {
             continue;
         }
-        let (offset, size) = (header.sh_offset(endian), header.sh_size(endian));
-        if size == 0 || size > MAX_SECTION_BYTES {
-            continue;
-        }
+        let (offset, size) = (header.sh_offset(elf.endian), header.sh_size(elf.endian));
         let Some(end) = offset.checked_add(size) else {
             continue;
         };
-        let Ok(code) = header.data(endian, elf.data()) else {
+        let file_range = offset..end;
+        if size == 0 || size > MAX_SECTION_BYTES || !offsets.iter().any(|o| file_range.contains(o))
+        {
+            continue;
+        }
+        let Ok(code) = header.data(elf.endian, elf.data) else {
             continue;
         };
         let short = size % 8 == 0
@@ -102,8 +146,8 @@ fn plt_sections<'d, R: ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>) -> Vec<P
                 .all(|stub| matches!(stub, [0xff, 0x25, _, _, _, _, _, _]));
         out.push(PltSection {
             name: std::str::from_utf8(known).unwrap_or(".plt"),
-            file_range: offset..end,
-            address: header.sh_addr(endian),
+            file_range,
+            address: header.sh_addr(elf.endian),
             slot: if short { 8 } else { 16 },
             code: code.to_vec(),
         });
@@ -111,15 +155,13 @@ fn plt_sections<'d, R: ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>) -> Vec<P
     out
 }
 
-/// The name of the stub at `offset` of `section`.
+/// The name of the stub `stub_start` bytes into `section`.
 fn stub_name<'d, R: ReadRef<'d>>(
-    elf: &ElfFile64<'d, Endianness, R>,
+    elf: &Elf<'d, R>,
     section: &PltSection,
-    offset: u64,
+    stub_start: u64,
     relocations: &Relocations,
 ) -> String {
-    let into_section = offset - section.file_range.start;
-    let stub_start = into_section - into_section % section.slot;
     let Some(stub) = usize::try_from(stub_start).ok().and_then(|start| {
         section
             .code
@@ -141,7 +183,7 @@ fn stub_name<'d, R: ReadRef<'d>>(
         Some(StubTarget::PltIndex(index)) => relocations.plt.get(index as usize).copied(),
         None => None,
     };
-    match relocation.and_then(|relocation| relocations.name_of(elf, relocation)) {
+    match relocation.and_then(|relocation| name_of(elf, relocation)) {
         Some(name) => format!("{name}@plt"),
         None => format!("[{}]", section.name),
     }
@@ -200,20 +242,18 @@ struct Relocations {
 }
 
 impl Relocations {
-    fn read<'d, R: ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>) -> Relocations {
-        let endian = elf.endian();
-        let table = elf.elf_section_table();
+    fn read<'d, R: ReadRef<'d>>(elf: &Elf<'d, R>) -> Relocations {
+        let endian = elf.endian;
         let mut out = Relocations::default();
-        for header in table.iter() {
+        for name in RELOCATION_SECTIONS {
+            let Some((_, header)) = elf.section_named(name) else {
+                continue;
+            };
             if header.sh_type(endian) != elf::SHT_RELA || header.sh_size(endian) > MAX_SECTION_BYTES
             {
                 continue;
             }
-            let is_plt = table
-                .section_name(endian, header)
-                .is_ok_and(|name| name == b".rela.plt" || name == b".rela.iplt");
-            let Ok(entries) =
-                header.data_as_array::<elf::Rela64<Endianness>, _>(endian, elf.data())
+            let Ok(entries) = header.data_as_array::<elf::Rela64<Endianness>, _>(endian, elf.data)
             else {
                 continue;
             };
@@ -233,60 +273,56 @@ impl Relocations {
                     symbols,
                 };
                 out.by_slot.insert(entry.r_offset(endian), relocation);
-                if is_plt {
+                if name == b".rela.plt" {
                     out.plt.push(relocation);
                 }
             }
         }
         out
     }
+}
 
-    /// The name of the function a relocation binds its slot to.
-    fn name_of<'d, R: ReadRef<'d>>(
-        &self,
-        elf: &ElfFile64<'d, Endianness, R>,
-        relocation: Relocation,
-    ) -> Option<String> {
-        let endian = elf.endian();
-        let table = elf.elf_section_table();
-        if relocation.kind == elf::R_X86_64_IRELATIVE {
-            let resolver = u64::try_from(relocation.addend).ok()?;
-            return Some(
-                function_at(elf, resolver).unwrap_or_else(|| format!("*ABS*+{resolver:#x}")),
-            );
-        }
-        if !within_bounds(elf, relocation.symbols) {
-            return None;
-        }
-        let symbols = table
-            .symbol_table_by_index(endian, elf.data(), object::SectionIndex(relocation.symbols))
-            .ok()?;
-        let symbol = symbols
-            .symbol(object::SymbolIndex(relocation.symbol as usize))
-            .ok()?;
-        let name = symbols.symbol_name(endian, symbol).ok()?;
-        let name = std::str::from_utf8(name).ok()?;
-        // `memcpy@GLIBC_2.14` in some tables: the version is not the name.
-        let name = name.split('@').next().unwrap_or(name);
-        (!name.is_empty()).then(|| name.to_string())
+/// The name of the function a relocation binds its slot to.
+fn name_of<'d, R: ReadRef<'d>>(elf: &Elf<'d, R>, relocation: Relocation) -> Option<String> {
+    if relocation.kind == elf::R_X86_64_IRELATIVE {
+        let resolver = u64::try_from(relocation.addend).ok()?;
+        return Some(function_at(elf, resolver).unwrap_or_else(|| format!("*ABS*+{resolver:#x}")));
     }
+    if !within_bounds(elf, relocation.symbols) {
+        return None;
+    }
+    let symbols = elf
+        .sections
+        .symbol_table_by_index(
+            elf.endian,
+            elf.data,
+            object::SectionIndex(relocation.symbols),
+        )
+        .ok()?;
+    let symbol = symbols
+        .symbol(object::SymbolIndex(relocation.symbol as usize))
+        .ok()?;
+    let name = symbols.symbol_name(elf.endian, symbol).ok()?;
+    let name = std::str::from_utf8(name).ok()?;
+    // `memcpy@GLIBC_2.14` in some tables: the version is not the name.
+    let name = name.split('@').next().unwrap_or(name);
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 /// Whether the symbol table at section `index` and its string table are
 /// small enough to read.
-fn within_bounds<'d, R: ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>, index: usize) -> bool {
-    let endian = elf.endian();
-    let table = elf.elf_section_table();
+fn within_bounds<'d, R: ReadRef<'d>>(elf: &Elf<'d, R>, index: usize) -> bool {
     let size = |index: usize| {
-        table
+        elf.sections
             .section(object::SectionIndex(index))
-            .map(|header| header.sh_size(endian))
+            .map(|header| header.sh_size(elf.endian))
             .ok()
     };
-    let Some(strings) = table
+    let Some(strings) = elf
+        .sections
         .section(object::SectionIndex(index))
         .ok()
-        .map(|header| header.sh_link(endian) as usize)
+        .map(|header| header.sh_link(elf.endian) as usize)
     else {
         return false;
     };
@@ -297,20 +333,16 @@ fn within_bounds<'d, R: ReadRef<'d>>(elf: &ElfFile64<'d, Endianness, R>, index: 
 
 /// The name of the function (or IFUNC) symbol at `address`, from the full
 /// symbol table, else the dynamic one.
-fn function_at<'d, R: ReadRef<'d>>(
-    elf: &ElfFile64<'d, Endianness, R>,
-    address: u64,
-) -> Option<String> {
-    let endian = elf.endian();
-    let table = elf.elf_section_table();
+fn function_at<'d, R: ReadRef<'d>>(elf: &Elf<'d, R>, address: u64) -> Option<String> {
+    let endian = elf.endian;
     for kind in [elf::SHT_SYMTAB, elf::SHT_DYNSYM] {
-        let Some(index) = table.iter().position(|h| h.sh_type(endian) == kind) else {
+        let Some(index) = elf.sections.iter().position(|h| h.sh_type(endian) == kind) else {
             continue;
         };
         if !within_bounds(elf, index) {
             continue;
         }
-        let Ok(symbols) = table.symbols(endian, elf.data(), kind) else {
+        let Ok(symbols) = elf.sections.symbols(endian, elf.data, kind) else {
             continue;
         };
         // The IFUNC symbol (`strlen`) rather than its resolver's own
