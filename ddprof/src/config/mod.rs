@@ -190,7 +190,7 @@ pub struct Cli {
     pub show_samples: bool,
 
     /// Also send each period's overhead figures (samples, lost, profiler CPU and RSS) as DogStatsD gauges to this socket: `unix:///PATH`, `/PATH` (Unix datagram), `udp://HOST:PORT` or `HOST:PORT`
-    #[arg(long, env = "DD_PROFILING_INTERNAL_STATS", value_parser = parse_internal_stats)]
+    #[arg(short = 'b', long, env = "DD_PROFILING_INTERNAL_STATS", value_parser = parse_internal_stats)]
     pub internal_stats: Option<String>,
 
     /// Niceness of the profiler process
