@@ -304,6 +304,16 @@ impl Config {
             };
             origins.insert(id.to_string(), origin);
         }
+        // `--preset` gives the events when `--event` is not set: one typed
+        // on the command line outranks events from the file or the
+        // environment, as any flag outranks them.
+        if command_line.value_source("preset") == Some(ValueSource::CommandLine)
+            && command_line.value_source("events") != Some(ValueSource::CommandLine)
+            && injected.iter().any(|(id, _)| id == "events")
+        {
+            injected.retain(|(id, _)| id != "events");
+            origins.insert("events".to_string(), Origin::Default);
+        }
 
         let with = |flags: &mut dyn Iterator<Item = &OsString>| {
             let mut merged: Vec<OsString> = args.first().cloned().into_iter().collect();
@@ -652,6 +662,31 @@ mod tests {
         // `-v` is `--version`.
         let error = load(&["-v"], &[]).unwrap_err();
         assert_eq!(error.kind(), ErrorKind::DisplayVersion);
+    }
+
+    #[test]
+    fn a_preset_flag_outranks_events_from_the_environment() {
+        let environment = [("DD_PROFILING_NATIVE_EVENTS", "sCPU freq=499")];
+        let config = load(&["--preset", "cpu_only", "true"], &environment).unwrap();
+        assert_eq!(config.cli.events, None);
+        assert_eq!(config.origin("events"), &Origin::Default);
+        // An `--event` flag still wins over a preset, and a preset from the
+        // environment does not outrank the environment's events.
+        let config = load(
+            &["--preset", "cpu_only", "-e", "sCPU freq=199", "true"],
+            &environment,
+        )
+        .unwrap();
+        assert_eq!(config.cli.events.as_deref(), Some("sCPU freq=199"));
+        let config = load(
+            &["true"],
+            &[
+                ("DD_PROFILING_NATIVE_EVENTS", "sCPU freq=499"),
+                ("DD_PROFILING_NATIVE_PRESET", "cpu_only"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.cli.events.as_deref(), Some("sCPU freq=499"));
     }
 
     #[test]
