@@ -25,8 +25,8 @@ use object::elf;
 use object::read::elf::{FileHeader, Rela, SectionHeader, SectionTable, Sym};
 use object::{Endianness, ReadCache, ReadRef};
 
-/// Sections made of stubs that jump elsewhere (as `unwind::plt` unwinds).
-const PLT_SECTIONS: [&[u8]; 5] = [b".plt", b".plt.sec", b".plt.got", b".plt.bnd", b".iplt"];
+use crate::unwind::plt::{decode, is_short_stub_section, Effect, PLT_SECTIONS};
+
 /// The relocation sections of GOT slots.
 const RELOCATION_SECTIONS: [&[u8]; 3] = [b".rela.plt", b".rela.iplt", b".rela.dyn"];
 /// Sections larger than this are not read (a PLT, its relocations, a
@@ -122,7 +122,7 @@ pub(super) fn stub_names(open_path: &str, offsets: &[u64]) -> Vec<Option<String>
 fn plt_sections<'d, R: ReadRef<'d>>(elf: &Elf<'d, R>, offsets: &[u64]) -> Vec<PltSection> {
     let mut out = Vec::new();
     for known in PLT_SECTIONS {
-        let Some((_, header)) = elf.section_named(known) else {
+        let Some((_, header)) = elf.section_named(known.as_bytes()) else {
             continue;
         };
         if header.sh_type(elf.endian) != elf::SHT_PROGBITS {
@@ -140,15 +140,11 @@ fn plt_sections<'d, R: ReadRef<'d>>(elf: &Elf<'d, R>, offsets: &[u64]) -> Vec<Pl
         let Ok(code) = header.data(elf.endian, elf.data) else {
             continue;
         };
-        let short = size % 8 == 0
-            && code
-                .chunks_exact(8)
-                .all(|stub| matches!(stub, [0xff, 0x25, _, _, _, _, _, _]));
         out.push(PltSection {
-            name: std::str::from_utf8(known).unwrap_or(".plt"),
+            name: known,
             file_range,
             address: header.sh_addr(elf.endian),
-            slot: if short { 8 } else { 16 },
+            slot: if is_short_stub_section(code) { 8 } else { 16 },
             code: code.to_vec(),
         });
     }
@@ -197,30 +193,25 @@ enum StubTarget {
     PltIndex(u32),
 }
 
-/// What a stub jumps through: its first GOT jump, or the index it pushes.
+/// What a stub jumps through: its first GOT jump, or the index it pushes
+/// (decoded as `unwind::plt` decodes stubs).
 fn stub_target(stub: &[u8]) -> Option<StubTarget> {
     let mut at = 0usize;
-    let imm32 = |bytes: &[u8]| Some(u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?));
-    while at < stub.len() {
-        match stub.get(at..)? {
-            [0xf3, 0x0f, 0x1e, 0xfa, ..] => at += 4, // endbr64
-            [0xff, 0x25, rest @ ..] => {
+    loop {
+        let (length, effect) = decode(stub.get(at..)?)?;
+        at += length;
+        match effect {
+            Effect::Nothing => {}
+            Effect::IndirectJump(displacement) => {
                 return Some(StubTarget::GotSlot {
-                    jump_end: at as u64 + 6,
-                    displacement: imm32(rest)? as i32,
+                    jump_end: at as u64,
+                    displacement,
                 })
             }
-            [0xf2, 0xff, 0x25, rest @ ..] => {
-                return Some(StubTarget::GotSlot {
-                    jump_end: at as u64 + 7,
-                    displacement: imm32(rest)? as i32,
-                })
-            }
-            [0x68, rest @ ..] => return Some(StubTarget::PltIndex(imm32(rest)?)),
-            _ => return None,
+            Effect::Push(Some(index)) => return Some(StubTarget::PltIndex(index)),
+            Effect::Push(None) | Effect::Jump(_) => return None,
         }
     }
-    None
 }
 
 /// One relocation of a GOT slot.

@@ -8,7 +8,7 @@
 //!   frame pointers where a range has no usable row.
 pub mod cache;
 pub mod compile;
-mod plt;
+pub(crate) mod plt;
 pub mod store;
 
 pub use cache::{CachedTable, TableCache};

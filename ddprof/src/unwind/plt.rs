@@ -29,34 +29,38 @@ use super::compile::FdeRows;
 use ddprof_common::unwind::{RowKind, UnwindRow, DWARF_RSP};
 use object::{Object, ObjectSection};
 
-/// Sections made of 16-byte stubs that jump elsewhere.
-const PLT_SECTIONS: [&str; 5] = [".plt", ".plt.sec", ".plt.got", ".plt.bnd", ".iplt"];
+/// Sections made of stubs that jump elsewhere (also what
+/// `symbolize::plt` names).
+pub(crate) const PLT_SECTIONS: [&str; 5] = [".plt", ".plt.sec", ".plt.got", ".plt.bnd", ".iplt"];
 const SLOT: u64 = 16;
 
 /// What one instruction does to the stack and the control flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Effect {
+pub(crate) enum Effect {
     Nothing,
-    Push,
-    /// `jmp` through the GOT.
-    IndirectJump,
+    /// `push $imm32` (`Some`: the relocation index a lazy entry pushes)
+    /// or `push disp32(%rip)` (`None`: GOT[1], in the header).
+    Push(Option<u32>),
+    /// `jmp` through the GOT slot at this displacement from the end of the
+    /// jump.
+    IndirectJump(i32),
     /// `jmp rel32`: to the slot at this offset from the end of the jump.
     Jump(i32),
 }
 
 /// Decodes the instructions that occur in PLT stubs: `(length, effect)`.
-fn decode(code: &[u8]) -> Option<(usize, Effect)> {
+pub(crate) fn decode(code: &[u8]) -> Option<(usize, Effect)> {
     let rel32 = |bytes: &[u8]| Some(i32::from_le_bytes(bytes.get(..4)?.try_into().ok()?));
     Some(match code {
         // endbr64
         [0xf3, 0x0f, 0x1e, 0xfa, ..] => (4, Effect::Nothing),
         // push $imm32 (the relocation index)
-        [0x68, _, _, _, _, ..] => (5, Effect::Push),
+        [0x68, rest @ ..] => (5, Effect::Push(Some(rel32(rest)? as u32))),
         // push disp32(%rip) (GOT[1], in the header)
-        [0xff, 0x35, _, _, _, _, ..] => (6, Effect::Push),
+        [0xff, 0x35, _, _, _, _, ..] => (6, Effect::Push(None)),
         // [bnd] jmp *disp32(%rip)
-        [0xff, 0x25, _, _, _, _, ..] => (6, Effect::IndirectJump),
-        [0xf2, 0xff, 0x25, _, _, _, _, ..] => (7, Effect::IndirectJump),
+        [0xff, 0x25, rest @ ..] => (6, Effect::IndirectJump(rel32(rest)?)),
+        [0xf2, 0xff, 0x25, rest @ ..] => (7, Effect::IndirectJump(rel32(rest)?)),
         // [bnd] jmp rel32
         [0xe9, rest @ ..] => (5, Effect::Jump(rel32(rest)?)),
         [0xf2, 0xe9, rest @ ..] => (6, Effect::Jump(rel32(rest)?)),
@@ -80,14 +84,14 @@ fn decode_slot(code: &[u8]) -> Option<Slot> {
         offset += length;
         match effect {
             Effect::Nothing => {}
-            Effect::Push if push_end.is_none() => push_end = Some(u8::try_from(offset).ok()?),
-            Effect::Push => return None,
+            Effect::Push(_) if push_end.is_none() => push_end = Some(u8::try_from(offset).ok()?),
+            Effect::Push(_) => return None,
             // Lazy binding: until the GOT entry is resolved, the jump
             // lands on the next instruction (`push $n`). After a final jump
             // comes padding, which is never run.
-            Effect::IndirectJump => {
+            Effect::IndirectJump(_) => {
                 let runs_on = code.get(offset..).and_then(decode);
-                if !matches!(runs_on, Some((_, Effect::Push | Effect::Jump(_)))) {
+                if !matches!(runs_on, Some((_, Effect::Push(_) | Effect::Jump(_)))) {
                     return Some(Slot {
                         push_end,
                         jumps_to: None,
@@ -158,15 +162,18 @@ fn section_rows(address: u64, code: &[u8]) -> Vec<(u64, UnwindRow)> {
 /// Bytes of a stub in a section of 8-byte stubs.
 const SHORT_SLOT: u64 = 8;
 
-/// The rows of a section of 8-byte `jmp *disp32(%rip)` stubs (the 2 bytes
-/// after the jump are padding, never run), or `None` when any slot is
-/// something else.
-fn short_stub_rows(address: u64, code: &[u8]) -> Option<Vec<(u64, UnwindRow)>> {
+/// Whether `code` is a section of 8-byte `jmp *disp32(%rip)` stubs (the 2
+/// bytes after the jump are padding, never run).
+pub(crate) fn is_short_stub_section(code: &[u8]) -> bool {
     let all_jumps = code
         .chunks_exact(SHORT_SLOT as usize)
-        .all(|slot| matches!(decode(slot), Some((6, Effect::IndirectJump))));
-    let whole_slots = !code.is_empty() && code.len().is_multiple_of(SHORT_SLOT as usize);
-    (all_jumps && whole_slots).then(|| vec![(address, UnwindRow::cfa(DWARF_RSP, 8))])
+        .all(|slot| matches!(decode(slot), Some((6, Effect::IndirectJump(_)))));
+    all_jumps && !code.is_empty() && code.len().is_multiple_of(SHORT_SLOT as usize)
+}
+
+/// The rows of a section of 8-byte stubs, or `None` when it is not one.
+fn short_stub_rows(address: u64, code: &[u8]) -> Option<Vec<(u64, UnwindRow)>> {
+    is_short_stub_section(code).then(|| vec![(address, UnwindRow::cfa(DWARF_RSP, 8))])
 }
 
 /// Rows for the PLT sections of `file` that no FDE in `fdes` covers, and
