@@ -28,8 +28,8 @@ pub enum LogLevel {
     Debug,
 }
 
-/// Where logs go: `stdout`, `stderr`, `syslog`, `disabled`, or any other
-/// value a file they are appended to.
+/// Where logs go: `stdout`, `stderr`, `syslog`, `disabled`, or a file they
+/// are appended to (see [`LogMode::parse`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogMode {
     Stdout,
