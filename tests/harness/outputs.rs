@@ -18,6 +18,21 @@ pub fn summary_fields(stderr: &str) -> HashMap<String, u64> {
         .collect()
 }
 
+/// The lines of a ddprof log that say where samples went (each period's
+/// counts, how full the buffers were and how the loop kept up; the
+/// engines' hand-off and loss lines; the summary), for the first lines of
+/// a failed accounting assertion: the suite's digest keeps only a
+/// message's first lines, and a whole log at `-l info` starts with set-up.
+pub fn accounting_lines(stderr: &str) -> String {
+    const ABOUT_SAMPLES: [&str; 5] = [" period: ", "BPF engine: ", " lost", "summary:", "warn"];
+    stderr
+        .lines()
+        .filter(|line| ABOUT_SAMPLES.iter().any(|mark| line.contains(mark)))
+        .filter(|line| !line.contains(" verified ("))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The `.pprof` files of a directory, sorted by name (start time).
 pub fn pprof_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)

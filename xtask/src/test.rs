@@ -84,10 +84,11 @@ pub fn build_demo_workload() -> Result<PathBuf> {
     crate::build_workload("chain.c", "demo", "chain")
 }
 
-/// Lines of a failed test's panic message kept for the digest.
-const DIGEST_LINES: usize = 4;
-/// Characters kept of each digest line.
-const DIGEST_LINE_CHARS: usize = 400;
+/// Lines of a failed test's panic message kept for the digest: enough for
+/// an accounting test's period lines (CI keeps the end of the log only).
+const DIGEST_LINES: usize = 12;
+/// Characters kept of each digest line (a period line is ~600).
+const DIGEST_LINE_CHARS: usize = 700;
 
 /// Totals of every `test result:` line cargo test printed, and the first
 /// lines of each failed test's panic message: printed again last, so that
@@ -269,7 +270,15 @@ mod tests {
             "second line",
             "third line",
             "fourth line",
-            "fifth line, not kept",
+            "5",
+            "6",
+            "7",
+            "8",
+            "9",
+            "10",
+            "11",
+            "twelfth line",
+            "thirteenth line, not kept",
             "---- b_test stdout ----",
             "thread 'b_test' panicked at tests/y.rs:1:1:",
             "assertion failed: ok",
@@ -290,7 +299,15 @@ mod tests {
                 "samples 1 + lost 2 must be within 5 %",
                 "second line",
                 "third line",
-                "fourth line"
+                "fourth line",
+                "5",
+                "6",
+                "7",
+                "8",
+                "9",
+                "10",
+                "11",
+                "twelfth line"
             ]
         );
         assert_eq!(totals.digest[1].1, ["assertion failed: ok", ""]);
