@@ -25,6 +25,25 @@ fn ddprof() -> Command {
     ddprof_tests::ddprof_command_with_scratch_output("cli")
 }
 
+/// ddprof's warning lines but the accounting's (samples lost or never
+/// taken, which a busy machine may add to any run): what the settings and
+/// the outputs warned of.
+fn settings_warnings(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|line| line.contains("warning:"))
+        .filter(|line| {
+            ![
+                "samples' worth",
+                " samples were ",
+                "records could not be read",
+            ]
+            .iter()
+            .any(|accounting| line.contains(accounting))
+        })
+        .collect()
+}
+
 fn max_sample_rate() -> u64 {
     std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
         .unwrap()
@@ -176,7 +195,8 @@ fn the_cpp_ddprofs_own_examples_profile_cpu_time() {
             "{environment:?} {flags:?}: {stderr}"
         );
         assert!(stderr.contains("finished"), "{stderr}");
-        let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("warning")).collect();
+        // The settings' warnings: one, for sALLOC.
+        let warnings = settings_warnings(&stderr);
         assert_eq!(warnings.len(), 1, "{environment:?} {flags:?}: {stderr}");
         assert!(
             warnings[0].ends_with(
@@ -191,6 +211,49 @@ fn the_cpp_ddprofs_own_examples_profile_cpu_time() {
         );
         let _ = std::fs::remove_dir_all(out);
     }
+}
+
+/// The C++ ddprof's `--show_config` prints the settings and profiles; the
+/// print-and-exit of before is `--print-config` (which never runs the
+/// command). Without anything to profile, `--show-config` prints and exits.
+#[test]
+fn show_config_prints_the_settings_then_profiles_the_command() {
+    let out = scratch("show-config-continues");
+    let output = run(ddprof_tests::ddprof_command()
+        .args(["--show_config", "-S", "shown-svc", "--output"])
+        .arg(&out)
+        .args(["--", "sh", "-c"])
+        .arg(format!("{BUSY_THEN_FINISHED}; echo on-stdout")));
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "{stderr}");
+    // The command's stdout is its own; the settings go to stderr, first.
+    assert_eq!(stdout, "on-stdout\n", "{stderr}");
+    let service = stderr
+        .find("service = \"shown-svc\"")
+        .unwrap_or_else(|| panic!("no settings on stderr:\n{stderr}"));
+    let finished = stderr.find("finished").expect("the command ran");
+    assert!(service < finished, "{stderr}");
+    assert!(
+        !pprof_files(&out).is_empty(),
+        "no profile written:\n{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+
+    let printed = run(ddprof().args(["--print-config", "-S", "x", "--", "sh", "-c", "echo ran"]));
+    assert!(printed.status.success(), "{}", text(&printed.stderr));
+    let printed_stdout = text(&printed.stdout);
+    assert!(
+        printed_stdout.contains("service = \"x\""),
+        "{printed_stdout}"
+    );
+    assert!(
+        !printed_stdout.lines().any(|line| line == "ran"),
+        "the command must not run: {printed_stdout}"
+    );
+
+    let alone = run(ddprof().args(["--show-config", "-S", "y"]));
+    assert!(alone.status.success(), "{}", text(&alone.stderr));
+    assert!(text(&alone.stdout).contains("service = \"y\""));
 }
 
 #[test]
@@ -303,7 +366,7 @@ fn show_config_is_toml_with_flag_over_file_over_environment() {
         .env("DD_ENV", "from-env")
         .env("DD_TAGS", "c:d")
         .env("DD_VERSION", "1.0")
-        .args(["--tags", "e:f", "--show-config", "true"]));
+        .args(["--tags", "e:f", "--print-config", "true"]));
     assert!(output.status.success(), "{}", text(&output.stderr));
     let stdout = text(&output.stdout);
     let table: toml::Table = stdout
@@ -373,10 +436,7 @@ fn an_unwritable_output_directory_is_found_at_start_and_the_profile_kept() {
     .env("TMPDIR", &fallback_parent));
     let stderr = text(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    let warnings: Vec<&str> = stderr
-        .lines()
-        .filter(|line| line.contains("warning:"))
-        .collect();
+    let warnings = settings_warnings(&stderr);
     assert_eq!(warnings.len(), 1, "{stderr}");
     let warning = warnings[0];
     assert!(

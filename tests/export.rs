@@ -514,9 +514,9 @@ fn bad_export_settings_are_errors_at_start_and_the_key_is_never_shown() {
         .env("DD_TAGS", "oops"));
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("DD_TAGS: invalid value `oops`"), "{stderr}");
-    // --show-config never prints the key.
+    // --print-config never prints the key.
     let output = ddprof_tests::ddprof_command()
-        .args(["--agentless", "--show-config", "--", "true"])
+        .args(["--agentless", "--print-config", "--", "true"])
         .env("DD_API_KEY", key)
         .output()
         .unwrap();

@@ -234,6 +234,7 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
         let profiles = pprof_files(&out);
         assert_eq!(profiles.len(), period_lines.len(), "{profiles:?}");
         let mut samples = 0.0;
+        let mut truncated = 0.0;
         let mut profiler_cpu_ms = 0.0;
         for profile in &profiles {
             let comments = overhead_comments(profile);
@@ -283,6 +284,7 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
                 "{all:?}"
             );
             samples += comments["samples"];
+            truncated += comments["truncated"];
             profiler_cpu_ms += comments["profiler_cpu_ms"];
         }
         assert_eq!(samples as u64, summary["samples"], "{engine}");
@@ -294,23 +296,37 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
         );
 
         // One datagram per period, the same figures.
-        let mut gauge_samples = 0.0;
+        let (mut gauge_samples, mut gauge_incomplete) = (0.0, 0.0);
         for _ in 0..profiles.len() {
             let mut buffer = [0u8; 4096];
             let size = statsd.recv(&mut buffer).expect("a datagram per period");
             let datagram = std::str::from_utf8(&buffer[..size]).unwrap();
             let gauges = gauges(datagram);
-            let (value, tags) = &gauges["datadog.profiling.ddprof.samples"];
+            // The C++ ddprof's names (dashboards and monitors use them),
+            // ours for what it has no gauge for.
+            let native = |name: &str| gauges[&format!("datadog.profiling.native.{name}")].0;
+            let (value, tags) = &gauges["datadog.profiling.native.sample.count"];
             assert!(tags.contains("service:chain"), "{tags}");
             assert!(
-                gauges.contains_key("datadog.profiling.ddprof.profiler_cpu_ms")
-                    && gauges.contains_key("datadog.profiling.ddprof.rss_kib")
-                    && gauges.contains_key("datadog.profiling.ddprof.lost"),
+                gauges.contains_key("datadog.profiling.native.profiler.cpu_usage.millicores")
+                    && native("profiler.rss") > 1e6
+                    && native("pprof.size") > 0.0
+                    && gauges.contains_key("datadog.profiling.native.event.lost")
+                    && gauges.contains_key("datadog.profiling.ddprof.lost")
+                    && !gauges.contains_key("datadog.profiling.ddprof.samples"),
                 "{datagram}"
             );
+            if *value > 0.0 {
+                // The chain's 6 functions below main, libc's start: every
+                // sample's stack is at least 8 deep, and whole.
+                assert!(native("unwind.stack.avg_depth") >= 8.0, "{datagram}");
+                assert!(native("unwind.frames") >= 8.0 * value, "{datagram}");
+            }
             gauge_samples += value;
+            gauge_incomplete += native("unwind.stack.incomplete");
         }
         assert_eq!(gauge_samples as u64, summary["samples"], "{engine}");
+        assert_eq!(gauge_incomplete, truncated, "{engine}");
         let _ = std::fs::remove_dir_all(&scratch);
     }
 
@@ -362,7 +378,7 @@ fn reported_overhead_agrees_with_what_the_kernel_measured() {
     let size = receiver.recv(&mut buffer).expect("a datagram over UDP");
     let gauges = gauges(std::str::from_utf8(&buffer[..size]).unwrap());
     assert!(
-        gauges["datadog.profiling.ddprof.samples"].0 > 0.0,
+        gauges["datadog.profiling.native.sample.count"].0 > 0.0,
         "{gauges:?}"
     );
     let _ = std::fs::remove_dir_all(&out);

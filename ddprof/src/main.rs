@@ -55,7 +55,8 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
     };
     let cli = &config.cli;
     logging::init(cli.log_level, &cli.log_mode);
-    if cli.show_config {
+    let nothing_to_profile = cli.command.is_empty() && cli.pid.is_none() && !cli.global;
+    if cli.print_config || (cli.show_config && nothing_to_profile) {
         print!("{}", config.to_toml());
         return match config.problems_line() {
             Some(problems) => {
@@ -64,6 +65,10 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
             }
             None => 0,
         };
+    }
+    if cli.show_config {
+        // Then profile as asked: stdout is the command's.
+        eprint!("{}", config.to_toml());
     }
     if cli.check {
         let report = ddprof::check::run();

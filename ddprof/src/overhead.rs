@@ -12,7 +12,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::sample::LossCounters;
+use crate::sample::{LossCounters, StackEnd};
 
 /// The profiler's own resource use at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -368,6 +368,8 @@ pub struct Overhead {
     pub throttles: u64,
     /// Samples whose user stack did not reach its root.
     pub truncated: u64,
+    /// How the user stacks came out.
+    pub stacks: StackFigures,
     pub profiler_cpu: Duration,
     /// CPU time of the profiled tasks: the kernel's count where the events
     /// count tasks, else what the samples and the lost ones stand for.
@@ -417,6 +419,69 @@ impl Overhead {
             fields.push(("profiler_cpu_share_percent", share));
         }
         fields
+    }
+
+    /// The period's DogStatsD gauges: the C++ ddprof's
+    /// (`datadog.profiling.native.NAME`, with its meanings) for what it
+    /// measures too, then ours (`datadog.profiling.ddprof.NAME`) for what it
+    /// has no gauge for: the losses by cause, throttles, the CPU share and
+    /// the peak RSS. Its gauges left out are those of allocation profiling
+    /// and of figures not measured here (docs/Commands.md lists them).
+    pub fn statsd_gauges(&self, pprof_bytes: usize) -> Vec<(String, f64)> {
+        let seconds = self.duration.as_secs_f64();
+        let per_second = |value: f64| if seconds > 0.0 { value / seconds } else { 0.0 };
+        let stacks = &self.stacks;
+        // As the C++ ddprof: -1 for an average over no sample.
+        let average_depth = if self.samples > 0 {
+            stacks.frames as f64 / self.samples as f64
+        } else {
+            -1.0
+        };
+        let native: [(&str, f64); 12] = [
+            ("sample.count", self.samples as f64),
+            ("event.lost", self.lost.ring_full as f64),
+            (
+                "target_process.cpu_usage.millicores",
+                per_second(1000.0 * self.target_cpu.as_secs_f64()).round(),
+            ),
+            ("unwind.frames", stacks.frames as f64),
+            ("unwind.errors", stacks.walk_failed as f64),
+            (
+                "unwind.stack.truncated_input",
+                stacks.stack_exhausted as f64,
+            ),
+            ("unwind.stack.truncated_output", stacks.depth_limited as f64),
+            ("unwind.stack.incomplete", self.truncated as f64),
+            ("unwind.stack.avg_depth", average_depth.round()),
+            ("profiler.rss", (self.rss_kib * 1024) as f64),
+            (
+                "profiler.cpu_usage.millicores",
+                self.profiler_millicores().round(),
+            ),
+            ("profile.duration_ms", (seconds * 1000.0).round()),
+        ];
+        let mut gauges: Vec<(String, f64)> = native
+            .iter()
+            .map(|(name, value)| (format!("{CPP_STATSD_PREFIX}{name}"), *value))
+            .collect();
+        gauges.push((format!("{CPP_STATSD_PREFIX}pprof.size"), pprof_bytes as f64));
+        let mut ours = vec![
+            ("lost", self.lost.total() as f64),
+            ("lost_malformed", self.lost.malformed as f64),
+            ("lost_unsampled", self.lost.unsampled as f64),
+            ("lost_worker", self.lost.worker as f64),
+            ("lost_exiting", self.lost.exiting as f64),
+            ("throttles", self.throttles as f64),
+            ("peak_rss_kib", self.peak_rss_kib as f64),
+        ];
+        if let Some(share) = self.cpu_share_percent() {
+            ours.push(("profiler_cpu_share_percent", share));
+        }
+        gauges.extend(
+            ours.into_iter()
+                .map(|(name, value)| (format!("{STATSD_PREFIX}{name}"), value)),
+        );
+        gauges
     }
 
     /// One `ddprof.overhead.NAME=VALUE` comment per figure, for the pprof
@@ -509,6 +574,37 @@ struct Counts {
     samples: u64,
     truncated: u64,
     weight_nanos: u64,
+    stacks: StackFigures,
+}
+
+/// How a period's user stacks came out, by the C++ ddprof's `unwind.*`
+/// gauges' meanings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StackFigures {
+    /// User frames of all the samples.
+    pub frames: u64,
+    /// Samples whose walk stopped at the frame limit (`truncated_output`).
+    pub depth_limited: u64,
+    /// Samples whose copied stack ran out before the root, perf engine
+    /// (`truncated_input`).
+    pub stack_exhausted: u64,
+    /// Samples whose walk failed: no unwind row, an unreadable address, no
+    /// progress (`unwind.errors`).
+    pub walk_failed: u64,
+}
+
+impl StackFigures {
+    fn add(&mut self, end: StackEnd, frames: usize) {
+        self.frames = self.frames.saturating_add(frames as u64);
+        match end {
+            StackEnd::DepthLimit => self.depth_limited += 1,
+            StackEnd::StackExhausted => self.stack_exhausted += 1,
+            StackEnd::NoUnwindInfo | StackEnd::BadAddress | StackEnd::NoProgress => {
+                self.walk_failed += 1
+            }
+            StackEnd::Complete | StackEnd::NoUserContext => {}
+        }
+    }
 }
 
 impl OverheadMeter {
@@ -555,12 +651,14 @@ impl OverheadMeter {
         }
     }
 
-    /// Counts one sample of the current period.
-    pub fn add_sample(&mut self, weight_nanos: u64, complete: bool) {
+    /// Counts one sample of the current period: its weight, how its user
+    /// stack walk ended and how many user frames it has.
+    pub fn add_sample(&mut self, weight_nanos: u64, end: StackEnd, frames: usize) {
         let counts = &mut self.period;
         counts.samples += 1;
-        counts.truncated += u64::from(!complete);
+        counts.truncated += u64::from(!end.is_complete());
         counts.weight_nanos = counts.weight_nanos.saturating_add(weight_nanos);
+        counts.stacks.add(end, frames);
     }
 
     /// Ends the period: its figures, given the engine's loss counters since
@@ -652,6 +750,7 @@ impl OverheadMeter {
             lost,
             throttles: new.throttled,
             truncated: period.truncated,
+            stacks: period.stacks,
             profiler_cpu: usage.cpu.saturating_sub(self.period_start_cpu),
             target_cpu: Duration::from_nanos(target_nanos),
             rss_kib: usage.rss_kib,
@@ -728,6 +827,7 @@ fn unsampled_samples(run: &RunTotals, counted: u64, sample_period_nanos: u64) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     #[test]
     fn a_threads_times_count_its_own_cpu_and_not_another_threads() {
@@ -769,10 +869,10 @@ mod tests {
     fn periods_split_the_counts_and_the_run_adds_them_up() {
         let mut meter = OverheadMeter::start(10_000_000);
         for _ in 0..90 {
-            meter.add_sample(10_000_000, true);
+            meter.add_sample(10_000_000, StackEnd::Complete, 3);
         }
         for _ in 0..10 {
-            meter.add_sample(10_000_000, false);
+            meter.add_sample(10_000_000, StackEnd::BadAddress, 3);
         }
         // Burn a little CPU so that the profiler's share is measurable.
         let mut x = 1u64;
@@ -799,7 +899,7 @@ mod tests {
         assert!(share > 1.0 && share < 50.0, "{share}");
         assert!(first.peak_rss_kib >= first.rss_kib && first.rss_kib > 0);
 
-        meter.add_sample(20_000_000, true);
+        meter.add_sample(20_000_000, StackEnd::Complete, 3);
         let second = meter.end_period(losses(5, 0), None);
         assert_eq!(
             (second.samples, second.lost.total(), second.truncated),
@@ -822,7 +922,7 @@ mod tests {
         let ms = 1_000_000;
         let mut meter = OverheadMeter::start(10 * ms);
         for _ in 0..50 {
-            meter.add_sample(10 * ms, true);
+            meter.add_sample(10 * ms, StackEnd::Complete, 3);
         }
         let shared = |unattributed| LossCounters {
             unattributed,
@@ -834,7 +934,7 @@ mod tests {
         assert_eq!((first.lost.ring_full, first.lost.unsampled), (3, 0));
         // All delivered next period: nothing more is theirs.
         for _ in 0..10 {
-            meter.add_sample(10 * ms, true);
+            meter.add_sample(10 * ms, StackEnd::Complete, 3);
         }
         let second = meter.end_period(shared(400), Some(630 * ms));
         assert_eq!(second.lost.total(), 0);
@@ -855,7 +955,7 @@ mod tests {
         let ms = 1_000_000;
         let mut meter = OverheadMeter::start(10 * ms);
         for _ in 0..50 {
-            meter.add_sample(10 * ms, true);
+            meter.add_sample(10 * ms, StackEnd::Complete, 3);
         }
         let losses = LossCounters {
             lost: 2,
@@ -882,7 +982,7 @@ mod tests {
         // Samples still in the buffers then arrive: the next period finds
         // less unsampled than reported, and reports none more.
         for _ in 0..10 {
-            meter.add_sample(10 * ms, true);
+            meter.add_sample(10 * ms, StackEnd::Complete, 3);
         }
         let second = meter.end_period(losses, Some(650 * ms));
         assert_eq!(second.lost.unsampled, 0);
@@ -901,7 +1001,7 @@ mod tests {
             second.run,
             LossCounters::default(),
         );
-        next.add_sample(10 * ms, true);
+        next.add_sample(10 * ms, StackEnd::Complete, 3);
         let third = next.end_period(LossCounters::default(), Some(700 * ms));
         assert_eq!(third.target_cpu, Duration::from_millis(50));
         assert_eq!(
@@ -920,12 +1020,12 @@ mod tests {
             LossCounters::default(),
         )
         .after_a_dead_worker();
-        after_crash.add_sample(10 * ms, true);
+        after_crash.add_sample(10 * ms, StackEnd::Complete, 3);
         let fourth = after_crash.end_period(LossCounters::default(), Some(1_000 * ms));
         // 1000 ms counted, 620 sampled, 30 lost in the buffers, 7 unsampled
         // reported: 28 more.
         assert_eq!((fourth.lost.worker, fourth.lost.unsampled), (28, 0));
-        after_crash.add_sample(10 * ms, true);
+        after_crash.add_sample(10 * ms, StackEnd::Complete, 3);
         let fifth = after_crash.end_period(LossCounters::default(), Some(1_100 * ms));
         assert_eq!((fifth.lost.worker, fifth.lost.unsampled), (0, 9));
         let run = after_crash.run();
@@ -963,6 +1063,78 @@ mod tests {
     }
 
     #[test]
+    fn statsd_gauges_carry_the_cpp_ddprofs_names_and_meanings() {
+        let ms = 1_000_000;
+        let mut meter = OverheadMeter::start(10 * ms);
+        meter.add_sample(10 * ms, StackEnd::Complete, 10);
+        meter.add_sample(10 * ms, StackEnd::DepthLimit, 512);
+        meter.add_sample(10 * ms, StackEnd::StackExhausted, 20);
+        meter.add_sample(10 * ms, StackEnd::NoUnwindInfo, 4);
+        meter.add_sample(10 * ms, StackEnd::NoUserContext, 0);
+        let losses = LossCounters {
+            lost: 3,
+            ..LossCounters::default()
+        };
+        let period = meter.end_period(losses, Some(80 * ms));
+        assert_eq!(
+            period.stacks,
+            StackFigures {
+                frames: 546,
+                depth_limited: 1,
+                stack_exhausted: 1,
+                walk_failed: 1,
+            }
+        );
+        let overhead = Overhead {
+            duration: Duration::from_secs(2),
+            rss_kib: 2048,
+            profiler_cpu: Duration::from_millis(30),
+            ..period
+        };
+        let gauges = overhead.statsd_gauges(1234);
+        let names: HashSet<&str> = gauges.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names.len(), gauges.len(), "a gauge sent twice: {gauges:?}");
+        let gauge = |name: &str| {
+            gauges
+                .iter()
+                .find(|(gauge, _)| gauge == name)
+                .unwrap_or_else(|| panic!("no {name} in {gauges:?}"))
+                .1
+        };
+        let native = |name: &str| gauge(&format!("datadog.profiling.native.{name}"));
+        assert_eq!(native("sample.count"), 5.0);
+        assert_eq!(native("event.lost"), 3.0);
+        assert_eq!(native("unwind.frames"), 546.0);
+        assert_eq!(native("unwind.errors"), 1.0);
+        assert_eq!(native("unwind.stack.truncated_input"), 1.0);
+        assert_eq!(native("unwind.stack.truncated_output"), 1.0);
+        assert_eq!(native("unwind.stack.incomplete"), 4.0);
+        // 546 / 5, as a whole number as the C++ ddprof sends it.
+        assert_eq!(native("unwind.stack.avg_depth"), 109.0);
+        assert_eq!(native("profiler.rss"), 2048.0 * 1024.0);
+        assert_eq!(native("profiler.cpu_usage.millicores"), 15.0);
+        // 80 ms of the tasks' CPU in 2 s.
+        assert_eq!(native("target_process.cpu_usage.millicores"), 40.0);
+        assert_eq!(native("profile.duration_ms"), 2000.0);
+        assert_eq!(native("pprof.size"), 1234.0);
+        // Ours only where the C++ set has no gauge.
+        assert_eq!(gauge("datadog.profiling.ddprof.lost"), 3.0);
+        assert!(!names.contains("datadog.profiling.ddprof.samples"));
+        assert!(names
+            .iter()
+            .all(|name| name.starts_with(CPP_STATSD_PREFIX) || name.starts_with(STATSD_PREFIX)));
+        let idle = Overhead {
+            samples: 0,
+            ..overhead
+        };
+        let idle = idle.statsd_gauges(0);
+        assert!(idle.contains(&(
+            "datadog.profiling.native.unwind.stack.avg_depth".to_string(),
+            -1.0
+        )));
+    }
+
+    #[test]
     fn comments_and_the_log_line_carry_every_figure() {
         let overhead = Overhead {
             duration: Duration::from_secs(10),
@@ -976,6 +1148,7 @@ mod tests {
             },
             throttles: 0,
             truncated: 7,
+            stacks: StackFigures::default(),
             profiler_cpu: Duration::from_millis(25),
             target_cpu: Duration::from_millis(10_000),
             rss_kib: 20480,
@@ -1057,8 +1230,8 @@ impl std::str::FromStr for StatsdAddress {
     }
 }
 
-/// Sends the overhead figures of each period as DogStatsD gauges
-/// (`datadog.profiling.ddprof.NAME`), without ever blocking the profiler: a
+/// Sends the overhead figures of each period as DogStatsD gauges (see
+/// [`Overhead::statsd_gauges`]), without ever blocking the profiler: a
 /// datagram that cannot go out now is dropped, and one warning per failure
 /// streak says so.
 #[derive(Debug)]
@@ -1074,7 +1247,10 @@ enum StatsdSocket {
     Udp(std::net::UdpSocket),
 }
 
-/// Metric names start with this.
+/// The C++ ddprof's gauges start with this: the figures it sends are sent
+/// under its names, for the dashboards and monitors built on them.
+pub const CPP_STATSD_PREFIX: &str = "datadog.profiling.native.";
+/// The figures the C++ ddprof has no gauge for start with this.
 pub const STATSD_PREFIX: &str = "datadog.profiling.ddprof.";
 
 impl StatsdSink {
@@ -1117,12 +1293,12 @@ impl StatsdSink {
         })
     }
 
-    /// The datagram for one period: one gauge per line.
-    pub fn datagram(&self, overhead: &Overhead) -> String {
+    /// The datagram for one period: one gauge per line, `pprof_bytes` the
+    /// size of its profile as uploaded.
+    pub fn datagram(&self, overhead: &Overhead, pprof_bytes: usize) -> String {
         let mut datagram = String::new();
-        for (name, value) in overhead.fields() {
-            datagram.push_str(STATSD_PREFIX);
-            datagram.push_str(name);
+        for (name, value) in overhead.statsd_gauges(pprof_bytes) {
+            datagram.push_str(&name);
             datagram.push(':');
             datagram.push_str(&format_value(value));
             datagram.push_str("|g");
@@ -1135,8 +1311,8 @@ impl StatsdSink {
         datagram
     }
 
-    pub fn send(&mut self, overhead: &Overhead) {
-        let datagram = self.datagram(overhead);
+    pub fn send(&mut self, overhead: &Overhead, pprof_bytes: usize) {
+        let datagram = self.datagram(overhead, pprof_bytes);
         let sent = match &self.socket {
             StatsdSocket::Unix(socket, path) => socket.send_to(datagram.as_bytes(), path),
             StatsdSocket::Udp(socket) => socket.send(datagram.as_bytes()),

@@ -3,7 +3,7 @@
 //! sees [`Cli`]). Each error is one line naming the setting to fix.
 //!
 //! Read only from the environment (never flags, never printed by
-//! `--show-config`): `DD_API_KEY`, `DD_PROFILING_RUNTIME_ID` (overrides the
+//! `--show-config`, `--print-config`): `DD_API_KEY`, `DD_PROFILING_RUNTIME_ID` (overrides the
 //! run's random `runtime-id`), `DD_EXTERNAL_ENV` and `DD_HOSTNAME` (the
 //! `host` tag; without it there is none).
 use std::time::Duration;

@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Values are strings, numbers or booleans and are checked like flags;
-//! unknown keys are refused. `config`, `command`, `show_config`, `check`, `help` and
+//! unknown keys are refused. `config`, `command`, `show_config`, `print_config`, `check`, `help` and
 //! `version` cannot be set from a file.
 mod export;
 mod resolve;
@@ -189,7 +189,7 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_SHOW_SAMPLES", default_value_t = false)]
     pub show_samples: bool,
 
-    /// Also send each period's overhead figures (samples, lost, profiler CPU and RSS) as DogStatsD gauges to this socket: `unix:///PATH`, `/PATH` (Unix datagram), `udp://HOST:PORT` or `HOST:PORT`
+    /// Also send each period's figures as DogStatsD gauges to this socket: `unix:///PATH`, `/PATH` (Unix datagram), `udp://HOST:PORT` or `HOST:PORT`. The C++ ddprof's gauges keep its names (`datadog.profiling.native.sample.count`, `.event.lost`, `.unwind.*`, `.profiler.rss`, `.profiler.cpu_usage.millicores`, ...); the losses by cause, throttles and the CPU share are `datadog.profiling.ddprof.*`
     #[arg(short = 'b', long, env = "DD_PROFILING_INTERNAL_STATS", value_parser = parse_internal_stats)]
     pub internal_stats: Option<String>,
 
@@ -221,10 +221,15 @@ pub struct Cli {
     #[arg(short = 'o', long, env = "DD_PROFILING_LOG_MODE", value_parser = LogMode::parse, default_value = "stderr")]
     pub log_mode: LogMode,
 
-    /// Print the resolved settings as TOML, each with where it came from, and exit
+    /// Print the resolved settings as TOML, each with where it came from, then profile as asked, as the C++ ddprof does (to stderr: stdout is the command's); with nothing to profile (no command, `-p` or `--global`), print them and exit as `--print-config`
     #[arg(long, default_value_t = false)]
     #[serde(skip)]
     pub show_config: bool,
+
+    /// Print the resolved settings as TOML (to stdout), each with where it came from, and exit without running anything
+    #[arg(long, default_value_t = false)]
+    #[serde(skip)]
+    pub print_config: bool,
 
     /// Print what this machine allows (kernel, BTF, perf_event_paranoid, capabilities, perf_event_open, each BPF program variant) and which engine `auto` picks, one line each, and exit (non-zero when profiling is impossible)
     #[arg(long, default_value_t = false)]

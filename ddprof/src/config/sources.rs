@@ -35,6 +35,7 @@ const COMMAND_LINE_ONLY: &[&str] = &[
     "version",
     "command",
     "show_config",
+    "print_config",
     "check",
 ];
 

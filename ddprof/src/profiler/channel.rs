@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::overhead::{Lost, Overhead, RunTotals};
+use crate::overhead::{Lost, Overhead, RunTotals, StackFigures};
 
 /// The largest frame the parent accepts: far above any period's pprof.
 pub const MAX_FRAME: usize = 512 << 20;
@@ -285,6 +285,10 @@ impl Writer {
         self.lost(&figures.lost);
         self.u64(figures.throttles);
         self.u64(figures.truncated);
+        self.u64(figures.stacks.frames);
+        self.u64(figures.stacks.depth_limited);
+        self.u64(figures.stacks.stack_exhausted);
+        self.u64(figures.stacks.walk_failed);
         self.duration(figures.profiler_cpu);
         self.duration(figures.target_cpu);
         self.u64(figures.rss_kib);
@@ -426,6 +430,12 @@ impl Reader<'_> {
             lost: self.lost()?,
             throttles: self.u64()?,
             truncated: self.u64()?,
+            stacks: StackFigures {
+                frames: self.u64()?,
+                depth_limited: self.u64()?,
+                stack_exhausted: self.u64()?,
+                walk_failed: self.u64()?,
+            },
             profiler_cpu: self.duration()?,
             target_cpu: self.duration()?,
             rss_kib: self.u64()?,
@@ -508,6 +518,12 @@ mod tests {
                     },
                     throttles: 5,
                     truncated: 3,
+                    stacks: StackFigures {
+                        frames: 9000,
+                        depth_limited: 1,
+                        stack_exhausted: 2,
+                        walk_failed: 3,
+                    },
                     profiler_cpu: Duration::from_millis(12),
                     target_cpu: Duration::from_millis(990),
                     rss_kib: 20_000,

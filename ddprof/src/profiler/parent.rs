@@ -531,7 +531,12 @@ impl Outputs {
         self.totals = figures.run;
         self.worker_peak_rss_kib = self.worker_peak_rss_kib.max(profile.worker_peak_rss_kib);
         if let Some(sink) = &mut self.internal_stats {
-            sink.send(&figures);
+            let pprof_bytes = profile
+                .pprof_zstd
+                .as_ref()
+                .or(profile.pprof_gzip.as_ref())
+                .map_or(0, Vec::len);
+            sink.send(&figures, pprof_bytes);
         }
         for (names, count) in &profile.folded {
             self.folded.add_stack(names, *count);

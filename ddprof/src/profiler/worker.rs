@@ -381,7 +381,7 @@ impl Worker {
 
     fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
         self.meter
-            .add_sample(sample.weight, sample.end.is_complete());
+            .add_sample(sample.weight, sample.end, sample.frames.len());
         if self.show_samples {
             log::info!(
                 "sample pid={} tid={} ({}) cpu={} time={} weight={} end={:?} frames={:x?}",
