@@ -256,6 +256,70 @@ fn show_config_prints_the_settings_then_profiles_the_command() {
     assert!(text(&alone.stdout).contains("service = \"y\""));
 }
 
+/// As the C++ ddprof, `./ddprof.toml` is read when no file is named, but
+/// only a file nobody else controls: one that another user planted in a
+/// shared working directory is left out with one warning, and the command
+/// is profiled with the other settings.
+#[test]
+fn a_ddprof_toml_in_the_working_directory_is_read_unless_another_user_owns_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("default-config");
+    let file = dir.join("ddprof.toml");
+    std::fs::write(
+        &file,
+        "service = \"from-default-file\"\nupload_period = 7\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let print = |dir: &Path, extra: &[&str]| {
+        let output = run(ddprof_tests::ddprof_command()
+            .current_dir(dir)
+            .arg("--print-config")
+            .args(extra));
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        (text(&output.stdout), text(&output.stderr))
+    };
+    let (shown, _) = print(&dir, &[]);
+    assert!(
+        shown.contains("# config file: ./ddprof.toml (default)")
+            && shown.contains("service = \"from-default-file\"  # from ./ddprof.toml (service)")
+            && shown.contains("upload_period = 7"),
+        "{shown}"
+    );
+    // A file named instead: ./ddprof.toml is not read.
+    let named = dir.join("named.toml");
+    std::fs::write(&named, "environment = \"named\"\n").unwrap();
+    let (shown, _) = print(&dir, &["--config", named.to_str().unwrap()]);
+    assert!(!shown.contains("from-default-file"), "{shown}");
+    assert!(shown.contains("environment = \"named\""), "{shown}");
+
+    if nix::unistd::geteuid().is_root() {
+        std::os::unix::fs::chown(&file, Some(65534), None).unwrap();
+        let (shown, stderr) = print(&dir, &[]);
+        assert!(!shown.contains("from-default-file"), "{shown}");
+        assert!(shown.contains("# config file: none"), "{shown}");
+        assert!(
+            stderr.contains(
+                "warning: ./ddprof.toml left out: it belongs to uid 65534, neither root nor \
+                 this user (uid 0); name it with --config to read it anyway"
+            ),
+            "{stderr}"
+        );
+        // And the command runs, profiled, with the other settings.
+        let out = dir.join("out");
+        let output = run(ddprof_tests::ddprof_command()
+            .current_dir(&dir)
+            .arg("--output")
+            .arg(&out)
+            .args(["sh", "-c", BUSY_THEN_FINISHED]));
+        let stderr = text(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        assert!(stderr.contains("finished"), "{stderr}");
+        assert!(!pprof_files(&out).is_empty(), "no profile:\n{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_values_typed_on_the_command_line_are_usage_errors_quoting_them() {
     let max = max_sample_rate();

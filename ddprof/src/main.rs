@@ -55,6 +55,9 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
     };
     let cli = &config.cli;
     logging::init(cli.log_level, &cli.log_mode);
+    for warning in &config.warnings {
+        log::warn!("{warning}");
+    }
     let nothing_to_profile = cli.command.is_empty() && cli.pid.is_none() && !cli.global;
     if cli.print_config || (cli.show_config && nothing_to_profile) {
         print!("{}", config.to_toml());

@@ -1,6 +1,9 @@
 /*
- * forker_child: what forker execs. Burns CPU for MILLISECONDS (argv[1]), or
- * makes a fixed number of burn calls with `--calls N` (forker --work).
+ * forker_child: what forker execs. Burns MILLISECONDS (argv[1]) of its own
+ * CPU time (not wall time: a busy machine makes it take longer, not burn
+ * less, so that tests judging its samples by its CPU time get the CPU they
+ * asked for), or makes a fixed number of burn calls with `--calls N`
+ * (forker --work).
  *
  * Expected stacks (innermost first):
  *   forker_child_burn, forker_child_work, main, (libc start)
@@ -17,9 +20,9 @@
 
 volatile unsigned long forker_child_sink;
 
-static double now_seconds(void) {
+static double cpu_seconds(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
@@ -30,7 +33,7 @@ KEEP_FRAME unsigned long forker_child_burn(unsigned long x) {
     return x;
 }
 
-/* Burns for `seconds`, or makes `calls` burn calls when `calls` > 0. */
+/* Burns `seconds` of CPU, or makes `calls` burn calls when `calls` > 0. */
 KEEP_FRAME unsigned long forker_child_work(double seconds, long calls) {
     unsigned long x = 1;
     if (calls > 0) {
@@ -38,8 +41,8 @@ KEEP_FRAME unsigned long forker_child_work(double seconds, long calls) {
             x = forker_child_burn(x) + 1;
         return x;
     }
-    double end = now_seconds() + seconds;
-    while (now_seconds() < end)
+    double end = cpu_seconds() + seconds;
+    while (cpu_seconds() < end)
         x = forker_child_burn(x) + 1;
     return x;
 }

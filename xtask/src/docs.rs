@@ -30,7 +30,9 @@ fn render() -> Result<String> {
          Every option can also be set in the `--config FILE` (TOML; keys are the long option\n\
          names, with `_` or `-`: `upload_period = 10`) and by the environment variable shown as\n\
          `[env: …]`. A flag overrides the file, which overrides the variable, which overrides the\n\
-         default; `--print-config` prints every setting and where it came from. A bad flag is a\n\
+         default. With no file named, `./ddprof.toml` is read when present (as the C++ ddprof\n\
+         does), if it is a regular file of root or of this user that nobody else may write.\n\
+         `--print-config` prints every setting and where it came from. A bad flag is a\n\
          usage error (exit 2); a bad file or variable value is one warning, and the command runs\n\
          unprofiled (see Troubleshooting.md).\n\n\
          ```text\n$ ddprof --help\n{}```\n",

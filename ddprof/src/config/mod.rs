@@ -236,7 +236,7 @@ pub struct Cli {
     #[serde(skip)]
     pub check: bool,
 
-    /// Read options from this TOML file (keys are the long option names, e.g. `upload_period = 10`); flags override it, and it overrides the environment
+    /// Read options from this TOML file (keys are the long option names, e.g. `upload_period = 10`); flags override it, and it overrides the environment. Without it, `./ddprof.toml` is read when present and safe: a regular file (no link) of root or of this user that nobody else may write
     #[arg(long, env = "DD_PROFILING_CONFIG")]
     #[serde(skip)]
     pub config: Option<PathBuf>,

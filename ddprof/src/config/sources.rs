@@ -175,6 +175,9 @@ pub struct Config {
     /// By option id (the `Cli` field name).
     origins: HashMap<String, Origin>,
     pub problems: Vec<ConfigProblem>,
+    /// Said once logging is set up; nothing the command's run depends on
+    /// (a `./ddprof.toml` that is not safe to read, left out).
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -247,9 +250,44 @@ impl Config {
                 PathBuf::from(path)
             }),
         };
-        let mut file_values = match &config_path {
-            Some(path) => read_config_file(&parser, path, &mut problems),
-            None => HashMap::new(),
+        // No file named: the C++ ddprof's default, `./ddprof.toml`, when
+        // there is one that its owner and mode make safe to read.
+        let mut warnings = Vec::new();
+        let default_file = match &config_path {
+            Some(_) => None,
+            None => match open_config_file(Path::new(DEFAULT_CONFIG_FILE), true) {
+                Ok(Some(text)) => Some(text),
+                Ok(None) => None,
+                Err(reason) => {
+                    warnings.push(format!(
+                        "{DEFAULT_CONFIG_FILE} left out: {reason}; name it with --config to read \
+                         it anyway"
+                    ));
+                    None
+                }
+            },
+        };
+        let default_file_read = default_file.is_some();
+        let mut file_values = match (&config_path, default_file) {
+            (Some(path), _) => match open_config_file(path, false)
+                .and_then(|text| text.ok_or_else(|| "no such file".to_string()))
+            {
+                Ok(text) => read_config_text(&parser, path, &text, &mut problems),
+                Err(reason) => {
+                    problems.push(ConfigProblem::Unreadable {
+                        path: path.to_path_buf(),
+                        reason,
+                    });
+                    HashMap::new()
+                }
+            },
+            (None, Some(text)) => read_config_text(
+                &parser,
+                Path::new(DEFAULT_CONFIG_FILE),
+                &text,
+                &mut problems,
+            ),
+            (None, None) => HashMap::new(),
         };
 
         // (option id, flag) for clap, file and environment values alike.
@@ -335,10 +373,15 @@ impl Config {
                 with(&mut kept.into_iter()).unwrap_or(command_line)
             }
         };
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        if default_file_read {
+            cli.config = Some(PathBuf::from(DEFAULT_CONFIG_FILE));
+        }
         Ok(Config {
-            cli: Cli::from_arg_matches(&matches)?,
+            cli,
             origins,
             problems,
+            warnings,
         })
     }
 
@@ -407,24 +450,80 @@ impl Config {
     }
 }
 
+/// The C++ ddprof's config file when none is named: read if present.
+pub const DEFAULT_CONFIG_FILE: &str = "./ddprof.toml";
+/// Config files longer than this are refused: settings take a few hundred
+/// bytes, and whatever sits at the path is read whole.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// The text of the config file at `path`; `Ok(None)` when there is none.
+/// Never waits (a FIFO or a device is refused, not read) and reads at most
+/// [`MAX_CONFIG_BYTES`]. The `implicit` default file, which nobody named,
+/// is taken only if it is no link and belongs to root or to this user with
+/// nobody else allowed to write it: `./ddprof.toml` in a shared directory
+/// (`/tmp`) could otherwise be anyone's settings for a profiler that runs as
+/// root (`switch_user`, `--output` paths, upload endpoints).
+fn open_config_file(path: &Path, implicit: bool) -> Result<Option<String>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mut flags = libc::O_NONBLOCK | libc::O_CLOEXEC;
+    if implicit {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(error) if implicit && error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) if implicit && error.raw_os_error() == Some(libc::ELOOP) => {
+            return Err("it is a symbolic link".to_string())
+        }
+        Err(error) => return Err(error.to_string()),
+    };
+    let metadata = file.metadata().map_err(|error| error.to_string())?;
+    if !metadata.is_file() {
+        return Err("not a regular file".to_string());
+    }
+    if metadata.len() > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "{} bytes, more than the {} KiB a config file may have",
+            metadata.len(),
+            MAX_CONFIG_BYTES >> 10
+        ));
+    }
+    if implicit {
+        let me = nix::unistd::geteuid().as_raw();
+        if metadata.uid() != 0 && metadata.uid() != me {
+            return Err(format!(
+                "it belongs to uid {}, neither root nor this user (uid {me})",
+                metadata.uid()
+            ));
+        }
+        if metadata.mode() & 0o022 != 0 {
+            return Err(format!(
+                "others may write it (mode {:o}; chmod go-w)",
+                metadata.mode() & 0o7777
+            ));
+        }
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES)
+        .read_to_string(&mut text)
+        .map_err(|error| error.to_string())?;
+    Ok(Some(text))
+}
+
 /// The config file's settings by option id: `(path, key as written, value)`.
-/// Unknown keys and a file that cannot be read or parsed are problems.
-fn read_config_file(
+/// Unknown keys and text that is not TOML are problems.
+fn read_config_text(
     parser: &Command,
     path: &Path,
+    text: &str,
     problems: &mut Vec<ConfigProblem>,
 ) -> HashMap<String, (PathBuf, String, toml::Value)> {
     let mut settings = HashMap::new();
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(error) => {
-            problems.push(ConfigProblem::Unreadable {
-                path: path.to_path_buf(),
-                reason: error.to_string(),
-            });
-            return settings;
-        }
-    };
     let table: toml::Table = match text.parse() {
         Ok(table) => table,
         Err(error) => {
@@ -436,7 +535,7 @@ fn read_config_file(
                 .any(|id| text.contains(id) || text.contains(&id.replace('_', "-")));
             problems.push(ConfigProblem::NotToml {
                 path: path.to_path_buf(),
-                reason: toml_error_line(&error, &text),
+                reason: toml_error_line(&error, text),
                 names_launch_setting,
             });
             return settings;
@@ -566,6 +665,70 @@ mod tests {
             std::env::temp_dir().join(format!("ddprof-config-{}-{name}.toml", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    /// `./ddprof.toml`, which nobody named, is read only when it is safe
+    /// to: a regular file, no link, root's or this user's, that nobody else
+    /// may write; a file named with `--config` may be a link (a Kubernetes
+    /// config map is one). Neither waits on a FIFO.
+    #[test]
+    fn the_implicit_config_file_is_read_only_when_nobody_else_controls_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir =
+            std::env::temp_dir().join(format!("ddprof-config-{}-implicit", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("ddprof.toml");
+        std::fs::write(&file, "service = \"mine\"\n").unwrap();
+        let mode = |mode: u32| {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        mode(0o644);
+        assert_eq!(
+            open_config_file(&file, true),
+            Ok(Some("service = \"mine\"\n".to_string()))
+        );
+        for writable in [0o664, 0o646] {
+            mode(writable);
+            let refused = open_config_file(&file, true).unwrap_err();
+            assert!(refused.contains("others may write it"), "{refused}");
+            // Named, it is the user's choice.
+            assert!(open_config_file(&file, false).unwrap().is_some());
+        }
+        mode(0o644);
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&file, Some(65534), None).unwrap();
+            let refused = open_config_file(&file, true).unwrap_err();
+            assert!(
+                refused.contains("belongs to uid 65534, neither root nor this user"),
+                "{refused}"
+            );
+            std::os::unix::fs::chown(&file, Some(0), None).unwrap();
+        }
+        let link = dir.join("link.toml");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(
+            open_config_file(&link, true),
+            Err("it is a symbolic link".to_string())
+        );
+        assert!(open_config_file(&link, false).unwrap().is_some());
+        let fifo = dir.join("fifo.toml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for implicit in [true, false] {
+            assert_eq!(
+                open_config_file(&fifo, implicit),
+                Err("not a regular file".to_string())
+            );
+        }
+        let big = dir.join("big.toml");
+        std::fs::write(&big, vec![b'#'; (MAX_CONFIG_BYTES + 1) as usize]).unwrap();
+        assert!(open_config_file(&big, false)
+            .unwrap_err()
+            .contains("more than the 1024 KiB"));
+        let missing = dir.join("missing.toml");
+        assert_eq!(open_config_file(&missing, true), Ok(None));
+        assert!(open_config_file(&missing, false).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
