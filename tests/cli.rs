@@ -320,6 +320,69 @@ fn a_ddprof_toml_in_the_working_directory_is_read_unless_another_user_owns_it() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The C++ ddprof's options without a meaning here start the command, each
+/// said to be ignored in one line; `--no-timeline` turns the timeline off;
+/// those it would be wrong to drop are refused with what to do instead.
+#[test]
+fn the_cpp_ddprofs_other_options_start_the_command_or_say_what_to_do() {
+    let out = scratch("cpp-options");
+    let ignored = [
+        ("--fault_info", Some("1")),
+        ("--cpu_affinity", Some("0xa4")),
+        ("--maximum_pids", Some("8")),
+        ("--no-reorder-events", None),
+        ("--disable_symbolization", None),
+    ];
+    let mut command = ddprof_tests::ddprof_command();
+    command.arg("--output").arg(&out).arg("--no-timeline");
+    for (option, value) in ignored {
+        command.arg(option).args(value);
+    }
+    let output = run(command.args(["sh", "-c", BUSY_THEN_FINISHED]));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("finished"), "{stderr}");
+    let warnings = settings_warnings(&stderr);
+    assert_eq!(warnings.len(), ignored.len(), "{stderr}");
+    for (option, value) in ignored {
+        let shown = format!("ignored: {}", option.replace('_', "-"));
+        let shown = match value {
+            Some(value) => format!("{shown} {value}, an option of the C++ ddprof ("),
+            None => format!("{shown}, an option of the C++ ddprof ("),
+        };
+        assert!(
+            warnings.iter().any(|warning| warning.contains(&shown)),
+            "{shown}: {stderr}"
+        );
+    }
+    assert!(!pprof_files(&out).is_empty(), "no profile:\n{stderr}");
+    let printed = run(ddprof().args(["--no_timeline", "--print-config"]));
+    assert!(
+        text(&printed.stdout).contains("timeline = false  # from --timeline"),
+        "{}",
+        text(&printed.stdout)
+    );
+    for (option, what_to_do) in [
+        ("--api_key", "give the key in DD_API_KEY"),
+        ("--runtime_id", "DD_PROFILING_RUNTIME_ID"),
+        ("--capture_config", "--print-config"),
+    ] {
+        let output = run(ddprof().args([option, "x", "--", "sh", "-c", "echo ran"]));
+        assert_eq!(output.status.code(), Some(2), "{option}");
+        assert_eq!(
+            text(&output.stdout),
+            "",
+            "{option}: the command must not run"
+        );
+        assert!(
+            text(&output.stderr).contains(what_to_do),
+            "{}",
+            text(&output.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn bad_values_typed_on_the_command_line_are_usage_errors_quoting_them() {
     let max = max_sample_rate();

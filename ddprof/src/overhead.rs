@@ -465,20 +465,22 @@ impl Overhead {
             .map(|(name, value)| (format!("{CPP_STATSD_PREFIX}{name}"), *value))
             .collect();
         gauges.push((format!("{CPP_STATSD_PREFIX}pprof.size"), pprof_bytes as f64));
-        let mut ours = vec![
-            ("lost", self.lost.total() as f64),
-            ("lost_malformed", self.lost.malformed as f64),
-            ("lost_unsampled", self.lost.unsampled as f64),
-            ("lost_worker", self.lost.worker as f64),
-            ("lost_exiting", self.lost.exiting as f64),
-            ("throttles", self.throttles as f64),
-            ("peak_rss_kib", self.peak_rss_kib as f64),
+        // Ours: the figures of the log line and pprof comments that the C++
+        // set has no gauge for.
+        const OURS_ONLY: [&str; 8] = [
+            "lost",
+            "lost_malformed",
+            "lost_unsampled",
+            "lost_worker",
+            "lost_exiting",
+            "throttles",
+            "peak_rss_kib",
+            "profiler_cpu_share_percent",
         ];
-        if let Some(share) = self.cpu_share_percent() {
-            ours.push(("profiler_cpu_share_percent", share));
-        }
         gauges.extend(
-            ours.into_iter()
+            self.fields()
+                .into_iter()
+                .filter(|(name, _)| OURS_ONLY.contains(name))
                 .map(|(name, value)| (format!("{STATSD_PREFIX}{name}"), value)),
         );
         gauges

@@ -35,10 +35,60 @@ fn render() -> Result<String> {
          `--print-config` prints every setting and where it came from. A bad flag is a\n\
          usage error (exit 2); a bad file or variable value is one warning, and the command runs\n\
          unprofiled (see Troubleshooting.md).\n\n\
-         ```text\n$ ddprof --help\n{}```\n",
+         ```text\n$ ddprof --help\n{}```\n\n{CPP_COMPATIBILITY}",
         help
     ))
 }
+
+/// Every option, variable and event of Datadog's C++ ddprof with what it
+/// does here (issue "Every event Datadog's ddprof samples…"). Kept by hand:
+/// `config::sources::{CPP_VARIABLES, CPP_IGNORED, CPP_REFUSED}` and
+/// `events::NOT_YET_AVAILABLE` are the code it describes.
+const CPP_COMPATIBILITY: &str = "\
+## Datadog's C++ ddprof: its options, variables and events here
+
+Every long option is also accepted with `_` for `-` (`--worker_period`), as the C++ ddprof
+spells them, on the command line and as config-file keys.
+
+| C++ option (variable) | here |
+|---|---|
+| `-S --service` (`DD_SERVICE`), `-E --environment` (`DD_ENV`), `-V --service_version` (`DD_VERSION`), `-T --tags` (`DD_TAGS`) | the same |
+| `-U --url` (`DD_TRACE_AGENT_URL`), `-H --host` (`DD_AGENT_HOST`), `-P --port` (`DD_TRACE_AGENT_PORT`), `--agentless` (`DD_PROFILING_AGENTLESS`) | the same |
+| `-p --pid`, `-g --global` | the same (`DD_PROFILING_PID`, `DD_PROFILING_GLOBAL` too) |
+| `-I --inlined_functions` (`DD_PROFILING_INLINED_FUNCTIONS`) | the same |
+| `--timeline`, `--no-timeline` (`DD_PROFILING_TIMELINE_ENABLE`) | `--timeline [BOOL]` (`DD_PROFILING_TIMELINE`) and `--no-timeline`; the C++ variable is not read (its values `1`/`yes`/`on` are not ours) |
+| `-u --upload_period` (`DD_PROFILING_UPLOAD_PERIOD`), `--worker_period` (`DD_PROFILING_WORKER_PERIOD`) | the same |
+| `-e --event` (`DD_PROFILING_NATIVE_EVENTS`) | the same syntax (`;`-separated, `key=value` with spaces or commas); `sCPU` with `f`/`freq`, `p`/`period` is sampled; every other event of the C++ table is left out with one warning (below), and the other events still run |
+| `--preset` (`DD_PROFILING_NATIVE_PRESET`) | the same names and meaning; the allocation parts are left out with one warning until allocation profiling exists |
+| `--switch_user` (`DD_PROFILING_SWITCH_USER`), `--nice` (`DD_PROFILING_NICE`) | the same |
+| `--config [./ddprof.toml]` (`DD_PROFILING_NATIVE_CONFIG`) | `--config` (`DD_PROFILING_CONFIG`); `./ddprof.toml` is read when present and safe (see above); `DD_PROFILING_NATIVE_CONFIG` is not read: CLI11 files may repeat keys (`event=` twice), which TOML refuses |
+| `-l --log_level` (`DD_PROFILING_NATIVE_LOG_LEVEL`) | the same, `informational` included (also `DD_PROFILING_LOG_LEVEL`) |
+| `-o --log_mode` (`DD_PROFILING_NATIVE_LOG_MODE`) | the same: `stdout`, `stderr`, `syslog`, `disabled`, or a file path (also `DD_PROFILING_LOG_MODE`) |
+| `--show_config` (`DD_PROFILING_SHOW_CONFIG`) | prints the settings (on stderr) and profiles; the variable is not read (a command-line request); `--print-config` prints and exits |
+| `-b --internal_stats` (`DD_PROFILING_INTERNAL_STATS`) | the same; the C++ gauges' names (see Design.md, Overhead) |
+| `--show_samples` (`DD_PROFILING_SHOW_SAMPLES`), `-v --version`, `--enable` (`DD_PROFILING_ENABLED`) | the same |
+| `--stack_sample_size` (`DD_PROFILING_SAMPLE_STACK_USER`) | the same |
+| `--api_key` (`DD_API_KEY`) | the variable only: the flag is refused, since a key on the command line is readable by every local user in `/proc/PID/cmdline` for as long as the profiler runs |
+| `--runtime_id` (`DD_PROFILING_RUNTIME_ID`) | the variable only (the flag is refused, saying so) |
+| `--capture_config` | refused, saying to use `ddprof --print-config … > FILE` |
+| `--do_export` (`DD_PROFILING_DO_EXPORT`) | refused, saying how: profiles are uploaded only when an agent or `--agentless` is named |
+| `--fault_info`, `--cpu_affinity`, `--maximum_pids`, `--reorder-events`, `--no-reorder-events`, `--remote_symbolization`, `--disable_symbolization`, `--debug_pprof_prefix` | accepted and ignored, one warning each, with why (a crash report, CPU pinning, a process limit, event reordering, symbolization elsewhere and pprof files have their own form here); their variables are not read |
+| `--socket`, `--pipefd`, `--initial_loaded_libs_check_delay`, `--loaded_libs_check_interval` | accepted and ignored (the C++ allocation library's), one warning each |
+| `--help_extended`, `-e help` | usage errors; `--help` shows every option and the event syntax |
+| `DD_PROFILING_PPROF_PREFIX` | not read: pprof files are written with `--output DIR` |
+
+| C++ event | here |
+|---|---|
+| `sCPU` | sampled (both engines) |
+| `sALLOC` | left out with one warning: allocations are not profiled yet |
+| `hCPU`, `hREF`, `hINST`, `hCREF`, `hCMISS`, `hBRANCH`, `hBMISS`, `hBUS`, `hBSTF`, `hBSTB` | left out with one warning (hardware counters) |
+| `sPF`, `sPFMAJ`, `sPFMIN`, `sCS`, `sMig`, `sALGN`, `sEMU`, `sDUM` | left out with one warning (software events) |
+| `group:name`, `id=N` (tracepoints) | left out with one warning |
+
+Event keys: `f`/`freq` and `p`/`period` are read; `s`/`scale`, `e`/`event`, `g`/`group`, `i`/`id`,
+`l`/`label`, `m`/`mode`, `n`/`arg_num`, `r`/`register`, `st`/`stack_sample_size`,
+`o`/`raw_offset`, `z`/`raw_size` belong to the events left out and are refused on `sCPU`.
+";
 
 pub fn run(check: bool) -> Result<()> {
     let path = workspace_root().join("docs/Commands.md");

@@ -56,7 +56,38 @@ pub const CPP_VARIABLES: &[(&str, &str)] = &[
 /// option with `-` also with `_` (`--worker_period`, `--switch_user`), and
 /// `-v` for `--version`.
 pub fn command() -> Command {
-    Cli::command().mut_args(|arg| {
+    let mut command = Cli::command()
+        // The C++ ddprof's way to turn the timeline off.
+        .arg(
+            Arg::new("no_timeline")
+                .long("no-timeline")
+                .hide(true)
+                .action(ArgAction::SetTrue)
+                .help("Same as --timeline false (the C++ ddprof's spelling)"),
+        );
+    // Accepted by the C++ ddprof, refused here with why (not as unknown).
+    for (long, why) in CPP_REFUSED {
+        command = command.arg(
+            Arg::new(format!("cpp_{}", long.replace('-', "_")))
+                .long(*long)
+                .hide(true)
+                .num_args(0..=1)
+                .action(ArgAction::Set)
+                .help(*why),
+        );
+    }
+    for option in CPP_IGNORED {
+        let arg = Arg::new(option.id())
+            .long(option.long)
+            .hide(true)
+            .help(option.why);
+        command = command.arg(if option.takes_value {
+            arg.num_args(1).action(ArgAction::Set)
+        } else {
+            arg.action(ArgAction::SetTrue)
+        });
+    }
+    command.mut_args(|arg| {
         let underscored = arg
             .get_long()
             .filter(|long| long.contains('-'))
@@ -72,6 +103,109 @@ pub fn command() -> Command {
         }
     })
 }
+
+/// Options of the C++ ddprof refused here, each with what to do instead.
+pub const CPP_REFUSED: &[(&str, &str)] = &[
+    (
+        "api-key",
+        "give the key in DD_API_KEY: on the command line it is readable by every local user \
+         in /proc/PID/cmdline for as long as the profiler runs",
+    ),
+    ("runtime-id", "give it in DD_PROFILING_RUNTIME_ID"),
+    (
+        "do-export",
+        "not supported yet: profiles are uploaded only to an agent named by --url, --host, \
+         --port or --agentless, and written with --output DIR",
+    ),
+    (
+        "capture-config",
+        "not supported yet: `ddprof --print-config OPTIONS > FILE` writes a file --config reads",
+    ),
+];
+
+/// An option of Datadog's C++ ddprof that means nothing here: accepted
+/// (hidden, with its `_` spelling, on the command line and in a config
+/// file) so that its command lines still start the command, and said once
+/// to be ignored, with why.
+pub struct CppIgnored {
+    pub long: &'static str,
+    pub takes_value: bool,
+    pub why: &'static str,
+}
+
+impl CppIgnored {
+    /// The option's id in the parser (never a `Cli` field).
+    fn id(&self) -> String {
+        format!("cpp_{}", self.long.replace('-', "_"))
+    }
+}
+
+/// The C++ ddprof's options without a meaning here (docs/Commands.md lists
+/// every C++ option with its status). Not here: those whose effect a user
+/// relies on and this ddprof lacks (`--do_export`, `--capture_config`),
+/// which stay usage errors rather than being silently dropped.
+pub const CPP_IGNORED: &[CppIgnored] = &[
+    CppIgnored {
+        long: "fault-info",
+        takes_value: true,
+        why: "the C++ ddprof's crash report; a fault here is one log line and the command runs on",
+    },
+    CppIgnored {
+        long: "cpu-affinity",
+        takes_value: true,
+        why: "the profiler pins itself to one CPU",
+    },
+    CppIgnored {
+        long: "maximum-pids",
+        takes_value: true,
+        why: "processes are bounded by the caches' budgets (--worker-max-rss)",
+    },
+    CppIgnored {
+        long: "reorder-events",
+        takes_value: false,
+        why: "records are always merged in time order",
+    },
+    CppIgnored {
+        long: "no-reorder-events",
+        takes_value: false,
+        why: "records are always merged in time order",
+    },
+    CppIgnored {
+        long: "remote-symbolization",
+        takes_value: false,
+        why: "profiles are symbolized on the host",
+    },
+    CppIgnored {
+        long: "disable-symbolization",
+        takes_value: false,
+        why: "profiles are symbolized on the host",
+    },
+    CppIgnored {
+        long: "socket",
+        takes_value: true,
+        why: "the C++ allocation library's channel; allocations are not profiled yet",
+    },
+    CppIgnored {
+        long: "pipefd",
+        takes_value: true,
+        why: "the C++ allocation library's channel; allocations are not profiled yet",
+    },
+    CppIgnored {
+        long: "initial-loaded-libs-check-delay",
+        takes_value: true,
+        why: "the C++ allocation library's; allocations are not profiled yet",
+    },
+    CppIgnored {
+        long: "loaded-libs-check-interval",
+        takes_value: true,
+        why: "the C++ allocation library's; allocations are not profiled yet",
+    },
+    CppIgnored {
+        long: "debug-pprof-prefix",
+        takes_value: true,
+        why: "pprof files are written with --output DIR",
+    },
+];
 
 /// Settings that decide how the command runs. When one of them cannot be
 /// known, the command does not run: running it as the caller when another
@@ -290,6 +424,17 @@ impl Config {
             (None, None) => HashMap::new(),
         };
 
+        for (long, why) in CPP_REFUSED {
+            let id = format!("cpp_{}", long.replace('-', "_"));
+            if command_line.value_source(&id) == Some(ValueSource::CommandLine)
+                || file_values.contains_key(&id)
+            {
+                return Err(documented.clone().error(
+                    ErrorKind::UnknownArgument,
+                    format!("--{long}, an option of the C++ ddprof: {why}"),
+                ));
+            }
+        }
         // (option id, flag) for clap, file and environment values alike.
         let mut injected: Vec<(String, OsString)> = Vec::new();
         for arg in parser.get_arguments() {
@@ -373,7 +518,30 @@ impl Config {
                 with(&mut kept.into_iter()).unwrap_or(command_line)
             }
         };
+        for option in CPP_IGNORED {
+            let id = option.id();
+            if matches
+                .value_source(&id)
+                .is_some_and(|source| source != ValueSource::DefaultValue)
+            {
+                let value = match option.takes_value {
+                    true => matches
+                        .get_one::<String>(&id)
+                        .map(|value| format!(" {value}"))
+                        .unwrap_or_default(),
+                    false => String::new(),
+                };
+                warnings.push(format!(
+                    "ignored: --{}{value}, an option of the C++ ddprof ({})",
+                    option.long, option.why
+                ));
+            }
+        }
         let mut cli = Cli::from_arg_matches(&matches)?;
+        if matches.get_flag("no_timeline") {
+            cli.timeline = false;
+            origins.insert("timeline".to_string(), Origin::CommandLine);
+        }
         if default_file_read {
             cli.config = Some(PathBuf::from(DEFAULT_CONFIG_FILE));
         }
@@ -665,6 +833,40 @@ mod tests {
             std::env::temp_dir().join(format!("ddprof-config-{}-{name}.toml", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    /// Every C++-only option, in both spellings, before a command: parsed
+    /// (never a panic, never the command taken as its value), one warning
+    /// each; the refused ones are usage errors saying what to do.
+    #[test]
+    fn the_cpp_ddprofs_options_without_a_meaning_here_are_ignored_each_in_one_line() {
+        for option in CPP_IGNORED {
+            for long in [option.long.to_string(), option.long.replace('-', "_")] {
+                let flag = format!("--{long}");
+                let mut args = vec![flag.as_str()];
+                if option.takes_value {
+                    args.push("1");
+                }
+                args.extend(["sh", "-c", "true"]);
+                let config = load(&args, &[]).unwrap_or_else(|error| panic!("{args:?}: {error}"));
+                assert_eq!(config.cli.command, ["sh", "-c", "true"], "{args:?}");
+                assert_eq!(config.warnings.len(), 1, "{args:?}: {:?}", config.warnings);
+                assert!(
+                    config.warnings[0].starts_with(&format!("ignored: --{}", option.long)),
+                    "{:?}",
+                    config.warnings
+                );
+            }
+        }
+        for (long, why) in CPP_REFUSED {
+            let flag = format!("--{}", long.replace('-', "_"));
+            let error = load(&[&flag, "x", "true"], &[]).expect_err("refused");
+            assert_eq!(error.kind(), ErrorKind::UnknownArgument);
+            assert!(error.to_string().contains(why), "{error}");
+        }
+        let config = load(&["--no-timeline", "true"], &[]).unwrap();
+        assert!(!config.cli.timeline);
+        assert_eq!(config.cli.command, ["true"]);
     }
 
     /// `./ddprof.toml`, which nobody named, is read only when it is safe
