@@ -42,6 +42,7 @@ pub mod profile;
 pub mod profiler;
 pub mod sample;
 pub mod sampler;
+pub mod statsd;
 pub mod symbolize;
 pub mod timestamp;
 pub mod unwind;

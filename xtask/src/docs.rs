@@ -42,7 +42,7 @@ fn render() -> Result<String> {
 
 /// Every option, variable and event of Datadog's C++ ddprof with what it
 /// does here (issue "Every event Datadog's ddprof samples…"). Kept by hand:
-/// `config::sources::{CPP_VARIABLES, CPP_IGNORED, CPP_REFUSED}` and
+/// `config::cpp::{CPP_VARIABLES, CPP_IGNORED, CPP_REFUSED}` and
 /// `events::NOT_YET_AVAILABLE` are the code it describes.
 const CPP_COMPATIBILITY: &str = "\
 ## Datadog's C++ ddprof: its options, variables and events here

@@ -17,6 +17,7 @@
 //! Values are strings, numbers or booleans and are checked like flags;
 //! unknown keys are refused. `config`, `command`, `show_config`, `print_config`, `check`, `help` and
 //! `version` cannot be set from a file.
+pub mod cpp;
 mod export;
 mod resolve;
 pub mod sources;
@@ -300,7 +301,7 @@ where
 
 fn parse_internal_stats(value: &str) -> Result<String, String> {
     value
-        .parse::<crate::overhead::StatsdAddress>()
+        .parse::<crate::statsd::StatsdAddress>()
         .map(|_| value.to_string())
 }
 

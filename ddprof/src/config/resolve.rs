@@ -5,10 +5,10 @@ use crate::events::{
     parse_events, unavailable_events, EventOptions, EventSpec, EventSpecError, SampleRate,
 };
 use crate::launch::LaunchOptions;
-use crate::overhead::StatsdAddress;
 use crate::perf::{default_ring_buffer_bytes, PerfEngineOptions, MAX_USER_FRAMES};
 use crate::profiler::{ProfilerOptions, WorkerOptions};
 use crate::sampler::SamplerOptions;
+use crate::statsd::StatsdAddress;
 use crate::symbolize::SymbolizerOptions;
 use crate::unwind::TableStore;
 

@@ -25,6 +25,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, Command, CommandFactory, FromArgMatches};
 
+use super::cpp::{CPP_IGNORED, CPP_REFUSED, CPP_VARIABLES};
 use super::Cli;
 
 /// Options given only on the command line, never by a file or variable
@@ -37,18 +38,6 @@ const COMMAND_LINE_ONLY: &[&str] = &[
     "show_config",
     "print_config",
     "check",
-];
-
-/// Variables of Datadog's C++ ddprof read for the same setting when ours is
-/// not set: `(setting id, variable)`. Only those whose every C++ value
-/// means the same here: a value refused here would turn a variable ignored
-/// today into a command run unprofiled. Not `DD_PROFILING_TIMELINE_ENABLE`
-/// (CLI11 flags take `1`, `yes`, `on`; ours `true`/`false`), nor
-/// `DD_PROFILING_NATIVE_CONFIG` (CLI11's config files carry keys this
-/// ddprof does not have).
-pub const CPP_VARIABLES: &[(&str, &str)] = &[
-    ("log_level", "DD_PROFILING_NATIVE_LOG_LEVEL"),
-    ("log_mode", "DD_PROFILING_NATIVE_LOG_MODE"),
 ];
 
 /// The command line as parsed: [`Cli`] with the C++ ddprof's spellings as
@@ -103,109 +92,6 @@ pub fn command() -> Command {
         }
     })
 }
-
-/// Options of the C++ ddprof refused here, each with what to do instead.
-pub const CPP_REFUSED: &[(&str, &str)] = &[
-    (
-        "api-key",
-        "give the key in DD_API_KEY: on the command line it is readable by every local user \
-         in /proc/PID/cmdline for as long as the profiler runs",
-    ),
-    ("runtime-id", "give it in DD_PROFILING_RUNTIME_ID"),
-    (
-        "do-export",
-        "not supported yet: profiles are uploaded only to an agent named by --url, --host, \
-         --port or --agentless, and written with --output DIR",
-    ),
-    (
-        "capture-config",
-        "not supported yet: `ddprof --print-config OPTIONS > FILE` writes a file --config reads",
-    ),
-];
-
-/// An option of Datadog's C++ ddprof that means nothing here: accepted
-/// (hidden, with its `_` spelling, on the command line and in a config
-/// file) so that its command lines still start the command, and said once
-/// to be ignored, with why.
-pub struct CppIgnored {
-    pub long: &'static str,
-    pub takes_value: bool,
-    pub why: &'static str,
-}
-
-impl CppIgnored {
-    /// The option's id in the parser (never a `Cli` field).
-    fn id(&self) -> String {
-        format!("cpp_{}", self.long.replace('-', "_"))
-    }
-}
-
-/// The C++ ddprof's options without a meaning here (docs/Commands.md lists
-/// every C++ option with its status). Not here: those whose effect a user
-/// relies on and this ddprof lacks (`--do_export`, `--capture_config`),
-/// which stay usage errors rather than being silently dropped.
-pub const CPP_IGNORED: &[CppIgnored] = &[
-    CppIgnored {
-        long: "fault-info",
-        takes_value: true,
-        why: "the C++ ddprof's crash report; a fault here is one log line and the command runs on",
-    },
-    CppIgnored {
-        long: "cpu-affinity",
-        takes_value: true,
-        why: "the profiler pins itself to one CPU",
-    },
-    CppIgnored {
-        long: "maximum-pids",
-        takes_value: true,
-        why: "processes are bounded by the caches' budgets (--worker-max-rss)",
-    },
-    CppIgnored {
-        long: "reorder-events",
-        takes_value: false,
-        why: "records are always merged in time order",
-    },
-    CppIgnored {
-        long: "no-reorder-events",
-        takes_value: false,
-        why: "records are always merged in time order",
-    },
-    CppIgnored {
-        long: "remote-symbolization",
-        takes_value: false,
-        why: "profiles are symbolized on the host",
-    },
-    CppIgnored {
-        long: "disable-symbolization",
-        takes_value: false,
-        why: "profiles are symbolized on the host",
-    },
-    CppIgnored {
-        long: "socket",
-        takes_value: true,
-        why: "the C++ allocation library's channel; allocations are not profiled yet",
-    },
-    CppIgnored {
-        long: "pipefd",
-        takes_value: true,
-        why: "the C++ allocation library's channel; allocations are not profiled yet",
-    },
-    CppIgnored {
-        long: "initial-loaded-libs-check-delay",
-        takes_value: true,
-        why: "the C++ allocation library's; allocations are not profiled yet",
-    },
-    CppIgnored {
-        long: "loaded-libs-check-interval",
-        takes_value: true,
-        why: "the C++ allocation library's; allocations are not profiled yet",
-    },
-    CppIgnored {
-        long: "debug-pprof-prefix",
-        takes_value: true,
-        why: "pprof files are written with --output DIR",
-    },
-];
 
 /// Settings that decide how the command runs. When one of them cannot be
 /// known, the command does not run: running it as the caller when another

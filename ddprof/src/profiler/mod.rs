@@ -32,10 +32,10 @@ use crate::aggregate::AggregatorOptions;
 use crate::events::EventFd;
 use crate::export::ExportOptions;
 use crate::output::OutputError;
-use crate::overhead::StatsdAddress;
 use crate::process::ProcessTable;
 use crate::profile::ProfileError;
 use crate::sampler::{Sampler, SamplerError, SamplerOptions};
+use crate::statsd::StatsdAddress;
 use crate::symbolize::{KallsymsSnapshot, SymbolizerOptions};
 
 pub use target::{Target, TargetWatch};

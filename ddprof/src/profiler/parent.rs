@@ -32,7 +32,8 @@ use crate::export::entity::Entity;
 use crate::export::request::RequestContext;
 use crate::export::{Exporter, PeriodFigures, PeriodProfile};
 use crate::output::{FoldedStacks, OutputWriter, Summary};
-use crate::overhead::{Overhead, RunTotals, StatsdSink};
+use crate::overhead::{Overhead, RunTotals};
+use crate::statsd::StatsdSink;
 
 /// The comm of the profiler parent.
 pub const PARENT_NAME: &std::ffi::CStr = c"ddprof-profiler";
