@@ -249,22 +249,11 @@ impl Log for Logger {
             return;
         }
         let message = record.args().to_string();
-        match self.mode {
-            LogMode::Disabled => {}
-            LogMode::Stderr => {
-                let line = format_line(std::process::id(), record.level(), &message);
-                write_line(libc::STDERR_FILENO, line.as_bytes());
-            }
-            LogMode::Stdout => {
-                let line = format_line(std::process::id(), record.level(), &message);
-                write_line(libc::STDOUT_FILENO, line.as_bytes());
-            }
-            LogMode::File(_) => {
-                let line = format_line(std::process::id(), record.level(), &message);
-                if let Some(file) = &self.file {
-                    write_line(file.as_raw_fd(), line.as_bytes());
-                }
-            }
+        let descriptor = match self.mode {
+            LogMode::Disabled => None,
+            LogMode::Stderr => Some(libc::STDERR_FILENO),
+            LogMode::Stdout => Some(libc::STDOUT_FILENO),
+            LogMode::File(_) => self.file.as_ref().map(AsRawFd::as_raw_fd),
             LogMode::Syslog => {
                 let text = CString::new(message.replace('\0', " "))
                     .unwrap_or_else(|_| c"(unprintable message)".to_owned());
@@ -277,7 +266,12 @@ impl Log for Logger {
                         text.as_ptr(),
                     )
                 };
+                None
             }
+        };
+        if let Some(descriptor) = descriptor {
+            let line = format_line(std::process::id(), record.level(), &message);
+            write_line(descriptor, line.as_bytes());
         }
     }
 

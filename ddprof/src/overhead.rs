@@ -390,10 +390,15 @@ impl Overhead {
 
     /// The profiler's CPU time per second of wall-clock time, in millicores.
     pub fn profiler_millicores(&self) -> f64 {
+        self.millicores(self.profiler_cpu)
+    }
+
+    /// `cpu` per second of the period's wall-clock time, in millicores.
+    pub fn millicores(&self, cpu: Duration) -> f64 {
         if self.duration.is_zero() {
             return 0.0;
         }
-        1000.0 * self.profiler_cpu.as_secs_f64() / self.duration.as_secs_f64()
+        1000.0 * cpu.as_secs_f64() / self.duration.as_secs_f64()
     }
 
     /// `(name, value)` pairs, as the pprof comments, the log lines and the

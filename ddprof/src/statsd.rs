@@ -10,8 +10,6 @@ use crate::overhead::{format_value, Overhead};
 /// the peak RSS. Its gauges left out are those of allocation profiling
 /// and of figures not measured here (docs/Commands.md lists them).
 pub fn gauges(overhead: &Overhead, pprof_bytes: usize) -> Vec<(String, f64)> {
-    let seconds = overhead.duration.as_secs_f64();
-    let per_second = |value: f64| if seconds > 0.0 { value / seconds } else { 0.0 };
     let stacks = &overhead.stacks;
     // As the C++ ddprof: -1 for an average over no sample.
     let average_depth = if overhead.samples > 0 {
@@ -24,7 +22,7 @@ pub fn gauges(overhead: &Overhead, pprof_bytes: usize) -> Vec<(String, f64)> {
         ("event.lost", overhead.lost.ring_full as f64),
         (
             "target_process.cpu_usage.millicores",
-            per_second(1000.0 * overhead.target_cpu.as_secs_f64()).round(),
+            overhead.millicores(overhead.target_cpu).round(),
         ),
         ("unwind.frames", stacks.frames as f64),
         ("unwind.errors", stacks.walk_failed as f64),
@@ -40,7 +38,10 @@ pub fn gauges(overhead: &Overhead, pprof_bytes: usize) -> Vec<(String, f64)> {
             "profiler.cpu_usage.millicores",
             overhead.profiler_millicores().round(),
         ),
-        ("profile.duration_ms", (seconds * 1000.0).round()),
+        (
+            "profile.duration_ms",
+            (overhead.duration.as_secs_f64() * 1000.0).round(),
+        ),
     ];
     let mut gauges: Vec<(String, f64)> = native
         .iter()

@@ -45,11 +45,10 @@ pub struct CppIgnored {
     pub why: &'static str,
 }
 
-impl CppIgnored {
-    /// The option's id in the parser (never a `Cli` field).
-    pub(super) fn id(&self) -> String {
-        format!("cpp_{}", self.long.replace('-', "_"))
-    }
+/// The parser's id of the C++ option `long` (ignored or refused): never a
+/// `Cli` field.
+pub(super) fn parser_id(long: &str) -> String {
+    format!("cpp_{}", long.replace('-', "_"))
 }
 
 /// The C++ ddprof's options without a meaning here (docs/Commands.md lists

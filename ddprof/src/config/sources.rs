@@ -25,7 +25,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, Command, CommandFactory, FromArgMatches};
 
-use super::cpp::{CPP_IGNORED, CPP_REFUSED, CPP_VARIABLES};
+use super::cpp::{parser_id, CPP_IGNORED, CPP_REFUSED, CPP_VARIABLES};
 use super::Cli;
 
 /// Options given only on the command line, never by a file or variable
@@ -57,7 +57,7 @@ pub fn command() -> Command {
     // Accepted by the C++ ddprof, refused here with why (not as unknown).
     for (long, why) in CPP_REFUSED {
         command = command.arg(
-            Arg::new(format!("cpp_{}", long.replace('-', "_")))
+            Arg::new(parser_id(long))
                 .long(*long)
                 .hide(true)
                 .num_args(0..=1)
@@ -66,7 +66,7 @@ pub fn command() -> Command {
         );
     }
     for option in CPP_IGNORED {
-        let arg = Arg::new(option.id())
+        let arg = Arg::new(parser_id(option.long))
             .long(option.long)
             .hide(true)
             .help(option.why);
@@ -273,45 +273,40 @@ impl Config {
         // No file named: the C++ ddprof's default, `./ddprof.toml`, when
         // there is one that its owner and mode make safe to read.
         let mut warnings = Vec::new();
-        let default_file = match &config_path {
-            Some(_) => None,
+        let mut default_file_read = false;
+        let mut file_values = HashMap::new();
+        match &config_path {
+            Some(path) => match open_config_file(path, false) {
+                Ok(Some(text)) => {
+                    file_values = read_config_text(&parser, path, &text, &mut problems)
+                }
+                missing_or_unreadable => problems.push(ConfigProblem::Unreadable {
+                    path: path.to_path_buf(),
+                    reason: missing_or_unreadable
+                        .err()
+                        .unwrap_or_else(|| "no such file".to_string()),
+                }),
+            },
             None => match open_config_file(Path::new(DEFAULT_CONFIG_FILE), true) {
-                Ok(Some(text)) => Some(text),
-                Ok(None) => None,
-                Err(reason) => {
-                    warnings.push(format!(
-                        "{DEFAULT_CONFIG_FILE} left out: {reason}; name it with --config to read \
-                         it anyway"
-                    ));
-                    None
+                Ok(Some(text)) => {
+                    default_file_read = true;
+                    file_values = read_config_text(
+                        &parser,
+                        Path::new(DEFAULT_CONFIG_FILE),
+                        &text,
+                        &mut problems,
+                    );
                 }
+                Ok(None) => {}
+                Err(reason) => warnings.push(format!(
+                    "{DEFAULT_CONFIG_FILE} left out: {reason}; name it with --config to read \
+                     it anyway"
+                )),
             },
-        };
-        let default_file_read = default_file.is_some();
-        let mut file_values = match (&config_path, default_file) {
-            (Some(path), _) => match open_config_file(path, false)
-                .and_then(|text| text.ok_or_else(|| "no such file".to_string()))
-            {
-                Ok(text) => read_config_text(&parser, path, &text, &mut problems),
-                Err(reason) => {
-                    problems.push(ConfigProblem::Unreadable {
-                        path: path.to_path_buf(),
-                        reason,
-                    });
-                    HashMap::new()
-                }
-            },
-            (None, Some(text)) => read_config_text(
-                &parser,
-                Path::new(DEFAULT_CONFIG_FILE),
-                &text,
-                &mut problems,
-            ),
-            (None, None) => HashMap::new(),
-        };
+        }
 
         for (long, why) in CPP_REFUSED {
-            let id = format!("cpp_{}", long.replace('-', "_"));
+            let id = parser_id(long);
             if command_line.value_source(&id) == Some(ValueSource::CommandLine)
                 || file_values.contains_key(&id)
             {
@@ -405,7 +400,7 @@ impl Config {
             }
         };
         for option in CPP_IGNORED {
-            let id = option.id();
+            let id = parser_id(option.long);
             if matches
                 .value_source(&id)
                 .is_some_and(|source| source != ValueSource::DefaultValue)
