@@ -272,6 +272,7 @@ fn sample(pid: u32, tid: u32, index: u64, frames: Vec<u64>, end: StackEnd) -> Sa
         tid,
         time: monotonic_nanos() + index * PERIOD_NANOS,
         cpu: 0,
+        event: 0,
         weight: PERIOD_NANOS,
         frames,
         kernel_frames: vec![],
@@ -298,6 +299,7 @@ fn write_profile(
     let bytes = profile::encode_pprof(
         &symbolized,
         &ProfileMetadata {
+            events: Vec::new(),
             sampling_period_nanos: PERIOD_NANOS,
             comments: Vec::new(),
         },
@@ -934,6 +936,7 @@ fn measures_a_busy_minute_profile() {
     let new_leaves = new_addresses.period.frames.len();
 
     let metadata = ProfileMetadata {
+        events: Vec::new(),
         sampling_period_nanos: PERIOD_NANOS,
         comments: Vec::new(),
     };

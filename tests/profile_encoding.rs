@@ -45,6 +45,7 @@ fn period_of_app(frames: u64, stacks: Vec<Box<[u32]>>, samples: Vec<StackSample>
 
 fn group(stack: u32, tid: u32, count: u64, timeline: Vec<TimedSample>) -> StackSample {
     StackSample {
+        event: 0,
         pid: 7,
         tid,
         process_name: Some("app".into()),
@@ -131,6 +132,7 @@ fn a_profile_larger_than_a_compression_chunk_decodes_whole_in_both_compressions(
             .collect(),
     };
     let metadata = ProfileMetadata {
+        events: Vec::new(),
         sampling_period_nanos: 1,
         comments: vec!["ddprof.test=1".into()],
     };
@@ -181,6 +183,7 @@ fn samples_of_a_group_share_its_encoded_stack_and_keep_their_own_timestamps() {
         frames: (0..3).map(|_| Arc::from([line("f", "a.c", 1)])).collect(),
     };
     let metadata = ProfileMetadata {
+        events: Vec::new(),
         sampling_period_nanos: 1,
         comments: Vec::new(),
     };
@@ -250,6 +253,7 @@ fn encodes_samples_labels_and_inlined_lines() {
         ],
     };
     let metadata = ProfileMetadata {
+        events: Vec::new(),
         sampling_period_nanos: 10_101_010,
         comments: vec!["ddprof.overhead.samples=10".into()],
     };

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::files::target::PerfMapRefused;
+use crate::files::target::{JitSymbols, PerfMapRefused};
 use crate::files::{open_mapped, MappedFile, ObjectFile};
 use crate::process::{Mapping, ProcessTable};
 use crate::sample::Sample;
@@ -90,6 +90,8 @@ pub enum Frame {
 /// Samples of one (process, thread, names, stack) in a period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackSample {
+    /// The event that took the samples ([`crate::sample::Sample::event`]).
+    pub event: u16,
     pub pid: u32,
     pub tid: u32,
     /// The process's name when the samples were taken: a process that
@@ -100,7 +102,7 @@ pub struct StackSample {
     /// Index in [`PeriodProfile::stacks`].
     pub stack: u32,
     pub count: u64,
-    /// Sum of the samples' weights.
+    /// Sum of the samples' weights (CPU nanoseconds for `sCPU`).
     pub cpu_nanos: u64,
     /// Samples kept individually for the timeline (a subset of `count`).
     pub timeline: Vec<TimedSample>,
@@ -134,7 +136,7 @@ pub struct PeriodProfile {
     /// The perf maps of the processes with anonymous frames this period,
     /// opened while they ran (see [`crate::files::target::open_perf_map`]),
     /// or why the one found was refused.
-    pub perf_maps: HashMap<u32, Result<Arc<std::fs::File>, PerfMapRefused>>,
+    pub perf_maps: HashMap<u32, Result<Arc<JitSymbols>, PerfMapRefused>>,
     /// Distinct frames of the period.
     pub frames: Vec<Frame>,
     /// Distinct stacks, as indexes into `frames`, innermost first.
@@ -318,9 +320,9 @@ impl WallClock {
     }
 }
 
-/// What a [`StackSample`] counts: pid, tid, stack, and the ids of the
-/// process and thread names in force at the samples' time.
-type SampleKey = (u32, u32, u32, Option<u32>, Option<u32>);
+/// What a [`StackSample`] counts: event, pid, tid, stack, and the ids of
+/// the process and thread names in force at the samples' time.
+type SampleKey = (u16, u32, u32, u32, Option<u32>, Option<u32>);
 
 /// The period's process and thread names, each stored once.
 #[derive(Debug, Default)]
@@ -352,10 +354,12 @@ impl PeriodState {
     /// Opens `pid`'s perf map the first time the period meets anonymous
     /// code of it (the process runs then; the symbolizer reads the map
     /// after the period).
-    fn look_for_perf_map(&mut self, pid: u32) {
-        self.perf_maps
-            .entry(pid)
-            .or_insert_with(|| open_perf_map(pid));
+    fn look_for_perf_map(&mut self, processes: &ProcessTable, pid: u32) {
+        self.perf_maps.entry(pid).or_insert_with(|| {
+            let jitdump = jitdump_path(processes, pid);
+            self.jitdumps.insert(pid, jitdump.clone());
+            open_perf_map(pid, jitdump.as_deref())
+        });
     }
 
     /// Looks again, at the period's end, for the maps that were not there
@@ -367,16 +371,30 @@ impl PeriodState {
     fn look_again_for_missing_perf_maps(&mut self) {
         for (&pid, opened) in &mut self.perf_maps {
             if opened.is_none() {
-                *opened = open_perf_map(pid);
+                let jitdump = self.jitdumps.get(&pid).cloned().flatten();
+                *opened = open_perf_map(pid, jitdump.as_deref());
             }
         }
     }
 }
 
-/// `pid`'s perf map opened (`None`: it has none, or it is gone).
-fn open_perf_map(pid: u32) -> Option<Result<Arc<std::fs::File>, PerfMapRefused>> {
-    match crate::files::target::open_perf_map(pid) {
-        Ok(opened) => opened.map(|opened| Ok(Arc::new(opened.file))),
+/// The path of the jitdump file `pid` mapped, if any.
+fn jitdump_path(processes: &ProcessTable, pid: u32) -> Option<String> {
+    processes
+        .get(pid)?
+        .mappings
+        .iter()
+        .find(|mapping| crate::files::target::is_jitdump_path(&mapping.file.path))
+        .map(|mapping| mapping.file.path.clone())
+}
+
+/// `pid`'s perf map (or jitdump) opened (`None`: it has none, or it is gone).
+fn open_perf_map(
+    pid: u32,
+    jitdump: Option<&str>,
+) -> Option<Result<Arc<JitSymbols>, PerfMapRefused>> {
+    match crate::files::target::open_perf_map(pid, jitdump) {
+        Ok(opened) => opened.map(|opened| Ok(Arc::new(opened))),
         Err(refused) => Some(Err(refused)),
     }
 }
@@ -392,7 +410,10 @@ struct PeriodState {
     names: NameTable,
     thread_names: FastMap<(u32, u32), ThreadNameIds>,
     /// Perf maps looked for this period, by process (`None`: none).
-    perf_maps: FastMap<u32, Option<Result<Arc<std::fs::File>, PerfMapRefused>>>,
+    perf_maps: FastMap<u32, Option<Result<Arc<JitSymbols>, PerfMapRefused>>>,
+    /// The jitdump each of those processes mapped, if any (where to look
+    /// again without a perf map).
+    jitdumps: FastMap<u32, Option<String>>,
     timeline_events: usize,
     stats: PeriodStats,
     raw_stacks: RawStackCache,
@@ -628,7 +649,7 @@ impl Aggregator {
                     offset: mapping.file_offset_of(lookup),
                 },
                 Some(mapping) => {
-                    period.look_for_perf_map(sample.pid);
+                    period.look_for_perf_map(processes, sample.pid);
                     Frame::Anonymous {
                         pid: sample.pid,
                         addr: lookup,
@@ -636,7 +657,7 @@ impl Aggregator {
                     }
                 }
                 None => {
-                    period.look_for_perf_map(sample.pid);
+                    period.look_for_perf_map(processes, sample.pid);
                     Frame::Anonymous {
                         pid: sample.pid,
                         addr: lookup,
@@ -704,9 +725,17 @@ impl Aggregator {
             }
         };
         let (process_name, thread_name) = (names.process, names.thread);
-        let key = (sample.pid, sample.tid, stack, process_name, thread_name);
+        let key = (
+            sample.event,
+            sample.pid,
+            sample.tid,
+            stack,
+            process_name,
+            thread_name,
+        );
         let index = *period.sample_ids.entry(key).or_insert_with(|| {
             period.samples.push(StackSample {
+                event: sample.event,
                 pid: sample.pid,
                 tid: sample.tid,
                 process_name: period.names.name(process_name),
@@ -811,6 +840,7 @@ mod tests {
             tid,
             time: 1_000,
             cpu: 0,
+            event: 0,
             weight: 10_101_010,
             frames,
             kernel_frames: vec![],

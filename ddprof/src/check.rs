@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use crate::bpf::{self, BpfError, BpfProgram, BpfVariant, Engine, EngineChoice, MapSizes};
 use crate::confine::capabilities::{self, cap};
 use crate::events::{self, EventOptions, OpenError, Scope};
-use crate::events::{EventKind, EventSpec, SampleRate};
+use crate::events::{EventSpec, SampleRate};
 
 /// The result of the checks: the lines to print and whether profiling is
 /// possible.
@@ -129,10 +129,7 @@ fn capabilities_line() -> String {
 /// Opens a task-clock sampling event on this process as the engines do
 /// (kernel time included when permitted, else user-only).
 fn perf_event_probe() -> Result<&'static str, OpenError> {
-    let spec = EventSpec {
-        kind: EventKind::CpuTime,
-        rate: SampleRate::Frequency(99),
-    };
+    let spec = EventSpec::cpu_time(SampleRate::Frequency(99));
     let mut options = EventOptions {
         // Only whether the event opens matters: the smallest stack copy.
         stack_sample_size: 8,

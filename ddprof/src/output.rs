@@ -17,7 +17,7 @@
 //!     inlined_functions: false, // -I
 //!     ..SymbolizerOptions::default()
 //! });
-//! let metadata = ProfileMetadata { sampling_period_nanos: 1_000_000_000 / 99, comments: Vec::new() };
+//! let metadata = ProfileMetadata { events: Vec::new(), sampling_period_nanos: 1_000_000_000 / 99, comments: Vec::new() };
 //! let output = LocalOutput::create("ddprof-out".as_ref(), "my-service")?;
 //! let mut folded = FoldedStacks::default();
 //! let (mut profiles, mut total, mut full) = (0, 0, 0);
@@ -498,9 +498,9 @@ impl FoldedStacks {
         id
     }
 
-    /// Adds a symbolized period's samples.
+    /// Adds a symbolized period's samples (of its first event).
     pub fn add(&mut self, profile: &SymbolizedProfile) {
-        for (names, count) in Self::stacks_of(profile) {
+        for (names, count) in Self::stacks_of(profile, 0) {
             self.add_stack(&names, count);
         }
     }
@@ -510,11 +510,13 @@ impl FoldedStacks {
     /// how a profiler worker hands a period's stacks to its parent.
     ///
     /// [`add_stack`]: FoldedStacks::add_stack
-    pub fn stacks_of(profile: &SymbolizedProfile) -> Vec<(Vec<Arc<str>>, u64)> {
+    /// Only the samples of `event` count: a flame graph has one unit.
+    pub fn stacks_of(profile: &SymbolizedProfile, event: u16) -> Vec<(Vec<Arc<str>>, u64)> {
         profile
             .period
             .samples
             .iter()
+            .filter(|sample| sample.event == event)
             .map(|sample| {
                 let process: Arc<str> = match &sample.process_name {
                     Some(name) => name.clone(),
@@ -752,6 +754,7 @@ mod tests {
                 samples: counts
                     .iter()
                     .map(|&(stack, count)| StackSample {
+                        event: 0,
                         pid: 5,
                         tid: 5,
                         process_name: Some("app".into()),

@@ -155,9 +155,54 @@ const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 /// File ranges start above the null page.
 const FIRST_FILE_BASE: u64 = 0x1_0000;
 
+/// One sampled event's place in the profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfiledEvent {
+    /// Its index in the session's list (its samples' `event`).
+    pub index: u16,
+    /// `sCPU`: its samples are `cpu-samples`/`count` and
+    /// `cpu-time`/`nanoseconds`, as Datadog's profilers name them.
+    pub cpu_time: bool,
+    /// The event's label (`sPF`, `sched:sched_switch`, `l=`): any other
+    /// event's samples are `LABEL`/`events`, and carry the label as
+    /// `tracepoint_type`, as the C++ ddprof labels them.
+    pub label: std::sync::Arc<str>,
+}
+
+impl ProfiledEvent {
+    pub fn of(spec: &crate::events::EventSpec) -> Self {
+        Self {
+            index: spec.index(),
+            cpu_time: spec.is_cpu_time(),
+            label: spec.label.clone(),
+        }
+    }
+
+    /// `sCPU` alone, the default.
+    pub fn cpu_time_only() -> Vec<Self> {
+        vec![Self {
+            index: 0,
+            cpu_time: true,
+            label: "sCPU".into(),
+        }]
+    }
+
+    /// The profile's sample types (`type`, `unit`) for this event.
+    fn columns(&self) -> Vec<(&str, &'static str)> {
+        if self.cpu_time {
+            vec![("cpu-samples", "count"), ("cpu-time", "nanoseconds")]
+        } else {
+            vec![(&*self.label, "events")]
+        }
+    }
+}
+
 /// What the profile says beyond its samples.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProfileMetadata {
+    /// The sampled events, in the order of their columns in the profile
+    /// (none: `sCPU`'s).
+    pub events: Vec<ProfiledEvent>,
     /// Nominal CPU time between two samples (1e9 / frequency), pprof's `period`.
     pub sampling_period_nanos: u64,
     /// pprof's free-form comments: the period's overhead figures
@@ -334,7 +379,7 @@ enum SamplePart<'a> {
     /// One sample of the last group: its values and, on the timeline, its
     /// `end_timestamp_ns` label (after the group's labels).
     Sample {
-        values: [i64; 2],
+        values: &'a [i64],
         timestamp: Option<pb::Label>,
     },
 }
@@ -371,7 +416,7 @@ impl SampleGroupEncoder {
             }
             SamplePart::Sample { values, timestamp } => {
                 self.own.clear();
-                int64::encode_packed(2, &values, &mut self.own);
+                int64::encode_packed(2, values, &mut self.own);
                 if let Some(label) = &timestamp {
                     message::encode(3, label, &mut self.own);
                 }
@@ -404,11 +449,29 @@ fn build_pprof_streaming_samples(
         r#type: strings.id(kind),
         unit: strings.id(unit),
     };
-    let sample_type = vec![
-        value_type(&mut strings, "cpu-samples", "count"),
-        value_type(&mut strings, "cpu-time", "nanoseconds"),
-    ];
-    let period_type = value_type(&mut strings, "cpu-time", "nanoseconds");
+    let default_events;
+    let events = if metadata.events.is_empty() {
+        default_events = ProfiledEvent::cpu_time_only();
+        &default_events
+    } else {
+        &metadata.events
+    };
+    // Each event's first column, by event index.
+    let mut first_column: HashMap<u16, (usize, bool)> = HashMap::new();
+    let mut sample_type = Vec::new();
+    for event in events {
+        first_column.insert(event.index, (sample_type.len(), event.cpu_time));
+        for (kind, unit) in event.columns() {
+            sample_type.push(value_type(&mut strings, kind, unit));
+        }
+    }
+    // The CPU time a sample stands for when CPU time is sampled; else the
+    // first event's unit.
+    let period_type = if events.iter().any(|event| event.cpu_time) {
+        value_type(&mut strings, "cpu-time", "nanoseconds")
+    } else {
+        sample_type[0]
+    };
 
     // One mapping per file referenced, each with its own address range.
     let mut file_span: HashMap<u32, u64> = HashMap::new();
@@ -526,7 +589,31 @@ fn build_pprof_streaming_samples(
         num: value.min(i64::MAX as u64) as i64,
         ..pb::Label::default()
     };
-    let values = |count: u64, nanos: u64| [count as i64, nanos.min(i64::MAX as u64) as i64];
+    let key_tracepoint_type = strings.id("tracepoint_type");
+    let mut values = vec![0i64; sample_type.len()];
+    // Fills the columns of `event` (zero elsewhere); false for an event
+    // the profile has no column for.
+    let fill = |values: &mut [i64], event: u16, count: u64, weight: u64| {
+        values.fill(0);
+        let clamp = |value: u64| value.min(i64::MAX as u64) as i64;
+        match first_column.get(&event) {
+            Some(&(column, true)) => {
+                values[column] = clamp(count);
+                values[column + 1] = clamp(weight);
+                true
+            }
+            Some(&(column, false)) => {
+                values[column] = clamp(weight);
+                true
+            }
+            None => false,
+        }
+    };
+    let labels: HashMap<u16, i64> = events
+        .iter()
+        .filter(|event| !event.cpu_time)
+        .map(|event| (event.index, strings.id(&event.label)))
+        .collect();
     for stack_sample in &period.samples {
         sample.location_id.clear();
         sample.location_id.extend(
@@ -553,22 +640,29 @@ fn build_pprof_streaming_samples(
                 ..pb::Label::default()
             });
         }
+        if let Some(&label) = labels.get(&stack_sample.event) {
+            sample.label.push(pb::Label {
+                key: key_tracepoint_type,
+                str: label,
+                ..pb::Label::default()
+            });
+        }
         emit(SamplePart::Group(&sample));
         let mut timed_nanos = 0u64;
         for timed in &stack_sample.timeline {
             timed_nanos = timed_nanos.saturating_add(timed.cpu_nanos);
-            emit(SamplePart::Sample {
-                values: values(1, timed.cpu_nanos),
-                timestamp: Some(num(key_timestamp, timed.end_timestamp_ns)),
-            });
+            if fill(&mut values, stack_sample.event, 1, timed.cpu_nanos) {
+                emit(SamplePart::Sample {
+                    values: &values,
+                    timestamp: Some(num(key_timestamp, timed.end_timestamp_ns)),
+                });
+            }
         }
         let rest_count = stack_sample.count - stack_sample.timeline.len() as u64;
-        if rest_count > 0 {
+        let rest_weight = stack_sample.cpu_nanos.saturating_sub(timed_nanos);
+        if rest_count > 0 && fill(&mut values, stack_sample.event, rest_count, rest_weight) {
             emit(SamplePart::Sample {
-                values: values(
-                    rest_count,
-                    stack_sample.cpu_nanos.saturating_sub(timed_nanos),
-                ),
+                values: &values,
                 timestamp: None,
             });
         }

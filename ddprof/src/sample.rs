@@ -9,7 +9,11 @@ pub struct Sample {
     /// CLOCK_MONOTONIC nanoseconds.
     pub time: u64,
     pub cpu: u32,
-    /// The sample's weight in the event's unit (CPU nanoseconds for sCPU).
+    /// Which event took it: its position in the session's list
+    /// ([`crate::events::EventSpec::index`]).
+    pub event: u16,
+    /// The sample's weight in the event's unit (CPU nanoseconds for sCPU,
+    /// events for the others, or what their `n=`, `r=` and `s=` ask for).
     pub weight: u64,
     /// User-space program counters, innermost first. Every frame but the
     /// first is a return address (callers of `frames[0]`).

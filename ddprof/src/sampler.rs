@@ -127,7 +127,7 @@ impl Sampler {
                 Ok(EventFd {
                     fd: event.fd.try_clone()?,
                     cpu: event.cpu,
-                    spec: event.spec,
+                    spec: event.spec.clone(),
                     enable_when_mapped: event.enable_when_mapped,
                     scope: event.scope,
                 })
@@ -435,8 +435,10 @@ fn open_every_cpu(events: &[EventFd], options: &EventOptions) -> Vec<EventFd> {
             // `--global`, or already opened.
             return Vec::new();
         }
-        if !specs.contains(&event.spec) {
-            specs.push(event.spec);
+        // The program samples CPU time; other events sample per task,
+        // through the perf buffers.
+        if event.spec.is_cpu_time() && !specs.contains(&event.spec) {
+            specs.push(event.spec.clone());
         }
     }
     match crate::events::open_all(&specs, Scope::CpuForTree, options) {

@@ -157,6 +157,50 @@ impl Profile {
             .collect()
     }
 
+    /// The sample types as (`type`, `unit`).
+    pub fn sample_types(&self) -> Vec<(String, String)> {
+        self.sample_type
+            .iter()
+            .map(|t| {
+                (
+                    self.string(t.r#type).to_string(),
+                    self.string(t.unit).to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Each sample's function names (innermost first; inlined frames
+    /// included) and values.
+    pub fn stacks(&self) -> Vec<(Vec<String>, Vec<i64>)> {
+        let functions: std::collections::HashMap<u64, &str> = self
+            .function
+            .iter()
+            .map(|f| (f.id, self.string(f.name)))
+            .collect();
+        let locations: std::collections::HashMap<u64, &Location> =
+            self.location.iter().map(|l| (l.id, l)).collect();
+        self.sample
+            .iter()
+            .map(|sample| {
+                let names = sample
+                    .location_id
+                    .iter()
+                    .filter_map(|id| locations.get(id))
+                    .flat_map(|location| location.line.iter())
+                    .map(|line| {
+                        functions
+                            .get(&line.function_id)
+                            .copied()
+                            .unwrap_or("")
+                            .to_string()
+                    })
+                    .collect();
+                (names, sample.value.clone())
+            })
+            .collect()
+    }
+
     /// The profile's comments.
     pub fn comments(&self) -> Vec<String> {
         self.comment

@@ -42,8 +42,9 @@ fn render() -> Result<String> {
 
 /// Every option, variable and event of Datadog's C++ ddprof with what it
 /// does here (issue "Every event Datadog's ddprof samples…"). Kept by hand:
-/// `config::cpp::{CPP_VARIABLES, CPP_IGNORED, CPP_REFUSED}` and
-/// `events::NOT_YET_AVAILABLE` are the code it describes.
+/// `config::cpp::{CPP_VARIABLES, CPP_IGNORED, CPP_REFUSED}`,
+/// `events::NOT_YET_AVAILABLE` and the event table (`events::spec::TABLE`)
+/// are the code it describes.
 const CPP_COMPATIBILITY: &str = "\
 ## Datadog's C++ ddprof: its options, variables and events here
 
@@ -58,7 +59,7 @@ spells them, on the command line and as config-file keys.
 | `-I --inlined_functions` (`DD_PROFILING_INLINED_FUNCTIONS`) | the same |
 | `--timeline`, `--no-timeline` (`DD_PROFILING_TIMELINE_ENABLE`) | `--timeline [BOOL]` (`DD_PROFILING_TIMELINE`) and `--no-timeline`; the C++ variable is not read (its values `1`/`yes`/`on` are not ours) |
 | `-u --upload_period` (`DD_PROFILING_UPLOAD_PERIOD`), `--worker_period` (`DD_PROFILING_WORKER_PERIOD`) | the same |
-| `-e --event` (`DD_PROFILING_NATIVE_EVENTS`) | the same syntax (`;`-separated, `key=value` with spaces or commas); `sCPU` with `f`/`freq`, `p`/`period` is sampled; every other event of the C++ table is left out with one warning (below), and the other events still run |
+| `-e --event` (`DD_PROFILING_NATIVE_EVENTS`) | the same syntax (`;`-separated, `key=value` with spaces or commas) and events (below); each event is its own sample type in the profile |
 | `--preset` (`DD_PROFILING_NATIVE_PRESET`) | the same names and meaning; the allocation parts are left out with one warning until allocation profiling exists |
 | `--switch_user` (`DD_PROFILING_SWITCH_USER`), `--nice` (`DD_PROFILING_NICE`) | the same |
 | `--config [./ddprof.toml]` (`DD_PROFILING_NATIVE_CONFIG`) | `--config` (`DD_PROFILING_CONFIG`); `./ddprof.toml` is read when present and safe (see above); `DD_PROFILING_NATIVE_CONFIG` is not read: CLI11 files may repeat keys (`event=` twice), which TOML refuses |
@@ -79,15 +80,25 @@ spells them, on the command line and as config-file keys.
 
 | C++ event | here |
 |---|---|
-| `sCPU` | sampled (both engines) |
+| `sCPU` | sampled (both engines; the BPF program unwinds its samples in the kernel): `cpu-samples`/`count` and `cpu-time`/`nanoseconds` |
+| `sPF`, `sPFMAJ`, `sPFMIN`, `sCS`, `sMig`, `sALGN`, `sEMU`, `sDUM` | sampled with the C++ default rates (`sPF`, `sCS`: every event), through the perf buffers in both engines; one `NAME`/`events` column each, samples labelled `tracepoint_type` |
+| `hCPU`, `hREF`, `hINST`, `hCREF`, `hCMISS`, `hBRANCH`, `hBMISS`, `hBUS`, `hBSTF`, `hBSTB` | sampled where the machine has the counter; on one without (a VM) left out with one warning naming it, and the other events run |
+| `group:name`, `e=NAME g=GROUP`, `i=ID` (tracepoints) | sampled (period 1 by default), tracefs mounted if needed; the column is named `group:name` (or `l=`); one that does not exist is left out with one warning |
 | `sALLOC` | left out with one warning: allocations are not profiled yet |
-| `hCPU`, `hREF`, `hINST`, `hCREF`, `hCMISS`, `hBRANCH`, `hBMISS`, `hBUS`, `hBSTF`, `hBSTB` | left out with one warning (hardware counters) |
-| `sPF`, `sPFMAJ`, `sPFMIN`, `sCS`, `sMig`, `sALGN`, `sEMU`, `sDUM` | left out with one warning (software events) |
-| `group:name`, `id=N` (tracepoints) | left out with one warning |
 
-Event keys: `f`/`freq` and `p`/`period` are read; `s`/`scale`, `e`/`event`, `g`/`group`, `i`/`id`,
-`l`/`label`, `m`/`mode`, `n`/`arg_num`, `r`/`register`, `st`/`stack_sample_size`,
-`o`/`raw_offset`, `z`/`raw_size` belong to the events left out and are refused on `sCPU`.
+The C++ ddprof sums every event but `sCPU` into one `tracepoint`/`events` column told apart by
+the `tracepoint_type` label; here each has its own column (and the label).
+
+| C++ event key | here |
+|---|---|
+| `f`, `freq`, `frequency`; `p`, `period`, `per` | the same (one of the two) |
+| `e`, `event`, `eventname`, `ev`; `g`, `group`, `groupname`, `gr`; `i`, `id` | the same (`e=GROUP:NAME` too) |
+| `l`, `label` | the same: the event's column and `tracepoint_type` |
+| `s`, `scale`, `value_scale` | the same: each sample's value times it |
+| `n`, `arg_num`, `argno`; `r`, `register`, `regno` | the same: the value of an argument's register (1-6) or of a perf register (0-8, 16-23) at the sample |
+| `st`, `stack_sample_size`, `stcksz` | the same: this event's stack copy |
+| `m`, `mode` | `s` (sum); `l` (live) is refused but for `sALLOC` |
+| `o`, `raw_offset`, `rawoff`; `z`, `raw_size`, `rawsz` | parsed; the event is left out with one warning (raw record fields are not read yet) |
 ";
 
 pub fn run(check: bool) -> Result<()> {

@@ -34,6 +34,9 @@ const PREREQUISITES: &[(&str, &str)] = &[
     ("clang++", "clang"),
     // Debian's own python3 (the corpus runs /usr/bin/python3, not a pyenv shim).
     ("/usr/bin/python3", "python3"),
+    // A JIT that writes perf maps and jitdumps (tests/jit_runtimes.rs).
+    ("node", "nodejs"),
+    ("unshare", "util-linux"),
 ];
 
 /// Debian packages the tests use that provide no command: glibc's detached

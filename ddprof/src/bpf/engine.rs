@@ -117,6 +117,8 @@ pub struct BpfEngine {
     /// per-thread cache, and allocating and freeing them was ~10 % of the
     /// engine's work per sample.
     spare_frames: Vec<Vec<u64>>,
+    /// The CPU-time event's index: the program's samples are of it.
+    cpu_time_event: u16,
 }
 
 impl BpfEngine {
@@ -167,6 +169,10 @@ impl BpfEngine {
             exiting_samples: 0,
             not_profiled_samples: 0,
             spare_frames: Vec::new(),
+            cpu_time_event: events
+                .iter()
+                .find(|event| event.spec.is_cpu_time())
+                .map_or(0, |event| event.spec.index()),
         };
         // The workload's tables are in the maps before its first sample.
         let filling = Instant::now();
@@ -184,7 +190,11 @@ impl BpfEngine {
             event.enable().map_err(BpfError::Attach)?;
         }
         for event in per_task {
-            if tree_only {
+            if !event.spec.is_cpu_time() {
+                // Faults, context switches, tracepoints: sampled through
+                // the perf buffers with stack copies, unwound by the perf
+                // engine (the program unwinds CPU-time samples).
+            } else if tree_only {
                 engine.program.attach_ignoring(event)?;
                 event.sample_rarely().map_err(BpfError::Attach)?;
             } else {
@@ -287,7 +297,10 @@ impl BpfEngine {
         }
         while let Some(item) = self.ring.next() {
             match decode(&item, &mut self.spare_frames) {
-                Some(Record::Sample(sample)) => samples.push(sample),
+                Some(Record::Sample(mut sample)) => {
+                    sample.event = self.cpu_time_event;
+                    samples.push(sample)
+                }
                 // The next sync describes it.
                 Some(Record::HandoffNotice { pid }) => {
                     self.mirror.note_handed_off(pid);

@@ -61,6 +61,9 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
         tid: header.tid,
         time: header.time_ns,
         cpu: header.cpu,
+        // The program samples the CPU-time event; its index is the
+        // engine's to set.
+        event: 0,
         weight: header.period,
         kernel_frames: words(&frames_bytes[..kernel * 8]),
         frames: words(&frames_bytes[kernel * 8..(kernel + user) * 8]),

@@ -121,7 +121,7 @@ pub struct Cli {
     #[arg(long = "worker-max-rss", env = "DD_PROFILING_WORKER_MAX_RSS", default_value_t = 256, value_parser = parse_worker_max_rss)]
     pub worker_max_rss_mib: u32,
 
-    /// Events to sample: `sCPU` (task-clock, 99 Hz), optionally `freq=HZ` (at most `kernel.perf_event_max_sample_rate`) or `period=NS`; several separated by `;`. Default `sCPU`, or the preset's. The C++ ddprof's other events (`sALLOC`, `hCPU`, `sPF`, `group:tracepoint`, …) are not sampled yet: each is left out with a warning
+    /// Events to sample, separated by `;`, as the C++ ddprof takes them: `sCPU` (CPU time, 99 Hz), software events (`sPF` page faults, `sPFMAJ`, `sPFMIN`, `sCS` context switches, `sMig`, `sALGN`, `sEMU`), hardware counters (`hCPU`, `hREF`, `hINST`, `hCREF`, `hCMISS`, `hBRANCH`, `hBMISS`, `hBUS`, `hBSTF`, `hBSTB`) and kernel tracepoints (`group:name`, or `i=ID`), each with options `KEY=VALUE` separated by spaces or commas: `f`/`freq` (Hz, at most `kernel.perf_event_max_sample_rate`) or `p`/`period`, `l`/`label`, `s`/`scale`, `n`/`arg_num` or `r`/`register` (weigh by a register), `st`/`stack_sample_size`. Default `sCPU`, or the preset's. Each event is its own sample type in the profile; one this machine cannot open is left out with a warning. `sALLOC` is not sampled yet: left out with a warning
     #[arg(
         short = 'e',
         long = "event",

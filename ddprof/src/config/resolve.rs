@@ -6,6 +6,7 @@ use crate::events::{
 };
 use crate::launch::LaunchOptions;
 use crate::perf::{default_ring_buffer_bytes, PerfEngineOptions, MAX_USER_FRAMES};
+use crate::profile::ProfiledEvent;
 use crate::profiler::{ProfilerOptions, WorkerOptions};
 use crate::sampler::SamplerOptions;
 use crate::statsd::StatsdAddress;
@@ -125,6 +126,7 @@ pub fn resolve_with(
         },
         upload_period: cli.upload_period(),
         sampling_period_nanos: sampling_period_nanos(&events),
+        events: events.iter().map(ProfiledEvent::of).collect(),
         service: cli.service_name(),
         output_dir: cli.output_dir(),
         export,
@@ -169,7 +171,7 @@ fn samples_per_task_second(events: &[EventSpec]) -> u64 {
     if events.is_empty() {
         crate::events::DEFAULT_CPU_FREQUENCY
     } else {
-        events.iter().map(|spec| spec.rate.per_second()).sum()
+        events.iter().map(EventSpec::per_second).sum()
     }
 }
 
@@ -181,10 +183,14 @@ fn samples_per_second(events: &[EventSpec]) -> u64 {
     samples_per_task_second(events).saturating_mul(cpus)
 }
 
-/// pprof's `period`: the CPU time a sample stands for at the first event's
-/// rate.
+/// pprof's `period`: the CPU time a sample stands for at the CPU-time
+/// event's rate.
 fn sampling_period_nanos(events: &[EventSpec]) -> u64 {
-    match events.first().map(|spec| spec.rate) {
+    match events
+        .iter()
+        .find(|spec| spec.is_cpu_time())
+        .map(|spec| spec.rate)
+    {
         Some(SampleRate::Frequency(hz)) => 1_000_000_000 / hz.max(1),
         Some(SampleRate::Period(period)) => period,
         None => 1_000_000_000 / crate::events::DEFAULT_CPU_FREQUENCY,

@@ -12,12 +12,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use perf_event_open_sys as sys;
 
+mod parse;
 mod spec;
+mod tracepoint;
 
-pub use spec::{
-    check_frequencies, parse_events, unavailable_events, EventKind, EventSpec, EventSpecError,
-    Preset, SampleRate, DEFAULT_CPU_FREQUENCY, NOT_YET_AVAILABLE,
+pub use parse::{
+    check_frequencies, parse_events, unavailable_events, EventSpecError, Preset, NOT_YET_AVAILABLE,
 };
+pub use spec::{
+    cpp_event_table, CounterType, EventKind, EventSpec, EventValue, SampleRate, Tracepoint,
+    Weighing, DEFAULT_CPU_FREQUENCY,
+};
+pub use tracepoint::TracepointError;
 
 /// `perf_event_attr.sample_regs_user` bits (x86_64 `enum perf_event_x86_regs`).
 pub mod x86_regs {
@@ -65,6 +71,25 @@ pub mod x86_regs {
         mask
     };
     pub const COUNT: usize = SAMPLED.len();
+
+    /// Whether perf register `register` is among the sampled ones.
+    pub fn is_sampled(register: u8) -> bool {
+        SAMPLED.iter().any(|(bit, _)| *bit == u64::from(register))
+    }
+
+    /// The value of perf register `register` in `regs` (as the sample
+    /// recorded it), if sampled.
+    pub fn value(regs: &crate::unwind::UserRegs, register: u8) -> Option<u64> {
+        let (_, slot) = SAMPLED
+            .iter()
+            .find(|(bit, _)| *bit == u64::from(register))?;
+        Some(match slot {
+            Slot::Ip => regs.ip,
+            Slot::Sp => regs.sp,
+            Slot::Bp => regs.bp,
+            Slot::Other(dwarf) => *regs.others.get(usize::from(*dwarf))?,
+        })
+    }
 }
 
 /// `sample_type` of every sampling event.
@@ -76,6 +101,17 @@ pub const SAMPLE_TYPE: u64 = sys::bindings::PERF_SAMPLE_IP as u64
     | sys::bindings::PERF_SAMPLE_CALLCHAIN as u64
     | sys::bindings::PERF_SAMPLE_REGS_USER as u64
     | sys::bindings::PERF_SAMPLE_STACK_USER as u64;
+
+/// `sample_type` of `spec`'s event: [`SAMPLE_TYPE`], without the period
+/// where the event's own fixed period weighs its samples
+/// ([`EventSpec::samples_period`]).
+pub fn sample_type(spec: &EventSpec) -> u64 {
+    if spec.samples_period() {
+        SAMPLE_TYPE
+    } else {
+        SAMPLE_TYPE & !(sys::bindings::PERF_SAMPLE_PERIOD as u64)
+    }
+}
 
 /// What the events watch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,10 +260,14 @@ pub enum OpenError {
     )]
     Permission { source: io::Error, paranoid: String },
     #[error("this machine does not support the {event} event ({source})")]
-    Unsupported {
-        event: &'static str,
-        source: io::Error,
+    Unsupported { event: String, source: io::Error },
+    #[error("{source}")]
+    Tracepoint {
+        event: String,
+        source: TracepointError,
     },
+    #[error("{event}: {why}")]
+    NotSampled { event: String, why: &'static str },
     #[error("no process {pid} ({source})")]
     NoSuchProcess { pid: i32, source: io::Error },
     #[error(
@@ -272,24 +312,56 @@ fn frequency_above_max(spec: &EventSpec) -> Option<(u64, u64)> {
         .map(|max| (hz, max))
 }
 
-/// The attributes ddprof uses for `spec` in `scope`.
+/// The perf event type and `config` of `spec` in `scope` (a tracepoint's
+/// id is read from tracefs).
+pub fn type_and_config(spec: &EventSpec, scope: Scope) -> Result<(u32, u64), OpenError> {
+    Ok(match &spec.kind {
+        // A CPU-wide event has no task to follow: count CPU time of the CPU.
+        EventKind::CpuTime if scope.is_cpu_wide() => (
+            sys::bindings::PERF_TYPE_SOFTWARE,
+            sys::bindings::PERF_COUNT_SW_CPU_CLOCK as u64,
+        ),
+        EventKind::CpuTime => (
+            sys::bindings::PERF_TYPE_SOFTWARE,
+            sys::bindings::PERF_COUNT_SW_TASK_CLOCK as u64,
+        ),
+        EventKind::Counter {
+            counter: CounterType::Software,
+            config,
+            ..
+        } => (sys::bindings::PERF_TYPE_SOFTWARE, *config),
+        EventKind::Counter {
+            counter: CounterType::Hardware,
+            config,
+            ..
+        } => (sys::bindings::PERF_TYPE_HARDWARE, *config),
+        EventKind::Tracepoint(tracepoint) => (
+            sys::bindings::PERF_TYPE_TRACEPOINT,
+            tracepoint::id(tracepoint).map_err(|source| OpenError::Tracepoint {
+                event: spec.label.to_string(),
+                source,
+            })?,
+        ),
+    })
+}
+
+/// The attributes ddprof uses for `spec` in `scope`, for an event of perf
+/// type `type_` and `config` ([`type_and_config`]); `records`: the event
+/// also writes the process records (mmap, comm, fork, exit), which one
+/// event per CPU or task is enough for.
 pub fn attributes(
     spec: &EventSpec,
+    (type_, config): (u32, u64),
     scope: Scope,
     options: &EventOptions,
+    records: bool,
 ) -> sys::bindings::perf_event_attr {
     let mut attr = sys::bindings::perf_event_attr {
         size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
         ..Default::default()
     };
-    attr.type_ = sys::bindings::PERF_TYPE_SOFTWARE;
-    attr.config = match (spec.kind, scope) {
-        // A CPU-wide event has no task to follow: count CPU time of the CPU.
-        (EventKind::CpuTime, Scope::Global | Scope::CpuForTree) => {
-            sys::bindings::PERF_COUNT_SW_CPU_CLOCK as u64
-        }
-        (EventKind::CpuTime, _) => sys::bindings::PERF_COUNT_SW_TASK_CLOCK as u64,
-    };
+    attr.type_ = type_;
+    attr.config = config;
     match spec.rate {
         SampleRate::Frequency(hz) => {
             attr.set_freq(1);
@@ -297,9 +369,9 @@ pub fn attributes(
         }
         SampleRate::Period(period) => attr.__bindgen_anon_1.sample_period = period,
     }
-    attr.sample_type = SAMPLE_TYPE;
+    attr.sample_type = sample_type(spec);
     attr.sample_regs_user = x86_regs::MASK;
-    attr.sample_stack_user = options.stack_sample_size;
+    attr.sample_stack_user = spec.stack_sample_size.unwrap_or(options.stack_sample_size);
     attr.set_exclude_kernel(u64::from(!options.include_kernel));
     // The call chain is always in the record (fixed layout), empty unless
     // kernel stacks are asked for.
@@ -308,7 +380,7 @@ pub fn attributes(
     attr.set_exclude_hv(1);
     // `mmap2` only selects the record format: the kernel emits executable
     // mapping records at all only when `mmap` is set too.
-    if scope != Scope::CpuForTree {
+    if records && scope != Scope::CpuForTree {
         attr.set_mmap(1);
         attr.set_mmap2(1);
         attr.set_comm(1);
@@ -349,13 +421,27 @@ pub fn attributes(
 
 /// Opens one event. For `Scope::SelfOnExec` and `Scope::Process` the event
 /// follows the task on `cpu`; for `Scope::Global`, every task on `cpu`.
+/// It writes the process records too (see [`open_all`] for events that
+/// share them).
 pub fn open(
     spec: &EventSpec,
     scope: Scope,
     cpu: i32,
     options: &EventOptions,
 ) -> Result<EventFd, OpenError> {
-    let mut attr = attributes(spec, scope, options);
+    let type_and_config = type_and_config(spec, scope)?;
+    open_with(spec, type_and_config, scope, cpu, options, true)
+}
+
+fn open_with(
+    spec: &EventSpec,
+    type_and_config: (u32, u64),
+    scope: Scope,
+    cpu: i32,
+    options: &EventOptions,
+    records: bool,
+) -> Result<EventFd, OpenError> {
+    let mut attr = attributes(spec, type_and_config, scope, options, records);
     let pid = match scope {
         Scope::SelfOnExec => 0,
         Scope::ChildOnExec(pid) => pid,
@@ -382,7 +468,7 @@ pub fn open(
             },
             Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV) => {
                 OpenError::Unsupported {
-                    event: event_name(spec.kind),
+                    event: event_name(spec),
                     source,
                 }
             }
@@ -399,7 +485,7 @@ pub fn open(
     Ok(EventFd {
         fd,
         cpu,
-        spec: *spec,
+        spec: spec.clone(),
         // Per-CPU events for a tree are enabled once the BPF program that
         // keeps the tree's samples is attached.
         enable_when_mapped: !matches!(
@@ -428,36 +514,105 @@ pub fn warn_if_kernel_time_refused() {
 }
 
 /// Opens every event of `specs` on every online CPU. When sampling the
-/// kernel is refused, retries user-only (and remembers it for
-/// [`warn_if_kernel_time_refused`]) before giving up.
+/// kernel is refused, a CPU-time event is opened user-only (remembered for
+/// [`warn_if_kernel_time_refused`]); the events that fire in the kernel
+/// (faults, context switches, tracepoints) need it.
+///
+/// An event that cannot be opened here (a hardware counter on a VM, a
+/// tracepoint this kernel lacks, tracefs not mountable) is left out with
+/// one warning that names it and says why, and the others go on; with
+/// none opened, the first event's error. The first event opened writes
+/// the process records, once for all.
 pub fn open_all(
     specs: &[EventSpec],
     scope: Scope,
     options: &EventOptions,
 ) -> Result<Vec<EventFd>, OpenError> {
     let cpus = online_cpus();
-    let mut options = *options;
+    let mut cpu_time_options = *options;
     let mut fds = Vec::with_capacity(specs.len() * cpus.len());
+    let mut first_error = None;
     for spec in specs {
-        for &cpu in &cpus {
-            let fd = match open(spec, scope, cpu, &options) {
-                Err(OpenError::Permission { .. }) if options.include_kernel => {
-                    options.include_kernel = false;
-                    let fd = open(spec, scope, cpu, &options)?;
-                    KERNEL_TIME_REFUSED.store(true, Ordering::Relaxed);
-                    fd
-                }
-                other => other?,
-            };
-            fds.push(fd);
+        let opened = open_on_every_cpu(spec, scope, &cpus, &mut cpu_time_options, fds.is_empty());
+        match opened {
+            Ok(opened) => fds.extend(opened),
+            Err(error) => {
+                warn_left_out(spec, &error, specs.len());
+                first_error.get_or_insert(error);
+            }
         }
+    }
+    match first_error {
+        Some(error) if fds.is_empty() => Err(error),
+        _ => Ok(fds),
+    }
+}
+
+/// `spec` on each of `cpus`, or the first refusal.
+fn open_on_every_cpu(
+    spec: &EventSpec,
+    scope: Scope,
+    cpus: &[i32],
+    cpu_time_options: &mut EventOptions,
+    records: bool,
+) -> Result<Vec<EventFd>, OpenError> {
+    if let Some(why) = spec.unsampled_value() {
+        return Err(OpenError::NotSampled {
+            event: spec.label.to_string(),
+            why,
+        });
+    }
+    let type_and_config = type_and_config(spec, scope)?;
+    let mut options = *cpu_time_options;
+    options.include_kernel |= spec.needs_kernel();
+    let mut fds = Vec::with_capacity(cpus.len());
+    for &cpu in cpus {
+        let fd = match open_with(spec, type_and_config, scope, cpu, &options, records) {
+            Err(OpenError::Permission { .. }) if options.include_kernel && !spec.needs_kernel() => {
+                options.include_kernel = false;
+                cpu_time_options.include_kernel = false;
+                let fd = open_with(spec, type_and_config, scope, cpu, &options, records)?;
+                KERNEL_TIME_REFUSED.store(true, Ordering::Relaxed);
+                fd
+            }
+            other => other?,
+        };
+        fds.push(fd);
     }
     Ok(fds)
 }
 
-pub fn event_name(kind: EventKind) -> &'static str {
-    match kind {
-        EventKind::CpuTime => "sCPU (task-clock)",
+/// Says once per event and process that `spec` is left out, when other
+/// events may still run.
+fn warn_left_out(spec: &EventSpec, error: &OpenError, events: usize) {
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if events < 2 {
+        // The caller reports the error itself.
+        return;
+    }
+    let mut warned = WARNED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if warned.iter().any(|label| **label == *spec.label) {
+        return;
+    }
+    warned.push(spec.label.to_string());
+    log::warn!(
+        "event {} is not sampled: {error}; the other events are",
+        spec.label
+    );
+}
+
+/// The event as messages name it: its label and what it counts.
+pub fn event_name(spec: &EventSpec) -> String {
+    match &spec.kind {
+        EventKind::CpuTime => format!("{} (task-clock)", spec.label),
+        EventKind::Counter { name, .. } => match cpp_event_table().find(|(n, _)| n == name) {
+            Some((_, what)) if **name == *spec.label => format!("{name} ({what})"),
+            Some((_, what)) => format!("{} ({name}, {what})", spec.label),
+            None => spec.label.to_string(),
+        },
+        EventKind::Tracepoint(_) => format!("{} (a tracepoint)", spec.label),
     }
 }
 
@@ -498,13 +653,19 @@ mod tests {
 
     #[test]
     fn attributes_ask_for_regs_and_stack() {
-        let spec = parse_events("sCPU freq=999").unwrap()[0];
+        let spec = parse_events("sCPU freq=999").unwrap()[0].clone();
         let options = EventOptions {
             stack_sample_size: 32000,
             include_kernel: false,
             kernel_stacks: false,
         };
-        let attr = attributes(&spec, Scope::SelfOnExec, &options);
+        let attr = attributes(
+            &spec,
+            type_and_config(&spec, Scope::SelfOnExec).unwrap(),
+            Scope::SelfOnExec,
+            &options,
+            true,
+        );
         assert_eq!(attr.sample_type, SAMPLE_TYPE);
         assert_eq!(attr.sample_stack_user, 32000);
         assert_eq!(attr.enable_on_exec(), 1);
@@ -512,17 +673,33 @@ mod tests {
         assert_eq!(attr.freq(), 1);
         // SAFETY: freq mode was set, so the union holds sample_freq.
         assert_eq!(unsafe { attr.__bindgen_anon_1.sample_freq }, 999);
-        assert_eq!(attributes(&spec, Scope::Global, &options).inherit(), 0);
+        assert_eq!(
+            attributes(
+                &spec,
+                type_and_config(&spec, Scope::Global).unwrap(),
+                Scope::Global,
+                &options,
+                true
+            )
+            .inherit(),
+            0
+        );
         // Enabled once their buffers are mapped (EventFd::enable_when_mapped).
         for scope in [Scope::Process(1), Scope::Global] {
-            let attr = attributes(&spec, scope, &options);
+            let attr = attributes(
+                &spec,
+                type_and_config(&spec, scope).unwrap(),
+                scope,
+                &options,
+                true,
+            );
             assert_eq!((attr.disabled(), attr.enable_on_exec()), (1, 0));
         }
     }
 
     #[test]
     fn opens_a_task_clock_event_on_this_process() {
-        let spec = parse_events("sCPU").unwrap()[0];
+        let spec = parse_events("sCPU").unwrap()[0].clone();
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
@@ -541,7 +718,7 @@ mod tests {
     #[test]
     fn names_the_sample_rate_limit_when_the_frequency_is_above_it() {
         let max = max_sample_rate().expect("kernel.perf_event_max_sample_rate is readable");
-        let spec = parse_events(&format!("sCPU freq={}", max + 1)).unwrap()[0];
+        let spec = parse_events(&format!("sCPU freq={}", max + 1)).unwrap()[0].clone();
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
@@ -559,13 +736,13 @@ mod tests {
             "{message}"
         );
         // At the limit the kernel accepts it.
-        let spec = parse_events(&format!("sCPU freq={max}")).unwrap()[0];
+        let spec = parse_events(&format!("sCPU freq={max}")).unwrap()[0].clone();
         open(&spec, Scope::Process(pid), -1, &options).expect("freq at the limit opens");
     }
 
     #[test]
     fn names_missing_processes() {
-        let spec = parse_events("sCPU").unwrap()[0];
+        let spec = parse_events("sCPU").unwrap()[0].clone();
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,

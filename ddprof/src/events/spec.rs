@@ -1,5 +1,8 @@
-//! What an event is: `-e` specs (`sCPU freq=999`), parsed and checked
-//! against this machine's sampling-rate limit.
+//! What an event is: `-e` specs (`sCPU freq=999`, `sPF p=64`,
+//! `sched:sched_switch l=switches`), parsed once into typed specs with the
+//! C++ ddprof's event table, keys and defaults, and checked against this
+//! machine's sampling-rate limit.
+use std::sync::Arc;
 
 /// Default sampling frequency of `sCPU` in Hz (what Datadog's ddprof uses).
 pub const DEFAULT_CPU_FREQUENCY: u64 = 99;
@@ -13,278 +16,351 @@ pub enum SampleRate {
     Period(u64),
 }
 
-impl SampleRate {
-    /// Samples per second of a busy task (a period counts nanoseconds).
-    pub fn per_second(self) -> u64 {
-        match self {
-            SampleRate::Frequency(hz) => hz,
-            SampleRate::Period(nanos) => 1_000_000_000 / nanos.max(1),
-        }
-    }
+/// The perf event type an event is opened with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterType {
+    Hardware,
+    Software,
 }
 
 /// The kinds of event ddprof samples on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventKind {
     /// `sCPU`: CPU time of the profiled tasks (the task-clock software event).
     CpuTime,
+    /// A counter of the C++ ddprof's table other than `sCPU` (`sPF`,
+    /// `hCPU`, …): `config` is the perf `config` of `counter`.
+    Counter {
+        name: &'static str,
+        counter: CounterType,
+        config: u64,
+    },
+    /// A kernel tracepoint, by `group:name` (its id read from tracefs when
+    /// opened) or by id.
+    Tracepoint(Tracepoint),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which tracepoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tracepoint {
+    Named { group: Arc<str>, name: Arc<str> },
+    Id(u64),
+}
+
+/// What a sample of the event weighs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EventValue {
+    /// The events the sample stands for (its period), times `scale`.
+    Period,
+    /// A user register at the sample (perf's x86 register number: `r=`, or
+    /// the ABI register of argument `n=`), times `scale`.
+    Register(u8),
+    /// A field of the tracepoint's raw record (`o=` offset, `z=` bytes).
+    Raw { offset: u32, size: u8 },
+}
+
+/// How a sample of one event is weighed, and which event it is: what the
+/// engines keep of the spec for each sample (cheap to copy).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weighing {
+    /// The event's position in the session's list (its columns in the profile).
+    pub event: u16,
+    pub value: EventValue,
+    /// `s=`: the value is multiplied by it (1 when not given).
+    pub scale: f64,
+    /// The period of a counter or tracepoint sampled every N events: what
+    /// each of its samples stands for. Such an event's samples do not carry
+    /// their period ([`EventSpec::samples_period`]); at a frequency, or for
+    /// CPU time, the sample's own period is right.
+    pub fixed_period: Option<u64>,
+}
+
+impl Weighing {
+    /// The weight of a sample with `period` and user registers `regs`
+    /// (`None` without user context: a register-valued sample weighs 0).
+    pub fn weight(&self, period: u64, regs: Option<&crate::unwind::UserRegs>) -> u64 {
+        let value = match self.value {
+            EventValue::Period => self.fixed_period.unwrap_or(period),
+            EventValue::Register(register) => regs
+                .and_then(|regs| super::x86_regs::value(regs, register))
+                .unwrap_or(0),
+            // Not opened (see `unsampled_value`).
+            EventValue::Raw { .. } => period,
+        };
+        if self.scale == 1.0 {
+            value
+        } else {
+            // Saturating float-to-int: a negative scale weighs 0.
+            (value as f64 * self.scale) as u64
+        }
+    }
+}
+
+/// One event to sample, as `-e` gave it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct EventSpec {
     pub kind: EventKind,
     pub rate: SampleRate,
+    pub weighing: Weighing,
+    /// `l=`, or what the C++ ddprof makes of the event's name
+    /// (`sched:sched_switch`, `id:42`, `sPF`): the name of its column in
+    /// the profile and its samples' `tracepoint_type` label.
+    pub label: Arc<str>,
+    /// `st=`: bytes of user stack copied for this event's samples (the
+    /// session's `--stack-sample-size` when not given).
+    pub stack_sample_size: Option<u32>,
 }
 
-/// Events of Datadog's C++ ddprof that this ddprof does not sample yet,
-/// with what they are. Asked for, each is left out with a warning rather
-/// than refusing the whole list: `DD_PROFILING_NATIVE_EVENTS='sCPU;sALLOC'`,
-/// the C++ wrapper's own default, must still profile CPU time.
-pub const NOT_YET_AVAILABLE: &[(&str, &str)] = &[
-    ("sALLOC", "allocations"),
-    ("hCPU", "a hardware counter"),
-    ("hREF", "a hardware counter"),
-    ("hINST", "a hardware counter"),
-    ("hCREF", "a hardware counter"),
-    ("hCMISS", "a hardware counter"),
-    ("hBRANCH", "a hardware counter"),
-    ("hBMISS", "a hardware counter"),
-    ("hBUS", "a hardware counter"),
-    ("hBSTF", "a hardware counter"),
-    ("hBSTB", "a hardware counter"),
-    ("sPF", "page faults"),
-    ("sPFMAJ", "page faults"),
-    ("sPFMIN", "page faults"),
-    ("sCS", "context switches"),
-    ("sMig", "CPU migrations"),
-    ("sALGN", "alignment faults"),
-    ("sEMU", "emulation faults"),
-    ("sDUM", "a dummy event"),
+impl EventSpec {
+    /// `sCPU` at `rate`, first of its list.
+    pub fn cpu_time(rate: SampleRate) -> Self {
+        EventSpec {
+            kind: EventKind::CpuTime,
+            rate,
+            weighing: Weighing {
+                event: 0,
+                value: EventValue::Period,
+                scale: 1.0,
+                fixed_period: None,
+            },
+            label: "sCPU".into(),
+            stack_sample_size: None,
+        }
+    }
+
+    /// Position in the session's event list.
+    pub fn index(&self) -> u16 {
+        self.weighing.event
+    }
+
+    /// Whether its samples carry their period (`PERF_SAMPLE_PERIOD`): not
+    /// at a fixed period, where the kernel would then sample a software
+    /// event or tracepoint at every occurrence, each with period 1
+    /// (`perf_swevent_event`), and the fixed period is the weight.
+    pub fn samples_period(&self) -> bool {
+        self.weighing.fixed_period.is_none()
+    }
+
+    /// Whether the event samples CPU time (`sCPU`).
+    pub fn is_cpu_time(&self) -> bool {
+        self.kind == EventKind::CpuTime
+    }
+
+    /// Samples per second of a busy task at most, for sizing buffers: a
+    /// CPU-time event's rate; a counter or tracepoint at a period fires as
+    /// often as its events come, taken here as 1,000 a second divided by
+    /// the period.
+    pub fn per_second(&self) -> u64 {
+        match (self.is_cpu_time(), self.rate) {
+            (_, SampleRate::Frequency(hz)) => hz,
+            (true, SampleRate::Period(nanos)) => 1_000_000_000 / nanos.max(1),
+            (false, SampleRate::Period(period)) => (1_000 / period.max(1)).max(1),
+        }
+    }
+
+    /// The event's sampling needs the kernel's side of the event (context
+    /// switches and faults fire in the kernel), as the C++ ddprof opens them.
+    pub fn needs_kernel(&self) -> bool {
+        match &self.kind {
+            EventKind::CpuTime => false,
+            EventKind::Counter { name, .. } => TABLE
+                .iter()
+                .find(|entry| entry.name == *name)
+                .is_some_and(|entry| entry.needs_kernel),
+            EventKind::Tracepoint(_) => true,
+        }
+    }
+
+    /// Why the event is not opened although it parsed (`None`: it is).
+    pub fn unsampled_value(&self) -> Option<&'static str> {
+        matches!(self.weighing.value, EventValue::Raw { .. })
+            .then_some("weights read from the raw tracepoint record (o=, z=) are not sampled yet")
+    }
+}
+
+/// One entry of the C++ ddprof's event table: its name, what it counts,
+/// the perf counter and its default rate.
+pub(super) struct TableEntry {
+    pub(super) name: &'static str,
+    pub(super) what: &'static str,
+    pub(super) counter: CounterType,
+    pub(super) config: u32,
+    pub(super) rate: SampleRate,
+    pub(super) needs_kernel: bool,
+}
+
+use perf_event_open_sys::bindings as perf;
+use CounterType::{Hardware, Software};
+use SampleRate::{Frequency, Period};
+
+const fn entry(
+    name: &'static str,
+    what: &'static str,
+    counter: CounterType,
+    config: u32,
+    rate: SampleRate,
+    needs_kernel: bool,
+) -> TableEntry {
+    TableEntry {
+        name,
+        what,
+        counter,
+        config,
+        rate,
+        needs_kernel,
+    }
+}
+
+/// The C++ ddprof's table (`sCPU` aside, which is [`EventKind::CpuTime`]),
+/// with its default rates.
+pub(super) const TABLE: &[TableEntry] = &[
+    entry(
+        "hCPU",
+        "CPU cycles",
+        Hardware,
+        perf::PERF_COUNT_HW_CPU_CYCLES,
+        Frequency(99),
+        false,
+    ),
+    entry(
+        "hREF",
+        "reference CPU cycles",
+        Hardware,
+        perf::PERF_COUNT_HW_REF_CPU_CYCLES,
+        Frequency(1000),
+        false,
+    ),
+    entry(
+        "hINST",
+        "instructions",
+        Hardware,
+        perf::PERF_COUNT_HW_INSTRUCTIONS,
+        Frequency(1000),
+        false,
+    ),
+    entry(
+        "hCREF",
+        "cache references",
+        Hardware,
+        perf::PERF_COUNT_HW_CACHE_REFERENCES,
+        Period(999),
+        false,
+    ),
+    entry(
+        "hCMISS",
+        "cache misses",
+        Hardware,
+        perf::PERF_COUNT_HW_CACHE_MISSES,
+        Period(999),
+        false,
+    ),
+    entry(
+        "hBRANCH",
+        "branch instructions",
+        Hardware,
+        perf::PERF_COUNT_HW_BRANCH_INSTRUCTIONS,
+        Period(999),
+        false,
+    ),
+    entry(
+        "hBMISS",
+        "branch misses",
+        Hardware,
+        perf::PERF_COUNT_HW_BRANCH_MISSES,
+        Period(999),
+        false,
+    ),
+    entry(
+        "hBUS",
+        "bus cycles",
+        Hardware,
+        perf::PERF_COUNT_HW_BUS_CYCLES,
+        Frequency(1000),
+        false,
+    ),
+    entry(
+        "hBSTF",
+        "front-end stalls",
+        Hardware,
+        perf::PERF_COUNT_HW_STALLED_CYCLES_FRONTEND,
+        Frequency(1000),
+        false,
+    ),
+    entry(
+        "hBSTB",
+        "back-end stalls",
+        Hardware,
+        perf::PERF_COUNT_HW_STALLED_CYCLES_BACKEND,
+        Frequency(1000),
+        false,
+    ),
+    entry(
+        "sPF",
+        "page faults",
+        Software,
+        perf::PERF_COUNT_SW_PAGE_FAULTS,
+        Period(1),
+        true,
+    ),
+    entry(
+        "sCS",
+        "context switches",
+        Software,
+        perf::PERF_COUNT_SW_CONTEXT_SWITCHES,
+        Period(1),
+        true,
+    ),
+    entry(
+        "sMig",
+        "CPU migrations",
+        Software,
+        perf::PERF_COUNT_SW_CPU_MIGRATIONS,
+        Frequency(99),
+        false,
+    ),
+    entry(
+        "sPFMAJ",
+        "major page faults",
+        Software,
+        perf::PERF_COUNT_SW_PAGE_FAULTS_MAJ,
+        Period(99),
+        true,
+    ),
+    entry(
+        "sPFMIN",
+        "minor page faults",
+        Software,
+        perf::PERF_COUNT_SW_PAGE_FAULTS_MIN,
+        Period(99),
+        true,
+    ),
+    entry(
+        "sALGN",
+        "alignment faults",
+        Software,
+        perf::PERF_COUNT_SW_ALIGNMENT_FAULTS,
+        Frequency(99),
+        false,
+    ),
+    entry(
+        "sEMU",
+        "emulation faults",
+        Software,
+        perf::PERF_COUNT_SW_EMULATION_FAULTS,
+        Frequency(99),
+        false,
+    ),
+    entry(
+        "sDUM",
+        "nothing (a dummy event)",
+        Software,
+        perf::PERF_COUNT_SW_DUMMY,
+        Period(1),
+        false,
+    ),
 ];
 
-/// What a known event this ddprof does not sample yet is (`group:name` is a
-/// kernel tracepoint), `None` for an event it samples or does not know.
-fn not_yet_available(name: &str) -> Option<&'static str> {
-    if name.contains(':') {
-        return Some("a tracepoint");
-    }
-    NOT_YET_AVAILABLE
-        .iter()
-        .find(|(known, _)| *known == name)
-        .map(|(_, what)| *what)
-}
-
-/// The events of `text` this ddprof knows but does not sample yet, as
-/// `name (what)`: they are left out of [`parse_events`]'s result.
-pub fn unavailable_events(text: &str) -> Vec<String> {
-    text.split(';')
-        .filter_map(|part| part.split_whitespace().next())
-        .filter_map(|name| Some(format!("{name} ({})", not_yet_available(name)?)))
-        .collect()
-}
-
-/// Presets of Datadog's C++ ddprof (`--preset`), for when no `--event` is
-/// given.
-#[derive(clap::ValueEnum, serde::Serialize, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Preset {
-    /// CPU time and allocations (CPU time only with `-p`).
-    #[value(name = "default")]
-    #[serde(rename = "default")]
-    Default,
-    #[value(name = "cpu_only")]
-    #[serde(rename = "cpu_only")]
-    CpuOnly,
-    #[value(name = "alloc_only")]
-    #[serde(rename = "alloc_only")]
-    AllocOnly,
-    #[value(name = "alloc_live_heap")]
-    #[serde(rename = "alloc_live_heap")]
-    AllocLiveHeap,
-    #[value(name = "cpu_live_heap")]
-    #[serde(rename = "cpu_live_heap")]
-    CpuLiveHeap,
-}
-
-impl Preset {
-    /// The preset's events, as `-e` would give them; `attached`: for
-    /// `-p` and `--global`, where the C++ default samples CPU time only.
-    pub fn events(self, attached: bool) -> &'static str {
-        match self {
-            Preset::Default if attached => "sCPU",
-            Preset::Default => "sCPU;sALLOC",
-            Preset::CpuOnly => "sCPU",
-            Preset::AllocOnly => "sALLOC",
-            Preset::AllocLiveHeap => "sALLOC mode=l",
-            Preset::CpuLiveHeap => "sCPU;sALLOC mode=l",
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum EventSpecError {
-    #[error("unknown event `{0}` (expected sCPU)")]
-    UnknownEvent(String),
-    #[error("malformed event option `{0}` (expected freq=HZ or period=N)")]
-    BadOption(String),
-    #[error("no event given (expected e.g. `sCPU` or `sCPU freq=999`)")]
-    Empty,
-    #[error("no event this ddprof samples: {0} not available yet (sCPU is)")]
-    NoneAvailable(String),
-    #[error(
-        "freq={hz} is above kernel.perf_event_max_sample_rate ({max} on this machine): \
-         lower it, or raise the limit with `sysctl kernel.perf_event_max_sample_rate={hz}`"
-    )]
-    AboveMaxRate { hz: u64, max: u64 },
-}
-
-/// Parses `-e` values: `sCPU`, `sCPU freq=999`, `sCPU period=1000000`,
-/// several separated by `;`. Known events not sampled yet
-/// ([`unavailable_events`]) are left out; none left is an error.
-pub fn parse_events(text: &str) -> Result<Vec<EventSpec>, EventSpecError> {
-    let mut specs = Vec::new();
-    for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-        let mut words = part.split_whitespace();
-        let name = words.next().ok_or(EventSpecError::Empty)?;
-        if not_yet_available(name).is_some() {
-            continue;
-        }
-        let kind = match name {
-            "sCPU" => EventKind::CpuTime,
-            other => return Err(EventSpecError::UnknownEvent(other.to_string())),
-        };
-        let mut rate = SampleRate::Frequency(DEFAULT_CPU_FREQUENCY);
-        for word in words {
-            let (key, value) = word
-                .split_once('=')
-                .ok_or_else(|| EventSpecError::BadOption(word.to_string()))?;
-            let number: u64 = value
-                .parse()
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| EventSpecError::BadOption(word.to_string()))?;
-            rate = match key {
-                "freq" | "f" => SampleRate::Frequency(number),
-                "period" | "p" => SampleRate::Period(number),
-                _ => return Err(EventSpecError::BadOption(word.to_string())),
-            };
-        }
-        specs.push(EventSpec { kind, rate });
-    }
-    if specs.is_empty() {
-        let unavailable = unavailable_events(text);
-        return Err(if unavailable.is_empty() {
-            EventSpecError::Empty
-        } else {
-            EventSpecError::NoneAvailable(unavailable.join(", "))
-        });
-    }
-    Ok(specs)
-}
-
-/// The kernel refuses (EINVAL) a sampling frequency above
-/// `kernel.perf_event_max_sample_rate`: say so before anything runs.
-pub fn check_frequencies(specs: &[EventSpec], max: u64) -> Result<(), EventSpecError> {
-    for spec in specs {
-        if let SampleRate::Frequency(hz) = spec.rate {
-            if hz > max {
-                return Err(EventSpecError::AboveMaxRate { hz, max });
-            }
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_event_specs() {
-        assert_eq!(
-            parse_events("sCPU").unwrap(),
-            vec![EventSpec {
-                kind: EventKind::CpuTime,
-                rate: SampleRate::Frequency(99)
-            }]
-        );
-        assert_eq!(
-            parse_events("sCPU freq=999").unwrap()[0].rate,
-            SampleRate::Frequency(999)
-        );
-        assert_eq!(
-            parse_events(" sCPU period=1000000 ;").unwrap()[0].rate,
-            SampleRate::Period(1_000_000)
-        );
-        assert_eq!(
-            parse_events("sFOO"),
-            Err(EventSpecError::UnknownEvent("sFOO".into()))
-        );
-        assert_eq!(
-            parse_events("sCPU freq=0"),
-            Err(EventSpecError::BadOption("freq=0".into()))
-        );
-        assert_eq!(
-            parse_events("sCPU hz"),
-            Err(EventSpecError::BadOption("hz".into()))
-        );
-        assert_eq!(parse_events(" ; "), Err(EventSpecError::Empty));
-    }
-
-    #[test]
-    fn the_cpp_ddprofs_other_events_are_left_out_not_refused() {
-        // The C++ wrapper's default, and a tracepoint.
-        let specs = parse_events("sCPU;sALLOC").unwrap();
-        assert_eq!(specs.len(), 1);
-        assert_eq!(specs[0].kind, EventKind::CpuTime);
-        assert_eq!(unavailable_events("sCPU;sALLOC"), ["sALLOC (allocations)"]);
-        assert_eq!(
-            unavailable_events("sCPU freq=999; sched:sched_switch ;hCPU p=1"),
-            [
-                "sched:sched_switch (a tracepoint)",
-                "hCPU (a hardware counter)"
-            ]
-        );
-        assert_eq!(parse_events("sched:sched_switch;sCPU").unwrap().len(), 1);
-        // Nothing left to sample.
-        assert_eq!(
-            parse_events("sALLOC; sPF"),
-            Err(EventSpecError::NoneAvailable(
-                "sALLOC (allocations), sPF (page faults)".into()
-            ))
-        );
-        // Still unknown: a typo is no C++ event.
-        assert_eq!(
-            parse_events("sCPU;sALOC"),
-            Err(EventSpecError::UnknownEvent("sALOC".into()))
-        );
-        assert_eq!(unavailable_events("sCPU"), Vec::<String>::new());
-    }
-
-    #[test]
-    fn presets_are_the_cpp_ddprofs() {
-        assert_eq!(Preset::CpuOnly.events(false), "sCPU");
-        assert_eq!(Preset::Default.events(false), "sCPU;sALLOC");
-        assert_eq!(Preset::Default.events(true), "sCPU");
-        assert_eq!(
-            parse_events(Preset::CpuLiveHeap.events(false))
-                .unwrap()
-                .len(),
-            1
-        );
-        assert!(matches!(
-            parse_events(Preset::AllocOnly.events(false)),
-            Err(EventSpecError::NoneAvailable(_))
-        ));
-    }
-
-    #[test]
-    fn frequencies_above_the_kernel_limit_are_refused() {
-        let specs = parse_events("sCPU freq=1000;sCPU period=1").unwrap();
-        assert_eq!(check_frequencies(&specs, 1000), Ok(()));
-        let error = check_frequencies(&specs, 999).unwrap_err();
-        assert_eq!(error, EventSpecError::AboveMaxRate { hz: 1000, max: 999 });
-        assert!(error
-            .to_string()
-            .contains("kernel.perf_event_max_sample_rate (999 on this machine)"));
-    }
+/// The C++ ddprof's events with what they count, for the documentation.
+pub fn cpp_event_table() -> impl Iterator<Item = (&'static str, &'static str)> {
+    TABLE.iter().map(|entry| (entry.name, entry.what))
 }

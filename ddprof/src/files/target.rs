@@ -380,6 +380,31 @@ pub struct PerfMapRefused {
     pub why: String,
 }
 
+/// What names a JIT's code: the file, and how to read it.
+#[derive(Debug)]
+pub struct JitSymbols {
+    pub file: File,
+    pub format: JitFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JitFormat {
+    /// `/tmp/perf-PID.map`: `START SIZE NAME` lines.
+    PerfMap,
+    /// `jit-PID.dump` (perf's jitdump, as `perf inject --jit` reads it),
+    /// which the runtime maps executable so that its path is in the
+    /// process's mappings (Node's `--perf-prof`).
+    JitDump,
+}
+
+/// Whether `path` names a jitdump file (`…/jit-PID.dump`).
+pub fn is_jitdump_path(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.strip_prefix("jit-")
+        .and_then(|rest| rest.strip_suffix(".dump"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The perf map of process `pid` (`/tmp/perf-PID.map`, which JIT runtimes
 /// write for code no ELF file describes), opened while the process runs:
 /// the map in the process's own `/tmp` (its root's: a JIT in a container
@@ -387,8 +412,14 @@ pub struct PerfMapRefused {
 /// then the one in ddprof's `/tmp` by the PID ddprof sees. `/tmp` is
 /// everyone's, so a map is taken only if it is a regular file that belongs
 /// to root or to one of the process's users, and at most
-/// [`MAX_PERF_MAP_BYTES`] long. `Ok(None)`: no map, or the process is gone.
-pub fn open_perf_map(pid: u32) -> Result<Option<OpenedRegular>, PerfMapRefused> {
+/// [`MAX_PERF_MAP_BYTES`] long. Without a map, the jitdump the process
+/// mapped (`jitdump`: its path in the process's mappings, so under the
+/// process's root), on the same terms. `Ok(None)`: no map, or the process
+/// is gone.
+pub fn open_perf_map(
+    pid: u32,
+    jitdump: Option<&str>,
+) -> Result<Option<JitSymbols>, PerfMapRefused> {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return Ok(None);
     };
@@ -414,19 +445,27 @@ pub fn open_perf_map(pid: u32) -> Result<Option<OpenedRegular>, PerfMapRefused> 
     let own_root = TargetRoot::own().ok();
     let mut candidates = Vec::new();
     if let Some(root) = &process_root {
-        candidates.push((root, format!("/tmp/perf-{own_pid}.map")));
+        candidates.push((root, format!("/tmp/perf-{own_pid}.map"), JitFormat::PerfMap));
     }
     if let Some(own) = &own_root {
         let same_file =
             own_pid == pid && process_root.as_ref().is_some_and(|root| root.same_as(own));
         if !same_file {
-            candidates.push((own, format!("/tmp/perf-{pid}.map")));
+            candidates.push((own, format!("/tmp/perf-{pid}.map"), JitFormat::PerfMap));
         }
     }
+    if let (Some(root), Some(path)) = (&process_root, jitdump.filter(|p| is_jitdump_path(p))) {
+        candidates.push((root, path.to_string(), JitFormat::JitDump));
+    }
     let mut refused = None;
-    for (root, path) in candidates {
+    for (root, path, format) in candidates {
         let why = match root.open_owned_by(Path::new(&path), &owners) {
-            Ok(opened) if opened.size <= MAX_PERF_MAP_BYTES => return Ok(Some(opened)),
+            Ok(opened) if opened.size <= MAX_PERF_MAP_BYTES => {
+                return Ok(Some(JitSymbols {
+                    file: opened.file,
+                    format,
+                }))
+            }
             Ok(opened) => format!(
                 "{} bytes, more than the {} MiB ddprof reads",
                 opened.size,

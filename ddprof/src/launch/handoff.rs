@@ -193,8 +193,9 @@ pub fn receive_events(socket: &OwnedFd, specs: &[EventSpec]) -> Result<Vec<Event
         for (record, fd) in records[..length].chunks_exact(RECORD_SIZE).zip(fds) {
             let spec_index = u32::from_ne_bytes(record[..4].try_into().unwrap_or_default());
             let cpu = i32::from_ne_bytes(record[4..].try_into().unwrap_or_default());
-            let spec = *specs
+            let spec = specs
                 .get(spec_index as usize)
+                .cloned()
                 .ok_or(HandoffError::Malformed("unknown event spec"))?;
             events.push(EventFd {
                 fd,
@@ -303,7 +304,7 @@ mod tests {
 
     #[test]
     fn hands_over_event_descriptors() {
-        let specs = crate::events::parse_events("sCPU; sCPU freq=999").unwrap();
+        let specs = crate::events::parse_events("sCPU; sCS p=100").unwrap();
         let options = EventOptions {
             stack_sample_size: 8192,
             include_kernel: false,
@@ -352,7 +353,7 @@ mod tests {
             .map(|_| EventFd {
                 fd: event.fd.try_clone().unwrap(),
                 cpu: -1,
-                spec: specs[0],
+                spec: specs[0].clone(),
                 enable_when_mapped: false,
                 scope: crate::events::Scope::SelfOnExec,
             })

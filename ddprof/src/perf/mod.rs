@@ -189,6 +189,8 @@ pub struct PerfEngine {
     /// The fullest any buffer was when read, in percent, since
     /// [`PerfEngine::take_fullest_percent`].
     fullest_percent: u32,
+    /// How each event's samples weigh, one per event.
+    weighings: Vec<crate::events::Weighing>,
 }
 
 impl PerfEngine {
@@ -244,7 +246,15 @@ impl PerfEngine {
             sources.len(),
             sources[0].ring.data_size() / 1024
         );
+        let mut weighings: Vec<crate::events::Weighing> = Vec::new();
+        for source in &sources {
+            let weighing = source.event.spec.weighing;
+            if !weighings.iter().any(|known| known.event == weighing.event) {
+                weighings.push(weighing);
+            }
+        }
         Ok(Self {
+            weighings,
             sources,
             options,
             unwinder: Unwinder::new(),
@@ -619,11 +629,11 @@ impl PerfEngine {
         for (source, &head) in self.sources.iter().zip(&heads) {
             let (reorder, spare_stacks, losses) =
                 (&mut self.reorder, &mut self.spare_stacks, &mut self.losses);
-            let shared = source.shared_with_others();
+            let (shared, event) = (source.shared_with_others(), &source.event.spec);
             let outcome = source
                 .ring
                 .scan(head, &mut scratch, &not_sample, &mut |bytes| {
-                    queue_record(bytes, reorder, spare_stacks, losses, shared)
+                    queue_record(bytes, reorder, spare_stacks, losses, shared, event)
                 });
             // Corruption is noted after the second pass, which meets it too.
             self.wrapped_records += outcome.wrapped;
@@ -649,8 +659,12 @@ impl PerfEngine {
         let mut in_budget = true;
         for (source, &head) in sources.iter_mut().zip(&heads) {
             let sample = |header: &[u8; record::HEADER_SIZE]| record::is_sample(header);
+            let (event, with_period) = (
+                source.event.spec.index(),
+                source.event.spec.samples_period(),
+            );
             let outcome = source.ring.scan(head, &mut scratch, &sample, &mut |bytes| {
-                let view = match record::parse_sample_view(bytes) {
+                let mut view = match record::parse_sample_view(bytes, with_period) {
                     Ok(view) => view,
                     Err(error) => {
                         log::debug!("skipping a perf record: {error}");
@@ -658,6 +672,7 @@ impl PerfEngine {
                         return;
                     }
                 };
+                view.event = event;
                 let settled = view.time < heads_read
                     && new_code
                         .get(&view.pid)
@@ -701,6 +716,7 @@ impl PerfEngine {
                 spare_frames: &mut self.spare_frames,
                 counters: &mut self.counters,
                 max_frames: self.options.max_frames,
+                weighings: &self.weighings,
             },
             ReadAhead {
                 sources: &mut self.sources,
@@ -773,7 +789,7 @@ mod tests {
 
     #[test]
     fn samples_this_process_through_the_ring_buffers() {
-        let spec = crate::events::parse_events("sCPU freq=999").unwrap()[0];
+        let spec = crate::events::parse_events("sCPU freq=999").unwrap()[0].clone();
         let options = EventOptions {
             stack_sample_size: 4096,
             include_kernel: false,
@@ -833,7 +849,7 @@ mod tests {
     /// two drifted apart and it woke twice as often.
     #[test]
     fn the_reader_wakes_once_per_half_buffer_of_samples() {
-        let spec = crate::events::parse_events("sCPU freq=999").unwrap()[0];
+        let spec = crate::events::parse_events("sCPU freq=999").unwrap()[0].clone();
         let stack_sample_size = 32000;
         let options = EventOptions {
             stack_sample_size,
@@ -894,7 +910,7 @@ mod tests {
         use std::io::Write;
         use std::process::{Command, Stdio};
         const CHILDREN: usize = 40;
-        let spec = crate::events::parse_events("sCPU freq=99").unwrap()[0];
+        let spec = crate::events::parse_events("sCPU freq=99").unwrap()[0].clone();
         let options = EventOptions {
             stack_sample_size: 8,
             include_kernel: false,

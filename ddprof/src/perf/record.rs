@@ -48,6 +48,9 @@ pub struct SampleRecord<S> {
     pub time: u64,
     pub cpu: u32,
     pub period: u64,
+    /// The event whose buffer it was read from (its index in the session's
+    /// list; the parser leaves 0 for the reader to set).
+    pub event: u16,
     /// `None` when the kernel had no user context (`PERF_SAMPLE_REGS_ABI_NONE`).
     pub regs: Option<UserRegs>,
     /// The valid part (`dyn_size` bytes) of the user stack copy, from `regs.sp` up.
@@ -74,6 +77,7 @@ impl<S> SampleRecord<S> {
             time,
             cpu,
             period,
+            event,
             regs,
             stack: old,
             kernel_frames,
@@ -85,6 +89,7 @@ impl<S> SampleRecord<S> {
             time,
             cpu,
             period,
+            event,
             regs,
             stack,
             kernel_frames,
@@ -193,14 +198,17 @@ impl<'a> Cursor<'a> {
 /// Decodes one whole record (header included).
 #[cfg(test)]
 pub fn parse(bytes: &[u8]) -> Result<TimedRecord, MalformedRecord> {
-    parse_reusing(bytes, &mut Vec::new())
+    parse_reusing(bytes, &mut Vec::new(), true)
 }
 
 /// [`parse`], copying a sample's stack into one of `spare_stacks` (the
 /// buffers of samples already unwound) rather than a new allocation.
+/// `with_period`: the samples carry `PERF_SAMPLE_PERIOD` (see
+/// [`events::sample_type`]).
 pub fn parse_reusing(
     bytes: &[u8],
     spare_stacks: &mut Vec<Vec<u8>>,
+    with_period: bool,
 ) -> Result<TimedRecord, MalformedRecord> {
     let mut cursor = Cursor::new(bytes, 0);
     let short = |kind| MalformedRecord::Short {
@@ -219,7 +227,7 @@ pub fn parse_reusing(
         });
     }
     if kind == sys::PERF_RECORD_SAMPLE {
-        let sample = parse_sample(&mut cursor)
+        let sample = parse_sample(&mut cursor, with_period)
             .ok_or(short(kind))?
             .into_owned_reusing(spare_stacks);
         return Ok(TimedRecord {
@@ -309,7 +317,10 @@ pub fn parse_reusing(
 
 /// Decodes one whole sample record (header included) without copying its
 /// stack.
-pub fn parse_sample_view(bytes: &[u8]) -> Result<SampleView<'_>, MalformedRecord> {
+pub fn parse_sample_view(
+    bytes: &[u8],
+    with_period: bool,
+) -> Result<SampleView<'_>, MalformedRecord> {
     let short = MalformedRecord::Short {
         kind: sys::PERF_RECORD_SAMPLE,
         size: bytes.len(),
@@ -324,17 +335,18 @@ pub fn parse_sample_view(bytes: &[u8]) -> Result<SampleView<'_>, MalformedRecord
             available: bytes.len(),
         });
     }
-    parse_sample(&mut Cursor::new(bytes, HEADER_SIZE)).ok_or(short)
+    parse_sample(&mut Cursor::new(bytes, HEADER_SIZE), with_period).ok_or(short)
 }
 
-fn parse_sample<'a>(cursor: &mut Cursor<'a>) -> Option<SampleView<'a>> {
+fn parse_sample<'a>(cursor: &mut Cursor<'a>, with_period: bool) -> Option<SampleView<'a>> {
     let ip = cursor.u64()?;
     let pid = cursor.u32()?;
     let tid = cursor.u32()?;
     let time = cursor.u64()?;
     let cpu = cursor.u32()?;
     let _reserved = cursor.u32()?;
-    let period = cursor.u64()?;
+    // Without it, the event's own fixed period weighs the sample.
+    let period = if with_period { cursor.u64()? } else { 1 };
     let kernel_frames = parse_callchain(cursor)?;
     let abi = cursor.u64()?;
     let regs = if abi == sys::PERF_SAMPLE_REGS_ABI_NONE as u64 {
@@ -371,6 +383,7 @@ fn parse_sample<'a>(cursor: &mut Cursor<'a>) -> Option<SampleView<'a>> {
         time,
         cpu,
         period,
+        event: 0,
         regs,
         stack,
         kernel_frames,
@@ -542,7 +555,8 @@ pub(crate) mod tests {
         let reused = spare[0].as_ptr();
         let stack: Vec<u8> = (0..64).collect();
         let record = sample_record(42, 1234, &stack, 40);
-        let Record::Sample(sample) = parse_reusing(&record, &mut spare).unwrap().record else {
+        let Record::Sample(sample) = parse_reusing(&record, &mut spare, true).unwrap().record
+        else {
             panic!("not a sample")
         };
         assert_eq!(sample.stack, stack[..40]);

@@ -43,7 +43,7 @@ impl ReadAhead<'_> {
     pub(super) fn read(&mut self) -> usize {
         let mut bytes_read = 0;
         for source in self.sources.iter_mut() {
-            let shared = source.shared_with_others();
+            let (shared, event) = (source.shared_with_others(), &source.event.spec);
             let fill = source.ring.percent_full(source.ring.head());
             *self.fullest_percent = (*self.fullest_percent).max(fill);
             let (reorder, spare_stacks, losses) = (
@@ -53,7 +53,7 @@ impl ReadAhead<'_> {
             );
             let outcome = source.ring.drain(self.scratch, &mut |bytes| {
                 bytes_read += bytes.len();
-                queue_record(bytes, reorder, spare_stacks, losses, shared)
+                queue_record(bytes, reorder, spare_stacks, losses, shared, event)
             });
             note_outcome(source, outcome, self.wrapped_records, self.losses);
         }
@@ -63,15 +63,24 @@ impl ReadAhead<'_> {
 
 /// Parses one record into the queue (or the loss counters); `shared`: the
 /// buffer holds samples of processes that may not be profiled (see
-/// [`Source::shared_with_others`]).
+/// [`Source::shared_with_others`]); `event`: the buffer's event (what its
+/// samples hold, and which they are).
 pub(super) fn queue_record(
     bytes: &[u8],
     reorder: &mut Reorder,
     spare_stacks: &mut Vec<Vec<u8>>,
     losses: &mut LossCounters,
     shared: bool,
+    event: &crate::events::EventSpec,
 ) {
-    match record::parse_reusing(bytes, spare_stacks) {
+    match record::parse_reusing(bytes, spare_stacks, event.samples_period()) {
+        Ok(TimedRecord {
+            time,
+            record: Record::Sample(mut sample),
+        }) => {
+            sample.event = event.index();
+            reorder.push(time, Record::Sample(sample));
+        }
         Ok(TimedRecord { time, record }) => match record {
             Record::Lost(count) if shared => losses.unattributed += count,
             Record::Lost(count) => losses.lost += count,

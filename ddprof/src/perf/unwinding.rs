@@ -26,6 +26,9 @@ pub(super) struct Unwinding<'a> {
     pub(super) spare_frames: &'a mut Vec<Vec<u64>>,
     pub(super) counters: &'a mut SampleCounters,
     pub(super) max_frames: usize,
+    /// How each event's samples weigh (by event index; an event not listed
+    /// weighs its period).
+    pub(super) weighings: &'a [crate::events::Weighing],
 }
 
 impl Unwinding<'_> {
@@ -131,12 +134,17 @@ impl Unwinding<'_> {
         if end.is_complete() {
             self.counters.complete += 1;
         }
+        let weight = match self.weighings.iter().find(|w| w.event == raw.event) {
+            Some(weighing) => weighing.weight(raw.period, raw.regs.as_ref()),
+            None => raw.period,
+        };
         Sample {
             pid: raw.pid,
             tid: raw.tid,
             time: raw.time,
             cpu: raw.cpu,
-            weight: raw.period,
+            event: raw.event,
+            weight,
             frames,
             kernel_frames: raw.kernel_frames,
             end,

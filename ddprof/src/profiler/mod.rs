@@ -51,6 +51,8 @@ pub struct ProfilerOptions {
     /// The CPU time one sample stands for at the configured rate (pprof's
     /// `period`).
     pub sampling_period_nanos: u64,
+    /// The sampled events, in the order of their columns in the profile.
+    pub events: Vec<crate::profile::ProfiledEvent>,
     /// The service the profiles are named after.
     pub service: String,
     /// Where local outputs go (`--output`, else `./ddprof-out` without an

@@ -48,6 +48,8 @@ pub(super) struct PublisherSetup {
     pub symbolizer: SymbolizerOptions,
     pub kallsyms: Option<KallsymsSnapshot>,
     pub sampling_period_nanos: u64,
+    /// The sampled events, for the profile's columns.
+    pub events: Vec<crate::profile::ProfiledEvent>,
     pub kernel_stacks: bool,
     pub restarts: u64,
     pub compressions: Compressions,
@@ -148,6 +150,7 @@ fn publish(
         symbolizer.use_kallsyms(snapshot);
     }
     let mut metadata = ProfileMetadata {
+        events: setup.events,
         sampling_period_nanos: setup.sampling_period_nanos,
         comments: Vec::new(),
     };
@@ -235,7 +238,7 @@ fn encode(
         figures: overhead,
         worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
         last_of_run: last,
-        folded: FoldedStacks::stacks_of(&symbolized),
+        folded: FoldedStacks::stacks_of(&symbolized, folded_event(&metadata.events, &symbolized)),
         pprof_gzip: encoded.gzip,
         pprof_zstd: encoded.zstd,
     };
@@ -244,4 +247,23 @@ fn encode(
         end,
         profile: Some(Box::new(profile)),
     })
+}
+
+/// The event whose samples make the flame graph and `stacks.folded`: the
+/// CPU-time event when sampled, else the first event with samples (the
+/// others' stacks are in the pprof, each event in its columns).
+fn folded_event(
+    events: &[crate::profile::ProfiledEvent],
+    profile: &crate::symbolize::SymbolizedProfile,
+) -> u16 {
+    match events.iter().find(|event| event.cpu_time) {
+        Some(event) => event.index,
+        None => profile
+            .period
+            .samples
+            .iter()
+            .map(|sample| sample.event)
+            .min()
+            .unwrap_or(0),
+    }
 }

@@ -207,6 +207,9 @@ fn watchdog_seconds(upload_period: Duration) -> u32 {
 struct Worker {
     aggregator: Aggregator,
     meter: OverheadMeter,
+    /// The CPU-time events: their samples are what the meter weighs
+    /// against the CPU time the kernel counted.
+    cpu_time_events: Vec<u16>,
     show_samples: bool,
     period_start: SystemTime,
     /// Profiles of the run so far (the parent's and this worker's).
@@ -233,6 +236,7 @@ impl Worker {
                 symbolizer: options.symbolizer.clone(),
                 kallsyms,
                 sampling_period_nanos: options.sampling_period_nanos,
+                events: options.events.clone(),
                 kernel_stacks: options.sampler.kernel_stacks,
                 restarts: handover.restarts,
                 compressions: Compressions {
@@ -245,6 +249,12 @@ impl Worker {
         .map_err(ProfilerError::from)?;
         Ok(Self {
             aggregator: Aggregator::new(options.aggregator),
+            cpu_time_events: options
+                .events
+                .iter()
+                .filter(|event| event.cpu_time)
+                .map(|event| event.index)
+                .collect(),
             meter: {
                 let meter = OverheadMeter::resume(
                     options.sampling_period_nanos,
@@ -380,14 +390,17 @@ impl Worker {
     }
 
     fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
-        self.meter
-            .add_sample(sample.weight, sample.end, sample.frames.len());
+        if self.cpu_time_events.contains(&sample.event) {
+            self.meter
+                .add_sample(sample.weight, sample.end, sample.frames.len());
+        }
         if self.show_samples {
             log::info!(
-                "sample pid={} tid={} ({}) cpu={} time={} weight={} end={:?} frames={:x?}",
+                "sample pid={} tid={} ({}) event={} cpu={} time={} weight={} end={:?} frames={:x?}",
                 sample.pid,
                 sample.tid,
                 processes.thread_name(sample.pid, sample.tid).unwrap_or("?"),
+                sample.event,
                 sample.cpu,
                 sample.time,
                 sample.weight,

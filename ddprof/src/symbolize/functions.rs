@@ -365,6 +365,7 @@ mod tests {
                     tid: pid,
                     time: 0,
                     cpu: 0,
+                    event: 0,
                     weight: 1,
                     frames: frames.clone(),
                     kernel_frames: vec![],

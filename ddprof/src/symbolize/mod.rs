@@ -21,6 +21,7 @@ use crate::files::{MappedFile, ObjectFile};
 mod debug_cache;
 mod elf;
 mod functions;
+mod jitdump;
 mod kernel;
 mod names;
 mod perf_map;
@@ -34,7 +35,8 @@ use perf_map::{reload_perf_map, PerfMap};
 use store::{KnownDebugFile, SymbolKey, SymbolStore};
 
 /// A perf map the aggregator opened for a period, or why it refused it.
-type PeriodPerfMap = Result<Arc<std::fs::File>, crate::files::target::PerfMapRefused>;
+type PeriodPerfMap =
+    Result<Arc<crate::files::target::JitSymbols>, crate::files::target::PerfMapRefused>;
 
 /// Files not referenced for this many periods are dropped from the caches.
 const EVICT_AFTER_PERIODS: u64 = 10;
@@ -875,6 +877,7 @@ mod tests {
                 tid: pid,
                 time: 0,
                 cpu: 0,
+                event: 0,
                 weight: 1,
                 frames: vec![function],
                 kernel_frames: vec![],
@@ -934,6 +937,7 @@ mod tests {
             ],
             stacks: vec![Box::new([0, 1, 2])],
             samples: vec![StackSample {
+                event: 0,
                 pid: 1,
                 tid: 1,
                 process_name: None,

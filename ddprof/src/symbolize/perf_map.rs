@@ -20,7 +20,8 @@
 //! a map that really shrank).
 use std::sync::Arc;
 
-use crate::files::target::{PerfMapRefused, MAX_PERF_MAP_BYTES};
+use super::jitdump;
+use crate::files::target::{JitFormat, JitSymbols, PerfMapRefused, MAX_PERF_MAP_BYTES};
 use crate::files::FileStamp;
 
 /// Bytes just before the end of what was parsed, compared again before an
@@ -119,11 +120,13 @@ impl PerfMap {
     /// Parses `text`'s lines (`START SIZE NAME`, hexadecimal numbers) into
     /// the map; lines that do not parse are skipped.
     fn append(&mut self, text: &str) {
+        self.extend(text.lines().filter_map(parse_line));
+    }
+
+    /// Adds functions (start, size, name) to the map.
+    fn extend<'a>(&mut self, functions: impl Iterator<Item = (u64, u64, &'a str)>) {
         let sorted_before = self.entries.len();
-        for line in text.lines() {
-            let Some((start, size, name)) = parse_line(line) else {
-                continue;
-            };
+        for (start, size, name) in functions {
             // The names stay below MAX_PERF_MAP_BYTES (4 GiB would not).
             let (Ok(name_at), Ok(name_len)) =
                 (u32::try_from(self.names.len()), u32::try_from(name.len()))
@@ -159,15 +162,19 @@ impl PerfMap {
     }
 }
 
-/// Reads process `pid`'s perf map, opened as `opened`, again if it changed
-/// since `map` was read; a refused one is said once per process.
+/// Reads process `pid`'s perf map (or jitdump), opened as `opened`, again
+/// if it changed since `map` was read; a refused one is said once per
+/// process.
 pub(super) fn reload_perf_map(
     map: &mut PerfMap,
     pid: u32,
-    opened: &Result<Arc<std::fs::File>, PerfMapRefused>,
+    opened: &Result<Arc<JitSymbols>, PerfMapRefused>,
 ) {
     let file = match opened {
-        Ok(file) => file,
+        Ok(symbols) if symbols.format == JitFormat::JitDump => {
+            return reload_jitdump(map, pid, &symbols.file)
+        }
+        Ok(symbols) => &symbols.file,
         Err(refused) => {
             if !map.refusal_said {
                 map.refusal_said = true;
@@ -328,6 +335,71 @@ fn parse_line(line: &str) -> Option<(u64, u64, &str)> {
     (!name.is_empty()).then_some((start, size, name))
 }
 
+/// Reads process `pid`'s jitdump into `map` if it changed: from where the
+/// last read stopped when it only grew (a runtime appends its records), or
+/// from its start. A record not all there yet is read next time.
+fn reload_jitdump(map: &mut PerfMap, pid: u32, file: &std::fs::File) {
+    use std::os::unix::fs::FileExt;
+    let Ok(metadata) = file.metadata() else {
+        return;
+    };
+    let version = FileStamp::of(&metadata);
+    if Some(version) == map.version {
+        return;
+    }
+    let appended = map.parsed > 0
+        && map
+            .version
+            .is_some_and(|last| last.same_file(&version) && version.size >= map.parsed);
+    if !appended {
+        *map = PerfMap {
+            last_period: map.last_period,
+            refusal_said: map.refusal_said,
+            overflow_said: map.overflow_said,
+            ..PerfMap::default()
+        };
+        let mut header = [0; 64];
+        let read = file.read_at(&mut header, 0).unwrap_or(0);
+        match jitdump::records_start(&header[..read]) {
+            Some(start) => map.parsed = start,
+            // Not written yet, or not a jitdump: looked at again when it changes.
+            None => return,
+        }
+    }
+    let end = version.size.min(MAX_PERF_MAP_BYTES);
+    let mut chunk = vec![0; READ_CHUNK];
+    let mut carried: Vec<u8> = Vec::new();
+    let mut offset = map.parsed + carried.len() as u64;
+    while offset < end {
+        let want = (end - offset).min(READ_CHUNK as u64) as usize;
+        let read = match file.read_at(&mut chunk[..want], offset) {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        offset += read as u64;
+        carried.extend_from_slice(&chunk[..read]);
+        let found = jitdump::records(&carried);
+        map.extend(found.loads.iter().copied());
+        map.parsed += found.consumed as u64;
+        if found.corrupt {
+            if !map.refusal_said {
+                map.refusal_said = true;
+                log::warn!(
+                    "process {pid}: its jitdump has a record of an impossible size at byte {}; \
+                     the functions after it stay unnamed",
+                    map.parsed
+                );
+            }
+            break;
+        }
+        carried.drain(..found.consumed);
+        if carried.len() > jitdump::MAX_RECORD {
+            break;
+        }
+    }
+    map.version = Some(version);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,8 +424,46 @@ mod tests {
     }
 
     fn reload(map: &mut PerfMap, path: &std::path::Path) {
-        let file = Ok(Arc::new(std::fs::File::open(path).unwrap()));
+        reload_as(map, path, JitFormat::PerfMap);
+    }
+
+    fn reload_as(map: &mut PerfMap, path: &std::path::Path, format: JitFormat) {
+        let file = Ok(Arc::new(JitSymbols {
+            file: std::fs::File::open(path).unwrap(),
+            format,
+        }));
         reload_perf_map(map, 1, &file);
+    }
+
+    #[test]
+    fn a_jitdump_is_read_as_its_runtime_appends_records() {
+        let first = jitdump::write(&[(0x1000, 0x40, "JS:*hot"), (0x2000, 0x40, "JS:cold")]);
+        let file = map_file("jitdump", "");
+        let path = &file.0;
+        // Half of the second record written: the first named, the second
+        // read once it is whole.
+        let cut = first.len() - 30;
+        std::fs::write(path, &first[..cut]).unwrap();
+        let mut map = PerfMap::default();
+        reload_as(&mut map, path, JitFormat::JitDump);
+        assert_eq!(map.lookup(0x1010), Some("JS:*hot"));
+        assert_eq!(map.lookup(0x2010), None);
+        let mut appending = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+        appending.write_all(&first[cut..]).unwrap();
+        reload_as(&mut map, path, JitFormat::JitDump);
+        assert_eq!(map.lookup(0x2010), Some("JS:cold"));
+        assert_eq!(map.len(), 2);
+        // A new file in its place (a runtime that started again): read whole.
+        std::fs::remove_file(path).unwrap();
+        std::fs::write(path, jitdump::write(&[(0x3000, 0x40, "JS:new")])).unwrap();
+        reload_as(&mut map, path, JitFormat::JitDump);
+        assert_eq!(map.lookup(0x3010), Some("JS:new"));
+        assert_eq!(map.lookup(0x1010), None);
+        // Not a jitdump: nothing named, nothing trusted.
+        std::fs::write(path, "1000 100 not_a_jitdump\n").unwrap();
+        let mut map = PerfMap::default();
+        reload_as(&mut map, path, JitFormat::JitDump);
+        assert_eq!(map.len(), 0);
     }
 
     #[test]

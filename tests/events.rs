@@ -1,0 +1,222 @@
+//! The C++ ddprof's other events, sampled: software events and a
+//! tracepoint weighed against what the kernel counted for the workload
+//! (`getrusage`), each in its own sample type of one profile, with both
+//! engines; and the one-line refusal of what this machine cannot sample.
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use ddprof_tests::outputs::{go_pprof, pprof_files};
+use ddprof_tests::pprof::Profile;
+use ddprof_tests::workloads::build_workload;
+use ddprof_tests::{run_without_input as run, text};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ddprof-events-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs ddprof with `args` and then `command`, writing into `out`.
+fn profile(out: &Path, args: &[&str], command: &[&str]) -> (Output, String) {
+    let output = run(ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(out)
+        .args(args)
+        .arg("--")
+        .args(command));
+    let stderr = text(&output.stderr);
+    (output, stderr)
+}
+
+/// The `key=value` numbers the `events` workload printed.
+fn counted(stdout: &str) -> HashMap<String, i64> {
+    stdout
+        .split_whitespace()
+        .filter_map(|word| word.split_once('='))
+        .filter_map(|(key, value)| Some((key.to_string(), value.parse().ok()?)))
+        .collect()
+}
+
+/// The sum of column `column` over the samples whose stack has `function`.
+fn weight_in(profile: &Profile, column: usize, function: &str) -> i64 {
+    profile
+        .stacks()
+        .iter()
+        .filter(|(names, _)| names.iter().any(|name| name == function))
+        .map(|(_, values)| values[column])
+        .sum()
+}
+
+fn within_10_percent(measured: i64, expected: i64) -> bool {
+    (measured - expected).abs() * 10 <= expected
+}
+
+/// `-e 'sCPU;sPF p=16 st=8192;sCS;sched:sched_switch l=switches'` on a
+/// workload that faults 20,000 pages in one function and sleeps 1,000
+/// times in another: one profile with five sample types; the page faults
+/// under `events_touch_pages`, and the context switches (software event and
+/// tracepoint) under `events_sleep_often`, each within 10 % of what
+/// `getrusage` counted around those functions.
+fn weighs_software_events_and_a_tracepoint(engine: &str) {
+    let events = build_workload("events.c");
+    let out = scratch(&format!("weights-{engine}"));
+    let (output, stderr) = profile(
+        &out,
+        &[
+            "--engine",
+            engine,
+            "-e",
+            "sCPU;sPF p=16 st=8192;sCS;sched:sched_switch l=switches",
+        ],
+        &[events.to_str().unwrap(), "1"],
+    );
+    assert!(output.status.success(), "{stderr}");
+    let counts = counted(&text(&output.stdout));
+    let (faults, switches) = (counts["faults"], counts["switches"]);
+    assert!(faults >= 20_000 && switches >= 1_000, "{counts:?}");
+    let files = pprof_files(&out);
+    assert_eq!(files.len(), 1, "{stderr}");
+    let pprof = Profile::read_gzipped(&files[0]).unwrap();
+    let types = pprof.sample_types();
+    let expected: Vec<(String, String)> = [
+        ("cpu-samples", "count"),
+        ("cpu-time", "nanoseconds"),
+        ("sPF", "events"),
+        ("sCS", "events"),
+        ("switches", "events"),
+    ]
+    .iter()
+    .map(|(kind, unit)| (kind.to_string(), unit.to_string()))
+    .collect();
+    assert_eq!(types, expected);
+    let accounting = ddprof_tests::outputs::accounting_lines(&stderr);
+    let fault_weight = weight_in(&pprof, 2, "events_touch_pages");
+    assert!(
+        within_10_percent(fault_weight, faults),
+        "{engine}: sPF weighs {fault_weight} under events_touch_pages, getrusage counted \
+         {faults}\n{accounting}"
+    );
+    for (column, name) in [(3, "sCS"), (4, "sched:sched_switch")] {
+        let switch_weight = weight_in(&pprof, column, "events_sleep_often");
+        assert!(
+            within_10_percent(switch_weight, switches),
+            "{engine}: {name} weighs {switch_weight} under events_sleep_often, getrusage \
+             counted {switches}\n{accounting}"
+        );
+    }
+    // Each sample is of one event: its value in one column (two for CPU).
+    for (names, values) in pprof.stacks() {
+        let columns = values.iter().filter(|value| **value != 0).count();
+        assert!(
+            (1..=2).contains(&columns),
+            "{names:?}: {values:?} is in several events' columns"
+        );
+    }
+    // Labelled as the C++ ddprof labels them.
+    let labels = pprof.labels();
+    for label in ["sPF", "sCS", "switches"] {
+        assert!(
+            labels
+                .iter()
+                .any(|sample| sample.contains(&("tracepoint_type".into(), label.into()))),
+            "no sample labelled tracepoint_type={label}"
+        );
+    }
+    // go tool pprof shows them side by side, each by its name.
+    let top = go_pprof(&["-sample_index=sPF", "-top"], &files[0]);
+    assert!(top.contains("events_touch_pages"), "{top}");
+    let top = go_pprof(&["-sample_index=switches", "-top"], &files[0]);
+    assert!(top.contains("clock_nanosleep"), "{top}");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn weighs_software_events_and_a_tracepoint_bpf() {
+    weighs_software_events_and_a_tracepoint("bpf");
+}
+
+#[test]
+fn weighs_software_events_and_a_tracepoint_perf() {
+    weighs_software_events_and_a_tracepoint("perf");
+}
+
+/// Whether this machine has a PMU for `hCPU` (it has none: a VM).
+fn has_cpu_cycles_counter() -> bool {
+    std::process::Command::new("perf")
+        .args(["stat", "-x,", "-e", "cycles", "true"])
+        .output()
+        .map(|output| !text(&output.stderr).contains("<not supported>"))
+        .unwrap_or(false)
+}
+
+/// A hardware counter on a machine without one, and a tracepoint the
+/// kernel lacks: one line each naming the event and why; the command runs,
+/// and the other event is sampled.
+#[test]
+fn events_this_machine_cannot_sample_are_one_line_each_and_the_others_run() {
+    let burn = build_workload("hostile_burn.c");
+    let out = scratch("refused");
+    let (output, stderr) = profile(
+        &out,
+        &["-e", "hCPU;sched:no_such_tracepoint;sCPU"],
+        &[burn.to_str().unwrap(), "1"],
+    );
+    assert!(output.status.success(), "{stderr}");
+    let refusals: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("is not sampled"))
+        .collect();
+    let tracepoint_line = "warning: event sched:no_such_tracepoint is not sampled: no tracepoint \
+         sched:no_such_tracepoint in this kernel";
+    assert!(
+        refusals.iter().any(|line| line.contains(tracepoint_line)),
+        "{stderr}"
+    );
+    if has_cpu_cycles_counter() {
+        assert_eq!(refusals.len(), 1, "{stderr}");
+    } else {
+        assert_eq!(refusals.len(), 2, "{stderr}");
+        assert!(
+            refusals.iter().any(|line| line.contains(
+                "warning: event hCPU is not sampled: this machine does not support the hCPU \
+                 (CPU cycles) event"
+            )),
+            "{stderr}"
+        );
+    }
+    let files = pprof_files(&out);
+    assert_eq!(files.len(), 1, "{stderr}");
+    let pprof = Profile::read_gzipped(&files[0]).unwrap();
+    let cpu = pprof
+        .sample_types()
+        .iter()
+        .position(|(kind, _)| kind == "cpu-samples");
+    let cpu = cpu.expect("a cpu-samples column");
+    let samples: i64 = pprof.stacks().iter().map(|(_, values)| values[cpu]).sum();
+    assert!(
+        samples >= 50,
+        "{samples} CPU samples of a 1 s burn at 99 Hz\n{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(out);
+}
+
+/// Nothing this machine can sample: the command still runs, with its exit
+/// status, and the reason is said.
+#[test]
+fn with_no_event_that_opens_the_command_runs_unprofiled() {
+    let out = scratch("none");
+    let (output, stderr) = profile(
+        &out,
+        &["-e", "sched:no_such_tracepoint"],
+        &["sh", "-c", "echo ran; exit 3"],
+    );
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert_eq!(text(&output.stdout), "ran\n");
+    assert!(
+        stderr.contains("no tracepoint sched:no_such_tracepoint in this kernel"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(out);
+}

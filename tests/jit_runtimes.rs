@@ -1,0 +1,121 @@
+//! A real JIT, Node, named as the C++ ddprof names it: from the perf map
+//! it writes in its own `/tmp` (a container's: a mount namespace with a
+//! `/tmp` of its own), and from the jitdump it writes with `--perf-prof`.
+use std::path::{Path, PathBuf};
+
+use ddprof_tests::outputs::pprof_files;
+use ddprof_tests::pprof::Profile;
+use ddprof_tests::workloads::workloads_source_dir;
+use ddprof_tests::{run_without_input as run, text};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ddprof-jit-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn hot_js() -> String {
+    workloads_source_dir()
+        .join("jit_hot.js")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The profile of `out`: the share of its CPU samples with a frame named
+/// `ddprofHotLoop` (V8's `JS:*ddprofHotLoop /path:1:23`), and the pids of
+/// its samples.
+fn hot_share(out: &Path, stderr: &str) -> (f64, Vec<u32>) {
+    let files = pprof_files(out);
+    assert_eq!(files.len(), 1, "{stderr}");
+    let pprof = Profile::read_gzipped(&files[0]).unwrap();
+    let (mut hot, mut all) = (0i64, 0i64);
+    for (names, values) in pprof.stacks() {
+        all += values[0];
+        if names.iter().any(|name| name.contains("ddprofHotLoop")) {
+            hot += values[0];
+        }
+    }
+    assert!(all >= 100, "{all} samples of 2 s at 99 Hz\n{stderr}");
+    let mut pids: Vec<u32> = pprof
+        .labels()
+        .iter()
+        .flatten()
+        .filter(|(key, _)| key == "process_id")
+        .filter_map(|(_, value)| value.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    (hot as f64 / all as f64, pids)
+}
+
+/// Asserts that most samples of `out`'s profile name ddprofHotLoop, and
+/// that ddprof's `/tmp` holds no perf map of the processes sampled (the
+/// names came from elsewhere); returns those processes.
+fn assert_named_without_a_host_map(out: &Path, stderr: &str) -> Vec<u32> {
+    let (share, pids) = hot_share(out, stderr);
+    for pid in &pids {
+        assert!(
+            !Path::new(&format!("/tmp/perf-{pid}.map")).exists(),
+            "a perf map of {pid} in ddprof's /tmp: the test would not show where the names came from"
+        );
+    }
+    assert!(
+        share >= 0.5,
+        "{:.0} % of the samples name ddprofHotLoop (a 2 s loop in it)\n{stderr}",
+        share * 100.0
+    );
+    pids
+}
+
+/// `node --perf-basic-prof` in a mount namespace with a `/tmp` of its own:
+/// its map is not in ddprof's `/tmp`, only in the process's
+/// (`/proc/PID/root/tmp/perf-PID.map`), and its JS function is named.
+#[test]
+fn node_in_a_mount_namespace_of_its_own_is_named_from_its_own_tmp() {
+    let out = scratch("namespace");
+    let script = format!(
+        "mount -t tmpfs ddprof-test-tmp /tmp && exec node --perf-basic-prof {} 2",
+        hot_js()
+    );
+    let output = run(ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(&out)
+        .args(["--", "unshare", "--mount", "--propagation", "private"])
+        .args(["sh", "-c", &script]));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_named_without_a_host_map(&out, &stderr);
+    let _ = std::fs::remove_dir_all(out);
+}
+
+/// `node --perf-prof` writes no perf map but a jitdump (`jit-PID.dump` in
+/// its working directory, mapped executable): its JS function is named
+/// from it.
+#[test]
+fn node_is_named_from_its_jitdump() {
+    let out = scratch("jitdump-out");
+    let cwd = scratch("jitdump-cwd");
+    let output = run(ddprof_tests::ddprof_command()
+        .current_dir(&cwd)
+        .arg("--output")
+        .arg(&out)
+        .args([
+            "--",
+            "node",
+            "--perf-prof",
+            "--interpreted-frames-native-stack",
+        ])
+        .args([&hot_js(), "2"]));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let pids = assert_named_without_a_host_map(&out, &stderr);
+    assert!(
+        pids.iter()
+            .any(|pid| cwd.join(format!("jit-{pid}.dump")).exists()),
+        "no jitdump of {pids:?} in {}",
+        cwd.display()
+    );
+    let _ = std::fs::remove_dir_all(out);
+    let _ = std::fs::remove_dir_all(cwd);
+}
