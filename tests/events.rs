@@ -220,3 +220,79 @@ fn with_no_event_that_opens_the_command_runs_unprofiled() {
     );
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// The byte offset of field `name` in the raw record of
+/// `sched:sched_switch`, from tracefs's `format` file (tracefs mounted if
+/// it is not, as ddprof would).
+fn sched_switch_field_offset(name: &str) -> usize {
+    let dir = Path::new("/sys/kernel/tracing");
+    if !dir.join("events").is_dir() {
+        let _ = std::process::Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status();
+    }
+    let format = std::fs::read_to_string(dir.join("events/sched/sched_switch/format"))
+        .expect("tracefs's format of sched:sched_switch");
+    let line = format
+        .lines()
+        .find(|line| line.contains(&format!(" {name};")))
+        .unwrap_or_else(|| panic!("no field {name} in\n{format}"));
+    line.split(';')
+        .find_map(|part| part.trim().strip_prefix("offset:"))
+        .and_then(|offset| offset.parse().ok())
+        .unwrap_or_else(|| panic!("no offset in {line}"))
+}
+
+/// `sched:sched_switch o=OFFSET z=4` weighs each switch by the raw
+/// record's `prev_pid`: beside the same tracepoint counted, its column is
+/// the workload's pid times the switches, group by group.
+#[test]
+fn a_tracepoint_is_weighed_by_a_field_of_its_raw_record() {
+    let events = build_workload("events.c");
+    let offset = sched_switch_field_offset("prev_pid");
+    let out = scratch("raw");
+    let spec = format!("sched:sched_switch;sched:sched_switch o={offset} z=4 l=prev_pid");
+    let (output, stderr) = profile(
+        &out,
+        &["-e", &spec],
+        &[events.to_str().unwrap(), "1", "100", "300"],
+    );
+    assert!(output.status.success(), "{stderr}");
+    let files = pprof_files(&out);
+    assert_eq!(files.len(), 1, "{stderr}");
+    let pprof = Profile::read_gzipped(&files[0]).unwrap();
+    assert_eq!(
+        pprof.sample_types(),
+        [
+            ("sched:sched_switch".to_string(), "events".to_string()),
+            ("prev_pid".to_string(), "events".to_string())
+        ]
+    );
+    let pids: Vec<i64> = pprof
+        .labels()
+        .iter()
+        .map(|labels| {
+            labels
+                .iter()
+                .find(|(key, _)| key == "process_id")
+                .and_then(|(_, value)| value.parse().ok())
+                .expect("a process_id label")
+        })
+        .collect();
+    let (mut counted, mut weighed) = (0, 0);
+    for ((names, values), pid) in pprof.stacks().iter().zip(&pids) {
+        counted += values[0];
+        weighed += values[1] / pid;
+        assert_eq!(
+            values[1] % pid,
+            0,
+            "{names:?}: {values:?} is not a multiple of its pid {pid}"
+        );
+    }
+    assert!(counted >= 300, "{counted} switches of 300 sleeps\n{stderr}");
+    assert!(
+        within_10_percent(weighed, counted),
+        "{weighed} switches weighed by prev_pid, {counted} counted\n{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(out);
+}

@@ -98,7 +98,7 @@ the `tracepoint_type` label; here each has its own column (and the label).
 | `n`, `arg_num`, `argno`; `r`, `register`, `regno` | the same: the value of an argument's register (1-6) or of a perf register (0-8, 16-23) at the sample |
 | `st`, `stack_sample_size`, `stcksz` | the same: this event's stack copy |
 | `m`, `mode` | `s` (sum); `l` (live) is refused but for `sALLOC` |
-| `o`, `raw_offset`, `rawoff`; `z`, `raw_size`, `rawsz` | parsed; the event is left out with one warning (raw record fields are not read yet) |
+| `o`, `raw_offset`, `rawoff`; `z`, `raw_size`, `rawsz` | the same: a tracepoint's sample weighs the field of its raw record at that offset (as tracefs's `format` gives it) and size (8 by default) |
 ";
 
 pub fn run(check: bool) -> Result<()> {

@@ -102,15 +102,49 @@ pub const SAMPLE_TYPE: u64 = sys::bindings::PERF_SAMPLE_IP as u64
     | sys::bindings::PERF_SAMPLE_REGS_USER as u64
     | sys::bindings::PERF_SAMPLE_STACK_USER as u64;
 
-/// `sample_type` of `spec`'s event: [`SAMPLE_TYPE`], without the period
-/// where the event's own fixed period weighs its samples
-/// ([`EventSpec::samples_period`]).
-pub fn sample_type(spec: &EventSpec) -> u64 {
-    if spec.samples_period() {
-        SAMPLE_TYPE
-    } else {
-        SAMPLE_TYPE & !(sys::bindings::PERF_SAMPLE_PERIOD as u64)
+/// Where an event's samples differ from [`SAMPLE_TYPE`]'s, for the record
+/// parser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleLayout {
+    /// `PERF_SAMPLE_PERIOD` is in the record (not at a fixed period, see
+    /// [`EventSpec::samples_period`]).
+    pub period: bool,
+    /// `PERF_SAMPLE_RAW` is, and the field of it (byte offset, size) that
+    /// weighs the sample (`o=`, `z=`).
+    pub raw_field: Option<(u32, u8)>,
+}
+
+impl SampleLayout {
+    /// [`SAMPLE_TYPE`]'s: the period, no raw record.
+    pub const DEFAULT: SampleLayout = SampleLayout {
+        period: true,
+        raw_field: None,
+    };
+
+    pub fn of(spec: &EventSpec) -> Self {
+        SampleLayout {
+            period: spec.samples_period(),
+            raw_field: match spec.weighing.value {
+                EventValue::Raw { offset, size } => Some((offset, size)),
+                _ => None,
+            },
+        }
     }
+}
+
+/// `sample_type` of `spec`'s event: [`SAMPLE_TYPE`], without the period
+/// where the event's own fixed period weighs its samples, with the raw
+/// record where a field of it does ([`SampleLayout`]).
+pub fn sample_type(spec: &EventSpec) -> u64 {
+    let layout = SampleLayout::of(spec);
+    let mut sample_type = SAMPLE_TYPE;
+    if !layout.period {
+        sample_type &= !(sys::bindings::PERF_SAMPLE_PERIOD as u64);
+    }
+    if layout.raw_field.is_some() {
+        sample_type |= sys::bindings::PERF_SAMPLE_RAW as u64;
+    }
+    sample_type
 }
 
 /// What the events watch.
@@ -266,8 +300,7 @@ pub enum OpenError {
         event: String,
         source: TracepointError,
     },
-    #[error("{event}: {why}")]
-    NotSampled { event: String, why: &'static str },
+
     #[error("no process {pid} ({source})")]
     NoSuchProcess { pid: i32, source: io::Error },
     #[error(
@@ -556,12 +589,6 @@ fn open_on_every_cpu(
     cpu_time_options: &mut EventOptions,
     records: bool,
 ) -> Result<Vec<EventFd>, OpenError> {
-    if let Some(why) = spec.unsampled_value() {
-        return Err(OpenError::NotSampled {
-            event: spec.label.to_string(),
-            why,
-        });
-    }
     let type_and_config = type_and_config(spec, scope)?;
     let mut options = *cpu_time_options;
     options.include_kernel |= spec.needs_kernel();

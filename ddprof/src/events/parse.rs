@@ -586,7 +586,7 @@ mod tests {
                 size: 4
             }
         );
-        assert!(raw.unsampled_value().is_some());
+        assert_eq!(raw.weighing.weight(1234, None), 1234);
         assert!(parse_events("sched:sched_switch o=8 z=3").is_err());
         assert!(parse_events("sPF o=8").is_err());
     }

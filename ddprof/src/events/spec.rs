@@ -55,7 +55,9 @@ pub enum EventValue {
     /// A user register at the sample (perf's x86 register number: `r=`, or
     /// the ABI register of argument `n=`), times `scale`.
     Register(u8),
-    /// A field of the tracepoint's raw record (`o=` offset, `z=` bytes).
+    /// A field of the tracepoint's raw record (`o=` byte offset in it, as
+    /// tracefs's `format` file gives it; `z=` bytes, 8 by default), read
+    /// in this machine's byte order, times `scale`.
     Raw { offset: u32, size: u8 },
 }
 
@@ -84,7 +86,8 @@ impl Weighing {
             EventValue::Register(register) => regs
                 .and_then(|regs| super::x86_regs::value(regs, register))
                 .unwrap_or(0),
-            // Not opened (see `unsampled_value`).
+            // The parser puts the field's value in the period's place
+            // (`events::SampleLayout`).
             EventValue::Raw { .. } => period,
         };
         if self.scale == 1.0 {
@@ -169,12 +172,6 @@ impl EventSpec {
                 .is_some_and(|entry| entry.needs_kernel),
             EventKind::Tracepoint(_) => true,
         }
-    }
-
-    /// Why the event is not opened although it parsed (`None`: it is).
-    pub fn unsampled_value(&self) -> Option<&'static str> {
-        matches!(self.weighing.value, EventValue::Raw { .. })
-            .then_some("weights read from the raw tracepoint record (o=, z=) are not sampled yet")
     }
 }
 

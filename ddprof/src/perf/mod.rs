@@ -659,12 +659,12 @@ impl PerfEngine {
         let mut in_budget = true;
         for (source, &head) in sources.iter_mut().zip(&heads) {
             let sample = |header: &[u8; record::HEADER_SIZE]| record::is_sample(header);
-            let (event, with_period) = (
+            let (event, layout) = (
                 source.event.spec.index(),
-                source.event.spec.samples_period(),
+                crate::events::SampleLayout::of(&source.event.spec),
             );
             let outcome = source.ring.scan(head, &mut scratch, &sample, &mut |bytes| {
-                let mut view = match record::parse_sample_view(bytes, with_period) {
+                let mut view = match record::parse_sample_view(bytes, layout) {
                     Ok(view) => view,
                     Err(error) => {
                         log::debug!("skipping a perf record: {error}");

@@ -4,7 +4,7 @@
 //! inconsistent record is an error, never a panic.
 use perf_event_open_sys::bindings as sys;
 
-use crate::events::{self, x86_regs};
+use crate::events::{self, x86_regs, SampleLayout};
 use crate::process::{MappingRecord, ProcessEvent};
 use crate::sample::Sample;
 use crate::unwind::UserRegs;
@@ -47,6 +47,8 @@ pub struct SampleRecord<S> {
     pub tid: u32,
     pub time: u64,
     pub cpu: u32,
+    /// The sample's period; for an event weighed by a field of its raw
+    /// record, that field's value (see [`SampleLayout`]).
     pub period: u64,
     /// The event whose buffer it was read from (its index in the session's
     /// list; the parser leaves 0 for the reader to set).
@@ -198,17 +200,17 @@ impl<'a> Cursor<'a> {
 /// Decodes one whole record (header included).
 #[cfg(test)]
 pub fn parse(bytes: &[u8]) -> Result<TimedRecord, MalformedRecord> {
-    parse_reusing(bytes, &mut Vec::new(), true)
+    parse_reusing(bytes, &mut Vec::new(), SampleLayout::DEFAULT)
 }
 
 /// [`parse`], copying a sample's stack into one of `spare_stacks` (the
 /// buffers of samples already unwound) rather than a new allocation.
-/// `with_period`: the samples carry `PERF_SAMPLE_PERIOD` (see
+/// `layout`: what the samples of the record's event hold (see
 /// [`events::sample_type`]).
 pub fn parse_reusing(
     bytes: &[u8],
     spare_stacks: &mut Vec<Vec<u8>>,
-    with_period: bool,
+    layout: SampleLayout,
 ) -> Result<TimedRecord, MalformedRecord> {
     let mut cursor = Cursor::new(bytes, 0);
     let short = |kind| MalformedRecord::Short {
@@ -227,7 +229,7 @@ pub fn parse_reusing(
         });
     }
     if kind == sys::PERF_RECORD_SAMPLE {
-        let sample = parse_sample(&mut cursor, with_period)
+        let sample = parse_sample(&mut cursor, layout)
             .ok_or(short(kind))?
             .into_owned_reusing(spare_stacks);
         return Ok(TimedRecord {
@@ -319,7 +321,7 @@ pub fn parse_reusing(
 /// stack.
 pub fn parse_sample_view(
     bytes: &[u8],
-    with_period: bool,
+    layout: SampleLayout,
 ) -> Result<SampleView<'_>, MalformedRecord> {
     let short = MalformedRecord::Short {
         kind: sys::PERF_RECORD_SAMPLE,
@@ -335,10 +337,10 @@ pub fn parse_sample_view(
             available: bytes.len(),
         });
     }
-    parse_sample(&mut Cursor::new(bytes, HEADER_SIZE), with_period).ok_or(short)
+    parse_sample(&mut Cursor::new(bytes, HEADER_SIZE), layout).ok_or(short)
 }
 
-fn parse_sample<'a>(cursor: &mut Cursor<'a>, with_period: bool) -> Option<SampleView<'a>> {
+fn parse_sample<'a>(cursor: &mut Cursor<'a>, layout: SampleLayout) -> Option<SampleView<'a>> {
     let ip = cursor.u64()?;
     let pid = cursor.u32()?;
     let tid = cursor.u32()?;
@@ -346,8 +348,16 @@ fn parse_sample<'a>(cursor: &mut Cursor<'a>, with_period: bool) -> Option<Sample
     let cpu = cursor.u32()?;
     let _reserved = cursor.u32()?;
     // Without it, the event's own fixed period weighs the sample.
-    let period = if with_period { cursor.u64()? } else { 1 };
+    let mut period = if layout.period { cursor.u64()? } else { 1 };
     let kernel_frames = parse_callchain(cursor)?;
+    if let Some((offset, size)) = layout.raw_field {
+        // `PERF_SAMPLE_RAW`: its size (which pads the field to 8 bytes),
+        // then the tracepoint's record; the field asked for weighs the
+        // sample (0 when the record is shorter than it says).
+        let raw_size = cursor.u32()? as usize;
+        let raw = cursor.take(raw_size)?;
+        period = raw_field(raw, offset as usize, size as usize).unwrap_or(0);
+    }
     let abi = cursor.u64()?;
     let regs = if abi == sys::PERF_SAMPLE_REGS_ABI_NONE as u64 {
         None
@@ -387,6 +397,19 @@ fn parse_sample<'a>(cursor: &mut Cursor<'a>, with_period: bool) -> Option<Sample
         regs,
         stack,
         kernel_frames,
+    })
+}
+
+/// The `size`-byte field at `offset` of a raw record, as a number in this
+/// machine's byte order.
+fn raw_field(raw: &[u8], offset: usize, size: usize) -> Option<u64> {
+    let bytes = raw.get(offset..offset.checked_add(size)?)?;
+    Some(match size {
+        1 => u64::from(bytes[0]),
+        2 => u64::from(u16::from_ne_bytes(bytes.try_into().ok()?)),
+        4 => u64::from(u32::from_ne_bytes(bytes.try_into().ok()?)),
+        8 => u64::from_ne_bytes(bytes.try_into().ok()?),
+        _ => return None,
     })
 }
 
@@ -526,6 +549,41 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_raw_field_weighs_the_sample_and_the_period_may_be_absent() {
+        // A tracepoint's sample without its period, with a 12-byte raw
+        // record (size 12: 4 + 12 = 16, aligned) whose bytes 4..8 are 777.
+        let mut raw = vec![0u8; 12];
+        raw[4..8].copy_from_slice(&777u32.to_ne_bytes());
+        let builder = RecordBuilder::new(sys::PERF_RECORD_SAMPLE, 2)
+            .u64(0x401000)
+            .u32(7)
+            .u32(8)
+            .u64(99)
+            .u32(1)
+            .u32(0)
+            .u64(0) // an empty call chain
+            .u32(raw.len() as u32)
+            .bytes(&raw)
+            .u64(sys::PERF_SAMPLE_REGS_ABI_NONE as u64)
+            .u64(0); // no stack
+        let record = builder.finish();
+        let layout = |raw_field| SampleLayout {
+            period: false,
+            raw_field,
+        };
+        let sample = parse_sample_view(&record, layout(Some((4, 4)))).unwrap();
+        assert_eq!((sample.pid, sample.tid, sample.period), (7, 8, 777));
+        assert!(sample.regs.is_none());
+        // A field past the record's end weighs 0; the record still parses.
+        let sample = parse_sample_view(&record, layout(Some((10, 4)))).unwrap();
+        assert_eq!(sample.period, 0);
+        // Read as the default layout, the same bytes are malformed, not misread.
+        assert!(parse_sample_view(&record, SampleLayout::DEFAULT).is_err());
+        assert_eq!(raw_field(&raw, 4, 2), Some(777));
+        assert_eq!(raw_field(&raw, usize::MAX, 8), None);
+    }
+
+    #[test]
     fn parses_samples_and_keeps_only_the_valid_stack_bytes() {
         let stack: Vec<u8> = (0..64).collect();
         let parsed = parse(&sample_record(42, 1234, &stack, 40)).unwrap();
@@ -555,7 +613,9 @@ pub(crate) mod tests {
         let reused = spare[0].as_ptr();
         let stack: Vec<u8> = (0..64).collect();
         let record = sample_record(42, 1234, &stack, 40);
-        let Record::Sample(sample) = parse_reusing(&record, &mut spare, true).unwrap().record
+        let Record::Sample(sample) = parse_reusing(&record, &mut spare, SampleLayout::DEFAULT)
+            .unwrap()
+            .record
         else {
             panic!("not a sample")
         };

@@ -73,7 +73,7 @@ pub(super) fn queue_record(
     shared: bool,
     event: &crate::events::EventSpec,
 ) {
-    match record::parse_reusing(bytes, spare_stacks, event.samples_period()) {
+    match record::parse_reusing(bytes, spare_stacks, crate::events::SampleLayout::of(event)) {
         Ok(TimedRecord {
             time,
             record: Record::Sample(mut sample),
