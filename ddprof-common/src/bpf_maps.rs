@@ -59,6 +59,11 @@ pub mod names {
     /// and keeps only the profiled processes' samples (non-zero), dropping
     /// those of the processes in `NOT_PROFILED`.
     pub const TREE_ONLY: &str = "TREE_ONLY";
+    /// Global set by the loader where links carry cookies (Linux 5.15+) and
+    /// the `bpf_loop` variant runs: the program reads its link's cookie
+    /// (the event's index plus one) into each record (non-zero); else it
+    /// never calls the helper.
+    pub const EVENT_COOKIES: &str = "EVENT_COOKIES";
     /// Globals set by the loader when the profiler runs in a PID namespace
     /// other than the initial one: its `/proc/self/ns/pid` device and
     /// inode, in which the program numbers the sampled task.
@@ -226,6 +231,7 @@ mod tests {
             names::KERNEL_STACKS,
             names::HANDOFF_WAKEUP,
             names::TREE_ONLY,
+            names::EVENT_COOKIES,
         ] {
             let global = std::format!("static {name}: u32");
             assert!(source.contains(&global), "no global {name}");

@@ -69,6 +69,11 @@ pub struct RawSampleHeader {
     pub stack_end: u32,
     pub user_frames: u32,
     pub kernel_frames: u32,
+    /// The cookie of the link the program ran from: the sampled event's
+    /// index in the session's list plus one; 0 for an event attached
+    /// without one (the CPU-time events).
+    pub event_cookie: u32,
+    pub reserved: u32,
 }
 
 /// `stack_end` of a header-only record that is not a sample: the program
@@ -91,7 +96,7 @@ pub const HANDOFF_NOTICE_INTERVAL_NS: u64 = 100_000_000;
 
 /// Bytes of [`RawSampleHeader`] in a record.
 pub const RAW_SAMPLE_HEADER_SIZE: usize = core::mem::size_of::<RawSampleHeader>();
-const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 40);
+const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 48);
 
 /// Frames a record can hold: kernel frames, then user frames.
 pub const MAX_RECORD_FRAMES: usize = MAX_KERNEL_FRAMES + MAX_USER_FRAMES;

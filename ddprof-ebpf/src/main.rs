@@ -27,7 +27,7 @@ use aya_ebpf::bindings::{
 };
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use aya_ebpf::helpers::generated::{
-    bpf_get_current_task_btf, bpf_get_ns_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
+    bpf_get_attach_cookie, bpf_get_current_task_btf, bpf_get_ns_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
     bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output, bpf_task_pt_regs,
 };
 use aya_ebpf::btf_maps::{Array as BtfArray, ArrayOfMaps};
@@ -113,6 +113,13 @@ static PID_NS_INO: u64 = 0;
 #[no_mangle]
 static KERNEL_STACKS: u32 = 0;
 
+/// Set by the loader where links carry cookies (Linux 5.15+) and the
+/// `bpf_loop` variant runs (the tail-call variant never reads them): each
+/// record says which event it is of (the cookie its link was given: the
+/// event's index plus one). Left 0, the helper is never called.
+#[no_mangle]
+static EVENT_COOKIES: u32 = 0;
+
 /// Set by the loader: a hand-off notice wakes the reader at once (non-zero)
 /// or, for a process's first notice, waits for its next wake-up (low
 /// sampling rates, where the wake-up costs more than the samples of a short
@@ -173,7 +180,7 @@ struct Walk {
 #[link_section = "perf_event"]
 pub fn ddprof_sample(ctx: *mut c_void) -> u32 {
     let ctx = PerfEventContext::new(ctx.cast());
-    match start_sample(&ctx, saved_user_regs_btf) {
+    match start_sample(&ctx, saved_user_regs_btf, || event_cookie(&ctx)) {
         Start::Done(value) => value,
         Start::NoUserContext => finish_sample(),
         Start::Walk => {
@@ -203,7 +210,8 @@ pub fn ddprof_sample(ctx: *mut c_void) -> u32 {
 #[link_section = "perf_event/ddprof_sample_tail"]
 pub fn ddprof_sample_tail(ctx: *mut c_void) -> u32 {
     let ctx = PerfEventContext::new(ctx.cast());
-    match start_sample(&ctx, |_| SavedRegs::HandOff) {
+    // No cookies: `bpf_get_attach_cookie` is newer than 5.10.
+    match start_sample(&ctx, |_| SavedRegs::HandOff, || 0) {
         Start::Done(value) => value,
         Start::NoUserContext => finish_sample(),
         Start::Walk => continue_walk(&ctx),
@@ -265,6 +273,16 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
 /// namespace numbers them (`PID_NS_INO`), or as the initial one does; `None`
 /// for a task outside the profiler's namespace.
 #[inline(always)]
+/// The cookie of the link this run came from (0 without cookies).
+fn event_cookie(ctx: &PerfEventContext) -> u32 {
+    // SAFETY: a read of a constant the loader may have set.
+    if unsafe { core::ptr::read_volatile(&EVENT_COOKIES) } == 0 {
+        return 0;
+    }
+    // SAFETY: the helper reads the program's own context.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
+}
+
 fn current_pid_tgid() -> Option<u64> {
     // SAFETY: reads of constants the loader may have set.
     let (dev, ino) = unsafe {
@@ -313,7 +331,11 @@ enum SavedRegs {
 /// walk state, or hands the sample to the perf engine. `saved_regs` gives
 /// the user registers of a sample taken in kernel mode.
 #[inline(always)]
-fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> SavedRegs) -> Start {
+fn start_sample(
+    ctx: &PerfEventContext,
+    saved_regs: impl FnOnce(&pt_regs) -> SavedRegs,
+    cookie: impl FnOnce() -> u32,
+) -> Start {
     let Some(pid_tgid) = current_pid_tgid() else {
         // A task outside the profiler's PID namespace (per-CPU events).
         count(BpfCounter::NotProfiled);
@@ -371,6 +393,7 @@ fn start_sample(ctx: &PerfEventContext, saved_regs: impl FnOnce(&pt_regs) -> Sav
         record.header.cpu = bpf_get_smp_processor_id();
         record.header.period = (*data).sample_period;
     }
+    record.header.event_cookie = cookie();
 
     let mut kernel_frames = 0u32;
     // SAFETY: a read of a constant the loader may have set.

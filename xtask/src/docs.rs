@@ -81,9 +81,9 @@ spells them, on the command line and as config-file keys.
 | C++ event | here |
 |---|---|
 | `sCPU` | sampled (both engines; the BPF program unwinds its samples in the kernel): `cpu-samples`/`count` and `cpu-time`/`nanoseconds` |
-| `sPF`, `sPFMAJ`, `sPFMIN`, `sCS`, `sMig`, `sALGN`, `sEMU`, `sDUM` | sampled with the C++ default rates (`sPF`, `sCS`: every event), through the perf buffers in both engines; one `NAME`/`events` column each, samples labelled `tracepoint_type` |
+| `sPF`, `sPFMAJ`, `sPFMIN`, `sCS`, `sMig`, `sALGN`, `sEMU`, `sDUM` | sampled with the C++ default rates (`sPF`, `sCS`: every event), unwound in the kernel by the BPF engine (Linux 5.17+; weighed by `n=`/`r=`, or on older kernels: through the perf buffers); one `NAME`/`events` column each, samples labelled `tracepoint_type` |
 | `hCPU`, `hREF`, `hINST`, `hCREF`, `hCMISS`, `hBRANCH`, `hBMISS`, `hBUS`, `hBSTF`, `hBSTB` | sampled where the machine has the counter; on one without (a VM) left out with one warning naming it, and the other events run |
-| `group:name`, `e=NAME g=GROUP`, `i=ID` (tracepoints) | sampled (period 1 by default), tracefs mounted if needed; the column is named `group:name` (or `l=`); one that does not exist is left out with one warning |
+| `group:name`, `e=NAME g=GROUP`, `i=ID` (tracepoints) | sampled (period 1 by default) through the perf buffers in both engines, tracefs mounted if needed; the column is named `group:name` (or `l=`); one that does not exist is left out with one warning |
 | `sALLOC` | left out with one warning: allocations are not profiled yet |
 
 The C++ ddprof sums every event but `sCPU` into one `tracepoint`/`events` column told apart by

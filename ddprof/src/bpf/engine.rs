@@ -117,8 +117,14 @@ pub struct BpfEngine {
     /// per-thread cache, and allocating and freeing them was ~10 % of the
     /// engine's work per sample.
     spare_frames: Vec<Vec<u64>>,
-    /// The CPU-time event's index: the program's samples are of it.
+    /// The CPU-time event's index: the program's samples without a
+    /// cookie are of it.
     cpu_time_event: u16,
+    /// How each attached event's samples weigh.
+    weighings: Vec<crate::events::Weighing>,
+    /// The links of the events attached with a cookie (the program stays
+    /// attached to each as long as its link is open).
+    _links: Vec<std::os::fd::OwnedFd>,
 }
 
 impl BpfEngine {
@@ -173,6 +179,8 @@ impl BpfEngine {
                 .iter()
                 .find(|event| event.spec.is_cpu_time())
                 .map_or(0, |event| event.spec.index()),
+            weighings: Vec::new(),
+            _links: Vec::new(),
         };
         // The workload's tables are in the maps before its first sample.
         let filling = Instant::now();
@@ -191,9 +199,13 @@ impl BpfEngine {
         }
         for event in per_task {
             if !event.spec.is_cpu_time() {
-                // Faults, context switches, tracepoints: sampled through
-                // the perf buffers with stack copies, unwound by the perf
-                // engine (the program unwinds CPU-time samples).
+                // Faults, context switches, the other counters: through a
+                // link whose cookie says which event a record is of; where
+                // links take no cookie (before 5.15), for tracepoints, or
+                // where the sample weighs a register or a raw field the
+                // program does not read, through the perf buffers with
+                // stack copies, unwound by the perf engine.
+                engine.attach_other_event(event);
             } else if tree_only {
                 engine.program.attach_ignoring(event)?;
                 event.sample_rarely().map_err(BpfError::Attach)?;
@@ -222,6 +234,36 @@ impl BpfEngine {
         );
         engine._events = events;
         Ok(engine)
+    }
+
+    /// Attaches the program to an event other than CPU time with its
+    /// cookie, if the program can say its records apart and weigh them.
+    fn attach_other_event(&mut self, event: &EventFd) {
+        let weighing = event.spec.weighing;
+        // A tracepoint takes tracepoint programs, not perf_event ones
+        // (the link is refused, EINVAL).
+        let tracepoint = matches!(event.spec.kind, crate::events::EventKind::Tracepoint(_));
+        if tracepoint
+            || !self.program.takes_event_cookies()
+            || weighing.value != crate::events::EventValue::Period
+        {
+            return;
+        }
+        let cookie = u64::from(event.spec.index()) + 1;
+        match self.program.attach_with_cookie(event, cookie) {
+            Ok(link) => {
+                self._links.push(link);
+                if !self.weighings.iter().any(|w| w.event == weighing.event) {
+                    self.weighings.push(weighing);
+                }
+            }
+            Err(error) => log::debug!(
+                "event {} on CPU {}: not attached to the BPF program ({error}); sampled \
+                 through the perf buffers",
+                event.spec.label,
+                event.cpu
+            ),
+        }
     }
 
     /// Whether the program samples every CPU and keeps only the profiled
@@ -298,7 +340,7 @@ impl BpfEngine {
         while let Some(item) = self.ring.next() {
             match decode(&item, &mut self.spare_frames) {
                 Some(Record::Sample(mut sample)) => {
-                    sample.event = self.cpu_time_event;
+                    identify(&mut sample, self.cpu_time_event, &self.weighings);
                     samples.push(sample)
                 }
                 // The next sync describes it.
@@ -430,9 +472,52 @@ fn size_for_workload(options: &BpfEngineOptions) -> (ProcessTable, u32, Duration
     (processes, max_processes, proc_time)
 }
 
+/// Makes a record's cookie its event's index (0: the CPU-time event), and
+/// weighs the sample as its event does (a fixed period's samples weigh
+/// that period).
+fn identify(
+    sample: &mut crate::sample::Sample,
+    cpu_time_event: u16,
+    weighings: &[crate::events::Weighing],
+) {
+    sample.event = match sample.event {
+        0 => cpu_time_event,
+        cookie => cookie - 1,
+    };
+    if let Some(weighing) = weighings.iter().find(|w| w.event == sample.event) {
+        sample.weight = weighing.weight(sample.weight, None);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_records_cookie_names_its_event_and_a_fixed_period_weighs_it() {
+        let specs = crate::events::parse_events("sPF p=16;sCPU").unwrap();
+        let weighings: Vec<_> = specs.iter().map(|spec| spec.weighing).collect();
+        let sample = |event, weight| crate::sample::Sample {
+            pid: 1,
+            tid: 1,
+            time: 0,
+            cpu: 0,
+            event,
+            weight,
+            frames: Vec::new(),
+            kernel_frames: Vec::new(),
+            end: crate::sample::StackEnd::Complete,
+        };
+        // Cookie 1: sPF, event 0, each sample 16 faults (the program's
+        // sample_period is the event's; 16 anyway).
+        let mut fault = sample(1, 16);
+        identify(&mut fault, 1, &weighings);
+        assert_eq!((fault.event, fault.weight), (0, 16));
+        // No cookie: the CPU-time event (index 1), its period as it came.
+        let mut cpu = sample(0, 10_101_010);
+        identify(&mut cpu, 1, &weighings);
+        assert_eq!((cpu.event, cpu.weight), (1, 10_101_010));
+    }
 
     #[test]
     fn the_ring_buffer_follows_the_sampling_rate() {

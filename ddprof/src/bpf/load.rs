@@ -224,6 +224,29 @@ pub struct BpfProgram {
     variant: BpfVariant,
     sizes: MapSizes,
     stats: ProgramStats,
+    /// Links take cookies here, and the program reads them
+    /// (`EVENT_COOKIES`): events other than CPU time can be attached.
+    event_cookies: bool,
+}
+
+/// Whether perf-event links carry a cookie the program can read
+/// (`bpf_get_attach_cookie` for perf_event programs: Linux 5.15).
+fn links_carry_cookies() -> bool {
+    kernel_version().is_some_and(|version| version >= (5, 15))
+}
+
+/// `BPF_LINK_CREATE`, `BPF_PERF_EVENT` (`linux/bpf.h`).
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_PERF_EVENT: u32 = 41;
+
+/// `union bpf_attr`'s `link_create` for a perf event, up to its cookie.
+#[repr(C)]
+struct PerfEventLinkAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    bpf_cookie: u64,
 }
 
 /// The inode of the initial PID namespace (`PROC_PID_INIT_INO`).
@@ -363,6 +386,9 @@ impl BpfProgram {
         let kernel_stacks = u32::from(settings.kernel_stacks);
         let handoff_wakeup = u32::from(settings.wake_on_handoff);
         let tree_only = u32::from(settings.tree_only);
+        // The tail-call variant calls no helper newer than 5.10.
+        let event_cookies = variant == BpfVariant::Loop && links_carry_cookies();
+        let event_cookies_flag = u32::from(event_cookies);
         let (pid_ns_dev, pid_ns_ino) = own_pid_namespace().unwrap_or((0, 0));
         let started = Instant::now();
         let mut loader = EbpfLoader::new();
@@ -384,6 +410,7 @@ impl BpfProgram {
             .override_global(names::KERNEL_STACKS, &kernel_stacks, true)
             .override_global(names::HANDOFF_WAKEUP, &handoff_wakeup, true)
             .override_global(names::TREE_ONLY, &tree_only, true)
+            .override_global(names::EVENT_COOKIES, &event_cookies_flag, true)
             .override_global(names::PID_NS_DEV, &pid_ns_dev, true)
             .override_global(names::PID_NS_INO, &pid_ns_ino, true)
             .load(object)
@@ -422,7 +449,63 @@ impl BpfProgram {
             variant,
             sizes,
             stats,
+            event_cookies,
         })
+    }
+
+    /// Whether [`BpfProgram::attach_with_cookie`] can work here.
+    pub fn takes_event_cookies(&self) -> bool {
+        self.event_cookies
+    }
+
+    /// Attaches the program to one perf event through a link that carries
+    /// `cookie`, which the program writes into each of the event's records
+    /// (the event's index plus one). The link holds the attachment: it
+    /// ends when the returned descriptor is closed.
+    pub fn attach_with_cookie(
+        &self,
+        event: &EventFd,
+        cookie: u64,
+    ) -> Result<std::os::fd::OwnedFd, BpfError> {
+        if !self.event_cookies {
+            return Err(BpfError::Attach(io::Error::from(
+                io::ErrorKind::Unsupported,
+            )));
+        }
+        let name = self.variant.entry_program();
+        let program: &PerfEvent = self
+            .ebpf
+            .program(name)
+            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{name}`")))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| classify(&e))?;
+        let program_fd = program
+            .fd()
+            .map_err(|e| BpfError::Rejected(first_line(&e)))?;
+        let attr = PerfEventLinkAttr {
+            prog_fd: program_fd.as_fd().as_raw_fd() as u32,
+            target_fd: event.fd.as_raw_fd() as u32,
+            attach_type: BPF_PERF_EVENT,
+            flags: 0,
+            bpf_cookie: cookie,
+        };
+        // SAFETY: `attr` is a valid prefix of `union bpf_attr` for
+        // BPF_LINK_CREATE, its size passed with it (the kernel zero-fills
+        // the rest); both descriptors are open for the call, and the
+        // returned one is owned below.
+        let link = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_LINK_CREATE,
+                &attr as *const PerfEventLinkAttr,
+                std::mem::size_of::<PerfEventLinkAttr>(),
+            )
+        };
+        if link < 0 {
+            return Err(BpfError::Attach(io::Error::last_os_error()));
+        }
+        // SAFETY: the kernel returned a new descriptor nothing else owns.
+        Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(link as i32) })
     }
 
     /// The variant loaded.

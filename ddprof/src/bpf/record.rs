@@ -61,9 +61,9 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
         tid: header.tid,
         time: header.time_ns,
         cpu: header.cpu,
-        // The program samples the CPU-time event; its index is the
-        // engine's to set.
-        event: 0,
+        // The link's cookie (the event's index plus one, 0 for the
+        // CPU-time events): the engine makes it the event's index.
+        event: header.event_cookie.min(u32::from(u16::MAX)) as u16,
         weight: header.period,
         kernel_frames: words(&frames_bytes[..kernel * 8]),
         frames: words(&frames_bytes[kernel * 8..(kernel + user) * 8]),
@@ -86,6 +86,8 @@ mod tests {
             stack_end: StackEnd::Complete as u32,
             user_frames: 2,
             kernel_frames: 1,
+            event_cookie: 3,
+            reserved: 0,
         };
         let mut bytes = Vec::new();
         // SAFETY: viewing a repr(C) value as its bytes.
@@ -104,6 +106,8 @@ mod tests {
         assert_eq!(sample.kernel_frames, vec![0xffff_ffff_8100_0000]);
         assert_eq!(sample.frames, vec![0x401000, 0x402000]);
         assert_eq!((sample.pid, sample.tid, sample.weight), (7, 8, 10));
+        // The cookie, which the engine makes the event's index.
+        assert_eq!(sample.event, 3);
         assert!(!sample.truncated());
         // Spare vectors (an earlier sample's frames) are emptied and refilled.
         let mut spare = vec![vec![1, 2, 3, 4, 5], vec![6; 300]];
