@@ -472,18 +472,8 @@ impl BpfProgram {
                 io::ErrorKind::Unsupported,
             )));
         }
-        let name = self.variant.entry_program();
-        let program: &PerfEvent = self
-            .ebpf
-            .program(name)
-            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{name}`")))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| classify(&e))?;
-        let program_fd = program
-            .fd()
-            .map_err(|e| BpfError::Rejected(first_line(&e)))?;
         let attr = PerfEventLinkAttr {
-            prog_fd: program_fd.as_fd().as_raw_fd() as u32,
+            prog_fd: self.program_fd(self.variant.entry_program())? as u32,
             target_fd: event.fd.as_raw_fd() as u32,
             attach_type: BPF_PERF_EVENT,
             flags: 0,
@@ -534,7 +524,9 @@ impl BpfProgram {
         self.attach_program(names::IGNORE_PROGRAM, event)
     }
 
-    fn attach_program(&self, name: &str, event: &EventFd) -> Result<(), BpfError> {
+    /// The descriptor of the loaded perf_event program `name` (the
+    /// object keeps it open as long as `self` lives).
+    fn program_fd(&self, name: &str) -> Result<std::os::fd::RawFd, BpfError> {
         let program: &PerfEvent = self
             .ebpf
             .program(name)
@@ -544,7 +536,11 @@ impl BpfProgram {
         let program_fd = program
             .fd()
             .map_err(|e| BpfError::Rejected(first_line(&e)))?;
-        let raw_program_fd = program_fd.as_fd().as_raw_fd();
+        Ok(program_fd.as_fd().as_raw_fd())
+    }
+
+    fn attach_program(&self, name: &str, event: &EventFd) -> Result<(), BpfError> {
+        let raw_program_fd = self.program_fd(name)?;
         // SAFETY: both descriptors are open for the duration of the call;
         // SET_BPF takes the program fd by value and keeps its own reference.
         let result = unsafe { sys::ioctls::SET_BPF(event.fd.as_raw_fd(), raw_program_fd as u32) };
