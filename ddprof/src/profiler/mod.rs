@@ -170,7 +170,15 @@ impl Profiler {
         target: Target,
         events: Vec<EventFd>,
     ) -> Result<Self, ProfilerError> {
-        let options = &with_usable_caches(options.clone());
+        let mut options = with_usable_caches(options.clone());
+        // The profile's columns are the events that opened (one refused
+        // here was said in a warning and has no samples).
+        options.events.retain(|profiled| {
+            events
+                .iter()
+                .any(|event| event.spec.index() == profiled.index)
+        });
+        let options = &options;
         let mut processes = ProcessTable::new();
         // The running processes, to size the maps and load their tables
         // before their first sample. (A launched command has not exec'd
