@@ -121,7 +121,7 @@ pub struct BpfEngine {
     /// cookie are of it.
     cpu_time_event: u16,
     /// How each attached event's samples weigh.
-    weighings: Vec<crate::events::Weighing>,
+    weighings: crate::events::Weighings,
     /// The links of the events attached with a cookie (the program stays
     /// attached to each as long as its link is open).
     _links: Vec<std::os::fd::OwnedFd>,
@@ -179,7 +179,7 @@ impl BpfEngine {
                 .iter()
                 .find(|event| event.spec.is_cpu_time())
                 .map_or(0, |event| event.spec.index()),
-            weighings: Vec::new(),
+            weighings: crate::events::Weighings::default(),
             _links: Vec::new(),
         };
         // The workload's tables are in the maps before its first sample.
@@ -253,9 +253,7 @@ impl BpfEngine {
         match self.program.attach_with_cookie(event, cookie) {
             Ok(link) => {
                 self._links.push(link);
-                if !self.weighings.iter().any(|w| w.event == weighing.event) {
-                    self.weighings.push(weighing);
-                }
+                self.weighings.add(weighing);
             }
             Err(error) => log::debug!(
                 "event {} on CPU {}: not attached to the BPF program ({error}); sampled \
@@ -478,15 +476,13 @@ fn size_for_workload(options: &BpfEngineOptions) -> (ProcessTable, u32, Duration
 fn identify(
     sample: &mut crate::sample::Sample,
     cpu_time_event: u16,
-    weighings: &[crate::events::Weighing],
+    weighings: &crate::events::Weighings,
 ) {
     sample.event = match sample.event {
         0 => cpu_time_event,
         cookie => cookie - 1,
     };
-    if let Some(weighing) = weighings.iter().find(|w| w.event == sample.event) {
-        sample.weight = weighing.weight(sample.weight, None);
-    }
+    sample.weight = weighings.weight(sample.event, sample.weight, None);
 }
 
 #[cfg(test)]
@@ -496,7 +492,10 @@ mod tests {
     #[test]
     fn a_records_cookie_names_its_event_and_a_fixed_period_weighs_it() {
         let specs = crate::events::parse_events("sPF p=16;sCPU").unwrap();
-        let weighings: Vec<_> = specs.iter().map(|spec| spec.weighing).collect();
+        let mut weighings = crate::events::Weighings::default();
+        for spec in &specs {
+            weighings.add(spec.weighing);
+        }
         let sample = |event, weight| crate::sample::Sample {
             pid: 1,
             tid: 1,

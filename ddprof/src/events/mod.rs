@@ -21,7 +21,7 @@ pub use parse::{
 };
 pub use spec::{
     cpp_event_table, CounterType, EventKind, EventSpec, EventValue, SampleRate, Tracepoint,
-    Weighing, DEFAULT_CPU_FREQUENCY,
+    Weighing, Weighings, DEFAULT_CPU_FREQUENCY,
 };
 pub use tracepoint::TracepointError;
 

@@ -99,6 +99,29 @@ impl Weighing {
     }
 }
 
+/// How each event of a session weighs its samples, by event index: what
+/// both engines weigh their samples with.
+#[derive(Debug, Clone, Default)]
+pub struct Weighings(Vec<Weighing>);
+
+impl Weighings {
+    /// Adds an event's weighing (once per event).
+    pub fn add(&mut self, weighing: Weighing) {
+        if !self.0.iter().any(|known| known.event == weighing.event) {
+            self.0.push(weighing);
+        }
+    }
+
+    /// The weight of a sample of `event` with `period` and user registers
+    /// `regs`; an event not added weighs its period.
+    pub fn weight(&self, event: u16, period: u64, regs: Option<&crate::unwind::UserRegs>) -> u64 {
+        match self.0.iter().find(|weighing| weighing.event == event) {
+            Some(weighing) => weighing.weight(period, regs),
+            None => period,
+        }
+    }
+}
+
 /// One event to sample, as `-e` gave it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventSpec {

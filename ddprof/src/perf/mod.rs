@@ -190,7 +190,7 @@ pub struct PerfEngine {
     /// [`PerfEngine::take_fullest_percent`].
     fullest_percent: u32,
     /// How each event's samples weigh, one per event.
-    weighings: Vec<crate::events::Weighing>,
+    weighings: crate::events::Weighings,
 }
 
 impl PerfEngine {
@@ -246,12 +246,9 @@ impl PerfEngine {
             sources.len(),
             sources[0].ring.data_size() / 1024
         );
-        let mut weighings: Vec<crate::events::Weighing> = Vec::new();
+        let mut weighings = crate::events::Weighings::default();
         for source in &sources {
-            let weighing = source.event.spec.weighing;
-            if !weighings.iter().any(|known| known.event == weighing.event) {
-                weighings.push(weighing);
-            }
+            weighings.add(source.event.spec.weighing);
         }
         Ok(Self {
             weighings,

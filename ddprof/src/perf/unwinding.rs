@@ -28,7 +28,7 @@ pub(super) struct Unwinding<'a> {
     pub(super) max_frames: usize,
     /// How each event's samples weigh (by event index; an event not listed
     /// weighs its period).
-    pub(super) weighings: &'a [crate::events::Weighing],
+    pub(super) weighings: &'a crate::events::Weighings,
 }
 
 impl Unwinding<'_> {
@@ -134,10 +134,9 @@ impl Unwinding<'_> {
         if end.is_complete() {
             self.counters.complete += 1;
         }
-        let weight = match self.weighings.iter().find(|w| w.event == raw.event) {
-            Some(weighing) => weighing.weight(raw.period, raw.regs.as_ref()),
-            None => raw.period,
-        };
+        let weight = self
+            .weighings
+            .weight(raw.event, raw.period, raw.regs.as_ref());
         Sample {
             pid: raw.pid,
             tid: raw.tid,
