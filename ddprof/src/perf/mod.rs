@@ -227,11 +227,7 @@ impl PerfEngine {
                     }
                 }
             };
-            sources.push(Source {
-                event,
-                ring,
-                hung_up: false,
-            });
+            sources.push(Source::new(event, ring));
         }
         for source in &sources {
             if source.event.enable_when_mapped {
@@ -626,11 +622,11 @@ impl PerfEngine {
         for (source, &head) in self.sources.iter().zip(&heads) {
             let (reorder, spare_stacks, losses) =
                 (&mut self.reorder, &mut self.spare_stacks, &mut self.losses);
-            let (shared, event) = (source.shared_with_others(), &source.event.spec);
+            let origin = source.origin;
             let outcome = source
                 .ring
                 .scan(head, &mut scratch, &not_sample, &mut |bytes| {
-                    queue_record(bytes, reorder, spare_stacks, losses, shared, event)
+                    queue_record(bytes, reorder, spare_stacks, losses, origin)
                 });
             // Corruption is noted after the second pass, which meets it too.
             self.wrapped_records += outcome.wrapped;
@@ -656,12 +652,9 @@ impl PerfEngine {
         let mut in_budget = true;
         for (source, &head) in sources.iter_mut().zip(&heads) {
             let sample = |header: &[u8; record::HEADER_SIZE]| record::is_sample(header);
-            let (event, layout) = (
-                source.event.spec.index(),
-                crate::events::SampleLayout::of(&source.event.spec),
-            );
+            let origin = source.origin;
             let outcome = source.ring.scan(head, &mut scratch, &sample, &mut |bytes| {
-                let mut view = match record::parse_sample_view(bytes, layout) {
+                let mut view = match record::parse_sample_view(bytes, origin.layout) {
                     Ok(view) => view,
                     Err(error) => {
                         log::debug!("skipping a perf record: {error}");
@@ -669,7 +662,7 @@ impl PerfEngine {
                         return;
                     }
                 };
-                view.event = event;
+                view.event = origin.event;
                 let settled = view.time < heads_read
                     && new_code
                         .get(&view.pid)

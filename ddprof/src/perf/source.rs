@@ -5,21 +5,43 @@ use super::ring::{self, RingBuffer};
 use super::tracking::Reorder;
 #[cfg(doc)]
 use super::PerfEngine;
-use crate::events::EventFd;
+use crate::events::{EventFd, SampleLayout};
 use crate::sample::LossCounters;
 
 pub(super) struct Source {
     pub(super) event: EventFd,
     pub(super) ring: RingBuffer,
     pub(super) hung_up: bool,
+    /// What its records are, taken once from its event.
+    pub(super) origin: Origin,
 }
 
-impl Source {
+/// What a buffer's records are, for reading them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Origin {
     /// A per-CPU event of the BPF engine's: the program hands it the
     /// samples of processes it does not know yet, which may be any
     /// process's, so its `PERF_RECORD_LOST` counts are not all ours.
-    pub(super) fn shared_with_others(&self) -> bool {
-        self.event.scope == crate::events::Scope::CpuForTree
+    pub(super) shared: bool,
+    /// Its event's index: its samples' `event`.
+    pub(super) event: u16,
+    /// What its samples hold.
+    pub(super) layout: SampleLayout,
+}
+
+impl Source {
+    pub(super) fn new(event: EventFd, ring: RingBuffer) -> Self {
+        let origin = Origin {
+            shared: event.scope == crate::events::Scope::CpuForTree,
+            event: event.spec.index(),
+            layout: SampleLayout::of(&event.spec),
+        };
+        Source {
+            event,
+            ring,
+            hung_up: false,
+            origin,
+        }
     }
 }
 
@@ -43,7 +65,7 @@ impl ReadAhead<'_> {
     pub(super) fn read(&mut self) -> usize {
         let mut bytes_read = 0;
         for source in self.sources.iter_mut() {
-            let (shared, event) = (source.shared_with_others(), &source.event.spec);
+            let origin = source.origin;
             let fill = source.ring.percent_full(source.ring.head());
             *self.fullest_percent = (*self.fullest_percent).max(fill);
             let (reorder, spare_stacks, losses) = (
@@ -53,7 +75,7 @@ impl ReadAhead<'_> {
             );
             let outcome = source.ring.drain(self.scratch, &mut |bytes| {
                 bytes_read += bytes.len();
-                queue_record(bytes, reorder, spare_stacks, losses, shared, event)
+                queue_record(bytes, reorder, spare_stacks, losses, origin)
             });
             note_outcome(source, outcome, self.wrapped_records, self.losses);
         }
@@ -61,28 +83,25 @@ impl ReadAhead<'_> {
     }
 }
 
-/// Parses one record into the queue (or the loss counters); `shared`: the
-/// buffer holds samples of processes that may not be profiled (see
-/// [`Source::shared_with_others`]); `event`: the buffer's event (what its
-/// samples hold, and which they are).
+/// Parses one record of a buffer of `origin` into the queue (or the loss
+/// counters).
 pub(super) fn queue_record(
     bytes: &[u8],
     reorder: &mut Reorder,
     spare_stacks: &mut Vec<Vec<u8>>,
     losses: &mut LossCounters,
-    shared: bool,
-    event: &crate::events::EventSpec,
+    origin: Origin,
 ) {
-    match record::parse_reusing(bytes, spare_stacks, crate::events::SampleLayout::of(event)) {
+    match record::parse_reusing(bytes, spare_stacks, origin.layout) {
         Ok(TimedRecord {
             time,
             record: Record::Sample(mut sample),
         }) => {
-            sample.event = event.index();
+            sample.event = origin.event;
             reorder.push(time, Record::Sample(sample));
         }
         Ok(TimedRecord { time, record }) => match record {
-            Record::Lost(count) if shared => losses.unattributed += count,
+            Record::Lost(count) if origin.shared => losses.unattributed += count,
             Record::Lost(count) => losses.lost += count,
             Record::Throttle => losses.throttled += 1,
             Record::Unthrottle | Record::Ignored(_) => {}
