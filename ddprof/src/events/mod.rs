@@ -20,8 +20,8 @@ pub use parse::{
     check_frequencies, parse_events, unavailable_events, EventSpecError, Preset, NOT_YET_AVAILABLE,
 };
 pub use spec::{
-    cpp_event_table, CounterType, EventKind, EventSpec, EventValue, SampleRate, Tracepoint,
-    Weighing, Weighings, DEFAULT_CPU_FREQUENCY,
+    CounterType, EventKind, EventSpec, EventValue, SampleRate, TableEntry, Tracepoint, Weighing,
+    Weighings, DEFAULT_CPU_FREQUENCY,
 };
 pub use tracepoint::TracepointError;
 
@@ -295,12 +295,8 @@ pub enum OpenError {
     Permission { source: io::Error, paranoid: String },
     #[error("this machine does not support the {event} event ({source})")]
     Unsupported { event: String, source: io::Error },
-    #[error("{source}")]
-    Tracepoint {
-        event: String,
-        source: TracepointError,
-    },
-
+    #[error(transparent)]
+    Tracepoint(TracepointError),
     #[error("no process {pid} ({source})")]
     NoSuchProcess { pid: i32, source: io::Error },
     #[error(
@@ -358,22 +354,16 @@ pub fn type_and_config(spec: &EventSpec, scope: Scope) -> Result<(u32, u64), Ope
             sys::bindings::PERF_TYPE_SOFTWARE,
             sys::bindings::PERF_COUNT_SW_TASK_CLOCK as u64,
         ),
-        EventKind::Counter {
-            counter: CounterType::Software,
-            config,
-            ..
-        } => (sys::bindings::PERF_TYPE_SOFTWARE, *config),
-        EventKind::Counter {
-            counter: CounterType::Hardware,
-            config,
-            ..
-        } => (sys::bindings::PERF_TYPE_HARDWARE, *config),
+        EventKind::Counter(entry) => {
+            let type_ = match entry.counter {
+                CounterType::Software => sys::bindings::PERF_TYPE_SOFTWARE,
+                CounterType::Hardware => sys::bindings::PERF_TYPE_HARDWARE,
+            };
+            (type_, u64::from(entry.config))
+        }
         EventKind::Tracepoint(tracepoint) => (
             sys::bindings::PERF_TYPE_TRACEPOINT,
-            tracepoint::id(tracepoint).map_err(|source| OpenError::Tracepoint {
-                event: spec.label.to_string(),
-                source,
-            })?,
+            tracepoint::id(tracepoint).map_err(OpenError::Tracepoint)?,
         ),
     })
 }
@@ -634,11 +624,10 @@ fn warn_left_out(spec: &EventSpec, error: &OpenError, events: usize) {
 pub fn event_name(spec: &EventSpec) -> String {
     match &spec.kind {
         EventKind::CpuTime => format!("{} (task-clock)", spec.label),
-        EventKind::Counter { name, .. } => match cpp_event_table().find(|(n, _)| n == name) {
-            Some((_, what)) if **name == *spec.label => format!("{name} ({what})"),
-            Some((_, what)) => format!("{} ({name}, {what})", spec.label),
-            None => spec.label.to_string(),
-        },
+        EventKind::Counter(entry) if entry.name == &*spec.label => {
+            format!("{} ({})", entry.name, entry.what)
+        }
+        EventKind::Counter(entry) => format!("{} ({}, {})", spec.label, entry.name, entry.what),
         EventKind::Tracepoint(_) => format!("{} (a tracepoint)", spec.label),
     }
 }

@@ -312,11 +312,7 @@ impl<'a> Options<'a> {
                         Some(split) => split,
                         None => match TABLE.iter().find(|entry| entry.name == name) {
                             Some(entry) => {
-                                let kind = EventKind::Counter {
-                                    name: entry.name,
-                                    counter: entry.counter,
-                                    config: u64::from(entry.config),
-                                };
+                                let kind = EventKind::Counter(entry);
                                 return self.finish(kind, entry.rate, entry.name.into(), index);
                             }
                             None => return Err(EventSpecError::UnknownEvent(name.to_string())),
@@ -514,14 +510,13 @@ mod tests {
         assert_eq!(indexes, [0, 1, 2, 3, 4, 5, 6]);
         assert!(matches!(
             specs[1].kind,
-            EventKind::Counter { name: "sPF", counter: CounterType::Software, config } if config == u64::from(perf::PERF_COUNT_SW_PAGE_FAULTS)
+            EventKind::Counter(entry) if entry.name == "sPF"
+                && entry.counter == CounterType::Software
+                && entry.config == perf::PERF_COUNT_SW_PAGE_FAULTS
         ));
         assert!(matches!(
             specs[3].kind,
-            EventKind::Counter {
-                counter: CounterType::Hardware,
-                ..
-            }
+            EventKind::Counter(entry) if entry.counter == CounterType::Hardware
         ));
         assert!(specs[1].needs_kernel() && specs[2].needs_kernel() && !specs[0].needs_kernel());
         assert_eq!(one("sPF p=64").rate, SampleRate::Period(64));

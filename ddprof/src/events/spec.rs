@@ -29,12 +29,8 @@ pub enum EventKind {
     /// `sCPU`: CPU time of the profiled tasks (the task-clock software event).
     CpuTime,
     /// A counter of the C++ ddprof's table other than `sCPU` (`sPF`,
-    /// `hCPU`, …): `config` is the perf `config` of `counter`.
-    Counter {
-        name: &'static str,
-        counter: CounterType,
-        config: u64,
-    },
+    /// `hCPU`, …): its entry.
+    Counter(&'static TableEntry),
     /// A kernel tracepoint, by `group:name` (its id read from tracefs when
     /// opened) or by id.
     Tracepoint(Tracepoint),
@@ -189,10 +185,7 @@ impl EventSpec {
     pub fn needs_kernel(&self) -> bool {
         match &self.kind {
             EventKind::CpuTime => false,
-            EventKind::Counter { name, .. } => TABLE
-                .iter()
-                .find(|entry| entry.name == *name)
-                .is_some_and(|entry| entry.needs_kernel),
+            EventKind::Counter(entry) => entry.needs_kernel,
             EventKind::Tracepoint(_) => true,
         }
     }
@@ -200,13 +193,17 @@ impl EventSpec {
 
 /// One entry of the C++ ddprof's event table: its name, what it counts,
 /// the perf counter and its default rate.
-pub(super) struct TableEntry {
-    pub(super) name: &'static str,
-    pub(super) what: &'static str,
-    pub(super) counter: CounterType,
-    pub(super) config: u32,
-    pub(super) rate: SampleRate,
-    pub(super) needs_kernel: bool,
+#[derive(Debug, PartialEq, Eq)]
+pub struct TableEntry {
+    pub name: &'static str,
+    pub what: &'static str,
+    pub counter: CounterType,
+    /// The perf `config` of `counter`.
+    pub config: u32,
+    pub rate: SampleRate,
+    /// Sampled only with the kernel's side (faults and context switches
+    /// fire in the kernel), as the C++ ddprof opens it.
+    pub needs_kernel: bool,
 }
 
 use perf_event_open_sys::bindings as perf;
@@ -379,8 +376,3 @@ pub(super) const TABLE: &[TableEntry] = &[
         false,
     ),
 ];
-
-/// The C++ ddprof's events with what they count, for the documentation.
-pub fn cpp_event_table() -> impl Iterator<Item = (&'static str, &'static str)> {
-    TABLE.iter().map(|entry| (entry.name, entry.what))
-}
