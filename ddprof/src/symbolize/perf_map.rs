@@ -369,7 +369,7 @@ fn reload_jitdump(map: &mut PerfMap, pid: u32, file: &std::fs::File) {
     let end = version.size.min(MAX_PERF_MAP_BYTES);
     let mut chunk = vec![0; READ_CHUNK];
     let mut carried: Vec<u8> = Vec::new();
-    let mut offset = map.parsed + carried.len() as u64;
+    let mut offset = map.parsed;
     while offset < end {
         let want = (end - offset).min(READ_CHUNK as u64) as usize;
         let read = match file.read_at(&mut chunk[..want], offset) {
