@@ -3,20 +3,14 @@
 //! (`getrusage`), each in its own sample type of one profile, with both
 //! engines; and the one-line refusal of what this machine cannot sample.
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
+use ddprof_tests::guards::Scratch;
 use ddprof_tests::outputs::{go_pprof, pprof_files};
 use ddprof_tests::pprof::Profile;
 use ddprof_tests::workloads::build_workload;
 use ddprof_tests::{run_without_input as run, text};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ddprof-events-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// Runs ddprof with `args` and then `command`, writing into `out`.
 fn profile(out: &Path, args: &[&str], command: &[&str]) -> (Output, String) {
@@ -61,9 +55,9 @@ fn within_10_percent(measured: i64, expected: i64) -> bool {
 /// `getrusage` counted around those functions.
 fn weighs_software_events_and_a_tracepoint(engine: &str) {
     let events = build_workload("events.c");
-    let out = scratch(&format!("weights-{engine}"));
+    let out = Scratch::new(&format!("events-weights-{engine}"));
     let (output, stderr) = profile(
-        &out,
+        &out.0,
         &[
             "--engine",
             engine,
@@ -78,7 +72,7 @@ fn weighs_software_events_and_a_tracepoint(engine: &str) {
     let counts = counted(&text(&output.stdout));
     let (faults, switches) = (counts["faults"], counts["switches"]);
     assert!(faults >= 20_000 && switches >= 1_000, "{counts:?}");
-    let files = pprof_files(&out);
+    let files = pprof_files(&out.0);
     assert_eq!(files.len(), 1, "{stderr}");
     let pprof = Profile::read_gzipped(&files[0]).unwrap();
     let types = pprof.sample_types();
@@ -151,7 +145,6 @@ fn weighs_software_events_and_a_tracepoint(engine: &str) {
     assert!(top.contains("events_touch_pages"), "{top}");
     let top = go_pprof(&["-sample_index=switches", "-top"], &files[0]);
     assert!(top.contains("clock_nanosleep"), "{top}");
-    let _ = std::fs::remove_dir_all(out);
 }
 
 #[test]
@@ -179,9 +172,9 @@ fn has_cpu_cycles_counter() -> bool {
 #[test]
 fn events_this_machine_cannot_sample_are_one_line_each_and_the_others_run() {
     let burn = build_workload("hostile_burn.c");
-    let out = scratch("refused");
+    let out = Scratch::new("events-refused");
     let (output, stderr) = profile(
-        &out,
+        &out.0,
         &["-e", "hCPU;sched:no_such_tracepoint;sCPU"],
         &[burn.to_str().unwrap(), "1"],
     );
@@ -208,7 +201,7 @@ fn events_this_machine_cannot_sample_are_one_line_each_and_the_others_run() {
             "{stderr}"
         );
     }
-    let files = pprof_files(&out);
+    let files = pprof_files(&out.0);
     assert_eq!(files.len(), 1, "{stderr}");
     let pprof = Profile::read_gzipped(&files[0]).unwrap();
     // Only what opened has a column.
@@ -227,16 +220,15 @@ fn events_this_machine_cannot_sample_are_one_line_each_and_the_others_run() {
         samples >= 50,
         "{samples} CPU samples of a 1 s burn at 99 Hz\n{stderr}"
     );
-    let _ = std::fs::remove_dir_all(out);
 }
 
 /// Nothing this machine can sample: the command still runs, with its exit
 /// status, and the reason is said.
 #[test]
 fn with_no_event_that_opens_the_command_runs_unprofiled() {
-    let out = scratch("none");
+    let out = Scratch::new("events-none");
     let (output, stderr) = profile(
-        &out,
+        &out.0,
         &["-e", "sched:no_such_tracepoint"],
         &["sh", "-c", "echo ran; exit 3"],
     );
@@ -246,7 +238,6 @@ fn with_no_event_that_opens_the_command_runs_unprofiled() {
         stderr.contains("no tracepoint sched:no_such_tracepoint in this kernel"),
         "{stderr}"
     );
-    let _ = std::fs::remove_dir_all(out);
 }
 
 /// The byte offset of field `name` in the raw record of
@@ -278,15 +269,15 @@ fn sched_switch_field_offset(name: &str) -> usize {
 fn a_tracepoint_is_weighed_by_a_field_of_its_raw_record() {
     let events = build_workload("events.c");
     let offset = sched_switch_field_offset("prev_pid");
-    let out = scratch("raw");
+    let out = Scratch::new("events-raw");
     let spec = format!("sched:sched_switch;sched:sched_switch o={offset} z=4 l=prev_pid");
     let (output, stderr) = profile(
-        &out,
+        &out.0,
         &["-e", &spec],
         &[events.to_str().unwrap(), "1", "100", "300"],
     );
     assert!(output.status.success(), "{stderr}");
-    let files = pprof_files(&out);
+    let files = pprof_files(&out.0);
     assert_eq!(files.len(), 1, "{stderr}");
     let pprof = Profile::read_gzipped(&files[0]).unwrap();
     assert_eq!(
@@ -322,5 +313,4 @@ fn a_tracepoint_is_weighed_by_a_field_of_its_raw_record() {
         within_10_percent(weighed, counted),
         "{weighed} switches weighed by prev_pid, {counted} counted\n{stderr}"
     );
-    let _ = std::fs::remove_dir_all(out);
 }

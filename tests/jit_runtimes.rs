@@ -1,19 +1,13 @@
 //! A real JIT, Node, named as the C++ ddprof names it: from the perf map
 //! it writes in its own `/tmp` (a container's: a mount namespace with a
 //! `/tmp` of its own), and from the jitdump it writes with `--perf-prof`.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use ddprof_tests::guards::Scratch;
 use ddprof_tests::outputs::pprof_files;
 use ddprof_tests::pprof::Profile;
 use ddprof_tests::workloads::workloads_source_dir;
 use ddprof_tests::{run_without_input as run, text};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ddprof-jit-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn hot_js() -> String {
     workloads_source_dir()
@@ -83,17 +77,16 @@ fn assert_named_without_a_host_map(out: &Path, stderr: &str) -> Vec<u32> {
 /// (`/proc/PID/root/tmp/perf-PID.map`), and its JS function is named.
 #[test]
 fn node_in_a_mount_namespace_of_its_own_is_named_from_its_own_tmp() {
-    let out = scratch("namespace");
+    let out = Scratch::new("jit-namespace");
     let script = "mount -t tmpfs ddprof-test-tmp /tmp && exec node --perf-basic-prof -e \"$0\"";
     let output = run(ddprof_tests::ddprof_command()
         .arg("--output")
-        .arg(&out)
+        .arg(&out.0)
         .args(["--", "unshare", "--mount", "--propagation", "private"])
         .args(["sh", "-c", script, &hot_js_text()]));
     let stderr = text(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    assert_named_without_a_host_map(&out, &stderr);
-    let _ = std::fs::remove_dir_all(out);
+    assert_named_without_a_host_map(&out.0, &stderr);
 }
 
 /// `node --perf-prof` writes no perf map but a jitdump (`jit-PID.dump` in
@@ -101,12 +94,12 @@ fn node_in_a_mount_namespace_of_its_own_is_named_from_its_own_tmp() {
 /// from it.
 #[test]
 fn node_is_named_from_its_jitdump() {
-    let out = scratch("jitdump-out");
-    let cwd = scratch("jitdump-cwd");
+    let out = Scratch::new("jit-jitdump-out");
+    let cwd = Scratch::new("jit-jitdump-cwd");
     let output = run(ddprof_tests::ddprof_command()
-        .current_dir(&cwd)
+        .current_dir(&cwd.0)
         .arg("--output")
-        .arg(&out)
+        .arg(&out.0)
         .args([
             "--",
             "node",
@@ -116,13 +109,11 @@ fn node_is_named_from_its_jitdump() {
         .args([&hot_js(), "2"]));
     let stderr = text(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    let pids = assert_named_without_a_host_map(&out, &stderr);
+    let pids = assert_named_without_a_host_map(&out.0, &stderr);
     assert!(
         pids.iter()
-            .any(|pid| cwd.join(format!("jit-{pid}.dump")).exists()),
+            .any(|pid| cwd.0.join(format!("jit-{pid}.dump")).exists()),
         "no jitdump of {pids:?} in {}",
-        cwd.display()
+        cwd.0.display()
     );
-    let _ = std::fs::remove_dir_all(out);
-    let _ = std::fs::remove_dir_all(cwd);
 }
