@@ -501,6 +501,110 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
     }
 }
 
+/// `-p` on a server that starts a thread per request: 1,000 threads alive,
+/// each replaced as it ends (thread_churn.c). Before: the attach listed the
+/// threads again until no new one appeared, and mapped a buffer for every
+/// thread on every CPU: 2,136-2,244 buffers of 1 MiB, 1.1 s (perf) and 13 s
+/// (BPF) of CPU before the first sample; 3,000 threads started at once kept
+/// the listing going until the process ended, unprofiled. Now the threads
+/// are listed once after the main thread's events are open (it starts
+/// them, and they inherit those), and up to 64 events of a CPU share one
+/// buffer: 30-32 buffers, 0.1 s. Judged by the kernel's view of the
+/// profiler (its `[perf_event]` mappings) and by the samples of a thread
+/// that burns 1 s of its own CPU time (`CLOCK_THREAD_CPUTIME_ID`) at 999 Hz
+/// once the profiler is up: ~999, where a thread opened twice would count
+/// twice.
+fn attaches_to_a_thread_per_request_server(engine: &str) {
+    use std::io::Write;
+    let binary = build_workload("thread_churn.c");
+    let mut workload = KillOnDrop(
+        Command::new(&binary)
+            .args(["1000", "1000"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("thread_churn starts"),
+    );
+    let mut stdout = Lines::new(workload.0.stdout.take().unwrap());
+    assert!(
+        stdout.find("ready", Duration::from_secs(30)).is_some(),
+        "thread_churn never had its 1,000 threads"
+    );
+    let out = Scratch::new(&format!("churn-attach-{engine}"));
+    let mut profiler = KillOnDrop(
+        ddprof_tests::ddprof_command()
+            .args(["-l", "info", "--output"])
+            .arg(&out.0)
+            .args(["--engine", engine, "-e", "sCPU freq=999", "-p"])
+            .arg(workload.id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ddprof starts"),
+    );
+    let mut stderr = Lines::new(profiler.0.stderr.take().unwrap());
+    assert!(
+        stderr
+            .find("start-up: done", Duration::from_secs(30))
+            .is_some(),
+        "{engine}: the attach did not finish while threads came and went: {:?}",
+        stderr.seen
+    );
+    // Each perf buffer the profiler maps is a `[perf_event]` mapping.
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", profiler.id())).unwrap();
+    let buffers = maps
+        .lines()
+        .filter(|line| line.contains("[perf_event]"))
+        .count();
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    // ceil(1,001 / 64) = 16 per CPU, and the BPF engine's one per CPU.
+    assert!(
+        buffers <= cpus * 17,
+        "{engine}: {buffers} perf buffers mapped for 1,000 threads on {cpus} CPUs"
+    );
+    let mut go = workload.0.stdin.take().unwrap();
+    go.write_all(b"go\n").unwrap();
+    drop(go);
+    assert!(workload.0.wait().unwrap().success());
+    let status = profiler.0.wait().unwrap();
+    let log = stderr.rest(Duration::from_secs(30)).join("\n");
+    assert!(status.success(), "{engine}: {log}");
+    let stacks = folded(&out.0);
+    let busy: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| frames.iter().any(|frame| frame == "thread_churn_busy"))
+        .map(|(_, count)| count)
+        .sum();
+    let complete: u64 = stacks
+        .iter()
+        .filter(|(frames, _)| {
+            frames
+                .windows(2)
+                .any(|pair| pair[0] == "thread_churn_burner" && pair[1] == "thread_churn_busy")
+        })
+        .map(|(_, count)| count)
+        .sum();
+    assert!(
+        (850..=1150).contains(&busy),
+        "{engine}: {busy} samples in thread_churn_busy for 1 s of its thread's CPU at 999 Hz:\n{log}"
+    );
+    assert!(
+        complete * 100 >= busy * 95,
+        "{engine}: {complete} of {busy} under their caller"
+    );
+}
+
+#[test]
+fn the_bpf_engine_attaches_to_a_thread_per_request_server() {
+    attaches_to_a_thread_per_request_server("bpf");
+}
+
+#[test]
+fn the_perf_engine_attaches_to_a_thread_per_request_server() {
+    attaches_to_a_thread_per_request_server("perf");
+}
+
 #[test]
 fn engine_bpf_as_nobody_with_a_pid_exits_non_zero_and_says_why() {
     let mut sleeper = KillOnDrop(ddprof_tests::as_nobody("sleep").arg("10").spawn().unwrap());

@@ -2542,9 +2542,20 @@ fn short_tasks(engine: &str, workload: &str, tasks: u32, each: &str, leaf: &str,
         // are opened by path first since (at most 33 handed over in 60
         // such runs). Each period's line says how full the buffers were
         // and whether the loop was busy or kept off a CPU: a failure
-        // prints them first. Per-task events alone sample ~58 % of these
-        // tasks.
+        // prints them first. CI then lost 84 of 499 (5b72cc6) with the
+        // loop 4 ms on a CPU and 2,042 ms waiting for one: 1,000 threads
+        // runnable at once on 2 CPUs leave a nice-0 loop about a
+        // 500th of one, before it had loaded the program's table. Those
+        // losses are the machine's, not the engine's: the bound holds
+        // where the loop had its CPU, and where it did not, the run must
+        // say so (the summary's wait and the warning naming it). Per-task
+        // events alone sample ~58 % of these tasks.
         let ring_full = summary.get("lost_ring_full").copied().unwrap_or(0) as f64;
+        let loop_wait_ms = summary.get("ring_full_loop_wait_ms").copied().unwrap_or(0);
+        let kept_off_a_cpu = loop_wait_ms >= 500
+            && run.stderr.lines().any(|line| {
+                line.contains("lost with the ring buffers full while the profiler waited")
+            });
         assert!(
             samples + ring_full >= counted * 0.95,
             "{name}: the BPF engine sampled {samples} + {ring_full} lost in full buffers of \
@@ -2553,9 +2564,9 @@ fn short_tasks(engine: &str, workload: &str, tasks: u32, each: &str, leaf: &str,
             run.stderr
         );
         assert!(
-            ring_full <= counted * 0.1,
-            "{name}: {ring_full} samples of {counted:.0} lost in full buffers:\n{}\nthe whole \
-             log:\n{}",
+            ring_full <= counted * 0.1 || kept_off_a_cpu,
+            "{name}: {ring_full} samples of {counted:.0} lost in full buffers (the loop waited \
+             {loop_wait_ms} ms for a CPU then):\n{}\nthe whole log:\n{}",
             accounting_lines(&run.stderr),
             run.stderr
         );

@@ -626,6 +626,9 @@ pub struct Summary {
     /// run had no worker); `peak_rss_kib` is the larger.
     pub parent_peak_rss_kib: u64,
     pub worker_peak_rss_kib: u64,
+    /// How long the sampling loop waited for a CPU in the periods that
+    /// lost samples in full buffers, in ms.
+    pub ring_full_loop_wait_ms: u64,
 }
 
 impl Summary {
@@ -655,6 +658,7 @@ impl Summary {
             profiler_cpu_ms: run.profiler_cpu.as_millis() as u64,
             peak_rss_kib: run.peak_rss_kib,
             target_cpu_ms: run.target_cpu.as_millis() as u64,
+            ring_full_loop_wait_ms: run.run.losing_loop.waiting.as_millis() as u64,
             ..Self::default()
         }
     }
@@ -685,6 +689,9 @@ impl fmt::Display for Summary {
                 lost.exiting,
                 self.throttles
             )?;
+        }
+        if lost.ring_full > 0 {
+            write!(f, " ring_full_loop_wait_ms={}", self.ring_full_loop_wait_ms)?;
         }
         if self.target_cpu_ms > 0 {
             write!(

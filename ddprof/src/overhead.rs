@@ -353,6 +353,10 @@ pub struct RunTotals {
     /// the last period (see `Sampler::counted_task_nanos`), when it counts
     /// them.
     pub counted_nanos: Option<u64>,
+    /// The sampling loop's time on a CPU and waiting for one, over the
+    /// periods that lost samples in full buffers: whether it fell behind
+    /// busy, or kept off a CPU by a saturated machine.
+    pub losing_loop: ThreadTimes,
 }
 
 /// The figures of one period (or, from [`OverheadMeter::run`], of the run).
@@ -702,6 +706,14 @@ impl OverheadMeter {
         self.period_start = now;
         self.period_start_cpu = usage.cpu;
         overhead
+    }
+
+    /// Adds the sampling loop's times over a period that lost samples in
+    /// full buffers to the run's; returns the run's totals.
+    pub fn add_losing_loop(&mut self, times: ThreadTimes) -> RunTotals {
+        self.run.losing_loop.on_cpu += times.on_cpu;
+        self.run.losing_loop.waiting += times.waiting;
+        self.run
     }
 
     /// The run's totals so far (as of the last [`end_period`]).

@@ -274,6 +274,20 @@ impl EventFd {
         Ok(())
     }
 
+    /// Makes the kernel write this event's records to `leader`'s buffer
+    /// (`PERF_EVENT_IOC_SET_OUTPUT`): one buffer per CPU for the threads of
+    /// a `-p` target instead of one each. The kernel refuses events on
+    /// another CPU, and events that have a buffer of their own.
+    pub fn redirect_output_to(&self, leader: &EventFd) -> io::Result<()> {
+        // SAFETY: SET_OUTPUT takes the other descriptor as its argument, no
+        // memory; both descriptors are open for the call.
+        let result = unsafe { sys::ioctls::SET_OUTPUT(self.fd.as_raw_fd(), leader.fd.as_raw_fd()) };
+        if result < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Starts the event counting (`PERF_EVENT_IOC_ENABLE`; its inherited
     /// copies in tasks created since follow).
     pub fn enable(&self) -> io::Result<()> {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::overhead::{Lost, Overhead, RunTotals, StackFigures};
+use crate::overhead::{Lost, Overhead, RunTotals, StackFigures, ThreadTimes};
 
 /// The largest frame the parent accepts: far above any period's pprof.
 pub const MAX_FRAME: usize = 512 << 20;
@@ -317,6 +317,8 @@ impl Writer {
                 self.u64(counted);
             }
         }
+        self.duration(totals.losing_loop.on_cpu);
+        self.duration(totals.losing_loop.waiting);
     }
 
     /// A name table, then each stack as ids into it.
@@ -466,6 +468,10 @@ impl Reader<'_> {
                 1 => Some(self.u64()?),
                 other => return Err(ChannelError::UnknownTag(other)),
             },
+            losing_loop: ThreadTimes {
+                on_cpu: self.duration()?,
+                waiting: self.duration()?,
+            },
         })
     }
 
@@ -541,6 +547,10 @@ mod tests {
                         },
                         throttles: 5,
                         counted_nanos: Some(2_020_000_000),
+                        losing_loop: ThreadTimes {
+                            on_cpu: Duration::from_millis(4),
+                            waiting: Duration::from_millis(2042),
+                        },
                     },
                 },
                 worker_peak_rss_kib: 18_000,

@@ -32,7 +32,7 @@ use crate::export::entity::Entity;
 use crate::export::request::RequestContext;
 use crate::export::{Exporter, PeriodFigures, PeriodProfile};
 use crate::output::{FoldedStacks, OutputWriter, Summary};
-use crate::overhead::{Overhead, RunTotals};
+use crate::overhead::{Overhead, RunTotals, ThreadTimes};
 use crate::statsd::StatsdSink;
 
 /// The comm of the profiler parent.
@@ -625,20 +625,50 @@ impl Outputs {
             ..Summary::of_run(&run, self.profiles)
         };
         log::info!("{summary}");
-        warn_of_losses(&run.lost, run.throttles, run.samples);
+        warn_of_losses(
+            &run.lost,
+            self.totals.losing_loop,
+            run.throttles,
+            run.samples,
+        );
         Ok(finished?)
+    }
+}
+
+/// What the loss of `ring_full` samples in full buffers calls for: a
+/// saturated machine that kept the sampling loop off a CPU (it waited
+/// longer than it ran, and at least 100 ms, in the periods that lost them)
+/// needs the profiler to get more of a CPU, not larger buffers alone.
+fn ring_full_warning(ring_full: u64, losing_loop: ThreadTimes) -> String {
+    let kept_off_a_cpu = losing_loop.waiting >= Duration::from_millis(100)
+        && losing_loop.waiting > losing_loop.on_cpu;
+    if kept_off_a_cpu {
+        format!(
+            "{ring_full} samples were lost with the ring buffers full while the profiler waited \
+             {:.1} s for a CPU (it ran {:.1} s): the machine's CPUs were saturated; give the \
+             profiler a larger share with --nice (e.g. --nice -10), raise --ring-buffer-kib \
+             or lower the frequency",
+            losing_loop.waiting.as_secs_f64(),
+            losing_loop.on_cpu.as_secs_f64()
+        )
+    } else {
+        format!(
+            "{ring_full} samples were lost with the ring buffers full: raise --ring-buffer-kib \
+             or lower the frequency"
+        )
     }
 }
 
 /// Says at exit, in one line per cause, what samples were lost and what to
 /// do about it.
-fn warn_of_losses(lost: &crate::overhead::Lost, throttles: u64, samples: u64) {
+fn warn_of_losses(
+    lost: &crate::overhead::Lost,
+    losing_loop: ThreadTimes,
+    throttles: u64,
+    samples: u64,
+) {
     if lost.ring_full > 0 {
-        log::warn!(
-            "{} samples were lost with the ring buffers full: raise --ring-buffer-kib or \
-             lower the frequency",
-            lost.ring_full
-        );
+        log::warn!("{}", ring_full_warning(lost.ring_full, losing_loop));
     }
     if lost.malformed > 0 {
         log::warn!(
@@ -741,5 +771,28 @@ mod tests {
             "exited after an error (logged above)"
         );
         assert_eq!(describe_status(7 << 8), "exited with status 7");
+    }
+
+    /// CI's run of 1,000 threads started at once on 2 CPUs: the loop ran
+    /// 4 ms and waited 2,042 ms for a CPU while 84 samples were lost.
+    #[test]
+    fn losses_while_the_loop_was_kept_off_a_cpu_say_so() {
+        let times = |on_cpu, waiting| ThreadTimes {
+            on_cpu: Duration::from_millis(on_cpu),
+            waiting: Duration::from_millis(waiting),
+        };
+        let starved = ring_full_warning(84, times(4, 2042));
+        assert!(
+            starved.contains("waited 2.0 s for a CPU (it ran 0.0 s)") && starved.contains("--nice"),
+            "{starved}"
+        );
+        // Busy, or a short wait: the buffers were too small for the rate.
+        for (on_cpu, waiting) in [(900, 300), (10, 50)] {
+            let busy = ring_full_warning(84, times(on_cpu, waiting));
+            assert!(
+                busy.starts_with("84 samples were lost with the ring buffers full: raise"),
+                "{busy}"
+            );
+        }
     }
 }

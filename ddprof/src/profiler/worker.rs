@@ -459,14 +459,17 @@ impl Worker {
             fullest_buffer_percent: sampler.take_fullest_buffer_percent(),
             loop_times: loop_times.since(std::mem::replace(&mut self.loop_times, loop_times)),
         };
+        let mut overhead = self
+            .meter
+            .end_period(sampler.losses(), sampler.counted_task_nanos());
+        if overhead.lost.ring_full > 0 {
+            overhead.run = self.meter.add_losing_loop(keeping_up.loop_times);
+        }
         ClosedPeriod {
             start,
             end,
             period,
-            overhead: Some(
-                self.meter
-                    .end_period(sampler.losses(), sampler.counted_task_nanos()),
-            ),
+            overhead: Some(overhead),
             last,
             caches: sampler.cache_figures(),
             keeping_up: Some(keeping_up),
