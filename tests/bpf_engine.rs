@@ -171,7 +171,7 @@ fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) 
         table_store: None,
         bpf_variant: variant,
     };
-    let mut sampler = Sampler::start(&sampler_options, fds, vec![pid], &processes)
+    let mut sampler = Sampler::start(&sampler_options, fds, vec![pid], None, &processes)
         .expect("the BPF engine starts");
     // The events sample from their opening; until the program is attached
     // (the load takes 10-400 ms) the perf engine unwinds their samples from
@@ -1787,6 +1787,52 @@ fn ddprof_with_the_bpf_engine_unwinds_threads() {
     assert!(
         worker_b * 4 >= total,
         "{worker_b} of {total} in worker-b's chain"
+    );
+}
+
+/// Below 250 Hz a process's first hand-off notice does not wake the reader
+/// (short jobs are spared the wake-up), but the wrapped command is the
+/// process the user asked about: the engine marks it named before, so its
+/// first notice wakes the reader and its tables load at once. Before, at
+/// 99 Hz, 100 threads of 30 ms handed 25-32 samples (with 32 KB stack
+/// copies) to the perf engine, until a later notice or the reader's timed
+/// poll; after, 4-7 (5-11 beside two busy loops).
+#[test]
+fn the_wrapped_commands_first_hand_off_wakes_the_reader_at_99_hz() {
+    let _cpu = cpu_alone();
+    let workload = ddprof_tests::workloads::build_workload("hostile_threads.c");
+    let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bpf-first-handoff-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&output_dir);
+    let run = ddprof_tests::processes::run_reaped(
+        Command::new(ddprof_tests::ddprof_bin())
+            .args(["--engine", "bpf", "--event", "sCPU freq=99", "--output"])
+            .arg(&output_dir)
+            .args(["--log-level", "notice", "--"])
+            .arg(&workload)
+            .args(["100", "30"]),
+        Duration::from_secs(120),
+    )
+    .expect("ddprof runs");
+    let _ = std::fs::remove_dir_all(&output_dir);
+    let (reaped, stderr) = (run.reaped, run.stderr);
+    assert!(reaped.status.success(), "{stderr}");
+    let handed: u64 = stderr
+        .lines()
+        .find_map(|line| {
+            let rest = line.split("unwound in the kernel, ").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no hand-off line:\n{stderr}"));
+    let samples = ddprof_tests::outputs::summary_fields(&stderr)["samples"];
+    assert!(
+        samples >= 250,
+        "{samples} samples for 3 s of CPU at 99 Hz:\n{stderr}"
+    );
+    assert!(
+        handed <= 18,
+        "{handed} of {samples} samples handed to the perf engine (the wrapped command's first \
+         notice did not wake the reader?):\n{stderr}"
     );
 }
 

@@ -103,11 +103,13 @@ impl Sampler {
     /// Chooses the engine for `options.engine` (logging the choice and its
     /// reason) and starts it on `events`. `workload_pids` are the processes
     /// already running (`-p`, `--global`), whose tables the BPF engine loads
-    /// before their first sample; `processes` is the table as known so far.
+    /// before their first sample; `wrapped_pid` the command ddprof wraps;
+    /// `processes` is the table as known so far.
     pub fn start(
         options: &SamplerOptions,
         mut events: Vec<EventFd>,
         workload_pids: Vec<u32>,
+        wrapped_pid: Option<u32>,
         processes: &ProcessTable,
     ) -> Result<Self, SamplerError> {
         if let Some(event_options) = options
@@ -143,6 +145,7 @@ impl Sampler {
             max_table_bytes: options.bpf_table_bytes,
             table_store: options.table_store.clone(),
             workload_pids,
+            wrapped_pid,
             variant: options.bpf_variant,
             ..BpfEngineOptions::default()
         };

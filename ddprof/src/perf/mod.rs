@@ -899,7 +899,8 @@ mod tests {
         let events: Vec<EventFd> = tids
             .iter()
             .flat_map(|&tid| {
-                events::open_all(&[spec.clone()], Scope::Process(tid), &options).unwrap()
+                events::open_all(std::slice::from_ref(&spec), Scope::Process(tid), &options)
+                    .unwrap()
             })
             .collect();
         let cpus = events.len() / 3;

@@ -188,7 +188,17 @@ impl Profiler {
             Target::Pid(pid) => vec![pid],
             Target::Global => all_pids(),
         };
-        let sampler = Sampler::start(&options.sampler, events, workload_pids, &processes)?;
+        let wrapped_pid = match target {
+            Target::Launched { pid } => Some(pid),
+            Target::Pid(_) | Target::Global => None,
+        };
+        let sampler = Sampler::start(
+            &options.sampler,
+            events,
+            workload_pids,
+            wrapped_pid,
+            &processes,
+        )?;
         if let Target::Pid(pid) = target {
             // What the target maps, read once the sampler has mapped the
             // events' buffers and enabled them: an exec after this read is
