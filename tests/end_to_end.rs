@@ -513,8 +513,11 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
 /// profiler (its `[perf_event]` mappings) and by the samples of a thread
 /// that burns 1 s of its own CPU time (`CLOCK_THREAD_CPUTIME_ID`) at 999 Hz
 /// once the profiler is up: ~999, where a thread opened twice would count
-/// twice.
-fn attaches_to_a_thread_per_request_server(engine: &str) {
+/// twice. With `descriptor_limit` (`prlimit --nofile`), the threads whose
+/// events would pass it are left out with one warning, and the rest are
+/// profiled (before: `perf_event_open failed: Too many open files`, exit
+/// 1, nothing profiled).
+fn attaches_to_a_thread_per_request_server(engine: &str, descriptor_limit: Option<u32>) {
     use std::io::Write;
     let binary = build_workload("thread_churn.c");
     let mut workload = KillOnDrop(
@@ -530,9 +533,19 @@ fn attaches_to_a_thread_per_request_server(engine: &str) {
         stdout.find("ready", Duration::from_secs(30)).is_some(),
         "thread_churn never had its 1,000 threads"
     );
-    let out = Scratch::new(&format!("churn-attach-{engine}"));
+    let out = Scratch::new(&format!("churn-attach-{engine}-{descriptor_limit:?}"));
+    let mut command = match descriptor_limit {
+        Some(limit) => {
+            let mut prlimit = Command::new("prlimit");
+            prlimit
+                .arg(format!("--nofile={limit}:{limit}"))
+                .arg(ddprof_bin());
+            prlimit
+        }
+        None => ddprof_tests::ddprof_command(),
+    };
     let mut profiler = KillOnDrop(
-        ddprof_tests::ddprof_command()
+        command
             .args(["-l", "info", "--output"])
             .arg(&out.0)
             .args(["--engine", engine, "-e", "sCPU freq=999", "-p"])
@@ -568,8 +581,22 @@ fn attaches_to_a_thread_per_request_server(engine: &str) {
     drop(go);
     assert!(workload.0.wait().unwrap().success());
     let status = profiler.0.wait().unwrap();
-    let log = stderr.rest(Duration::from_secs(30)).join("\n");
+    let log = [stderr.seen.clone(), stderr.rest(Duration::from_secs(30))]
+        .concat()
+        .join("\n");
     assert!(status.success(), "{engine}: {log}");
+    let left_out = log
+        .lines()
+        .find(|line| line.contains("threads of process") && line.contains("are not profiled"));
+    match descriptor_limit {
+        Some(limit) => assert!(
+            left_out.is_some_and(
+                |line| line.contains(&format!("descriptor limit (ulimit -n, {limit})"))
+            ),
+            "{engine}: no warning of the threads left out under {limit} descriptors:\n{log}"
+        ),
+        None => assert!(left_out.is_none(), "{engine}: {left_out:?}"),
+    }
     let stacks = folded(&out.0);
     let busy: u64 = stacks
         .iter()
@@ -597,12 +624,25 @@ fn attaches_to_a_thread_per_request_server(engine: &str) {
 
 #[test]
 fn the_bpf_engine_attaches_to_a_thread_per_request_server() {
-    attaches_to_a_thread_per_request_server("bpf");
+    attaches_to_a_thread_per_request_server("bpf", None);
 }
 
 #[test]
 fn the_perf_engine_attaches_to_a_thread_per_request_server() {
-    attaches_to_a_thread_per_request_server("perf");
+    attaches_to_a_thread_per_request_server("perf", None);
+}
+
+/// 1,200 descriptors: room for ~230 of the 1,000 threads' events (an event
+/// per CPU, and the sampler's duplicate of each) on 2 CPUs; the burner,
+/// started first, is among them.
+#[test]
+fn the_bpf_engine_attaches_within_the_descriptor_limit() {
+    attaches_to_a_thread_per_request_server("bpf", Some(1200));
+}
+
+#[test]
+fn the_perf_engine_attaches_within_the_descriptor_limit() {
+    attaches_to_a_thread_per_request_server("perf", Some(1200));
 }
 
 #[test]

@@ -406,19 +406,76 @@ fn open_process_events(
         Err(OpenError::NoSuchProcess { .. }) => return Err(LaunchError::NoSuchProcess(pid)),
         Err(source) => return Err(LaunchError::Attach { pid, source }),
     };
-    let threads = target::threads(pid).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => LaunchError::NoSuchProcess(pid),
-        _ => LaunchError::Threads { pid, source },
-    })?;
-    for tid in threads.into_iter().filter(|&tid| tid != pid) {
-        match events::open_all(specs, Scope::Process(tid), options) {
-            Ok(opened) => events.extend(opened),
+    let threads: Vec<i32> = target::threads(pid)
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => LaunchError::NoSuchProcess(pid),
+            _ => LaunchError::Threads { pid, source },
+        })?
+        .into_iter()
+        .filter(|&tid| tid != pid)
+        .collect();
+    // The events that opened on the main thread, on every other thread.
+    let opened: Vec<EventSpec> = specs
+        .iter()
+        .filter(|spec| {
+            events
+                .iter()
+                .any(|event| event.spec.index() == spec.index())
+        })
+        .cloned()
+        .collect();
+    let budget = thread_budget(events.len());
+    let mut not_profiled: Vec<(i32, OpenError)> = Vec::new();
+    for &tid in threads.iter().take(budget) {
+        match events::open_all(&opened, Scope::Process(tid), options) {
+            Ok(more) => events.extend(more),
             // A thread that ended in the meantime needs no events.
             Err(OpenError::NoSuchProcess { .. }) => {}
-            Err(source) => return Err(LaunchError::Attach { pid, source }),
+            Err(error) => not_profiled.push((tid, error)),
         }
     }
+    let total = threads.len() + 1;
+    if threads.len() > budget {
+        log::warn!(
+            "{} of the {total} threads of process {pid} are not profiled: each takes an event \
+             per CPU and event, and theirs would pass the descriptor limit (ulimit -n, {}); \
+             raise it to profile them",
+            threads.len() - budget,
+            descriptor_limit()
+        );
+    }
+    if let Some((tid, error)) = not_profiled.first() {
+        log::warn!(
+            "{} of the {total} threads of process {pid} are not profiled: thread {tid}: {error}",
+            not_profiled.len()
+        );
+    }
     Ok(events)
+}
+
+/// Descriptors kept free for the rest of the profiler: files, BPF maps and
+/// programs, sockets, the per-CPU events of the BPF engine.
+const RESERVED_DESCRIPTORS: u64 = 256;
+
+/// How many more threads' events fit in the descriptor limit, each taking
+/// `per_thread` descriptors, and as many again for the sampler's duplicate
+/// of each (`Sampler::start`). Without a bound, a target with more threads
+/// than that made the attach fail (too many open files), or the sampler's
+/// duplicates after it.
+fn thread_budget(per_thread: usize) -> usize {
+    let in_use = std::fs::read_dir("/proc/self/fd").map_or(0, |entries| entries.count()) as u64;
+    // The events opened so far are in use, and are duplicated too.
+    let free = descriptor_limit()
+        .saturating_sub(in_use.saturating_mul(2))
+        .saturating_sub(RESERVED_DESCRIPTORS);
+    let per_thread = (per_thread as u64).max(1) * 2;
+    usize::try_from(free / per_thread).unwrap_or(usize::MAX)
+}
+
+/// This process's soft limit on open descriptors.
+fn descriptor_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft)
 }
 
 /// Descriptors: one per CPU per event per thread add up; the profiler may
