@@ -848,6 +848,49 @@ fn processes_read_from_proc(stderr: &str) -> u64 {
         .unwrap_or_else(|| panic!("no count of processes read from /proc:\n{stderr}"))
 }
 
+/// The count of the engine line's `…, N handed to the perf engine`.
+fn handed_to_the_perf_engine(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|line| {
+            let rest = line.split("unwound in the kernel, ").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no hand-off line:\n{stderr}"))
+}
+
+/// `ddprof --engine bpf --event "sCPU freq=HZ"` wrapping `command` at the
+/// notice log level, its output in a directory of the build's named after
+/// `name`: the command's run (checked to have succeeded), ddprof's stderr
+/// and the output directory.
+fn wrapped_by_the_bpf_engine(
+    name: &str,
+    hz: u32,
+    command: &[&std::ffi::OsStr],
+) -> (ddprof_tests::processes::Reaped, String, std::path::PathBuf) {
+    let output_dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bpf-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&output_dir);
+    let run = ddprof_tests::processes::run_reaped(
+        Command::new(ddprof_tests::ddprof_bin())
+            .args([
+                "--engine",
+                "bpf",
+                "--event",
+                &format!("sCPU freq={hz}"),
+                "--output",
+            ])
+            .arg(&output_dir)
+            .args(["--log-level", "notice", "--"])
+            .args(command),
+        Duration::from_secs(120),
+    )
+    .expect("ddprof runs");
+    let (reaped, stderr) = (run.reaped, run.stderr);
+    assert!(reaped.status.success(), "{stderr}");
+    (reaped, stderr, output_dir)
+}
+
 /// Runs `forker` (children that live 30 ms) for 3 s under the BPF engine
 /// at `freq` Hz with the program variant `variant`: the counts of the
 /// engine's line, the summary and the folded stacks.
@@ -1062,21 +1105,8 @@ fn at_low_rates_a_process_handed_over_at_its_second_notice_wakes_the_reader() {
 fn threads_the_command_starts_at_once_are_unwound_in_the_kernel() {
     let _cpu = cpu_alone();
     let threads = ddprof_tests::workloads::build_workload("threads.c");
-    let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("bpf-early-threads-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&output_dir);
-    let run = ddprof_tests::processes::run_reaped(
-        Command::new(ddprof_tests::ddprof_bin())
-            .args(["--engine", "bpf", "--event", "sCPU freq=999", "--output"])
-            .arg(&output_dir)
-            .args(["--log-level", "notice", "--"])
-            .arg(&threads)
-            .arg("2"),
-        Duration::from_secs(120),
-    )
-    .expect("ddprof runs");
-    let (reaped, stderr) = (run.reaped, run.stderr);
-    assert!(reaped.status.success(), "{stderr}");
+    let (_, stderr, output_dir) =
+        wrapped_by_the_bpf_engine("early-threads", 999, &[threads.as_os_str(), "2".as_ref()]);
     let (in_kernel, by_perf) = unwound_in_kernel_and_by_perf(&stderr);
     eprintln!("{in_kernel} samples unwound in the kernel, {by_perf} by the perf engine");
     assert!(in_kernel >= 1000, "{in_kernel} in the kernel:\n{stderr}");
@@ -1801,29 +1831,13 @@ fn ddprof_with_the_bpf_engine_unwinds_threads() {
 fn the_wrapped_commands_first_hand_off_wakes_the_reader_at_99_hz() {
     let _cpu = cpu_alone();
     let workload = ddprof_tests::workloads::build_workload("hostile_threads.c");
-    let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("bpf-first-handoff-{}", std::process::id()));
+    let (_, stderr, output_dir) = wrapped_by_the_bpf_engine(
+        "first-handoff",
+        99,
+        &[workload.as_os_str(), "100".as_ref(), "30".as_ref()],
+    );
     let _ = std::fs::remove_dir_all(&output_dir);
-    let run = ddprof_tests::processes::run_reaped(
-        Command::new(ddprof_tests::ddprof_bin())
-            .args(["--engine", "bpf", "--event", "sCPU freq=99", "--output"])
-            .arg(&output_dir)
-            .args(["--log-level", "notice", "--"])
-            .arg(&workload)
-            .args(["100", "30"]),
-        Duration::from_secs(120),
-    )
-    .expect("ddprof runs");
-    let _ = std::fs::remove_dir_all(&output_dir);
-    let (reaped, stderr) = (run.reaped, run.stderr);
-    assert!(reaped.status.success(), "{stderr}");
-    let handed: u64 = stderr
-        .lines()
-        .find_map(|line| {
-            let rest = line.split("unwound in the kernel, ").nth(1)?;
-            rest.split_whitespace().next()?.parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no hand-off line:\n{stderr}"));
+    let handed = handed_to_the_perf_engine(&stderr);
     let samples = ddprof_tests::outputs::summary_fields(&stderr)["samples"];
     assert!(
         samples >= 250,
@@ -1847,32 +1861,21 @@ fn the_wrapped_commands_first_hand_off_wakes_the_reader_at_99_hz() {
 fn samples_handed_to_the_perf_engine_reach_the_profile() {
     let _cpu = cpu_shared();
     let child = ddprof_tests::workloads::build_workload("forker_child.c");
-    let output_dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bpf-handoff-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&output_dir);
     let frequency = 999.0;
-    let run = ddprof_tests::processes::run_reaped(
-        Command::new(ddprof_tests::ddprof_bin())
-            .args(["--engine", "bpf", "--event", "sCPU freq=999", "--output"])
-            .arg(&output_dir)
-            .args(["--log-level", "notice", "--"])
-            .args(["sh", "-c", "for i in $(seq 60); do \"$0\" 40; done"])
-            .arg(&child),
-        Duration::from_secs(120),
-    )
-    .expect("ddprof runs");
-    let (reaped, stderr) = (run.reaped, run.stderr);
-    assert!(reaped.status.success(), "{stderr}");
+    let (reaped, stderr, _) = wrapped_by_the_bpf_engine(
+        "handoff",
+        999,
+        &[
+            "sh".as_ref(),
+            "-c".as_ref(),
+            "for i in $(seq 60); do \"$0\" 40; done".as_ref(),
+            child.as_os_str(),
+        ],
+    );
     let summary = ddprof_tests::outputs::summary_fields(&stderr);
     let expected = reaped.cpu.as_secs_f64() * frequency;
     let samples = summary["samples"] as f64;
-    let handed: u64 = stderr
-        .lines()
-        .find_map(|line| {
-            let rest = line.split("unwound in the kernel, ").nth(1)?;
-            rest.split_whitespace().next()?.parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no hand-off line:\n{stderr}"));
+    let handed = handed_to_the_perf_engine(&stderr);
     eprintln!(
         "{samples} samples for {:.2} s of CPU ({expected:.0} expected), {handed} handed to the perf engine",
         reaped.cpu.as_secs_f64()
