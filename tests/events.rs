@@ -92,9 +92,13 @@ fn weighs_software_events_and_a_tracepoint(engine: &str) {
         // The faults and the switches are unwound in the kernel (the
         // tracepoint, which takes no perf_event program, through the perf
         // buffers): the program's count says so. Not all: the samples of
-        // the process before the maps describe it (its first faults) are
-        // handed to the perf engine (75-85 % in the kernel here; with the
-        // program not attached to them, 3 of ~2,250).
+        // the process before the maps describe it are handed to the perf
+        // engine. The workload faulted first, right after its exec, and
+        // how many of its faults came before the description was the
+        // machine's timing: 46-79 % in the kernel here, and CI once 46 %
+        // (74f6f04) against a bound of 50 %. It sleeps first now (~0.25
+        // s): 95-98 % in the kernel, also beside two busy loops; with the
+        // program not attached to these events, 3 of ~2,250.
         let in_kernel: i64 = stderr
             .lines()
             .find_map(|line| {
@@ -104,7 +108,7 @@ fn weighs_software_events_and_a_tracepoint(engine: &str) {
             .unwrap_or_else(|| panic!("no count of samples unwound in the kernel\n{stderr}"));
         let due = faults / 16 + switches;
         assert!(
-            in_kernel * 2 >= due,
+            in_kernel * 10 >= due * 8,
             "{in_kernel} samples unwound in the kernel of the ~{due} sPF and sCS samples\n{stderr}"
         );
     }
