@@ -511,9 +511,12 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
 /// them, and they inherit those), and up to 64 events of a CPU share one
 /// buffer: 30-32 buffers, 0.1 s. Judged by the kernel's view of the
 /// profiler (its `[perf_event]` mappings) and by the samples of a thread
-/// that burns 1 s of its own CPU time (`CLOCK_THREAD_CPUTIME_ID`) at 999 Hz
-/// once the profiler is up: ~999, where a thread opened twice would count
-/// twice. With `descriptor_limit` (`prlimit --nofile`), the threads whose
+/// that burns 1 s of its own CPU time (`CLOCK_THREAD_CPUTIME_ID`) at 99 Hz
+/// once the profiler is up: ~99, where a thread opened twice would count
+/// twice. (At 999 Hz, the suite's run at 581561b lost 567 samples in full
+/// buffers while the loop waited 214 ms for a CPU beside the other engine's
+/// run: 2 MiB of 32 KB stack copies hold ~60 ms at that rate; at 99 Hz
+/// 1 MiB holds ~330 ms.) With `descriptor_limit` (`prlimit --nofile`), the threads whose
 /// events would pass it are left out with one warning, and the rest are
 /// profiled (before: `perf_event_open failed: Too many open files`, exit
 /// 1, nothing profiled).
@@ -548,7 +551,7 @@ fn attaches_to_a_thread_per_request_server(engine: &str, descriptor_limit: Optio
         command
             .args(["-l", "info", "--output"])
             .arg(&out.0)
-            .args(["--engine", engine, "-e", "sCPU freq=999", "-p"])
+            .args(["--engine", engine, "-e", "sCPU freq=99", "-p"])
             .arg(workload.id().to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -613,8 +616,8 @@ fn attaches_to_a_thread_per_request_server(engine: &str, descriptor_limit: Optio
         .map(|(_, count)| count)
         .sum();
     assert!(
-        (850..=1150).contains(&busy),
-        "{engine}: {busy} samples in thread_churn_busy for 1 s of its thread's CPU at 999 Hz:\n{log}"
+        (85..=115).contains(&busy),
+        "{engine}: {busy} samples in thread_churn_busy for 1 s of its thread's CPU at 99 Hz:\n{log}"
     );
     assert!(
         complete * 100 >= busy * 95,
