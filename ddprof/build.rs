@@ -44,7 +44,62 @@ fn build_object(workspace: &Path, target_dir: &Path) -> Result<PathBuf, String> 
     )
 }
 
+/// Builds the allocation sampler that ddprof preloads into the command
+/// (`ddprof/alloc/ddprof_alloc.c`) with the host's C compiler (`$DDPROF_ALLOC_CC`,
+/// else `cc`): it is loaded into the command's programs, which link the
+/// host's glibc, whatever libc ddprof itself is built for (a static musl
+/// ddprof included). Without a compiler, ddprof is built without `sALLOC`.
+fn build_allocation_sampler(manifest_dir: &Path) {
+    println!("cargo::rustc-check-cfg=cfg(ddprof_alloc)");
+    println!("cargo::rerun-if-env-changed=DDPROF_ALLOC_CC");
+    let source = manifest_dir.join("alloc/ddprof_alloc.c");
+    println!("cargo::rerun-if-changed={}", source.display());
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("libddprof_alloc.so");
+    let compiler = std::env::var("DDPROF_ALLOC_CC").unwrap_or_else(|_| "cc".into());
+    let status = std::process::Command::new(&compiler)
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-g",
+            "-fvisibility=hidden",
+            // Each hook must call the marker, not jump to it: ddprof drops
+            // the marker's and the hook's frames.
+            "-fno-optimize-sibling-calls",
+            "-fasynchronous-unwind-tables",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(&source)
+        .args([
+            "-Wl,--as-needed",
+            "-ldl",
+            "-Wl,-z,now",
+            "-Wl,--no-undefined",
+            "-Wl,--build-id",
+        ])
+        .status();
+    match status {
+        Ok(status) if status.success() => {
+            println!("cargo::rustc-cfg=ddprof_alloc");
+            println!("cargo::rustc-env=DDPROF_ALLOC_LIBRARY_PATH={}", out.display());
+        }
+        Ok(status) => println!(
+            "cargo::warning={compiler} could not build {} ({status}): building ddprof without allocation profiling",
+            source.display()
+        ),
+        Err(error) => println!(
+            "cargo::warning=no C compiler ({compiler}: {error}) for {}: building ddprof without allocation profiling (install gcc)",
+            source.display()
+        ),
+    }
+}
+
 fn main() {
+    build_allocation_sampler(&PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()));
     println!("cargo::rustc-check-cfg=cfg(ddprof_bpf)");
     println!("cargo::rerun-if-env-changed=DDPROF_EBPF_OBJECT");
     if let Some(object) = std::env::var_os("DDPROF_EBPF_OBJECT").map(PathBuf::from) {

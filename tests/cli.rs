@@ -121,12 +121,6 @@ fn environment_and_config_file_errors_run_the_command_unprofiled() {
             vec!["--config", "/nonexistent/ddprof.toml"],
             "cannot read the config file /nonexistent/ddprof.toml".into(),
         ),
-        // The C++ ddprof's preset of allocations alone: nothing sampled here.
-        (
-            vec![("DD_PROFILING_NATIVE_PRESET", "alloc_only")],
-            vec![],
-            "--event: no event this ddprof samples: sALLOC (allocations) not available yet".into(),
-        ),
     ];
     for (environment, flags, expected) in cases {
         let output = run(ddprof()
@@ -155,10 +149,11 @@ fn environment_and_config_file_errors_run_the_command_unprofiled() {
 }
 
 /// The command lines and environments of Datadog's C++ ddprof README and
-/// docs, unchanged: each runs the command and profiles its CPU time, with
-/// one warning line for the allocations it asks for.
+/// docs, unchanged: each runs the command and profiles its CPU time and its
+/// allocations, with one warning line for the live heap `cpu_live_heap`
+/// asks for and no other.
 #[test]
-fn the_cpp_ddprofs_own_examples_profile_cpu_time() {
+fn the_cpp_ddprofs_own_examples_profile_cpu_time_and_allocations() {
     // (variables, flags before the command)
     type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<&'a str>);
     let cases: Vec<Case> = vec![
@@ -195,19 +190,35 @@ fn the_cpp_ddprofs_own_examples_profile_cpu_time() {
             "{environment:?} {flags:?}: {stderr}"
         );
         assert!(stderr.contains("finished"), "{stderr}");
-        // The settings' warnings: one, for sALLOC.
+        // The settings' warnings: the live heap's, for cpu_live_heap.
         let warnings = settings_warnings(&stderr);
-        assert_eq!(warnings.len(), 1, "{environment:?} {flags:?}: {stderr}");
+        if index == 0 {
+            assert_eq!(warnings.len(), 1, "{environment:?} {flags:?}: {stderr}");
+            assert!(
+                warnings[0].ends_with(
+                    "warning: sALLOC mode=l: the live heap (inuse-objects, inuse-space) is not \
+                     profiled yet; allocations are (alloc-samples, alloc-space)"
+                ),
+                "{environment:?} {flags:?}: {stderr}"
+            );
+        } else {
+            assert!(warnings.is_empty(), "{environment:?} {flags:?}: {stderr}");
+        }
+        let files = pprof_files(&out);
         assert!(
-            warnings[0].ends_with(
-                "warning: not sampled by this ddprof yet, left out: sALLOC (allocations); \
-                 the other events are sampled"
-            ),
-            "{environment:?} {flags:?}: {stderr}"
-        );
-        assert!(
-            !pprof_files(&out).is_empty(),
+            !files.is_empty(),
             "{environment:?} {flags:?}: no profile written\n{stderr}"
+        );
+        let types: Vec<String> = ddprof_tests::pprof::Profile::read_gzipped(&files[0])
+            .unwrap()
+            .sample_types()
+            .into_iter()
+            .map(|(kind, _)| kind)
+            .collect();
+        assert_eq!(
+            types,
+            ["cpu-samples", "cpu-time", "alloc-samples", "alloc-space"],
+            "{environment:?} {flags:?}"
         );
         let _ = std::fs::remove_dir_all(out);
     }

@@ -274,6 +274,7 @@ fn sample(pid: u32, tid: u32, index: u64, frames: Vec<u64>, end: StackEnd) -> Sa
         cpu: 0,
         event: 0,
         weight: PERIOD_NANOS,
+        scaled_count: ddprof::events::COUNT_UNIT,
         frames,
         kernel_frames: vec![],
         end,

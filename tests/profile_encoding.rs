@@ -52,6 +52,7 @@ fn group(stack: u32, tid: u32, count: u64, timeline: Vec<TimedSample>) -> StackS
         thread_name: None,
         stack,
         count,
+        scaled_count: count * ddprof::events::COUNT_UNIT,
         cpu_nanos: 10 * count,
         timeline,
     }
@@ -61,6 +62,7 @@ fn timed(end_timestamp_ns: u64) -> TimedSample {
     TimedSample {
         end_timestamp_ns,
         cpu_nanos: 10,
+        scaled_count: ddprof::events::COUNT_UNIT,
     }
 }
 

@@ -102,6 +102,10 @@ pub struct StackSample {
     /// Index in [`PeriodProfile::stacks`].
     pub stack: u32,
     pub count: u64,
+    /// Sum of what the samples stand for, in thousandths of an event
+    /// ([`crate::sample::Sample::scaled_count`]): `count` thousands but
+    /// for `sALLOC`.
+    pub scaled_count: u64,
     /// Sum of the samples' weights (CPU nanoseconds for `sCPU`).
     pub cpu_nanos: u64,
     /// Samples kept individually for the timeline (a subset of `count`).
@@ -113,6 +117,8 @@ pub struct TimedSample {
     /// Wall-clock time of the sample, in nanoseconds since the Unix epoch.
     pub end_timestamp_ns: u64,
     pub cpu_nanos: u64,
+    /// [`StackSample::scaled_count`]'s share of this sample.
+    pub scaled_count: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -742,6 +748,7 @@ impl Aggregator {
                 thread_name: period.names.name(thread_name),
                 stack,
                 count: 0,
+                scaled_count: 0,
                 cpu_nanos: 0,
                 timeline: Vec::new(),
             });
@@ -749,6 +756,7 @@ impl Aggregator {
         });
         let entry = &mut period.samples[index as usize];
         entry.count += 1;
+        entry.scaled_count = entry.scaled_count.saturating_add(sample.scaled_count);
         entry.cpu_nanos = entry.cpu_nanos.saturating_add(sample.weight);
         if self.options.timeline {
             if period.timeline_events < self.options.max_timeline_events {
@@ -756,6 +764,7 @@ impl Aggregator {
                 entry.timeline.push(TimedSample {
                     end_timestamp_ns: self.clock.wall_nanos(sample.time),
                     cpu_nanos: sample.weight,
+                    scaled_count: sample.scaled_count,
                 });
             } else {
                 period.stats.timeline_dropped += 1;
@@ -842,6 +851,7 @@ mod tests {
             cpu: 0,
             event: 0,
             weight: 10_101_010,
+            scaled_count: crate::events::COUNT_UNIT,
             frames,
             kernel_frames: vec![],
             end,

@@ -99,6 +99,9 @@ fn run(arguments: Vec<std::ffi::OsString>) -> u8 {
                     resolved.unavailable_events.join(", ")
                 );
             }
+            for line in &resolved.left_out {
+                log::warn!("{line}");
+            }
             (
                 resolved.options,
                 resolved.export_problem,

@@ -768,6 +768,7 @@ mod tests {
                         thread_name: None,
                         stack,
                         count,
+                        scaled_count: count * crate::events::COUNT_UNIT,
                         cpu_nanos: count,
                         timeline: vec![],
                     })

@@ -850,8 +850,11 @@ mod tests {
         // 100 samples of 10 ms and 5 lost ones of the nominal 10 ms.
         assert_eq!(first.target_cpu, Duration::from_millis(1050));
         assert!(first.profiler_cpu >= Duration::from_millis(20), "{first:?}");
+        // At least the 30 ms burnt of the 1,050 ms; no upper bound: the
+        // profiler's CPU here is the whole test process's, the tests beside
+        // this one included (73.6 % once in a suite run beside a build).
         let share = first.cpu_share_percent().unwrap();
-        assert!(share > 1.0 && share < 50.0, "{share}");
+        assert!(share > 1.9, "{share}");
         assert!(first.peak_rss_kib >= first.rss_kib && first.rss_kib > 0);
 
         meter.add_sample(20_000_000, StackEnd::Complete, 3);

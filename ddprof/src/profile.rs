@@ -163,6 +163,10 @@ pub struct ProfiledEvent {
     /// `sCPU`: its samples are `cpu-samples`/`count` and
     /// `cpu-time`/`nanoseconds`, as Datadog's profilers name them.
     pub cpu_time: bool,
+    /// `sALLOC`: its samples are `alloc-samples`/`count` and
+    /// `alloc-space`/`bytes`, as Datadog's profilers name them, each sample
+    /// scaled by the inverse of its probability of being sampled.
+    pub allocation: bool,
     /// The event's label (`sPF`, `sched:sched_switch`, `l=`): any other
     /// event's samples are `LABEL`/`events`, and carry the label as
     /// `tracepoint_type`, as the C++ ddprof labels them.
@@ -174,6 +178,7 @@ impl ProfiledEvent {
         Self {
             index: spec.index(),
             cpu_time: spec.is_cpu_time(),
+            allocation: matches!(spec.kind, crate::events::EventKind::Allocation { .. }),
             label: spec.label.clone(),
         }
     }
@@ -183,6 +188,7 @@ impl ProfiledEvent {
         vec![Self {
             index: 0,
             cpu_time: true,
+            allocation: false,
             label: "sCPU".into(),
         }]
     }
@@ -191,6 +197,8 @@ impl ProfiledEvent {
     fn columns(&self) -> Vec<(&str, &'static str)> {
         if self.cpu_time {
             vec![("cpu-samples", "count"), ("cpu-time", "nanoseconds")]
+        } else if self.allocation {
+            vec![("alloc-samples", "count"), ("alloc-space", "bytes")]
         } else {
             vec![(&*self.label, "events")]
         }
@@ -460,7 +468,10 @@ fn build_pprof_streaming_samples(
     let mut first_column: HashMap<u16, (usize, bool)> = HashMap::new();
     let mut sample_type = Vec::new();
     for event in events {
-        first_column.insert(event.index, (sample_type.len(), event.cpu_time));
+        first_column.insert(
+            event.index,
+            (sample_type.len(), event.cpu_time || event.allocation),
+        );
         for (kind, unit) in event.columns() {
             sample_type.push(value_type(&mut strings, kind, unit));
         }
@@ -591,14 +602,16 @@ fn build_pprof_streaming_samples(
     };
     let key_tracepoint_type = strings.id("tracepoint_type");
     let mut values = vec![0i64; sample_type.len()];
-    // Fills the columns of `event` (zero elsewhere); false for an event
-    // the profile has no column for.
-    let fill = |values: &mut [i64], event: u16, count: u64, weight: u64| {
+    // Fills the columns of `event` (zero elsewhere) with what the samples
+    // stand for in thousandths (`scaled_count`) and their weight; false
+    // for an event the profile has no column for.
+    let fill = |values: &mut [i64], event: u16, scaled_count: u64, weight: u64| {
         values.fill(0);
         let clamp = |value: u64| value.min(i64::MAX as u64) as i64;
+        let unit = crate::events::COUNT_UNIT;
         match first_column.get(&event) {
             Some(&(column, true)) => {
-                values[column] = clamp(count);
+                values[column] = clamp(scaled_count.saturating_add(unit / 2) / unit);
                 values[column + 1] = clamp(weight);
                 true
             }
@@ -611,7 +624,7 @@ fn build_pprof_streaming_samples(
     };
     let labels: HashMap<u16, i64> = events
         .iter()
-        .filter(|event| !event.cpu_time)
+        .filter(|event| !event.cpu_time && !event.allocation)
         .map(|event| (event.index, strings.id(&event.label)))
         .collect();
     for stack_sample in &period.samples {
@@ -649,9 +662,16 @@ fn build_pprof_streaming_samples(
         }
         emit(SamplePart::Group(&sample));
         let mut timed_nanos = 0u64;
+        let mut timed_count = 0u64;
         for timed in &stack_sample.timeline {
             timed_nanos = timed_nanos.saturating_add(timed.cpu_nanos);
-            if fill(&mut values, stack_sample.event, 1, timed.cpu_nanos) {
+            timed_count = timed_count.saturating_add(timed.scaled_count);
+            if fill(
+                &mut values,
+                stack_sample.event,
+                timed.scaled_count,
+                timed.cpu_nanos,
+            ) {
                 emit(SamplePart::Sample {
                     values: &values,
                     timestamp: Some(num(key_timestamp, timed.end_timestamp_ns)),
@@ -659,8 +679,16 @@ fn build_pprof_streaming_samples(
             }
         }
         let rest_count = stack_sample.count - stack_sample.timeline.len() as u64;
+        let rest_scaled_count = stack_sample.scaled_count.saturating_sub(timed_count);
         let rest_weight = stack_sample.cpu_nanos.saturating_sub(timed_nanos);
-        if rest_count > 0 && fill(&mut values, stack_sample.event, rest_count, rest_weight) {
+        if rest_count > 0
+            && fill(
+                &mut values,
+                stack_sample.event,
+                rest_scaled_count,
+                rest_weight,
+            )
+        {
             emit(SamplePart::Sample {
                 values: &values,
                 timestamp: None,

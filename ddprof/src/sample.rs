@@ -15,6 +15,10 @@ pub struct Sample {
     /// The sample's weight in the event's unit (CPU nanoseconds for sCPU,
     /// events for the others, or what their `n=`, `r=` and `s=` ask for).
     pub weight: u64,
+    /// What the sample stands for in thousandths of an occurrence of its
+    /// event ([`crate::events::COUNT_UNIT`] for one): for `sALLOC`, the 1/p
+    /// allocations of its size that it stands for.
+    pub scaled_count: u64,
     /// User-space program counters, innermost first. Every frame but the
     /// first is a return address (callers of `frames[0]`).
     pub frames: Vec<u64>,

@@ -434,7 +434,7 @@ impl Sampler {
 fn open_every_cpu(events: &[EventFd], options: &EventOptions) -> Vec<EventFd> {
     let mut specs: Vec<EventSpec> = Vec::new();
     for event in events {
-        if event.scope.is_cpu_wide() {
+        if event.spec.is_cpu_time() && event.scope.is_cpu_wide() {
             // `--global`, or already opened.
             return Vec::new();
         }

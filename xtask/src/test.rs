@@ -42,7 +42,11 @@ const PREREQUISITES: &[(&str, &str)] = &[
 /// Debian packages the tests use that provide no command: glibc's detached
 /// debug symbols, which name glibc's aliases the way perf record does (the
 /// corpus compares function names with it).
-const PACKAGES_WITHOUT_COMMAND: &[&str] = &["libc6-dbg"];
+const PACKAGES_WITHOUT_COMMAND: &[&str] = &[
+    "libc6-dbg",
+    // An allocator a program preloads (tests/allocations.rs).
+    "libjemalloc2",
+];
 
 fn package_installed(package: &str) -> bool {
     Command::new("dpkg-query")

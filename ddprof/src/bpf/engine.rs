@@ -515,6 +515,7 @@ mod tests {
             cpu: 0,
             event,
             weight,
+            scaled_count: crate::events::COUNT_UNIT,
             frames: Vec::new(),
             kernel_frames: Vec::new(),
             end: crate::sample::StackEnd::Complete,

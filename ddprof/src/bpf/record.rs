@@ -65,6 +65,7 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
         // CPU-time events): the engine makes it the event's index.
         event: header.event_cookie.min(u32::from(u16::MAX)) as u16,
         weight: header.period,
+        scaled_count: crate::events::COUNT_UNIT,
         kernel_frames: words(&frames_bytes[..kernel * 8]),
         frames: words(&frames_bytes[kernel * 8..(kernel + user) * 8]),
         end: StackEnd::from_raw(header.stack_end),

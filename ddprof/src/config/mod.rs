@@ -121,7 +121,7 @@ pub struct Cli {
     #[arg(long = "worker-max-rss", env = "DD_PROFILING_WORKER_MAX_RSS", default_value_t = 256, value_parser = parse_worker_max_rss)]
     pub worker_max_rss_mib: u32,
 
-    /// Events to sample, separated by `;`, as the C++ ddprof takes them: `sCPU` (CPU time, 99 Hz), software events (`sPF` page faults, `sPFMAJ`, `sPFMIN`, `sCS` context switches, `sMig`, `sALGN`, `sEMU`), hardware counters (`hCPU`, `hREF`, `hINST`, `hCREF`, `hCMISS`, `hBRANCH`, `hBMISS`, `hBUS`, `hBSTF`, `hBSTB`) and kernel tracepoints (`group:name`, or `i=ID`), each with options `KEY=VALUE` separated by spaces or commas: `f`/`freq` (Hz, at most `kernel.perf_event_max_sample_rate`) or `p`/`period`, `l`/`label`, `s`/`scale`, `n`/`arg_num` or `r`/`register` (weigh by a register), `o`/`raw_offset` and `z`/`raw_size` (weigh a tracepoint by a field of its record), `st`/`stack_sample_size`. Default `sCPU`, or the preset's. Each event is its own sample type in the profile; one this machine cannot open is left out with a warning. `sALLOC` is not sampled yet: left out with a warning
+    /// Events to sample, separated by `;`, as the C++ ddprof takes them: `sCPU` (CPU time, 99 Hz), software events (`sPF` page faults, `sPFMAJ`, `sPFMIN`, `sCS` context switches, `sMig`, `sALGN`, `sEMU`), hardware counters (`hCPU`, `hREF`, `hINST`, `hCREF`, `hCMISS`, `hBRANCH`, `hBMISS`, `hBUS`, `hBSTF`, `hBSTB`) and kernel tracepoints (`group:name`, or `i=ID`), each with options `KEY=VALUE` separated by spaces or commas: `f`/`freq` (Hz, at most `kernel.perf_event_max_sample_rate`) or `p`/`period`, `l`/`label`, `s`/`scale`, `n`/`arg_num` or `r`/`register` (weigh by a register), `o`/`raw_offset` and `z`/`raw_size` (weigh a tracepoint by a field of its record), `st`/`stack_sample_size`. Default `sCPU`, or the preset's. Each event is its own sample type in the profile; one this machine cannot open is left out with a warning. `sALLOC` samples the wrapped command's allocations (`p=` mean bytes between samples, 512 KiB by default; `alloc-samples` and `alloc-space`); with `-p`/`--global` or a statically linked command it is left out with a warning
     #[arg(
         short = 'e',
         long = "event",
@@ -130,7 +130,7 @@ pub struct Cli {
     )]
     pub events: Option<String>,
 
-    /// Events by name, as Datadog's C++ ddprof names them, when no `--event` is given: `cpu_only` (and `default` with `-p`) samples CPU time; `default`, `cpu_live_heap`, `alloc_only` and `alloc_live_heap` also ask for allocations, not sampled yet (said once; the rest runs)
+    /// Events by name, as Datadog's C++ ddprof names them, when no `--event` is given: `cpu_only` (and `default` with `-p`) samples CPU time; `default`, `cpu_live_heap`, `alloc_only` and `alloc_live_heap` also sample allocations (the live heap of the `live` ones is not profiled yet: said once)
     #[arg(long, env = "DD_PROFILING_NATIVE_PRESET", value_enum)]
     pub preset: Option<crate::events::Preset>,
 

@@ -41,6 +41,67 @@ pub struct Resolved {
     /// None of the events asked for is sampled here: like a bad variable,
     /// the command runs unprofiled.
     pub events_problem: Option<EventSpecError>,
+    /// Events left out in this mode, each with why: a warning line each.
+    pub left_out: Vec<String>,
+}
+
+/// `-p` and `--global` attach to processes already running: `sALLOC`,
+/// sampled by a library loaded into the command ddprof starts, is left out
+/// (CPU time alone when nothing else is left), with a line that says so.
+fn leave_out_what_attaching_cannot_sample(
+    events: Vec<EventSpec>,
+    attached: bool,
+) -> Result<(Vec<EventSpec>, Vec<String>), ResolveError> {
+    if !attached {
+        return Ok((events, Vec::new()));
+    }
+    let (allocations, mut kept): (Vec<EventSpec>, Vec<EventSpec>) = events
+        .into_iter()
+        .partition(|spec| matches!(spec.kind, crate::events::EventKind::Allocation { .. }));
+    let left_out = allocations
+        .iter()
+        .map(|spec| {
+            format!(
+                "{} is not sampled: allocations are sampled by a library that ddprof preloads \
+                 into the command it starts (`ddprof -- COMMAND`), and -p and --global attach \
+                 to processes already running; {}",
+                spec.label,
+                if kept.is_empty() {
+                    "CPU time is sampled instead"
+                } else {
+                    "the other events are sampled"
+                }
+            )
+        })
+        .collect();
+    if kept.is_empty() {
+        kept = parse_events(DEFAULT_EVENTS)?;
+    }
+    // Each event's index is its place in the list.
+    for (index, spec) in kept.iter_mut().enumerate() {
+        spec.weighing.event = index as u16;
+    }
+    Ok((kept, left_out))
+}
+
+/// The allocation probe watches every CPU and writes no process records
+/// (mappings, names, forks): with allocations alone, CPU time is sampled
+/// too, its per-task events writing them, and a line says so.
+fn with_process_records(mut events: Vec<EventSpec>, said: &mut Vec<String>) -> Vec<EventSpec> {
+    let allocation =
+        |spec: &EventSpec| matches!(spec.kind, crate::events::EventKind::Allocation { .. });
+    if events.is_empty() || !events.iter().all(allocation) {
+        return events;
+    }
+    said.push(
+        "sALLOC alone: CPU time (sCPU) is sampled too, for the process records that \
+         allocation stacks are unwound with"
+            .into(),
+    );
+    let mut cpu = EventSpec::cpu_time(SampleRate::Frequency(crate::events::DEFAULT_CPU_FREQUENCY));
+    cpu.weighing.event = events.len() as u16;
+    events.push(cpu);
+    events
 }
 
 /// The events when neither `--event` nor `--preset` is given.
@@ -70,6 +131,19 @@ pub fn resolve_with(
         }
         Err(error) => return Err(error.into()),
     };
+    let (events, mut left_out) =
+        leave_out_what_attaching_cannot_sample(events, cli.pid.is_some() || cli.global)?;
+    let events = with_process_records(events, &mut left_out);
+    if events
+        .iter()
+        .any(|spec| spec.kind == crate::events::EventKind::Allocation { live: true })
+    {
+        left_out.push(
+            "sALLOC mode=l: the live heap (inuse-objects, inuse-space) is not profiled yet; \
+             allocations are (alloc-samples, alloc-space)"
+                .into(),
+        );
+    }
     let internal_stats = cli
         .internal_stats
         .as_deref()
@@ -154,6 +228,7 @@ pub fn resolve_with(
         options,
         export_problem,
         unavailable_events,
+        left_out,
         events_problem,
     })
 }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use perf_event_open_sys as sys;
 
+pub mod allocation;
 mod parse;
 mod spec;
 mod tracepoint;
@@ -21,7 +22,7 @@ pub use parse::{
 };
 pub use spec::{
     CounterType, EventKind, EventSpec, EventValue, SampleRate, TableEntry, Tracepoint, Weighing,
-    Weighings, DEFAULT_CPU_FREQUENCY,
+    Weighings, COUNT_UNIT, DEFAULT_CPU_FREQUENCY,
 };
 pub use tracepoint::TracepointError;
 
@@ -309,6 +310,8 @@ pub enum OpenError {
     Permission { source: io::Error, paranoid: String },
     #[error("this machine does not support the {event} event ({source})")]
     Unsupported { event: String, source: io::Error },
+    #[error("{0}")]
+    NotForThisCommand(String),
     #[error(transparent)]
     Tracepoint(TracepointError),
     #[error("no process {pid} ({source})")]
@@ -379,6 +382,15 @@ pub fn type_and_config(spec: &EventSpec, scope: Scope) -> Result<(u32, u64), Ope
             sys::bindings::PERF_TYPE_TRACEPOINT,
             tracepoint::id(tracepoint).map_err(OpenError::Tracepoint)?,
         ),
+        // The probe defined in tracefs on the library's marker.
+        EventKind::Allocation { .. } => match allocation::prepared() {
+            Some(sampler) => (sys::bindings::PERF_TYPE_TRACEPOINT, sampler.probe_id),
+            None => {
+                return Err(OpenError::NotForThisCommand(
+                    allocation::not_prepared_reason(),
+                ))
+            }
+        },
     })
 }
 
@@ -405,6 +417,11 @@ pub fn attributes(
             attr.__bindgen_anon_1.sample_freq = hz;
         }
         SampleRate::Period(period) => attr.__bindgen_anon_1.sample_period = period,
+    }
+    if let EventKind::Allocation { .. } = spec.kind {
+        // The library drew which allocations call the marker: each call is
+        // a sample.
+        attr.__bindgen_anon_1.sample_period = 1;
     }
     attr.sample_type = sample_type(spec);
     attr.sample_regs_user = x86_regs::MASK;
@@ -559,7 +576,8 @@ pub fn warn_if_kernel_time_refused() {
 /// tracepoint this kernel lacks, tracefs not mountable) is left out with
 /// one warning that names it and says why, and the others go on; with
 /// none opened, the first event's error. The first event opened writes
-/// the process records, once for all.
+/// the process records, once for all (not the allocation probe, which
+/// watches every CPU: [`scope_of`]).
 pub fn open_all(
     specs: &[EventSpec],
     scope: Scope,
@@ -569,10 +587,16 @@ pub fn open_all(
     let mut cpu_time_options = *options;
     let mut fds = Vec::with_capacity(specs.len() * cpus.len());
     let mut first_error = None;
+    let mut records_written = false;
     for spec in specs {
-        let opened = open_on_every_cpu(spec, scope, &cpus, &mut cpu_time_options, fds.is_empty());
+        // The allocation probe writes none ([`scope_of`]).
+        let records = !records_written && scope_of(spec, scope) == scope;
+        let opened = open_on_every_cpu(spec, scope, &cpus, &mut cpu_time_options, records);
         match opened {
-            Ok(opened) => fds.extend(opened),
+            Ok(opened) => {
+                records_written |= records;
+                fds.extend(opened);
+            }
             Err(error) => {
                 warn_left_out(spec, &error, specs.len());
                 first_error.get_or_insert(error);
@@ -585,6 +609,21 @@ pub fn open_all(
     }
 }
 
+/// The scope `spec` is opened with where the session's events watch
+/// `scope`: the allocation probe of a launched command watches every CPU
+/// ([`Scope::Global`]). Only the command's processes map the anonymous file
+/// it is placed in, so only they fire it, and no per-task filter is
+/// involved: with per-task events inherited by the command's threads and
+/// children, the probe stopped firing in the command part-way through 1 run
+/// in 4 (the uprobe layer filters probes by the events' tasks), losing half
+/// its allocations uncounted.
+pub fn scope_of(spec: &EventSpec, scope: Scope) -> Scope {
+    match (&spec.kind, scope) {
+        (EventKind::Allocation { .. }, Scope::SelfOnExec | Scope::ChildOnExec(_)) => Scope::Global,
+        _ => scope,
+    }
+}
+
 /// `spec` on each of `cpus`, or the first refusal.
 fn open_on_every_cpu(
     spec: &EventSpec,
@@ -593,6 +632,10 @@ fn open_on_every_cpu(
     cpu_time_options: &mut EventOptions,
     records: bool,
 ) -> Result<Vec<EventFd>, OpenError> {
+    let allocation_probe = scope_of(spec, scope) != scope;
+    let scope = scope_of(spec, scope);
+    // The probe's records would be every process's.
+    let records = records && !allocation_probe;
     let type_and_config = type_and_config(spec, scope)?;
     let mut options = *cpu_time_options;
     options.include_kernel |= spec.needs_kernel();
@@ -643,6 +686,7 @@ pub fn event_name(spec: &EventSpec) -> String {
         }
         EventKind::Counter(entry) => format!("{} ({}, {})", spec.label, entry.name, entry.what),
         EventKind::Tracepoint(_) => format!("{} (a tracepoint)", spec.label),
+        EventKind::Allocation { .. } => format!("{} (allocations)", spec.label),
     }
 }
 

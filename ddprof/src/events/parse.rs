@@ -10,7 +10,10 @@ use super::spec::{
 /// with what they are. Asked for, each is left out with a warning rather
 /// than refusing the whole list: `DD_PROFILING_NATIVE_EVENTS='sCPU;sALLOC'`,
 /// the C++ wrapper's own default, must still profile CPU time.
+#[cfg(not(ddprof_alloc))]
 pub const NOT_YET_AVAILABLE: &[(&str, &str)] = &[("sALLOC", "allocations")];
+#[cfg(ddprof_alloc)]
+pub const NOT_YET_AVAILABLE: &[(&str, &str)] = &[];
 
 /// The events of `text` this ddprof knows but does not sample yet, as
 /// `name (what)`: they are left out of [`parse_events`]'s result.
@@ -302,6 +305,7 @@ impl<'a> Options<'a> {
                 (None, Some(name), _) if NOT_YET_AVAILABLE.iter().any(|(n, _)| *n == name) => {
                     return Ok(None)
                 }
+                (None, Some("sALLOC"), _) => return self.allocation(index).map(Some),
                 (None, Some("sCPU"), _) => (
                     EventKind::CpuTime,
                     SampleRate::Frequency(DEFAULT_CPU_FREQUENCY),
@@ -335,6 +339,40 @@ impl<'a> Options<'a> {
                 (None, None, None) => return Err(EventSpecError::Empty),
             };
         self.finish(kind, default_rate, default_label, index)
+    }
+
+    /// `sALLOC`: `p=` is the mean bytes between samples, `m=l` adds the
+    /// live heap; it weighs the allocation's size, unbiased.
+    fn allocation(self, index: u16) -> Result<EventSpec, EventSpecError> {
+        let name = "sALLOC";
+        let mean =
+            match self.rate {
+                None => super::allocation::DEFAULT_MEAN_BYTES,
+                Some(SampleRate::Period(mean)) => mean,
+                Some(SampleRate::Frequency(_)) => return Err(bad(
+                    name,
+                    "sALLOC samples by bytes: give period= (mean bytes between samples), not freq=",
+                )),
+            };
+        if self.value.is_some() || self.scale.is_some() {
+            return Err(bad(
+                name,
+                "sALLOC weighs the allocations' sizes: arg_num=, register=, raw_offset= and \
+                 scale= are for other events",
+            ));
+        }
+        Ok(EventSpec {
+            kind: EventKind::Allocation { live: self.live },
+            rate: SampleRate::Period(mean),
+            weighing: Weighing {
+                event: index,
+                value: EventValue::AllocationSize { mean },
+                scale: 1.0,
+                fixed_period: None,
+            },
+            label: self.label.map_or_else(|| name.into(), Arc::from),
+            stack_sample_size: self.stack_sample_size,
+        })
     }
 
     fn finish(
@@ -605,6 +643,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(ddprof_alloc))]
     fn the_cpp_ddprofs_allocation_event_is_left_out_not_refused() {
         // The C++ wrapper's default.
         let specs = parse_events("sCPU;sALLOC").unwrap();
@@ -630,20 +669,59 @@ mod tests {
     }
 
     #[test]
+    #[cfg(ddprof_alloc)]
+    fn allocations_in_every_cpp_spelling() {
+        let specs = parse_events("sCPU;sALLOC").unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[1].kind, EventKind::Allocation { live: false });
+        assert_eq!(specs[1].rate, SampleRate::Period(524_288));
+        assert_eq!(
+            specs[1].weighing.value,
+            EventValue::AllocationSize { mean: 524_288 }
+        );
+        assert!(unavailable_events("sCPU;sALLOC").is_empty());
+        let live = one("e=sALLOC m=l p=1048576");
+        assert_eq!(live.kind, EventKind::Allocation { live: true });
+        assert_eq!(
+            live.weighing.value,
+            EventValue::AllocationSize { mean: 1 << 20 }
+        );
+        assert_eq!(live.weighing.hidden_frames(), 2);
+        assert!(parse_events("sALLOC f=99").is_err(), "by bytes, not a rate");
+        assert!(parse_events("sALLOC n=2").is_err());
+        assert!(parse_events("sALLOC s=2").is_err());
+        // The size is in rdi (perf register 5, DWARF 5): 1 MiB at a mean of
+        // 1 MiB stands for 1/(1 - 1/e) allocations.
+        let mut regs = crate::unwind::UserRegs::new(0, 0, 0);
+        regs.known = crate::unwind::UserRegs::ALL_KNOWN;
+        regs.others[5] = 1 << 20;
+        let inverse_p = 1.0 / (1.0 - (-1.0f64).exp());
+        assert_eq!(
+            live.weighing.weight(1, Some(&regs)),
+            ((1 << 20) as f64 * inverse_p).round() as u64
+        );
+        assert_eq!(
+            live.weighing.scaled_count(Some(&regs)),
+            (1000.0 * inverse_p).round() as u64
+        );
+        assert_eq!(one("sCPU").weighing.scaled_count(None), 1000);
+    }
+
+    #[test]
     fn presets_are_the_cpp_ddprofs() {
         assert_eq!(Preset::CpuOnly.events(false), "sCPU");
         assert_eq!(Preset::Default.events(false), "sCPU;sALLOC");
         assert_eq!(Preset::Default.events(true), "sCPU");
-        assert_eq!(
-            parse_events(Preset::CpuLiveHeap.events(false))
-                .unwrap()
-                .len(),
-            1
-        );
-        assert!(matches!(
-            parse_events(Preset::AllocOnly.events(false)),
-            Err(EventSpecError::NoneAvailable(_))
-        ));
+        let live = parse_events(Preset::CpuLiveHeap.events(false)).unwrap();
+        let alloc_only = parse_events(Preset::AllocOnly.events(false));
+        if cfg!(ddprof_alloc) {
+            assert_eq!(live.len(), 2);
+            assert_eq!(live[1].kind, EventKind::Allocation { live: true });
+            assert_eq!(alloc_only.unwrap().len(), 1);
+        } else {
+            assert_eq!(live.len(), 1);
+            assert!(matches!(alloc_only, Err(EventSpecError::NoneAvailable(_))));
+        }
     }
 
     #[test]

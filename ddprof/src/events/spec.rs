@@ -34,6 +34,10 @@ pub enum EventKind {
     /// A kernel tracepoint, by `group:name` (its id read from tracefs when
     /// opened) or by id.
     Tracepoint(Tracepoint),
+    /// `sALLOC`: allocations of the wrapped command, sampled by the
+    /// preloaded library ([`super::allocation`]); `live` (`mode=l`): also
+    /// what is still allocated.
+    Allocation { live: bool },
 }
 
 /// Which tracepoint.
@@ -55,7 +59,19 @@ pub enum EventValue {
     /// tracefs's `format` file gives it; `z=` bytes, 8 by default), read
     /// in this machine's byte order, times `scale`.
     Raw { offset: u32, size: u8 },
+    /// `sALLOC`: the sampled allocation's size (the marker's first
+    /// argument, `rdi`), divided by the probability that an allocation of
+    /// that size is sampled at a mean of `mean` bytes
+    /// ([`super::allocation::unbiased`]).
+    AllocationSize { mean: u64 },
 }
+
+/// What one sample stands for in thousandths of an occurrence of its event
+/// ([`Weighing::scaled_count`]): 1 for every event but `sALLOC`.
+pub const COUNT_UNIT: u64 = 1000;
+
+/// perf's number for `rdi`, the first argument register.
+const RDI: u8 = 5;
 
 /// How a sample of one event is weighed, and which event it is: what the
 /// engines keep of the spec for each sample (cheap to copy).
@@ -85,12 +101,44 @@ impl Weighing {
             // The parser puts the field's value in the period's place
             // (`events::SampleLayout`).
             EventValue::Raw { .. } => period,
+            EventValue::AllocationSize { mean } => {
+                let size = regs
+                    .and_then(|regs| super::x86_regs::value(regs, RDI))
+                    .unwrap_or(0);
+                super::allocation::unbiased(size, mean).1.round() as u64
+            }
         };
         if self.scale == 1.0 {
             value
         } else {
             // Saturating float-to-int: a negative scale weighs 0.
             (value as f64 * self.scale) as u64
+        }
+    }
+}
+
+impl Weighing {
+    /// What a sample stands for, in [`COUNT_UNIT`]s: one occurrence of
+    /// its event, or for `sALLOC` the 1/p allocations of its size.
+    pub fn scaled_count(&self, regs: Option<&crate::unwind::UserRegs>) -> u64 {
+        match self.value {
+            EventValue::AllocationSize { mean } => {
+                let size = regs
+                    .and_then(|regs| super::x86_regs::value(regs, RDI))
+                    .unwrap_or(0);
+                (super::allocation::unbiased(size, mean).0 * COUNT_UNIT as f64).round() as u64
+            }
+            _ => COUNT_UNIT,
+        }
+    }
+
+    /// Innermost frames of the sample's stack that are not the program's:
+    /// an allocation is sampled in the preloaded library's marker, called
+    /// by its hook.
+    pub fn hidden_frames(&self) -> usize {
+        match self.value {
+            EventValue::AllocationSize { .. } => usize::from(super::allocation::LIBRARY_FRAMES),
+            _ => 0,
         }
     }
 }
@@ -111,10 +159,15 @@ impl Weighings {
     /// The weight of a sample of `event` with `period` and user registers
     /// `regs`; an event not added weighs its period.
     pub fn weight(&self, event: u16, period: u64, regs: Option<&crate::unwind::UserRegs>) -> u64 {
-        match self.0.iter().find(|weighing| weighing.event == event) {
+        match self.of(event) {
             Some(weighing) => weighing.weight(period, regs),
             None => period,
         }
+    }
+
+    /// The weighing of `event`, if added.
+    pub fn of(&self, event: u16) -> Option<&Weighing> {
+        self.0.iter().find(|weighing| weighing.event == event)
     }
 }
 
@@ -173,6 +226,13 @@ impl EventSpec {
     /// often as its events come, taken here as 1,000 a second divided by
     /// the period.
     pub fn per_second(&self) -> u64 {
+        if let EventKind::Allocation { .. } = self.kind {
+            // A program allocating 1 GB a second.
+            return match self.rate {
+                SampleRate::Period(mean) => (1_000_000_000 / mean.max(1)).max(1),
+                SampleRate::Frequency(hz) => hz,
+            };
+        }
         match (self.is_cpu_time(), self.rate) {
             (_, SampleRate::Frequency(hz)) => hz,
             (true, SampleRate::Period(nanos)) => 1_000_000_000 / nanos.max(1),
@@ -184,7 +244,7 @@ impl EventSpec {
     /// switches and faults fire in the kernel), as the C++ ddprof opens them.
     pub fn needs_kernel(&self) -> bool {
         match &self.kind {
-            EventKind::CpuTime => false,
+            EventKind::CpuTime | EventKind::Allocation { .. } => false,
             EventKind::Counter(entry) => entry.needs_kernel,
             EventKind::Tracepoint(_) => true,
         }

@@ -66,8 +66,18 @@ pub fn id(tracepoint: &Tracepoint) -> Result<u64, TracepointError> {
     })
 }
 
+/// A tracefs file's text, at most 1 MiB (tracefs files are small; the
+/// bound keeps a listing of many probes from growing without one).
+pub(super) fn read_small(path: &Path) -> std::io::Result<String> {
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(1 << 20)
+        .read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// Where tracefs is: mounted already, or mounted now at its usual place.
-fn tracefs() -> Result<PathBuf, TracepointError> {
+pub(super) fn tracefs() -> Result<PathBuf, TracepointError> {
     if let Some(dir) = TRACEFS_DIRS
         .iter()
         .map(Path::new)

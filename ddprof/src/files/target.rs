@@ -330,6 +330,17 @@ pub fn open_mapped(
                 }
             }
         }
+        // The allocation sampler ddprof preloaded (an anonymous file, gone
+        // with the process): the profiler inherited its descriptor; the
+        // very inode, or nothing.
+        if let Some(sampler) = crate::events::allocation::prepared() {
+            let own = nix::unistd::dup(sampler.file())
+                .map_err(TargetFileError::from)
+                .and_then(|handle| reopen_regular(handle, Some(expected)));
+            if let Ok(opened) = own {
+                return Ok((opened.file, 0));
+            }
+        }
         Err(first_error.unwrap_or(TargetFileError::NotFound))
     })?;
     Ok(OpenedMapped {

@@ -169,6 +169,12 @@ fn daemon_main(setup: DaemonSetup<'_>) {
     let mut keep = vec![socket.as_raw_fd()];
     keep.extend(target_pidfd.as_ref().map(|fd| fd.as_raw_fd()));
     keep.extend(crate::logging::file_descriptor());
+    // The allocation sampler's anonymous file: the library's frames are
+    // unwound and named from it once the command is gone.
+    keep.extend(
+        crate::events::allocation::prepared()
+            .map(|sampler| std::os::fd::AsRawFd::as_raw_fd(&sampler.file())),
+    );
     let log_mode = crate::logging::mode().unwrap_or_else(|| options.log_mode.clone());
     detach_descriptors(&log_mode, &keep);
 

@@ -197,13 +197,15 @@ pub fn receive_events(socket: &OwnedFd, specs: &[EventSpec]) -> Result<Vec<Event
                 .get(spec_index as usize)
                 .cloned()
                 .ok_or(HandoffError::Malformed("unknown event spec"))?;
+            // Opened by the launcher: enabled by its exec, but for the
+            // allocation probe, which watches every CPU.
+            let scope = crate::events::scope_of(&spec, crate::events::Scope::SelfOnExec);
             events.push(EventFd {
                 fd,
                 cpu,
                 spec,
-                // Opened by the launcher: enabled by its exec.
-                enable_when_mapped: false,
-                scope: crate::events::Scope::SelfOnExec,
+                enable_when_mapped: scope == crate::events::Scope::Global,
+                scope,
             });
         }
     }

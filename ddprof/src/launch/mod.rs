@@ -174,6 +174,11 @@ pub fn run_command(options: &LaunchOptions, not_profiled: Option<String>) -> u8 
             return 1;
         }
     };
+    if options.enabled && not_profiled.is_none() {
+        // Before `--init` forks the command: it inherits the library's
+        // descriptor and the variables.
+        preload_allocation_sampler(&options.events, program);
+    }
     if options.init {
         return init::run(
             options,
@@ -195,6 +200,35 @@ pub fn run_command(options: &LaunchOptions, not_profiled: Option<String>) -> u8 
     }
     become_command(options, switch_user.as_ref(), caller_sigpipe);
     exec_command(program, &argv)
+}
+
+/// With `sALLOC`, prepares the allocation sampler and names it in the
+/// command's `LD_PRELOAD` (first, before what the caller preloads), with
+/// its mean in [`events::allocation::MEAN_VARIABLE`]. Not prepared (an old
+/// kernel, a ddprof built without it), the event is left out when it is
+/// opened, with the reason, and the others are sampled.
+fn preload_allocation_sampler(specs: &[EventSpec], program: &str) {
+    let Some(mean) = specs.iter().find_map(|spec| match spec.weighing.value {
+        events::EventValue::AllocationSize { mean } => Some(mean),
+        _ => None,
+    }) else {
+        return;
+    };
+    if events::allocation::statically_linked(program) == Some(true) {
+        // Said once, when the event is left out.
+        events::allocation::decline(format!(
+            "{program} is statically linked, and the allocation sampler is a library that the \
+             dynamic loader preloads (it has none)"
+        ));
+        return;
+    }
+    let Ok(sampler) = events::allocation::prepare() else {
+        return;
+    };
+    let existing = std::env::var("LD_PRELOAD").ok();
+    // The launcher runs no other thread that reads the environment.
+    std::env::set_var("LD_PRELOAD", sampler.ld_preload(existing.as_deref()));
+    std::env::set_var(events::allocation::MEAN_VARIABLE, mean.to_string());
 }
 
 /// A command that will be PID 1 of its PID namespace (a container's entry

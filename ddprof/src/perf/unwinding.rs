@@ -127,16 +127,23 @@ impl Unwinding<'_> {
     pub(super) fn sample(
         &mut self,
         raw: record::SampleView<'_>,
-        frames: Vec<u64>,
+        mut frames: Vec<u64>,
         end: StackEnd,
     ) -> Sample {
         self.counters.samples += 1;
         if end.is_complete() {
             self.counters.complete += 1;
         }
-        let weight = self
-            .weighings
-            .weight(raw.event, raw.period, raw.regs.as_ref());
+        let weighing = self.weighings.of(raw.event);
+        let weight = weighing.map_or(raw.period, |weighing| {
+            weighing.weight(raw.period, raw.regs.as_ref())
+        });
+        let scaled_count = weighing.map_or(crate::events::COUNT_UNIT, |weighing| {
+            weighing.scaled_count(raw.regs.as_ref())
+        });
+        // An allocation's first frames are the sampler library's.
+        let hidden = weighing.map_or(0, |weighing| weighing.hidden_frames());
+        frames.drain(..hidden.min(frames.len()));
         Sample {
             pid: raw.pid,
             tid: raw.tid,
@@ -144,6 +151,7 @@ impl Unwinding<'_> {
             cpu: raw.cpu,
             event: raw.event,
             weight,
+            scaled_count,
             frames,
             kernel_frames: raw.kernel_frames,
             end,

@@ -367,6 +367,7 @@ mod tests {
                     cpu: 0,
                     event: 0,
                     weight: 1,
+                    scaled_count: crate::events::COUNT_UNIT,
                     frames: frames.clone(),
                     kernel_frames: vec![],
                     end: StackEnd::Complete,

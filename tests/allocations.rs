@@ -1,0 +1,386 @@
+//! `sALLOC`: allocations sampled by the library ddprof preloads into the
+//! command, weighed without bias, against the exact totals a workload of
+//! known proportions prints; through threads, a fork, an exec and another
+//! allocator; left out, with one line, where it cannot work.
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Output;
+
+use ddprof_tests::guards::Scratch;
+use ddprof_tests::outputs::pprof_files;
+use ddprof_tests::pprof::Profile;
+use ddprof_tests::workloads::build_workload;
+use ddprof_tests::{run_without_input as run, text};
+
+/// One test at a time: each samples thousands of allocations a second with
+/// 32 KB stack copies, and the next ones' loops would share its CPUs.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The functions of `allocations.c` that allocate.
+const FUNCTIONS: [&str; 4] = [
+    "alloc_small",
+    "alloc_medium",
+    "alloc_large",
+    "alloc_aligned",
+];
+
+/// Runs ddprof with `args`, then `command`, with `env` added, writing into
+/// `out`: its output, stderr, and the one profile it wrote.
+fn profile(
+    out: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    command: &[&str],
+) -> (Output, String, Profile) {
+    let output = run(ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(out)
+        .args(["-l", "notice"])
+        .args(args)
+        .arg("--")
+        .args(command)
+        .envs(env.iter().copied()));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let files = pprof_files(out);
+    assert_eq!(files.len(), 1, "{stderr}");
+    let pprof = Profile::read_gzipped(&files[0]).unwrap();
+    (output, stderr, pprof)
+}
+
+/// `total FUNCTION BYTES COUNT` lines the workload printed.
+fn totals(stdout: &str) -> HashMap<String, (f64, f64)> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.strip_prefix("total ")?.split_whitespace();
+            let name = words.next()?.to_string();
+            let bytes = words.next()?.parse().ok()?;
+            let count = words.next()?.parse().ok()?;
+            Some((name, (bytes, count)))
+        })
+        .collect()
+}
+
+/// Columns of `alloc-samples` and `alloc-space`.
+fn allocation_columns(pprof: &Profile) -> (usize, usize) {
+    let types = pprof.sample_types();
+    let column = |kind: &str, unit: &str| {
+        types
+            .iter()
+            .position(|(k, u)| k == kind && u == unit)
+            .unwrap_or_else(|| panic!("no {kind}/{unit} in {types:?}"))
+    };
+    (
+        column("alloc-samples", "count"),
+        column("alloc-space", "bytes"),
+    )
+}
+
+/// (samples, bytes) of the allocation samples whose innermost function is
+/// `function` (the marker's and the hook's frames are dropped: the leaf is
+/// the function that called the allocator), or that have `function` on
+/// their stack when `anywhere`.
+fn allocated_in(pprof: &Profile, function: &str, anywhere: bool) -> (f64, f64) {
+    let (samples, space) = allocation_columns(pprof);
+    pprof
+        .stacks()
+        .iter()
+        .filter(|(names, _)| {
+            if anywhere {
+                names.iter().any(|name| name == function)
+            } else {
+                names.first().is_some_and(|name| name == function)
+            }
+        })
+        .fold((0.0, 0.0), |(count, bytes), (_, values)| {
+            (count + values[samples] as f64, bytes + values[space] as f64)
+        })
+}
+
+/// Sums of the allocation columns over the whole profile.
+fn allocated_in_all(pprof: &Profile) -> (f64, f64) {
+    let (samples, space) = allocation_columns(pprof);
+    pprof
+        .stacks()
+        .iter()
+        .fold((0.0, 0.0), |(count, bytes), (_, values)| {
+            (count + values[samples] as f64, bytes + values[space] as f64)
+        })
+}
+
+/// Each allocating function's share of the bytes is within 3 points of its
+/// share of the workload's exact totals; the total bytes within 10 %, and
+/// the allocations within 15 % (their estimate rests on the few hundred
+/// samples of the smallest ones, each standing for ~4,000).
+fn assert_matches_totals(pprof: &Profile, exact: &HashMap<String, (f64, f64)>, stderr: &str) {
+    let exact_bytes: f64 = FUNCTIONS.iter().map(|f| exact[*f].0).sum();
+    let exact_count: f64 = FUNCTIONS.iter().map(|f| exact[*f].1).sum();
+    let (_, measured_bytes) = allocated_in_all(pprof);
+    let measured_count: f64 = FUNCTIONS
+        .iter()
+        .map(|function| allocated_in(pprof, function, false).0)
+        .sum();
+    let mut report = String::new();
+    for function in FUNCTIONS {
+        let (_, bytes) = allocated_in(pprof, function, false);
+        let share = 100.0 * bytes / measured_bytes;
+        let exact_share = 100.0 * exact[function].0 / exact_bytes;
+        report += &format!("{function}: {share:.1} % (exact {exact_share:.1} %)\n");
+    }
+    report += &format!(
+        "bytes {measured_bytes:.0} (exact {exact_bytes:.0}), allocations {measured_count:.0} \
+         (exact {exact_count:.0})\n"
+    );
+    eprintln!("{report}");
+    for function in FUNCTIONS {
+        let (_, bytes) = allocated_in(pprof, function, false);
+        let share = 100.0 * bytes / measured_bytes;
+        let exact_share = 100.0 * exact[function].0 / exact_bytes;
+        assert!(
+            (share - exact_share).abs() <= 3.0,
+            "{function}: {share:.1} % of alloc-space, exact {exact_share:.1} %\n{report}{stderr}"
+        );
+    }
+    assert!(
+        (measured_bytes - exact_bytes).abs() <= exact_bytes * 0.1,
+        "{report}{stderr}"
+    );
+    assert!(
+        (measured_count - exact_count).abs() <= exact_count * 0.15,
+        "{report}{stderr}"
+    );
+    // Samples lost in full buffers would bias the estimates (CPU samples
+    // of exiting threads are counted as lost too): none at these rates.
+    let summary = ddprof_tests::outputs::summary_fields(stderr);
+    assert_eq!(
+        summary.get("lost_ring_full").copied().unwrap_or(0),
+        0,
+        "{stderr}"
+    );
+}
+
+/// 1.5 GiB in 2 million allocations of four functions (20/30/40/10 % of the
+/// bytes; sizes from 64 bytes, far below the 512 KiB mean, to 5 MiB, far
+/// above), with CPU time: the shares, totals and counts the workload
+/// printed, and every allocation sample's stack reaching `main` from the
+/// function that called the allocator.
+fn matches_the_exact_totals(engine: &str) {
+    let _alone = one_at_a_time();
+    let workload = build_workload("allocations.c");
+    let out = Scratch::new(&format!("alloc-totals-{engine}"));
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["--engine", engine, "-e", "sCPU;sALLOC"],
+        &[],
+        &[workload.to_str().unwrap(), "1536"],
+    );
+    let types: Vec<String> = pprof.sample_types().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        types,
+        ["cpu-samples", "cpu-time", "alloc-samples", "alloc-space"],
+        "{stderr}"
+    );
+    let exact = totals(&text(&output.stdout));
+    assert_matches_totals(&pprof, &exact, &stderr);
+    // Complete stacks, without the library's frames.
+    let (samples, space) = allocation_columns(&pprof);
+    let mut allocation_samples = 0;
+    for (names, values) in pprof.stacks() {
+        if values[samples] == 0 && values[space] == 0 {
+            continue;
+        }
+        allocation_samples += 1;
+        assert!(
+            FUNCTIONS.contains(&names[0].as_str()) && names.iter().any(|n| n == "main"),
+            "{names:?}"
+        );
+    }
+    assert!(allocation_samples > 1000, "{allocation_samples} samples");
+}
+
+#[test]
+fn alloc_space_matches_the_exact_totals_bpf() {
+    matches_the_exact_totals("bpf");
+}
+
+#[test]
+fn alloc_space_matches_the_exact_totals_perf() {
+    matches_the_exact_totals("perf");
+}
+
+/// The command is a shell that runs the workload (an exec: the library is
+/// preloaded again from the variables and the inherited descriptor), which
+/// forks a child that allocates and exits, and starts 200 short threads, 8
+/// at a time: all of it sampled, the child's under `child_allocs` in its
+/// own process, and the workload ends as it would alone.
+#[test]
+fn threads_a_fork_and_an_exec_are_sampled() {
+    let _alone = one_at_a_time();
+    let workload = build_workload("allocations.c");
+    let out = Scratch::new("alloc-tree");
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sALLOC"],
+        &[],
+        &[
+            "sh",
+            "-c",
+            "\"$0\" 1024 200 fork; echo status=$?",
+            workload.to_str().unwrap(),
+        ],
+    );
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("status=0"), "{stdout}\n{stderr}");
+    let exact = totals(&stdout);
+    // The child's allocations are `alloc_small`'s too.
+    let mut by_leaf = exact.clone();
+    let child = exact["child_allocs"];
+    let small = by_leaf.get_mut("alloc_small").unwrap();
+    *small = (small.0 + child.0, small.1 + child.1);
+    assert_matches_totals(&pprof, &by_leaf, &stderr);
+    let (_, in_threads) = allocated_in(&pprof, "thread_body", true);
+    let threads_exact = exact["thread_body"].0;
+    assert!(
+        (in_threads - threads_exact).abs() <= threads_exact * 0.1,
+        "thread_body: {in_threads:.0} bytes, exact {threads_exact:.0}\n{stderr}"
+    );
+    let (_, in_child) = allocated_in(&pprof, "child_allocs", true);
+    let child_exact = exact["child_allocs"].0;
+    assert!(
+        (in_child - child_exact).abs() <= child_exact * 0.1,
+        "child_allocs: {in_child:.0} bytes, exact {child_exact:.0}\n{stderr}"
+    );
+    let child_pids = pids_with(&pprof, "child_allocs");
+    let parent_pids = pids_with(&pprof, "thread_body");
+    assert_eq!(child_pids.len(), 1, "{child_pids:?}");
+    assert!(
+        child_pids.is_disjoint(&parent_pids),
+        "{child_pids:?} {parent_pids:?}"
+    );
+}
+
+/// A program that preloads jemalloc keeps it: the library forwards to the
+/// next allocator in the lookup order (jemalloc prints its statistics at
+/// exit, so it served the allocations), and the samples match the totals.
+#[test]
+fn another_allocator_stays_the_programs() {
+    let jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    assert!(
+        Path::new(jemalloc).exists(),
+        "install jemalloc: apt-get install libjemalloc2"
+    );
+    let _alone = one_at_a_time();
+    let workload = build_workload("allocations.c");
+    let out = Scratch::new("alloc-jemalloc");
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sALLOC"],
+        &[
+            ("LD_PRELOAD", jemalloc),
+            ("MALLOC_CONF", "stats_print:true"),
+        ],
+        &[workload.to_str().unwrap(), "1024"],
+    );
+    assert!(
+        stderr.contains("jemalloc statistics"),
+        "jemalloc did not serve the program:\n{stderr}"
+    );
+    assert_matches_totals(&pprof, &totals(&text(&output.stdout)), &stderr);
+}
+
+/// The `process_id` labels of the samples with `function` on their stack.
+fn pids_with(pprof: &Profile, function: &str) -> std::collections::HashSet<String> {
+    pprof
+        .labels()
+        .iter()
+        .zip(pprof.stacks())
+        .filter(|(_, (names, _))| names.iter().any(|name| name == function))
+        .filter_map(|(labels, _)| {
+            labels
+                .iter()
+                .find(|(key, _)| key == "process_id")
+                .map(|(_, value)| value.clone())
+        })
+        .collect()
+}
+
+/// `-p` attaches to a process already running: no library can be
+/// preloaded there. One line says so, and CPU time is sampled.
+#[test]
+fn attaching_leaves_allocations_out_in_one_line() {
+    let _alone = one_at_a_time();
+    let workload = build_workload("allocations.c");
+    let mut child = std::process::Command::new(&workload)
+        .arg("8192")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = Scratch::new("alloc-attach");
+    let output = run(ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(&out.0)
+        .args(["-l", "notice", "-e", "sCPU;sALLOC", "-p"])
+        .arg(child.id().to_string()));
+    let _ = child.wait();
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("sALLOC is not sampled"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(
+        said[0].contains("-p and --global attach to processes already running"),
+        "{stderr}"
+    );
+    let pprof = Profile::read_gzipped(&pprof_files(&out.0)[0]).unwrap();
+    let types: Vec<String> = pprof.sample_types().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(types, ["cpu-samples", "cpu-time"]);
+    assert!(
+        ddprof_tests::outputs::summary_fields(&stderr)["samples"] > 0,
+        "{stderr}"
+    );
+}
+
+/// A statically linked program has no dynamic loader to preload the
+/// sampler: one line says so, and CPU time is sampled.
+#[test]
+fn a_static_program_is_told_in_one_line() {
+    let _alone = one_at_a_time();
+    let out = Scratch::new("alloc-static");
+    std::fs::create_dir_all(&out.0).unwrap();
+    let program = out.0.join("allocations_static");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/allocations.c");
+    let built = std::process::Command::new("cc")
+        .args(["-O2", "-g", "-static", "-pthread", "-o"])
+        .arg(&program)
+        .arg(&source)
+        .output()
+        .expect("cc runs");
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    let output = run(ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(out.0.join("profiles"))
+        .args(["-l", "notice", "-e", "sCPU;sALLOC", "--"])
+        .arg(&program)
+        .arg("256"));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("sALLOC is not sampled"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("is statically linked"), "{stderr}");
+    assert!(
+        ddprof_tests::outputs::summary_fields(&stderr)["samples"] > 0,
+        "{stderr}"
+    );
+}
