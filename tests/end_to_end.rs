@@ -767,8 +767,13 @@ fn reports_kernel_frames_with_include_kernel(engine: &str) {
                 .filter(|(frames, _)| frames.iter().any(|frame| frame == "do_syscall_64"))
             {
                 let entry = frames.iter().position(|f| f == "do_syscall_64").unwrap();
+                // A BPF program's JIT'd code (`bpf_prog_TAG_NAME`) is in
+                // kallsyms only while it is loaded: ddprof's own was
+                // sampled once (CI at 352cecb), and is gone by now.
                 assert!(
-                    frames[entry..].iter().all(|f| kernel_names.contains(f)),
+                    frames[entry..]
+                        .iter()
+                        .all(|f| kernel_names.contains(f) || f.starts_with("bpf_prog_")),
                     "{engine}: a user frame below the kernel's in {frames:?}"
                 );
                 assert!(

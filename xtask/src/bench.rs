@@ -34,6 +34,7 @@ use anyhow::{bail, Result};
 
 use crate::{build_all, have, say, target_dir, workspace_root};
 
+mod allocations;
 mod cgroup;
 mod global;
 mod report;
@@ -83,6 +84,12 @@ pub struct BenchArgs {
     /// Measure this ddprof binary (e.g. the static one of `cargo xtask dist`) instead of building one
     #[arg(long)]
     pub ddprof: Option<PathBuf>,
+    /// Runs per program and mode of the allocation section (0: skip it)
+    #[arg(long, default_value_t = 5)]
+    pub allocation_runs: usize,
+    /// Only the allocation section
+    #[arg(long)]
+    pub only_allocations: bool,
 }
 
 /// The corpus's generator of the big program, the same source.
@@ -141,6 +148,41 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(binary) => binary.clone(),
         None => build_all(true)?,
     };
+    if args.only_allocations {
+        let mut report = String::new();
+        allocations::allocation_section(&ddprof, args.allocation_runs.max(1), &mut report)?;
+        writeln!(
+            report,
+            "(`cargo xtask bench --only-allocations --allocation-runs {}`, {} CPUs, kernel {}.)\n",
+            args.allocation_runs.max(1),
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+        )?;
+        println!("{report}");
+        if args.write_docs {
+            // In place of the section of an earlier run, before the corpus's.
+            let path = workspace_root().join("docs/Benchmarks.md");
+            let old = std::fs::read_to_string(&path).unwrap_or_default();
+            let (before, after) = match old.find("## Allocations\n") {
+                Some(start) => {
+                    let rest = &old[start + 1..];
+                    let end = rest
+                        .find("\n## ")
+                        .map_or(old.len(), |end| start + 1 + end + 1);
+                    (&old[..start], &old[end..])
+                }
+                None => match old.find(CORPUS_SECTION) {
+                    Some(start) => (&old[..start], &old[start..]),
+                    None => (old.as_str(), ""),
+                },
+            };
+            std::fs::write(&path, format!("{before}{report}{after}"))?;
+            say("wrote the allocation section of docs/Benchmarks.md");
+        }
+        return Ok(());
+    }
     let measure_exe = build_measure()?;
     let samply = if args.tools.is_empty() || args.tools.iter().any(|t| t == "samply") {
         samply()
@@ -530,6 +572,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             });
         write_global_section(&mut report, &global, args.global_seconds)?;
         results.global = Some(global);
+    }
+    if args.allocation_runs > 0 {
+        if let Err(error) =
+            allocations::allocation_section(&ddprof, args.allocation_runs, &mut report)
+        {
+            writeln!(report, "## Allocations\n\nNot measured: {error:#}\n")?;
+        }
     }
     write_targets(&mut report, &results, &freqs, args.work)?;
     println!("{report}");

@@ -37,6 +37,9 @@ const PREREQUISITES: &[(&str, &str)] = &[
     // A JIT that writes perf maps and jitdumps (tests/jit_runtimes.rs).
     ("node", "nodejs"),
     ("unshare", "util-linux"),
+    // The exact reference for allocations (tests/allocations.rs).
+    ("heaptrack", "heaptrack"),
+    ("zstdcat", "zstd"),
 ];
 
 /// Debian packages the tests use that provide no command: glibc's detached

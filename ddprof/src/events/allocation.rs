@@ -16,9 +16,9 @@
 //! probe's path from the address ddprof gave in *its* memory and must be
 //! privileged (`perf_uprobe_event_init`), so the command's first fork
 //! failed ("Cannot fork"). An inherited tracepoint is allowed as its parent
-//! was. Each run names its probe after the command's PID
-//! (`ddprof_alloc/sampled_PID`); a run removes the probes of runs whose
-//! command has ended (the kernel refuses to remove one still open).
+//! was. Each run names its probe after the command's PID and the file's
+//! inode (`ddprof_alloc/sampled_PID_INODE`); a run removes the probes of
+//! runs whose command has ended (the kernel refuses to remove one open).
 //!
 //! The library lives in an anonymous file (`memfd_create`), sealed against
 //! writes, which the launcher keeps open through the exec and names in
@@ -139,8 +139,9 @@ fn try_prepare() -> Result<&'static Sampler, AllocationError> {
         .map_err(|error| AllocationError::Prepare(format!("anonymous file: {error}")))?;
     let path = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .map_err(|error| AllocationError::Prepare(error.to_string()))?;
-    let probe_id =
-        define_probe(&path.to_string_lossy(), marker_offset).map_err(AllocationError::Probe)?;
+    let probe_id = define_probe(&path.to_string_lossy(), marker_offset, inode_of(&file))
+        .map_err(AllocationError::Probe)?;
+    crate::files::target::preloaded_library_is(file.as_raw_fd());
     Ok(SAMPLER.get_or_init(|| Sampler {
         file,
         path,
@@ -152,22 +153,26 @@ fn try_prepare() -> Result<&'static Sampler, AllocationError> {
 /// The group of ddprof's probes in tracefs.
 const PROBE_GROUP: &str = "ddprof_alloc";
 
-/// Defines `ddprof_alloc/sampled_PID` on the marker of the library at
-/// `path` (resolved by the kernel now, in this process: the anonymous
-/// file's inode), after removing the probes of ended runs; its id.
-fn define_probe(path: &str, offset: u64) -> Result<u64, String> {
+/// The inode number of the anonymous file: with the PID, a name no other
+/// run has, in whatever PID namespace it runs.
+fn inode_of(file: &OwnedFd) -> u64 {
+    nix::sys::stat::fstat(file).map_or(0, |stat| stat.st_ino)
+}
+
+/// Defines `ddprof_alloc/sampled_PID_INODE` on the marker of the library
+/// at `path` (resolved by the kernel now, in this process: the anonymous
+/// file `inode`), after removing the probes of ended runs; its id.
+fn define_probe(path: &str, offset: u64, inode: u64) -> Result<u64, String> {
     let tracefs = super::tracepoint::tracefs().map_err(|error| error.to_string())?;
     let events = tracefs.join("uprobe_events");
     remove_ended_probes(&events);
-    let name = format!("sampled_{}", std::process::id());
+    let name = format!("sampled_{}_{inode}", std::process::id());
     // Appending: opening it truncated would remove every uprobe of the
     // machine.
     let mut file = std::fs::OpenOptions::new()
         .append(true)
         .open(&events)
         .map_err(|error| format!("{}: {error}", events.display()))?;
-    // A probe of that name left by an ended process with this PID.
-    let _ = file.write_all(format!("-:{PROBE_GROUP}/{name}\n").as_bytes());
     file.write_all(format!("p:{PROBE_GROUP}/{name} {path}:{offset:#x}\n").as_bytes())
         .map_err(|error| format!("{}: {error}", events.display()))?;
     let id_path = tracefs
@@ -184,6 +189,10 @@ fn define_probe(path: &str, offset: u64) -> Result<u64, String> {
 
 /// Removes the probes of ddprof runs whose command has ended (named after
 /// its PID, which no process has now); the kernel refuses those still open.
+/// A run in another PID namespace may see a live run's PID as free: if
+/// its probe is open, the kernel refuses; if not yet (between its
+/// definition and its events' opening, milliseconds), that run leaves
+/// `sALLOC` out with one line.
 fn remove_ended_probes(events: &std::path::Path) {
     let Ok(listing) = super::tracepoint::read_small(events) else {
         return;
@@ -193,17 +202,27 @@ fn remove_ended_probes(events: &std::path::Path) {
     };
     let prefix = format!("p:{PROBE_GROUP}/sampled_");
     for line in listing.lines() {
-        let Some(pid) = line
+        // `p:ddprof_alloc/sampled_PID_INODE PATH:OFFSET`
+        let Some(suffix) = line
             .strip_prefix(&prefix)
             .and_then(|rest| rest.split_whitespace().next())
+        else {
+            continue;
+        };
+        let Some(pid) = suffix
+            .split('_')
+            .next()
             .and_then(|pid| pid.parse::<u32>().ok())
         else {
             continue;
         };
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        // The name is digits and `_` only: nothing else goes into the write.
+        if !suffix.bytes().all(|b| b.is_ascii_digit() || b == b'_')
+            || std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
             continue;
         }
-        let _ = file.write_all(format!("-:{PROBE_GROUP}/sampled_{pid}\n").as_bytes());
+        let _ = file.write_all(format!("-:{PROBE_GROUP}/sampled_{suffix}\n").as_bytes());
     }
 }
 

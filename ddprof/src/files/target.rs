@@ -250,6 +250,16 @@ fn bounded_call<T: Send + 'static>(
     }
 }
 
+/// The descriptor of the library ddprof preloads into the command
+/// (`sALLOC`), which this process holds: mapped files of that inode are
+/// opened through it once the command is gone.
+static PRELOADED_LIBRARY: std::sync::OnceLock<std::os::fd::RawFd> = std::sync::OnceLock::new();
+
+/// Says which descriptor of this process holds the preloaded library.
+pub fn preloaded_library_is(fd: std::os::fd::RawFd) {
+    let _ = PRELOADED_LIBRARY.set(fd);
+}
+
 /// Opens the file that process `pid` maps as `mapped` (its path as the
 /// kernel named it, its device and inode), at `range` (start, end) when
 /// known: by its path in the process's root (gone: the roots met lately)
@@ -333,10 +343,14 @@ pub fn open_mapped(
         // The allocation sampler ddprof preloaded (an anonymous file, gone
         // with the process): the profiler inherited its descriptor; the
         // very inode, or nothing.
-        if let Some(sampler) = crate::events::allocation::prepared() {
-            let own = nix::unistd::dup(sampler.file())
-                .map_err(TargetFileError::from)
-                .and_then(|handle| reopen_regular(handle, Some(expected)));
+        if let Some(&fd) = PRELOADED_LIBRARY.get() {
+            let own = nix::fcntl::open(
+                format!("/proc/self/fd/{fd}").as_str(),
+                OFlag::O_PATH | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(TargetFileError::from)
+            .and_then(|handle| reopen_regular(handle, Some(expected)));
             if let Ok(opened) = own {
                 return Ok((opened.file, 0));
             }

@@ -1,0 +1,204 @@
+//! The allocation section of `cargo xtask bench`: what `sALLOC` costs the
+//! programs it samples, beside CPU-only profiling and heaptrack, on real
+//! allocation-heavy programs (python3, sqlite3) and the tests' workload of
+//! known proportions.
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use super::report::{median, show};
+use super::runs::shell_words;
+use crate::{have, say, workspace_root};
+
+/// The profiler settings compared, each a prefix of the command.
+const MODES: &[&str] = &[
+    "unprofiled",
+    "ddprof sCPU",
+    "ddprof sCPU;sALLOC",
+    "heaptrack",
+];
+
+/// One program: a name and its command line.
+struct Program {
+    name: &'static str,
+    command: Vec<String>,
+}
+
+/// What one mode's runs of one program gave.
+#[derive(Default)]
+struct Figures {
+    wall_s: Vec<f64>,
+    profiler_cpu_ms: Vec<f64>,
+}
+
+fn programs(scratch: &Path) -> Result<Vec<Program>> {
+    let script = scratch.join("dicts.py");
+    std::fs::write(
+        &script,
+        "import json\n\
+         d = {}\n\
+         for i in range(400000):\n    d[str(i)] = [i, str(i) * 40, {'k': 'v' * (i % 700)}]\n\
+         s = json.dumps(d)\n\
+         print(len(s), len(json.loads(s)))\n",
+    )?;
+    let sql = scratch.join("build.sql");
+    std::fs::write(
+        &sql,
+        "create table t(id integer primary key, name text, payload blob);\n\
+         with recursive n(i) as (select 1 union all select i + 1 from n where i < 300000)\n\
+         insert into t select i, 'name-' || i, randomblob(200 + i % 900) from n;\n\
+         create index t_name on t(name);\n\
+         select count(*), sum(length(payload)) from t;\n",
+    )?;
+    let workload = scratch.join("allocations");
+    let source = workspace_root().join("tests/workloads/allocations.c");
+    let built = Command::new("cc")
+        .args(["-O2", "-g", "-pthread", "-o"])
+        .arg(&workload)
+        .arg(&source)
+        .status()
+        .context("cc")?;
+    if !built.success() {
+        bail!("cannot build {}", source.display());
+    }
+    let text = |path: &Path| path.display().to_string();
+    Ok(vec![
+        Program {
+            name: "python3 (dicts, lists, json)",
+            command: vec!["/usr/bin/python3".into(), text(&script)],
+        },
+        Program {
+            name: "sqlite3 (a 300,000-row table and its index)",
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!(
+                    "rm -f {db} && sqlite3 {db} < {sql}",
+                    db = text(&scratch.join("bench.db")),
+                    sql = text(&sql)
+                ),
+            ],
+        },
+        Program {
+            name: "allocations (the tests' workload, 1.5 GiB)",
+            command: vec![text(&workload), "1536".into()],
+        },
+    ])
+}
+
+/// The command line of `mode` around `command`.
+fn wrapped(mode: &str, ddprof: &Path, output: &Path, command: &[String]) -> Vec<String> {
+    let mut line: Vec<String> = match mode {
+        "unprofiled" => Vec::new(),
+        "heaptrack" => vec![
+            "heaptrack".into(),
+            "-o".into(),
+            output.join("heaptrack").display().to_string(),
+        ],
+        _ => {
+            let events = mode.trim_start_matches("ddprof ");
+            vec![
+                ddprof.display().to_string(),
+                "-e".into(),
+                events.into(),
+                "--output".into(),
+                output.display().to_string(),
+                "-l".into(),
+                "notice".into(),
+                "--".into(),
+            ]
+        }
+    };
+    line.extend(command.iter().cloned());
+    line
+}
+
+/// The allocation section: `runs` runs of each program in each mode,
+/// interleaved, medians.
+pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String) -> Result<()> {
+    if !have("heaptrack") || !have("sqlite3") {
+        bail!("the allocation section needs heaptrack and sqlite3 (apt-get install heaptrack sqlite3)");
+    }
+    let scratch: PathBuf =
+        std::env::temp_dir().join(format!("ddprof-bench-alloc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
+    let programs = programs(&scratch)?;
+    writeln!(
+        report,
+        "## Allocations\n\n\
+         What `sALLOC` (mean 512 KiB, the default) costs the programs it samples: each \
+         program's wall time (the command's, as its caller sees it), median of {runs} runs, \
+         the modes interleaved run by run; *slowdown* is over the unprofiled median; *profiler \
+         CPU* is ddprof's summary (`profiler_cpu_ms`, its processes' CPU). heaptrack records \
+         every allocation (the exact reference of `tests/allocations.rs`).\n"
+    )?;
+    for program in &programs {
+        say(&format!("allocations: {}", program.name));
+        let mut figures: Vec<Figures> = MODES.iter().map(|_| Figures::default()).collect();
+        let mut lines = Vec::new();
+        for _ in 0..runs {
+            for (index, mode) in MODES.iter().enumerate() {
+                let output = scratch.join(format!("out-{index}"));
+                let _ = std::fs::remove_dir_all(&output);
+                std::fs::create_dir_all(&output)?;
+                let line = wrapped(mode, ddprof, &output, &program.command);
+                if lines.len() < MODES.len() {
+                    lines.push(shell_words(&line));
+                }
+                let start = Instant::now();
+                let run = Command::new(&line[0])
+                    .args(&line[1..])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .output()
+                    .with_context(|| format!("running {}", line[0]))?;
+                let wall = start.elapsed().as_secs_f64();
+                if !run.status.success() {
+                    bail!(
+                        "{} failed: {}",
+                        shell_words(&line),
+                        String::from_utf8_lossy(&run.stderr)
+                    );
+                }
+                figures[index].wall_s.push(wall);
+                let stderr = String::from_utf8_lossy(&run.stderr);
+                if let Some(cpu) = stderr
+                    .lines()
+                    .filter(|line| line.contains("summary:"))
+                    .flat_map(|line| line.split_whitespace())
+                    .find_map(|word| word.strip_prefix("profiler_cpu_ms="))
+                    .and_then(|value| value.parse::<f64>().ok())
+                {
+                    figures[index].profiler_cpu_ms.push(cpu);
+                }
+            }
+        }
+        let baseline = median(figures[0].wall_s.clone());
+        writeln!(report, "### {}\n", program.name)?;
+        writeln!(report, "| mode | wall (s) | slowdown | profiler CPU (ms) |")?;
+        writeln!(report, "|---|---|---|---|")?;
+        for (mode, figures) in MODES.iter().zip(&figures) {
+            let wall = median(figures.wall_s.clone());
+            let slowdown = wall.zip(baseline).map(|(wall, base)| wall / base);
+            writeln!(
+                report,
+                "| {mode} | {} | {} | {} |",
+                show(wall, 3),
+                show(slowdown, 3),
+                show(median(figures.profiler_cpu_ms.clone()), 0)
+            )?;
+        }
+        writeln!(report, "\nCommands:\n")?;
+        for line in lines {
+            writeln!(report, "    {line}")?;
+        }
+        writeln!(report)?;
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
