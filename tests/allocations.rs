@@ -115,43 +115,75 @@ fn allocated_in_all(pprof: &Profile) -> (f64, f64) {
         })
 }
 
+/// Each of `functions`' share of the measured bytes (of `measured_total`)
+/// is within 3 points of its share of the reference's (`reference`, of
+/// `exact_total`), and the totals within 10 %; the figures, as a report.
+fn assert_shares(
+    measured: &HashMap<String, f64>,
+    measured_total: f64,
+    exact: &HashMap<String, f64>,
+    exact_total: f64,
+    functions: &[String],
+    reference: &str,
+    context: &str,
+) -> String {
+    let share = |bytes: Option<&f64>, total: f64| 100.0 * bytes.copied().unwrap_or(0.0) / total;
+    let mut report = format!("bytes {measured_total:.0} ({reference} {exact_total:.0})\n");
+    for function in functions {
+        report += &format!(
+            "{function}: {:.1} % ({reference} {:.1} %)\n",
+            share(measured.get(function), measured_total),
+            share(exact.get(function), exact_total)
+        );
+    }
+    eprintln!("{report}");
+    for function in functions {
+        let (measured_share, exact_share) = (
+            share(measured.get(function), measured_total),
+            share(exact.get(function), exact_total),
+        );
+        assert!(
+            (measured_share - exact_share).abs() <= 3.0,
+            "{function}: {measured_share:.1} % of alloc-space, {reference} {exact_share:.1} %\n\
+             {report}{context}"
+        );
+    }
+    assert!(
+        (measured_total - exact_total).abs() <= exact_total * 0.1,
+        "{report}{context}"
+    );
+    report
+}
+
 /// Each allocating function's share of the bytes is within 3 points of its
 /// share of the workload's exact totals; the total bytes within 10 %, and
 /// the allocations within 15 % (their estimate rests on the few hundred
 /// samples of the smallest ones, each standing for ~4,000).
 fn assert_matches_totals(pprof: &Profile, exact: &HashMap<String, (f64, f64)>, stderr: &str) {
-    let exact_bytes: f64 = FUNCTIONS.iter().map(|f| exact[*f].0).sum();
     let exact_count: f64 = FUNCTIONS.iter().map(|f| exact[*f].1).sum();
-    let (_, measured_bytes) = allocated_in_all(pprof);
     let measured_count: f64 = FUNCTIONS
         .iter()
         .map(|function| allocated_in(pprof, function, false).0)
         .sum();
-    let mut report = String::new();
-    for function in FUNCTIONS {
-        let (_, bytes) = allocated_in(pprof, function, false);
-        let share = 100.0 * bytes / measured_bytes;
-        let exact_share = 100.0 * exact[function].0 / exact_bytes;
-        report += &format!("{function}: {share:.1} % (exact {exact_share:.1} %)\n");
-    }
-    report += &format!(
-        "bytes {measured_bytes:.0} (exact {exact_bytes:.0}), allocations {measured_count:.0} \
-         (exact {exact_count:.0})\n"
+    let measured: HashMap<String, f64> = FUNCTIONS
+        .iter()
+        .map(|function| (function.to_string(), allocated_in(pprof, function, false).1))
+        .collect();
+    let exact_bytes: HashMap<String, f64> = FUNCTIONS
+        .iter()
+        .map(|function| (function.to_string(), exact[*function].0))
+        .collect();
+    let functions: Vec<String> = FUNCTIONS.iter().map(|f| f.to_string()).collect();
+    let report = assert_shares(
+        &measured,
+        allocated_in_all(pprof).1,
+        &exact_bytes,
+        exact_bytes.values().sum(),
+        &functions,
+        "exact",
+        stderr,
     );
-    eprintln!("{report}");
-    for function in FUNCTIONS {
-        let (_, bytes) = allocated_in(pprof, function, false);
-        let share = 100.0 * bytes / measured_bytes;
-        let exact_share = 100.0 * exact[function].0 / exact_bytes;
-        assert!(
-            (share - exact_share).abs() <= 3.0,
-            "{function}: {share:.1} % of alloc-space, exact {exact_share:.1} %\n{report}{stderr}"
-        );
-    }
-    assert!(
-        (measured_bytes - exact_bytes).abs() <= exact_bytes * 0.1,
-        "{report}{stderr}"
-    );
+    let report = format!("{report}allocations {measured_count:.0} (exact {exact_count:.0})\n");
     assert!(
         (measured_count - exact_count).abs() <= exact_count * 0.15,
         "{report}{stderr}"
@@ -311,6 +343,16 @@ fn pids_with(pprof: &Profile, function: &str) -> std::collections::HashSet<Strin
         .collect()
 }
 
+/// The one line of `stderr` that says `sALLOC` is not sampled.
+fn the_line_leaving_allocations_out(stderr: &str) -> &str {
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("sALLOC is not sampled"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    said[0]
+}
+
 /// `-p` attaches to a process already running: no library can be
 /// preloaded there. One line says so, and CPU time is sampled.
 #[test]
@@ -331,13 +373,9 @@ fn attaching_leaves_allocations_out_in_one_line() {
     let _ = child.wait();
     let stderr = text(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    let said: Vec<&str> = stderr
-        .lines()
-        .filter(|line| line.contains("sALLOC is not sampled"))
-        .collect();
-    assert_eq!(said.len(), 1, "{stderr}");
+    let said = the_line_leaving_allocations_out(&stderr);
     assert!(
-        said[0].contains("-p and --global attach to processes already running"),
+        said.contains("-p and --global attach to processes already running"),
         "{stderr}"
     );
     let pprof = Profile::read_gzipped(&pprof_files(&out.0)[0]).unwrap();
@@ -373,12 +411,8 @@ fn a_static_program_is_told_in_one_line() {
         .arg("256"));
     let stderr = text(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    let said: Vec<&str> = stderr
-        .lines()
-        .filter(|line| line.contains("sALLOC is not sampled"))
-        .collect();
-    assert_eq!(said.len(), 1, "{stderr}");
-    assert!(said[0].contains("is statically linked"), "{stderr}");
+    let said = the_line_leaving_allocations_out(&stderr);
+    assert!(said.contains("is statically linked"), "{stderr}");
     assert!(
         ddprof_tests::outputs::summary_fields(&stderr)["samples"] > 0,
         "{stderr}"
@@ -476,25 +510,19 @@ fn matches_heaptrack(out: &Path, command: &[&str]) {
     let measured_total: f64 = measured.values().sum();
     let mut top: Vec<(&String, &f64)> = exact.iter().collect();
     top.sort_by(|a, b| b.1.total_cmp(a.1));
-    let mut report =
-        format!("{command:?}: ddprof {measured_total:.0} bytes, heaptrack {exact_total:.0}\n");
-    for (function, bytes) in top.iter().take(10) {
-        let share = 100.0 * measured.get(*function).copied().unwrap_or(0.0) / measured_total;
-        let exact_share = 100.0 * **bytes / exact_total;
-        report += &format!("{function}: {share:.1} % (heaptrack {exact_share:.1} %)\n");
-    }
-    eprintln!("{report}");
-    for (function, bytes) in top.iter().take(10) {
-        let share = 100.0 * measured.get(*function).copied().unwrap_or(0.0) / measured_total;
-        let exact_share = 100.0 * **bytes / exact_total;
-        assert!(
-            (share - exact_share).abs() <= 3.0,
-            "{function}: {share:.1} % of alloc-space, heaptrack {exact_share:.1} %\n{report}{stderr}"
-        );
-    }
-    assert!(
-        (measured_total - exact_total).abs() <= exact_total * 0.1,
-        "{report}{stderr}"
+    let top: Vec<String> = top
+        .iter()
+        .take(10)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    assert_shares(
+        &measured,
+        measured_total,
+        &exact,
+        exact_total,
+        &top,
+        "heaptrack",
+        &format!("{command:?}\n{stderr}"),
     );
 }
 
