@@ -543,3 +543,109 @@ fn python_matches_heaptrack() {
     let script = out.0.join("dicts.py");
     matches_heaptrack(&out.0, &["/usr/bin/python3", script.to_str().unwrap()]);
 }
+
+/// `live REALTIME_NS BYTES` lines `leaks.c` printed: the allocator's own
+/// count of the bytes it holds (mallinfo2), every 100 ms.
+fn true_live_bytes(stdout: &str) -> Vec<(i64, f64)> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.strip_prefix("live ")?.split_whitespace();
+            Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A program that leaks 30 MiB a second in one function (`leak_records`)
+/// and frees everything else (8 times as much churned, and messages freed
+/// by another thread), profiled with `sALLOC mode=sl` for 10 s with a new
+/// profile every second and a new worker every profile: in every profile
+/// past the first, `leak_records` holds at least 95 % of `inuse-space`,
+/// and `inuse-space` is within 10 % of what the allocator says it holds
+/// (mallinfo2) when the profile ends — across the workers' restarts (the
+/// live heap is carried from one to the next). The allocations of the
+/// period are there too (`alloc-*`), most of them churn's.
+fn live_heap_follows_the_true_live_bytes(engine: &str) {
+    let _alone = one_at_a_time();
+    let workload = build_workload("leaks.c");
+    let out = Scratch::new(&format!("live-heap-{engine}"));
+    let output = run(ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(&out.0)
+        .args(["-l", "notice", "--engine", engine])
+        .args(["-e", "sCPU;sALLOC mode=sl p=131072"])
+        .args(["--upload-period", "1", "--worker-period", "1"])
+        .arg("--")
+        .args([workload.to_str().unwrap(), "10"]));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let live = true_live_bytes(&text(&output.stdout));
+    let restarts = ddprof_tests::outputs::summary_fields(&stderr)["worker_restarts"];
+    assert!(restarts >= 6, "{restarts} worker restarts:\n{stderr}");
+    let files = pprof_files(&out.0);
+    assert!(files.len() >= 8, "{} profiles:\n{stderr}", files.len());
+    let mut report = String::new();
+    let mut compared = 0;
+    for file in &files {
+        let pprof = Profile::read_gzipped(file).unwrap();
+        let types = pprof.sample_types();
+        let column = |kind: &str| {
+            types
+                .iter()
+                .position(|(k, _)| k == kind)
+                .unwrap_or_else(|| panic!("no {kind} in {types:?}"))
+        };
+        let (inuse, allocated) = (column("inuse-space"), column("alloc-space"));
+        let sum = |column: usize, leaf: Option<&str>| -> f64 {
+            pprof
+                .stacks()
+                .iter()
+                .filter(|(names, _)| {
+                    leaf.is_none_or(|leaf| names.first().is_some_and(|n| n == leaf))
+                })
+                .map(|(_, values)| values[column] as f64)
+                .sum()
+        };
+        let held = sum(inuse, None);
+        let leaked = sum(inuse, Some("leak_records"));
+        let end = pprof.time_nanos + pprof.duration_nanos;
+        // What the allocator held when the profile's period ended.
+        let Some(&(_, truth)) = live.iter().min_by_key(|(time, _)| (time - end).abs()) else {
+            panic!("the workload printed no live bytes");
+        };
+        report += &format!(
+            "profile ending {end}: inuse-space {held:.0} (mallinfo2 {truth:.0}), leak_records \
+             {:.1} %; alloc-space {:.0}, churn {:.1} %\n",
+            100.0 * leaked / held.max(1.0),
+            sum(allocated, None),
+            100.0 * sum(allocated, Some("churn")) / sum(allocated, None).max(1.0)
+        );
+        // The first period's heap is small and the last one's ends after
+        // the workload.
+        if truth < 40.0 * 1024.0 * 1024.0 || end > live.last().unwrap().0 {
+            continue;
+        }
+        compared += 1;
+        assert!(leaked >= 0.95 * held, "{report}{stderr}");
+        assert!((held - truth).abs() <= 0.1 * truth, "{report}{stderr}");
+        assert!(
+            sum(allocated, Some("churn")) >= 0.6 * sum(allocated, None),
+            "{report}{stderr}"
+        );
+    }
+    eprintln!("{report}");
+    assert!(
+        compared >= 6,
+        "{compared} profiles compared:\n{report}{stderr}"
+    );
+}
+
+#[test]
+fn live_heap_follows_the_true_live_bytes_bpf() {
+    live_heap_follows_the_true_live_bytes("bpf");
+}
+
+#[test]
+fn live_heap_follows_the_true_live_bytes_perf() {
+    live_heap_follows_the_true_live_bytes("perf");
+}

@@ -277,6 +277,7 @@ fn sample(pid: u32, tid: u32, index: u64, frames: Vec<u64>, end: StackEnd) -> Sa
         scaled_count: ddprof::events::COUNT_UNIT,
         frames,
         kernel_frames: vec![],
+        heap: None,
         end,
     }
 }

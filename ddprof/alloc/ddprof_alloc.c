@@ -11,6 +11,13 @@
  * file and takes no lock. With no event on the function (the profiler gone),
  * the call costs a few instructions.
  *
+ * With DDPROF_ALLOC_LIVE=1 (sALLOC mode=l) it also remembers the addresses
+ * it sampled, in a fixed table of its own (2 MiB, mapped at load), and calls
+ * ddprof_sampled_free(address) when one of them is freed (or moved by
+ * realloc), before the allocator may hand the address out again. An
+ * allocation the table has no room for is reported with address 0: sampled
+ * (alloc-space), not followed (ddprof counts it).
+ *
  * Sampling is by bytes, a Poisson process of mean DDPROF_ALLOC_MEAN bytes
  * (512 KiB by default): each thread counts down an exponentially distributed
  * number of bytes; the allocation that crosses zero is sampled. An allocation
@@ -68,6 +75,23 @@ __asm__(".text\n"
         ".size ddprof_sampled_allocation, .-ddprof_sampled_allocation\n");
 EXPORT void ddprof_sampled_allocation(size_t size, void *address);
 
+/* The free marker: other bytes than the allocation marker's (a nop, two
+ * 2-byte nops, a return), the same CFI. rdi = the freed address. */
+__asm__(".text\n"
+        ".globl ddprof_sampled_free\n"
+        ".type ddprof_sampled_free, @function\n"
+        ".p2align 4\n"
+        "ddprof_sampled_free:\n"
+        ".cfi_startproc\n"
+        ".byte 0x90, 0x66, 0x90, 0x66, 0x90\n"
+        "ret\n"
+        ".cfi_endproc\n"
+        ".size ddprof_sampled_free, .-ddprof_sampled_free\n");
+EXPORT void ddprof_sampled_free(void *address);
+
+void *mmap_base(void *address, size_t length, int protection, int flags, int fd, long offset);
+__asm__(".symver mmap_base, mmap@GLIBC_2.2.5");
+
 typedef void *(*malloc_fn)(size_t);
 typedef void (*free_fn)(void *);
 typedef void *(*calloc_fn)(size_t, size_t);
@@ -113,6 +137,53 @@ static void *arena_alloc(size_t size) {
 /* Mean bytes between samples; 0 samples nothing. */
 static int64_t mean = 512 * 1024;
 
+/*
+ * The sampled addresses still allocated (live mode only; NULL otherwise):
+ * LIVE_BUCKETS buckets of LIVE_SLOTS addresses, a bucket picked by a hash of
+ * the address; 0 is a free slot. Lock-free: a slot is taken by a
+ * compare-and-swap from 0 and given back by one from the address, so two
+ * threads never both own a slot. A bucket is one cache line: a free that
+ * was not sampled (nearly all of them) reads one line.
+ */
+#define LIVE_BUCKETS 32768
+#define LIVE_SLOTS 8
+static uintptr_t (*live)[LIVE_SLOTS];
+
+static inline uintptr_t (*live_bucket(uintptr_t address))[LIVE_SLOTS] {
+    uint64_t hash = (uint64_t)address * 0x9e3779b97f4a7c15ull;
+    return &live[hash >> 49];
+}
+
+/* Remembers a sampled address; whether there was room. */
+static int live_insert(void *pointer) {
+    uintptr_t address = (uintptr_t)pointer, (*bucket)[LIVE_SLOTS] = live_bucket(address);
+    for (int i = 0; i < LIVE_SLOTS; i++) {
+        uintptr_t empty = 0;
+        if (__atomic_load_n(&(*bucket)[i], __ATOMIC_RELAXED) == 0 &&
+            __atomic_compare_exchange_n(&(*bucket)[i], &empty, address, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            return 1;
+    }
+    return 0;
+}
+
+/* Before `pointer` goes back to the allocator: if it was sampled, forgets it
+ * and reports the free. */
+static inline void live_forget(void *pointer) {
+    if (!live || !pointer)
+        return;
+    uintptr_t address = (uintptr_t)pointer, (*bucket)[LIVE_SLOTS] = live_bucket(address);
+    for (int i = 0; i < LIVE_SLOTS; i++) {
+        uintptr_t expected = address;
+        if (__atomic_load_n(&(*bucket)[i], __ATOMIC_RELAXED) == address &&
+            __atomic_compare_exchange_n(&(*bucket)[i], &expected, 0, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED)) {
+            ddprof_sampled_free(pointer);
+            return;
+        }
+    }
+}
+
 static void resolve(void) {
     if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 2)
         return;
@@ -133,6 +204,16 @@ static void resolve(void) {
         for (const char *c = configured; *c >= '0' && *c <= '9' && value < (1ll << 40); c++)
             value = value * 10 + (*c - '0');
         mean = value;
+    }
+    const char *live_mode = getenv_base("DDPROF_ALLOC_LIVE");
+    if (live_mode && live_mode[0] == '1' && mean > 0) {
+        /* PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS: zeroed pages,
+         * touched as buckets are used; a fork copies them, so a child frees
+         * its copies of its parent's sampled addresses (ddprof ignores frees
+         * of addresses it never saw in that process). */
+        void *table = mmap_base(0, sizeof(uintptr_t) * LIVE_BUCKETS * LIVE_SLOTS, 0x3, 0x22, -1, 0);
+        if (table != (void *)-1)
+            live = table;
     }
     __atomic_store_n(&state, 2, __ATOMIC_RELEASE);
 }
@@ -204,10 +285,13 @@ static inline __attribute__((always_inline)) int sampled(size_t size) {
     return 1;
 }
 
+/* Reports a sampled allocation: its address when followed for the live
+ * heap, 0 when not (sum mode, or no room left in its bucket). */
 #define REPORT(size, pointer)                                                                      \
     do {                                                                                           \
         if ((pointer) && sampled(size))                                                            \
-            ddprof_sampled_allocation((size), (pointer));                                          \
+            ddprof_sampled_allocation((size),                                                      \
+                                      live && live_insert(pointer) ? (pointer) : (void *)0);       \
     } while (0)
 
 EXPORT void *malloc(size_t size) {
@@ -226,6 +310,7 @@ EXPORT void free(void *pointer) {
         return;
     if (__builtin_expect(state != 2, 0))
         resolve();
+    live_forget(pointer);
     next.free(pointer);
 }
 
@@ -261,6 +346,9 @@ EXPORT void *realloc(void *old, size_t size) {
         }
         return pointer;
     }
+    /* Forgotten before the allocator may reuse it. (A realloc that fails
+     * leaves the old block allocated: it is then counted freed.) */
+    live_forget(old);
     void *pointer = next.realloc(old, size);
     REPORT(size, pointer);
     return pointer;
@@ -276,6 +364,7 @@ EXPORT void *reallocarray(void *old, size_t count, size_t size) {
     }
     if (!next.reallocarray || in_arena(old))
         return realloc(old, bytes);
+    live_forget(old);
     void *pointer = next.reallocarray(old, count, size);
     REPORT(bytes, pointer);
     return pointer;

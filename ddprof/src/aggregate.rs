@@ -13,6 +13,7 @@ use crate::files::target::{JitSymbols, PerfMapRefused};
 use crate::files::{open_mapped, MappedFile, ObjectFile};
 use crate::process::{Mapping, ProcessTable};
 use crate::sample::Sample;
+use crate::timestamp::WallClock;
 
 /// The per-sample tables hash small keys millions of times; they need no
 /// protection against adversarial keys, so a fast hasher fits.
@@ -299,33 +300,6 @@ fn is_anonymous_path(path: &str) -> bool {
         || path.starts_with("/memfd:")
 }
 
-/// Converts CLOCK_MONOTONIC sample times to wall-clock time.
-#[derive(Debug, Clone, Copy)]
-struct WallClock {
-    /// Wall-clock minus monotonic time, in nanoseconds.
-    offset: i128,
-}
-
-impl WallClock {
-    fn now() -> Self {
-        use nix::time::{clock_gettime, ClockId};
-        let nanos = |clock| {
-            clock_gettime(clock)
-                .map(|t| t.tv_sec() as i128 * 1_000_000_000 + t.tv_nsec() as i128)
-                .unwrap_or(0)
-        };
-        let monotonic = nanos(ClockId::CLOCK_MONOTONIC);
-        let realtime = nanos(ClockId::CLOCK_REALTIME);
-        Self {
-            offset: realtime - monotonic,
-        }
-    }
-
-    fn wall_nanos(&self, monotonic: u64) -> u64 {
-        (monotonic as i128 + self.offset).clamp(0, u64::MAX as i128) as u64
-    }
-}
-
 /// What a [`StackSample`] counts: event, pid, tid, stack, and the ids of
 /// the process and thread names in force at the samples' time.
 type SampleKey = (u16, u32, u32, u32, Option<u32>, Option<u32>);
@@ -607,24 +581,32 @@ impl Aggregator {
     /// Adds one sample, normalizing its addresses with the process table as
     /// it is now.
     pub fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
-        let period = &mut self.period;
-        period.stats.samples += 1;
+        self.period.stats.samples += 1;
         if sample.end.is_complete() {
-            period.stats.full_stacks += 1;
+            self.period.stats.full_stacks += 1;
         }
+        let stack = self.stack_of(processes, sample);
+        self.count(processes, sample, stack, self.options.timeline);
+    }
 
+    /// Adds an allocation still held at the end of the period (the live
+    /// heap, [`crate::live_heap`]): in the profile, but not a sample taken
+    /// in the period (not in its stats, not in the timeline).
+    pub fn add_held(&mut self, processes: &ProcessTable, sample: &Sample) {
+        let stack = self.stack_of(processes, sample);
+        self.count(processes, sample, stack, false);
+    }
+
+    fn stack_of(&mut self, processes: &ProcessTable, sample: &Sample) -> u32 {
         let code_generation = processes.code_generation(sample.pid);
-        let stack = match period.raw_stacks.lookup(code_generation, sample) {
-            Some(stack) => stack,
-            None => {
-                let stack = self.normalize_stack(processes, sample);
-                self.period
-                    .raw_stacks
-                    .remember(code_generation, sample, stack);
-                stack
-            }
-        };
-        self.count(processes, sample, stack);
+        if let Some(stack) = self.period.raw_stacks.lookup(code_generation, sample) {
+            return stack;
+        }
+        let stack = self.normalize_stack(processes, sample);
+        self.period
+            .raw_stacks
+            .remember(code_generation, sample, stack);
+        stack
     }
 
     /// The period's stack id of `sample`'s frames, normalized to files and
@@ -709,8 +691,9 @@ impl Aggregator {
         }
     }
 
-    /// Counts one sample of `stack`, with its names and timestamp.
-    fn count(&mut self, processes: &ProcessTable, sample: &Sample, stack: u32) {
+    /// Counts one sample of `stack`, with its names and (`timed`) its
+    /// timestamp.
+    fn count(&mut self, processes: &ProcessTable, sample: &Sample, stack: u32, timed: bool) {
         let period = &mut self.period;
         // The names as they are now, which is as they were at the sample's
         // time: the engines apply the process events up to a sample's time
@@ -758,7 +741,7 @@ impl Aggregator {
         entry.count += 1;
         entry.scaled_count = entry.scaled_count.saturating_add(sample.scaled_count);
         entry.cpu_nanos = entry.cpu_nanos.saturating_add(sample.weight);
-        if self.options.timeline {
+        if timed {
             if period.timeline_events < self.options.max_timeline_events {
                 period.timeline_events += 1;
                 entry.timeline.push(TimedSample {
@@ -854,6 +837,7 @@ mod tests {
             scaled_count: crate::events::COUNT_UNIT,
             frames,
             kernel_frames: vec![],
+            heap: None,
             end,
         }
     }

@@ -1,7 +1,7 @@
 //! ddprof: a native CPU profiler for Linux.
 //!
 //! The modules follow the data flow:
-//! launch → sample (bpf | perf) → unwind → aggregate → symbolize → profile → export.
+//! launch → sample (bpf | perf) → unwind → (live heap) → aggregate → symbolize → profile → export.
 //!
 //! - [`check`]: `ddprof --check`, what this machine allows and which engine would sample.
 //! - [`config`]: command line, environment and config file, resolved into each stage's options.
@@ -16,6 +16,7 @@
 //! - [`files`]: file identity (mapping key, content key, build id) and opening mapped files through `/proc`.
 //! - [`process`]: processes, threads and mappings as the kernel reports them.
 //! - [`sample`]: the sample stream between engines and aggregation.
+//! - [`live_heap`]: the allocations still held (`sALLOC mode=l`), added to each period.
 //! - [`aggregate`]: folds samples per period into counted stacks.
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym).
 //! - [`profile`]: pprof encoding.
@@ -33,6 +34,7 @@ pub mod events;
 pub mod export;
 pub mod files;
 pub mod launch;
+pub mod live_heap;
 pub mod logging;
 pub mod output;
 pub mod overhead;

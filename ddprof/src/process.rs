@@ -77,6 +77,9 @@ pub struct Process {
     code_generation: u64,
     /// Renewed whenever `name` or `threads` change.
     names_generation: u64,
+    /// Execs the records said it made since the table learned of it (a
+    /// new image: its heap is new too).
+    execs: u32,
 }
 
 impl Process {
@@ -184,6 +187,12 @@ impl ProcessTable {
         self.processes.get(&pid).map_or(0, |p| p.names_generation)
     }
 
+    /// Execs of process `pid` since the table learned of it (0 for a
+    /// process it does not know).
+    pub fn execs(&self, pid: u32) -> u32 {
+        self.processes.get(&pid).map_or(0, |p| p.execs)
+    }
+
     pub fn get(&self, pid: u32) -> Option<&Process> {
         self.processes.get(&pid)
     }
@@ -283,6 +292,7 @@ impl ProcessTable {
         let process = self.processes.entry(pid).or_default();
         process.names_changed();
         if exec {
+            process.execs = process.execs.wrapping_add(1);
             process.code_changed();
             process.mappings.clear();
             process.threads.clear();

@@ -167,6 +167,11 @@ pub struct ProfiledEvent {
     /// `alloc-space`/`bytes`, as Datadog's profilers name them, each sample
     /// scaled by the inverse of its probability of being sampled.
     pub allocation: bool,
+    /// The live heap of a `sALLOC mode=l` event (its index is
+    /// [`crate::events::live_heap_index`] of the event's): its samples are
+    /// `inuse-objects`/`count` and `inuse-space`/`bytes`, the sampled
+    /// allocations not freed at the end of the period, scaled as above.
+    pub live_heap: bool,
     /// The event's label (`sPF`, `sched:sched_switch`, `l=`): any other
     /// event's samples are `LABEL`/`events`, and carry the label as
     /// `tracepoint_type`, as the C++ ddprof labels them.
@@ -174,12 +179,35 @@ pub struct ProfiledEvent {
 }
 
 impl ProfiledEvent {
-    pub fn of(spec: &crate::events::EventSpec) -> Self {
-        Self {
+    /// The profile's events for `spec`: one, but none for `sALLOC mode=l`
+    /// alone and two for `mode=sl` (allocations and the live heap).
+    pub fn of(spec: &crate::events::EventSpec) -> Vec<Self> {
+        let event = Self {
             index: spec.index(),
             cpu_time: spec.is_cpu_time(),
-            allocation: matches!(spec.kind, crate::events::EventKind::Allocation { .. }),
+            allocation: false,
+            live_heap: false,
             label: spec.label.clone(),
+        };
+        match spec.kind {
+            crate::events::EventKind::Allocation { sum, live } => {
+                let mut events = Vec::new();
+                if sum {
+                    events.push(Self {
+                        allocation: true,
+                        ..event.clone()
+                    });
+                }
+                if live {
+                    events.push(Self {
+                        index: crate::events::live_heap_index(spec.index()),
+                        live_heap: true,
+                        ..event
+                    });
+                }
+                events
+            }
+            _ => vec![event],
         }
     }
 
@@ -189,6 +217,7 @@ impl ProfiledEvent {
             index: 0,
             cpu_time: true,
             allocation: false,
+            live_heap: false,
             label: "sCPU".into(),
         }]
     }
@@ -199,6 +228,8 @@ impl ProfiledEvent {
             vec![("cpu-samples", "count"), ("cpu-time", "nanoseconds")]
         } else if self.allocation {
             vec![("alloc-samples", "count"), ("alloc-space", "bytes")]
+        } else if self.live_heap {
+            vec![("inuse-objects", "count"), ("inuse-space", "bytes")]
         } else {
             vec![(&*self.label, "events")]
         }
@@ -470,7 +501,10 @@ fn build_pprof_streaming_samples(
     for event in events {
         first_column.insert(
             event.index,
-            (sample_type.len(), event.cpu_time || event.allocation),
+            (
+                sample_type.len(),
+                event.cpu_time || event.allocation || event.live_heap,
+            ),
         );
         for (kind, unit) in event.columns() {
             sample_type.push(value_type(&mut strings, kind, unit));
@@ -624,7 +658,7 @@ fn build_pprof_streaming_samples(
     };
     let labels: HashMap<u16, i64> = events
         .iter()
-        .filter(|event| !event.cpu_time && !event.allocation)
+        .filter(|event| !event.cpu_time && !event.allocation && !event.live_heap)
         .map(|event| (event.index, strings.id(&event.label)))
         .collect();
     for stack_sample in &period.samples {

@@ -26,6 +26,22 @@ pub struct Sample {
     pub kernel_frames: Vec<u64>,
     /// How the user stack walk ended.
     pub end: StackEnd,
+    /// For the allocation probes' samples, what they say of the heap: an
+    /// allocation followed at an address, or a free of one (a free is not a
+    /// sample of the profile: it takes an allocation out of the live heap).
+    pub heap: Option<HeapEvent>,
+}
+
+/// What an allocation probe's sample says of the heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeapEvent {
+    /// A sampled allocation the library follows, at `address`.
+    Allocated { address: u64 },
+    /// A sampled allocation the library does not follow (sum mode, or its
+    /// table had no room): not part of the live heap.
+    NotFollowed,
+    /// A followed address was freed.
+    Freed { address: u64 },
 }
 
 impl Sample {

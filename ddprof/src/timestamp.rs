@@ -1,5 +1,6 @@
 //! UTC timestamps without a date crate: the compact form of file names and
-//! the RFC 3339 form of the intake's JSON.
+//! the RFC 3339 form of the intake's JSON; sample times (CLOCK_MONOTONIC)
+//! as wall-clock time.
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Formats a time as a compact UTC timestamp: `20261122T031500Z`.
@@ -53,6 +54,33 @@ pub fn rfc3339_nanos(time: SystemTime) -> String {
         of_day % 60,
         since_epoch.subsec_nanos()
     )
+}
+
+/// Converts CLOCK_MONOTONIC sample times to wall-clock time.
+#[derive(Debug, Clone, Copy)]
+pub struct WallClock {
+    /// Wall-clock minus monotonic time, in nanoseconds.
+    offset: i128,
+}
+
+impl WallClock {
+    pub fn now() -> Self {
+        use nix::time::{clock_gettime, ClockId};
+        let nanos = |clock| {
+            clock_gettime(clock)
+                .map(|t| t.tv_sec() as i128 * 1_000_000_000 + t.tv_nsec() as i128)
+                .unwrap_or(0)
+        };
+        let monotonic = nanos(ClockId::CLOCK_MONOTONIC);
+        let realtime = nanos(ClockId::CLOCK_REALTIME);
+        Self {
+            offset: realtime - monotonic,
+        }
+    }
+
+    pub fn wall_nanos(&self, monotonic: u64) -> u64 {
+        (monotonic as i128 + self.offset).clamp(0, u64::MAX as i128) as u64
+    }
 }
 
 #[cfg(test)]

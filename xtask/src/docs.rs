@@ -60,7 +60,7 @@ spells them, on the command line and as config-file keys.
 | `--timeline`, `--no-timeline` (`DD_PROFILING_TIMELINE_ENABLE`) | `--timeline [BOOL]` (`DD_PROFILING_TIMELINE`) and `--no-timeline`; the C++ variable is not read (its values `1`/`yes`/`on` are not ours) |
 | `-u --upload_period` (`DD_PROFILING_UPLOAD_PERIOD`), `--worker_period` (`DD_PROFILING_WORKER_PERIOD`) | the same |
 | `-e --event` (`DD_PROFILING_NATIVE_EVENTS`) | the same syntax (`;`-separated, `key=value` with spaces or commas) and events (below); each event is its own sample type in the profile |
-| `--preset` (`DD_PROFILING_NATIVE_PRESET`) | the same names and meaning; the live heap of `cpu_live_heap` and `alloc_live_heap` is not profiled yet (one warning; their allocations are) |
+| `--preset` (`DD_PROFILING_NATIVE_PRESET`) | the same names and meaning (`cpu_live_heap`: `sCPU;sALLOC mode=l`, CPU time and the live heap; `alloc_live_heap`: `sALLOC mode=l`) |
 | `--switch_user` (`DD_PROFILING_SWITCH_USER`), `--nice` (`DD_PROFILING_NICE`) | the same |
 | `--config [./ddprof.toml]` (`DD_PROFILING_NATIVE_CONFIG`) | `--config` (`DD_PROFILING_CONFIG`); `./ddprof.toml` is read when present and safe (see above); `DD_PROFILING_NATIVE_CONFIG` is not read: CLI11 files may repeat keys (`event=` twice), which TOML refuses |
 | `-l --log_level` (`DD_PROFILING_NATIVE_LOG_LEVEL`) | the same, `informational` included (also `DD_PROFILING_LOG_LEVEL`) |
@@ -84,7 +84,7 @@ spells them, on the command line and as config-file keys.
 | `sPF`, `sPFMAJ`, `sPFMIN`, `sCS`, `sMig`, `sALGN`, `sEMU`, `sDUM` | sampled with the C++ default rates (`sPF`, `sCS`: every event), unwound in the kernel by the BPF engine (Linux 5.17+; weighed by `n=`/`r=`, or on older kernels: through the perf buffers); one `NAME`/`events` column each, samples labelled `tracepoint_type` |
 | `hCPU`, `hREF`, `hINST`, `hCREF`, `hCMISS`, `hBRANCH`, `hBMISS`, `hBUS`, `hBSTF`, `hBSTB` | sampled where the machine has the counter; on one without (a VM) left out with one warning naming it, and the other events run |
 | `group:name`, `e=NAME g=GROUP`, `i=ID` (tracepoints) | sampled (period 1 by default) through the perf buffers in both engines, tracefs mounted if needed; the column is named `group:name` (or `l=`); one that does not exist is left out with one warning |
-| `sALLOC` | sampled in the wrapped command (and its children and execs) by a preloaded library, by bytes (`p=`, mean 512 KiB), unwound by either engine as CPU samples are: `alloc-samples`/`count` and `alloc-space`/`bytes`, each sample weighed by the inverse of its probability; needs root (the probe is defined in tracefs); alone, CPU time is sampled too (for the process records); with `-p`/`--global` or a statically linked command, left out with one warning; `m=l` (live heap, `inuse-*`) not yet: one warning |
+| `sALLOC` | sampled in the wrapped command (and its children and execs) by a preloaded library, by bytes (`p=`, mean 512 KiB), unwound by either engine as CPU samples are: `alloc-samples`/`count` and `alloc-space`/`bytes`, each sample weighed by the inverse of its probability; needs root (the probe is defined in tracefs); alone, CPU time is sampled too (for the process records); with `-p`/`--global` or a statically linked command, left out with one warning; `m=l`: the live heap instead (`inuse-objects`/`count`, `inuse-space`/`bytes`: the sampled allocations not freed at the end of each period, carried across worker restarts), `m=sl` both |
 
 The C++ ddprof sums every event but `sCPU` into one `tracepoint`/`events` column told apart by
 the `tracepoint_type` label; here each has its own column (and the label).
@@ -97,7 +97,7 @@ the `tracepoint_type` label; here each has its own column (and the label).
 | `s`, `scale`, `value_scale` | the same: each sample's value times it |
 | `n`, `arg_num`, `argno`; `r`, `register`, `regno` | the same: the value of an argument's register (1-6) or of a perf register (0-8, 16-23) at the sample |
 | `st`, `stack_sample_size`, `stcksz` | the same: this event's stack copy |
-| `m`, `mode` | `s` (sum); `l` (live) is refused but for `sALLOC`, where it is accepted with one warning (the live heap is not profiled yet) |
+| `m`, `mode` | `s` (sum, the default), `l` (live), `sl` (both); `l` is refused but for `sALLOC` |
 | `o`, `raw_offset`, `rawoff`; `z`, `raw_size`, `rawsz` | the same: a tracepoint's sample weighs the field of its raw record at that offset (as tracefs's `format` gives it) and size (8 by default) |
 ";
 

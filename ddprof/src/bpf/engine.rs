@@ -518,6 +518,7 @@ mod tests {
             scaled_count: crate::events::COUNT_UNIT,
             frames: Vec::new(),
             kernel_frames: Vec::new(),
+            heap: None,
             end: crate::sample::StackEnd::Complete,
         };
         // Cookie 1: sPF, event 0, each sample 16 faults (the program's

@@ -67,6 +67,7 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
         weight: header.period,
         scaled_count: crate::events::COUNT_UNIT,
         kernel_frames: words(&frames_bytes[..kernel * 8]),
+        heap: None,
         frames: words(&frames_bytes[kernel * 8..(kernel + user) * 8]),
         end: StackEnd::from_raw(header.stack_end),
     }))

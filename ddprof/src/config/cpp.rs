@@ -94,22 +94,22 @@ pub const CPP_IGNORED: &[CppIgnored] = &[
     CppIgnored {
         long: "socket",
         takes_value: true,
-        why: "the C++ allocation library's channel; allocations are not profiled yet",
+        why: "the C++ allocation library's channel; ddprof's allocation sampler reports through a uprobe and needs none",
     },
     CppIgnored {
         long: "pipefd",
         takes_value: true,
-        why: "the C++ allocation library's channel; allocations are not profiled yet",
+        why: "the C++ allocation library's channel; ddprof's allocation sampler reports through a uprobe and needs none",
     },
     CppIgnored {
         long: "initial-loaded-libs-check-delay",
         takes_value: true,
-        why: "the C++ allocation library's; allocations are not profiled yet",
+        why: "the C++ allocation library's; ddprof's allocation sampler forwards to whatever allocator the loader finds, libraries loaded later included, and needs no check",
     },
     CppIgnored {
         long: "loaded-libs-check-interval",
         takes_value: true,
-        why: "the C++ allocation library's; allocations are not profiled yet",
+        why: "the C++ allocation library's; ddprof's allocation sampler forwards to whatever allocator the loader finds, libraries loaded later included, and needs no check",
     },
     CppIgnored {
         long: "debug-pprof-prefix",

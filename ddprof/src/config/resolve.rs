@@ -134,16 +134,6 @@ pub fn resolve_with(
     let (events, mut left_out) =
         leave_out_what_attaching_cannot_sample(events, cli.pid.is_some() || cli.global)?;
     let events = with_process_records(events, &mut left_out);
-    if events
-        .iter()
-        .any(|spec| spec.kind == crate::events::EventKind::Allocation { live: true })
-    {
-        left_out.push(
-            "sALLOC mode=l: the live heap (inuse-objects, inuse-space) is not profiled yet; \
-             allocations are (alloc-samples, alloc-space)"
-                .into(),
-        );
-    }
     let internal_stats = cli
         .internal_stats
         .as_deref()
@@ -200,7 +190,7 @@ pub fn resolve_with(
         },
         upload_period: cli.upload_period(),
         sampling_period_nanos: sampling_period_nanos(&events),
-        events: events.iter().map(ProfiledEvent::of).collect(),
+        events: events.iter().flat_map(ProfiledEvent::of).collect(),
         service: cli.service_name(),
         output_dir: cli.output_dir(),
         export,

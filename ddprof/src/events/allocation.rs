@@ -10,6 +10,10 @@
 //! user stack, and the engines unwind it as they unwind a CPU sample. The
 //! target copies no stack and writes no buffer.
 //!
+//! For the live heap (`mode=l`), the library also remembers the addresses
+//! it sampled and calls `ddprof_sampled_free(address)` when one is freed:
+//! a second uprobe, whose samples carry only the address (no stack).
+//!
 //! The uprobe is defined in tracefs (`uprobe_events`) and opened as a
 //! tracepoint, not through the `uprobe` PMU: an event of that PMU inherited
 //! at a fork is set up again in the forking process, which reads the
@@ -36,11 +40,16 @@ pub const LIBRARY: Option<&[u8]> = Some(include_bytes!(env!("DDPROF_ALLOC_LIBRAR
 #[cfg(not(ddprof_alloc))]
 pub const LIBRARY: Option<&[u8]> = None;
 
-/// The function of the library the uprobe is placed on.
+/// The function of the library the allocation uprobe is placed on.
 const MARKER: &str = "ddprof_sampled_allocation";
+/// The function the library calls when a sampled address is freed.
+const FREE_MARKER: &str = "ddprof_sampled_free";
 
 /// The environment variable that gives the library its mean.
 pub const MEAN_VARIABLE: &str = "DDPROF_ALLOC_MEAN";
+/// The environment variable that turns on the library's following of the
+/// sampled addresses (`1`): the live heap.
+pub const LIVE_VARIABLE: &str = "DDPROF_ALLOC_LIVE";
 
 /// Frames of an allocation sample that are the library's own (the marker
 /// and the hook that called it), dropped from its stack.
@@ -70,22 +79,13 @@ pub struct Sampler {
     /// `/proc/self/fd/N`: what `LD_PRELOAD` names, and what the uprobe's
     /// path is resolved from (the kernel follows the link to the inode).
     path: CString,
-    /// File offset of the marker.
-    marker_offset: u64,
-    /// The tracepoint id of the probe on the marker.
+    /// The tracepoint id of the probe on the allocation marker.
     pub probe_id: u64,
+    /// The tracepoint id of the probe on the free marker.
+    pub free_probe_id: u64,
 }
 
 impl Sampler {
-    /// The path the kernel and the loader resolve to the library.
-    pub fn path(&self) -> &CString {
-        &self.path
-    }
-
-    pub fn marker_offset(&self) -> u64 {
-        self.marker_offset
-    }
-
     /// The anonymous file, which the profiler inherits too: it unwinds and
     /// symbolizes the library's frames from it once the command is gone.
     pub fn file(&self) -> std::os::fd::BorrowedFd<'_> {
@@ -134,19 +134,25 @@ pub fn decline(reason: String) {
 
 fn try_prepare() -> Result<&'static Sampler, AllocationError> {
     let library = LIBRARY.ok_or(AllocationError::NotBuilt)?;
-    let marker_offset = marker_offset(library).map_err(AllocationError::Prepare)?;
+    let marker_offset = symbol_offset(library, MARKER).map_err(AllocationError::Prepare)?;
+    let free_marker_offset =
+        symbol_offset(library, FREE_MARKER).map_err(AllocationError::Prepare)?;
     let file = sealed_file(library)
         .map_err(|error| AllocationError::Prepare(format!("anonymous file: {error}")))?;
     let path = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .map_err(|error| AllocationError::Prepare(error.to_string()))?;
-    let probe_id = define_probe(&path.to_string_lossy(), marker_offset, inode_of(&file))
+    let library_path = path.to_string_lossy();
+    let inode = inode_of(&file);
+    let probe_id = define_probe(&library_path, Probe::Sampled, marker_offset, inode)
+        .map_err(AllocationError::Probe)?;
+    let free_probe_id = define_probe(&library_path, Probe::Freed, free_marker_offset, inode)
         .map_err(AllocationError::Probe)?;
     crate::files::target::preloaded_library_is(file.as_raw_fd());
     Ok(SAMPLER.get_or_init(|| Sampler {
         file,
         path,
-        marker_offset,
         probe_id,
+        free_probe_id,
     }))
 }
 
@@ -159,14 +165,34 @@ fn inode_of(file: &OwnedFd) -> u64 {
     nix::sys::stat::fstat(file).map_or(0, |stat| stat.st_ino)
 }
 
-/// Defines `ddprof_alloc/sampled_PID_INODE` on the marker of the library
-/// at `path` (resolved by the kernel now, in this process: the anonymous
-/// file `inode`), after removing the probes of ended runs; its id.
-fn define_probe(path: &str, offset: u64, inode: u64) -> Result<u64, String> {
+/// The two probes of a run, by the prefix of their names.
+#[derive(Debug, Clone, Copy)]
+enum Probe {
+    /// On the allocation marker: `sampled_PID_INODE`.
+    Sampled,
+    /// On the free marker: `freed_PID_INODE`.
+    Freed,
+}
+
+impl Probe {
+    const ALL: [Probe; 2] = [Probe::Sampled, Probe::Freed];
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Probe::Sampled => "sampled_",
+            Probe::Freed => "freed_",
+        }
+    }
+}
+
+/// Defines `ddprof_alloc/sampled_PID_INODE` (or `freed_…`) at `offset` in
+/// the library at `path` (resolved by the kernel now, in this process: the
+/// anonymous file `inode`), after removing the probes of ended runs; its id.
+fn define_probe(path: &str, probe: Probe, offset: u64, inode: u64) -> Result<u64, String> {
     let tracefs = super::tracepoint::tracefs().map_err(|error| error.to_string())?;
     let events = tracefs.join("uprobe_events");
     remove_ended_probes(&events);
-    let name = format!("sampled_{}_{inode}", std::process::id());
+    let name = format!("{}{}_{inode}", probe.prefix(), std::process::id());
     // Appending: opening it truncated would remove every uprobe of the
     // machine.
     let mut file = std::fs::OpenOptions::new()
@@ -200,13 +226,13 @@ fn remove_ended_probes(events: &std::path::Path) {
     let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(events) else {
         return;
     };
-    let prefix = format!("p:{PROBE_GROUP}/sampled_");
     for line in listing.lines() {
         // `p:ddprof_alloc/sampled_PID_INODE PATH:OFFSET`
-        let Some(suffix) = line
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.split_whitespace().next())
-        else {
+        let Some((probe, suffix)) = Probe::ALL.iter().find_map(|probe| {
+            let prefix = format!("p:{PROBE_GROUP}/{}", probe.prefix());
+            let suffix = line.strip_prefix(&prefix)?.split_whitespace().next()?;
+            Some((probe, suffix))
+        }) else {
             continue;
         };
         let Some(pid) = suffix
@@ -222,7 +248,7 @@ fn remove_ended_probes(events: &std::path::Path) {
         {
             continue;
         }
-        let _ = file.write_all(format!("-:{PROBE_GROUP}/sampled_{suffix}\n").as_bytes());
+        let _ = file.write_all(format!("-:{PROBE_GROUP}/{}{suffix}\n", probe.prefix()).as_bytes());
     }
 }
 
@@ -231,24 +257,25 @@ pub fn prepared() -> Option<&'static Sampler> {
     SAMPLER.get()
 }
 
-/// The file offset of [`MARKER`] in `library` (a uprobe is placed by file
-/// offset): its address, mapped through the loadable segment holding it.
-fn marker_offset(library: &[u8]) -> Result<u64, String> {
+/// The file offset of the function `name` in `library` (a uprobe is placed
+/// by file offset): its address, mapped through the loadable segment
+/// holding it.
+fn symbol_offset(library: &[u8], name: &str) -> Result<u64, String> {
     use object::{Object, ObjectSegment, ObjectSymbol};
     let file = object::File::parse(library).map_err(|error| error.to_string())?;
     let address = file
         .dynamic_symbols()
         .chain(file.symbols())
-        .find(|symbol| symbol.name() == Ok(MARKER))
+        .find(|symbol| symbol.name() == Ok(name))
         .map(|symbol| symbol.address())
-        .ok_or_else(|| format!("the library has no {MARKER}"))?;
+        .ok_or_else(|| format!("the library has no {name}"))?;
     file.segments()
         .find(|segment| {
             let start = segment.address();
             (start..start + segment.size()).contains(&address)
         })
         .map(|segment| address - segment.address() + segment.file_range().0)
-        .ok_or_else(|| format!("{MARKER} is in no segment"))
+        .ok_or_else(|| format!("{name} is in no segment"))
 }
 
 /// An anonymous file holding `bytes`, sealed against any change (the
@@ -367,12 +394,17 @@ mod tests {
 
     #[test]
     #[cfg(ddprof_alloc)]
-    fn the_marker_is_found_at_its_nops() {
+    fn the_markers_are_found_at_their_nops() {
         let library = LIBRARY.unwrap();
-        let offset = marker_offset(library).unwrap() as usize;
+        let offset = symbol_offset(library, MARKER).unwrap() as usize;
         assert_eq!(
             &library[offset..offset + 6],
             &[0x66, 0x90, 0x66, 0x90, 0x90, 0xc3]
+        );
+        let offset = symbol_offset(library, FREE_MARKER).unwrap() as usize;
+        assert_eq!(
+            &library[offset..offset + 6],
+            &[0x90, 0x66, 0x90, 0x66, 0x90, 0xc3]
         );
     }
 
@@ -398,8 +430,8 @@ mod tests {
         let sampler = Sampler {
             file: std::fs::File::open("/dev/null").unwrap().into(),
             path: CString::new("/proc/self/fd/7").unwrap(),
-            marker_offset: 0,
             probe_id: 0,
+            free_probe_id: 0,
         };
         assert_eq!(sampler.ld_preload(None), "/proc/self/fd/7");
         assert_eq!(sampler.ld_preload(Some(" ")), "/proc/self/fd/7");

@@ -12,6 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use perf_event_open_sys as sys;
 
+/// The most events a session samples (`-e` with more is refused): their
+/// indices leave room for the internal ones ([`frees_index`],
+/// [`live_heap_index`]).
+pub const MAX_EVENTS: u16 = 256;
+
 pub mod allocation;
 mod parse;
 mod spec;
@@ -21,7 +26,8 @@ pub use parse::{
     check_frequencies, parse_events, unavailable_events, EventSpecError, Preset, NOT_YET_AVAILABLE,
 };
 pub use spec::{
-    CounterType, EventKind, EventSpec, EventValue, SampleRate, TableEntry, Tracepoint, Weighing,
+    allocation_of_frees, allocation_of_live_heap, frees_index, live_heap_index, CounterType,
+    EventKind, EventSpec, EventValue, HeapEvent, SampleRate, TableEntry, Tracepoint, Weighing,
     Weighings, COUNT_UNIT, DEFAULT_CPU_FREQUENCY,
 };
 pub use tracepoint::TracepointError;
@@ -383,7 +389,10 @@ pub fn type_and_config(spec: &EventSpec, scope: Scope) -> Result<(u32, u64), Ope
             tracepoint::id(tracepoint).map_err(OpenError::Tracepoint)?,
         ),
         // The probe defined in tracefs on the library's marker.
-        EventKind::Allocation { .. } => match allocation::prepared() {
+        EventKind::Allocation { .. } | EventKind::AllocationFreed => match allocation::prepared() {
+            Some(sampler) if spec.kind == EventKind::AllocationFreed => {
+                (sys::bindings::PERF_TYPE_TRACEPOINT, sampler.free_probe_id)
+            }
             Some(sampler) => (sys::bindings::PERF_TYPE_TRACEPOINT, sampler.probe_id),
             None => {
                 return Err(OpenError::NotForThisCommand(
@@ -418,7 +427,7 @@ pub fn attributes(
         }
         SampleRate::Period(period) => attr.__bindgen_anon_1.sample_period = period,
     }
-    if let EventKind::Allocation { .. } = spec.kind {
+    if let EventKind::Allocation { .. } | EventKind::AllocationFreed = spec.kind {
         // The library drew which allocations call the marker: each call is
         // a sample.
         attr.__bindgen_anon_1.sample_period = 1;
@@ -591,7 +600,21 @@ pub fn open_all(
     for spec in specs {
         // The allocation probe writes none ([`scope_of`]).
         let records = !records_written && scope_of(spec, scope) == scope;
-        let opened = open_on_every_cpu(spec, scope, &cpus, &mut cpu_time_options, records);
+        let opened = open_on_every_cpu(spec, scope, &cpus, &mut cpu_time_options, records)
+            .and_then(|mut opened| {
+                // A live sALLOC's frees, beside it (without them there is
+                // no live heap: the event is left out whole).
+                if let Some(frees) = spec.frees_of() {
+                    opened.extend(open_on_every_cpu(
+                        &frees,
+                        scope,
+                        &cpus,
+                        &mut cpu_time_options,
+                        false,
+                    )?);
+                }
+                Ok(opened)
+            });
         match opened {
             Ok(opened) => {
                 records_written |= records;
@@ -609,6 +632,19 @@ pub fn open_all(
     }
 }
 
+/// The spec of the event of index `index` among `specs` (the session's
+/// list): one of them, or the frees of a live `sALLOC` of theirs
+/// ([`EventSpec::frees_of`]).
+pub fn spec_of_index(specs: &[EventSpec], index: u16) -> Option<EventSpec> {
+    match allocation_of_frees(index) {
+        Some(allocation) => specs
+            .iter()
+            .find(|spec| spec.index() == allocation)?
+            .frees_of(),
+        None => specs.iter().find(|spec| spec.index() == index).cloned(),
+    }
+}
+
 /// The scope `spec` is opened with where the session's events watch
 /// `scope`: the allocation probe of a launched command watches every CPU
 /// ([`Scope::Global`]). Only the command's processes map the anonymous file
@@ -619,7 +655,10 @@ pub fn open_all(
 /// its allocations uncounted.
 pub fn scope_of(spec: &EventSpec, scope: Scope) -> Scope {
     match (&spec.kind, scope) {
-        (EventKind::Allocation { .. }, Scope::SelfOnExec | Scope::ChildOnExec(_)) => Scope::Global,
+        (
+            EventKind::Allocation { .. } | EventKind::AllocationFreed,
+            Scope::SelfOnExec | Scope::ChildOnExec(_),
+        ) => Scope::Global,
         _ => scope,
     }
 }
@@ -687,6 +726,7 @@ pub fn event_name(spec: &EventSpec) -> String {
         EventKind::Counter(entry) => format!("{} ({}, {})", spec.label, entry.name, entry.what),
         EventKind::Tracepoint(_) => format!("{} (a tracepoint)", spec.label),
         EventKind::Allocation { .. } => format!("{} (allocations)", spec.label),
+        EventKind::AllocationFreed => format!("{} (the frees of sampled allocations)", spec.label),
     }
 }
 

@@ -189,7 +189,8 @@ struct Options<'a> {
     raw_size: Option<u8>,
     scale: Option<f64>,
     stack_sample_size: Option<u32>,
-    live: bool,
+    /// `m=`: (sum, live); `None` when not given.
+    mode: Option<(bool, bool)>,
 }
 
 fn bad(option: &str, why: &'static str) -> EventSpecError {
@@ -282,11 +283,14 @@ impl<'a> Options<'a> {
                         })?;
                     options.stack_sample_size = Some(size);
                 }
-                Key::Mode => match value {
-                    "s" | "S" => options.live = false,
-                    "l" | "L" | "sl" | "ls" | "a" | "A" => options.live = true,
-                    _ => return Err(bad(word, "expected s (sum), l (live) or sl")),
-                },
+                Key::Mode => {
+                    options.mode = Some(match value {
+                        "s" | "S" => (true, false),
+                        "l" | "L" => (false, true),
+                        "sl" | "ls" | "SL" | "LS" | "a" | "A" => (true, true),
+                        _ => return Err(bad(word, "expected s (sum), l (live) or sl")),
+                    })
+                }
             }
         }
         if let (Some(EventValue::Raw { offset, .. }), Some(size)) =
@@ -362,7 +366,10 @@ impl<'a> Options<'a> {
             ));
         }
         Ok(EventSpec {
-            kind: EventKind::Allocation { live: self.live },
+            kind: {
+                let (sum, live) = self.mode.unwrap_or((true, false));
+                EventKind::Allocation { sum, live }
+            },
             rate: SampleRate::Period(mean),
             weighing: Weighing {
                 event: index,
@@ -383,7 +390,7 @@ impl<'a> Options<'a> {
         index: u16,
     ) -> Result<Option<EventSpec>, EventSpecError> {
         let name = default_label.clone();
-        if self.live {
+        if self.mode.is_some_and(|(_, live)| live) {
             return Err(bad(&name, "mode=l: only sALLOC has a live mode"));
         }
         if kind == EventKind::CpuTime && self.value.is_some() {
@@ -448,7 +455,10 @@ pub fn parse_events(text: &str) -> Result<Vec<EventSpec>, EventSpecError> {
     let mut specs: Vec<EventSpec> = Vec::new();
     let mut skipped = 0;
     for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-        let index = u16::try_from(specs.len()).map_err(|_| bad(part, "too many events"))?;
+        let index = u16::try_from(specs.len())
+            .ok()
+            .filter(|index| *index < super::MAX_EVENTS)
+            .ok_or_else(|| bad(part, "too many events (at most 256)"))?;
         match Options::read(part)?.into_spec(part, index)? {
             Some(spec)
                 if specs.iter().any(|other| {
@@ -673,7 +683,13 @@ mod tests {
     fn allocations_in_every_cpp_spelling() {
         let specs = parse_events("sCPU;sALLOC").unwrap();
         assert_eq!(specs.len(), 2);
-        assert_eq!(specs[1].kind, EventKind::Allocation { live: false });
+        assert_eq!(
+            specs[1].kind,
+            EventKind::Allocation {
+                sum: true,
+                live: false
+            }
+        );
         assert_eq!(specs[1].rate, SampleRate::Period(524_288));
         assert_eq!(
             specs[1].weighing.value,
@@ -681,7 +697,20 @@ mod tests {
         );
         assert!(unavailable_events("sCPU;sALLOC").is_empty());
         let live = one("e=sALLOC m=l p=1048576");
-        assert_eq!(live.kind, EventKind::Allocation { live: true });
+        assert_eq!(
+            live.kind,
+            EventKind::Allocation {
+                sum: false,
+                live: true
+            }
+        );
+        assert_eq!(
+            one("sALLOC m=sl").kind,
+            EventKind::Allocation {
+                sum: true,
+                live: true
+            }
+        );
         assert_eq!(
             live.weighing.value,
             EventValue::AllocationSize { mean: 1 << 20 }
@@ -716,7 +745,10 @@ mod tests {
         let alloc_only = parse_events(Preset::AllocOnly.events(false));
         if cfg!(ddprof_alloc) {
             assert_eq!(live.len(), 2);
-            assert_eq!(live[1].kind, EventKind::Allocation { live: true });
+            assert!(matches!(
+                live[1].kind,
+                EventKind::Allocation { live: true, .. }
+            ));
             assert_eq!(alloc_only.unwrap().len(), 1);
         } else {
             assert_eq!(live.len(), 1);

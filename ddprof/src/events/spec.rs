@@ -35,10 +35,49 @@ pub enum EventKind {
     /// opened) or by id.
     Tracepoint(Tracepoint),
     /// `sALLOC`: allocations of the wrapped command, sampled by the
-    /// preloaded library ([`super::allocation`]); `live` (`mode=l`): also
-    /// what is still allocated.
-    Allocation { live: bool },
+    /// preloaded library ([`super::allocation`]); `sum` (`mode=s`, the
+    /// default): what was allocated (`alloc-*`); `live` (`mode=l`): what is
+    /// still allocated (`inuse-*`).
+    Allocation { sum: bool, live: bool },
+    /// The frees of a live `sALLOC` event's sampled addresses: the probe on
+    /// the library's free marker, opened beside the allocation probe
+    /// ([`EventSpec::frees_of`]), never named by `-e`.
+    AllocationFreed,
 }
+
+/// The index of the frees of the live `sALLOC` event of index `event`
+/// ([`EventSpec::frees_of`]): out of the range of the session's list (at
+/// most [`super::MAX_EVENTS`] events).
+pub const fn frees_index(event: u16) -> u16 {
+    FREES_INDEX_BIT | event
+}
+
+/// The index of the live heap of the `sALLOC` event of index `event`: its
+/// `inuse-*` columns in the profile.
+pub const fn live_heap_index(event: u16) -> u16 {
+    LIVE_HEAP_INDEX_BIT | event
+}
+
+/// The `sALLOC` event whose frees have index `index`, if it is one.
+pub const fn allocation_of_frees(index: u16) -> Option<u16> {
+    if index & FREES_INDEX_BIT != 0 {
+        Some(index & !FREES_INDEX_BIT)
+    } else {
+        None
+    }
+}
+
+/// The `sALLOC` event whose live heap has index `index`, if it is one.
+pub const fn allocation_of_live_heap(index: u16) -> Option<u16> {
+    if index & LIVE_HEAP_INDEX_BIT != 0 && index & FREES_INDEX_BIT == 0 {
+        Some(index & !LIVE_HEAP_INDEX_BIT)
+    } else {
+        None
+    }
+}
+
+const FREES_INDEX_BIT: u16 = 0x8000;
+const LIVE_HEAP_INDEX_BIT: u16 = 0x4000;
 
 /// Which tracepoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,14 +103,20 @@ pub enum EventValue {
     /// that size is sampled at a mean of `mean` bytes
     /// ([`super::allocation::unbiased`]).
     AllocationSize { mean: u64 },
+    /// The frees of sampled addresses: the freed address (the free marker's
+    /// argument, `rdi`) is what the sample carries; it weighs nothing.
+    FreedAddress,
 }
 
 /// What one sample stands for in thousandths of an occurrence of its event
 /// ([`Weighing::scaled_count`]): 1 for every event but `sALLOC`.
 pub const COUNT_UNIT: u64 = 1000;
 
-/// perf's number for `rdi`, the first argument register.
+/// perf's numbers for `rdi` and `rsi`, the first two argument registers.
 const RDI: u8 = 5;
+const RSI: u8 = 4;
+
+pub use crate::sample::HeapEvent;
 
 /// How a sample of one event is weighed, and which event it is: what the
 /// engines keep of the spec for each sample (cheap to copy).
@@ -107,6 +152,7 @@ impl Weighing {
                     .unwrap_or(0);
                 super::allocation::unbiased(size, mean).1.round() as u64
             }
+            EventValue::FreedAddress => 0,
         };
         if self.scale == 1.0 {
             value
@@ -128,8 +174,30 @@ impl Weighing {
                     .unwrap_or(0);
                 (super::allocation::unbiased(size, mean).0 * COUNT_UNIT as f64).round() as u64
             }
+            EventValue::FreedAddress => 0,
             _ => COUNT_UNIT,
         }
+    }
+
+    /// What the sample says of the heap: the address an allocation sample
+    /// was given (the marker's second argument, `rsi`: 0 when the library
+    /// does not follow it), or the address a free released (`rdi`).
+    pub fn heap_event(&self, regs: Option<&crate::unwind::UserRegs>) -> Option<HeapEvent> {
+        let register = |number| regs.and_then(|regs| super::x86_regs::value(regs, number));
+        match self.value {
+            EventValue::AllocationSize { .. } => match register(RSI) {
+                Some(address) if address != 0 => Some(HeapEvent::Allocated { address }),
+                _ => Some(HeapEvent::NotFollowed),
+            },
+            EventValue::FreedAddress => register(RDI).map(|address| HeapEvent::Freed { address }),
+            _ => None,
+        }
+    }
+
+    /// Whether the sample's stack is of no use (a free: only its address
+    /// counts), so the engines need not unwind it.
+    pub fn needs_no_stack(&self) -> bool {
+        matches!(self.value, EventValue::FreedAddress)
     }
 
     /// Innermost frames of the sample's stack that are not the program's:
@@ -216,6 +284,27 @@ impl EventSpec {
         self.weighing.fixed_period.is_none()
     }
 
+    /// The frees of this event's sampled addresses, when it is a live
+    /// `sALLOC`: a probe sampled at each call (rate 1), whose samples carry
+    /// the freed address and 8 bytes of stack.
+    pub fn frees_of(&self) -> Option<EventSpec> {
+        let EventKind::Allocation { live: true, .. } = self.kind else {
+            return None;
+        };
+        Some(EventSpec {
+            kind: EventKind::AllocationFreed,
+            rate: self.rate,
+            weighing: Weighing {
+                event: frees_index(self.index()),
+                value: EventValue::FreedAddress,
+                scale: 1.0,
+                fixed_period: None,
+            },
+            label: format!("{} frees", self.label).into(),
+            stack_sample_size: Some(8),
+        })
+    }
+
     /// Whether the event samples CPU time (`sCPU`).
     pub fn is_cpu_time(&self) -> bool {
         self.kind == EventKind::CpuTime
@@ -226,7 +315,7 @@ impl EventSpec {
     /// often as its events come, taken here as 1,000 a second divided by
     /// the period.
     pub fn per_second(&self) -> u64 {
-        if let EventKind::Allocation { .. } = self.kind {
+        if let EventKind::Allocation { .. } | EventKind::AllocationFreed = self.kind {
             // A program allocating 1 GB a second.
             return match self.rate {
                 SampleRate::Period(mean) => (1_000_000_000 / mean.max(1)).max(1),
@@ -244,7 +333,7 @@ impl EventSpec {
     /// switches and faults fire in the kernel), as the C++ ddprof opens them.
     pub fn needs_kernel(&self) -> bool {
         match &self.kind {
-            EventKind::CpuTime | EventKind::Allocation { .. } => false,
+            EventKind::CpuTime | EventKind::Allocation { .. } | EventKind::AllocationFreed => false,
             EventKind::Counter(entry) => entry.needs_kernel,
             EventKind::Tracepoint(_) => true,
         }

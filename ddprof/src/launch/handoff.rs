@@ -4,7 +4,7 @@
 //! Protocol, launcher → daemon:
 //! 1. a header: `DDPROF-EVENTS` then the number of descriptors (u32, native endian);
 //! 2. batches of at most [`FDS_PER_MESSAGE`] descriptors, each message's data
-//!    being, per descriptor, the index of its event spec (u32) and its CPU (i32).
+//!    being, per descriptor, its event's index (u32, [`crate::events::spec_of_index`]) and its CPU (i32).
 //!
 //! The daemon answers one byte ([`ACK`]) once it holds every descriptor, and
 //! a second ([`READY`]) once its engine is set up (the BPF program attached
@@ -74,7 +74,6 @@ pub fn channel() -> Result<(OwnedFd, OwnedFd), HandoffError> {
 pub fn send_events(
     socket: &OwnedFd,
     events: &[EventFd],
-    specs: &[EventSpec],
     timeout: Duration,
 ) -> Result<(), HandoffError> {
     // In microseconds: time_t and suseconds_t differ between libcs.
@@ -101,10 +100,7 @@ pub fn send_events(
         let mut records = Vec::with_capacity(batch.len() * RECORD_SIZE);
         let mut fds: Vec<RawFd> = Vec::with_capacity(batch.len());
         for event in batch {
-            let spec_index = specs
-                .iter()
-                .position(|spec| *spec == event.spec)
-                .unwrap_or_default() as u32;
+            let spec_index = u32::from(event.spec.index());
             records.extend_from_slice(&spec_index.to_ne_bytes());
             records.extend_from_slice(&event.cpu.to_ne_bytes());
             fds.push(event.fd.as_raw_fd());
@@ -193,9 +189,9 @@ pub fn receive_events(socket: &OwnedFd, specs: &[EventSpec]) -> Result<Vec<Event
         for (record, fd) in records[..length].chunks_exact(RECORD_SIZE).zip(fds) {
             let spec_index = u32::from_ne_bytes(record[..4].try_into().unwrap_or_default());
             let cpu = i32::from_ne_bytes(record[4..].try_into().unwrap_or_default());
-            let spec = specs
-                .get(spec_index as usize)
-                .cloned()
+            let spec = u16::try_from(spec_index)
+                .ok()
+                .and_then(|index| crate::events::spec_of_index(specs, index))
                 .ok_or(HandoffError::Malformed("unknown event spec"))?;
             // Opened by the launcher: enabled by its exec, but for the
             // allocation probe, which watches every CPU.
@@ -318,7 +314,7 @@ mod tests {
             .map(|i| open(&specs[i % 2], Scope::Process(pid), -1, &options).unwrap())
             .collect();
         let (launcher, daemon) = channel().unwrap();
-        send_events(&launcher, &events, &specs, Duration::from_secs(1)).unwrap();
+        send_events(&launcher, &events, Duration::from_secs(1)).unwrap();
         let received = receive_events(&daemon, &specs).unwrap();
         assert_eq!(received.len(), events.len());
         for (sent, got) in events.iter().zip(&received) {
@@ -362,7 +358,7 @@ mod tests {
             .collect();
         let (launcher, _daemon) = channel().unwrap();
         nix::sys::socket::setsockopt(&launcher, nix::sys::socket::sockopt::SndBuf, &0).unwrap();
-        let result = send_events(&launcher, &events, &specs, Duration::from_millis(50));
+        let result = send_events(&launcher, &events, Duration::from_millis(50));
         assert!(
             matches!(result, Err(HandoffError::Timeout(_))),
             "{result:?}"

@@ -229,6 +229,12 @@ fn preload_allocation_sampler(specs: &[EventSpec], program: &str) {
     // The launcher runs no other thread that reads the environment.
     std::env::set_var("LD_PRELOAD", sampler.ld_preload(existing.as_deref()));
     std::env::set_var(events::allocation::MEAN_VARIABLE, mean.to_string());
+    if specs
+        .iter()
+        .any(|spec| matches!(spec.kind, events::EventKind::Allocation { live: true, .. }))
+    {
+        std::env::set_var(events::allocation::LIVE_VARIABLE, "1");
+    }
 }
 
 /// A command that will be PID 1 of its PID namespace (a container's entry
@@ -321,7 +327,7 @@ fn profile(options: &LaunchOptions, profiled: Profiled) -> Result<Option<i32>, N
     })?;
     // Dropping `launcher_socket` on failure tells the daemon to exit.
     let events = events::open_all(&options.events, scope, &options.event_options)?;
-    handoff::send_events(&launcher_socket, &events, &options.events, HANDOFF_TIMEOUT)?;
+    handoff::send_events(&launcher_socket, &events, HANDOFF_TIMEOUT)?;
     handoff::wait_for_ack(&launcher_socket, HANDOFF_TIMEOUT)?;
     events::warn_if_kernel_time_refused();
     // Past the deadline, or if the engine could not be set up, the command

@@ -106,6 +106,14 @@ impl Unwinding<'_> {
         let Some(regs) = &raw.regs else {
             return Some((frames, StackEnd::NoUserContext));
         };
+        // A free of a sampled address: its address is all that counts.
+        if self
+            .weighings
+            .of(raw.event)
+            .is_some_and(crate::events::Weighing::needs_no_stack)
+        {
+            return Some((frames, StackEnd::StackExhausted));
+        }
         let end = self.unwinder.unwind_with(
             processes,
             raw.pid,
@@ -155,6 +163,7 @@ impl Unwinding<'_> {
             frames,
             kernel_frames: raw.kernel_frames,
             end,
+            heap: weighing.and_then(|weighing| weighing.heap_event(raw.regs.as_ref())),
         }
     }
 }

@@ -174,9 +174,10 @@ impl Profiler {
         // The profile's columns are the events that opened (one refused
         // here was said in a warning and has no samples).
         options.events.retain(|profiled| {
-            events
-                .iter()
-                .any(|event| event.spec.index() == profiled.index)
+            // A live heap's column is its sALLOC event's.
+            let index =
+                crate::events::allocation_of_live_heap(profiled.index).unwrap_or(profiled.index);
+            events.iter().any(|event| event.spec.index() == index)
         });
         let options = &options;
         let mut processes = ProcessTable::new();

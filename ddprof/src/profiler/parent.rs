@@ -74,6 +74,16 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         spent_before,
         parent: std::process::id(),
     };
+    // The live heap's carrier from worker to worker (`sALLOC mode=l`).
+    let live_heap = if options.events.iter().any(|event| event.live_heap) {
+        crate::live_heap::LiveHeapFile::create()
+            .inspect_err(|error| {
+                log::warn!("live heap: {error}; a restarted worker starts it empty")
+            })
+            .ok()
+    } else {
+        None
+    };
     let mut failures = 0u32;
     let mut cause = String::from("first");
     // A worker that handed over and is finishing its last period.
@@ -110,6 +120,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
                 watch: watch.as_ref(),
                 handover,
                 socket: worker_socket,
+                live_heap: live_heap.as_ref(),
             };
             let status =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(setup)))

@@ -26,6 +26,7 @@ use super::channel::{Retirement, ToParent, WorkerExit, STOP_REQUEST};
 use super::publish::{Publisher, PublisherSetup};
 use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
 use crate::aggregate::{Aggregator, PeriodProfile};
+use crate::live_heap::{LiveHeap, LiveHeapFile, Route};
 use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter, RunTotals, ThreadTimes};
 use crate::process::ProcessTable;
 use crate::profile::Compressions;
@@ -75,6 +76,9 @@ pub struct WorkerSetup<'a> {
     pub watch: Option<&'a TargetWatch>,
     pub handover: Handover,
     pub socket: UnixStream,
+    /// Where the live heap goes from a worker to the next (with a live
+    /// `sALLOC` event).
+    pub live_heap: Option<&'a LiveHeapFile>,
 }
 
 /// Exit statuses of a worker.
@@ -101,6 +105,7 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
         watch,
         handover,
         socket,
+        live_heap: live_heap_file,
     } = setup;
     let mut rebuilt;
     let restarted = handover.restarts > 0;
@@ -120,8 +125,10 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
         log::error!("profiler worker: {error}");
         return EXIT_FAILED;
     }
-    let ran =
-        Worker::new(options, &handover, kallsyms, sampler.losses(), socket).and_then(|worker| {
+    let live_heap = resume_live_heap(options, live_heap_file, processes);
+    let ran = Worker::new(options, &handover, kallsyms, sampler.losses(), socket)
+        .map(|worker| worker.with_live_heap(live_heap))
+        .and_then(|worker| {
             worker.run(options, processes, sampler, watch, handover.period_deadline)
         });
     match ran {
@@ -132,6 +139,34 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
             EXIT_FAILED
         }
     }
+}
+
+/// The live heap the previous worker left (empty for the first), and the
+/// file this worker leaves it in; `None` without a live `sALLOC` event.
+fn resume_live_heap(
+    options: &ProfilerOptions,
+    file: Option<&LiveHeapFile>,
+    processes: &ProcessTable,
+) -> Option<(LiveHeap, LiveHeapFile)> {
+    let fresh = LiveHeap::new(&options.events);
+    if !fresh.is_active() {
+        return None;
+    }
+    let file = match file.map(LiveHeapFile::try_clone) {
+        Some(Ok(file)) => file,
+        Some(Err(error)) => {
+            log::warn!("live heap: {error}; it starts empty in this worker and is not carried on");
+            return Some((fresh, LiveHeapFile::create().ok()?));
+        }
+        None => return Some((fresh, LiveHeapFile::create().ok()?)),
+    };
+    let heap = file
+        .load(LiveHeap::new(&options.events), processes)
+        .unwrap_or_else(|error| {
+            log::warn!("live heap: {error}; this worker starts it empty");
+            fresh
+        });
+    Some((heap, file))
 }
 
 /// Names the process, makes it die with the parent, and leaves SIGINT and
@@ -221,6 +256,9 @@ struct Worker {
     /// This (the loop's) thread's times when the current period's figures
     /// started.
     loop_times: ThreadTimes,
+    /// The allocations held (`sALLOC mode=l`), and the file the next
+    /// worker reads them from.
+    live_heap: Option<(LiveHeap, LiveHeapFile)>,
 }
 
 impl Worker {
@@ -278,7 +316,12 @@ impl Worker {
             publisher,
             socket,
             loop_times: ThreadTimes::now(),
+            live_heap: None,
         })
+    }
+
+    fn with_live_heap(self, live_heap: Option<(LiveHeap, LiveHeapFile)>) -> Self {
+        Self { live_heap, ..self }
     }
 
     /// Runs the loop until the run ends or this worker retires, then waits
@@ -336,7 +379,7 @@ impl Worker {
             let target_gone = check && watch.is_some_and(TargetWatch::has_exited);
             if finished || target_gone || (check && self.stop_requested()?) {
                 sampler.flush(processes, &mut |table, sample| self.add(table, sample));
-                let closed = self.close_period(true, sampler);
+                let closed = self.close_period(true, sampler, processes);
                 self.publisher.period(closed)?;
                 return self
                     .publisher
@@ -357,7 +400,7 @@ impl Worker {
             let Some(exit) = exit else {
                 // Symbolized on the publisher's thread while this one
                 // goes on draining the buffers.
-                let closed = self.close_period(false, sampler);
+                let closed = self.close_period(false, sampler, processes);
                 self.publisher.period(closed)?;
                 period_deadline += period;
                 continue;
@@ -376,7 +419,7 @@ impl Worker {
                     .map_err(ProfilerError::from)?;
             }
             sampler.drain(processes, &mut |table, sample| self.add(table, sample));
-            let closed = self.close_period(false, sampler);
+            let closed = self.close_period(false, sampler, processes);
             self.publisher.message(ToParent::Retiring(Retirement {
                 exit,
                 next_period_start: self.period_start,
@@ -390,6 +433,11 @@ impl Worker {
     }
 
     fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
+        if let Some((live_heap, _)) = &mut self.live_heap {
+            if live_heap.take(processes, sample) == Route::LiveHeapOnly {
+                return;
+            }
+        }
         if self.cpu_time_events.contains(&sample.event) {
             self.meter
                 .add_sample(sample.weight, sample.end, sample.frames.len());
@@ -437,11 +485,37 @@ impl Worker {
     /// gets no profile unless it is the run's only one (the next profile
     /// then covers it too). The sampler says what it lost so far and how
     /// full its caches are.
-    fn close_period(&mut self, last: bool, sampler: &mut Sampler) -> ClosedPeriod {
+    fn close_period(
+        &mut self,
+        last: bool,
+        sampler: &mut Sampler,
+        processes: &ProcessTable,
+    ) -> ClosedPeriod {
         let end = SystemTime::now();
         let start = self.period_start;
+        if let Some((live_heap, file)) = &mut self.live_heap {
+            live_heap.add_to(processes, &mut self.aggregator);
+            let counters = live_heap.counters();
+            log::info!(
+                "live heap: {} sampled allocations held; since the start, {} sampled allocations \
+                 not followed (the library's table had no room), {} left out (over {} held), {} \
+                 frees of addresses not held",
+                live_heap.len(),
+                counters.not_followed,
+                counters.over_limit,
+                crate::live_heap::MAX_LIVE_ALLOCATIONS,
+                counters.unknown_frees
+            );
+            if !last {
+                if let Err(error) = file.save(live_heap) {
+                    log::warn!("live heap: {error}; the next worker would start it empty");
+                }
+            }
+        }
         let period = self.aggregator.take_period(start, end);
-        if period.stats.samples == 0 && !(last && self.profiles == 0) {
+        // A period with held allocations only has a profile too (a
+        // program that leaks while idle).
+        if period.stats.samples == 0 && period.samples.is_empty() && !(last && self.profiles == 0) {
             return ClosedPeriod {
                 start,
                 end,

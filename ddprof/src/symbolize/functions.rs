@@ -370,6 +370,7 @@ mod tests {
                     scaled_count: crate::events::COUNT_UNIT,
                     frames: frames.clone(),
                     kernel_frames: vec![],
+                    heap: None,
                     end: StackEnd::Complete,
                 },
             );

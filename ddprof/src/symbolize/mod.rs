@@ -882,6 +882,7 @@ mod tests {
                 scaled_count: crate::events::COUNT_UNIT,
                 frames: vec![function],
                 kernel_frames: vec![],
+                heap: None,
                 end: crate::sample::StackEnd::Complete,
             },
         );

@@ -1,0 +1,548 @@
+//! The live heap of `sALLOC mode=l`: the sampled allocations that were not
+//! freed yet, each kept with its stack and its unbiased weights, and added
+//! to every period's profile as `inuse-objects` / `inuse-space`.
+//!
+//! The preloaded library follows the addresses it sampled and reports their
+//! frees ([`crate::events::allocation`]); the samples arrive here in time
+//! order with the other samples ([`HeapEvent`]). A free of an address not
+//! held (an allocation from before the profiler, a fork's copy of its
+//! parent's heap) is ignored. A process that exits or execs takes its
+//! entries with it.
+//!
+//! It survives the worker's restarts: at each period's end the worker
+//! writes the set to an anonymous file the parent holds
+//! ([`LiveHeapFile`]), and the next worker reads it back. The set keeps raw
+//! addresses, normalized again each period with the table of the worker
+//! of the time (a restarted worker reads the processes from `/proc`). A
+//! worker that dies loses what changed since its last period's end.
+//!
+//! Bounded: at most [`MAX_LIVE_ALLOCATIONS`] entries (past that, new
+//! allocations are left out of the live heap and counted), each with at
+//! most [`MAX_FRAMES`] frames.
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+
+use crate::aggregate::Aggregator;
+use crate::events::HeapEvent;
+use crate::process::ProcessTable;
+use crate::sample::{Sample, StackEnd};
+
+/// Live allocations followed at most. At the default mean (512 KiB) this
+/// is about 32 GiB of live heap in allocations smaller than the mean.
+pub const MAX_LIVE_ALLOCATIONS: usize = 65_536;
+/// Frames kept per allocation (the engines unwind at most 512 user frames).
+pub const MAX_FRAMES: usize = 1024;
+
+/// What the worker does with a sample after the live heap saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// A sample of the profile (an allocation of a summed event, any other
+    /// event's sample).
+    Profile,
+    /// Taken by the live heap only (a free; an allocation of an event whose
+    /// allocations are not summed, `mode=l`).
+    LiveHeapOnly,
+}
+
+/// What the live heap left out or ignored, since the run started (the
+/// snapshot carries them from worker to worker).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveHeapCounters {
+    /// Sampled allocations the library could not follow (its table had no
+    /// room): in `alloc-*`, not in `inuse-*`.
+    pub not_followed: u64,
+    /// Sampled allocations left out because the set was full.
+    pub over_limit: u64,
+    /// Frees of addresses the set did not hold.
+    pub unknown_frees: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LiveAllocation {
+    /// The allocation's sample, its event already the live heap's index.
+    sample: Sample,
+    /// The process's exec count when it was sampled.
+    execs: u32,
+}
+
+/// The sampled allocations not freed yet, by (pid, address).
+#[derive(Debug, Default)]
+pub struct LiveHeap {
+    /// The live `sALLOC` events' indices, and whether their allocations
+    /// are summed too (`mode=sl`).
+    events: Vec<(u16, bool)>,
+    allocations: HashMap<(u32, u64), LiveAllocation>,
+    counters: LiveHeapCounters,
+}
+
+impl LiveHeap {
+    /// A live heap for the events of the profile: those with a live heap
+    /// column ([`crate::profile::ProfiledEvent::live_heap`]).
+    pub fn new(events: &[crate::profile::ProfiledEvent]) -> Self {
+        let live = events
+            .iter()
+            .filter(|event| event.live_heap)
+            .filter_map(|event| crate::events::allocation_of_live_heap(event.index))
+            .map(|index| {
+                let summed = events
+                    .iter()
+                    .any(|event| event.allocation && event.index == index);
+                (index, summed)
+            })
+            .collect();
+        Self {
+            events: live,
+            ..Self::default()
+        }
+    }
+
+    /// Whether any event has a live heap.
+    pub fn is_active(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    /// Allocations held now.
+    pub fn len(&self) -> usize {
+        self.allocations.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.allocations.is_empty()
+    }
+
+    pub fn counters(&self) -> LiveHeapCounters {
+        self.counters
+    }
+
+    /// Takes what `sample` says of the heap; where the sample goes next.
+    pub fn take(&mut self, processes: &ProcessTable, sample: &Sample) -> Route {
+        let Some(heap) = sample.heap else {
+            return Route::Profile;
+        };
+        let event = match heap {
+            HeapEvent::Freed { .. } => crate::events::allocation_of_frees(sample.event),
+            _ => Some(sample.event),
+        };
+        let Some(&(event, summed)) =
+            event.and_then(|event| self.events.iter().find(|(index, _)| *index == event))
+        else {
+            // An allocation of an event without a live heap.
+            return Route::Profile;
+        };
+        match heap {
+            HeapEvent::Allocated { address } => {
+                let key = (sample.pid, address);
+                if self.allocations.len() >= MAX_LIVE_ALLOCATIONS
+                    && !self.allocations.contains_key(&key)
+                {
+                    self.counters.over_limit += 1;
+                } else {
+                    let mut kept = sample.clone();
+                    kept.event = crate::events::live_heap_index(event);
+                    kept.heap = None;
+                    // Not kept (nor carried to the next worker).
+                    kept.time = 0;
+                    kept.cpu = 0;
+                    kept.frames.truncate(MAX_FRAMES);
+                    kept.kernel_frames.truncate(MAX_FRAMES);
+                    let execs = processes.execs(sample.pid);
+                    self.allocations.insert(
+                        key,
+                        LiveAllocation {
+                            sample: kept,
+                            execs,
+                        },
+                    );
+                }
+            }
+            HeapEvent::NotFollowed => self.counters.not_followed += 1,
+            HeapEvent::Freed { address } => {
+                if self.allocations.remove(&(sample.pid, address)).is_none() {
+                    self.counters.unknown_frees += 1;
+                }
+                return Route::LiveHeapOnly;
+            }
+        }
+        if summed {
+            Route::Profile
+        } else {
+            Route::LiveHeapOnly
+        }
+    }
+
+    /// Drops the allocations of processes that exited or exec'd, and adds
+    /// the others to the period of `aggregator` (not as samples of the
+    /// period: they are what is held at its end).
+    pub fn add_to(&mut self, processes: &ProcessTable, aggregator: &mut Aggregator) {
+        self.allocations.retain(|&(pid, _), live| {
+            processes.get(pid).is_some() && processes.execs(pid) == live.execs
+        });
+        for live in self.allocations.values() {
+            aggregator.add_held(processes, &live.sample);
+        }
+    }
+
+    /// A restarted worker's table is new (exec counts from 0): the
+    /// allocations read back belong to the processes as they are now.
+    fn adopt(&mut self, processes: &ProcessTable) {
+        for ((pid, _), live) in self.allocations.iter_mut() {
+            live.execs = processes.execs(*pid);
+        }
+    }
+}
+
+/// The anonymous file the parent holds, which carries the live heap from
+/// a worker to the next (the worker's seccomp filter allows `write`,
+/// `lseek` and `read` on it).
+#[derive(Debug)]
+pub struct LiveHeapFile(std::fs::File);
+
+const MAGIC: &[u8; 8] = b"ddprofLH";
+/// The largest snapshot read back (a hostile or corrupt size is refused).
+const MAX_SNAPSHOT_BYTES: u64 = 512 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LiveHeapError {
+    #[error("the live heap's file: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the live heap's file is not a snapshot of this ddprof")]
+    NotASnapshot,
+}
+
+impl LiveHeapFile {
+    /// An empty file (close-on-exec: workers get it by fork).
+    pub fn create() -> Result<Self, LiveHeapError> {
+        use nix::sys::memfd::{memfd_create, MFdFlags};
+        let fd = memfd_create("ddprof-live-heap", MFdFlags::MFD_CLOEXEC)
+            .map_err(std::io::Error::from)?;
+        Ok(Self(std::fs::File::from(fd)))
+    }
+
+    /// Another descriptor of the same file.
+    pub fn try_clone(&self) -> Result<Self, LiveHeapError> {
+        Ok(Self(self.0.try_clone()?))
+    }
+
+    /// Writes `heap` over the previous snapshot.
+    pub fn save(&self, heap: &LiveHeap) -> Result<(), LiveHeapError> {
+        let mut bytes = Vec::with_capacity(64 + heap.allocations.len() * 128);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&0u64.to_le_bytes()); // length, set below
+        let counters = heap.counters;
+        for value in [
+            counters.not_followed,
+            counters.over_limit,
+            counters.unknown_frees,
+            heap.allocations.len() as u64,
+        ] {
+            bytes.extend_from_slice(&value.to_le_bytes());
+        }
+        for (&(_, address), live) in &heap.allocations {
+            let sample = &live.sample;
+            bytes.extend_from_slice(&sample.pid.to_le_bytes());
+            bytes.extend_from_slice(&sample.tid.to_le_bytes());
+            bytes.extend_from_slice(&address.to_le_bytes());
+            bytes.extend_from_slice(&sample.event.to_le_bytes());
+            bytes.push(sample.end as u8);
+            bytes.extend_from_slice(&sample.weight.to_le_bytes());
+            bytes.extend_from_slice(&sample.scaled_count.to_le_bytes());
+            for frames in [&sample.frames, &sample.kernel_frames] {
+                bytes.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+                for frame in frames.iter() {
+                    bytes.extend_from_slice(&frame.to_le_bytes());
+                }
+            }
+        }
+        let length = bytes.len() as u64;
+        bytes[8..16].copy_from_slice(&length.to_le_bytes());
+        let mut file = &self.0;
+        file.seek(SeekFrom::Start(0))?;
+        file.write_all(&bytes)?;
+        Ok(())
+    }
+
+    /// The heap the last worker saved (empty before any), for the events of
+    /// `fresh` and the processes of `processes`.
+    pub fn load(
+        &self,
+        fresh: LiveHeap,
+        processes: &ProcessTable,
+    ) -> Result<LiveHeap, LiveHeapError> {
+        let mut file = &self.0;
+        file.seek(SeekFrom::Start(0))?;
+        let mut header = [0u8; 16];
+        match file.read_exact(&mut header) {
+            Ok(()) => {}
+            // Nothing saved yet.
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(fresh),
+            Err(error) => return Err(error.into()),
+        }
+        if &header[..8] != MAGIC {
+            return Err(LiveHeapError::NotASnapshot);
+        }
+        let length = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        if !(16..=MAX_SNAPSHOT_BYTES).contains(&length) {
+            return Err(LiveHeapError::NotASnapshot);
+        }
+        let mut bytes = vec![0u8; (length - 16) as usize];
+        file.read_exact(&mut bytes)?;
+        let mut heap = fresh;
+        parse_snapshot(&bytes, &mut heap).ok_or(LiveHeapError::NotASnapshot)?;
+        heap.adopt(processes);
+        Ok(heap)
+    }
+}
+
+/// Reads the entries of a snapshot into `heap`; `None` when the bytes are
+/// not one (every length is checked).
+fn parse_snapshot(bytes: &[u8], heap: &mut LiveHeap) -> Option<()> {
+    let mut reader = Reader(bytes);
+    heap.counters = LiveHeapCounters {
+        not_followed: reader.u64()?,
+        over_limit: reader.u64()?,
+        unknown_frees: reader.u64()?,
+    };
+    let count = reader.u64()?;
+    if count > MAX_LIVE_ALLOCATIONS as u64 {
+        return None;
+    }
+    for _ in 0..count {
+        let pid = reader.u32()?;
+        let tid = reader.u32()?;
+        let address = reader.u64()?;
+        let event = reader.u16()?;
+        let end = StackEnd::from_raw(u32::from(reader.u8()?));
+        let weight = reader.u64()?;
+        let scaled_count = reader.u64()?;
+        let mut frames = [Vec::new(), Vec::new()];
+        for list in frames.iter_mut() {
+            let count = reader.u32()? as usize;
+            if count > MAX_FRAMES {
+                return None;
+            }
+            list.reserve(count);
+            for _ in 0..count {
+                list.push(reader.u64()?);
+            }
+        }
+        let [frames, kernel_frames] = frames;
+        // Only the events of this run's live heap.
+        let known = crate::events::allocation_of_live_heap(event)
+            .is_some_and(|index| heap.events.iter().any(|(live, _)| *live == index));
+        if !known {
+            return None;
+        }
+        heap.allocations.insert(
+            (pid, address),
+            LiveAllocation {
+                sample: Sample {
+                    pid,
+                    tid,
+                    time: 0,
+                    cpu: 0,
+                    event,
+                    weight,
+                    scaled_count,
+                    frames,
+                    kernel_frames,
+                    end,
+                    heap: None,
+                },
+                execs: 0,
+            },
+        );
+    }
+    reader.0.is_empty().then_some(())
+}
+
+/// Little-endian fields from the front of a byte slice.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take::<1>().map(|[byte]| byte)
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{frees_index, live_heap_index};
+    use crate::profile::ProfiledEvent;
+
+    fn events(sum: bool) -> Vec<ProfiledEvent> {
+        let mut events = vec![ProfiledEvent {
+            index: live_heap_index(1),
+            cpu_time: false,
+            allocation: false,
+            live_heap: true,
+            label: "sALLOC".into(),
+        }];
+        if sum {
+            events.push(ProfiledEvent {
+                index: 1,
+                allocation: true,
+                live_heap: false,
+                ..events[0].clone()
+            });
+        }
+        events
+    }
+
+    fn sample(pid: u32, event: u16, heap: HeapEvent, frames: Vec<u64>) -> Sample {
+        Sample {
+            pid,
+            tid: pid,
+            time: 1,
+            cpu: 0,
+            event,
+            weight: 1000,
+            scaled_count: 2000,
+            frames,
+            kernel_frames: vec![],
+            end: StackEnd::Complete,
+            heap: Some(heap),
+        }
+    }
+
+    fn table(pids: &[u32]) -> ProcessTable {
+        let mut table = ProcessTable::new();
+        for &pid in pids {
+            table.set_comm(pid, pid, "program", false);
+        }
+        table
+    }
+
+    #[test]
+    fn frees_take_allocations_out_and_unknown_frees_are_ignored() {
+        let processes = table(&[10, 11]);
+        let mut heap = LiveHeap::new(&events(false));
+        let allocated = |address| HeapEvent::Allocated { address };
+        assert_eq!(
+            heap.take(&processes, &sample(10, 1, allocated(0x1000), vec![1, 2])),
+            Route::LiveHeapOnly
+        );
+        heap.take(&processes, &sample(10, 1, allocated(0x2000), vec![1, 3]));
+        // The same address in another process is another allocation.
+        heap.take(&processes, &sample(11, 1, allocated(0x1000), vec![1, 4]));
+        assert_eq!(heap.len(), 3);
+        let freed = |address| HeapEvent::Freed { address };
+        assert_eq!(
+            heap.take(
+                &processes,
+                &sample(10, frees_index(1), freed(0x1000), vec![])
+            ),
+            Route::LiveHeapOnly
+        );
+        heap.take(
+            &processes,
+            &sample(10, frees_index(1), freed(0x9999), vec![]),
+        );
+        assert_eq!(heap.len(), 2);
+        assert!(!heap.allocations.contains_key(&(10, 0x1000)));
+        assert!(heap.allocations.contains_key(&(11, 0x1000)));
+        assert_eq!(heap.counters().unknown_frees, 1);
+        heap.take(&processes, &sample(10, 1, HeapEvent::NotFollowed, vec![1]));
+        assert_eq!(heap.counters().not_followed, 1);
+        // Another event's samples are the profile's.
+        assert_eq!(
+            heap.take(&processes, &sample(10, 0, allocated(0x3000), vec![1])),
+            Route::Profile
+        );
+        let mut summed = LiveHeap::new(&events(true));
+        assert_eq!(
+            summed.take(&processes, &sample(10, 1, allocated(0x1000), vec![1])),
+            Route::Profile
+        );
+    }
+
+    #[test]
+    fn exits_and_execs_drop_a_processes_allocations() {
+        let mut processes = table(&[10, 11, 12]);
+        let mut heap = LiveHeap::new(&events(false));
+        for (pid, address) in [(10, 1), (11, 2), (12, 3)] {
+            heap.take(
+                &processes,
+                &sample(pid, 1, HeapEvent::Allocated { address }, vec![1]),
+            );
+        }
+        processes.exit(11, 11);
+        processes.set_comm(12, 12, "other", true);
+        let mut aggregator = Aggregator::new(crate::aggregate::AggregatorOptions::new(false));
+        heap.add_to(&processes, &mut aggregator);
+        assert_eq!(heap.len(), 1);
+        assert!(heap.allocations.contains_key(&(10, 1)));
+        let period =
+            aggregator.take_period(std::time::SystemTime::now(), std::time::SystemTime::now());
+        assert_eq!(period.stats.samples, 0, "held allocations are not samples");
+        assert_eq!(period.samples.len(), 1);
+        assert_eq!(period.samples[0].event, live_heap_index(1));
+        assert_eq!(period.samples[0].scaled_count, 2000);
+        assert_eq!(period.samples[0].cpu_nanos, 1000);
+    }
+
+    #[test]
+    fn a_snapshot_carries_the_heap_to_the_next_worker() {
+        let processes = table(&[10]);
+        let mut heap = LiveHeap::new(&events(false));
+        for address in 0..100u64 {
+            heap.take(
+                &processes,
+                &sample(10, 1, HeapEvent::Allocated { address }, vec![address, 7, 8]),
+            );
+        }
+        heap.take(&processes, &sample(10, 1, HeapEvent::NotFollowed, vec![]));
+        let file = LiveHeapFile::create().unwrap();
+        let empty = file
+            .load(LiveHeap::new(&events(false)), &processes)
+            .unwrap();
+        assert!(empty.is_empty());
+        file.save(&heap).unwrap();
+        let again = file
+            .load(LiveHeap::new(&events(false)), &processes)
+            .unwrap();
+        assert_eq!(again.allocations, heap.allocations);
+        assert_eq!(again.counters(), heap.counters());
+        // A smaller snapshot over a bigger one: its length says where it ends.
+        let mut smaller = LiveHeap::new(&events(false));
+        smaller.take(
+            &processes,
+            &sample(10, 1, HeapEvent::Allocated { address: 5 }, vec![1]),
+        );
+        file.save(&smaller).unwrap();
+        let again = file
+            .load(LiveHeap::new(&events(false)), &processes)
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        // Bytes that are not a snapshot are refused, whole.
+        let mut corrupt = Vec::new();
+        (&file.0).seek(SeekFrom::Start(0)).unwrap();
+        (&file.0).read_to_end(&mut corrupt).unwrap();
+        // The count (after the magic, the length and three counters): 255
+        // entries said, one there.
+        corrupt[16 + 24] = 0xff;
+        (&file.0).seek(SeekFrom::Start(0)).unwrap();
+        (&file.0).write_all(&corrupt).unwrap();
+        assert!(file
+            .load(LiveHeap::new(&events(false)), &processes)
+            .is_err());
+    }
+}
