@@ -649,3 +649,126 @@ fn live_heap_follows_the_true_live_bytes_bpf() {
 fn live_heap_follows_the_true_live_bytes_perf() {
     live_heap_follows_the_true_live_bytes("perf");
 }
+
+/// A program that loads zlib with `dlopen`, compresses with it (deflate
+/// allocates its state inside the library) and unloads it with `dlclose`,
+/// 300 times: it runs to its end, and the library's allocations are named
+/// and reach `main` although it is no longer mapped when the profile is
+/// written.
+#[test]
+fn allocations_of_a_library_loaded_and_unloaded_are_named() {
+    let _alone = one_at_a_time();
+    let workload = build_workload("dlopen_allocs.c");
+    let out = Scratch::new("alloc-dlopen");
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sALLOC"],
+        &[],
+        &[workload.to_str().unwrap(), "300"],
+    );
+    assert_eq!(text(&output.stdout).trim(), "rounds 300", "{stderr}");
+    let (_, in_zlib) = allocated_in(&pprof, "deflateInit2_", false);
+    let (_, in_program) = allocated_in(&pprof, "compress_once", false);
+    let stacks_in_zlib: Vec<Vec<String>> = pprof
+        .stacks()
+        .into_iter()
+        .filter(|(names, _)| names.first().is_some_and(|name| name == "deflateInit2_"))
+        .map(|(names, _)| names)
+        .collect();
+    eprintln!("deflateInit2_ {in_zlib:.0} bytes, compress_once {in_program:.0} bytes");
+    // zlib's state at level 6 is ~268 KB a call, the program's buffer
+    // ~67 KB: 300 rounds allocate ~80 MB in the library.
+    assert!(
+        (40e6..160e6).contains(&in_zlib),
+        "deflateInit2_: {in_zlib:.0} bytes\n{stderr}"
+    );
+    assert!(in_program > 0.0, "{stderr}");
+    assert!(
+        stacks_in_zlib
+            .iter()
+            .all(|names| names.iter().any(|name| name == "compress2")
+                && names.iter().any(|name| name == "main")),
+        "{stacks_in_zlib:?}"
+    );
+}
+
+/// 2,000 short threads (8 at a time) allocating and freeing 1.5 GiB, with
+/// the live heap followed: the sums match the exact totals, and since the
+/// program frees every block, the live heap at its end is nearly empty (a
+/// sampled block the program still holds, such as stdio's buffer, weighs
+/// about the mean: at most a few).
+#[test]
+fn thousands_of_threads_leave_no_false_leak() {
+    let _alone = one_at_a_time();
+    let workload = build_workload("allocations.c");
+    let out = Scratch::new("alloc-threads-live");
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sCPU;sALLOC mode=sl"],
+        &[],
+        &[workload.to_str().unwrap(), "1536", "2000"],
+    );
+    assert_matches_totals(&pprof, &totals(&text(&output.stdout)), &stderr);
+    let types = pprof.sample_types();
+    let inuse = types
+        .iter()
+        .position(|(kind, _)| kind == "inuse-space")
+        .unwrap_or_else(|| panic!("no inuse-space in {types:?}"));
+    let held: i64 = pprof.stacks().iter().map(|(_, values)| values[inuse]).sum();
+    let (_, allocated) = allocated_in_all(&pprof);
+    eprintln!("inuse-space {held} bytes at the end, of {allocated:.0} allocated");
+    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+}
+
+/// The profiler killed (SIGKILL) while the command allocates: the command
+/// goes on to its end and prints the totals it prints unprofiled (the
+/// marker nobody probes any more is a few nops).
+#[test]
+fn a_profiler_killed_mid_run_leaves_the_command_unharmed() {
+    use std::io::BufRead;
+    let _alone = one_at_a_time();
+    let workload = build_workload("allocations.c");
+    let unprofiled = run(std::process::Command::new(&workload).arg("3072"));
+    assert!(unprofiled.status.success());
+    let out = Scratch::new("alloc-killed");
+    let mut child = ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(&out.0)
+        .args(["-l", "notice", "-e", "sCPU;sALLOC mode=sl", "--"])
+        .args([workload.to_str().unwrap(), "3072"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    // `profiler started: pid=N target=M`
+    let profiler: i32 = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let rest = line.split("profiler started: pid=").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .expect("the profiler's pid");
+    // The command allocates for seconds (~2 s here unprofiled).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the command ended before the profiler was killed"
+    );
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &profiler.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{rest:?}");
+    assert_eq!(
+        totals(&text(&output.stdout)),
+        totals(&text(&unprofiled.stdout)),
+        "{rest:?}"
+    );
+}
