@@ -18,7 +18,31 @@ const MODES: &[&str] = &[
     "unprofiled",
     "ddprof sCPU",
     "ddprof sCPU;sALLOC",
+    "ddprof sCPU;sALLOC mode=sl",
     "heaptrack",
+];
+
+/// The modes of the cost table: the hooks alone (a mean no program
+/// reaches: nothing sampled), and every allocation sampled; each with and
+/// without the live heap; (mode, `-e`, pairs timed).
+const COST_MODES: &[(&str, &str, &str)] = &[
+    ("unprofiled", "", "20000000"),
+    (
+        "hooks, nothing sampled",
+        "sALLOC p=1099511627776",
+        "20000000",
+    ),
+    (
+        "hooks and live table, nothing sampled",
+        "sALLOC p=1099511627776 m=sl",
+        "20000000",
+    ),
+    ("every allocation sampled", "sALLOC p=1", "200000"),
+    (
+        "every allocation sampled, live heap",
+        "sALLOC p=1 m=sl",
+        "200000",
+    ),
 ];
 
 /// One program: a name and its command line.
@@ -199,6 +223,90 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
         }
         writeln!(report)?;
     }
+    cost_table(ddprof, runs, &scratch, report)?;
     let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// What the target pays per allocation and per sample: `malloc_cost`'s
+/// nanoseconds per malloc+free pair (its thread's CPU time), medians of
+/// `runs`, unprofiled and in each of [`COST_MODES`].
+fn cost_table(ddprof: &Path, runs: usize, scratch: &Path, report: &mut String) -> Result<()> {
+    say("allocations: cost per allocation and per sample");
+    let program = scratch.join("malloc_cost");
+    let source = workspace_root().join("xtask/src/bench/malloc_cost.c");
+    let built = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&program)
+        .arg(&source)
+        .status()
+        .context("cc")?;
+    if !built.success() {
+        bail!("cannot build {}", source.display());
+    }
+    let mut nanos: Vec<Vec<f64>> = COST_MODES.iter().map(|_| Vec::new()).collect();
+    let mut lines = Vec::new();
+    for _ in 0..runs {
+        for (index, (_, events, pairs)) in COST_MODES.iter().enumerate() {
+            let command = vec![program.display().to_string(), pairs.to_string()];
+            let line = if events.is_empty() {
+                command
+            } else {
+                let mut line = vec![
+                    ddprof.display().to_string(),
+                    "-e".into(),
+                    events.to_string(),
+                    "--output".into(),
+                    scratch.join("cost-out").display().to_string(),
+                    "--".into(),
+                ];
+                line.extend(command);
+                line
+            };
+            if lines.len() < COST_MODES.len() {
+                lines.push(shell_words(&line));
+            }
+            let run = Command::new(&line[0])
+                .args(&line[1..])
+                .stdin(Stdio::null())
+                .output()
+                .with_context(|| format!("running {}", line[0]))?;
+            let stdout = String::from_utf8_lossy(&run.stdout);
+            let Some(value) = stdout
+                .split_whitespace()
+                .skip_while(|word| *word != "ns_per_pair")
+                .nth(1)
+                .and_then(|value| value.parse::<f64>().ok())
+            else {
+                bail!("{} printed no ns_per_pair: {stdout}", shell_words(&line));
+            };
+            nanos[index].push(value);
+        }
+    }
+    let unprofiled = median(nanos[0].clone());
+    writeln!(
+        report,
+        "### What the target pays\n\n\
+         `malloc_cost` (xtask/src/bench/malloc_cost.c): malloc+free pairs of 16-271 bytes, \
+         the thread's CPU time per pair, median of {runs} runs. With every allocation sampled, \
+         the pair's time over the unprofiled one is the price of one sample (the uprobe's \
+         trap and the kernel's copy of registers and 32 KB of stack).\n\n\
+         | mode | ns per pair | over unprofiled (ns) |\n|---|---|---|"
+    )?;
+    for ((mode, _, _), values) in COST_MODES.iter().zip(&nanos) {
+        let value = median(values.clone());
+        let over = value.zip(unprofiled).map(|(value, base)| value - base);
+        writeln!(
+            report,
+            "| {mode} | {} | {} |",
+            show(value, 1),
+            show(over, 1)
+        )?;
+    }
+    writeln!(report, "\nCommands:\n")?;
+    for line in lines {
+        writeln!(report, "    {line}")?;
+    }
+    writeln!(report)?;
     Ok(())
 }
