@@ -165,6 +165,10 @@ pub fn resolve_with(
                         samples_per_task_second(&events),
                     )
                 }),
+                allocation_ring_buffer_bytes: match ring_buffer_bytes {
+                    Some(_) => None,
+                    None => allocation_buffers(&events, cli.stack_sample_size),
+                },
                 max_frames: MAX_USER_FRAMES,
             },
             bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or_else(|| {
@@ -231,13 +235,33 @@ pub(super) fn kernel_stacks(cli: &Cli) -> bool {
 }
 
 /// Samples a second of a busy task's CPU time: the events' rates summed
-/// (the default event's when none is given).
+/// (the default event's when none is given), but `sALLOC`'s, whose probes
+/// have buffers of their own ([`allocation_buffers`]) and whose samples the
+/// BPF engine never sees.
 fn samples_per_task_second(events: &[EventSpec]) -> u64 {
-    if events.is_empty() {
-        crate::events::DEFAULT_CPU_FREQUENCY
-    } else {
-        events.iter().map(EventSpec::per_second).sum()
+    let rates = events
+        .iter()
+        .filter(|spec| !matches!(spec.kind, crate::events::EventKind::Allocation { .. }));
+    match rates.map(EventSpec::per_second).sum() {
+        0 => crate::events::DEFAULT_CPU_FREQUENCY,
+        sum => sum,
     }
+}
+
+/// The buffers of the allocation probes, by their own rate: the
+/// allocations' with their stack copies, the frees' with 8 bytes.
+fn allocation_buffers(
+    events: &[EventSpec],
+    stack_sample_size: u32,
+) -> Option<crate::perf::AllocationBuffers> {
+    let spec = events
+        .iter()
+        .find(|spec| matches!(spec.kind, crate::events::EventKind::Allocation { .. }))?;
+    let stack = spec.stack_sample_size.unwrap_or(stack_sample_size);
+    Some(crate::perf::AllocationBuffers {
+        allocations: default_ring_buffer_bytes(stack, spec.per_second()),
+        frees: default_ring_buffer_bytes(8, spec.per_second()),
+    })
 }
 
 /// Samples a second the events can produce at most: each event's rate on
@@ -321,6 +345,41 @@ mod tests {
         assert_eq!(
             high,
             crate::bpf::ring_buffer_bytes_for_rate(999 * crate::events::online_cpus().len() as u64)
+        );
+    }
+
+    /// The allocation probes' buffers follow their own rate: CPU time's
+    /// buffers, the BPF ring and the hand-off wake-up stay as they are
+    /// without `sALLOC` (with it, they were all sized for ~2,000 samples a
+    /// second of 32 KB: 4 MiB each), and the frees' carry no stack.
+    #[test]
+    fn allocation_probes_have_buffers_of_their_own() {
+        let cpu = resolved(&["ddprof", "-e", "sCPU", "--", "x"])
+            .profiler
+            .sampler;
+        let both = resolved(&["ddprof", "-e", "sCPU;sALLOC mode=sl", "--", "x"])
+            .profiler
+            .sampler;
+        assert_eq!(both.perf.ring_buffer_bytes, cpu.perf.ring_buffer_bytes);
+        assert_eq!(both.bpf_ring_buffer_bytes, cpu.bpf_ring_buffer_bytes);
+        assert_eq!(both.bpf_wake_on_handoff, cpu.bpf_wake_on_handoff);
+        assert_eq!(cpu.perf.allocation_ring_buffer_bytes, None);
+        let buffers = both.perf.allocation_ring_buffer_bytes.unwrap();
+        // 1 GB a second at the 512 KiB mean: 1,907 samples of 32 KB.
+        assert_eq!(buffers.allocations, 4 << 20);
+        assert_eq!(buffers.frees, 256 << 10);
+        let sized = resolved(&[
+            "ddprof",
+            "-e",
+            "sALLOC",
+            "--ring-buffer-kib",
+            "64",
+            "--",
+            "x",
+        ]);
+        assert_eq!(
+            sized.profiler.sampler.perf.allocation_ring_buffer_bytes,
+            None
         );
     }
 

@@ -87,14 +87,26 @@ pub struct PerfEngineOptions {
     /// When the locked-memory limit refuses it, the engine halves it (down
     /// to two pages) and logs a warning.
     pub ring_buffer_bytes: usize,
+    /// The buffers of `sALLOC`'s probes, sized by their own rate rather
+    /// than the CPU events' (allocations with their stack copies, frees
+    /// without): `None` when `--ring-buffer-kib` sizes every buffer.
+    pub allocation_ring_buffer_bytes: Option<AllocationBuffers>,
     /// Most user frames kept per sample.
     pub max_frames: usize,
+}
+
+/// Bytes of data area of the allocation probes' buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocationBuffers {
+    pub allocations: usize,
+    pub frees: usize,
 }
 
 impl Default for PerfEngineOptions {
     fn default() -> Self {
         Self {
             ring_buffer_bytes: DEFAULT_RING_BUFFER_BYTES,
+            allocation_ring_buffer_bytes: None,
             max_frames: MAX_USER_FRAMES,
         }
     }
@@ -103,11 +115,21 @@ impl Default for PerfEngineOptions {
 impl PerfEngineOptions {
     /// Data pages per buffer: a power of two, at least 1.
     fn data_pages(&self) -> usize {
-        let page = ring::page_size();
-        self.ring_buffer_bytes
-            .div_ceil(page)
-            .max(1)
-            .next_power_of_two()
+        Self::pages(self.ring_buffer_bytes)
+    }
+
+    /// Data pages of the buffer of an event of `kind`.
+    fn data_pages_for(&self, kind: &crate::events::EventKind) -> usize {
+        use crate::events::EventKind;
+        match (kind, self.allocation_ring_buffer_bytes) {
+            (EventKind::Allocation { .. }, Some(sizes)) => Self::pages(sizes.allocations),
+            (EventKind::AllocationFreed, Some(sizes)) => Self::pages(sizes.frees),
+            _ => self.data_pages(),
+        }
+    }
+
+    fn pages(bytes: usize) -> usize {
+        bytes.div_ceil(ring::page_size()).max(1).next_power_of_two()
     }
 }
 
@@ -201,9 +223,12 @@ impl PerfEngine {
             return Err(PerfError::NoEvents);
         }
         let page = ring::page_size();
-        let mut pages = options.data_pages();
         let mut sources: Vec<Source> = Vec::new();
+        // Once the locked-memory limit refused a size, no later buffer asks
+        // for more (one warning per halving, not per event).
+        let mut most_pages = usize::MAX;
         for event in events {
+            let mut pages = options.data_pages_for(&event.spec.kind).min(most_pages);
             // The threads of a `-p` target share a buffer per CPU and
             // event (up to 64 events each), as with `perf record -p` and the
             // C++ ddprof: a buffer each pinned threads × CPUs × 256 KiB or
@@ -234,6 +259,7 @@ impl PerfEngine {
                             && pages > MIN_RING_BUFFER_PAGES =>
                     {
                         pages /= 2;
+                        most_pages = pages;
                         log::warn!(
                             "perf ring buffer refused ({error}); retrying with {} KiB per event",
                             pages * page / 1024
@@ -259,12 +285,16 @@ impl PerfEngine {
             }
         }
         log::debug!(
-            "perf engine: {} events, {} buffers of {} KiB",
+            "perf engine: {} events, {} buffers of {} KiB in all (the first {} KiB)",
             sources
                 .iter()
                 .map(|source| 1 + source.followers.len())
                 .sum::<usize>(),
             sources.len(),
+            sources
+                .iter()
+                .map(|source| source.ring.data_size() / 1024)
+                .sum::<usize>(),
             sources[0].ring.data_size() / 1024
         );
         let mut weighings = crate::events::Weighings::default();
