@@ -526,21 +526,13 @@ fn matches_heaptrack(out: &Path, command: &[&str]) {
     );
 }
 
-/// `python3` building and serializing a large dict of lists and strings.
+/// `python3` building and serializing a large dict of lists and strings
+/// (`tests/workloads/dicts.py`).
 #[test]
 fn python_matches_heaptrack() {
     let _alone = one_at_a_time();
     let out = Scratch::new("alloc-heaptrack-python");
-    std::fs::write(
-        out.0.join("dicts.py"),
-        "import json\n\
-         d = {}\n\
-         for i in range(400000):\n    d[str(i)] = [i, str(i) * 40, {'k': 'v' * (i % 700)}]\n\
-         s = json.dumps(d)\n\
-         print(len(s), len(json.loads(s)))\n",
-    )
-    .unwrap();
-    let script = out.0.join("dicts.py");
+    let script = ddprof_tests::workloads::workloads_source_dir().join("dicts.py");
     matches_heaptrack(&out.0, &["/usr/bin/python3", script.to_str().unwrap()]);
 }
 

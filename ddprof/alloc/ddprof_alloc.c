@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define HIDDEN __attribute__((visibility("hidden")))
@@ -145,13 +146,14 @@ static int64_t mean = 512 * 1024;
  * threads never both own a slot. A bucket is one cache line: a free that
  * was not sampled (nearly all of them) reads one line.
  */
-#define LIVE_BUCKETS 32768
+#define LIVE_BUCKET_BITS 15
+#define LIVE_BUCKETS (1 << LIVE_BUCKET_BITS)
 #define LIVE_SLOTS 8
 static uintptr_t (*live)[LIVE_SLOTS];
 
 static inline uintptr_t (*live_bucket(uintptr_t address))[LIVE_SLOTS] {
     uint64_t hash = (uint64_t)address * 0x9e3779b97f4a7c15ull;
-    return &live[hash >> 49];
+    return &live[hash >> (64 - LIVE_BUCKET_BITS)];
 }
 
 /* Remembers a sampled address; whether there was room. */
@@ -207,12 +209,12 @@ static void resolve(void) {
     }
     const char *live_mode = getenv_base("DDPROF_ALLOC_LIVE");
     if (live_mode && live_mode[0] == '1' && mean > 0) {
-        /* PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS: zeroed pages,
-         * touched as buckets are used; a fork copies them, so a child frees
-         * its copies of its parent's sampled addresses (ddprof ignores frees
-         * of addresses it never saw in that process). */
-        void *table = mmap_base(0, sizeof(uintptr_t) * LIVE_BUCKETS * LIVE_SLOTS, 0x3, 0x22, -1, 0);
-        if (table != (void *)-1)
+        /* Zeroed pages, touched as buckets are used; a fork copies them, so
+         * a child frees its copies of its parent's sampled addresses (ddprof
+         * ignores frees of addresses it never saw in that process). */
+        void *table = mmap_base(0, sizeof(uintptr_t) * LIVE_BUCKETS * LIVE_SLOTS,
+                                PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (table != MAP_FAILED)
             live = table;
     }
     __atomic_store_n(&state, 2, __ATOMIC_RELEASE);

@@ -261,20 +261,21 @@ impl LiveHeapFile {
         Ok(())
     }
 
-    /// The heap the last worker saved (empty before any), for the events of
-    /// `fresh` and the processes of `processes`.
-    pub fn load(
+    /// Replaces what `heap` holds by what the last worker saved (nothing
+    /// before any), for `heap`'s events and with the processes as
+    /// `processes` knows them; on an error `heap` is left as it was.
+    pub fn load_into(
         &self,
-        fresh: LiveHeap,
+        heap: &mut LiveHeap,
         processes: &ProcessTable,
-    ) -> Result<LiveHeap, LiveHeapError> {
+    ) -> Result<(), LiveHeapError> {
         let mut file = &self.0;
         file.seek(SeekFrom::Start(0))?;
         let mut header = [0u8; 16];
         match file.read_exact(&mut header) {
             Ok(()) => {}
             // Nothing saved yet.
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(fresh),
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(error) => return Err(error.into()),
         }
         if &header[..8] != MAGIC {
@@ -286,10 +287,14 @@ impl LiveHeapFile {
         }
         let mut bytes = vec![0u8; (length - 16) as usize];
         file.read_exact(&mut bytes)?;
-        let mut heap = fresh;
-        parse_snapshot(&bytes, &mut heap).ok_or(LiveHeapError::NotASnapshot)?;
-        heap.adopt(processes);
-        Ok(heap)
+        let mut loaded = LiveHeap {
+            events: heap.events.clone(),
+            ..LiveHeap::default()
+        };
+        parse_snapshot(&bytes, &mut loaded).ok_or(LiveHeapError::NotASnapshot)?;
+        loaded.adopt(processes);
+        *heap = loaded;
+        Ok(())
     }
 }
 
@@ -511,14 +516,14 @@ mod tests {
         }
         heap.take(&processes, &sample(10, 1, HeapEvent::NotFollowed, vec![]));
         let file = LiveHeapFile::create().unwrap();
-        let empty = file
-            .load(LiveHeap::new(&events(false)), &processes)
-            .unwrap();
+        let loaded = |file: &LiveHeapFile| {
+            let mut heap = LiveHeap::new(&events(false));
+            file.load_into(&mut heap, &processes).map(|()| heap)
+        };
+        let empty = loaded(&file).unwrap();
         assert!(empty.is_empty());
         file.save(&heap).unwrap();
-        let again = file
-            .load(LiveHeap::new(&events(false)), &processes)
-            .unwrap();
+        let again = loaded(&file).unwrap();
         assert_eq!(again.allocations, heap.allocations);
         assert_eq!(again.counters(), heap.counters());
         // A smaller snapshot over a bigger one: its length says where it ends.
@@ -528,9 +533,7 @@ mod tests {
             &sample(10, 1, HeapEvent::Allocated { address: 5 }, vec![1]),
         );
         file.save(&smaller).unwrap();
-        let again = file
-            .load(LiveHeap::new(&events(false)), &processes)
-            .unwrap();
+        let again = loaded(&file).unwrap();
         assert_eq!(again.len(), 1);
         // Bytes that are not a snapshot are refused, whole.
         let mut corrupt = Vec::new();
@@ -541,8 +544,9 @@ mod tests {
         corrupt[16 + 24] = 0xff;
         (&file.0).seek(SeekFrom::Start(0)).unwrap();
         (&file.0).write_all(&corrupt).unwrap();
-        assert!(file
-            .load(LiveHeap::new(&events(false)), &processes)
-            .is_err());
+        assert!(loaded(&file).is_err());
+        // What the heap held stays.
+        assert!(file.load_into(&mut smaller, &processes).is_err());
+        assert_eq!(smaller.len(), 1);
     }
 }

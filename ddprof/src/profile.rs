@@ -179,8 +179,9 @@ pub struct ProfiledEvent {
 }
 
 impl ProfiledEvent {
-    /// The profile's events for `spec`: one, but none for `sALLOC mode=l`
-    /// alone and two for `mode=sl` (allocations and the live heap).
+    /// The profile's events for `spec`: one, but for `sALLOC`, whose
+    /// allocations (`mode=s`) and live heap (`mode=l`) are one each, two
+    /// with `mode=sl`.
     pub fn of(spec: &crate::events::EventSpec) -> Vec<Self> {
         let event = Self {
             index: spec.index(),

@@ -194,12 +194,6 @@ impl Weighing {
         }
     }
 
-    /// Whether the sample's stack is of no use (a free: only its address
-    /// counts), so the engines need not unwind it.
-    pub fn needs_no_stack(&self) -> bool {
-        matches!(self.value, EventValue::FreedAddress)
-    }
-
     /// Innermost frames of the sample's stack that are not the program's:
     /// an allocation is sampled in the preloaded library's marker, called
     /// by its hook.

@@ -106,12 +106,9 @@ impl Unwinding<'_> {
         let Some(regs) = &raw.regs else {
             return Some((frames, StackEnd::NoUserContext));
         };
-        // A free of a sampled address: its address is all that counts.
-        if self
-            .weighings
-            .of(raw.event)
-            .is_some_and(crate::events::Weighing::needs_no_stack)
-        {
+        // A free of a sampled address (told by its event's index, without a
+        // lookup on every sample): its address is all that counts.
+        if crate::events::allocation_of_frees(raw.event).is_some() {
             return Some((frames, StackEnd::StackExhausted));
         }
         let end = self.unwinder.unwind_with(

@@ -142,30 +142,32 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
 }
 
 /// The live heap the previous worker left (empty for the first), and the
-/// file this worker leaves it in; `None` without a live `sALLOC` event.
+/// file this worker leaves it in (none when the parent has none);
+/// `None` without a live `sALLOC` event.
 fn resume_live_heap(
     options: &ProfilerOptions,
     file: Option<&LiveHeapFile>,
     processes: &ProcessTable,
-) -> Option<(LiveHeap, LiveHeapFile)> {
-    let fresh = LiveHeap::new(&options.events);
-    if !fresh.is_active() {
+) -> Option<(LiveHeap, Option<LiveHeapFile>)> {
+    let mut heap = LiveHeap::new(&options.events);
+    if !heap.is_active() {
         return None;
     }
-    let file = match file.map(LiveHeapFile::try_clone) {
-        Some(Ok(file)) => file,
-        Some(Err(error)) => {
-            log::warn!("live heap: {error}; it starts empty in this worker and is not carried on");
-            return Some((fresh, LiveHeapFile::create().ok()?));
-        }
-        None => return Some((fresh, LiveHeapFile::create().ok()?)),
-    };
-    let heap = file
-        .load(LiveHeap::new(&options.events), processes)
-        .unwrap_or_else(|error| {
-            log::warn!("live heap: {error}; this worker starts it empty");
-            fresh
-        });
+    let file = file.and_then(|file| {
+        file.try_clone()
+            .inspect_err(|error| {
+                log::warn!(
+                    "live heap: {error}; it starts empty in this worker and is not carried on"
+                )
+            })
+            .ok()
+    });
+    if let Some(Err(error)) = file
+        .as_ref()
+        .map(|file| file.load_into(&mut heap, processes))
+    {
+        log::warn!("live heap: {error}; this worker starts it empty");
+    }
     Some((heap, file))
 }
 
@@ -258,7 +260,7 @@ struct Worker {
     loop_times: ThreadTimes,
     /// The allocations held (`sALLOC mode=l`), and the file the next
     /// worker reads them from.
-    live_heap: Option<(LiveHeap, LiveHeapFile)>,
+    live_heap: Option<(LiveHeap, Option<LiveHeapFile>)>,
 }
 
 impl Worker {
@@ -320,7 +322,7 @@ impl Worker {
         })
     }
 
-    fn with_live_heap(self, live_heap: Option<(LiveHeap, LiveHeapFile)>) -> Self {
+    fn with_live_heap(self, live_heap: Option<(LiveHeap, Option<LiveHeapFile>)>) -> Self {
         Self { live_heap, ..self }
     }
 
@@ -506,7 +508,7 @@ impl Worker {
                 crate::live_heap::MAX_LIVE_ALLOCATIONS,
                 counters.unknown_frees
             );
-            if !last {
+            if let (false, Some(file)) = (last, file) {
                 if let Err(error) = file.save(live_heap) {
                     log::warn!("live heap: {error}; the next worker would start it empty");
                 }

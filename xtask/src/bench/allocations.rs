@@ -59,15 +59,8 @@ struct Figures {
 }
 
 fn programs(scratch: &Path) -> Result<Vec<Program>> {
-    let script = scratch.join("dicts.py");
-    std::fs::write(
-        &script,
-        "import json\n\
-         d = {}\n\
-         for i in range(400000):\n    d[str(i)] = [i, str(i) * 40, {'k': 'v' * (i % 700)}]\n\
-         s = json.dumps(d)\n\
-         print(len(s), len(json.loads(s)))\n",
-    )?;
+    // The script `tests/allocations.rs` checks against heaptrack.
+    let script = workspace_root().join("tests/workloads/dicts.py");
     let sql = scratch.join("build.sql");
     std::fs::write(
         &sql,
@@ -77,17 +70,8 @@ fn programs(scratch: &Path) -> Result<Vec<Program>> {
          create index t_name on t(name);\n\
          select count(*), sum(length(payload)) from t;\n",
     )?;
-    let workload = scratch.join("allocations");
-    let source = workspace_root().join("tests/workloads/allocations.c");
-    let built = Command::new("cc")
-        .args(["-O2", "-g", "-pthread", "-o"])
-        .arg(&workload)
-        .arg(&source)
-        .status()
-        .context("cc")?;
-    if !built.success() {
-        bail!("cannot build {}", source.display());
-    }
+    // Built as the tests build it.
+    let workload = crate::build_workload("allocations.c", "bench", "allocations")?;
     let text = |path: &Path| path.display().to_string();
     Ok(vec![
         Program {
@@ -234,35 +218,24 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
 fn cost_table(ddprof: &Path, runs: usize, scratch: &Path, report: &mut String) -> Result<()> {
     say("allocations: cost per allocation and per sample");
     let program = scratch.join("malloc_cost");
-    let source = workspace_root().join("xtask/src/bench/malloc_cost.c");
-    let built = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&program)
-        .arg(&source)
-        .status()
-        .context("cc")?;
-    if !built.success() {
-        bail!("cannot build {}", source.display());
-    }
+    crate::run_checked(
+        Command::new("cc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&program)
+            .arg(workspace_root().join("xtask/src/bench/malloc_cost.c")),
+    )
+    .context("cannot build the bench's malloc_cost")?;
     let mut nanos: Vec<Vec<f64>> = COST_MODES.iter().map(|_| Vec::new()).collect();
     let mut lines = Vec::new();
     for _ in 0..runs {
         for (index, (_, events, pairs)) in COST_MODES.iter().enumerate() {
-            let command = vec![program.display().to_string(), pairs.to_string()];
-            let line = if events.is_empty() {
-                command
+            let mode = if events.is_empty() {
+                "unprofiled".to_string()
             } else {
-                let mut line = vec![
-                    ddprof.display().to_string(),
-                    "-e".into(),
-                    events.to_string(),
-                    "--output".into(),
-                    scratch.join("cost-out").display().to_string(),
-                    "--".into(),
-                ];
-                line.extend(command);
-                line
+                format!("ddprof {events}")
             };
+            let command = [program.display().to_string(), pairs.to_string()];
+            let line = wrapped(&mode, ddprof, &scratch.join("cost-out"), &command);
             if lines.len() < COST_MODES.len() {
                 lines.push(shell_words(&line));
             }
