@@ -859,6 +859,24 @@ fn handed_to_the_perf_engine(stderr: &str) -> u64 {
         .unwrap_or_else(|| panic!("no hand-off line:\n{stderr}"))
 }
 
+/// How many samples of the profiled processes the perf engine unwound (the
+/// engine's line, "N unwound by the perf engine in all"): unlike the count
+/// handed over, it leaves out the samples of other processes that every-CPU
+/// sampling hands over before they are known not profiled (a CI runner's
+/// own processes: 6 of 8 in one CI run).
+fn unwound_by_the_perf_engine(stderr: &str) -> u64 {
+    stderr
+        .lines()
+        .find_map(|line| {
+            let before = line.split(" unwound by the perf engine in all").next()?;
+            if before.len() == line.len() {
+                return None;
+            }
+            before.rsplit(' ').next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no hand-off line:\n{stderr}"))
+}
+
 /// `ddprof --engine bpf --event "sCPU freq=HZ"` wrapping `command` at the
 /// notice log level, its output in a directory of the build's named after
 /// `name`: the command's run (checked to have succeeded), ddprof's stderr
@@ -1845,8 +1863,11 @@ fn the_wrapped_commands_first_hand_off_wakes_the_reader_at_99_hz() {
     // the notice wakes the reader, not how soon the scheduler runs it. With
     // 100 runnable threads of 30 ms, CI's loop waited 440-542 ms for a CPU
     // (at nice 0 and at nice -20) and 62-92 samples were handed over; this
-    // machine with autogroup off: 72-74 at nice 0. Here: 2 handed over, and
-    // 12-16 with the notice not waking the reader.
+    // machine with autogroup off: 72-74 at nice 0. Counted are the command's
+    // samples the perf engine unwound, not all handed over: CI's third
+    // failure was 8 handed over, 6 of them other processes' (every CPU is
+    // sampled) and 2 the command's. Here: 2 (of 3-6 handed over), and 13-14
+    // with the notice not waking the reader (its mark left out).
     let (_, stderr, output_dir) = wrapped_by_the_bpf_engine_with(
         "first-handoff",
         99,
@@ -1854,16 +1875,21 @@ fn the_wrapped_commands_first_hand_off_wakes_the_reader_at_99_hz() {
         &[workload.as_os_str(), "1".as_ref(), "3000".as_ref()],
     );
     let _ = std::fs::remove_dir_all(&output_dir);
-    let handed = handed_to_the_perf_engine(&stderr);
+    let handed = unwound_by_the_perf_engine(&stderr);
     let samples = ddprof_tests::outputs::summary_fields(&stderr)["samples"];
+    eprintln!(
+        "{handed} of {samples} samples unwound by the perf engine ({} handed over, \
+         other processes' included)",
+        handed_to_the_perf_engine(&stderr)
+    );
     assert!(
         samples >= 250,
         "{samples} samples for 3 s of CPU at 99 Hz:\n{stderr}"
     );
     assert!(
         handed <= 7,
-        "{handed} of {samples} samples handed to the perf engine (the wrapped command's first \
-         notice did not wake the reader?):\n{stderr}"
+        "{handed} of the command's {samples} samples went to the perf engine (the wrapped \
+         command's first notice did not wake the reader?):\n{stderr}"
     );
 }
 
