@@ -160,20 +160,31 @@ fn assert_shares(
 /// the allocations within 15 % (their estimate rests on the few hundred
 /// samples of the smallest ones, each standing for ~4,000).
 fn assert_matches_totals(pprof: &Profile, exact: &HashMap<String, (f64, f64)>, stderr: &str) {
-    let exact_count: f64 = FUNCTIONS.iter().map(|f| exact[*f].1).sum();
-    let measured_count: f64 = FUNCTIONS
+    assert_matches_the_totals_of(pprof, exact, &FUNCTIONS, stderr)
+}
+
+/// [`assert_matches_totals`] for a workload whose allocating functions are
+/// `allocating`.
+fn assert_matches_the_totals_of(
+    pprof: &Profile,
+    exact: &HashMap<String, (f64, f64)>,
+    allocating: &[&str],
+    stderr: &str,
+) {
+    let exact_count: f64 = allocating.iter().map(|f| exact[*f].1).sum();
+    let measured_count: f64 = allocating
         .iter()
         .map(|function| allocated_in(pprof, function, false).0)
         .sum();
-    let measured: HashMap<String, f64> = FUNCTIONS
+    let measured: HashMap<String, f64> = allocating
         .iter()
         .map(|function| (function.to_string(), allocated_in(pprof, function, false).1))
         .collect();
-    let exact_bytes: HashMap<String, f64> = FUNCTIONS
+    let exact_bytes: HashMap<String, f64> = allocating
         .iter()
         .map(|function| (function.to_string(), exact[*function].0))
         .collect();
-    let functions: Vec<String> = FUNCTIONS.iter().map(|f| f.to_string()).collect();
+    let functions: Vec<String> = allocating.iter().map(|f| f.to_string()).collect();
     let report = assert_shares(
         &measured,
         allocated_in_all(pprof).1,
@@ -298,33 +309,147 @@ fn threads_a_fork_and_an_exec_are_sampled() {
     );
 }
 
-/// A program that preloads jemalloc keeps it: the library forwards to the
-/// next allocator in the lookup order (jemalloc prints its statistics at
-/// exit, so it served the allocations), and the samples match the totals.
-#[test]
-fn another_allocator_stays_the_programs() {
-    let jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+/// A program that preloads another allocator keeps it: the library forwards
+/// to the next allocator in the lookup order (each of them prints its
+/// statistics at exit when `stats` asks, so it served the allocations), the
+/// samples match the totals, and the frees reach the live heap through it
+/// (nothing is held at the end: the workload frees what it allocates).
+fn another_allocator_stays_the_programs(
+    library: &str,
+    package: &str,
+    stats: (&str, &str),
+    printed: &str,
+) {
+    let path = format!("/usr/lib/x86_64-linux-gnu/{library}");
     assert!(
-        Path::new(jemalloc).exists(),
-        "install jemalloc: apt-get install libjemalloc2"
+        Path::new(&path).exists(),
+        "install {library}: apt-get install {package} (cargo xtask test does)"
     );
     let _alone = one_at_a_time();
     let workload = build_workload("allocations.c");
-    let out = Scratch::new("alloc-jemalloc");
+    let out = Scratch::new(&format!("alloc-{package}"));
     let (output, stderr, pprof) = profile(
         &out.0,
-        &["-e", "sALLOC"],
-        &[
-            ("LD_PRELOAD", jemalloc),
-            ("MALLOC_CONF", "stats_print:true"),
-        ],
+        &["-e", "sCPU;sALLOC mode=sl"],
+        &[("LD_PRELOAD", path.as_str()), stats],
         &[workload.to_str().unwrap(), "1024"],
     );
     assert!(
-        stderr.contains("jemalloc statistics"),
-        "jemalloc did not serve the program:\n{stderr}"
+        stderr.contains(printed),
+        "{library} did not serve the program (no `{printed}` at its exit):\n{stderr}"
     );
     assert_matches_totals(&pprof, &totals(&text(&output.stdout)), &stderr);
+    let held = held_at_the_end(&pprof);
+    eprintln!("{library}: inuse-space {held} bytes at the end");
+    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+}
+
+#[test]
+fn jemalloc_stays_the_programs_allocator() {
+    another_allocator_stays_the_programs(
+        "libjemalloc.so.2",
+        "libjemalloc2",
+        ("MALLOC_CONF", "stats_print:true"),
+        "jemalloc statistics",
+    );
+}
+
+#[test]
+fn tcmalloc_stays_the_programs_allocator() {
+    another_allocator_stays_the_programs(
+        "libtcmalloc_minimal.so.4",
+        "libtcmalloc-minimal4",
+        ("MALLOCSTATS", "1"),
+        "Bytes in use by application",
+    );
+}
+
+#[test]
+fn mimalloc_stays_the_programs_allocator() {
+    another_allocator_stays_the_programs(
+        "libmimalloc.so.2",
+        "libmimalloc2.0",
+        ("MIMALLOC_SHOW_STATS", "1"),
+        "heap stats:",
+    );
+}
+
+/// The functions of `cxx_allocs.cpp`, each allocating with one form of
+/// C++'s operator new.
+const CXX_FUNCTIONS: &[&str] = &[
+    "new_arrays",
+    "new_objects",
+    "aligned_objects",
+    "nothrow_arrays",
+];
+
+/// A C++ program's `new` and `delete` under `allocator` (preloaded; `None`:
+/// libstdc++'s, over glibc's malloc): each function's share and the totals
+/// match what the program counted, the leaf is the function that called
+/// `new` (not the operator), and the deletes reach the live heap (nothing
+/// held at the end). tcmalloc, jemalloc and mimalloc define operator new
+/// and delete themselves, without malloc and free: sampling malloc alone
+/// missed every allocation there and held every sampled one forever.
+fn cxx_new_and_delete_are_sampled(allocator: Option<&str>) {
+    let _alone = one_at_a_time();
+    let workload = build_workload("cxx_allocs.cpp");
+    let library = allocator.map(|name| format!("/usr/lib/x86_64-linux-gnu/{name}"));
+    if let Some(path) = &library {
+        assert!(
+            Path::new(path).exists(),
+            "{path} missing: cargo xtask test installs it"
+        );
+    }
+    let env: Vec<(&str, &str)> = library
+        .iter()
+        .map(|path| ("LD_PRELOAD", path.as_str()))
+        .collect();
+    let out = Scratch::new(&format!("alloc-cxx-{}", allocator.unwrap_or("glibc")));
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sCPU;sALLOC mode=sl"],
+        &env,
+        &[workload.to_str().unwrap(), "1024"],
+    );
+    assert_matches_the_totals_of(
+        &pprof,
+        &totals(&text(&output.stdout)),
+        CXX_FUNCTIONS,
+        &stderr,
+    );
+    let held = held_at_the_end(&pprof);
+    eprintln!("{allocator:?}: inuse-space {held} bytes at the end");
+    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+}
+
+#[test]
+fn cxx_new_and_delete_are_sampled_over_glibc() {
+    cxx_new_and_delete_are_sampled(None);
+}
+
+#[test]
+fn cxx_new_and_delete_are_sampled_under_tcmalloc() {
+    cxx_new_and_delete_are_sampled(Some("libtcmalloc_minimal.so.4"));
+}
+
+#[test]
+fn cxx_new_and_delete_are_sampled_under_jemalloc() {
+    cxx_new_and_delete_are_sampled(Some("libjemalloc.so.2"));
+}
+
+#[test]
+fn cxx_new_and_delete_are_sampled_under_mimalloc() {
+    cxx_new_and_delete_are_sampled(Some("libmimalloc.so.2"));
+}
+
+/// The bytes of `inuse-space` in all of `pprof`'s samples.
+fn held_at_the_end(pprof: &Profile) -> i64 {
+    let types = pprof.sample_types();
+    let inuse = types
+        .iter()
+        .position(|(kind, _)| kind == "inuse-space")
+        .unwrap_or_else(|| panic!("no inuse-space in {types:?}"));
+    pprof.stacks().iter().map(|(_, values)| values[inuse]).sum()
 }
 
 /// The `process_id` labels of the samples with `function` on their stack.
@@ -701,12 +826,7 @@ fn thousands_of_threads_leave_no_false_leak() {
         &[workload.to_str().unwrap(), "1536", "2000"],
     );
     assert_matches_totals(&pprof, &totals(&text(&output.stdout)), &stderr);
-    let types = pprof.sample_types();
-    let inuse = types
-        .iter()
-        .position(|(kind, _)| kind == "inuse-space")
-        .unwrap_or_else(|| panic!("no inuse-space in {types:?}"));
-    let held: i64 = pprof.stacks().iter().map(|(_, values)| values[inuse]).sum();
+    let held = held_at_the_end(&pprof);
     let (_, allocated) = allocated_in_all(&pprof);
     eprintln!("inuse-space {held} bytes at the end, of {allocated:.0} allocated");
     assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");

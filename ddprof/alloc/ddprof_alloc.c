@@ -3,10 +3,11 @@
  *
  * It only samples: it forwards every call to the allocator the program would
  * have used (the next definition in the lookup order: glibc's, or jemalloc's,
- * tcmalloc's, mimalloc's when the program links one), and for each sampled
- * allocation calls ddprof_sampled_allocation(size, address). ddprof opens a
- * uprobe perf event on that function (the uprobe PMU), so the kernel takes
- * the sample there: registers and a user-stack copy, unwound by ddprof as a
+ * tcmalloc's, mimalloc's when the program links one; C++'s operators new and
+ * delete too, which those allocators define without malloc), and for each sampled
+ * allocation calls ddprof_sampled_allocation(size, address). ddprof defines
+ * a uprobe on that function (in tracefs) and opens it as a perf event on
+ * every CPU, so the kernel takes the sample there: registers and a user-stack copy, unwound by ddprof as a
  * CPU sample is. This library copies no stack, writes no buffer, opens no
  * file and takes no lock. With no event on the function (the profiler gone),
  * the call costs a few instructions.
@@ -287,11 +288,20 @@ static inline __attribute__((always_inline)) int sampled(size_t size) {
     return 1;
 }
 
+/* Set while a hook of C++'s operator new runs the next operator new:
+ * libstdc++'s calls malloc, and its array and aligned forms call the plain
+ * one, whose hooks must not sample that allocation a second time (the
+ * outermost operator's hook samples it, with the program's function as the
+ * leaf). An operator new that throws (out of memory) leaves it set until
+ * the thread's next operator new returns: the allocations in between are
+ * not sampled. */
+static TLS int in_operator_new;
+
 /* Reports a sampled allocation: its address when followed for the live
  * heap, 0 when not (sum mode, or no room left in its bucket). */
 #define REPORT(size, pointer)                                                                      \
     do {                                                                                           \
-        if ((pointer) && sampled(size))                                                            \
+        if ((pointer) && !in_operator_new && sampled(size))                                        \
             ddprof_sampled_allocation((size),                                                      \
                                       live && live_insert(pointer) ? (pointer) : (void *)0);       \
     } while (0)
@@ -412,3 +422,156 @@ EXPORT void *pvalloc(size_t size) {
     REPORT(size, pointer);
     return pointer;
 }
+
+/*
+ * C++'s operators new and delete (the Itanium ABI's names; size_t is
+ * `unsigned long`, std::align_val_t a size_t, std::nothrow_t an empty
+ * struct passed by reference). libstdc++'s call malloc and free, but
+ * tcmalloc, jemalloc and mimalloc define their own, which never do: without
+ * these hooks a C++ program under them had no allocation sampled, and its
+ * deletes never reached the live heap.
+ *
+ * Each hook forwards to the next definition, looked up on first use (a
+ * program may dlopen libstdc++ after this library loads). A caller that
+ * finds none after it (a library with a static libstdc++, loaded
+ * RTLD_LOCAL, whose calls bind to this library's definitions) gets the
+ * next malloc's memory, and free takes it back.
+ */
+enum cxx_operator {
+    NEW, NEW_ARRAY, NEW_NOTHROW, NEW_ARRAY_NOTHROW, NEW_ALIGNED, NEW_ARRAY_ALIGNED,
+    NEW_ALIGNED_NOTHROW, NEW_ARRAY_ALIGNED_NOTHROW, DELETE, DELETE_ARRAY, DELETE_SIZED,
+    DELETE_ARRAY_SIZED, DELETE_NOTHROW, DELETE_ARRAY_NOTHROW, DELETE_ALIGNED,
+    DELETE_ARRAY_ALIGNED, DELETE_SIZED_ALIGNED, DELETE_ARRAY_SIZED_ALIGNED,
+    DELETE_ALIGNED_NOTHROW, DELETE_ARRAY_ALIGNED_NOTHROW, CXX_OPERATORS
+};
+
+static const char *const cxx_names[CXX_OPERATORS] = {
+    [NEW] = "_Znwm",
+    [NEW_ARRAY] = "_Znam",
+    [NEW_NOTHROW] = "_ZnwmRKSt9nothrow_t",
+    [NEW_ARRAY_NOTHROW] = "_ZnamRKSt9nothrow_t",
+    [NEW_ALIGNED] = "_ZnwmSt11align_val_t",
+    [NEW_ARRAY_ALIGNED] = "_ZnamSt11align_val_t",
+    [NEW_ALIGNED_NOTHROW] = "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    [NEW_ARRAY_ALIGNED_NOTHROW] = "_ZnamSt11align_val_tRKSt9nothrow_t",
+    [DELETE] = "_ZdlPv",
+    [DELETE_ARRAY] = "_ZdaPv",
+    [DELETE_SIZED] = "_ZdlPvm",
+    [DELETE_ARRAY_SIZED] = "_ZdaPvm",
+    [DELETE_NOTHROW] = "_ZdlPvRKSt9nothrow_t",
+    [DELETE_ARRAY_NOTHROW] = "_ZdaPvRKSt9nothrow_t",
+    [DELETE_ALIGNED] = "_ZdlPvSt11align_val_t",
+    [DELETE_ARRAY_ALIGNED] = "_ZdaPvSt11align_val_t",
+    [DELETE_SIZED_ALIGNED] = "_ZdlPvmSt11align_val_t",
+    [DELETE_ARRAY_SIZED_ALIGNED] = "_ZdaPvmSt11align_val_t",
+    [DELETE_ALIGNED_NOTHROW] = "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+    [DELETE_ARRAY_ALIGNED_NOTHROW] = "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+};
+
+static void *cxx_next[CXX_OPERATORS];
+
+/* The next definition of operator `which`, or NULL when there is none. */
+static void *cxx_lookup(enum cxx_operator which) {
+    void *found = __atomic_load_n(&cxx_next[which], __ATOMIC_RELAXED);
+    if (__builtin_expect(found == 0, 0)) {
+        if (__builtin_expect(state != 2, 0))
+            resolve();
+        found = dlsym_base(RTLD_NEXT, cxx_names[which]);
+        __atomic_store_n(&cxx_next[which], found, __ATOMIC_RELAXED);
+    }
+    return found;
+}
+
+/* Memory for an operator new with no next definition: the next malloc's,
+ * aligned when asked. */
+static void *cxx_fallback_new(size_t size, size_t alignment) {
+    if (alignment <= 16)
+        return next.malloc(size ? size : 1);
+    void *pointer = 0;
+    return next.posix_memalign(&pointer, alignment, size ? size : 1) == 0 ? pointer : 0;
+}
+
+typedef void *(*new_fn)(size_t);
+typedef void *(*new_nothrow_fn)(size_t, const void *);
+typedef void *(*new_aligned_fn)(size_t, size_t);
+typedef void *(*new_aligned_nothrow_fn)(size_t, size_t, const void *);
+
+#define NEW_HOOK(symbol, which, call, alignment, ...)                                              \
+    EXPORT void *symbol(__VA_ARGS__) {                                                             \
+        void *forward = cxx_lookup(which);                                                         \
+        void *pointer;                                                                             \
+        if (__builtin_expect(forward == 0, 0)) {                                                   \
+            pointer = cxx_fallback_new(size, alignment);                                           \
+        } else {                                                                                   \
+            int nested = in_operator_new;                                                          \
+            in_operator_new = 1;                                                                   \
+            pointer = call;                                                                        \
+            in_operator_new = nested;                                                              \
+        }                                                                                          \
+        REPORT(size, pointer);                                                                     \
+        return pointer;                                                                            \
+    }
+
+NEW_HOOK(_Znwm, NEW, ((new_fn)forward)(size), 0, size_t size)
+NEW_HOOK(_Znam, NEW_ARRAY, ((new_fn)forward)(size), 0, size_t size)
+NEW_HOOK(_ZnwmRKSt9nothrow_t, NEW_NOTHROW, ((new_nothrow_fn)forward)(size, tag), 0, size_t size,
+         const void *tag)
+NEW_HOOK(_ZnamRKSt9nothrow_t, NEW_ARRAY_NOTHROW, ((new_nothrow_fn)forward)(size, tag), 0,
+         size_t size, const void *tag)
+NEW_HOOK(_ZnwmSt11align_val_t, NEW_ALIGNED, ((new_aligned_fn)forward)(size, alignment), alignment,
+         size_t size, size_t alignment)
+NEW_HOOK(_ZnamSt11align_val_t, NEW_ARRAY_ALIGNED, ((new_aligned_fn)forward)(size, alignment),
+         alignment, size_t size, size_t alignment)
+NEW_HOOK(_ZnwmSt11align_val_tRKSt9nothrow_t, NEW_ALIGNED_NOTHROW,
+         ((new_aligned_nothrow_fn)forward)(size, alignment, tag), alignment, size_t size,
+         size_t alignment, const void *tag)
+NEW_HOOK(_ZnamSt11align_val_tRKSt9nothrow_t, NEW_ARRAY_ALIGNED_NOTHROW,
+         ((new_aligned_nothrow_fn)forward)(size, alignment, tag), alignment, size_t size,
+         size_t alignment, const void *tag)
+
+typedef void (*delete_fn)(void *);
+typedef void (*delete_with_fn)(void *, size_t);
+typedef void (*delete_nothrow_fn)(void *, const void *);
+typedef void (*delete_sized_aligned_fn)(void *, size_t, size_t);
+typedef void (*delete_aligned_nothrow_fn)(void *, size_t, const void *);
+
+/* Forgets a sampled address before the next operator delete may reuse it
+ * (libstdc++'s then calls free, whose hook finds nothing more). */
+#define DELETE_HOOK(symbol, which, call, ...)                                                      \
+    EXPORT void symbol(__VA_ARGS__) {                                                              \
+        if (__builtin_expect(in_arena(pointer), 0))                                                \
+            return;                                                                                \
+        void *forward = cxx_lookup(which);                                                         \
+        live_forget(pointer);                                                                      \
+        if (__builtin_expect(forward == 0, 0))                                                     \
+            next.free(pointer);                                                                    \
+        else                                                                                       \
+            call;                                                                                  \
+    }
+
+DELETE_HOOK(_ZdlPv, DELETE, ((delete_fn)forward)(pointer), void *pointer)
+DELETE_HOOK(_ZdaPv, DELETE_ARRAY, ((delete_fn)forward)(pointer), void *pointer)
+DELETE_HOOK(_ZdlPvm, DELETE_SIZED, ((delete_with_fn)forward)(pointer, size), void *pointer,
+            size_t size)
+DELETE_HOOK(_ZdaPvm, DELETE_ARRAY_SIZED, ((delete_with_fn)forward)(pointer, size), void *pointer,
+            size_t size)
+DELETE_HOOK(_ZdlPvRKSt9nothrow_t, DELETE_NOTHROW, ((delete_nothrow_fn)forward)(pointer, tag),
+            void *pointer, const void *tag)
+DELETE_HOOK(_ZdaPvRKSt9nothrow_t, DELETE_ARRAY_NOTHROW,
+            ((delete_nothrow_fn)forward)(pointer, tag), void *pointer, const void *tag)
+DELETE_HOOK(_ZdlPvSt11align_val_t, DELETE_ALIGNED, ((delete_with_fn)forward)(pointer, alignment),
+            void *pointer, size_t alignment)
+DELETE_HOOK(_ZdaPvSt11align_val_t, DELETE_ARRAY_ALIGNED,
+            ((delete_with_fn)forward)(pointer, alignment), void *pointer, size_t alignment)
+DELETE_HOOK(_ZdlPvmSt11align_val_t, DELETE_SIZED_ALIGNED,
+            ((delete_sized_aligned_fn)forward)(pointer, size, alignment), void *pointer,
+            size_t size, size_t alignment)
+DELETE_HOOK(_ZdaPvmSt11align_val_t, DELETE_ARRAY_SIZED_ALIGNED,
+            ((delete_sized_aligned_fn)forward)(pointer, size, alignment), void *pointer,
+            size_t size, size_t alignment)
+DELETE_HOOK(_ZdlPvSt11align_val_tRKSt9nothrow_t, DELETE_ALIGNED_NOTHROW,
+            ((delete_aligned_nothrow_fn)forward)(pointer, alignment, tag), void *pointer,
+            size_t alignment, const void *tag)
+DELETE_HOOK(_ZdaPvSt11align_val_tRKSt9nothrow_t, DELETE_ARRAY_ALIGNED_NOTHROW,
+            ((delete_aligned_nothrow_fn)forward)(pointer, alignment, tag), void *pointer,
+            size_t alignment, const void *tag)

@@ -47,8 +47,10 @@ const PREREQUISITES: &[(&str, &str)] = &[
 /// corpus compares function names with it).
 const PACKAGES_WITHOUT_COMMAND: &[&str] = &[
     "libc6-dbg",
-    // An allocator a program preloads (tests/allocations.rs).
+    // Allocators a program preloads (tests/allocations.rs).
     "libjemalloc2",
+    "libtcmalloc-minimal4",
+    "libmimalloc2.0",
 ];
 
 fn package_installed(package: &str) -> bool {

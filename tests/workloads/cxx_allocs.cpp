@@ -1,0 +1,117 @@
+// cxx_allocs: allocates with C++'s operators new and delete only, in known
+// functions, and prints the exact totals, for the sALLOC tests: under an
+// allocator that defines its own operator new (tcmalloc, jemalloc,
+// mimalloc), none of these allocations goes through malloc.
+//
+//   new_arrays       new char[] / delete[], 64-256 bytes   (_Znam, _ZdaPv)
+//   new_objects      new Node / sized delete, 192 bytes    (_Znwm, _ZdlPvm)
+//   aligned_objects  new of an alignas(64) type, 1 KiB     (_ZnwmSt11align_val_t)
+//   nothrow_arrays   new (std::nothrow) char[], 1-3 MiB    (_ZnamRKSt9nothrow_t)
+// each with a share of MEGABYTES (20/30/20/30 %), called from `main`. Every
+// block is deleted.
+//
+// Usage: cxx_allocs MEGABYTES
+// Prints, per function: "total FUNCTION BYTES COUNT".
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+
+#ifdef __clang__
+#define KEEP_FRAME __attribute__((noinline))
+#else
+#define KEEP_FRAME __attribute__((noipa))
+#endif
+
+struct totals {
+    unsigned long long bytes, count;
+};
+
+static uint64_t lcg(uint64_t *state) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return *state >> 33;
+}
+
+// The pointer escapes (a compiler may drop a new/delete pair otherwise),
+// and every byte is written, as a program uses what it allocates.
+void *volatile allocations_sink;
+
+static void touch(void *p, size_t size) {
+    for (size_t i = 0; i < size; i++)
+        static_cast<volatile char *>(p)[i] = static_cast<char>(i);
+    allocations_sink = p;
+}
+
+struct Node {
+    char bytes[192];
+};
+
+struct alignas(64) Aligned {
+    char bytes[1024];
+};
+
+extern "C" KEEP_FRAME void new_arrays(unsigned long long budget, uint64_t *seed, totals *t) {
+    while (t->bytes < budget) {
+        size_t size = 64 + lcg(seed) % 193;
+        char *p = new char[size];
+        touch(p, size);
+        delete[] p;
+        t->bytes += size;
+        t->count++;
+    }
+}
+
+extern "C" KEEP_FRAME void new_objects(unsigned long long budget, totals *t) {
+    while (t->bytes < budget) {
+        Node *node = new Node;
+        touch(node, sizeof *node);
+        delete node;
+        t->bytes += sizeof(Node);
+        t->count++;
+    }
+}
+
+extern "C" KEEP_FRAME void aligned_objects(unsigned long long budget, totals *t) {
+    while (t->bytes < budget) {
+        Aligned *block = new Aligned;
+        if (reinterpret_cast<uintptr_t>(block) % alignof(Aligned) != 0)
+            std::abort();
+        touch(block, sizeof *block);
+        delete block;
+        t->bytes += sizeof(Aligned);
+        t->count++;
+    }
+}
+
+extern "C" KEEP_FRAME void nothrow_arrays(unsigned long long budget, uint64_t *seed,
+                                          totals *t) {
+    while (t->bytes < budget) {
+        size_t size = (1 + lcg(seed) % 3) << 20;
+        char *p = new (std::nothrow) char[size];
+        if (!p)
+            std::abort();
+        touch(p, size);
+        delete[] p;
+        t->bytes += size;
+        t->count++;
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: cxx_allocs MEGABYTES\n");
+        return 2;
+    }
+    unsigned long long total = std::strtoull(argv[1], nullptr, 10) << 20;
+    uint64_t seed = 12345;
+    totals arrays{}, objects{}, aligned{}, nothrow{};
+    new_arrays(total / 5, &seed, &arrays);
+    new_objects(total * 3 / 10, &objects);
+    aligned_objects(total / 5, &aligned);
+    nothrow_arrays(total * 3 / 10, &seed, &nothrow);
+    std::printf("total new_arrays %llu %llu\n", arrays.bytes, arrays.count);
+    std::printf("total new_objects %llu %llu\n", objects.bytes, objects.count);
+    std::printf("total aligned_objects %llu %llu\n", aligned.bytes, aligned.count);
+    std::printf("total nothrow_arrays %llu %llu\n", nothrow.bytes, nothrow.count);
+    return 0;
+}
