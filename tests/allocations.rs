@@ -442,6 +442,56 @@ fn cxx_new_and_delete_are_sampled_under_mimalloc() {
     cxx_new_and_delete_are_sampled(Some("libmimalloc.so.2"));
 }
 
+/// jemalloc's own API (`mallocx`, `rallocx`, `dallocx`, `sdallocx`), which
+/// never goes through malloc and free, called as a program linked with
+/// jemalloc calls it: with jemalloc preloaded (`Some`, its statistics
+/// printed at exit) or without (`None`: ddprof's library serves them from
+/// malloc, aligned and zeroed as asked, which the workload checks). The
+/// shares and totals match the program's, and nothing is held at the end.
+fn jemalloc_api_is_sampled(jemalloc: Option<&str>) {
+    let _alone = one_at_a_time();
+    let workload = build_workload("jemalloc_allocx.c");
+    let mut env = vec![];
+    if let Some(path) = jemalloc {
+        assert!(
+            Path::new(path).exists(),
+            "{path} missing: cargo xtask test installs libjemalloc2"
+        );
+        env = vec![("LD_PRELOAD", path), ("MALLOC_CONF", "stats_print:true")];
+    }
+    let out = Scratch::new(&format!("alloc-allocx-{}", jemalloc.is_some()));
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sCPU;sALLOC mode=sl"],
+        &env,
+        &[workload.to_str().unwrap(), "1024"],
+    );
+    assert_eq!(
+        jemalloc.is_some(),
+        stderr.contains("jemalloc statistics"),
+        "{stderr}"
+    );
+    assert_matches_the_totals_of(
+        &pprof,
+        &totals(&text(&output.stdout)),
+        &["with_mallocx", "with_rallocx"],
+        &stderr,
+    );
+    let held = held_at_the_end(&pprof);
+    eprintln!("jemalloc {jemalloc:?}: inuse-space {held} bytes at the end");
+    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+}
+
+#[test]
+fn jemallocs_own_api_is_sampled_under_jemalloc() {
+    jemalloc_api_is_sampled(Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"));
+}
+
+#[test]
+fn jemallocs_own_api_is_served_and_sampled_without_jemalloc() {
+    jemalloc_api_is_sampled(None);
+}
+
 /// The bytes of `inuse-space` in all of `pprof`'s samples.
 fn held_at_the_end(pprof: &Profile) -> i64 {
     let types = pprof.sample_types();

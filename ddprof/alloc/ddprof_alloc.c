@@ -437,15 +437,16 @@ EXPORT void *pvalloc(size_t size) {
  * RTLD_LOCAL, whose calls bind to this library's definitions) gets the
  * next malloc's memory, and free takes it back.
  */
-enum cxx_operator {
+enum optional_symbol {
     NEW, NEW_ARRAY, NEW_NOTHROW, NEW_ARRAY_NOTHROW, NEW_ALIGNED, NEW_ARRAY_ALIGNED,
     NEW_ALIGNED_NOTHROW, NEW_ARRAY_ALIGNED_NOTHROW, DELETE, DELETE_ARRAY, DELETE_SIZED,
     DELETE_ARRAY_SIZED, DELETE_NOTHROW, DELETE_ARRAY_NOTHROW, DELETE_ALIGNED,
     DELETE_ARRAY_ALIGNED, DELETE_SIZED_ALIGNED, DELETE_ARRAY_SIZED_ALIGNED,
-    DELETE_ALIGNED_NOTHROW, DELETE_ARRAY_ALIGNED_NOTHROW, CXX_OPERATORS
+    DELETE_ALIGNED_NOTHROW, DELETE_ARRAY_ALIGNED_NOTHROW, MALLOCX, RALLOCX, DALLOCX, SDALLOCX,
+    OPTIONAL_SYMBOLS
 };
 
-static const char *const cxx_names[CXX_OPERATORS] = {
+static const char *const optional_names[OPTIONAL_SYMBOLS] = {
     [NEW] = "_Znwm",
     [NEW_ARRAY] = "_Znam",
     [NEW_NOTHROW] = "_ZnwmRKSt9nothrow_t",
@@ -466,18 +467,22 @@ static const char *const cxx_names[CXX_OPERATORS] = {
     [DELETE_ARRAY_SIZED_ALIGNED] = "_ZdaPvmSt11align_val_t",
     [DELETE_ALIGNED_NOTHROW] = "_ZdlPvSt11align_val_tRKSt9nothrow_t",
     [DELETE_ARRAY_ALIGNED_NOTHROW] = "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+    [MALLOCX] = "mallocx",
+    [RALLOCX] = "rallocx",
+    [DALLOCX] = "dallocx",
+    [SDALLOCX] = "sdallocx",
 };
 
-static void *cxx_next[CXX_OPERATORS];
+static void *optional_next[OPTIONAL_SYMBOLS];
 
-/* The next definition of operator `which`, or NULL when there is none. */
-static void *cxx_lookup(enum cxx_operator which) {
-    void *found = __atomic_load_n(&cxx_next[which], __ATOMIC_RELAXED);
+/* The next definition of `which`, or NULL when there is none. */
+static void *optional_lookup(enum optional_symbol which) {
+    void *found = __atomic_load_n(&optional_next[which], __ATOMIC_RELAXED);
     if (__builtin_expect(found == 0, 0)) {
         if (__builtin_expect(state != 2, 0))
             resolve();
-        found = dlsym_base(RTLD_NEXT, cxx_names[which]);
-        __atomic_store_n(&cxx_next[which], found, __ATOMIC_RELAXED);
+        found = dlsym_base(RTLD_NEXT, optional_names[which]);
+        __atomic_store_n(&optional_next[which], found, __ATOMIC_RELAXED);
     }
     return found;
 }
@@ -498,7 +503,7 @@ typedef void *(*new_aligned_nothrow_fn)(size_t, size_t, const void *);
 
 #define NEW_HOOK(symbol, which, call, alignment, ...)                                              \
     EXPORT void *symbol(__VA_ARGS__) {                                                             \
-        void *forward = cxx_lookup(which);                                                         \
+        void *forward = optional_lookup(which);                                                         \
         void *pointer;                                                                             \
         if (__builtin_expect(forward == 0, 0)) {                                                   \
             pointer = cxx_fallback_new(size, alignment);                                           \
@@ -541,7 +546,7 @@ typedef void (*delete_aligned_nothrow_fn)(void *, size_t, const void *);
     EXPORT void symbol(__VA_ARGS__) {                                                              \
         if (__builtin_expect(in_arena(pointer), 0))                                                \
             return;                                                                                \
-        void *forward = cxx_lookup(which);                                                         \
+        void *forward = optional_lookup(which);                                                         \
         live_forget(pointer);                                                                      \
         if (__builtin_expect(forward == 0, 0))                                                     \
             next.free(pointer);                                                                    \
@@ -575,3 +580,77 @@ DELETE_HOOK(_ZdlPvSt11align_val_tRKSt9nothrow_t, DELETE_ALIGNED_NOTHROW,
 DELETE_HOOK(_ZdaPvSt11align_val_tRKSt9nothrow_t, DELETE_ARRAY_ALIGNED_NOTHROW,
             ((delete_aligned_nothrow_fn)forward)(pointer, alignment, tag), void *pointer,
             size_t alignment, const void *tag)
+
+/*
+ * jemalloc's own API, which a program linked with jemalloc may call instead
+ * of malloc and free (jemalloc's mallocx never calls malloc): sampled and
+ * forgotten as malloc, realloc and free are. xallocx resizes in place (the
+ * address stays) and is not hooked. With no jemalloc after this library (a
+ * program that looks mallocx up to find out whether jemalloc is there finds
+ * this one), the calls are served by the next malloc: MALLOCX_LG_ALIGN's
+ * alignment (the flags' low 6 bits) and MALLOCX_ZERO (0x40) honoured, any
+ * other flag (arenas, tcaches) ignored, and an aligned or zeroed rallocx
+ * fails (NULL, the block left as it was), as jemalloc's does when out of
+ * memory.
+ */
+#define MALLOCX_LG_ALIGN_MASK 0x3f
+#define MALLOCX_ZERO_FLAG 0x40
+
+typedef void *(*mallocx_fn)(size_t, int);
+typedef void *(*rallocx_fn)(void *, size_t, int);
+typedef void (*dallocx_fn)(void *, int);
+typedef void (*sdallocx_fn)(void *, size_t, int);
+
+/* mallocx without jemalloc. */
+static void *mallocx_fallback(size_t size, int flags) {
+    int lg_alignment = flags & MALLOCX_LG_ALIGN_MASK;
+    /* malloc's blocks are 16-byte aligned already. */
+    if (lg_alignment > 4) {
+        size_t alignment = lg_alignment < 63 ? (size_t)1 << lg_alignment : 0;
+        void *pointer = 0;
+        if (!alignment || next.posix_memalign(&pointer, alignment, size ? size : 1) != 0)
+            return 0;
+        if (flags & MALLOCX_ZERO_FLAG)
+            __builtin_memset(pointer, 0, size);
+        return pointer;
+    }
+    return (flags & MALLOCX_ZERO_FLAG) ? next.calloc(1, size ? size : 1)
+                                       : next.malloc(size ? size : 1);
+}
+
+EXPORT void *mallocx(size_t size, int flags) {
+    void *forward = optional_lookup(MALLOCX);
+    void *pointer = forward ? ((mallocx_fn)forward)(size, flags) : mallocx_fallback(size, flags);
+    REPORT(size, pointer);
+    return pointer;
+}
+
+EXPORT void *rallocx(void *old, size_t size, int flags) {
+    void *forward = optional_lookup(RALLOCX);
+    if (!forward && (flags & (MALLOCX_LG_ALIGN_MASK | MALLOCX_ZERO_FLAG)))
+        return 0;
+    /* Forgotten before the allocator may reuse it (a failed rallocx leaves
+     * the old block allocated: it is then counted freed, as realloc's). */
+    live_forget(old);
+    void *pointer = forward ? ((rallocx_fn)forward)(old, size, flags) : next.realloc(old, size);
+    REPORT(size, pointer);
+    return pointer;
+}
+
+EXPORT void dallocx(void *pointer, int flags) {
+    void *forward = optional_lookup(DALLOCX);
+    live_forget(pointer);
+    if (forward)
+        ((dallocx_fn)forward)(pointer, flags);
+    else
+        next.free(pointer);
+}
+
+EXPORT void sdallocx(void *pointer, size_t size, int flags) {
+    void *forward = optional_lookup(SDALLOCX);
+    live_forget(pointer);
+    if (forward)
+        ((sdallocx_fn)forward)(pointer, size, flags);
+    else
+        next.free(pointer);
+}
