@@ -442,6 +442,39 @@ fn cxx_new_and_delete_are_sampled_under_mimalloc() {
     cxx_new_and_delete_are_sampled(Some("libmimalloc.so.2"));
 }
 
+/// A caller of operator new and delete with no next definition after the
+/// library's hooks (a library loaded `RTLD_LOCAL` with its own libstdc++
+/// has its calls bound to the hooks first; here a C program without
+/// libstdc++ that looks the operators up): the hooks serve them from
+/// malloc and free (aligned as asked, which the workload checks), the
+/// shares match, and nothing is held at the end.
+#[test]
+fn operator_new_without_a_next_definition_is_served_from_malloc() {
+    let _alone = one_at_a_time();
+    let workload = build_workload("operator_new_lookup.c");
+    let alone = run(std::process::Command::new(&workload).arg("1"));
+    assert_eq!(
+        alone.status.code(),
+        Some(3),
+        "the operators exist without ddprof?"
+    );
+    let out = Scratch::new("alloc-new-lookup");
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sCPU;sALLOC mode=sl"],
+        &[],
+        &[workload.to_str().unwrap(), "1024"],
+    );
+    assert_matches_the_totals_of(
+        &pprof,
+        &totals(&text(&output.stdout)),
+        &["with_new", "with_aligned_new"],
+        &stderr,
+    );
+    let held = held_at_the_end(&pprof);
+    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+}
+
 /// jemalloc's own API (`mallocx`, `rallocx`, `dallocx`, `sdallocx`), which
 /// never goes through malloc and free, called as a program linked with
 /// jemalloc calls it: with jemalloc preloaded (`Some`, its statistics

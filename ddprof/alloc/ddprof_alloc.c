@@ -433,9 +433,10 @@ EXPORT void *pvalloc(size_t size) {
  *
  * Each hook forwards to the next definition, looked up on first use (a
  * program may dlopen libstdc++ after this library loads). A caller that
- * finds none after it (a library with a static libstdc++, loaded
- * RTLD_LOCAL, whose calls bind to this library's definitions) gets the
- * next malloc's memory, and free takes it back.
+ * finds none after it (a library loaded RTLD_LOCAL with its own libstdc++,
+ * as Python wheels bundle one, whose calls bind to this library's
+ * definitions first) gets the next malloc's memory, and free takes it
+ * back.
  */
 enum optional_symbol {
     NEW, NEW_ARRAY, NEW_NOTHROW, NEW_ARRAY_NOTHROW, NEW_ALIGNED, NEW_ARRAY_ALIGNED,
@@ -473,18 +474,26 @@ static const char *const optional_names[OPTIONAL_SYMBOLS] = {
     [SDALLOCX] = "sdallocx",
 };
 
+/* The next definitions, looked up at first use: 0 not yet, NONE when there
+ * was none then (kept: a dlsym per call would cost the caller ~1 us each
+ * time; the calls are then served from malloc and free, consistently). */
 static void *optional_next[OPTIONAL_SYMBOLS];
+#define NONE ((void *)-1l)
+
+static __attribute__((noinline)) void *optional_resolve(enum optional_symbol which) {
+    if (__builtin_expect(state != 2, 0))
+        resolve();
+    void *found = dlsym_base(RTLD_NEXT, optional_names[which]);
+    __atomic_store_n(&optional_next[which], found ? found : NONE, __ATOMIC_RELAXED);
+    return found;
+}
 
 /* The next definition of `which`, or NULL when there is none. */
-static void *optional_lookup(enum optional_symbol which) {
+static inline __attribute__((always_inline)) void *optional_lookup(enum optional_symbol which) {
     void *found = __atomic_load_n(&optional_next[which], __ATOMIC_RELAXED);
-    if (__builtin_expect(found == 0, 0)) {
-        if (__builtin_expect(state != 2, 0))
-            resolve();
-        found = dlsym_base(RTLD_NEXT, optional_names[which]);
-        __atomic_store_n(&optional_next[which], found, __ATOMIC_RELAXED);
-    }
-    return found;
+    if (__builtin_expect(found == 0, 0))
+        return optional_resolve(which);
+    return found == NONE ? 0 : found;
 }
 
 /* Memory for an operator new with no next definition: the next malloc's,

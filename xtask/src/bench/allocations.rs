@@ -51,11 +51,58 @@ struct Program {
     command: Vec<String>,
 }
 
-/// What one mode's runs of one program gave.
+/// What one mode's runs of one program gave, run by run.
 #[derive(Default)]
 struct Figures {
     wall_s: Vec<f64>,
+    /// The command's CPU time (user + system, its waited-for children's
+    /// included; not ddprof's profiler, which no one here waits for).
+    command_cpu_s: Vec<f64>,
     profiler_cpu_ms: Vec<f64>,
+}
+
+/// What ddprof wrote to `path` once its profiler is done (its `summary:`
+/// line, at most 60 s after the command), or what is there for a mode
+/// without ddprof.
+fn profiler_stderr(path: &Path, mode: &str) -> String {
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if !mode.starts_with("ddprof") || text.contains("summary:") || Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The CPU time of this process's waited-for children so far.
+fn children_cpu_s() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0.0, |usage| {
+        let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+        seconds(usage.user_time()) + seconds(usage.system_time())
+    })
+}
+
+/// The median of the run-by-run ratios `runs[i] / baseline[i]` (each run
+/// against the unprofiled run of its own round, so that what the machine
+/// did between rounds weighs less), and their lowest and highest.
+fn paired_ratio(runs: &[f64], baseline: &[f64]) -> (Option<f64>, Option<(f64, f64)>) {
+    let ratios: Vec<f64> = runs
+        .iter()
+        .zip(baseline)
+        .filter(|(_, base)| **base > 0.0)
+        .map(|(run, base)| run / base)
+        .collect();
+    let range = ratios
+        .iter()
+        .copied()
+        .fold(None, |range: Option<(f64, f64)>, ratio| {
+            Some(range.map_or((ratio, ratio), |(low, high)| {
+                (low.min(ratio), high.max(ratio))
+            }))
+        });
+    (median(ratios), range)
 }
 
 fn programs(scratch: &Path) -> Result<Vec<Program>> {
@@ -139,10 +186,15 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
         report,
         "## Allocations\n\n\
          What `sALLOC` (mean 512 KiB, the default) costs the programs it samples: each \
-         program's wall time (the command's, as its caller sees it), median of {runs} runs, \
-         the modes interleaved run by run; *slowdown* is over the unprofiled median; *profiler \
-         CPU* is ddprof's summary (`profiler_cpu_ms`, its processes' CPU). heaptrack records \
-         every allocation (the exact reference of `tests/allocations.rs`).\n"
+         program's wall time (from its start to its exit, not to the end of the profiler's \
+         last profile, which it does not wait for), median of {runs} runs, \
+         the modes interleaved run by run; *slowdown* is the median of each run's wall time \
+         over the unprofiled run of the same round (the lowest and highest of those ratios \
+         beside it: this VM's noise); *command CPU* is the command's user + system time \
+         (wait4's, its children's included; heaptrack's interpreter too, ddprof's detached \
+         profiler not), and *CPU ratio* the same paired median over it; *profiler CPU* is \
+         ddprof's summary (`profiler_cpu_ms`, its processes' CPU). heaptrack records every \
+         allocation (the exact reference of `tests/allocations.rs`).\n"
     )?;
     for program in &programs {
         say(&format!("allocations: {}", program.name));
@@ -157,24 +209,31 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                 if lines.len() < MODES.len() {
                     lines.push(shell_words(&line));
                 }
+                let cpu_before = children_cpu_s();
                 let start = Instant::now();
-                let run = Command::new(&line[0])
+                // ddprof's stderr goes to a file, and the wall time ends when
+                // the command exits: the detached profiler writes to stderr
+                // until it has written its last profile, after the command
+                // (waiting for a pipe's end would add that to the command's
+                // time: 0.33 s on `allocations`).
+                let stderr_path = scratch.join(format!("stderr-{index}"));
+                let mut child = Command::new(&line[0])
                     .args(&line[1..])
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .output()
+                    .stderr(std::fs::File::create(&stderr_path)?)
+                    .spawn()
                     .with_context(|| format!("running {}", line[0]))?;
+                let status = child.wait()?;
                 let wall = start.elapsed().as_secs_f64();
-                if !run.status.success() {
-                    bail!(
-                        "{} failed: {}",
-                        shell_words(&line),
-                        String::from_utf8_lossy(&run.stderr)
-                    );
+                let stderr = profiler_stderr(&stderr_path, mode);
+                if !status.success() {
+                    bail!("{} failed: {stderr}", shell_words(&line));
                 }
                 figures[index].wall_s.push(wall);
-                let stderr = String::from_utf8_lossy(&run.stderr);
+                figures[index]
+                    .command_cpu_s
+                    .push(children_cpu_s() - cpu_before);
                 if let Some(cpu) = stderr
                     .lines()
                     .filter(|line| line.contains("summary:"))
@@ -186,19 +245,31 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                 }
             }
         }
-        let baseline = median(figures[0].wall_s.clone());
         writeln!(report, "### {}\n", program.name)?;
-        writeln!(report, "| mode | wall (s) | slowdown | profiler CPU (ms) |")?;
-        writeln!(report, "|---|---|---|---|")?;
-        for (mode, figures) in MODES.iter().zip(&figures) {
-            let wall = median(figures.wall_s.clone());
-            let slowdown = wall.zip(baseline).map(|(wall, base)| wall / base);
+        writeln!(
+            report,
+            "| mode | wall (s) | slowdown (runs' lowest–highest) | command CPU (s) | CPU ratio | \
+             profiler CPU (ms) |"
+        )?;
+        writeln!(report, "|---|---|---|---|---|---|")?;
+        let range = |range: Option<(f64, f64)>| {
+            range.map_or("–".to_string(), |(low, high)| {
+                format!("{low:.3}–{high:.3}")
+            })
+        };
+        for (mode, figures_of_mode) in MODES.iter().zip(&figures) {
+            let (slowdown, spread) = paired_ratio(&figures_of_mode.wall_s, &figures[0].wall_s);
+            let (cpu_ratio, _) =
+                paired_ratio(&figures_of_mode.command_cpu_s, &figures[0].command_cpu_s);
             writeln!(
                 report,
-                "| {mode} | {} | {} | {} |",
-                show(wall, 3),
+                "| {mode} | {} | {} ({}) | {} | {} | {} |",
+                show(median(figures_of_mode.wall_s.clone()), 3),
                 show(slowdown, 3),
-                show(median(figures.profiler_cpu_ms.clone()), 0)
+                range(spread),
+                show(median(figures_of_mode.command_cpu_s.clone()), 3),
+                show(cpu_ratio, 3),
+                show(median(figures_of_mode.profiler_cpu_ms.clone()), 0)
             )?;
         }
         writeln!(report, "\nCommands:\n")?;
