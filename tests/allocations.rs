@@ -578,6 +578,49 @@ fn held_at_the_end(pprof: &Profile) -> i64 {
     pprof.stacks().iter().map(|(_, values)| values[inuse]).sum()
 }
 
+/// A child started with its descriptors closed (Python's `subprocess`
+/// closes them by default) still loads the sampler: `LD_PRELOAD` names a
+/// file of the run (`/run/ddprof/alloc-PID-RANDOM.so`), not a descriptor
+/// of the command. (With `/proc/self/fd/N`, every such child printed
+/// "ERROR: ld.so: object '/proc/self/fd/3' from LD_PRELOAD cannot be
+/// preloaded" on its stderr and was not sampled.) The child's stderr is
+/// empty, and the allocation samples come from both processes.
+#[test]
+fn a_child_started_with_its_descriptors_closed_is_sampled() {
+    let _alone = one_at_a_time();
+    let out = Scratch::new("alloc-closed-fds");
+    let script = "import subprocess, sys\n\
+        child = 'data = [str(i) * 20 for i in range(2000000)]\\nprint(len(data))'\n\
+        done = subprocess.run([sys.executable, '-c', child], capture_output=True)\n\
+        print('child stdout', done.stdout.strip().decode(), 'stderr', repr(done.stderr))\n\
+        data = [str(i) * 20 for i in range(2000000)]\n";
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sCPU;sALLOC"],
+        &[],
+        &["/usr/bin/python3", "-c", script],
+    );
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("child stdout 2000000 stderr b''"),
+        "the child's output: {stdout}\n{stderr}"
+    );
+    let (_, space) = allocation_columns(&pprof);
+    let pids: std::collections::HashSet<String> = pprof
+        .labels()
+        .iter()
+        .zip(pprof.stacks())
+        .filter(|(_, (_, values))| values[space] > 0)
+        .filter_map(|(labels, _)| {
+            labels
+                .iter()
+                .find(|(key, _)| key == "process_id")
+                .map(|(_, value)| value.clone())
+        })
+        .collect();
+    assert_eq!(pids.len(), 2, "allocation samples of {pids:?}\n{stderr}");
+}
+
 /// The `process_id` labels of the samples with `function` on their stack.
 fn pids_with(pprof: &Profile, function: &str) -> std::collections::HashSet<String> {
     pprof

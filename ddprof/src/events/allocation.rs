@@ -24,11 +24,21 @@
 //! inode (`ddprof_alloc/sampled_PID_INODE`); a run removes the probes of
 //! runs whose command has ended (the kernel refuses to remove one open).
 //!
-//! The library lives in an anonymous file (`memfd_create`), sealed against
-//! writes, which the launcher keeps open through the exec and names in
-//! `LD_PRELOAD` as `/proc/self/fd/N`: nothing is written to disk, so there
-//! is no path another user could plant a file at, and the uprobe is on that
-//! very inode.
+//! The library is a file of this run, `/run/ddprof/alloc-PID-RANDOM.so`
+//! (`PID` the command's): the directory belongs to root, others may read
+//! it and never write it (`files::disk::PrivateDir`, `0755`), the file is
+//! created exclusively and left `0444`, and the uprobe is on that very
+//! inode. `LD_PRELOAD` names that path, which every descendant can open,
+//! including those started with their descriptors closed (Python's
+//! `subprocess` closes them by default). Files of ended runs are removed
+//! when a later run defines its probes; a descendant that outlives its run
+//! and execs after that loses the library (the loader says so on its
+//! stderr). Where `/run/ddprof` cannot be used (ddprof not root, the
+//! directory someone else's), the library is an anonymous file
+//! (`memfd_create`, sealed against writes) named `/proc/self/fd/N`, kept
+//! open through the exec, and one line says what that costs: children
+//! started with their descriptors closed print a loader error and are not
+//! sampled.
 use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -74,11 +84,14 @@ pub enum AllocationError {
 /// The library, ready to be preloaded and probed.
 #[derive(Debug)]
 pub struct Sampler {
-    /// The anonymous file holding it, open without close-on-exec.
+    /// The file holding it (read-only, or the anonymous file, open
+    /// without close-on-exec).
     file: OwnedFd,
-    /// `/proc/self/fd/N`: what `LD_PRELOAD` names, and what the uprobe's
-    /// path is resolved from (the kernel follows the link to the inode).
+    /// What `LD_PRELOAD` names, and what the uprobe's path is resolved
+    /// from: the file in [`LIBRARY_DIR`], or `/proc/self/fd/N`.
     path: CString,
+    /// Why the library is not in [`LIBRARY_DIR`], when it is not.
+    pub not_on_disk: Option<String>,
     /// The tracepoint id of the probe on the allocation marker.
     pub probe_id: u64,
     /// The tracepoint id of the probe on the free marker.
@@ -132,15 +145,64 @@ pub fn decline(reason: String) {
     let _ = NOT_PREPARED.set(reason);
 }
 
+/// Where each run writes its library: a directory of root's in a
+/// filesystem of memory (`/run`), readable by the command's user whoever
+/// it is.
+pub const LIBRARY_DIR: &str = "/run/ddprof";
+
+/// The library written to [`LIBRARY_DIR`] (after removing the files of
+/// ended runs): its file, open read-only, and its path.
+fn library_on_disk(library: &[u8]) -> Result<(OwnedFd, String), String> {
+    use crate::files::disk::PrivateDir;
+    let dir = PrivateDir::open(std::path::Path::new(LIBRARY_DIR), true)
+        .map_err(|error| error.to_string())?;
+    dir.let_others_read()
+        .map_err(|error| format!("{LIBRARY_DIR}: {error}"))?;
+    remove_ended_libraries(&dir);
+    let name = dir
+        .create_readable_by_all(&format!("alloc-{}-RANDOM.so", std::process::id()), library)
+        .map_err(|error| format!("{LIBRARY_DIR}: {error}"))?;
+    let file = dir
+        .open_regular(&name, library.len() as u64)
+        .ok_or_else(|| format!("{LIBRARY_DIR}/{name}: cannot open it again"))?;
+    Ok((OwnedFd::from(file), format!("{LIBRARY_DIR}/{name}")))
+}
+
+/// Removes the libraries of runs whose command has ended
+/// (`alloc-PID-RANDOM.so`, no process `PID` now).
+fn remove_ended_libraries(dir: &crate::files::disk::PrivateDir) {
+    for entry in dir.entries() {
+        let Some(name) = entry.name.to_str() else {
+            continue;
+        };
+        let Some(pid) = name
+            .strip_prefix("alloc-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if name.ends_with(".so") && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = dir.remove(name);
+        }
+    }
+}
+
 fn try_prepare() -> Result<&'static Sampler, AllocationError> {
     let library = LIBRARY.ok_or(AllocationError::NotBuilt)?;
     let marker_offset = symbol_offset(library, MARKER).map_err(AllocationError::Prepare)?;
     let free_marker_offset =
         symbol_offset(library, FREE_MARKER).map_err(AllocationError::Prepare)?;
-    let file = sealed_file(library)
-        .map_err(|error| AllocationError::Prepare(format!("anonymous file: {error}")))?;
-    let path = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
-        .map_err(|error| AllocationError::Prepare(error.to_string()))?;
+    let (file, path, not_on_disk) = match library_on_disk(library) {
+        Ok((file, path)) => (file, path, None),
+        Err(why) => {
+            let file = sealed_file(library)
+                .map_err(|error| AllocationError::Prepare(format!("anonymous file: {error}")))?;
+            let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+            (file, path, Some(why))
+        }
+    };
+    let path = CString::new(path).map_err(|error| AllocationError::Prepare(error.to_string()))?;
     let library_path = path.to_string_lossy();
     let inode = inode_of(&file);
     let probe_id = define_probe(&library_path, Probe::Sampled, marker_offset, inode)
@@ -151,6 +213,7 @@ fn try_prepare() -> Result<&'static Sampler, AllocationError> {
     Ok(SAMPLER.get_or_init(|| Sampler {
         file,
         path,
+        not_on_disk,
         probe_id,
         free_probe_id,
     }))
@@ -159,7 +222,7 @@ fn try_prepare() -> Result<&'static Sampler, AllocationError> {
 /// The group of ddprof's probes in tracefs.
 const PROBE_GROUP: &str = "ddprof_alloc";
 
-/// The inode number of the anonymous file: with the PID, a name no other
+/// The inode number of the library's file: with the PID, a name no other
 /// run has, in whatever PID namespace it runs.
 fn inode_of(file: &OwnedFd) -> u64 {
     nix::sys::stat::fstat(file).map_or(0, |stat| stat.st_ino)
@@ -430,6 +493,7 @@ mod tests {
         let sampler = Sampler {
             file: std::fs::File::open("/dev/null").unwrap().into(),
             path: CString::new("/proc/self/fd/7").unwrap(),
+            not_on_disk: None,
             probe_id: 0,
             free_probe_id: 0,
         };

@@ -280,6 +280,40 @@ impl PrivateDir {
         Err(last.into())
     }
 
+    /// Lets other users read and traverse this directory (`0755`), never
+    /// write to it: for files that processes of other users must open by
+    /// path (the allocation sampler a command of `--switch-user` preloads).
+    pub fn let_others_read(&self) -> std::io::Result<()> {
+        nix::sys::stat::fchmod(self.fd.as_ref(), Mode::from_bits_truncate(0o755))?;
+        Ok(())
+    }
+
+    /// Creates `name`, which must not exist, with `bytes` in it, readable
+    /// by every user and writable by none (`0444`); a random part replaces
+    /// `RANDOM` in `name`. The name made.
+    pub fn create_readable_by_all(&self, name: &str, bytes: &[u8]) -> std::io::Result<String> {
+        let mut last = std::io::Error::from(Errno::EEXIST);
+        for _ in 0..16 {
+            let made = name.replace("RANDOM", &format!("{:016x}", random()));
+            match self.create_new(&made) {
+                Ok(mut file) => {
+                    let written = file.write_all(bytes).and_then(|()| {
+                        nix::sys::stat::fchmod(&file, Mode::from_bits_truncate(0o444))
+                            .map_err(std::io::Error::from)
+                    });
+                    if let Err(error) = written {
+                        let _ = self.remove(&made);
+                        return Err(error);
+                    }
+                    return Ok(made);
+                }
+                Err(error) if error.raw_os_error() == Some(libc::EEXIST) => last = error,
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last)
+    }
+
     /// Renames `from` to `to` in this directory.
     pub fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
         check_name(OsStr::new(from))?;

@@ -225,6 +225,14 @@ fn preload_allocation_sampler(specs: &[EventSpec], program: &str) {
     let Ok(sampler) = events::allocation::prepare() else {
         return;
     };
+    if let Some(why) = &sampler.not_on_disk {
+        log::warn!(
+            "sALLOC: the allocation sampler is preloaded from a descriptor, not from {} ({why}): \
+             programs started with their descriptors closed (Python's subprocess closes them) \
+             print a loader error and are not sampled; run ddprof as root",
+            events::allocation::LIBRARY_DIR
+        );
+    }
     let existing = std::env::var("LD_PRELOAD").ok();
     // The launcher runs no other thread that reads the environment.
     std::env::set_var("LD_PRELOAD", sampler.ld_preload(existing.as_deref()));
