@@ -621,6 +621,53 @@ fn a_child_started_with_its_descriptors_closed_is_sampled() {
     assert_eq!(pids.len(), 2, "allocation samples of {pids:?}\n{stderr}");
 }
 
+/// A `/run/ddprof` that another user owns (planted before any run, or
+/// handed over) is not written to: the library is preloaded from its
+/// anonymous file instead, one warning says what that costs, and
+/// allocations are sampled. The directory is given back to root after.
+#[test]
+fn a_run_directory_of_another_user_is_not_used() {
+    use std::os::unix::fs::MetadataExt;
+    struct GivenBack;
+    impl Drop for GivenBack {
+        fn drop(&mut self) {
+            let _ = std::os::unix::fs::chown("/run/ddprof", Some(0), Some(0));
+        }
+    }
+    let _alone = one_at_a_time();
+    std::fs::create_dir_all("/run/ddprof").unwrap();
+    let _given_back = GivenBack;
+    std::os::unix::fs::chown("/run/ddprof", Some(65534), Some(65534)).unwrap();
+    let before: Vec<_> = std::fs::read_dir("/run/ddprof")
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    let workload = build_workload("allocations.c");
+    let out = Scratch::new("alloc-run-dir-owner");
+    let (output, stderr, pprof) = profile(
+        &out.0,
+        &["-e", "sCPU;sALLOC"],
+        &[],
+        &[workload.to_str().unwrap(), "512"],
+    );
+    let warned: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("preloaded from a descriptor, not from /run/ddprof"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{stderr}");
+    assert!(warned[0].contains("65534"), "{}", warned[0]);
+    assert_eq!(std::fs::metadata("/run/ddprof").unwrap().uid(), 65534);
+    let after: Vec<_> = std::fs::read_dir("/run/ddprof")
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        before, after,
+        "a file was written to the other user's directory"
+    );
+    assert_matches_totals(&pprof, &totals(&text(&output.stdout)), &stderr);
+}
+
 /// The `process_id` labels of the samples with `function` on their stack.
 fn pids_with(pprof: &Profile, function: &str) -> std::collections::HashSet<String> {
     pprof
