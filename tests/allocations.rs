@@ -387,7 +387,8 @@ const CXX_FUNCTIONS: &[&str] = &[
 /// libstdc++'s, over glibc's malloc): each function's share and the totals
 /// match what the program counted, the leaf is the function that called
 /// `new` (not the operator), and the deletes reach the live heap (nothing
-/// held at the end). tcmalloc, jemalloc and mimalloc define operator new
+/// held at the end); ten `std::bad_alloc` thrown through the hooks before
+/// stop nothing being sampled after them. tcmalloc, jemalloc and mimalloc define operator new
 /// and delete themselves, without malloc and free: sampling malloc alone
 /// missed every allocation there and held every sampled one forever.
 fn cxx_new_and_delete_are_sampled(allocator: Option<&str>) {
@@ -405,18 +406,18 @@ fn cxx_new_and_delete_are_sampled(allocator: Option<&str>) {
         .map(|path| ("LD_PRELOAD", path.as_str()))
         .collect();
     let out = Scratch::new(&format!("alloc-cxx-{}", allocator.unwrap_or("glibc")));
-    let (output, stderr, pprof) = profile(
-        &out.0,
-        &["-e", "sCPU;sALLOC mode=sl"],
-        &env,
-        &[workload.to_str().unwrap(), "1024"],
-    );
-    assert_matches_the_totals_of(
-        &pprof,
-        &totals(&text(&output.stdout)),
-        CXX_FUNCTIONS,
-        &stderr,
-    );
+    // mimalloc (built as C) aborts when operator new fails, rather than
+    // throw: no exceptions under it.
+    let throws = !allocator.is_some_and(|name| name.contains("mimalloc"));
+    let mut command = vec![workload.to_str().unwrap(), "1024"];
+    if throws {
+        command.push("throw");
+    }
+    let (output, stderr, pprof) = profile(&out.0, &["-e", "sCPU;sALLOC mode=sl"], &env, &command);
+    let stdout = text(&output.stdout);
+    // Exceptions thrown through the hooks first: sampling goes on after.
+    assert!(!throws || stdout.contains("bad_alloc 10"), "{stdout}");
+    assert_matches_the_totals_of(&pprof, &totals(&stdout), CXX_FUNCTIONS, &stderr);
     let held = held_at_the_end(&pprof);
     eprintln!("{allocator:?}: inuse-space {held} bytes at the end");
     assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
@@ -621,51 +622,147 @@ fn a_child_started_with_its_descriptors_closed_is_sampled() {
     assert_eq!(pids.len(), 2, "allocation samples of {pids:?}\n{stderr}");
 }
 
-/// A `/run/ddprof` that another user owns (planted before any run, or
-/// handed over) is not written to: the library is preloaded from its
-/// anonymous file instead, one warning says what that costs, and
-/// allocations are sampled. The directory is given back to root after.
-#[test]
-fn a_run_directory_of_another_user_is_not_used() {
-    use std::os::unix::fs::MetadataExt;
-    struct GivenBack;
-    impl Drop for GivenBack {
-        fn drop(&mut self) {
-            let _ = std::os::unix::fs::chown("/run/ddprof", Some(0), Some(0));
+/// The names of the allocation libraries in `dir` (`alloc-*.so`).
+fn libraries_in(dir: &str) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+                .filter(|name| name.starts_with("alloc-") && name.ends_with(".so"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Gives the library directories back to root, even when a test fails.
+struct LibraryDirsGivenBack;
+
+impl Drop for LibraryDirsGivenBack {
+    fn drop(&mut self) {
+        for dir in ["/run/ddprof", "/var/lib/ddprof"] {
+            let _ = std::os::unix::fs::chown(dir, Some(0), Some(0));
         }
     }
+}
+
+/// A library directory that another user owns (planted before any run, or
+/// handed over) is not written to: with `/run/ddprof` someone else's, the
+/// library goes to `/var/lib/ddprof`; with both, it is preloaded from its
+/// anonymous file, one warning names the owners and says what that costs,
+/// and allocations are sampled.
+#[test]
+fn library_directories_of_another_user_are_not_used() {
+    use std::os::unix::fs::MetadataExt;
     let _alone = one_at_a_time();
-    std::fs::create_dir_all("/run/ddprof").unwrap();
-    let _given_back = GivenBack;
-    std::os::unix::fs::chown("/run/ddprof", Some(65534), Some(65534)).unwrap();
-    let before: Vec<_> = std::fs::read_dir("/run/ddprof")
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name())
-        .collect();
+    let _given_back = LibraryDirsGivenBack;
+    for dir in ["/run/ddprof", "/var/lib/ddprof"] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
     let workload = build_workload("allocations.c");
-    let out = Scratch::new("alloc-run-dir-owner");
-    let (output, stderr, pprof) = profile(
-        &out.0,
-        &["-e", "sCPU;sALLOC"],
-        &[],
-        &[workload.to_str().unwrap(), "512"],
+    // Sampled: the bytes within 10 % of the exact total.
+    let run = |name: &str| {
+        let out = Scratch::new(name);
+        let (output, stderr, pprof) = profile(
+            &out.0,
+            &["-e", "sCPU;sALLOC"],
+            &[],
+            &[workload.to_str().unwrap(), "512"],
+        );
+        let exact: f64 = totals(&text(&output.stdout))
+            .iter()
+            .filter(|(function, _)| FUNCTIONS.contains(&function.as_str()))
+            .map(|(_, (bytes, _))| bytes)
+            .sum();
+        let (_, bytes) = allocated_in_all(&pprof);
+        assert!(
+            (bytes - exact).abs() <= exact * 0.1,
+            "{bytes:.0} bytes, exact {exact:.0}\n{stderr}"
+        );
+        stderr
+    };
+    let warning = "preloaded from a descriptor, not from a file in /run/ddprof or /var/lib/ddprof";
+
+    std::os::unix::fs::chown("/run/ddprof", Some(65534), Some(65534)).unwrap();
+    let (run_before, var_before) = (libraries_in("/run/ddprof"), libraries_in("/var/lib/ddprof"));
+    let stderr = run("alloc-lib-dir-run");
+    assert!(!stderr.contains(warning), "{stderr}");
+    assert!(
+        libraries_in("/run/ddprof").is_subset(&run_before),
+        "written to the other user's /run/ddprof"
     );
+    // (Older files may have been removed by the run: a new name.)
+    assert!(
+        !libraries_in("/var/lib/ddprof").is_subset(&var_before),
+        "no new library in /var/lib/ddprof: {stderr}"
+    );
+
+    std::os::unix::fs::chown("/var/lib/ddprof", Some(65534), Some(65534)).unwrap();
+    let var_before = libraries_in("/var/lib/ddprof");
+    let stderr = run("alloc-lib-dir-both");
     let warned: Vec<&str> = stderr
         .lines()
-        .filter(|line| line.contains("preloaded from a descriptor, not from /run/ddprof"))
+        .filter(|line| line.contains(warning))
         .collect();
     assert_eq!(warned.len(), 1, "{stderr}");
     assert!(warned[0].contains("65534"), "{}", warned[0]);
+    assert!(libraries_in("/var/lib/ddprof").is_subset(&var_before));
     assert_eq!(std::fs::metadata("/run/ddprof").unwrap().uid(), 65534);
-    let after: Vec<_> = std::fs::read_dir("/run/ddprof")
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        before, after,
-        "a file was written to the other user's directory"
+}
+
+/// Unmounts what [`a_noexec_run_directory_is_passed_over`] mounted.
+struct Unmounted(&'static str);
+
+impl Drop for Unmounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(self.0).status();
+    }
+}
+
+/// Debian's and Ubuntu's `/run` is mounted `noexec`: a library there
+/// cannot be mapped by the loader, and every process would print a loader
+/// error. With a `noexec` file system on `/run/ddprof`, the library goes to
+/// `/var/lib/ddprof`, and a child started with its descriptors closed
+/// loads it (nothing on its stderr).
+#[test]
+fn a_noexec_run_directory_is_passed_over() {
+    let _alone = one_at_a_time();
+    std::fs::create_dir_all("/run/ddprof").unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "noexec,mode=0755",
+            "ddprof-noexec",
+            "/run/ddprof",
+        ])
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a noexec tmpfs on /run/ddprof");
+    let _unmounted = Unmounted("/run/ddprof");
+    let var_before = libraries_in("/var/lib/ddprof");
+    let out = Scratch::new("alloc-noexec");
+    let script = "import subprocess, sys\n\
+        done = subprocess.run([sys.executable, '-c', 'print(1)'], capture_output=True)\n\
+        print('child stderr', repr(done.stderr))\n\
+        data = [str(i) * 20 for i in range(1000000)]\n";
+    let (output, stderr, _) = profile(
+        &out.0,
+        &["-e", "sCPU;sALLOC"],
+        &[],
+        &["/usr/bin/python3", "-c", script],
     );
-    assert_matches_totals(&pprof, &totals(&text(&output.stdout)), &stderr);
+    assert!(
+        text(&output.stdout).contains("child stderr b''"),
+        "{}\n{stderr}",
+        text(&output.stdout)
+    );
+    assert!(libraries_in("/run/ddprof").is_empty(), "{stderr}");
+    // (Older files may have been removed by the run: a new name.)
+    assert!(
+        !libraries_in("/var/lib/ddprof").is_subset(&var_before),
+        "no new library in /var/lib/ddprof: {stderr}"
+    );
 }
 
 /// The `process_id` labels of the samples with `function` on their stack.

@@ -187,8 +187,60 @@ static inline void live_forget(void *pointer) {
     }
 }
 
+/*
+ * The optional next definitions: C++'s operators new and delete (the
+ * Itanium ABI's names; size_t is `unsigned long`, std::align_val_t a
+ * size_t, std::nothrow_t an empty struct passed by reference) and
+ * jemalloc's own API. Looked up with the rest when the library loads, never
+ * later: a dlsym in the middle of a program's operator new could wait for
+ * the loader's lock held by a thread in dlopen, and forms looked up at
+ * different times could pair one allocator's new with another's delete. A
+ * form with no next definition then (none loaded yet, or only in a library
+ * loaded RTLD_LOCAL) is served from the next malloc and free.
+ */
+enum optional_symbol {
+    NEW, NEW_ARRAY, NEW_NOTHROW, NEW_ARRAY_NOTHROW, NEW_ALIGNED, NEW_ARRAY_ALIGNED,
+    NEW_ALIGNED_NOTHROW, NEW_ARRAY_ALIGNED_NOTHROW, DELETE, DELETE_ARRAY, DELETE_SIZED,
+    DELETE_ARRAY_SIZED, DELETE_NOTHROW, DELETE_ARRAY_NOTHROW, DELETE_ALIGNED,
+    DELETE_ARRAY_ALIGNED, DELETE_SIZED_ALIGNED, DELETE_ARRAY_SIZED_ALIGNED,
+    DELETE_ALIGNED_NOTHROW, DELETE_ARRAY_ALIGNED_NOTHROW, MALLOCX, RALLOCX, DALLOCX, SDALLOCX,
+    OPTIONAL_SYMBOLS
+};
+
+static const char *const optional_names[OPTIONAL_SYMBOLS] = {
+    [NEW] = "_Znwm",
+    [NEW_ARRAY] = "_Znam",
+    [NEW_NOTHROW] = "_ZnwmRKSt9nothrow_t",
+    [NEW_ARRAY_NOTHROW] = "_ZnamRKSt9nothrow_t",
+    [NEW_ALIGNED] = "_ZnwmSt11align_val_t",
+    [NEW_ARRAY_ALIGNED] = "_ZnamSt11align_val_t",
+    [NEW_ALIGNED_NOTHROW] = "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    [NEW_ARRAY_ALIGNED_NOTHROW] = "_ZnamSt11align_val_tRKSt9nothrow_t",
+    [DELETE] = "_ZdlPv",
+    [DELETE_ARRAY] = "_ZdaPv",
+    [DELETE_SIZED] = "_ZdlPvm",
+    [DELETE_ARRAY_SIZED] = "_ZdaPvm",
+    [DELETE_NOTHROW] = "_ZdlPvRKSt9nothrow_t",
+    [DELETE_ARRAY_NOTHROW] = "_ZdaPvRKSt9nothrow_t",
+    [DELETE_ALIGNED] = "_ZdlPvSt11align_val_t",
+    [DELETE_ARRAY_ALIGNED] = "_ZdaPvSt11align_val_t",
+    [DELETE_SIZED_ALIGNED] = "_ZdlPvmSt11align_val_t",
+    [DELETE_ARRAY_SIZED_ALIGNED] = "_ZdaPvmSt11align_val_t",
+    [DELETE_ALIGNED_NOTHROW] = "_ZdlPvSt11align_val_tRKSt9nothrow_t",
+    [DELETE_ARRAY_ALIGNED_NOTHROW] = "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+    [MALLOCX] = "mallocx",
+    [RALLOCX] = "rallocx",
+    [DALLOCX] = "dallocx",
+    [SDALLOCX] = "sdallocx",
+};
+
+static void *optional_next[OPTIONAL_SYMBOLS];
+
 static void resolve(void) {
-    if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) == 2)
+    /* Resolved; or being resolved, and re-entered from dlsym (a failed
+     * lookup frees its previous error string): the callers' fallbacks
+     * serve until it is done. */
+    if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) != 0)
         return;
     state = 1;
     next.malloc = (malloc_fn)dlsym_base(RTLD_NEXT, "malloc");
@@ -201,6 +253,8 @@ static void resolve(void) {
     next.memalign = (aligned_fn)dlsym_base(RTLD_NEXT, "memalign");
     next.valloc = (valloc_fn)dlsym_base(RTLD_NEXT, "valloc");
     next.pvalloc = (valloc_fn)dlsym_base(RTLD_NEXT, "pvalloc");
+    for (int i = 0; i < OPTIONAL_SYMBOLS; i++)
+        optional_next[i] = dlsym_base(RTLD_NEXT, optional_names[i]);
     const char *configured = getenv_base("DDPROF_ALLOC_MEAN");
     if (configured) {
         int64_t value = 0;
@@ -288,13 +342,12 @@ static inline __attribute__((always_inline)) int sampled(size_t size) {
     return 1;
 }
 
-/* Set while a hook of C++'s operator new runs the next operator new:
- * libstdc++'s calls malloc, and its array and aligned forms call the plain
- * one, whose hooks must not sample that allocation a second time (the
- * outermost operator's hook samples it, with the program's function as the
- * leaf). An operator new that throws (out of memory) leaves it set until
- * the thread's next operator new returns: the allocations in between are
- * not sampled. */
+/* Set while the outermost hook of C++'s operator new runs the next
+ * operator new: libstdc++'s calls malloc, and its array, aligned and
+ * nothrow forms call the plain one, whose hooks must not sample that
+ * allocation a second time (the outermost hook samples it, with the
+ * program's function as the leaf). No exception crosses that hook while it
+ * is set (see the operators' hooks). */
 static TLS int in_operator_new;
 
 /* Reports a sampled allocation: its address when followed for the live
@@ -320,8 +373,11 @@ EXPORT void *malloc(size_t size) {
 EXPORT void free(void *pointer) {
     if (__builtin_expect(in_arena(pointer), 0))
         return;
-    if (__builtin_expect(state != 2, 0))
+    if (__builtin_expect(state != 2, 0)) {
         resolve();
+        if (!next.free)
+            return;
+    }
     live_forget(pointer);
     next.free(pointer);
 }
@@ -347,10 +403,13 @@ EXPORT void *calloc(size_t count, size_t size) {
 EXPORT void *realloc(void *old, size_t size) {
     if (__builtin_expect(state != 2, 0))
         resolve();
-    if (__builtin_expect(in_arena(old), 0)) {
-        /* Out of the arena: copy what it held (at most the rest of it). */
-        void *pointer = next.malloc(size);
-        if (pointer) {
+    if (__builtin_expect(in_arena(old) || !next.realloc, 0)) {
+        if (old && !in_arena(old))
+            return NULL;
+        /* Out of the arena (into it, while being resolved): copy what it
+         * held (at most the rest of it). */
+        void *pointer = next.malloc ? next.malloc(size) : arena_alloc(size);
+        if (pointer && old) {
             size_t available = (size_t)(arena + sizeof arena - (char *)old);
             size_t copied = size < available ? size : available;
             for (size_t i = 0; i < copied; i++)
@@ -385,6 +444,8 @@ EXPORT void *reallocarray(void *old, size_t count, size_t size) {
 EXPORT int posix_memalign(void **out, size_t alignment, size_t size) {
     if (__builtin_expect(state != 2, 0))
         resolve();
+    if (!next.posix_memalign)
+        return ENOMEM;
     int error = next.posix_memalign(out, alignment, size);
     if (error == 0)
         REPORT(size, *out);
@@ -394,6 +455,8 @@ EXPORT int posix_memalign(void **out, size_t alignment, size_t size) {
 EXPORT void *aligned_alloc(size_t alignment, size_t size) {
     if (__builtin_expect(state != 2, 0))
         resolve();
+    if (!next.aligned_alloc)
+        return NULL;
     void *pointer = next.aligned_alloc(alignment, size);
     REPORT(size, pointer);
     return pointer;
@@ -402,6 +465,8 @@ EXPORT void *aligned_alloc(size_t alignment, size_t size) {
 EXPORT void *memalign(size_t alignment, size_t size) {
     if (__builtin_expect(state != 2, 0))
         resolve();
+    if (!next.memalign)
+        return NULL;
     void *pointer = next.memalign(alignment, size);
     REPORT(size, pointer);
     return pointer;
@@ -410,6 +475,8 @@ EXPORT void *memalign(size_t alignment, size_t size) {
 EXPORT void *valloc(size_t size) {
     if (__builtin_expect(state != 2, 0))
         resolve();
+    if (!next.valloc)
+        return NULL;
     void *pointer = next.valloc(size);
     REPORT(size, pointer);
     return pointer;
@@ -418,130 +485,126 @@ EXPORT void *valloc(size_t size) {
 EXPORT void *pvalloc(size_t size) {
     if (__builtin_expect(state != 2, 0))
         resolve();
+    if (!next.pvalloc)
+        return NULL;
     void *pointer = next.pvalloc(size);
     REPORT(size, pointer);
     return pointer;
 }
 
 /*
- * C++'s operators new and delete (the Itanium ABI's names; size_t is
- * `unsigned long`, std::align_val_t a size_t, std::nothrow_t an empty
- * struct passed by reference). libstdc++'s call malloc and free, but
+ * C++'s operators new and delete. libstdc++'s call malloc and free, but
  * tcmalloc, jemalloc and mimalloc define their own, which never do: without
  * these hooks a C++ program under them had no allocation sampled, and its
  * deletes never reached the live heap.
  *
- * Each hook forwards to the next definition, looked up on first use (a
- * program may dlopen libstdc++ after this library loads). A caller that
- * finds none after it (a library loaded RTLD_LOCAL with its own libstdc++,
- * as Python wheels bundle one, whose calls bind to this library's
- * definitions first) gets the next malloc's memory, and free takes it
- * back.
+ * The outermost hook of a thread samples; the hooks entered while it runs
+ * (libstdc++'s new calls malloc, and its array, aligned and nothrow forms
+ * call the plain one) only forward. No exception may cross the outermost
+ * hook while `in_operator_new` is set: it would stay set, and the thread
+ * would sample nothing again. So a throwing form asks the next nothrow
+ * form of its kind (libstdc++'s catches what the throwing one throws); when
+ * that gives nothing (out of memory, the new_handler run), the flag is
+ * cleared and the next throwing form is called, which throws
+ * std::bad_alloc (or returns what a new_handler freed, not sampled). Only
+ * an allocator that defines a throwing form without its nothrow one is
+ * called directly (none of those above). With no next definition (see
+ * optional_next), the next malloc serves, and a throwing form that gets
+ * nothing aborts: it must not return NULL.
  */
-enum optional_symbol {
-    NEW, NEW_ARRAY, NEW_NOTHROW, NEW_ARRAY_NOTHROW, NEW_ALIGNED, NEW_ARRAY_ALIGNED,
-    NEW_ALIGNED_NOTHROW, NEW_ARRAY_ALIGNED_NOTHROW, DELETE, DELETE_ARRAY, DELETE_SIZED,
-    DELETE_ARRAY_SIZED, DELETE_NOTHROW, DELETE_ARRAY_NOTHROW, DELETE_ALIGNED,
-    DELETE_ARRAY_ALIGNED, DELETE_SIZED_ALIGNED, DELETE_ARRAY_SIZED_ALIGNED,
-    DELETE_ALIGNED_NOTHROW, DELETE_ARRAY_ALIGNED_NOTHROW, MALLOCX, RALLOCX, DALLOCX, SDALLOCX,
-    OPTIONAL_SYMBOLS
-};
 
-static const char *const optional_names[OPTIONAL_SYMBOLS] = {
-    [NEW] = "_Znwm",
-    [NEW_ARRAY] = "_Znam",
-    [NEW_NOTHROW] = "_ZnwmRKSt9nothrow_t",
-    [NEW_ARRAY_NOTHROW] = "_ZnamRKSt9nothrow_t",
-    [NEW_ALIGNED] = "_ZnwmSt11align_val_t",
-    [NEW_ARRAY_ALIGNED] = "_ZnamSt11align_val_t",
-    [NEW_ALIGNED_NOTHROW] = "_ZnwmSt11align_val_tRKSt9nothrow_t",
-    [NEW_ARRAY_ALIGNED_NOTHROW] = "_ZnamSt11align_val_tRKSt9nothrow_t",
-    [DELETE] = "_ZdlPv",
-    [DELETE_ARRAY] = "_ZdaPv",
-    [DELETE_SIZED] = "_ZdlPvm",
-    [DELETE_ARRAY_SIZED] = "_ZdaPvm",
-    [DELETE_NOTHROW] = "_ZdlPvRKSt9nothrow_t",
-    [DELETE_ARRAY_NOTHROW] = "_ZdaPvRKSt9nothrow_t",
-    [DELETE_ALIGNED] = "_ZdlPvSt11align_val_t",
-    [DELETE_ARRAY_ALIGNED] = "_ZdaPvSt11align_val_t",
-    [DELETE_SIZED_ALIGNED] = "_ZdlPvmSt11align_val_t",
-    [DELETE_ARRAY_SIZED_ALIGNED] = "_ZdaPvmSt11align_val_t",
-    [DELETE_ALIGNED_NOTHROW] = "_ZdlPvSt11align_val_tRKSt9nothrow_t",
-    [DELETE_ARRAY_ALIGNED_NOTHROW] = "_ZdaPvSt11align_val_tRKSt9nothrow_t",
-    [MALLOCX] = "mallocx",
-    [RALLOCX] = "rallocx",
-    [DALLOCX] = "dallocx",
-    [SDALLOCX] = "sdallocx",
-};
-
-/* The next definitions, looked up at first use: 0 not yet, NONE when there
- * was none then (kept: a dlsym per call would cost the caller ~1 us each
- * time; the calls are then served from malloc and free, consistently). */
-static void *optional_next[OPTIONAL_SYMBOLS];
-#define NONE ((void *)-1l)
-
-static __attribute__((noinline)) void *optional_resolve(enum optional_symbol which) {
-    if (__builtin_expect(state != 2, 0))
-        resolve();
-    void *found = dlsym_base(RTLD_NEXT, optional_names[which]);
-    __atomic_store_n(&optional_next[which], found ? found : NONE, __ATOMIC_RELAXED);
-    return found;
-}
-
-/* The next definition of `which`, or NULL when there is none. */
+/* The next definition of `which`, or NULL when there is none (or while
+ * the library is being resolved: the fallbacks serve). */
 static inline __attribute__((always_inline)) void *optional_lookup(enum optional_symbol which) {
-    void *found = __atomic_load_n(&optional_next[which], __ATOMIC_RELAXED);
-    if (__builtin_expect(found == 0, 0))
-        return optional_resolve(which);
-    return found == NONE ? 0 : found;
+    if (__builtin_expect(state != 2, 0)) {
+        if (state == 1)
+            return 0;
+        resolve();
+    }
+    return optional_next[which];
 }
 
 /* Memory for an operator new with no next definition: the next malloc's,
  * aligned when asked. */
 static void *cxx_fallback_new(size_t size, size_t alignment) {
+    if (__builtin_expect(!next.malloc, 0))
+        return alignment <= 64 ? arena_alloc(size) : 0;
     if (alignment <= 16)
         return next.malloc(size ? size : 1);
     void *pointer = 0;
     return next.posix_memalign(&pointer, alignment, size ? size : 1) == 0 ? pointer : 0;
 }
 
+/* What a throwing operator new with no next definition returns. */
+static void *or_abort(void *pointer) {
+    if (__builtin_expect(!pointer, 0))
+        __builtin_abort();
+    return pointer;
+}
+
+/* The std::nothrow_t a nothrow form is given (empty: never read). */
+static const char nothrow_tag;
+
 typedef void *(*new_fn)(size_t);
 typedef void *(*new_nothrow_fn)(size_t, const void *);
 typedef void *(*new_aligned_fn)(size_t, size_t);
 typedef void *(*new_aligned_nothrow_fn)(size_t, size_t, const void *);
 
-#define NEW_HOOK(symbol, which, call, alignment, ...)                                              \
+#define NOTHROW_NEW_HOOK(symbol, which, call, alignment, ...)                                      \
     EXPORT void *symbol(__VA_ARGS__) {                                                             \
-        void *forward = optional_lookup(which);                                                         \
-        void *pointer;                                                                             \
-        if (__builtin_expect(forward == 0, 0)) {                                                   \
-            pointer = cxx_fallback_new(size, alignment);                                           \
-        } else {                                                                                   \
-            int nested = in_operator_new;                                                          \
-            in_operator_new = 1;                                                                   \
-            pointer = call;                                                                        \
-            in_operator_new = nested;                                                              \
-        }                                                                                          \
+        void *forward = optional_lookup(which);                                                    \
+        if (in_operator_new)                                                                       \
+            return forward ? call : cxx_fallback_new(size, alignment);                             \
+        in_operator_new = 1;                                                                       \
+        void *pointer = forward ? call : cxx_fallback_new(size, alignment);                        \
+        in_operator_new = 0;                                                                       \
         REPORT(size, pointer);                                                                     \
         return pointer;                                                                            \
     }
 
-NEW_HOOK(_Znwm, NEW, ((new_fn)forward)(size), 0, size_t size)
-NEW_HOOK(_Znam, NEW_ARRAY, ((new_fn)forward)(size), 0, size_t size)
-NEW_HOOK(_ZnwmRKSt9nothrow_t, NEW_NOTHROW, ((new_nothrow_fn)forward)(size, tag), 0, size_t size,
-         const void *tag)
-NEW_HOOK(_ZnamRKSt9nothrow_t, NEW_ARRAY_NOTHROW, ((new_nothrow_fn)forward)(size, tag), 0,
-         size_t size, const void *tag)
-NEW_HOOK(_ZnwmSt11align_val_t, NEW_ALIGNED, ((new_aligned_fn)forward)(size, alignment), alignment,
-         size_t size, size_t alignment)
-NEW_HOOK(_ZnamSt11align_val_t, NEW_ARRAY_ALIGNED, ((new_aligned_fn)forward)(size, alignment),
-         alignment, size_t size, size_t alignment)
-NEW_HOOK(_ZnwmSt11align_val_tRKSt9nothrow_t, NEW_ALIGNED_NOTHROW,
-         ((new_aligned_nothrow_fn)forward)(size, alignment, tag), alignment, size_t size,
-         size_t alignment, const void *tag)
-NEW_HOOK(_ZnamSt11align_val_tRKSt9nothrow_t, NEW_ARRAY_ALIGNED_NOTHROW,
-         ((new_aligned_nothrow_fn)forward)(size, alignment, tag), alignment, size_t size,
-         size_t alignment, const void *tag)
+#define THROWING_NEW_HOOK(symbol, which, call, quiet_which, quiet_call, alignment, ...)            \
+    EXPORT void *symbol(__VA_ARGS__) {                                                             \
+        void *forward = optional_lookup(which);                                                    \
+        if (in_operator_new)                                                                       \
+            return forward ? call : or_abort(cxx_fallback_new(size, alignment));                   \
+        void *quiet = optional_lookup(quiet_which);                                                \
+        void *pointer;                                                                             \
+        in_operator_new = 1;                                                                       \
+        if (quiet)                                                                                 \
+            pointer = quiet_call;                                                                  \
+        else if (forward)                                                                          \
+            pointer = call;                                                                        \
+        else                                                                                       \
+            pointer = cxx_fallback_new(size, alignment);                                           \
+        in_operator_new = 0;                                                                       \
+        if (__builtin_expect(!pointer, 0))                                                         \
+            return forward ? call : or_abort(pointer);                                             \
+        REPORT(size, pointer);                                                                     \
+        return pointer;                                                                            \
+    }
+
+THROWING_NEW_HOOK(_Znwm, NEW, ((new_fn)forward)(size), NEW_NOTHROW,
+                  ((new_nothrow_fn)quiet)(size, &nothrow_tag), 0, size_t size)
+THROWING_NEW_HOOK(_Znam, NEW_ARRAY, ((new_fn)forward)(size), NEW_ARRAY_NOTHROW,
+                  ((new_nothrow_fn)quiet)(size, &nothrow_tag), 0, size_t size)
+THROWING_NEW_HOOK(_ZnwmSt11align_val_t, NEW_ALIGNED, ((new_aligned_fn)forward)(size, alignment),
+                  NEW_ALIGNED_NOTHROW,
+                  ((new_aligned_nothrow_fn)quiet)(size, alignment, &nothrow_tag), alignment,
+                  size_t size, size_t alignment)
+THROWING_NEW_HOOK(_ZnamSt11align_val_t, NEW_ARRAY_ALIGNED,
+                  ((new_aligned_fn)forward)(size, alignment), NEW_ARRAY_ALIGNED_NOTHROW,
+                  ((new_aligned_nothrow_fn)quiet)(size, alignment, &nothrow_tag), alignment,
+                  size_t size, size_t alignment)
+NOTHROW_NEW_HOOK(_ZnwmRKSt9nothrow_t, NEW_NOTHROW, ((new_nothrow_fn)forward)(size, tag), 0,
+                 size_t size, const void *tag)
+NOTHROW_NEW_HOOK(_ZnamRKSt9nothrow_t, NEW_ARRAY_NOTHROW, ((new_nothrow_fn)forward)(size, tag), 0,
+                 size_t size, const void *tag)
+NOTHROW_NEW_HOOK(_ZnwmSt11align_val_tRKSt9nothrow_t, NEW_ALIGNED_NOTHROW,
+                 ((new_aligned_nothrow_fn)forward)(size, alignment, tag), alignment, size_t size,
+                 size_t alignment, const void *tag)
+NOTHROW_NEW_HOOK(_ZnamSt11align_val_tRKSt9nothrow_t, NEW_ARRAY_ALIGNED_NOTHROW,
+                 ((new_aligned_nothrow_fn)forward)(size, alignment, tag), alignment, size_t size,
+                 size_t alignment, const void *tag)
 
 typedef void (*delete_fn)(void *);
 typedef void (*delete_with_fn)(void *, size_t);

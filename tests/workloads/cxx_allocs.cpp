@@ -8,9 +8,10 @@
 //   aligned_objects  new of an alignas(64) type, 1 KiB     (_ZnwmSt11align_val_t)
 //   nothrow_arrays   new (std::nothrow) char[], 1-3 MiB    (_ZnamRKSt9nothrow_t)
 // each with a share of MEGABYTES (20/30/20/30 %), called from `main`. Every
-// block is deleted.
+// block is deleted. Before them, with `throw`, ten `new char[SIZE_MAX / 4]`
+// throw std::bad_alloc, caught ("bad_alloc 10").
 //
-// Usage: cxx_allocs MEGABYTES
+// Usage: cxx_allocs MEGABYTES [throw]
 // Prints, per function: "total FUNCTION BYTES COUNT".
 #include <cstdint>
 #include <cstdio>
@@ -98,10 +99,24 @@ extern "C" KEEP_FRAME void nothrow_arrays(unsigned long long budget, uint64_t *s
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: cxx_allocs MEGABYTES\n");
+    if (argc != 2 && argc != 3) {
+        std::fprintf(stderr, "usage: cxx_allocs MEGABYTES [throw]\n");
         return 2;
     }
+    // First (with "throw"), ten allocations that throw std::bad_alloc
+    // through the hooks (out of address space): the thread must go on being
+    // sampled after. (mimalloc, built as C, aborts there instead.)
+    volatile size_t huge = SIZE_MAX / 4;
+    int caught = 0;
+    for (int i = 0; i < (argc > 2 ? 10 : 0); i++) {
+        try {
+            char *p = new char[huge];
+            allocations_sink = p;
+        } catch (const std::bad_alloc &) {
+            caught++;
+        }
+    }
+    std::printf("bad_alloc %d\n", caught);
     unsigned long long total = std::strtoull(argv[1], nullptr, 10) << 20;
     uint64_t seed = 12345;
     totals arrays{}, objects{}, aligned{}, nothrow{};

@@ -25,20 +25,20 @@
 //! runs whose command has ended (the kernel refuses to remove one open).
 //!
 //! The library is a file of this run, `/run/ddprof/alloc-PID-RANDOM.so`
-//! (`PID` the command's): the directory belongs to root, others may read
-//! it and never write it (`files::disk::PrivateDir`, `0755`), the file is
-//! created exclusively and left `0444`, and the uprobe is on that very
-//! inode. `LD_PRELOAD` names that path, which every descendant can open,
-//! including those started with their descriptors closed (Python's
-//! `subprocess` closes them by default). Files of ended runs are removed
-//! when a later run defines its probes; a descendant that outlives its run
-//! and execs after that loses the library (the loader says so on its
-//! stderr). Where `/run/ddprof` cannot be used (ddprof not root, the
-//! directory someone else's), the library is an anonymous file
-//! (`memfd_create`, sealed against writes) named `/proc/self/fd/N`, kept
-//! open through the exec, and one line says what that costs: children
-//! started with their descriptors closed print a loader error and are not
-//! sampled.
+//! (`PID` the command's; `/var/lib/ddprof` where `/run` is `noexec`): the
+//! directory belongs to root, others may read it and never write it
+//! (`files::disk::PrivateDir`, `0755`), the file is created exclusively
+//! and left `0444`, and the uprobe is on that very inode. `LD_PRELOAD`
+//! names that path, which every descendant can open, including those
+//! started with their descriptors closed (Python's `subprocess` closes
+//! them by default). The run's profiler holds a shared lock on it; a later
+//! run removes the files no profiler holds. A descendant that outlives its
+//! run and execs after that loses the library (the loader says so on its
+//! stderr). Where no directory can be used (ddprof not root, a directory
+//! someone else's), the library is an anonymous file (`memfd_create`,
+//! sealed against writes) named `/proc/self/fd/N`, kept open through the
+//! exec, and one line says what that costs: children started with their
+//! descriptors closed print a loader error and are not sampled.
 use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -88,9 +88,9 @@ pub struct Sampler {
     /// without close-on-exec).
     file: OwnedFd,
     /// What `LD_PRELOAD` names, and what the uprobe's path is resolved
-    /// from: the file in [`LIBRARY_DIR`], or `/proc/self/fd/N`.
+    /// from: the file in one of [`LIBRARY_DIRS`], or `/proc/self/fd/N`.
     path: CString,
-    /// Why the library is not in [`LIBRARY_DIR`], when it is not.
+    /// Why the library is in none of [`LIBRARY_DIRS`], when it is not.
     pub not_on_disk: Option<String>,
     /// The tracepoint id of the probe on the allocation marker.
     pub probe_id: u64,
@@ -145,44 +145,112 @@ pub fn decline(reason: String) {
     let _ = NOT_PREPARED.set(reason);
 }
 
-/// Where each run writes its library: a directory of root's in a
-/// filesystem of memory (`/run`), readable by the command's user whoever
+/// Where each run writes its library, the first that works: a directory
+/// of root's in a filesystem of memory (`/run`), then one on the root
+/// filesystem for hosts whose `/run` is mounted `noexec` (Debian's and
+/// Ubuntu's initramfs mount it so). Readable by the command's user whoever
 /// it is.
-pub const LIBRARY_DIR: &str = "/run/ddprof";
+pub const LIBRARY_DIRS: [&str; 2] = ["/run/ddprof", "/var/lib/ddprof"];
 
-/// The library written to [`LIBRARY_DIR`] (after removing the files of
-/// ended runs): its file, open read-only, and its path.
+/// A library file is removed by a later run only this long after it was
+/// made (and only if no profiler holds it): the run that made it takes its
+/// lock a moment after making it.
+const LIBRARY_FILE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The library written to the first of [`LIBRARY_DIRS`] where it can be
+/// mapped executable, after removing the files of ended runs there: its
+/// file (open read-only, holding a shared lock for the run: see
+/// [`remove_ended_libraries`]) and its path; else why not, for each.
 fn library_on_disk(library: &[u8]) -> Result<(OwnedFd, String), String> {
+    let mut refused = Vec::new();
+    for dir in LIBRARY_DIRS {
+        match library_in(dir, library) {
+            Ok(placed) => return Ok(placed),
+            Err(why) => refused.push(why),
+        }
+    }
+    Err(refused.join("; "))
+}
+
+fn library_in(dir_path: &str, library: &[u8]) -> Result<(OwnedFd, String), String> {
     use crate::files::disk::PrivateDir;
-    let dir = PrivateDir::open(std::path::Path::new(LIBRARY_DIR), true)
+    let dir = PrivateDir::open(std::path::Path::new(dir_path), true)
         .map_err(|error| error.to_string())?;
     dir.let_others_read()
-        .map_err(|error| format!("{LIBRARY_DIR}: {error}"))?;
+        .map_err(|error| format!("{dir_path}: {error}"))?;
     remove_ended_libraries(&dir);
     let name = dir
         .create_readable_by_all(&format!("alloc-{}-RANDOM.so", std::process::id()), library)
-        .map_err(|error| format!("{LIBRARY_DIR}: {error}"))?;
-    let file = dir
-        .open_regular(&name, library.len() as u64)
-        .ok_or_else(|| format!("{LIBRARY_DIR}/{name}: cannot open it again"))?;
-    Ok((OwnedFd::from(file), format!("{LIBRARY_DIR}/{name}")))
+        .map_err(|error| format!("{dir_path}: {error}"))?;
+    let Some(file) = dir.open_regular(&name, library.len() as u64) else {
+        let _ = dir.remove(&name);
+        return Err(format!("{dir_path}/{name}: cannot open it again"));
+    };
+    let file = OwnedFd::from(file);
+    if let Err(why) = lock_and_map_executable(&file, library.len()) {
+        let _ = dir.remove(&name);
+        return Err(format!("{dir_path}: {why}"));
+    }
+    Ok((file, format!("{dir_path}/{name}")))
 }
 
-/// Removes the libraries of runs whose command has ended
-/// (`alloc-PID-RANDOM.so`, no process `PID` now).
+/// Takes the run's shared lock on the library's file (held as long as a
+/// descriptor of this open file is: the profiler keeps one for the whole
+/// run), and checks that the loader will be able to map it executable (a
+/// `noexec` mount, or a security module, refuses).
+fn lock_and_map_executable(file: &OwnedFd, length: usize) -> Result<(), String> {
+    // SAFETY: flock on a descriptor this function borrows; no memory is
+    // touched.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+        return Err(format!("lock: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: a new private read-only mapping of a file this function
+    // borrows, at an address the kernel picks; nothing reads it, and it
+    // is unmapped at once.
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            length,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if mapped == libc::MAP_FAILED {
+        return Err(format!(
+            "cannot map a file there executable ({}): mounted noexec?",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: the mapping made above, of `length` bytes, used by nothing.
+    unsafe { libc::munmap(mapped, length) };
+    Ok(())
+}
+
+/// Removes the libraries of ended runs: `alloc-*.so` files made more than
+/// [`LIBRARY_FILE_GRACE`] ago that no profiler holds (an exclusive lock is
+/// granted: whatever the PID namespace a run is in, its profiler's shared
+/// lock stands until it exits).
 fn remove_ended_libraries(dir: &crate::files::disk::PrivateDir) {
     for entry in dir.entries() {
         let Some(name) = entry.name.to_str() else {
             continue;
         };
-        let Some(pid) = name
-            .strip_prefix("alloc-")
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
+        if !name.starts_with("alloc-") || !name.ends_with(".so") {
+            continue;
+        }
+        let young = entry
+            .modified
+            .elapsed()
+            .map_or(true, |age| age < LIBRARY_FILE_GRACE);
+        let Some(file) = (!young).then(|| dir.open_regular(name, 64 << 20)).flatten() else {
             continue;
         };
-        if name.ends_with(".so") && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        // SAFETY: flock on a descriptor owned by `file`, closed (and the
+        // lock with it) at the end of this iteration.
+        let unheld = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if unheld {
             let _ = dir.remove(name);
         }
     }

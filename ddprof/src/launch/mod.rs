@@ -227,10 +227,15 @@ fn preload_allocation_sampler(specs: &[EventSpec], program: &str) {
     };
     if let Some(why) = &sampler.not_on_disk {
         log::warn!(
-            "sALLOC: the allocation sampler is preloaded from a descriptor, not from {} ({why}): \
-             programs started with their descriptors closed (Python's subprocess closes them) \
-             print a loader error and are not sampled; run ddprof as root",
-            events::allocation::LIBRARY_DIR
+            "sALLOC: the allocation sampler is preloaded from a descriptor, not from a file in \
+             {} ({why}): programs started with their descriptors closed (Python's subprocess \
+             closes them) print a loader error and are not sampled{}",
+            events::allocation::LIBRARY_DIRS.join(" or "),
+            if nix::unistd::geteuid().is_root() {
+                ""
+            } else {
+                "; run ddprof as root"
+            }
         );
     }
     let existing = std::env::var("LD_PRELOAD").ok();
