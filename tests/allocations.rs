@@ -339,9 +339,7 @@ fn another_allocator_stays_the_programs(
         "{library} did not serve the program (no `{printed}` at its exit):\n{stderr}"
     );
     assert_matches_totals(&pprof, &totals(&text(&output.stdout)), &stderr);
-    let held = held_at_the_end(&pprof);
-    eprintln!("{library}: inuse-space {held} bytes at the end");
-    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+    assert_nothing_held(&pprof, library, &stderr);
 }
 
 #[test]
@@ -418,9 +416,7 @@ fn cxx_new_and_delete_are_sampled(allocator: Option<&str>) {
     // Exceptions thrown through the hooks first: sampling goes on after.
     assert!(!throws || stdout.contains("bad_alloc 10"), "{stdout}");
     assert_matches_the_totals_of(&pprof, &totals(&stdout), CXX_FUNCTIONS, &stderr);
-    let held = held_at_the_end(&pprof);
-    eprintln!("{allocator:?}: inuse-space {held} bytes at the end");
-    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+    assert_nothing_held(&pprof, allocator.unwrap_or("glibc"), &stderr);
 }
 
 #[test]
@@ -472,8 +468,7 @@ fn operator_new_without_a_next_definition_is_served_from_malloc() {
         &["with_new", "with_aligned_new"],
         &stderr,
     );
-    let held = held_at_the_end(&pprof);
-    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+    assert_nothing_held(&pprof, "operator_new_lookup", &stderr);
 }
 
 /// jemalloc's own API (`mallocx`, `rallocx`, `dallocx`, `sdallocx`), which
@@ -511,9 +506,7 @@ fn jemalloc_api_is_sampled(jemalloc: Option<&str>) {
         &["with_mallocx", "with_rallocx"],
         &stderr,
     );
-    let held = held_at_the_end(&pprof);
-    eprintln!("jemalloc {jemalloc:?}: inuse-space {held} bytes at the end");
-    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+    assert_nothing_held(&pprof, jemalloc.unwrap_or("without jemalloc"), &stderr);
 }
 
 #[test]
@@ -565,8 +558,7 @@ fn a_signal_handler_that_allocates_re_enters_the_hooks_safely() {
         &["main_allocs", "handler_allocs"],
         &stderr,
     );
-    let held = held_at_the_end(&pprof);
-    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+    assert_nothing_held(&pprof, "signal_allocs", &stderr);
 }
 
 /// The bytes of `inuse-space` in all of `pprof`'s samples.
@@ -577,6 +569,15 @@ fn held_at_the_end(pprof: &Profile) -> i64 {
         .position(|(kind, _)| kind == "inuse-space")
         .unwrap_or_else(|| panic!("no inuse-space in {types:?}"));
     pprof.stacks().iter().map(|(_, values)| values[inuse]).sum()
+}
+
+/// No false leak: at most 4 MiB of `inuse-space` at the end of a program
+/// that frees what it allocates (`what` names the run in the report).
+fn assert_nothing_held(pprof: &Profile, what: &str, stderr: &str) {
+    let held = held_at_the_end(pprof);
+    let (_, allocated) = allocated_in_all(pprof);
+    eprintln!("{what}: inuse-space {held} bytes at the end, of {allocated:.0} allocated");
+    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
 }
 
 /// A child started with its descriptors closed (Python's `subprocess`
@@ -607,18 +608,7 @@ fn a_child_started_with_its_descriptors_closed_is_sampled() {
         "the child's output: {stdout}\n{stderr}"
     );
     let (_, space) = allocation_columns(&pprof);
-    let pids: std::collections::HashSet<String> = pprof
-        .labels()
-        .iter()
-        .zip(pprof.stacks())
-        .filter(|(_, (_, values))| values[space] > 0)
-        .filter_map(|(labels, _)| {
-            labels
-                .iter()
-                .find(|(key, _)| key == "process_id")
-                .map(|(_, value)| value.clone())
-        })
-        .collect();
+    let pids = pids_of(&pprof, |_, values| values[space] > 0);
     assert_eq!(pids.len(), 2, "allocation samples of {pids:?}\n{stderr}");
 }
 
@@ -767,11 +757,20 @@ fn a_noexec_run_directory_is_passed_over() {
 
 /// The `process_id` labels of the samples with `function` on their stack.
 fn pids_with(pprof: &Profile, function: &str) -> std::collections::HashSet<String> {
+    pids_of(pprof, |names, _| names.iter().any(|name| name == function))
+}
+
+/// The `process_id` labels of the samples (function names, values) that
+/// `chosen` keeps.
+fn pids_of(
+    pprof: &Profile,
+    chosen: impl Fn(&[String], &[i64]) -> bool,
+) -> std::collections::HashSet<String> {
     pprof
         .labels()
         .iter()
         .zip(pprof.stacks())
-        .filter(|(_, (names, _))| names.iter().any(|name| name == function))
+        .filter(|(_, (names, values))| chosen(names, values))
         .filter_map(|(labels, _)| {
             labels
                 .iter()
@@ -1139,10 +1138,7 @@ fn thousands_of_threads_leave_no_false_leak() {
         &[workload.to_str().unwrap(), "1536", "2000"],
     );
     assert_matches_totals(&pprof, &totals(&text(&output.stdout)), &stderr);
-    let held = held_at_the_end(&pprof);
-    let (_, allocated) = allocated_in_all(&pprof);
-    eprintln!("inuse-space {held} bytes at the end, of {allocated:.0} allocated");
-    assert!(held <= 4 << 20, "{held} bytes held at the end\n{stderr}");
+    assert_nothing_held(&pprof, "2,000 threads", &stderr);
 }
 
 /// The profiler killed (SIGKILL) while the command allocates: the command

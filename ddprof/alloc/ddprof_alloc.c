@@ -524,9 +524,10 @@ static inline __attribute__((always_inline)) void *optional_lookup(enum optional
     return optional_next[which];
 }
 
-/* Memory for an operator new with no next definition: the next malloc's,
- * aligned when asked. */
-static void *cxx_fallback_new(size_t size, size_t alignment) {
+/* Memory for an operator new or jemalloc's mallocx with no next
+ * definition: the next malloc's (16-byte aligned already), aligned when
+ * asked. */
+static void *fallback_alloc(size_t size, size_t alignment) {
     if (__builtin_expect(!next.malloc, 0))
         return alignment <= 64 ? arena_alloc(size) : 0;
     if (alignment <= 16)
@@ -554,9 +555,9 @@ typedef void *(*new_aligned_nothrow_fn)(size_t, size_t, const void *);
     EXPORT void *symbol(__VA_ARGS__) {                                                             \
         void *forward = optional_lookup(which);                                                    \
         if (in_operator_new)                                                                       \
-            return forward ? call : cxx_fallback_new(size, alignment);                             \
+            return forward ? call : fallback_alloc(size, alignment);                               \
         in_operator_new = 1;                                                                       \
-        void *pointer = forward ? call : cxx_fallback_new(size, alignment);                        \
+        void *pointer = forward ? call : fallback_alloc(size, alignment);                          \
         in_operator_new = 0;                                                                       \
         REPORT(size, pointer);                                                                     \
         return pointer;                                                                            \
@@ -566,7 +567,7 @@ typedef void *(*new_aligned_nothrow_fn)(size_t, size_t, const void *);
     EXPORT void *symbol(__VA_ARGS__) {                                                             \
         void *forward = optional_lookup(which);                                                    \
         if (in_operator_new)                                                                       \
-            return forward ? call : or_abort(cxx_fallback_new(size, alignment));                   \
+            return forward ? call : or_abort(fallback_alloc(size, alignment));                     \
         void *quiet = optional_lookup(quiet_which);                                                \
         void *pointer;                                                                             \
         in_operator_new = 1;                                                                       \
@@ -575,7 +576,7 @@ typedef void *(*new_aligned_nothrow_fn)(size_t, size_t, const void *);
         else if (forward)                                                                          \
             pointer = call;                                                                        \
         else                                                                                       \
-            pointer = cxx_fallback_new(size, alignment);                                           \
+            pointer = fallback_alloc(size, alignment);                                             \
         in_operator_new = 0;                                                                       \
         if (__builtin_expect(!pointer, 0))                                                         \
             return forward ? call : or_abort(pointer);                                             \
@@ -676,18 +677,12 @@ typedef void (*sdallocx_fn)(void *, size_t, int);
 /* mallocx without jemalloc. */
 static void *mallocx_fallback(size_t size, int flags) {
     int lg_alignment = flags & MALLOCX_LG_ALIGN_MASK;
-    /* malloc's blocks are 16-byte aligned already. */
-    if (lg_alignment > 4) {
-        size_t alignment = lg_alignment < 63 ? (size_t)1 << lg_alignment : 0;
-        void *pointer = 0;
-        if (!alignment || next.posix_memalign(&pointer, alignment, size ? size : 1) != 0)
-            return 0;
-        if (flags & MALLOCX_ZERO_FLAG)
-            __builtin_memset(pointer, 0, size);
-        return pointer;
-    }
-    return (flags & MALLOCX_ZERO_FLAG) ? next.calloc(1, size ? size : 1)
-                                       : next.malloc(size ? size : 1);
+    if (lg_alignment >= 63)
+        return 0;
+    void *pointer = fallback_alloc(size, lg_alignment ? (size_t)1 << lg_alignment : 0);
+    if (pointer && (flags & MALLOCX_ZERO_FLAG))
+        __builtin_memset(pointer, 0, size);
+    return pointer;
 }
 
 EXPORT void *mallocx(size_t size, int flags) {

@@ -268,16 +268,24 @@ impl PrivateDir {
     /// created exclusively, and its name.
     pub fn create_temporary(&self, name: &str) -> std::io::Result<(String, File)> {
         check_name(OsStr::new(name))?;
-        let mut last = Errno::EEXIST;
+        self.create_new_randomly(|random| format!(".{name}.{random}{PARTIAL_SUFFIX}"))
+    }
+
+    /// Creates a new file named by `name_with` from a random part (16 hex
+    /// digits), drawing again while the name exists; the name and the file.
+    fn create_new_randomly(
+        &self,
+        name_with: impl Fn(&str) -> String,
+    ) -> std::io::Result<(String, File)> {
         for _ in 0..16 {
-            let temporary = format!(".{name}.{:016x}{PARTIAL_SUFFIX}", random());
-            match self.create_new(&temporary) {
-                Ok(file) => return Ok((temporary, file)),
-                Err(error) if error.raw_os_error() == Some(libc::EEXIST) => last = Errno::EEXIST,
+            let name = name_with(&format!("{:016x}", random()));
+            match self.create_new(&name) {
+                Ok(file) => return Ok((name, file)),
+                Err(error) if error.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(error) => return Err(error),
             }
         }
-        Err(last.into())
+        Err(Errno::EEXIST.into())
     }
 
     /// Lets other users read and traverse this directory (`0755`), never
@@ -292,26 +300,16 @@ impl PrivateDir {
     /// by every user and writable by none (`0444`); a random part replaces
     /// `RANDOM` in `name`. The name made.
     pub fn create_readable_by_all(&self, name: &str, bytes: &[u8]) -> std::io::Result<String> {
-        let mut last = std::io::Error::from(Errno::EEXIST);
-        for _ in 0..16 {
-            let made = name.replace("RANDOM", &format!("{:016x}", random()));
-            match self.create_new(&made) {
-                Ok(mut file) => {
-                    let written = file.write_all(bytes).and_then(|()| {
-                        nix::sys::stat::fchmod(&file, Mode::from_bits_truncate(0o444))
-                            .map_err(std::io::Error::from)
-                    });
-                    if let Err(error) = written {
-                        let _ = self.remove(&made);
-                        return Err(error);
-                    }
-                    return Ok(made);
-                }
-                Err(error) if error.raw_os_error() == Some(libc::EEXIST) => last = error,
-                Err(error) => return Err(error),
-            }
+        let (made, mut file) = self.create_new_randomly(|random| name.replace("RANDOM", random))?;
+        let written = file.write_all(bytes).and_then(|()| {
+            nix::sys::stat::fchmod(&file, Mode::from_bits_truncate(0o444))
+                .map_err(std::io::Error::from)
+        });
+        if let Err(error) = written {
+            let _ = self.remove(&made);
+            return Err(error);
         }
-        Err(last)
+        Ok(made)
     }
 
     /// Renames `from` to `to` in this directory.
