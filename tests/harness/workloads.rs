@@ -48,9 +48,18 @@ pub fn build_workload(source: &str) -> PathBuf {
     let _guard = BUILD_LOCK
         .lock()
         .unwrap_or_else(|poison| poison.into_inner());
+    // The headers the workloads share count as part of every source.
+    let newest_header = std::fs::read_dir(workloads_source_dir())
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "h"))
+        .filter_map(|entry| entry.metadata().and_then(|m| m.modified()).ok())
+        .max();
     let source_time = std::fs::metadata(&source_path)
         .and_then(|m| m.modified())
-        .unwrap_or_else(|e| panic!("workload source {}: {e}", source_path.display()));
+        .unwrap_or_else(|e| panic!("workload source {}: {e}", source_path.display()))
+        .max(newest_header.unwrap_or(std::time::SystemTime::UNIX_EPOCH));
     if let Ok(built) = std::fs::metadata(&output).and_then(|m| m.modified()) {
         if built >= source_time {
             return output;

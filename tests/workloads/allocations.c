@@ -25,30 +25,7 @@
 #include <unistd.h>
 #include <malloc.h>
 
-#ifdef __clang__
-#define KEEP_FRAME __attribute__((noinline))
-#else
-#define KEEP_FRAME __attribute__((noipa))
-#endif
-
-struct totals {
-    unsigned long long bytes, count;
-};
-
-static uint64_t lcg(uint64_t *state) {
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    return *state >> 33;
-}
-
-/* The pointer escapes (a compiler may otherwise drop a malloc/free pair),
- * and every byte is written, as a program uses what it allocates. */
-void *volatile allocations_sink;
-
-static void touch(void *p, size_t size) {
-    for (size_t i = 0; i < size; i++)
-        ((volatile char *)p)[i] = (char)i;
-    allocations_sink = p;
-}
+#include "allocation_workload.h"
 
 KEEP_FRAME void alloc_small(unsigned long long budget, uint64_t *seed, struct totals *t) {
     while (t->bytes < budget) {

@@ -18,30 +18,7 @@
 #include <cstdlib>
 #include <new>
 
-#ifdef __clang__
-#define KEEP_FRAME __attribute__((noinline))
-#else
-#define KEEP_FRAME __attribute__((noipa))
-#endif
-
-struct totals {
-    unsigned long long bytes, count;
-};
-
-static uint64_t lcg(uint64_t *state) {
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    return *state >> 33;
-}
-
-// The pointer escapes (a compiler may drop a new/delete pair otherwise),
-// and every byte is written, as a program uses what it allocates.
-void *volatile allocations_sink;
-
-static void touch(void *p, size_t size) {
-    for (size_t i = 0; i < size; i++)
-        static_cast<volatile char *>(p)[i] = static_cast<char>(i);
-    allocations_sink = p;
-}
+#include "allocation_workload.h"
 
 struct Node {
     char bytes[192];

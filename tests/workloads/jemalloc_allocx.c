@@ -22,36 +22,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#ifdef __clang__
-#define KEEP_FRAME __attribute__((noinline))
-#else
-#define KEEP_FRAME __attribute__((noipa))
-#endif
+#include "allocation_workload.h"
 
 #define MALLOCX_LG_ALIGN(la) ((int)(la))
 #define MALLOCX_ZERO ((int)0x40)
-
-struct totals {
-    unsigned long long bytes, count;
-};
 
 static void *(*mallocx_)(size_t, int);
 static void *(*rallocx_)(void *, size_t, int);
 static void (*dallocx_)(void *, int);
 static void (*sdallocx_)(void *, size_t, int);
-
-static uint64_t lcg(uint64_t *state) {
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    return *state >> 33;
-}
-
-void *volatile allocations_sink;
-
-static void touch(void *p, size_t size) {
-    for (size_t i = 0; i < size; i++)
-        ((volatile char *)p)[i] = (char)i;
-    allocations_sink = p;
-}
 
 KEEP_FRAME void with_mallocx(unsigned long long budget, uint64_t *seed, struct totals *t) {
     int flags = MALLOCX_LG_ALIGN(6) | MALLOCX_ZERO;

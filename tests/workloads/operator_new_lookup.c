@@ -20,36 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#ifdef __clang__
-#define KEEP_FRAME __attribute__((noinline))
-#else
-#define KEEP_FRAME __attribute__((noipa))
-#endif
-
-struct totals {
-    unsigned long long bytes, count;
-};
+#include "allocation_workload.h"
 
 static void *(*new_)(size_t);
 static void (*delete_)(void *);
 static void *(*aligned_new)(size_t, size_t);
 static void (*aligned_delete)(void *, size_t);
-
-/* The pointer escapes, and every byte is written, as a program uses what
- * it allocates (which also keeps the sampling rate one a ring buffer
- * holds: 1 GiB in 28 ms overflowed it). */
-void *volatile allocations_sink;
-
-static void touch(void *p, size_t size) {
-    for (size_t i = 0; i < size; i++)
-        ((volatile char *)p)[i] = (char)i;
-    allocations_sink = p;
-}
-
-static uint64_t lcg(uint64_t *state) {
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    return *state >> 33;
-}
 
 KEEP_FRAME void with_new(unsigned long long budget, uint64_t *seed, struct totals *t) {
     while (t->bytes < budget) {

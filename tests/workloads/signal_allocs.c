@@ -24,27 +24,12 @@
 #include <sys/time.h>
 #include <ucontext.h>
 
-#ifdef __clang__
-#define KEEP_FRAME __attribute__((noinline))
-#else
-#define KEEP_FRAME __attribute__((noipa))
-#endif
-
-struct totals {
-    unsigned long long bytes, count;
-};
-
-void *volatile allocations_sink;
+#include "allocation_workload.h"
 
 static struct totals handler_totals;
 static volatile unsigned long long signals, interrupted_in_hooks;
 static uintptr_t hooks[2][2];
 static uint64_t handler_seed = 777;
-
-static uint64_t lcg(uint64_t *state) {
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    return *state >> 33;
-}
 
 KEEP_FRAME void handler_allocs(struct totals *t) {
     for (int i = 0; i < 256; i++) {
