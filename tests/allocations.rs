@@ -332,7 +332,7 @@ fn another_allocator_stays_the_programs(
         &out.0,
         &["-e", "sCPU;sALLOC mode=sl"],
         &[("LD_PRELOAD", path.as_str()), stats],
-        &[workload.to_str().unwrap(), "1024"],
+        &[workload.to_str().unwrap(), "2048"],
     );
     assert!(
         stderr.contains(printed),
@@ -407,7 +407,7 @@ fn cxx_new_and_delete_are_sampled(allocator: Option<&str>) {
     // mimalloc (built as C) aborts when operator new fails, rather than
     // throw: no exceptions under it.
     let throws = !allocator.is_some_and(|name| name.contains("mimalloc"));
-    let mut command = vec![workload.to_str().unwrap(), "1024"];
+    let mut command = vec![workload.to_str().unwrap(), "2048"];
     if throws {
         command.push("throw");
     }
