@@ -535,7 +535,7 @@ fn a_signal_handler_that_allocates_re_enters_the_hooks_safely() {
     let out = Scratch::new("alloc-signal");
     let (output, stderr, pprof) = profile(
         &out.0,
-        &["-e", "sCPU;sALLOC mode=sl p=4194304"],
+        &["-e", "sCPU;sALLOC mode=sl"],
         &[("LD_PRELOAD", allocator.to_str().unwrap())],
         &[workload.to_str().unwrap(), "20"],
     );
