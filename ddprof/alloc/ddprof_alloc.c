@@ -8,8 +8,9 @@
  * allocation calls ddprof_sampled_allocation(size, address). ddprof defines
  * a uprobe on that function (in tracefs) and opens it as a perf event on
  * every CPU, so the kernel takes the sample there: registers and a user-stack copy, unwound by ddprof as a
- * CPU sample is. This library copies no stack, writes no buffer, opens no
- * file and takes no lock. With no event on the function (the profiler gone),
+ * CPU sample is. Anonymous memory it maps for itself (mmap, mmap64,
+ * munmap, mremap) is sampled as allocations are. This library copies no
+ * stack, writes no buffer, opens no file and takes no lock. With no event on the function (the profiler gone),
  * the call costs a few instructions.
  *
  * With DDPROF_ALLOC_LIVE=1 (sALLOC mode=l) it also remembers the addresses
@@ -91,8 +92,33 @@ __asm__(".text\n"
         ".size ddprof_sampled_free, .-ddprof_sampled_free\n");
 EXPORT void ddprof_sampled_free(void *address);
 
-void *mmap_base(void *address, size_t length, int protection, int flags, int fd, long offset);
-__asm__(".symver mmap_base, mmap@GLIBC_2.2.5");
+/* The kernel's mmap, munmap and mremap (x86-64 numbers): this library
+ * defines libc's names, so a call through them could come back to its own
+ * hooks before they know where to forward. errno set as libc's. */
+static long system_call(long number, long a, long b, long c, long d, long e, long f) {
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    long result;
+    __asm__ volatile("syscall"
+                     : "=a"(result)
+                     : "a"(number), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    if ((unsigned long)result > -4096ul) {
+        errno = (int)-result;
+        return -1;
+    }
+    return result;
+}
+
+static void *system_mmap(void *address, size_t length, int protection, int flags, int fd,
+                         long offset) {
+    return (void *)system_call(9, (long)address, (long)length, protection, flags, fd, offset);
+}
+
+static int system_munmap(void *address, size_t length) {
+    return (int)system_call(11, (long)address, (long)length, 0, 0, 0, 0);
+}
 
 typedef void *(*malloc_fn)(size_t);
 typedef void (*free_fn)(void *);
@@ -102,6 +128,9 @@ typedef void *(*reallocarray_fn)(void *, size_t, size_t);
 typedef int (*posix_memalign_fn)(void **, size_t, size_t);
 typedef void *(*aligned_fn)(size_t, size_t);
 typedef void *(*valloc_fn)(size_t);
+typedef void *(*mmap_fn)(void *, size_t, int, int, int, long);
+typedef int (*munmap_fn)(void *, size_t);
+typedef void *(*mremap_fn)(void *, size_t, size_t, int, ...);
 
 static struct {
     malloc_fn malloc;
@@ -114,6 +143,10 @@ static struct {
     aligned_fn memalign;
     valloc_fn valloc;
     valloc_fn pvalloc;
+    mmap_fn mmap;
+    mmap_fn mmap64;
+    munmap_fn munmap;
+    mremap_fn mremap;
 } next;
 
 /* 0: not resolved; 1: resolving (dlsym's allocations use the arena);
@@ -253,6 +286,10 @@ static void resolve(void) {
     next.memalign = (aligned_fn)dlsym_base(RTLD_NEXT, "memalign");
     next.valloc = (valloc_fn)dlsym_base(RTLD_NEXT, "valloc");
     next.pvalloc = (valloc_fn)dlsym_base(RTLD_NEXT, "pvalloc");
+    next.mmap = (mmap_fn)dlsym_base(RTLD_NEXT, "mmap");
+    next.mmap64 = (mmap_fn)dlsym_base(RTLD_NEXT, "mmap64");
+    next.munmap = (munmap_fn)dlsym_base(RTLD_NEXT, "munmap");
+    next.mremap = (mremap_fn)dlsym_base(RTLD_NEXT, "mremap");
     for (int i = 0; i < OPTIONAL_SYMBOLS; i++)
         optional_next[i] = dlsym_base(RTLD_NEXT, optional_names[i]);
     const char *configured = getenv_base("DDPROF_ALLOC_MEAN");
@@ -267,8 +304,8 @@ static void resolve(void) {
         /* Zeroed pages, touched as buckets are used; a fork copies them, so
          * a child frees its copies of its parent's sampled addresses (ddprof
          * ignores frees of addresses it never saw in that process). */
-        void *table = mmap_base(0, sizeof(uintptr_t) * LIVE_BUCKETS * LIVE_SLOTS,
-                                PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *table = system_mmap(0, sizeof(uintptr_t) * LIVE_BUCKETS * LIVE_SLOTS,
+                                  PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (table != MAP_FAILED)
             live = table;
     }
@@ -350,6 +387,19 @@ static inline __attribute__((always_inline)) int sampled(size_t size) {
  * is set (see the operators' hooks). */
 static TLS int in_operator_new;
 
+/* Above zero while a hook runs the next allocator (nested hooks count
+ * again): the mappings an allocator makes for itself (jemalloc, tcmalloc
+ * and mimalloc call mmap, and so this library's hook) are not sampled a
+ * second time, as mappings, after the allocation that made them. */
+static TLS unsigned in_allocator;
+#define FORWARD(call)                                                                              \
+    ({                                                                                             \
+        in_allocator++;                                                                            \
+        __typeof__(call) forwarded_ = (call);                                                      \
+        in_allocator--;                                                                            \
+        forwarded_;                                                                                \
+    })
+
 /* Reports a sampled allocation: its address when followed for the live
  * heap, 0 when not (sum mode, or no room left in its bucket). */
 #define REPORT(size, pointer)                                                                      \
@@ -365,7 +415,7 @@ EXPORT void *malloc(size_t size) {
             return arena_alloc(size);
         resolve();
     }
-    void *pointer = next.malloc(size);
+    void *pointer = FORWARD(next.malloc(size));
     REPORT(size, pointer);
     return pointer;
 }
@@ -393,7 +443,7 @@ EXPORT void *calloc(size_t count, size_t size) {
         }
         resolve();
     }
-    void *pointer = next.calloc(count, size);
+    void *pointer = FORWARD(next.calloc(count, size));
     size_t bytes;
     if (!__builtin_mul_overflow(count, size, &bytes))
         REPORT(bytes, pointer);
@@ -420,7 +470,7 @@ EXPORT void *realloc(void *old, size_t size) {
     /* Forgotten before the allocator may reuse it. (A realloc that fails
      * leaves the old block allocated: it is then counted freed.) */
     live_forget(old);
-    void *pointer = next.realloc(old, size);
+    void *pointer = FORWARD(next.realloc(old, size));
     REPORT(size, pointer);
     return pointer;
 }
@@ -436,7 +486,7 @@ EXPORT void *reallocarray(void *old, size_t count, size_t size) {
     if (!next.reallocarray || in_arena(old))
         return realloc(old, bytes);
     live_forget(old);
-    void *pointer = next.reallocarray(old, count, size);
+    void *pointer = FORWARD(next.reallocarray(old, count, size));
     REPORT(bytes, pointer);
     return pointer;
 }
@@ -446,7 +496,7 @@ EXPORT int posix_memalign(void **out, size_t alignment, size_t size) {
         resolve();
     if (!next.posix_memalign)
         return ENOMEM;
-    int error = next.posix_memalign(out, alignment, size);
+    int error = FORWARD(next.posix_memalign(out, alignment, size));
     if (error == 0)
         REPORT(size, *out);
     return error;
@@ -457,7 +507,7 @@ EXPORT void *aligned_alloc(size_t alignment, size_t size) {
         resolve();
     if (!next.aligned_alloc)
         return NULL;
-    void *pointer = next.aligned_alloc(alignment, size);
+    void *pointer = FORWARD(next.aligned_alloc(alignment, size));
     REPORT(size, pointer);
     return pointer;
 }
@@ -467,7 +517,7 @@ EXPORT void *memalign(size_t alignment, size_t size) {
         resolve();
     if (!next.memalign)
         return NULL;
-    void *pointer = next.memalign(alignment, size);
+    void *pointer = FORWARD(next.memalign(alignment, size));
     REPORT(size, pointer);
     return pointer;
 }
@@ -477,7 +527,7 @@ EXPORT void *valloc(size_t size) {
         resolve();
     if (!next.valloc)
         return NULL;
-    void *pointer = next.valloc(size);
+    void *pointer = FORWARD(next.valloc(size));
     REPORT(size, pointer);
     return pointer;
 }
@@ -487,7 +537,7 @@ EXPORT void *pvalloc(size_t size) {
         resolve();
     if (!next.pvalloc)
         return NULL;
-    void *pointer = next.pvalloc(size);
+    void *pointer = FORWARD(next.pvalloc(size));
     REPORT(size, pointer);
     return pointer;
 }
@@ -557,7 +607,7 @@ typedef void *(*new_aligned_nothrow_fn)(size_t, size_t, const void *);
         if (in_operator_new)                                                                       \
             return forward ? call : fallback_alloc(size, alignment);                               \
         in_operator_new = 1;                                                                       \
-        void *pointer = forward ? call : fallback_alloc(size, alignment);                          \
+        void *pointer = FORWARD(forward ? call : fallback_alloc(size, alignment));                 \
         in_operator_new = 0;                                                                       \
         REPORT(size, pointer);                                                                     \
         return pointer;                                                                            \
@@ -571,12 +621,14 @@ typedef void *(*new_aligned_nothrow_fn)(size_t, size_t, const void *);
         void *quiet = optional_lookup(quiet_which);                                                \
         void *pointer;                                                                             \
         in_operator_new = 1;                                                                       \
+        in_allocator++;                                                                            \
         if (quiet)                                                                                 \
             pointer = quiet_call;                                                                  \
         else if (forward)                                                                          \
             pointer = call;                                                                        \
         else                                                                                       \
             pointer = fallback_alloc(size, alignment);                                             \
+        in_allocator--;                                                                            \
         in_operator_new = 0;                                                                       \
         if (__builtin_expect(!pointer, 0))                                                         \
             return forward ? call : or_abort(pointer);                                             \
@@ -687,7 +739,8 @@ static void *mallocx_fallback(size_t size, int flags) {
 
 EXPORT void *mallocx(size_t size, int flags) {
     void *forward = optional_lookup(MALLOCX);
-    void *pointer = forward ? ((mallocx_fn)forward)(size, flags) : mallocx_fallback(size, flags);
+    void *pointer =
+        FORWARD(forward ? ((mallocx_fn)forward)(size, flags) : mallocx_fallback(size, flags));
     REPORT(size, pointer);
     return pointer;
 }
@@ -699,7 +752,8 @@ EXPORT void *rallocx(void *old, size_t size, int flags) {
     /* Forgotten before the allocator may reuse it (a failed rallocx leaves
      * the old block allocated: it is then counted freed, as realloc's). */
     live_forget(old);
-    void *pointer = forward ? ((rallocx_fn)forward)(old, size, flags) : next.realloc(old, size);
+    void *pointer =
+        FORWARD(forward ? ((rallocx_fn)forward)(old, size, flags) : next.realloc(old, size));
     REPORT(size, pointer);
     return pointer;
 }
@@ -720,4 +774,93 @@ EXPORT void sdallocx(void *pointer, size_t size, int flags) {
         ((sdallocx_fn)forward)(pointer, size, flags);
     else
         next.free(pointer);
+}
+
+/*
+ * Memory a program maps for itself: an anonymous mapping it asks mmap (or
+ * mmap64) for without an address is an allocation of its length (Python's
+ * arenas, which hold its small objects; buffers a program maps directly),
+ * munmap of a sampled mapping's start frees it, and mremap moves it as
+ * realloc does. Not sampled: file mappings, mappings at an address the
+ * program chose (it manages that space itself), and the mappings an
+ * allocator makes inside its malloc (the allocation is sampled; see
+ * in_allocator). glibc's malloc maps its large blocks without these
+ * names, so they are never seen twice.
+ *
+ * The marker is told which it was by the address's lowest bit (a mapping's
+ * address is page-aligned; 1 alone: not followed): ddprof keeps this hook's
+ * frame (`mmap`, `mmap64`, `mremap`) as the sample's leaf, so that mapped
+ * memory reads as such in the profile.
+ */
+#define MAPPING_BIT ((uintptr_t)1)
+
+static inline __attribute__((always_inline)) void report_mapping(size_t length, void *pointer) {
+    if (!in_allocator && !in_operator_new && sampled(length))
+        ddprof_sampled_allocation(
+            length, (void *)((live && live_insert(pointer) ? (uintptr_t)pointer : 0) | MAPPING_BIT));
+}
+
+static inline __attribute__((always_inline)) void *
+mapping_hook(mmap_fn *forward, void *address, size_t length, int protection, int flags, int fd,
+             long offset) {
+    if (__builtin_expect(state != 2, 0)) {
+        if (state == 1)
+            return system_mmap(address, length, protection, flags, fd, offset);
+        resolve();
+    }
+    void *pointer = *forward ? (*forward)(address, length, protection, flags, fd, offset)
+                             : system_mmap(address, length, protection, flags, fd, offset);
+    if (address == 0 && (flags & MAP_ANONYMOUS) && pointer != MAP_FAILED)
+        report_mapping(length, pointer);
+    return pointer;
+}
+
+EXPORT void *mmap(void *address, size_t length, int protection, int flags, int fd, long offset) {
+    return mapping_hook(&next.mmap, address, length, protection, flags, fd, offset);
+}
+
+EXPORT void *mmap64(void *address, size_t length, int protection, int flags, int fd,
+                    long offset) {
+    return mapping_hook(&next.mmap64, address, length, protection, flags, fd, offset);
+}
+
+EXPORT int munmap(void *address, size_t length) {
+    if (__builtin_expect(state != 2, 0)) {
+        if (state == 1)
+            return system_munmap(address, length);
+        resolve();
+    }
+    /* Forgotten before the range may be mapped again. (An unmapping that
+     * starts inside a sampled mapping leaves it counted live.) */
+    live_forget(address);
+    return next.munmap ? next.munmap(address, length) : system_munmap(address, length);
+}
+
+#define MREMAP_FIXED_FLAG 2
+
+EXPORT void *mremap(void *old, size_t old_length, size_t length, int flags, ...) {
+    void *wanted = 0;
+    if (flags & MREMAP_FIXED_FLAG) {
+        __builtin_va_list arguments;
+        __builtin_va_start(arguments, flags);
+        wanted = __builtin_va_arg(arguments, void *);
+        __builtin_va_end(arguments);
+    }
+    if (__builtin_expect(state != 2, 0)) {
+        if (state == 1)
+            return (void *)system_call(25, (long)old, (long)old_length, (long)length, flags,
+                                       (long)wanted, 0);
+        resolve();
+    }
+    /* As realloc: forgotten before the old range may be reused (a failed
+     * mremap leaves it mapped: it is then counted freed), the result
+     * sampled as a new mapping of its length. */
+    live_forget(old);
+    void *pointer = FORWARD(
+        next.mremap ? next.mremap(old, old_length, length, flags, wanted)
+                    : (void *)system_call(25, (long)old, (long)old_length, (long)length, flags,
+                                          (long)wanted, 0));
+    if (pointer != MAP_FAILED)
+        report_mapping(length, pointer);
+    return pointer;
 }

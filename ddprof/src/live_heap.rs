@@ -173,10 +173,27 @@ impl LiveHeap {
     /// Drops the allocations of processes that exited or exec'd, and adds
     /// the others to the period of `aggregator` (not as samples of the
     /// period: they are what is held at its end).
+    /// What the ended processes held is logged (one line for the period):
+    /// it is what they never freed, the leak a short-lived command shows at
+    /// its exit; the profile cannot show it (their mappings are gone).
     pub fn add_to(&mut self, processes: &ProcessTable, aggregator: &mut Aggregator) {
+        let mut ended = Ended::default();
         self.allocations.retain(|&(pid, _), live| {
-            processes.get(pid).is_some() && processes.execs(pid) == live.execs
+            let alive = processes.get(pid).is_some() && processes.execs(pid) == live.execs;
+            if !alive {
+                ended.add(pid, live.sample.weight);
+            }
+            alive
         });
+        if ended.allocations > 0 {
+            log::info!(
+                "live heap: {} sampled allocations ({} bytes estimated) dropped with {} processes \
+                 that exited or exec'd holding them",
+                ended.allocations,
+                ended.bytes,
+                ended.pids.len()
+            );
+        }
         for live in self.allocations.values() {
             aggregator.add_held(processes, &live.sample);
         }
@@ -188,6 +205,22 @@ impl LiveHeap {
         for ((pid, _), live) in self.allocations.iter_mut() {
             live.execs = processes.execs(*pid);
         }
+    }
+}
+
+/// What the processes that ended in a period held.
+#[derive(Debug, Default)]
+struct Ended {
+    allocations: u64,
+    bytes: u64,
+    pids: std::collections::HashSet<u32>,
+}
+
+impl Ended {
+    fn add(&mut self, pid: u32, bytes: u64) {
+        self.allocations += 1;
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.pids.insert(pid);
     }
 }
 

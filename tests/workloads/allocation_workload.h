@@ -1,9 +1,9 @@
 /*
  * What the allocation workloads (allocations.c, cxx_allocs.cpp,
- * jemalloc_allocx.c, operator_new_lookup.c, signal_allocs.c) share: the
- * frame-keeping attribute of their allocating functions, their exact
- * totals, the generator of their sizes, and the way they use what they
- * allocate. C and C++ alike; each program includes it once.
+ * jemalloc_allocx.c, mappings.c, operator_new_lookup.c, signal_allocs.c)
+ * share: the frame-keeping attribute of their allocating functions, their
+ * exact totals, the generator of their sizes, and the way they use what
+ * they allocate. C and C++ alike; each program includes it once.
  */
 #ifndef ALLOCATION_WORKLOAD_H
 #define ALLOCATION_WORKLOAD_H

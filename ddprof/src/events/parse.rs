@@ -499,6 +499,7 @@ pub fn check_frequencies(specs: &[EventSpec], max: u64) -> Result<(), EventSpecE
 mod tests {
     use super::*;
     use crate::events::CounterType;
+    use crate::sample::HeapEvent;
     use perf_event_open_sys::bindings as perf;
 
     fn one(text: &str) -> EventSpec {
@@ -715,7 +716,6 @@ mod tests {
             live.weighing.value,
             EventValue::AllocationSize { mean: 1 << 20 }
         );
-        assert_eq!(live.weighing.hidden_frames(), 2);
         assert!(parse_events("sALLOC f=99").is_err(), "by bytes, not a rate");
         assert!(parse_events("sALLOC n=2").is_err());
         assert!(parse_events("sALLOC s=2").is_err());
@@ -734,6 +734,31 @@ mod tests {
             (1000.0 * inverse_p).round() as u64
         );
         assert_eq!(one("sCPU").weighing.scaled_count(None), 1000);
+        // The address is in rsi (perf register 4): a malloc'd block's drops
+        // the marker's and the hook's frames; a mapping's (its lowest bit
+        // set) keeps the hook's (`mmap`), and is followed without the bit.
+        regs.others[4] = 0x5555_0000_1010;
+        assert_eq!(live.weighing.hidden_frames(Some(&regs)), 2);
+        assert_eq!(
+            live.weighing.heap_event(Some(&regs)),
+            Some(HeapEvent::Allocated {
+                address: 0x5555_0000_1010
+            })
+        );
+        regs.others[4] = 0x7f00_0020_0001;
+        assert_eq!(live.weighing.hidden_frames(Some(&regs)), 1);
+        assert_eq!(
+            live.weighing.heap_event(Some(&regs)),
+            Some(HeapEvent::Allocated {
+                address: 0x7f00_0020_0000
+            })
+        );
+        regs.others[4] = 1;
+        assert_eq!(
+            live.weighing.heap_event(Some(&regs)),
+            Some(HeapEvent::NotFollowed)
+        );
+        assert_eq!(one("sCPU").weighing.hidden_frames(Some(&regs)), 0);
     }
 
     #[test]

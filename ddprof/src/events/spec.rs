@@ -180,15 +180,18 @@ impl Weighing {
     }
 
     /// What the sample says of the heap: the address an allocation sample
-    /// was given (the marker's second argument, `rsi`: 0 when the library
-    /// does not follow it), or the address a free released (`rdi`).
+    /// was given (the marker's second argument, `rsi`, without its mapping
+    /// bit: 0 when the library does not follow it), or the address a free
+    /// released (`rdi`).
     pub fn heap_event(&self, regs: Option<&crate::unwind::UserRegs>) -> Option<HeapEvent> {
         let register = |number| regs.and_then(|regs| super::x86_regs::value(regs, number));
         match self.value {
-            EventValue::AllocationSize { .. } => match register(RSI) {
-                Some(address) if address != 0 => Some(HeapEvent::Allocated { address }),
-                _ => Some(HeapEvent::NotFollowed),
-            },
+            EventValue::AllocationSize { .. } => {
+                match register(RSI).map(|address| address & !super::allocation::MAPPING_BIT) {
+                    Some(address) if address != 0 => Some(HeapEvent::Allocated { address }),
+                    _ => Some(HeapEvent::NotFollowed),
+                }
+            }
             EventValue::FreedAddress => register(RDI).map(|address| HeapEvent::Freed { address }),
             _ => None,
         }
@@ -196,10 +199,16 @@ impl Weighing {
 
     /// Innermost frames of the sample's stack that are not the program's:
     /// an allocation is sampled in the preloaded library's marker, called
-    /// by its hook.
-    pub fn hidden_frames(&self) -> usize {
+    /// by its hook; a mapping's hook (`mmap`, `mremap`: the address's
+    /// mapping bit is set) stays, the leaf that says the memory was mapped.
+    pub fn hidden_frames(&self, regs: Option<&crate::unwind::UserRegs>) -> usize {
         match self.value {
-            EventValue::AllocationSize { .. } => usize::from(super::allocation::LIBRARY_FRAMES),
+            EventValue::AllocationSize { .. } => {
+                let mapped = regs
+                    .and_then(|regs| super::x86_regs::value(regs, RSI))
+                    .is_some_and(|address| address & super::allocation::MAPPING_BIT != 0);
+                usize::from(super::allocation::LIBRARY_FRAMES) - usize::from(mapped)
+            }
             _ => 0,
         }
     }

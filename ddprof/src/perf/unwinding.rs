@@ -147,7 +147,7 @@ impl Unwinding<'_> {
             weighing.scaled_count(raw.regs.as_ref())
         });
         // An allocation's first frames are the sampler library's.
-        let hidden = weighing.map_or(0, |weighing| weighing.hidden_frames());
+        let hidden = weighing.map_or(0, |weighing| weighing.hidden_frames(raw.regs.as_ref()));
         frames.drain(..hidden.min(frames.len()));
         Sample {
             pid: raw.pid,

@@ -1,0 +1,130 @@
+/*
+ * mappings: memory a program maps for itself, for the sALLOC test of the
+ * mmap, mmap64, munmap and mremap hooks.
+ *
+ *   map_buffers    anonymous mmaps of 64 KiB-2 MiB, each unmapped
+ *   map_and_keep   32 anonymous mmap64s of 4 MiB (first round), kept to the end
+ *   remap_buffers  a 1 MiB mmap grown to 3 MiB by mremap, then unmapped
+ *                  (both lengths count, as realloc's do)
+ *   malloc_blocks  mallocs and frees of 1-64 KiB, for proportions
+ *   map_files      file mappings of this program (not allocations)
+ *   map_at_hint    anonymous mmaps at an address the program chose (it
+ *                  manages that space: not allocations), unmapped
+ * Every allocated byte is written, as a program uses what it allocates.
+ * Prints "total FUNCTION BYTES COUNT" for the first four, and
+ * "kept BYTES" (what map_and_keep holds at the end).
+ *
+ * Usage: mappings ROUNDS
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "allocation_workload.h"
+
+static uint64_t seed = 4242;
+
+static void *anonymous(size_t size) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        abort();
+    return p;
+}
+
+KEEP_FRAME void map_buffers(struct totals *t) {
+    for (int i = 0; i < 64; i++) {
+        size_t size = (size_t)(16 + lcg(&seed) % 497) * 4096;
+        char *p = anonymous(size);
+        touch(p, size);
+        munmap(p, size);
+        t->bytes += size;
+        t->count++;
+    }
+}
+
+KEEP_FRAME void *map_and_keep(struct totals *t) {
+    size_t size = 4 << 20;
+    void *p = mmap64(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        abort();
+    t->bytes += size;
+    t->count++;
+    return p;
+}
+
+KEEP_FRAME void remap_buffers(struct totals *t) {
+    for (int i = 0; i < 8; i++) {
+        size_t size = 1 << 20, grown = 3 << 20;
+        char *p = anonymous(size);
+        char *q = mremap(p, size, grown, MREMAP_MAYMOVE);
+        if (q == MAP_FAILED)
+            abort();
+        touch(q, grown);
+        munmap(q, grown);
+        t->bytes += size + grown;
+        t->count += 2;
+    }
+}
+
+KEEP_FRAME void malloc_blocks(struct totals *t) {
+    for (int i = 0; i < 2000; i++) {
+        size_t size = 1024 + lcg(&seed) % 64512;
+        char *p = malloc(size);
+        if (!p)
+            abort();
+        touch(p, size);
+        free(p);
+        t->bytes += size;
+        t->count++;
+    }
+}
+
+KEEP_FRAME void map_files(const char *self) {
+    int fd = open(self, O_RDONLY);
+    if (fd < 0)
+        abort();
+    for (int i = 0; i < 64; i++) {
+        void *p = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED)
+            abort();
+        allocations_sink = p;
+        munmap(p, 4096);
+    }
+    close(fd);
+}
+
+KEEP_FRAME void map_at_hint(void) {
+    for (int i = 0; i < 64; i++) {
+        size_t size = 2 << 20;
+        void *hint = (void *)(uintptr_t)(0x200000000000ull + ((uint64_t)i << 22));
+        void *p = mmap(hint, size, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED)
+            abort();
+        allocations_sink = p;
+        munmap(p, size);
+    }
+}
+
+int main(int argc, char **argv) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 10;
+    struct totals mapped = {0}, kept = {0}, remapped = {0}, malloced = {0};
+    for (int round = 0; round < rounds; round++) {
+        map_buffers(&mapped);
+        for (int i = 0; round == 0 && i < 32; i++)
+            allocations_sink = map_and_keep(&kept);
+        remap_buffers(&remapped);
+        malloc_blocks(&malloced);
+        map_files(argv[0]);
+        map_at_hint();
+    }
+    printf("total map_buffers %llu %llu\n", mapped.bytes, mapped.count);
+    printf("total map_and_keep %llu %llu\n", kept.bytes, kept.count);
+    printf("total remap_buffers %llu %llu\n", remapped.bytes, remapped.count);
+    printf("total malloc_blocks %llu %llu\n", malloced.bytes, malloced.count);
+    printf("kept %llu\n", kept.bytes);
+    return 0;
+}
