@@ -7,7 +7,8 @@
 //! order with the other samples ([`HeapEvent`]). A free of an address not
 //! held (an allocation from before the profiler, a fork's copy of its
 //! parent's heap) is ignored. A process that exits or execs takes its
-//! entries with it.
+//! entries with it at the period's end; what an exited process held then
+//! is in that period's profile, as held at its exit.
 //!
 //! It survives the worker's restarts: at each period's end the worker
 //! writes the set to an anonymous file the parent holds
@@ -173,25 +174,59 @@ impl LiveHeap {
     /// Drops the allocations of processes that exited or exec'd, and adds
     /// the others to the period of `aggregator` (not as samples of the
     /// period: they are what is held at its end).
-    /// What the ended processes held is logged (one line for the period):
-    /// it is what they never freed, the leak a short-lived command shows at
-    /// its exit; the profile cannot show it (their mappings are gone).
+    /// What a process that exited since the last period held then (what
+    /// it never freed: the leak a short-lived command shows at its exit)
+    /// is added too, named with its mappings as they were
+    /// ([`ProcessTable::as_it_ended`]), and then dropped; what a process
+    /// held before an exec (its code replaced), or one that exited among
+    /// more than [`ENDED_PROCESSES_NAMED`] in a period, is dropped
+    /// unnamed. One line of the log says both.
     pub fn add_to(&mut self, processes: &ProcessTable, aggregator: &mut Aggregator) {
+        let ended_keys: Vec<(u32, u64)> = self
+            .allocations
+            .iter()
+            .filter(|&(&(pid, _), live)| {
+                processes.get(pid).is_none() || processes.execs(pid) != live.execs
+            })
+            .map(|(&key, _)| key)
+            .collect();
         let mut ended = Ended::default();
-        self.allocations.retain(|&(pid, _), live| {
-            let alive = processes.get(pid).is_some() && processes.execs(pid) == live.execs;
-            if !alive {
-                ended.add(pid, live.sample.weight);
+        let mut as_they_ended: HashMap<u32, Option<ProcessTable>> = HashMap::new();
+        for key in ended_keys {
+            let Some(live) = self.allocations.remove(&key) else {
+                continue;
+            };
+            let pid = key.0;
+            let table = as_they_ended
+                .entry(pid)
+                .or_insert_with(|| {
+                    processes
+                        .get(pid)
+                        .is_none()
+                        .then(|| processes.as_it_ended(pid))
+                        .flatten()
+                })
+                .as_ref()
+                .filter(|table| table.execs(pid) == live.execs);
+            let named = table.is_some();
+            if let Some(table) = table {
+                aggregator.add_held(table, &live.sample);
             }
-            alive
-        });
+            ended.add(pid, live.sample.weight, named);
+        }
         if ended.allocations > 0 {
             log::info!(
-                "live heap: {} sampled allocations ({} bytes estimated) dropped with {} processes \
-                 that exited or exec'd holding them",
+                "live heap: {} processes ended holding {} sampled allocations ({} bytes \
+                 estimated): {} ({} bytes) in this profile as held at their exit, {} ({} bytes) \
+                 dropped unnamed (an exec replaced their code, or more than {} processes ended)",
+                ended.pids.len(),
                 ended.allocations,
                 ended.bytes,
-                ended.pids.len()
+                ended.named,
+                ended.named_bytes,
+                ended.allocations - ended.named,
+                ended.bytes - ended.named_bytes,
+                ENDED_PROCESSES_NAMED
             );
         }
         for live in self.allocations.values() {
@@ -208,18 +243,29 @@ impl LiveHeap {
     }
 }
 
-/// What the processes that ended in a period held.
+/// Processes that exited whose held allocations are named at their exit,
+/// per period at most (the process table keeps that many as they ended).
+pub const ENDED_PROCESSES_NAMED: usize = 64;
+
+/// What the processes that ended in a period held, and how much of it was
+/// named.
 #[derive(Debug, Default)]
 struct Ended {
     allocations: u64,
     bytes: u64,
+    named: u64,
+    named_bytes: u64,
     pids: std::collections::HashSet<u32>,
 }
 
 impl Ended {
-    fn add(&mut self, pid: u32, bytes: u64) {
+    fn add(&mut self, pid: u32, bytes: u64, named: bool) {
         self.allocations += 1;
         self.bytes = self.bytes.saturating_add(bytes);
+        if named {
+            self.named += 1;
+            self.named_bytes = self.named_bytes.saturating_add(bytes);
+        }
         self.pids.insert(pid);
     }
 }
@@ -522,6 +568,7 @@ mod tests {
                 &sample(pid, 1, HeapEvent::Allocated { address }, vec![1]),
             );
         }
+        processes.keep_ended(ENDED_PROCESSES_NAMED);
         processes.exit(11, 11);
         processes.set_comm(12, 12, "other", true);
         let mut aggregator = Aggregator::new(crate::aggregate::AggregatorOptions::new(false));
@@ -531,6 +578,16 @@ mod tests {
         let period =
             aggregator.take_period(std::time::SystemTime::now(), std::time::SystemTime::now());
         assert_eq!(period.stats.samples, 0, "held allocations are not samples");
+        // The live process's allocation, and what the exited one held at
+        // its exit; not the exec'd one's (its code was replaced).
+        assert_eq!(period.samples.len(), 2);
+        let mut pids: Vec<u32> = period.samples.iter().map(|sample| sample.pid).collect();
+        pids.sort();
+        assert_eq!(pids, [10, 11]);
+        // Reported once: the next period has the live process's only.
+        heap.add_to(&processes, &mut aggregator);
+        let period =
+            aggregator.take_period(std::time::SystemTime::now(), std::time::SystemTime::now());
         assert_eq!(period.samples.len(), 1);
         assert_eq!(period.samples[0].event, live_heap_index(1));
         assert_eq!(period.samples[0].scaled_count, 2000);

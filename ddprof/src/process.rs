@@ -135,6 +135,11 @@ pub struct ProcessTable {
     /// Processes whose exit was applied and whose pid has not come back
     /// since; forgotten by the thousand (see [`ProcessTable::exited`]).
     exited: FastSet<u32>,
+    /// The last processes that exited, as they were then (at most
+    /// `keep_ended`, 0 unless asked): the live heap names what they held
+    /// at their exit with their mappings.
+    ended: std::collections::VecDeque<(u32, Process)>,
+    keep_ended: usize,
     files: FastMap<MappedFile, Arc<MappedFile>>,
     /// Renewed by every change, so that consumers that mirror the table
     /// (the BPF maps) can tell cheaply that nothing changed.
@@ -239,6 +244,24 @@ impl ProcessTable {
         }
     }
 
+    /// Keeps the last `count` processes that exit as they were then
+    /// ([`ProcessTable::as_it_ended`]).
+    pub fn keep_ended(&mut self, count: usize) {
+        self.keep_ended = count;
+        while self.ended.len() > count {
+            self.ended.pop_front();
+        }
+    }
+
+    /// A table of process `pid` alone, as it was when it exited, if it is
+    /// one of the last kept ([`ProcessTable::keep_ended`]).
+    pub fn as_it_ended(&self, pid: u32) -> Option<ProcessTable> {
+        let (_, process) = self.ended.iter().rev().find(|(ended, _)| *ended == pid)?;
+        let mut table = ProcessTable::new();
+        table.processes.insert(pid, process.clone());
+        Some(table)
+    }
+
     /// Drops process `pid` without saying that it exited.
     pub fn forget(&mut self, pid: u32) {
         if self.processes.remove(&pid).is_some() {
@@ -340,7 +363,14 @@ impl ProcessTable {
     pub fn exit(&mut self, pid: u32, tid: u32) {
         self.generation = Generation::next();
         if pid == tid {
-            self.processes.remove(&pid);
+            if let Some(process) = self.processes.remove(&pid) {
+                if self.keep_ended > 0 {
+                    if self.ended.len() >= self.keep_ended {
+                        self.ended.pop_front();
+                    }
+                    self.ended.push_back((pid, process));
+                }
+            }
             const MAX_EXITED: usize = 1024;
             if self.exited.len() >= MAX_EXITED {
                 self.exited.clear();

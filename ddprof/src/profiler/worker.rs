@@ -126,6 +126,10 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
         return EXIT_FAILED;
     }
     let live_heap = resume_live_heap(options, live_heap_file, processes);
+    if live_heap.is_some() {
+        // What a process held at its exit is named with its mappings.
+        processes.keep_ended(crate::live_heap::ENDED_PROCESSES_NAMED);
+    }
     let ran = Worker::new(options, &handover, kallsyms, sampler.losses(), socket)
         .map(|worker| worker.with_live_heap(live_heap))
         .and_then(|worker| {
