@@ -327,19 +327,27 @@ fn cost_table(ddprof: &Path, runs: usize, scratch: &Path, report: &mut String) -
             nanos[index].push(value);
         }
     }
-    let unprofiled = median(nanos[0].clone());
     writeln!(
         report,
         "### What the target pays\n\n\
          `malloc_cost` (xtask/src/bench/malloc_cost.c): malloc+free pairs of 16-271 bytes, \
-         the thread's CPU time per pair, median of {runs} runs. With every allocation sampled, \
-         the pair's time over the unprofiled one is the price of one sample (the uprobe's \
+         the thread's CPU time per pair, median of {runs} runs; *over unprofiled* is the median \
+         of each run's difference with the unprofiled run of the same round. With every \
+         allocation sampled, the pair's time over the unprofiled one is the price of one sample (the uprobe's \
          trap and the kernel's copy of registers and 32 KB of stack).\n\n\
          | mode | ns per pair | over unprofiled (ns) |\n|---|---|---|"
     )?;
     for ((mode, _, _), values) in COST_MODES.iter().zip(&nanos) {
         let value = median(values.clone());
-        let over = value.zip(unprofiled).map(|(value, base)| value - base);
+        // Paired with the unprofiled run of the same round, as the
+        // slowdowns are: this VM's slow phases last longer than a round.
+        let over = median(
+            values
+                .iter()
+                .zip(&nanos[0])
+                .map(|(value, base)| value - base)
+                .collect(),
+        );
         writeln!(
             report,
             "| {mode} | {} | {} |",
