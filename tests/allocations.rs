@@ -652,6 +652,14 @@ fn anonymous_mappings_are_sampled_as_allocations() {
         .lines()
         .find_map(|line| line.strip_prefix("kept ")?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no `kept` in {stdout}"));
+    // The summary counts the allocation probes' samples apart from the
+    // CPU samples (there are thousands here), and the frees.
+    let summary = ddprof_tests::outputs::summary_fields(&stderr);
+    assert!(
+        summary.get("alloc_samples").copied().unwrap_or(0) >= 1000
+            && summary.get("freed_samples").copied().unwrap_or(0) >= 100,
+        "{stderr}"
+    );
     let held = held_at_the_end(&pprof) as f64;
     let held_by_keeper: f64 = {
         let types = pprof.sample_types();

@@ -78,8 +78,12 @@ fn assert_named_without_a_host_map(out: &Path, stderr: &str) -> Vec<u32> {
 #[test]
 fn node_in_a_mount_namespace_of_its_own_is_named_from_its_own_tmp() {
     let out = Scratch::new("jit-namespace");
+    // node writes a V8 log (isolate-*-v8.log) in its working directory:
+    // not in the source tree.
+    let cwd = Scratch::new("jit-namespace-cwd");
     let script = "mount -t tmpfs ddprof-test-tmp /tmp && exec node --perf-basic-prof -e \"$0\"";
     let output = run(ddprof_tests::ddprof_command()
+        .current_dir(&cwd.0)
         .arg("--output")
         .arg(&out.0)
         .args(["--", "unshare", "--mount", "--propagation", "private"])

@@ -609,7 +609,10 @@ impl FoldedStacks {
 /// The line printed at exit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Summary {
+    /// CPU samples (see [`crate::overhead::Overhead::samples`]).
     pub samples: u64,
+    /// The allocation probes' samples (`sALLOC`): shown when there were any.
+    pub heap: crate::overhead::HeapSamples,
     /// Samples due and not delivered, all causes (see `lost_by_cause`).
     pub lost: u64,
     pub lost_by_cause: crate::overhead::Lost,
@@ -650,6 +653,7 @@ impl Summary {
     pub fn of_run(run: &crate::overhead::Overhead, profiles: u64) -> Self {
         Self {
             samples: run.samples,
+            heap: run.heap,
             lost: run.lost.total(),
             lost_by_cause: run.lost,
             throttles: run.throttles,
@@ -676,6 +680,13 @@ impl fmt::Display for Summary {
             self.profiler_cpu_ms,
             self.peak_rss_kib
         )?;
+        if self.heap != crate::overhead::HeapSamples::default() {
+            write!(
+                f,
+                " alloc_samples={} freed_samples={}",
+                self.heap.allocations, self.heap.frees
+            )?;
+        }
         let lost = &self.lost_by_cause;
         if lost.total() > 0 || self.throttles > 0 {
             write!(

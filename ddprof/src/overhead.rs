@@ -337,12 +337,30 @@ impl std::ops::Add for Lost {
     }
 }
 
+/// The allocation probes' samples (`sALLOC`): not CPU samples, so apart
+/// from [`Overhead::samples`] and its accounting of CPU time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeapSamples {
+    /// Sampled allocations (and mappings).
+    pub allocations: u64,
+    /// Frees of sampled addresses (the live heap's).
+    pub frees: u64,
+}
+
+impl std::ops::AddAssign for HeapSamples {
+    fn add_assign(&mut self, other: HeapSamples) {
+        self.allocations += other.allocations;
+        self.frees += other.frees;
+    }
+}
+
 /// What the periods of the run add up to so far: kept by whichever worker
 /// runs and handed to the next one by the parent, so that the run's
 /// accounting survives worker restarts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RunTotals {
     pub samples: u64,
+    pub heap: HeapSamples,
     /// Samples whose user stack did not reach its root.
     pub truncated: u64,
     /// The delivered samples' weights (task-clock nanoseconds for sCPU).
@@ -364,7 +382,10 @@ pub struct RunTotals {
 pub struct Overhead {
     /// Wall-clock length of the period.
     pub duration: Duration,
+    /// CPU samples (of the CPU-time events; the others' samples and the
+    /// allocation probes' are not CPU time).
     pub samples: u64,
+    pub heap: HeapSamples,
     /// Samples due and not delivered, by cause.
     pub lost: Lost,
     /// Times the kernel throttled sampling (the time it took no sample is
@@ -410,6 +431,8 @@ impl Overhead {
     pub fn fields(&self) -> Vec<(&'static str, f64)> {
         let mut fields = vec![
             ("samples", self.samples as f64),
+            ("alloc_samples", self.heap.allocations as f64),
+            ("freed_samples", self.heap.frees as f64),
             ("lost", self.lost.total() as f64),
             ("lost_ring_full", self.lost.ring_full as f64),
             ("lost_malformed", self.lost.malformed as f64),
@@ -450,7 +473,15 @@ pub(crate) fn format_value(value: f64) -> String {
 
 impl fmt::Display for Overhead {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} samples, {} lost", self.samples, self.lost.total())?;
+        write!(f, "{} samples", self.samples)?;
+        if self.heap != HeapSamples::default() {
+            write!(
+                f,
+                " (and {} allocation samples, {} frees of sampled addresses)",
+                self.heap.allocations, self.heap.frees
+            )?;
+        }
+        write!(f, ", {} lost", self.lost.total())?;
         if self.lost.total() > 0 || self.throttles > 0 {
             write!(
                 f,
@@ -518,6 +549,7 @@ pub struct OverheadMeter {
 #[derive(Debug, Clone, Copy, Default)]
 struct Counts {
     samples: u64,
+    heap: HeapSamples,
     truncated: u64,
     weight_nanos: u64,
     stacks: StackFigures,
@@ -607,6 +639,17 @@ impl OverheadMeter {
         counts.stacks.add(end, frames);
     }
 
+    /// Counts one sample of an allocation probe: a sampled allocation, or
+    /// (`freed`) a free of a sampled address.
+    pub fn add_heap_sample(&mut self, freed: bool) {
+        let heap = &mut self.period.heap;
+        if freed {
+            heap.frees += 1;
+        } else {
+            heap.allocations += 1;
+        }
+    }
+
     /// Ends the period: its figures, given the engine's loss counters since
     /// it started (`losses`) and the profiled tasks' CPU time as the kernel
     /// counts it (`counted_nanos`, when it does).
@@ -643,6 +686,7 @@ impl OverheadMeter {
         let period = std::mem::take(&mut self.period);
         let run = &mut self.run;
         run.samples += period.samples;
+        run.heap += period.heap;
         run.truncated += period.truncated;
         run.weight_nanos = run.weight_nanos.saturating_add(period.weight_nanos);
         run.lost.ring_full += new.lost;
@@ -693,6 +737,7 @@ impl OverheadMeter {
         let overhead = Overhead {
             duration: now - self.period_start,
             samples: period.samples,
+            heap: period.heap,
             lost,
             throttles: new.throttled,
             truncated: period.truncated,
@@ -759,6 +804,7 @@ impl Overhead {
         };
         Overhead {
             samples: run.samples,
+            heap: run.heap,
             lost,
             throttles: run.throttles,
             truncated: run.truncated,
@@ -869,6 +915,51 @@ mod tests {
         assert_eq!((run.samples, run.lost.total(), run.truncated), (101, 5, 10));
         assert_eq!(run.target_cpu, Duration::from_millis(1070));
         assert!(run.profiler_cpu >= first.profiler_cpu + second.profiler_cpu);
+    }
+
+    /// The allocation probes' samples are counted apart from the CPU
+    /// samples (they stand for no CPU time), per period and for the run,
+    /// and the log line says them only when there are some.
+    #[test]
+    fn allocation_samples_are_counted_apart() {
+        let mut meter = OverheadMeter::start(10_000_000);
+        meter.add_sample(10_000_000, StackEnd::Complete, 3);
+        for _ in 0..4 {
+            meter.add_heap_sample(false);
+        }
+        meter.add_heap_sample(true);
+        let first = meter.end_period(LossCounters::default(), None);
+        assert_eq!(first.samples, 1);
+        assert_eq!(
+            first.heap,
+            HeapSamples {
+                allocations: 4,
+                frees: 1
+            }
+        );
+        assert_eq!(first.target_cpu, Duration::from_millis(10));
+        assert!(first.to_string().starts_with(
+            "1 samples (and 4 allocation samples, 1 frees of sampled addresses), 0 lost"
+        ));
+        meter.add_heap_sample(false);
+        let second = meter.end_period(LossCounters::default(), None);
+        assert_eq!((second.samples, second.heap.allocations), (0, 1));
+        assert!(second
+            .to_string()
+            .starts_with("0 samples (and 1 allocation"));
+        assert_eq!(
+            meter.run().heap,
+            HeapSamples {
+                allocations: 5,
+                frees: 1
+            }
+        );
+        meter.add_sample(10_000_000, StackEnd::Complete, 3);
+        let third = meter.end_period(LossCounters::default(), None);
+        assert!(
+            third.to_string().starts_with("1 samples, 0 lost"),
+            "{third}"
+        );
     }
 
     /// Handed-over samples lost in buffers shared with other processes
@@ -1025,6 +1116,10 @@ mod tests {
         let overhead = Overhead {
             duration: Duration::from_secs(10),
             samples: 990,
+            heap: HeapSamples {
+                allocations: 30,
+                frees: 3,
+            },
             lost: Lost {
                 ring_full: 1,
                 malformed: 0,
@@ -1045,6 +1140,8 @@ mod tests {
             overhead.comments(),
             [
                 "ddprof.overhead.samples=990",
+                "ddprof.overhead.alloc_samples=30",
+                "ddprof.overhead.freed_samples=3",
                 "ddprof.overhead.lost=7",
                 "ddprof.overhead.lost_ring_full=1",
                 "ddprof.overhead.lost_malformed=0",
@@ -1063,7 +1160,8 @@ mod tests {
         );
         assert_eq!(
             overhead.to_string(),
-            "990 samples, 7 lost (1 ring buffer full, 0 malformed, 2 unsampled, 0 with a dead \
+            "990 samples (and 30 allocation samples, 3 frees of sampled addresses), 7 lost (1 \
+             ring buffer full, 0 malformed, 2 unsampled, 0 with a dead \
              worker, 4 exiting; 0 throttles), 7 truncated; profiler CPU 25 ms (0.25 % of the profiled \
              tasks' 10000 ms), RSS 20.0 MiB (peak 30.0 MiB)"
         );

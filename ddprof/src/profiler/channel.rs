@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::overhead::{Lost, Overhead, RunTotals, StackFigures, ThreadTimes};
+use crate::overhead::{HeapSamples, Lost, Overhead, RunTotals, StackFigures, ThreadTimes};
 
 /// The largest frame the parent accepts: far above any period's pprof.
 pub const MAX_FRAME: usize = 512 << 20;
@@ -282,6 +282,7 @@ impl Writer {
     fn figures(&mut self, figures: &Overhead) {
         self.duration(figures.duration);
         self.u64(figures.samples);
+        self.heap(&figures.heap);
         self.lost(&figures.lost);
         self.u64(figures.throttles);
         self.u64(figures.truncated);
@@ -304,8 +305,14 @@ impl Writer {
         self.u64(lost.exiting);
     }
 
+    fn heap(&mut self, heap: &HeapSamples) {
+        self.u64(heap.allocations);
+        self.u64(heap.frees);
+    }
+
     fn totals(&mut self, totals: &RunTotals) {
         self.u64(totals.samples);
+        self.heap(&totals.heap);
         self.u64(totals.truncated);
         self.u64(totals.weight_nanos);
         self.lost(&totals.lost);
@@ -429,6 +436,7 @@ impl Reader<'_> {
         Ok(Overhead {
             duration: self.duration()?,
             samples: self.u64()?,
+            heap: self.heap()?,
             lost: self.lost()?,
             throttles: self.u64()?,
             truncated: self.u64()?,
@@ -456,9 +464,17 @@ impl Reader<'_> {
         })
     }
 
+    fn heap(&mut self) -> Result<HeapSamples, ChannelError> {
+        Ok(HeapSamples {
+            allocations: self.u64()?,
+            frees: self.u64()?,
+        })
+    }
+
     fn totals(&mut self) -> Result<RunTotals, ChannelError> {
         Ok(RunTotals {
             samples: self.u64()?,
+            heap: self.heap()?,
             truncated: self.u64()?,
             weight_nanos: self.u64()?,
             lost: self.lost()?,
@@ -522,6 +538,10 @@ mod tests {
                         worker: 0,
                         exiting: 3,
                     },
+                    heap: HeapSamples {
+                        allocations: 70,
+                        frees: 7,
+                    },
                     throttles: 5,
                     truncated: 3,
                     stacks: StackFigures {
@@ -536,6 +556,10 @@ mod tests {
                     peak_rss_kib: 30_000,
                     run: RunTotals {
                         samples: 1990,
+                        heap: HeapSamples {
+                            allocations: 140,
+                            frees: 14,
+                        },
                         truncated: 6,
                         weight_nanos: 1_990_000_000,
                         lost: Lost {

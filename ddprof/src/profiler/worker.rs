@@ -439,6 +439,10 @@ impl Worker {
     }
 
     fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
+        if let Some(heap) = sample.heap {
+            self.meter
+                .add_heap_sample(matches!(heap, crate::sample::HeapEvent::Freed { .. }));
+        }
         if let Some((live_heap, _)) = &mut self.live_heap {
             if live_heap.take(processes, sample) == Route::LiveHeapOnly {
                 return;
