@@ -9,7 +9,7 @@
  * a uprobe on that function (in tracefs) and opens it as a perf event on
  * every CPU, so the kernel takes the sample there: registers and a user-stack copy, unwound by ddprof as a
  * CPU sample is. Anonymous memory it maps for itself (mmap, mmap64,
- * munmap, mremap) is sampled as allocations are. This library copies no
+ * munmap) is sampled as allocations are. This library copies no
  * stack, writes no buffer, opens no file and takes no lock. With no event on the function (the profiler gone),
  * the call costs a few instructions.
  *
@@ -57,7 +57,8 @@ __asm__(".symver getenv_base, getenv@GLIBC_2.2.5");
  * The marker: two 2-byte nops, a nop and a return; ddprof's uprobe is on its
  * first instruction. Its CFI says the return address is at the stack
  * pointer, so that the unwinders reach the hook that called it. Arguments:
- * rdi = the allocation's size, rsi = its address.
+ * rdi = the allocation's size, rsi = its address, rdx = 1 for memory the
+ * program mapped itself (mmap), 0 for the allocators' (malloc, new, ...).
  *
  * Not the 5-byte nop (0f 1f 44 00 00) that Linux >= 6.16 turns into a call
  * to its uprobe trampoline (~0.2 us a hit here instead of ~16 us for the
@@ -76,7 +77,7 @@ __asm__(".text\n"
         "ret\n"
         ".cfi_endproc\n"
         ".size ddprof_sampled_allocation, .-ddprof_sampled_allocation\n");
-EXPORT void ddprof_sampled_allocation(size_t size, void *address);
+EXPORT void ddprof_sampled_allocation(size_t size, void *address, size_t mapped);
 
 /* The free marker: other bytes than the allocation marker's (a nop, two
  * 2-byte nops, a return), the same CFI. rdi = the freed address. */
@@ -400,13 +401,22 @@ static TLS unsigned in_allocator;
         forwarded_;                                                                                \
     })
 
+/* FORWARD for a call that returns nothing (a free: tcmalloc builds a
+ * thread's cache at its first call, which may be a free). */
+#define FORWARD_VOID(call)                                                                         \
+    do {                                                                                           \
+        in_allocator++;                                                                            \
+        call;                                                                                      \
+        in_allocator--;                                                                            \
+    } while (0)
+
 /* Reports a sampled allocation: its address when followed for the live
  * heap, 0 when not (sum mode, or no room left in its bucket). */
 #define REPORT(size, pointer)                                                                      \
     do {                                                                                           \
         if ((pointer) && !in_operator_new && sampled(size))                                        \
-            ddprof_sampled_allocation((size),                                                      \
-                                      live && live_insert(pointer) ? (pointer) : (void *)0);       \
+            ddprof_sampled_allocation(                                                             \
+                (size), live && live_insert(pointer) ? (pointer) : (void *)0, 0);                  \
     } while (0)
 
 EXPORT void *malloc(size_t size) {
@@ -429,7 +439,7 @@ EXPORT void free(void *pointer) {
             return;
     }
     live_forget(pointer);
-    next.free(pointer);
+    FORWARD_VOID(next.free(pointer));
 }
 
 EXPORT void *calloc(size_t count, size_t size) {
@@ -674,9 +684,9 @@ typedef void (*delete_aligned_nothrow_fn)(void *, size_t, const void *);
         void *forward = optional_lookup(which);                                                         \
         live_forget(pointer);                                                                      \
         if (__builtin_expect(forward == 0, 0))                                                     \
-            next.free(pointer);                                                                    \
+            FORWARD_VOID(next.free(pointer));                                                      \
         else                                                                                       \
-            call;                                                                                  \
+            FORWARD_VOID(call);                                                                    \
     }
 
 DELETE_HOOK(_ZdlPv, DELETE, ((delete_fn)forward)(pointer), void *pointer)
@@ -762,42 +772,42 @@ EXPORT void dallocx(void *pointer, int flags) {
     void *forward = optional_lookup(DALLOCX);
     live_forget(pointer);
     if (forward)
-        ((dallocx_fn)forward)(pointer, flags);
+        FORWARD_VOID(((dallocx_fn)forward)(pointer, flags));
     else
-        next.free(pointer);
+        FORWARD_VOID(next.free(pointer));
 }
 
 EXPORT void sdallocx(void *pointer, size_t size, int flags) {
     void *forward = optional_lookup(SDALLOCX);
     live_forget(pointer);
     if (forward)
-        ((sdallocx_fn)forward)(pointer, size, flags);
+        FORWARD_VOID(((sdallocx_fn)forward)(pointer, size, flags));
     else
-        next.free(pointer);
+        FORWARD_VOID(next.free(pointer));
 }
 
 /*
  * Memory a program maps for itself: an anonymous mapping it asks mmap (or
  * mmap64) for without an address is an allocation of its length (Python's
  * arenas, which hold its small objects; buffers a program maps directly),
- * munmap of a sampled mapping's start frees it, and mremap moves it as
- * realloc does. Not sampled: file mappings, mappings at an address the
- * program chose (it manages that space itself), and the mappings an
- * allocator makes inside its malloc (the allocation is sampled; see
- * in_allocator). glibc's malloc maps its large blocks without these
- * names, so they are never seen twice.
+ * and munmap of a sampled mapping's start frees it. Not sampled: file
+ * mappings, reservations (PROT_NONE: a JVM's heap, a coroutine library's
+ * stacks, an allocator linked into the program: address space, not
+ * memory), mappings at an address the program chose (it manages that space
+ * itself; one with MAP_FIXED replaces a sampled mapping that starts there,
+ * which is then freed), and the mappings an allocator makes inside its
+ * own calls (the allocation is sampled; see in_allocator). mremap frees
+ * the mapping it moves or resizes (the live heap then no longer counts it:
+ * an underestimate) and samples nothing. glibc's malloc maps its large
+ * blocks without these names, so they are never seen twice.
  *
- * The marker is told which it was by the address's lowest bit (a mapping's
- * address is page-aligned; 1 alone: not followed): ddprof keeps this hook's
- * frame (`mmap`, `mmap64`, `mremap`) as the sample's leaf, so that mapped
+ * The marker's third argument says it was a mapping: ddprof keeps this
+ * hook's frame (`mmap`, `mmap64`) as the sample's leaf, so that mapped
  * memory reads as such in the profile.
  */
-#define MAPPING_BIT ((uintptr_t)1)
-
 static inline __attribute__((always_inline)) void report_mapping(size_t length, void *pointer) {
     if (!in_allocator && !in_operator_new && sampled(length))
-        ddprof_sampled_allocation(
-            length, (void *)((live && live_insert(pointer) ? (uintptr_t)pointer : 0) | MAPPING_BIT));
+        ddprof_sampled_allocation(length, live && live_insert(pointer) ? pointer : (void *)0, 1);
 }
 
 static inline __attribute__((always_inline)) void *
@@ -810,8 +820,12 @@ mapping_hook(mmap_fn *forward, void *address, size_t length, int protection, int
     }
     void *pointer = *forward ? (*forward)(address, length, protection, flags, fd, offset)
                              : system_mmap(address, length, protection, flags, fd, offset);
-    if (address == 0 && (flags & MAP_ANONYMOUS) && pointer != MAP_FAILED)
+    if (pointer == MAP_FAILED)
+        return pointer;
+    if (address == 0 && (flags & MAP_ANONYMOUS) && protection != PROT_NONE)
         report_mapping(length, pointer);
+    else if (address != 0 && (flags & MAP_FIXED))
+        live_forget(address);
     return pointer;
 }
 
@@ -852,15 +866,10 @@ EXPORT void *mremap(void *old, size_t old_length, size_t length, int flags, ...)
                                        (long)wanted, 0);
         resolve();
     }
-    /* As realloc: forgotten before the old range may be reused (a failed
-     * mremap leaves it mapped: it is then counted freed), the result
-     * sampled as a new mapping of its length. */
+    /* Forgotten before the old range may be reused (a failed mremap leaves
+     * it mapped: it is then counted freed all the same). */
     live_forget(old);
-    void *pointer = FORWARD(
-        next.mremap ? next.mremap(old, old_length, length, flags, wanted)
-                    : (void *)system_call(25, (long)old, (long)old_length, (long)length, flags,
-                                          (long)wanted, 0));
-    if (pointer != MAP_FAILED)
-        report_mapping(length, pointer);
-    return pointer;
+    return next.mremap ? next.mremap(old, old_length, length, flags, wanted)
+                       : (void *)system_call(25, (long)old, (long)old_length, (long)length,
+                                             flags, (long)wanted, 0);
 }

@@ -180,7 +180,8 @@ impl LiveHeap {
     /// ([`ProcessTable::as_it_ended`]), and then dropped; what a process
     /// held before an exec (its code replaced), or one that exited among
     /// more than [`ENDED_PROCESSES_NAMED`] in a period, is dropped
-    /// unnamed. One line of the log says both.
+    /// unnamed. One line of the log says both. The caller then forgets the
+    /// ended processes ([`ProcessTable::forget_ended`]).
     pub fn add_to(&mut self, processes: &ProcessTable, aggregator: &mut Aggregator) {
         let ended_keys: Vec<(u32, u64)> = self
             .allocations
@@ -515,6 +516,32 @@ mod tests {
         table
     }
 
+    /// A process kept as it ended is given once, and never for a pid that
+    /// came back: another process.
+    #[test]
+    fn an_ended_process_is_named_until_its_pid_comes_back() {
+        let mut processes = table(&[10, 11]);
+        processes.keep_ended(ENDED_PROCESSES_NAMED);
+        processes.exit(10, 10);
+        processes.exit(11, 11);
+        assert!(processes.get(10).is_none());
+        assert_eq!(
+            processes
+                .as_it_ended(10)
+                .and_then(|t| t.process_name(10).map(String::from)),
+            Some("program".to_string())
+        );
+        processes.set_comm(10, 10, "another", false);
+        assert!(processes.as_it_ended(10).is_none(), "pid 10 came back");
+        assert!(processes.as_it_ended(11).is_some());
+        processes.forget_ended();
+        assert!(processes.as_it_ended(11).is_none());
+        // Without a live heap nothing is kept.
+        let mut plain = table(&[12]);
+        plain.exit(12, 12);
+        assert!(plain.as_it_ended(12).is_none());
+    }
+
     #[test]
     fn frees_take_allocations_out_and_unknown_frees_are_ignored() {
         let processes = table(&[10, 11]);
@@ -585,6 +612,7 @@ mod tests {
         pids.sort();
         assert_eq!(pids, [10, 11]);
         // Reported once: the next period has the live process's only.
+        processes.forget_ended();
         heap.add_to(&processes, &mut aggregator);
         let period =
             aggregator.take_period(std::time::SystemTime::now(), std::time::SystemTime::now());

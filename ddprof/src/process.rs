@@ -239,9 +239,25 @@ impl ProcessTable {
     pub fn copy_process(&mut self, other: &ProcessTable, pid: u32) {
         if let Some(process) = other.get(pid) {
             self.generation = Generation::next();
-            self.exited.remove(&pid);
+            self.came_back(pid);
             self.processes.insert(pid, process.clone());
         }
+    }
+
+    /// Process `pid` is (again) one the records describe: its earlier
+    /// exit no longer stands, and a process that had its pid is no longer
+    /// the one [`ProcessTable::as_it_ended`] would give.
+    fn came_back(&mut self, pid: u32) {
+        self.exited.remove(&pid);
+        if !self.ended.is_empty() {
+            self.ended.retain(|(ended, _)| *ended != pid);
+        }
+    }
+
+    /// Forgets the processes kept as they ended (the live heap has named
+    /// what they held, once, at the end of the period they ended in).
+    pub fn forget_ended(&mut self) {
+        self.ended.clear();
     }
 
     /// Keeps the last `count` processes that exit as they were then
@@ -300,7 +316,7 @@ impl ProcessTable {
             file_offset: record.file_offset,
             file,
         };
-        self.exited.remove(&record.pid);
+        self.came_back(record.pid);
         self.processes
             .entry(record.pid)
             .or_default()
@@ -311,7 +327,7 @@ impl ProcessTable {
     /// since the new image's mappings follow as fresh records.
     pub fn set_comm(&mut self, pid: u32, tid: u32, name: &str, exec: bool) {
         self.generation = Generation::next();
-        self.exited.remove(&pid);
+        self.came_back(pid);
         let process = self.processes.entry(pid).or_default();
         process.names_changed();
         if exec {
@@ -341,7 +357,7 @@ impl ProcessTable {
             process.threads.insert(tid, name);
             return;
         }
-        self.exited.remove(&pid);
+        self.came_back(pid);
         // The parent's name and mappings, not its threads: the child has
         // only the forking thread (cloning the parent's thread map to drop
         // it cost a table allocation and a copy per fork).
@@ -421,7 +437,7 @@ impl ProcessTable {
         }
         process.code_changed();
         process.names_changed();
-        self.exited.remove(&pid);
+        self.came_back(pid);
         self.processes.insert(pid, process);
         self.add_maps(pid, &maps);
         Ok(())
@@ -437,7 +453,7 @@ impl ProcessTable {
         let mut process = Process::default();
         process.code_changed();
         process.names_changed();
-        self.exited.remove(&pid);
+        self.came_back(pid);
         self.processes.insert(pid, process);
         self.add_maps(pid, &maps);
         Ok(())

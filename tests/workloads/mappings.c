@@ -5,13 +5,18 @@
  *   map_buffers    anonymous mmaps of 64 KiB-2 MiB, each unmapped
  *   map_and_keep   32 anonymous mmap64s of 4 MiB (first round), kept to the end
  *   remap_buffers  a 1 MiB mmap grown to 3 MiB by mremap, then unmapped
- *                  (both lengths count, as realloc's do)
+ *                  (the mmap counts; mremap frees it and samples nothing)
+ *   map_then_replace  8 anonymous mmaps of 4 MiB (first round) replaced
+ *                  by MAP_FIXED mappings at their addresses, kept to the
+ *                  end (the mmaps count, then are freed by the replacement)
  *   malloc_blocks  mallocs and frees of 1-64 KiB, for proportions
  *   map_files      file mappings of this program (not allocations)
  *   map_at_hint    anonymous mmaps at an address the program chose (it
  *                  manages that space: not allocations), unmapped
+ *   reserve_space  a 256 MiB PROT_NONE reservation (first round), kept:
+ *                  address space, not memory
  * Every allocated byte is written, as a program uses what it allocates.
- * Prints "total FUNCTION BYTES COUNT" for the first four, and
+ * Prints "total FUNCTION BYTES COUNT" for the first five, and
  * "kept BYTES" (what map_and_keep holds at the end).
  *
  * Usage: mappings ROUNDS
@@ -27,17 +32,20 @@
 
 static uint64_t seed = 4242;
 
-static void *anonymous(size_t size) {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        abort();
-    return p;
-}
+/* A macro, not a function: the caller of mmap is the function the test
+ * looks for. */
+#define ANONYMOUS(p, size)                                                                         \
+    do {                                                                                           \
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);          \
+        if (p == MAP_FAILED)                                                                       \
+            abort();                                                                               \
+    } while (0)
 
 KEEP_FRAME void map_buffers(struct totals *t) {
     for (int i = 0; i < 64; i++) {
         size_t size = (size_t)(16 + lcg(&seed) % 497) * 4096;
-        char *p = anonymous(size);
+        char *p;
+        ANONYMOUS(p, size);
         touch(p, size);
         munmap(p, size);
         t->bytes += size;
@@ -58,15 +66,39 @@ KEEP_FRAME void *map_and_keep(struct totals *t) {
 KEEP_FRAME void remap_buffers(struct totals *t) {
     for (int i = 0; i < 8; i++) {
         size_t size = 1 << 20, grown = 3 << 20;
-        char *p = anonymous(size);
+        char *p;
+        ANONYMOUS(p, size);
+        touch(p, size);
         char *q = mremap(p, size, grown, MREMAP_MAYMOVE);
         if (q == MAP_FAILED)
             abort();
         touch(q, grown);
         munmap(q, grown);
-        t->bytes += size + grown;
-        t->count += 2;
+        t->bytes += size;
+        t->count++;
     }
+}
+
+KEEP_FRAME void map_then_replace(struct totals *t) {
+    for (int i = 0; i < 8; i++) {
+        size_t size = 4 << 20;
+        char *p;
+        ANONYMOUS(p, size);
+        touch(p, 4096);
+        t->bytes += size;
+        t->count++;
+        void *q = mmap(p, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        if (q != p)
+            abort();
+        allocations_sink = q;
+    }
+}
+
+KEEP_FRAME void reserve_space(void) {
+    void *p = mmap(NULL, 256 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        abort();
+    allocations_sink = p;
 }
 
 KEEP_FRAME void malloc_blocks(struct totals *t) {
@@ -111,11 +143,15 @@ KEEP_FRAME void map_at_hint(void) {
 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 10;
-    struct totals mapped = {0}, kept = {0}, remapped = {0}, malloced = {0};
+    struct totals mapped = {0}, kept = {0}, remapped = {0}, malloced = {0}, replaced = {0};
     for (int round = 0; round < rounds; round++) {
         map_buffers(&mapped);
         for (int i = 0; round == 0 && i < 32; i++)
             allocations_sink = map_and_keep(&kept);
+        if (round == 0) {
+            map_then_replace(&replaced);
+            reserve_space();
+        }
         remap_buffers(&remapped);
         malloc_blocks(&malloced);
         map_files(argv[0]);
@@ -125,6 +161,7 @@ int main(int argc, char **argv) {
     printf("total map_and_keep %llu %llu\n", kept.bytes, kept.count);
     printf("total remap_buffers %llu %llu\n", remapped.bytes, remapped.count);
     printf("total malloc_blocks %llu %llu\n", malloced.bytes, malloced.count);
+    printf("total map_then_replace %llu %llu\n", replaced.bytes, replaced.count);
     printf("kept %llu\n", kept.bytes);
     return 0;
 }

@@ -65,11 +65,9 @@ pub const LIVE_VARIABLE: &str = "DDPROF_ALLOC_LIVE";
 /// and the hook that called it), dropped from its stack.
 pub const LIBRARY_FRAMES: u8 = 2;
 
-/// The bit of an allocation sample's address (the marker's second argument)
-/// that says the memory was mapped (mmap, mmap64, mremap): the hook's frame
-/// is then kept as the leaf. Mappings are page-aligned, so it is never part
-/// of a followed address.
-pub const MAPPING_BIT: u64 = 1;
+/// The marker's third argument (`rdx`) for memory the program mapped itself
+/// (`mmap`, `mmap64`): the hook's frame is then kept as the leaf.
+pub const MAPPED: u64 = 1;
 
 /// C++ ddprof's default mean: 512 KiB between samples.
 pub const DEFAULT_MEAN_BYTES: u64 = 524_288;

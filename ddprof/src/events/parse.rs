@@ -734,10 +734,11 @@ mod tests {
             (1000.0 * inverse_p).round() as u64
         );
         assert_eq!(one("sCPU").weighing.scaled_count(None), 1000);
-        // The address is in rsi (perf register 4): a malloc'd block's drops
-        // the marker's and the hook's frames; a mapping's (its lowest bit
-        // set) keeps the hook's (`mmap`), and is followed without the bit.
+        // The address is in rsi (perf register 4), the kind in rdx (3): an
+        // allocator's block drops the marker's and the hook's frames; a
+        // mapping (rdx 1) keeps the hook's (`mmap`).
         regs.others[4] = 0x5555_0000_1010;
+        regs.others[1] = 0;
         assert_eq!(live.weighing.hidden_frames(Some(&regs)), 2);
         assert_eq!(
             live.weighing.heap_event(Some(&regs)),
@@ -745,7 +746,8 @@ mod tests {
                 address: 0x5555_0000_1010
             })
         );
-        regs.others[4] = 0x7f00_0020_0001;
+        regs.others[4] = 0x7f00_0020_0000;
+        regs.others[1] = 1;
         assert_eq!(live.weighing.hidden_frames(Some(&regs)), 1);
         assert_eq!(
             live.weighing.heap_event(Some(&regs)),
@@ -753,7 +755,7 @@ mod tests {
                 address: 0x7f00_0020_0000
             })
         );
-        regs.others[4] = 1;
+        regs.others[4] = 0;
         assert_eq!(
             live.weighing.heap_event(Some(&regs)),
             Some(HeapEvent::NotFollowed)

@@ -112,9 +112,11 @@ pub enum EventValue {
 /// ([`Weighing::scaled_count`]): 1 for every event but `sALLOC`.
 pub const COUNT_UNIT: u64 = 1000;
 
-/// perf's numbers for `rdi` and `rsi`, the first two argument registers.
+/// perf's numbers for `rdi`, `rsi` and `rdx`, the first three argument
+/// registers.
 const RDI: u8 = 5;
 const RSI: u8 = 4;
+const RDX: u8 = 3;
 
 pub use crate::sample::HeapEvent;
 
@@ -180,18 +182,15 @@ impl Weighing {
     }
 
     /// What the sample says of the heap: the address an allocation sample
-    /// was given (the marker's second argument, `rsi`, without its mapping
-    /// bit: 0 when the library does not follow it), or the address a free
-    /// released (`rdi`).
+    /// was given (the marker's second argument, `rsi`: 0 when the library
+    /// does not follow it), or the address a free released (`rdi`).
     pub fn heap_event(&self, regs: Option<&crate::unwind::UserRegs>) -> Option<HeapEvent> {
         let register = |number| regs.and_then(|regs| super::x86_regs::value(regs, number));
         match self.value {
-            EventValue::AllocationSize { .. } => {
-                match register(RSI).map(|address| address & !super::allocation::MAPPING_BIT) {
-                    Some(address) if address != 0 => Some(HeapEvent::Allocated { address }),
-                    _ => Some(HeapEvent::NotFollowed),
-                }
-            }
+            EventValue::AllocationSize { .. } => match register(RSI) {
+                Some(address) if address != 0 => Some(HeapEvent::Allocated { address }),
+                _ => Some(HeapEvent::NotFollowed),
+            },
             EventValue::FreedAddress => register(RDI).map(|address| HeapEvent::Freed { address }),
             _ => None,
         }
@@ -199,14 +198,15 @@ impl Weighing {
 
     /// Innermost frames of the sample's stack that are not the program's:
     /// an allocation is sampled in the preloaded library's marker, called
-    /// by its hook; a mapping's hook (`mmap`, `mremap`: the address's
-    /// mapping bit is set) stays, the leaf that says the memory was mapped.
+    /// by its hook; a mapping's hook (`mmap`, `mmap64`: the marker's third
+    /// argument, `rdx`, says so) stays, the leaf that says the memory was
+    /// mapped.
     pub fn hidden_frames(&self, regs: Option<&crate::unwind::UserRegs>) -> usize {
         match self.value {
             EventValue::AllocationSize { .. } => {
                 let mapped = regs
-                    .and_then(|regs| super::x86_regs::value(regs, RSI))
-                    .is_some_and(|address| address & super::allocation::MAPPING_BIT != 0);
+                    .and_then(|regs| super::x86_regs::value(regs, RDX))
+                    .is_some_and(|kind| kind == super::allocation::MAPPED);
                 usize::from(super::allocation::LIBRARY_FRAMES) - usize::from(mapped)
             }
             _ => 0,

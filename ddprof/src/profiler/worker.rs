@@ -499,12 +499,14 @@ impl Worker {
         &mut self,
         last: bool,
         sampler: &mut Sampler,
-        processes: &ProcessTable,
+        processes: &mut ProcessTable,
     ) -> ClosedPeriod {
         let end = SystemTime::now();
         let start = self.period_start;
         if let Some((live_heap, file)) = &mut self.live_heap {
             live_heap.add_to(processes, &mut self.aggregator);
+            // Named once: a pid seen later is another process.
+            processes.forget_ended();
             let counters = live_heap.counters();
             log::info!(
                 "live heap: {} sampled allocations held; since the start, {} sampled allocations \
