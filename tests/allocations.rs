@@ -54,6 +54,14 @@ fn profile(
     (output, stderr, pprof)
 }
 
+/// The number the workload printed after `prefix` (`signals `, `kept `).
+fn printed<T: std::str::FromStr>(stdout: &str, prefix: &str) -> T {
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `{prefix}` in {stdout}"))
+}
+
 /// `total FUNCTION BYTES COUNT` lines the workload printed.
 fn totals(stdout: &str) -> HashMap<String, (f64, f64)> {
     stdout
@@ -556,13 +564,10 @@ fn a_signal_handler_that_allocates_re_enters_the_hooks_safely() {
         &[workload.to_str().unwrap(), "20"],
     );
     let stdout = text(&output.stdout);
-    let counted = |name: &str| -> u64 {
-        stdout
-            .lines()
-            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no `{name}` in {stdout}"))
-    };
-    let (signals, in_hooks) = (counted("signals "), counted("interrupted_in_hooks "));
+    let (signals, in_hooks): (u64, u64) = (
+        printed(&stdout, "signals "),
+        printed(&stdout, "interrupted_in_hooks "),
+    );
     eprintln!("{signals} signals, {in_hooks} of them inside a hook");
     assert!(
         in_hooks >= 5,
@@ -659,10 +664,7 @@ fn anonymous_mappings_are_sampled_as_allocations() {
         "exact",
         &stderr,
     );
-    let kept: f64 = stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("kept ")?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no `kept` in {stdout}"));
+    let kept: f64 = printed(&stdout, "kept ");
     // The summary counts the allocation probes' samples apart from the
     // CPU samples (there are thousands here), and the frees.
     let summary = ddprof_tests::outputs::summary_fields(&stderr);
@@ -672,19 +674,9 @@ fn anonymous_mappings_are_sampled_as_allocations() {
         "{stderr}"
     );
     let held = held_at_the_end(&pprof) as f64;
-    let held_by_keeper: f64 = {
-        let types = pprof.sample_types();
-        let inuse = types
-            .iter()
-            .position(|(kind, _)| kind == "inuse-space")
-            .unwrap_or_else(|| panic!("no inuse-space in {types:?}"));
-        pprof
-            .stacks()
-            .iter()
-            .filter(|(names, _)| names.starts_with(&["mmap64".into(), "map_and_keep".into()]))
-            .map(|(_, values)| values[inuse] as f64)
-            .sum()
-    };
+    let held_by_keeper = held_in(&pprof, |names| {
+        names.starts_with(&["mmap64".into(), "map_and_keep".into()])
+    }) as f64;
     eprintln!(
         "inuse-space at the exit {held:.0} bytes ({held_by_keeper:.0} in map_and_keep;mmap64), \
          kept {kept:.0}"
@@ -701,12 +693,23 @@ fn anonymous_mappings_are_sampled_as_allocations() {
 
 /// The bytes of `inuse-space` in all of `pprof`'s samples.
 fn held_at_the_end(pprof: &Profile) -> i64 {
+    held_in(pprof, |_| true)
+}
+
+/// The bytes of `inuse-space` in the samples whose stacks (function names,
+/// innermost first) `chosen` keeps.
+fn held_in(pprof: &Profile, chosen: impl Fn(&[String]) -> bool) -> i64 {
     let types = pprof.sample_types();
     let inuse = types
         .iter()
         .position(|(kind, _)| kind == "inuse-space")
         .unwrap_or_else(|| panic!("no inuse-space in {types:?}"));
-    pprof.stacks().iter().map(|(_, values)| values[inuse]).sum()
+    pprof
+        .stacks()
+        .iter()
+        .filter(|(names, _)| chosen(names))
+        .map(|(_, values)| values[inuse])
+        .sum()
 }
 
 /// The bytes the live heap estimated held by processes when they ended and

@@ -121,6 +121,12 @@ static int system_munmap(void *address, size_t length) {
     return (int)system_call(11, (long)address, (long)length, 0, 0, 0, 0);
 }
 
+static void *system_mremap(void *old, size_t old_length, size_t length, int flags,
+                           void *wanted) {
+    return (void *)system_call(25, (long)old, (long)old_length, (long)length, flags,
+                               (long)wanted, 0);
+}
+
 typedef void *(*malloc_fn)(size_t);
 typedef void (*free_fn)(void *);
 typedef void *(*calloc_fn)(size_t, size_t);
@@ -410,13 +416,20 @@ static TLS unsigned in_allocator;
         in_allocator--;                                                                            \
     } while (0)
 
-/* Reports a sampled allocation: its address when followed for the live
- * heap, 0 when not (sum mode, or no room left in its bucket). */
+/* Calls the marker for a sampled block: its address when followed for the
+ * live heap, 0 when not (sum mode, or no room left in its bucket); `mapped`
+ * for memory the program mapped itself. Inlined: the marker's caller must
+ * be the hook. */
+static inline __attribute__((always_inline)) void mark_sampled(size_t size, void *pointer,
+                                                               size_t mapped) {
+    ddprof_sampled_allocation(size, live && live_insert(pointer) ? pointer : (void *)0, mapped);
+}
+
+/* Reports an allocation, if it is sampled. */
 #define REPORT(size, pointer)                                                                      \
     do {                                                                                           \
         if ((pointer) && !in_operator_new && sampled(size))                                        \
-            ddprof_sampled_allocation(                                                             \
-                (size), live && live_insert(pointer) ? (pointer) : (void *)0, 0);                  \
+            mark_sampled((size), (pointer), 0);                                                    \
     } while (0)
 
 EXPORT void *malloc(size_t size) {
@@ -807,7 +820,7 @@ EXPORT void sdallocx(void *pointer, size_t size, int flags) {
  */
 static inline __attribute__((always_inline)) void report_mapping(size_t length, void *pointer) {
     if (!in_allocator && !in_operator_new && sampled(length))
-        ddprof_sampled_allocation(length, live && live_insert(pointer) ? pointer : (void *)0, 1);
+        mark_sampled(length, pointer, 1);
 }
 
 static inline __attribute__((always_inline)) void *
@@ -862,14 +875,12 @@ EXPORT void *mremap(void *old, size_t old_length, size_t length, int flags, ...)
     }
     if (__builtin_expect(state != 2, 0)) {
         if (state == 1)
-            return (void *)system_call(25, (long)old, (long)old_length, (long)length, flags,
-                                       (long)wanted, 0);
+            return system_mremap(old, old_length, length, flags, wanted);
         resolve();
     }
     /* Forgotten before the old range may be reused (a failed mremap leaves
      * it mapped: it is then counted freed all the same). */
     live_forget(old);
     return next.mremap ? next.mremap(old, old_length, length, flags, wanted)
-                       : (void *)system_call(25, (long)old, (long)old_length, (long)length,
-                                             flags, (long)wanted, 0);
+                       : system_mremap(old, old_length, length, flags, wanted);
 }

@@ -174,6 +174,7 @@ impl LiveHeap {
     /// Drops the allocations of processes that exited or exec'd, and adds
     /// the others to the period of `aggregator` (not as samples of the
     /// period: they are what is held at its end).
+    ///
     /// What a process that exited since the last period held then (what
     /// it never freed: the leak a short-lived command shows at its exit)
     /// is added too, named with its mappings as they were
@@ -183,21 +184,12 @@ impl LiveHeap {
     /// unnamed. One line of the log says both. The caller then forgets the
     /// ended processes ([`ProcessTable::forget_ended`]).
     pub fn add_to(&mut self, processes: &ProcessTable, aggregator: &mut Aggregator) {
-        let ended_keys: Vec<(u32, u64)> = self
-            .allocations
-            .iter()
-            .filter(|&(&(pid, _), live)| {
-                processes.get(pid).is_none() || processes.execs(pid) != live.execs
-            })
-            .map(|(&key, _)| key)
-            .collect();
         let mut ended = Ended::default();
         let mut as_they_ended: HashMap<u32, Option<ProcessTable>> = HashMap::new();
-        for key in ended_keys {
-            let Some(live) = self.allocations.remove(&key) else {
-                continue;
-            };
-            let pid = key.0;
+        let gone = self.allocations.extract_if(|&(pid, _), live| {
+            processes.get(pid).is_none() || processes.execs(pid) != live.execs
+        });
+        for ((pid, _), live) in gone {
             let table = as_they_ended
                 .entry(pid)
                 .or_insert_with(|| {
