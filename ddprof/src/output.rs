@@ -556,6 +556,21 @@ impl FoldedStacks {
 
     /// `frame;frame;leaf count` lines, sorted.
     pub fn lines(&self) -> Vec<String> {
+        // ';' separates frames and a line's last space its count; names
+        // keep their inner spaces (C++ templates). Each name is cleaned once
+        // (char by char in every line, it was most of the writing of a
+        // rustc profile's flame graph).
+        let names: Vec<std::borrow::Cow<str>> = self
+            .names
+            .iter()
+            .map(|name| {
+                if name.contains([';', '\n', '\r']) {
+                    std::borrow::Cow::Owned(name.replace(';', ":").replace(['\n', '\r'], " "))
+                } else {
+                    std::borrow::Cow::Borrowed(&**name)
+                }
+            })
+            .collect();
         let mut lines: Vec<String> = self
             .stacks
             .iter()
@@ -565,13 +580,7 @@ impl FoldedStacks {
                     if index > 0 {
                         line.push(';');
                     }
-                    // ';' separates frames and a line's last space its count;
-                    // names keep their inner spaces (C++ templates).
-                    line.extend(self.names[*id as usize].chars().map(|c| match c {
-                        ';' => ':',
-                        '\n' | '\r' => ' ',
-                        c => c,
-                    }));
+                    line.push_str(&names[*id as usize]);
                 }
                 line.push(' ');
                 line.push_str(&count.to_string());

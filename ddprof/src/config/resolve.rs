@@ -190,6 +190,7 @@ pub fn resolve_with(
             inlined_functions: cli.inlined_functions,
             debug_cache: cli.debug_cache_dir(),
             symbol_store: cli.debug_cache_dir().map(|dir| dir.join("symbols")),
+            symbol_index: cli.debug_cache_dir().map(|dir| dir.join("symbol-index")),
             ..SymbolizerOptions::default()
         },
         upload_period: cli.upload_period(),

@@ -75,6 +75,12 @@ impl CacheDir {
         self.prefix_dir(prefix)?.read_regular(name, max_bytes)
     }
 
+    /// `prefix/name` opened for reading, if it is a regular file of at
+    /// most `max_bytes`.
+    pub fn open(&self, prefix: &str, name: &str, max_bytes: u64) -> Option<File> {
+        self.prefix_dir(prefix)?.open_regular(name, max_bytes)
+    }
+
     /// Whether `prefix/name` is a regular file.
     pub fn has(&self, prefix: &str, name: &str) -> bool {
         self.prefix_dir(prefix)

@@ -15,6 +15,7 @@ pub mod bounded;
 pub mod cache_dir;
 pub mod digest;
 pub mod disk;
+pub mod elf_headers;
 pub mod target;
 
 pub use digest::Digest;
@@ -163,6 +164,10 @@ pub fn build_id_hex(build_id: &[u8]) -> String {
 pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
     use object::Object;
     let file = std::fs::File::open(path).ok()?;
+    if let Some(headers) = elf_headers::ElfHeaders::read(&file) {
+        return headers.build_id;
+    }
+    // Not a 64-bit ELF file: whatever `object` reads.
     let cache = object::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     elf.build_id().ok().flatten().map(<[u8]>::to_vec)
@@ -173,6 +178,9 @@ pub fn read_build_id(path: &str) -> Option<Vec<u8>> {
 pub fn read_debuglink(path: &str) -> Option<Vec<u8>> {
     use object::Object;
     let file = std::fs::File::open(path).ok()?;
+    if let Some(headers) = elf_headers::ElfHeaders::read(&file) {
+        return headers.debuglink;
+    }
     let cache = object::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     let link = elf.gnu_debuglink().ok().flatten()?;

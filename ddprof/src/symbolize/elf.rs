@@ -3,6 +3,7 @@
 //! cache's copy of it, and the symbol tables alone when the DWARF cannot be
 //! read.
 use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use blazesym::symbolize::source::{Elf, Source};
@@ -61,6 +62,7 @@ impl Resolved {
 }
 
 /// blazesym's answer for each offset, before its strings are interned.
+#[derive(Debug)]
 pub(super) struct RawLines {
     pub lines: Vec<Option<Vec<OwnedLine>>>,
     pub functions: Vec<Option<Range<u64>>>,
@@ -241,6 +243,22 @@ impl Symbolizer {
         copy: Option<&DebugCopy>,
         dwarf: bool,
     ) -> Result<RawLines, blazesym::Error> {
+        if copy.is_none() {
+            if let Some(raw) = self.lines_from_symbol_index(open_path, offsets) {
+                return Ok(raw);
+            }
+        }
+        self.lines_from_blazesym_copy(open_path, offsets, copy, dwarf)
+    }
+
+    /// [`Self::blazesym_lines`] asked of blazesym.
+    pub(super) fn lines_from_blazesym_copy(
+        &mut self,
+        open_path: &str,
+        offsets: &[u64],
+        copy: Option<&DebugCopy>,
+        dwarf: bool,
+    ) -> Result<RawLines, blazesym::Error> {
         let elf = |path: &Path| {
             Source::Elf(Elf {
                 debug_syms: dwarf,
@@ -297,6 +315,68 @@ impl Symbolizer {
             })
             .collect();
         Ok(RawLines { lines, functions })
+    }
+
+    /// The file at `open_path` and its symbol index, if blazesym names it
+    /// from its symbol tables alone (see `symbol_index.rs`).
+    pub(super) fn symbol_index(
+        &mut self,
+        open_path: &str,
+    ) -> Option<(
+        std::fs::File,
+        std::sync::Arc<super::symbol_index::SymbolIndex>,
+    )> {
+        // The descriptor ddprof opened the file by (a regular file), opened
+        // again: never blocks, whatever is there.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(open_path)
+            .ok()
+            .filter(|file| file.metadata().is_ok_and(|metadata| metadata.is_file()))?;
+        let index = self.symbol_indexes.of(&file, open_path)?;
+        Some((file, index))
+    }
+
+    /// What blazesym would say of `offsets` of a file that it names from
+    /// its symbol tables alone (see `symbol_index.rs`), without blazesym;
+    /// `None` for any other file, or when a name cannot be read. No symbol
+    /// of such a file is qualified with its ELF symbol (it is one already).
+    pub(super) fn lines_from_symbol_index(
+        &mut self,
+        open_path: &str,
+        offsets: &[u64],
+    ) -> Option<RawLines> {
+        let (file, index) = self.symbol_index(open_path)?;
+        let mut lines = Vec::with_capacity(offsets.len());
+        let mut functions = Vec::with_capacity(offsets.len());
+        for &offset in offsets {
+            let found = match index.address_of(offset) {
+                Some(address) => index
+                    .lookup(&file, address)
+                    .ok()?
+                    .map(|symbol| (address, symbol)),
+                None => None,
+            };
+            let Some((address, symbol)) = found else {
+                lines.push(None);
+                functions.push(None);
+                continue;
+            };
+            let into = address - symbol.address;
+            functions.push(symbol.size.and_then(|size| {
+                let start = offset.checked_sub(into)?;
+                let end = start.checked_add(size)?;
+                (end > offset).then_some(start..end)
+            }));
+            lines.push(Some(vec![OwnedLine {
+                function: demangle(&symbol.name),
+                system_name: symbol.name,
+                file: String::new(),
+                line: 0,
+            }]));
+        }
+        Some(RawLines { lines, functions })
     }
 
     /// Debug info built with line tables only (Rust's release default)

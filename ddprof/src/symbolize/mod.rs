@@ -27,12 +27,14 @@ mod names;
 mod perf_map;
 mod plt;
 mod store;
+mod symbol_index;
 pub use debug_cache::{DebugCache, DebugCacheError, DebugCopy};
 use elf::TableFallback;
 pub use kernel::KallsymsSnapshot;
 pub use names::demangle;
 use perf_map::{reload_perf_map, PerfMap};
 use store::{KnownDebugFile, SymbolKey, SymbolStore};
+use symbol_index::SymbolIndexes;
 
 /// A perf map the aggregator opened for a period, or why it refused it.
 type PeriodPerfMap =
@@ -66,6 +68,10 @@ pub struct SymbolizerOptions {
     /// Where names resolved are kept for later runs (see [`SymbolStore`]);
     /// `None`: every run resolves them anew.
     pub symbol_store: Option<PathBuf>,
+    /// Where the sorted symbol tables of files named from them alone are
+    /// kept for later runs (see `symbol_index.rs`); `None`: sorted anew by
+    /// every run that needs them.
+    pub symbol_index: Option<PathBuf>,
 }
 
 impl Default for SymbolizerOptions {
@@ -75,6 +81,7 @@ impl Default for SymbolizerOptions {
             debug_dirs: vec!["/usr/lib/debug".into(), "/lib/debug".into()],
             debug_cache: None,
             symbol_store: None,
+            symbol_index: None,
         }
     }
 }
@@ -174,6 +181,8 @@ pub struct Symbolizer {
     debug_dirs: Vec<PathBuf>,
     debug_cache: Option<DebugCache>,
     store: Option<SymbolStore>,
+    /// Files named from their symbol tables without blazesym.
+    symbol_indexes: SymbolIndexes,
     files: HashMap<MappedFile, FileCache>,
     cached_addresses: usize,
     perf_maps: HashMap<u32, PerfMap>,
@@ -227,6 +236,7 @@ impl Symbolizer {
                 .debug_cache
                 .map(|dir| DebugCache::new(dir.join(".build-id"))),
             store: options.symbol_store.map(SymbolStore::new),
+            symbol_indexes: SymbolIndexes::new(options.symbol_index),
             debug_dirs: options.debug_dirs,
             files: HashMap::new(),
             cached_addresses: 0,
@@ -671,7 +681,7 @@ impl Symbolizer {
 }
 
 /// A [`SymbolLine`] before its strings are interned.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct OwnedLine {
     function: String,
     system_name: String,

@@ -1,12 +1,12 @@
 //! Unwind tables built once per file content and shared by every process
 //! (and every mapping) of that file, within a bounded memory budget.
-use super::compile::{compile_elf, CompileError, UnwindTable};
+use super::compile::{compile_elf, CompileError, LoadSegment, UnwindTable};
 use super::store::TableStore;
+use crate::files::elf_headers::ElfHeaders;
 use crate::files::{debug_file, digest, Digest, TargetFileError};
 use crate::files::{open_mapped, ContentKey, MappedFile, OpenedMapped};
 use crate::process::Mapping;
-use object::read::elf::ElfFile64;
-use object::{Object, ReadCache};
+use object::ReadCache;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
@@ -299,16 +299,21 @@ impl TableCache {
             path: mapped.path.clone(),
             source,
         };
-        let elf = ElfFile64::<object::Endianness, _>::parse(&cache)
-            .map_err(|e| compile_error(CompileError::NotElf(e)))?;
-        let build_id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
-        let debuglink = elf
-            .gnu_debuglink()
-            .ok()
-            .flatten()
-            .map(|(name, _)| name.to_vec());
-        let segments = super::compile::executable_segments(&elf);
-        drop(elf);
+        // The headers alone (a full parse reads the symbol table too).
+        let ElfHeaders {
+            build_id,
+            debuglink,
+            segments,
+        } = ElfHeaders::parse(&cache).ok_or_else(|| compile_error(CompileError::NoElfHeaders))?;
+        let segments: Vec<LoadSegment> = segments
+            .into_iter()
+            .filter(|segment| segment.executable)
+            .map(|segment| LoadSegment {
+                file_offset: segment.file_offset,
+                vaddr: segment.vaddr,
+                file_size: segment.file_size,
+            })
+            .collect();
         // The split debug file, as the process sees it (a container's own),
         // and only with the process's root known.
         let candidates = debug_file::candidates(

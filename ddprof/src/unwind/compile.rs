@@ -30,6 +30,8 @@ const PAGE_SIZE: u64 = 4096;
 pub enum CompileError {
     #[error("not a 64-bit little-endian ELF file: {0}")]
     NotElf(#[from] object::Error),
+    #[error("not a 64-bit ELF file whose headers can be read")]
+    NoElfHeaders,
     #[error("the file has neither .eh_frame nor .debug_frame (frame pointers will be used)")]
     NoCfi,
     #[error("the file has no executable PT_LOAD segment")]
