@@ -240,6 +240,40 @@ fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+thread_local! {
+    /// This thread's panics are expected (a fuzzer's parsers), and caught.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Keeps the messages of this thread's panics off the output while it
+/// lives. The hook is the process's, and the tests of this file run on
+/// threads of one process: a silent hook set for a fuzzer (as it was)
+/// also silenced a failing assertion of the test running beside it, whose
+/// failure then came without a word.
+struct QuietPanics;
+
+impl QuietPanics {
+    fn on_this_thread() -> Self {
+        static INSTALLED: std::sync::Once = std::sync::Once::new();
+        INSTALLED.call_once(|| {
+            let default_hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                if !QUIET.with(std::cell::Cell::get) {
+                    default_hook(info);
+                }
+            }));
+        });
+        QUIET.with(|quiet| quiet.set(true));
+        QuietPanics
+    }
+}
+
+impl Drop for QuietPanics {
+    fn drop(&mut self) {
+        QUIET.with(|quiet| quiet.set(false));
+    }
+}
+
 #[test]
 fn fuzz_the_table_compiler_and_symbol_reader_with_mutated_system_libraries() {
     let seeds = seeds();
@@ -271,8 +305,7 @@ fn fuzz_the_table_compiler_and_symbol_reader_with_mutated_system_libraries() {
         });
     }
     // Panics are caught and counted; keep their messages off the output.
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    let _quiet = QuietPanics::on_this_thread();
 
     let mut outcomes = Outcomes::default();
     let began = Instant::now();
@@ -343,7 +376,6 @@ fn fuzz_the_table_compiler_and_symbol_reader_with_mutated_system_libraries() {
         }
     }
     current.store(u64::MAX, Ordering::SeqCst);
-    std::panic::set_hook(default_hook);
     let _ = std::fs::remove_dir_all(&scratch);
 
     eprintln!(
@@ -410,8 +442,7 @@ fn fuzz_the_debug_copy_writer_with_mutated_compressed_debug_files() {
     let iterations = env_number("DDPROF_FUZZ_ITERATIONS", 4000) / 8;
     let fuzz_seed = env_number("DDPROF_FUZZ_SEED", 0x00dd_f00d_5eed);
     let mut rng = Rng(fuzz_seed | 1);
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    let _quiet = QuietPanics::on_this_thread();
     let (mut copies, mut uncompressed) = (0, 0);
     let (mut errors, mut failures) = (BTreeMap::<String, u64>::new(), Vec::new());
     for iteration in 0..iterations {
@@ -474,7 +505,6 @@ fn fuzz_the_debug_copy_writer_with_mutated_compressed_debug_files() {
         }
         let _ = std::fs::remove_dir_all(&cache_dir);
     }
-    std::panic::set_hook(default_hook);
     let _ = std::fs::remove_dir_all(&scratch);
     eprintln!(
         "fuzz: seed {fuzz_seed:#x}, {iterations} mutated debug files: {copies} copies, \
