@@ -302,40 +302,15 @@ impl Symbolizer {
         if dwarf {
             self.qualify_with_elf_symbols(open_path, offsets, &starts, &mut lines);
         }
-        // The address's distance into its function is the same in the file
-        // as in memory: the function lies in one segment.
         let functions = offsets
             .iter()
             .zip(extents)
             .map(|(&offset, extent)| {
                 let (into, size) = extent?;
-                let start = offset.checked_sub(u64::try_from(into).ok()?)?;
-                let end = start.checked_add(u64::try_from(size).ok()?)?;
-                (end > offset).then_some(start..end)
+                function_extent(offset, u64::try_from(into).ok()?, u64::try_from(size).ok()?)
             })
             .collect();
         Ok(RawLines { lines, functions })
-    }
-
-    /// The file at `open_path` and its symbol index, if blazesym names it
-    /// from its symbol tables alone (see `symbol_index.rs`).
-    pub(super) fn symbol_index(
-        &mut self,
-        open_path: &str,
-    ) -> Option<(
-        std::fs::File,
-        std::sync::Arc<super::symbol_index::SymbolIndex>,
-    )> {
-        // The descriptor ddprof opened the file by (a regular file), opened
-        // again: never blocks, whatever is there.
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(open_path)
-            .ok()
-            .filter(|file| file.metadata().is_ok_and(|metadata| metadata.is_file()))?;
-        let index = self.symbol_indexes.of(&file, open_path)?;
-        Some((file, index))
     }
 
     /// What blazesym would say of `offsets` of a file that it names from
@@ -347,7 +322,15 @@ impl Symbolizer {
         open_path: &str,
         offsets: &[u64],
     ) -> Option<RawLines> {
-        let (file, index) = self.symbol_index(open_path)?;
+        // The descriptor ddprof opened the file by (a regular file), opened
+        // again: never blocks, whatever is there.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(open_path)
+            .ok()
+            .filter(|file| file.metadata().is_ok_and(|metadata| metadata.is_file()))?;
+        let index = self.symbol_indexes.of(&file, open_path)?;
         let mut lines = Vec::with_capacity(offsets.len());
         let mut functions = Vec::with_capacity(offsets.len());
         for &offset in offsets {
@@ -363,12 +346,11 @@ impl Symbolizer {
                 functions.push(None);
                 continue;
             };
-            let into = address - symbol.address;
-            functions.push(symbol.size.and_then(|size| {
-                let start = offset.checked_sub(into)?;
-                let end = start.checked_add(size)?;
-                (end > offset).then_some(start..end)
-            }));
+            functions.push(
+                symbol
+                    .size
+                    .and_then(|size| function_extent(offset, address - symbol.address, size)),
+            );
             lines.push(Some(vec![OwnedLine {
                 function: demangle(&symbol.name),
                 system_name: symbol.name,
@@ -430,6 +412,15 @@ impl Symbolizer {
             }
         }
     }
+}
+
+/// The file offsets of the function of `size` bytes that holds `offset`,
+/// `into` bytes from its start: the address's distance into its function is
+/// the same in the file as in memory (a function lies in one segment).
+fn function_extent(offset: u64, into: u64, size: u64) -> Option<Range<u64>> {
+    let start = offset.checked_sub(into)?;
+    let end = start.checked_add(size)?;
+    (end > offset).then_some(start..end)
 }
 
 #[cfg(test)]

@@ -680,6 +680,25 @@ impl Symbolizer {
     }
 }
 
+/// Builds the C `source` with `cc` and `flags` into `dir/name` (tests that
+/// need a program with particular symbols or stubs).
+#[cfg(test)]
+fn build_c(dir: &std::path::Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let source_path = dir.join(format!("{name}.c"));
+    std::fs::write(&source_path, source).unwrap();
+    let output = dir.join(name);
+    let status = std::process::Command::new("cc")
+        .arg("-o")
+        .arg(&output)
+        .arg(&source_path)
+        .args(flags)
+        .status()
+        .expect("a C compiler `cc`");
+    assert!(status.success(), "cc {flags:?} failed");
+    output
+}
+
 /// A [`SymbolLine`] before its strings are interned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct OwnedLine {

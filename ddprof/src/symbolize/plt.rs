@@ -403,22 +403,10 @@ mod tests {
         assert_eq!(stub_target(&[]), None);
     }
 
-    /// Builds `source` with `cc` and `flags` into a scratch directory.
+    /// Builds `source` with `cc -O2` and `flags` into a scratch directory.
     fn build(name: &str, source: &str, flags: &[&str]) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("ddprof-plt-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let source_path = dir.join("source.c");
-        std::fs::write(&source_path, source).unwrap();
-        let output = dir.join(name);
-        let status = std::process::Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(&output)
-            .arg(&source_path)
-            .args(flags)
-            .status()
-            .expect("a C compiler `cc`");
-        assert!(status.success(), "cc {flags:?} failed");
-        output
+        crate::symbolize::build_c(&dir, name, source, &[&["-O2"], flags].concat())
     }
 
     /// objdump's names of the stubs of `path` (`<memcpy@plt>` labels of

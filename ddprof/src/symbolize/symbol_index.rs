@@ -32,10 +32,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use object::elf;
-use object::read::elf::{FileHeader, ProgramHeader, SectionHeader, Sym};
+use object::read::elf::{FileHeader, SectionHeader, Sym};
 use object::{Endianness, ReadCache};
 
 use crate::files::cache_dir::CacheDir;
+use crate::files::elf_headers::ElfHeaders;
 use crate::files::{own_build_id, Digest, Fields};
 
 /// Total size of the kept indexes; the least recently used go first.
@@ -112,18 +113,10 @@ impl SymbolIndex {
         {
             return None;
         }
-        let loads = header
-            .program_headers(endian, &data)
-            .ok()?
+        let loads = ElfHeaders::parse(&data)?
+            .segments
             .iter()
-            .filter(|segment| segment.p_type(endian) == elf::PT_LOAD)
-            .map(|segment| {
-                (
-                    segment.p_offset(endian),
-                    segment.p_filesz(endian),
-                    segment.p_vaddr(endian),
-                )
-            })
+            .map(|segment| (segment.file_offset, segment.file_size, segment.vaddr))
             .collect();
         let table = |symbols: &str, strings: &str, dynamic: bool| -> Option<Table> {
             let empty = Table {

@@ -1,6 +1,6 @@
 //! Unwind tables built once per file content and shared by every process
 //! (and every mapping) of that file, within a bounded memory budget.
-use super::compile::{compile_elf, CompileError, LoadSegment, UnwindTable};
+use super::compile::{compile_elf, CompileError, UnwindTable};
 use super::store::TableStore;
 use crate::files::elf_headers::ElfHeaders;
 use crate::files::{debug_file, digest, Digest, TargetFileError};
@@ -305,15 +305,7 @@ impl TableCache {
             debuglink,
             segments,
         } = ElfHeaders::parse(&cache).ok_or_else(|| compile_error(CompileError::NoElfHeaders))?;
-        let segments: Vec<LoadSegment> = segments
-            .into_iter()
-            .filter(|segment| segment.executable)
-            .map(|segment| LoadSegment {
-                file_offset: segment.file_offset,
-                vaddr: segment.vaddr,
-                file_size: segment.file_size,
-            })
-            .collect();
+        let segments = super::compile::executable_segments(&segments);
         // The split debug file, as the process sees it (a container's own),
         // and only with the process's root known.
         let candidates = debug_file::candidates(

@@ -8,6 +8,7 @@
 //! then tries frame pointers); code not covered by any FDE gets a
 //! [`RowKind::NoInfo`] row, except PLT stubs, whose rules are read from
 //! their code when the linker gave them no CFI (see [`super::plt`]).
+use crate::files::elf_headers::{ElfHeaders, Segment};
 use ddprof_common::unwind::{
     RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, DWARF_RBP, DWARF_RSP, GPR_COUNT, RBX_UNKNOWN,
     ROW_SIZE,
@@ -16,8 +17,7 @@ use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation,
     Reader, RegisterRule, UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow, X86_64,
 };
-use object::elf;
-use object::read::elf::{ElfFile64, ProgramHeader};
+use object::read::elf::ElfFile64;
 use object::{Object, ObjectSection, ReadRef};
 
 type Slice<'a> = EndianSlice<'a, LittleEndian>;
@@ -132,7 +132,9 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     debug_file: Option<R>,
 ) -> Result<UnwindTable, CompileError> {
     let file = ElfFile64::<object::Endianness, R>::parse(data)?;
-    let segments = executable_segments(&file);
+    let segments = ElfHeaders::parse(data)
+        .map(|headers| executable_segments(&headers.segments))
+        .unwrap_or_default();
     if segments.is_empty() {
         return Err(CompileError::NoExecutableSegment);
     }
@@ -198,18 +200,16 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     })
 }
 
-/// The executable `PT_LOAD` segments of `file`, as a table keeps them.
-pub fn executable_segments<'d, R: ReadRef<'d>>(
-    file: &ElfFile64<'d, object::Endianness, R>,
-) -> Vec<LoadSegment> {
-    let endian = file.endian();
-    file.elf_program_headers()
+/// The executable ones of a file's `PT_LOAD` `segments`, as a table keeps
+/// them (and as a stored table is checked against its file).
+pub fn executable_segments(segments: &[Segment]) -> Vec<LoadSegment> {
+    segments
         .iter()
-        .filter(|ph| ph.p_type(endian) == elf::PT_LOAD && ph.p_flags(endian).0 & elf::PF_X.0 != 0)
-        .map(|ph| LoadSegment {
-            file_offset: ph.p_offset(endian),
-            vaddr: ph.p_vaddr(endian),
-            file_size: ph.p_filesz(endian),
+        .filter(|segment| segment.executable)
+        .map(|segment| LoadSegment {
+            file_offset: segment.file_offset,
+            vaddr: segment.vaddr,
+            file_size: segment.file_size,
         })
         .collect()
 }

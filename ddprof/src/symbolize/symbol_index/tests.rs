@@ -37,38 +37,20 @@ fn scratch(test: &str) -> PathBuf {
     dir
 }
 
-/// `source` built by `cc` with `flags` into `dir/name`.
+/// [`TRICKY_PROGRAM`] built by `cc` with `flags` into `dir/name`.
 fn build(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
-    let source = dir.join("tricky.c");
-    std::fs::write(&source, TRICKY_PROGRAM).expect("write the source");
-    let out = dir.join(name);
-    let status = Command::new("cc")
-        .args(flags)
-        .arg("-o")
-        .arg(&out)
-        .arg(&source)
-        .status()
-        .expect("cc runs (the build machine has one)");
-    assert!(status.success(), "cc {flags:?} failed");
-    out
+    crate::symbolize::build_c(dir, name, TRICKY_PROGRAM, flags)
 }
 
 /// The file offsets of every byte of the file's executable segments.
 fn executable_offsets(path: &Path) -> Vec<u64> {
-    let data = std::fs::read(path).expect("read the program");
-    let header = elf::FileHeader64::<Endianness>::parse(&*data).expect("an ELF file");
-    let endian = header.endian().expect("its endianness");
-    header
-        .program_headers(endian, &*data)
-        .expect("its program headers")
+    let file = File::open(path).expect("open the program");
+    ElfHeaders::read(&file)
+        .expect("an ELF file")
+        .segments
         .iter()
-        .filter(|segment| {
-            segment.p_type(endian) == elf::PT_LOAD && segment.p_flags(endian).contains(elf::PF_X)
-        })
-        .flat_map(|segment| {
-            let start = segment.p_offset(endian);
-            start..start + segment.p_filesz(endian)
-        })
+        .filter(|segment| segment.executable)
+        .flat_map(|segment| segment.file_offset..segment.file_offset + segment.file_size)
         .collect()
 }
 
