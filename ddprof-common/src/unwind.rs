@@ -156,6 +156,38 @@ pub struct UnwindRow {
 /// Size in bytes of one row, as stored in BPF maps and in memory.
 pub const ROW_SIZE: usize = core::mem::size_of::<UnwindRow>();
 const _: () = assert!(ROW_SIZE == 12);
+const _: () = assert!(core::mem::align_of::<UnwindRow>() == 4);
+
+/// The bytes of `rows`, as the BPF maps and the table store hold them
+/// (each field little-endian, in declaration order, no padding).
+#[cfg(target_endian = "little")]
+pub fn rows_as_bytes(rows: &[UnwindRow]) -> &[u8] {
+    // SAFETY: `UnwindRow` is `repr(C)` integers without padding (its size
+    // is the sum of its fields' sizes, asserted above), so all its bytes
+    // are initialised; the slice covers exactly the rows' memory, borrowed
+    // for as long as `rows`.
+    unsafe { core::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), core::mem::size_of_val(rows)) }
+}
+
+/// `bytes` seen as rows (the inverse of [`rows_as_bytes`]), if they are a
+/// whole number of rows and aligned for them; no copy.
+#[cfg(target_endian = "little")]
+pub fn rows_from_bytes(bytes: &[u8]) -> Option<&[UnwindRow]> {
+    if !bytes.len().is_multiple_of(ROW_SIZE)
+        || bytes
+            .as_ptr()
+            .align_offset(core::mem::align_of::<UnwindRow>())
+            != 0
+    {
+        return None;
+    }
+    // SAFETY: checked just above: the pointer is aligned for `UnwindRow` and
+    // the length is a whole number of rows; every bit pattern is a valid
+    // `UnwindRow` (integers only, no padding), and the rows borrow `bytes`.
+    Some(unsafe {
+        core::slice::from_raw_parts(bytes.as_ptr().cast::<UnwindRow>(), bytes.len() / ROW_SIZE)
+    })
+}
 
 impl UnwindRow {
     pub const fn row_kind(&self) -> RowKind {
@@ -1223,5 +1255,44 @@ mod tests {
         assert_eq!(find_row(&[], 5), None);
         // A failing map read aborts the lookup.
         assert_eq!(find_row_index(4, 0x150, |_| None), None);
+    }
+
+    /// The store and the maps hold rows as their fields' little-endian
+    /// bytes in order; a view of bytes as rows takes only whole, aligned
+    /// rows.
+    #[test]
+    fn rows_are_their_fields_little_endian_bytes() {
+        let mut row = UnwindRow::with_kind(0x0403_0201, RowKind::Cfa);
+        row.cfa_offset = -2;
+        row.rbp_offset = 0x0605;
+        row.slot_by_8 = -1;
+        let rows = [row, UnwindRow::with_kind(0x0a0b_0c0d, RowKind::Stop), row];
+        let bytes = rows_as_bytes(&rows);
+        assert_eq!(bytes.len(), 3 * ROW_SIZE);
+        assert_eq!(
+            bytes[..ROW_SIZE],
+            [
+                1,
+                2,
+                3,
+                4,
+                0xfe,
+                0xff,
+                0xff,
+                0xff,
+                5,
+                6,
+                0xff,
+                row.kind_bits
+            ]
+        );
+        assert_eq!(rows_from_bytes(bytes), Some(&rows[..]));
+        assert_eq!(
+            rows_from_bytes(&bytes[ROW_SIZE..2 * ROW_SIZE]),
+            Some(&rows[1..2])
+        );
+        // Part of a row, or a row off its alignment: refused.
+        assert_eq!(rows_from_bytes(&bytes[..ROW_SIZE + 1]), None);
+        assert_eq!(rows_from_bytes(&bytes[1..1 + ROW_SIZE]), None);
     }
 }

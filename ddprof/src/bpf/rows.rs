@@ -16,7 +16,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use ddprof_common::bpf_maps::{RowChunk, MAX_TABLES, ROWS_PER_CHUNK, TABLE_MAP_FLAGS};
-use ddprof_common::unwind::{UnwindRow, ROW_SIZE};
+use ddprof_common::unwind::{rows_as_bytes, rows_from_bytes, UnwindRow, ROW_SIZE};
 
 /// The loaded tables' maps and the budget they share.
 pub struct TableMaps {
@@ -146,12 +146,7 @@ impl TableMaps {
             call: "bpf(BPF_MAP_CREATE)",
             source,
         })?;
-        // SAFETY: `UnwindRow` is `repr(C)` plain data without padding (its
-        // size is ROW_SIZE, the sum of its fields), so its bytes are
-        // initialised.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(rows.as_ptr().cast::<u8>(), rows.len() * ROW_SIZE)
-        };
+        let bytes = rows_as_bytes(rows);
         let capacity = chunks as usize * std::mem::size_of::<RowChunk>();
         let mut written = 0;
         while written < bytes.len() {
@@ -286,19 +281,17 @@ impl TableMaps {
     /// A copy of the rows of the table in `slot` (for tests and checks).
     pub fn rows(&self, slot: u32) -> Option<Vec<UnwindRow>> {
         let map = self.slots.get(slot as usize)?.map()?;
-        let mut rows = vec![UnwindRow::default(); map.rows as usize];
-        // SAFETY: as in `store`: plain data, every byte pattern the map
-        // holds was written from an `UnwindRow`, or is zero.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(rows.as_mut_ptr().cast::<u8>(), rows.len() * ROW_SIZE)
-        };
         let capacity = (map.rows as usize).div_ceil(ROWS_PER_CHUNK as usize).max(1)
             * std::mem::size_of::<RowChunk>();
-        with_window(map.fd.as_fd(), capacity, 0, bytes.len(), |window| {
-            bytes.copy_from_slice(window)
-        })
-        .ok()?;
-        Some(rows)
+        // The window starts on a page: aligned for rows.
+        with_window(
+            map.fd.as_fd(),
+            capacity,
+            0,
+            map.rows as usize * ROW_SIZE,
+            |window| rows_from_bytes(window).map(<[UnwindRow]>::to_vec),
+        )
+        .ok()?
     }
 }
 

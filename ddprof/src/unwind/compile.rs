@@ -8,10 +8,11 @@
 //! then tries frame pointers); code not covered by any FDE gets a
 //! [`RowKind::NoInfo`] row, except PLT stubs, whose rules are read from
 //! their code when the linker gave them no CFI (see [`super::plt`]).
+use crate::files::cache_dir::FileView;
 use crate::files::elf_headers::{ElfHeaders, Segment};
 use ddprof_common::unwind::{
-    RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, DWARF_RBP, DWARF_RSP, GPR_COUNT, RBX_UNKNOWN,
-    ROW_SIZE,
+    rows_from_bytes, RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, DWARF_RBP, DWARF_RSP, GPR_COUNT,
+    RBX_UNKNOWN, ROW_SIZE,
 };
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation,
@@ -94,11 +95,85 @@ pub struct CompileStats {
     pub plt_stubs: u64,
 }
 
+/// The rows of a table: compiled here, or a view of the table store's
+/// file (read from the page cache in place: copied into fresh memory, the
+/// 2.4 M rows of a 246 MB static binary cost 150-500 ms of page faults on a
+/// VM, more than the rest of the table's load).
+#[derive(Clone)]
+pub enum Rows {
+    Compiled(Vec<UnwindRow>),
+    Stored(StoredRows),
+}
+
+/// Rows in a mapped store file: `count` of them at byte `start`, checked
+/// when mapped (aligned, sorted, under the file's CRC).
+#[derive(Clone)]
+pub struct StoredRows {
+    view: std::sync::Arc<FileView>,
+    start: usize,
+    count: usize,
+}
+
+impl StoredRows {
+    /// The `count` rows at byte `start` of `view`, if they are there and
+    /// aligned.
+    pub fn new(view: std::sync::Arc<FileView>, start: usize, count: usize) -> Option<Self> {
+        let end = count.checked_mul(ROW_SIZE)?.checked_add(start)?;
+        rows_from_bytes(view.bytes().get(start..end)?)?;
+        Some(Self { view, start, count })
+    }
+}
+
+impl std::ops::Deref for Rows {
+    type Target = [UnwindRow];
+
+    fn deref(&self) -> &[UnwindRow] {
+        match self {
+            Rows::Compiled(rows) => rows,
+            Rows::Stored(stored) => stored
+                .view
+                .bytes()
+                .get(stored.start..stored.start + stored.count * ROW_SIZE)
+                .and_then(rows_from_bytes)
+                // Checked in `StoredRows::new`, and the view never changes.
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl Default for Rows {
+    fn default() -> Self {
+        Rows::Compiled(Vec::new())
+    }
+}
+
+impl From<Vec<UnwindRow>> for Rows {
+    fn from(rows: Vec<UnwindRow>) -> Self {
+        Rows::Compiled(rows)
+    }
+}
+
+impl PartialEq for Rows {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl std::fmt::Debug for Rows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            Rows::Compiled(_) => "compiled",
+            Rows::Stored(_) => "stored",
+        };
+        write!(f, "Rows({} {kind})", self.len())
+    }
+}
+
 /// The unwind table of one ELF file, shared by every process that maps it.
 #[derive(Debug, Clone, Default)]
 pub struct UnwindTable {
     /// Sorted by `start` (ELF virtual addresses), non-empty ranges.
-    pub rows: Vec<UnwindRow>,
+    pub rows: Rows,
     /// Executable `PT_LOAD` segments.
     pub segments: Vec<LoadSegment>,
     pub stats: CompileStats,
@@ -194,7 +269,7 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     fdes.extend(plt_rows);
     let rows = assemble_rows(fdes, &mut stats);
     Ok(UnwindTable {
-        rows,
+        rows: rows.into(),
         segments,
         stats,
     })

@@ -17,21 +17,31 @@
 //! table. The directory is ddprof's own ([`PrivateDir`]), files are written
 //! under a fresh name and renamed into place, and the least recently used
 //! go once the directory holds more than [`STORE_MAX_BYTES`].
+//!
+//! A stored table is used where it lies: the file is mapped read-only and
+//! its rows are the page cache's pages ([`StoredRows`]), which also fill
+//! the BPF engine's map. Read into memory of their own, the rows of a big
+//! program (2.4 M, 29 MB) cost more in page faults than everything else
+//! its load does.
 
+use std::sync::Arc;
+
+#[cfg(test)]
 use ddprof_common::unwind::UnwindRow;
 
-use super::compile::{CompileStats, LoadSegment, UnwindTable};
+use super::compile::{CompileStats, LoadSegment, Rows, StoredRows, UnwindTable};
 use crate::files::cache_dir::CacheDir;
 use crate::files::{own_build_id, ContentKey, Digest, Fields};
 
 /// Total size of the stored tables; the least recently used go first.
 pub const STORE_MAX_BYTES: u64 = 256 << 20;
 const MAGIC: &[u8; 8] = b"DDPRUNW\0";
-/// The layout of the file. Tables are also keyed by the build id of the
+/// The layout of the file (version 5: the rows start at a multiple of
+/// [`ROW_ALIGN`], zeros before them). Tables are also keyed by the build id of the
 /// ddprof that compiled them ([`own_build_id`]), so that a table another
 /// build compiled (whose compiler may have changed) is compiled again with
 /// no version to bump by hand.
-const FORMAT_VERSION: u32 = 4;
+const FORMAT_VERSION: u32 = 5;
 /// Bytes of a row in the file: `start`, `cfa_offset`, `rbp_offset`,
 /// `slot_by_8` (version 4: the caller's RBX, was the return address),
 /// `kind_bits`, little-endian.
@@ -68,9 +78,18 @@ impl TableStore {
         let compiler = own_build_id()?;
         let (prefix, name) = Self::place_of(key);
         // No table is larger than the whole store may be.
-        let file = self.dir.open(&prefix, &name, STORE_MAX_BYTES)?;
-        let length = file.metadata().ok()?.len();
-        let table = decode_from(file, length, &key.digest(), compiler);
+        let view = Arc::new(self.dir.map(&prefix, &name, STORE_MAX_BYTES)?);
+        let table = check(view.bytes(), &key.digest(), compiler).and_then(|checked| {
+            Some(UnwindTable {
+                rows: Rows::Stored(StoredRows::new(
+                    view.clone(),
+                    checked.rows_at,
+                    checked.row_count,
+                )?),
+                segments: checked.segments,
+                stats: checked.stats,
+            })
+        });
         if table.is_some() {
             // Marks it recently used for the eviction order.
             self.dir.touch(&prefix, &name);
@@ -132,7 +151,8 @@ fn encode(key: &Digest, table: &UnwindTable, compiler: &[u8]) -> Vec<u8> {
             out.extend_from_slice(&value.to_le_bytes());
         }
     }
-    for row in &table.rows {
+    out.resize(rows_offset(out.len()), 0);
+    for row in table.rows.iter() {
         out.extend_from_slice(&row.start.to_le_bytes());
         out.extend_from_slice(&row.cfa_offset.to_le_bytes());
         out.extend_from_slice(&row.rbp_offset.to_le_bytes());
@@ -144,35 +164,25 @@ fn encode(key: &Digest, table: &UnwindTable, compiler: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The table in `bytes` if they are a whole, uncorrupted file of this
-/// format, compiled from `key`'s files, with rows sorted by address.
-#[cfg(test)]
-fn decode(bytes: &[u8], key: &Digest, compiler: &[u8]) -> Option<UnwindTable> {
-    decode_from(bytes, bytes.len() as u64, key, compiler)
+/// Where the parts of a stored table's file are, once it is checked.
+struct Checked {
+    segments: Vec<LoadSegment>,
+    stats: CompileStats,
+    /// Byte offset of the rows (a multiple of [`ROW_ALIGN`]).
+    rows_at: usize,
+    row_count: usize,
 }
 
-/// The most of a file read at once: a multiple of [`ROW_BYTES`].
-const READ_CHUNK_BYTES: usize = ROW_BYTES << 16;
+/// What the rows' offset in the file is a multiple of: a row's alignment
+/// in memory, so that a mapped file's rows are used where they are.
+const ROW_ALIGN: usize = 8;
 
-/// The table in the `length` bytes that `source` reads if they are a whole,
-/// uncorrupted file of this format, compiled from `key`'s files, with rows
-/// sorted by address. Read a chunk at a time and decoded as read: libLLVM's
-/// 15 MB read whole and then decoded took 25-28 ms here, most of it
-/// faulting in the pages of the bytes and of the rows; only the rows' are
-/// faulted in now.
-fn decode_from(
-    mut source: impl std::io::Read,
-    length: u64,
-    key: &Digest,
-    compiler: &[u8],
-) -> Option<UnwindTable> {
+/// The parts of `bytes` if they are a whole, uncorrupted file of this
+/// format, compiled from `key`'s files, with rows sorted by address.
+fn check(bytes: &[u8], key: &Digest, compiler: &[u8]) -> Option<Checked> {
     // Everything before the rows, then the rows, then the CRC-32 of both.
-    let rows_at = header_bytes(compiler.len())?;
-    let mut header = vec![0u8; rows_at.min(usize::try_from(length).ok()?)];
-    source.read_exact(&mut header).ok()?;
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&header);
-    let mut fields = Fields::new(&header);
+    let (body, stored_crc) = bytes.split_last_chunk::<4>()?;
+    let mut fields = Fields::new(body);
     if fields.take(MAGIC.len())? != MAGIC || fields.u32()? != FORMAT_VERSION {
         return None;
     }
@@ -192,21 +202,22 @@ fn decode_from(
     };
     let segment_count = fields.u32()? as usize;
     let row_count = fields.u32()? as usize;
-    // The segments follow the fixed header; the counts must account for the
-    // rest of the file exactly (checked before any allocation of their size).
-    let segment_bytes = segment_count.checked_mul(SEGMENT_BYTES)?;
-    let row_bytes = row_count.checked_mul(ROW_BYTES)?;
-    let expected = (rows_at as u64)
-        .checked_add(segment_bytes as u64)?
-        .checked_add(row_bytes as u64)?
-        .checked_add(4)?;
-    if expected != length || segment_count == 0 {
+    if segment_count == 0 {
         return None;
     }
-    let mut segment_data = vec![0u8; segment_bytes];
-    source.read_exact(&mut segment_data).ok()?;
-    crc.update(&segment_data);
-    let mut fields = Fields::new(&segment_data);
+    // The counts must account for the rest of the file exactly (checked
+    // before anything of their size is allocated).
+    let segment_bytes = segment_count.checked_mul(SEGMENT_BYTES)?;
+    let segments_at = header_bytes(compiler_len)?;
+    let rows_at = rows_offset(segments_at.checked_add(segment_bytes)?);
+    let rows_end = rows_at.checked_add(row_count.checked_mul(ROW_BYTES)?)?;
+    if rows_end != body.len() {
+        return None;
+    }
+    if crc32fast::hash(body).to_le_bytes() != *stored_crc {
+        return None;
+    }
+    let mut fields = Fields::new(&body[segments_at..rows_at]);
     let segments = (0..segment_count)
         .map(|_| {
             Some(LoadSegment {
@@ -216,42 +227,52 @@ fn decode_from(
             })
         })
         .collect::<Option<Vec<_>>>()?;
-    let mut rows = Vec::with_capacity(row_count);
-    let mut chunk = vec![0u8; READ_CHUNK_BYTES.min(row_bytes)];
-    let mut left = row_bytes;
-    let mut previous: Option<u32> = None;
-    while left > 0 {
-        let part = &mut chunk[..left.min(READ_CHUNK_BYTES)];
-        source.read_exact(part).ok()?;
-        crc.update(part);
-        let (whole, _) = part.as_chunks::<ROW_BYTES>();
-        for raw in whole {
-            let row = UnwindRow {
-                start: u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]),
-                cfa_offset: i32::from_le_bytes([raw[4], raw[5], raw[6], raw[7]]),
-                rbp_offset: i16::from_le_bytes([raw[8], raw[9]]),
-                slot_by_8: i8::from_le_bytes([raw[10]]),
-                kind_bits: raw[11],
-            };
-            // Both unwinders binary-search the rows (the BPF program too).
-            if previous.is_some_and(|previous| previous >= row.start) {
-                return None;
-            }
-            previous = Some(row.start);
-            rows.push(row);
-        }
-        left -= part.len();
-    }
-    let mut stored_crc = [0u8; 4];
-    source.read_exact(&mut stored_crc).ok()?;
-    if crc.finalize().to_le_bytes() != stored_crc {
+    if fields.rest.iter().any(|&byte| byte != 0) {
         return None;
     }
-    Some(UnwindTable {
-        rows,
+    // Both unwinders binary-search the rows (the BPF program too).
+    let (rows, _) = body[rows_at..].as_chunks::<ROW_BYTES>();
+    let sorted = rows
+        .iter()
+        .map(|raw| u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]))
+        .try_fold(None, |previous: Option<u32>, start| {
+            (previous < Some(start)).then_some(Some(start))
+        })
+        .is_some();
+    sorted.then_some(Checked {
         segments,
         stats,
+        rows_at,
+        row_count,
     })
+}
+
+/// The table in `bytes` if they are a whole, uncorrupted file of this
+/// format (the checks of a mapped file, on bytes in memory).
+#[cfg(test)]
+fn decode(bytes: &[u8], key: &Digest, compiler: &[u8]) -> Option<UnwindTable> {
+    let checked = check(bytes, key, compiler)?;
+    let (rows, _) = bytes[checked.rows_at..].as_chunks::<ROW_BYTES>();
+    let rows = rows[..checked.row_count]
+        .iter()
+        .map(|raw| UnwindRow {
+            start: u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]),
+            cfa_offset: i32::from_le_bytes([raw[4], raw[5], raw[6], raw[7]]),
+            rbp_offset: i16::from_le_bytes([raw[8], raw[9]]),
+            slot_by_8: i8::from_le_bytes([raw[10]]),
+            kind_bits: raw[11],
+        })
+        .collect::<Vec<_>>();
+    Some(UnwindTable {
+        rows: rows.into(),
+        segments: checked.segments,
+        stats: checked.stats,
+    })
+}
+
+/// Where the rows start after a header and segments of `before` bytes.
+fn rows_offset(before: usize) -> usize {
+    before.next_multiple_of(ROW_ALIGN)
 }
 
 /// Bytes before the segments in a file whose compiler id is
@@ -291,7 +312,8 @@ mod tests {
                 UnwindRow::with_kind(0x1000, RowKind::Stop),
                 cfa,
                 UnwindRow::with_kind(0x1020, RowKind::NoInfo),
-            ],
+            ]
+            .into(),
             segments: vec![LoadSegment {
                 file_offset: 0x1000,
                 vaddr: 0x401000,
@@ -337,6 +359,8 @@ mod tests {
         )));
         let loaded = store.load(&with_debug).expect("the stored table");
         assert!(same(&loaded, &table));
+        // Used where it lies, in the mapped file.
+        assert!(matches!(loaded.rows, Rows::Stored(_)), "{:?}", loaded.rows);
         // No debug file now, another one, another file: compiled again.
         assert!(store.load(&key(b"libc", None)).is_none());
         assert!(store.load(&key(b"libc", Some(b"other.debug"))).is_none());
@@ -386,13 +410,17 @@ mod tests {
         }
         // Unsorted rows with a checksum that matches them (a file another
         // program wrote) are refused too.
-        let mut unsorted = table.clone();
-        unsorted.rows.swap(0, 1);
+        let mut rows = table.rows.to_vec();
+        rows.swap(0, 1);
+        let unsorted = UnwindTable {
+            rows: rows.into(),
+            ..table.clone()
+        };
         assert!(decode(&encode(&digest, &unsorted, COMPILER), &digest, COMPILER).is_none());
         // Counts that claim more than the file holds.
         let mut lying = bytes[..bytes.len() - 4].to_vec();
-        let counts_at = lying.len() - 3 * ROW_BYTES - SEGMENT_BYTES - 4;
-        lying[counts_at..counts_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let row_count_at = header_bytes(COMPILER.len()).unwrap() - 4;
+        lying[row_count_at..row_count_at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         let crc = crc32fast::hash(&lying);
         lying.extend_from_slice(&crc.to_le_bytes());
         assert!(decode(&lying, &digest, COMPILER).is_none());

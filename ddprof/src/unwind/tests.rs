@@ -746,7 +746,7 @@ fn with_rows(rows: Vec<UnwindRow>) -> (ProcessTable, Unwinder) {
         path: "/synthetic/prog".into(),
     });
     let table = UnwindTable {
-        rows,
+        rows: rows.into(),
         segments: vec![LoadSegment {
             file_offset: 0,
             vaddr: 0,
@@ -1346,7 +1346,8 @@ fn the_row_cache_answers_as_the_table_does() {
                 row
             })
             .chain([UnwindRow::with_kind(0x1400, RowKind::NoInfo)])
-            .collect(),
+            .collect::<Vec<_>>()
+            .into(),
         segments: vec![LoadSegment {
             file_offset: 0,
             vaddr: 0,
