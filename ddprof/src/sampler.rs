@@ -11,15 +11,18 @@
 //! delivered after the records up to its timestamp, so a process that has
 //! exited since is still known.
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ddprof_common::sample::BpfCounter;
 
 use crate::bpf::{choose_engine_with, BpfEngine, BpfEngineOptions, BpfError, EngineChoice};
 use crate::events::{EventFd, EventOptions, EventSpec, Scope};
+use crate::files::MappedFile;
 use crate::perf::{settled_time, PerfEngine, PerfEngineOptions, PerfError};
 use crate::process::ProcessTable;
 use crate::sample::Sample;
+use crate::unwind::cache::StoredTableRead;
 use crate::unwind::TableStore;
 
 /// What the sampler needs to know from the configuration.
@@ -360,6 +363,38 @@ impl Sampler {
     pub fn release_worker_resources(&mut self) {
         if let Engine::Bpf { samples, .. } = &mut self.engine {
             samples.release_table_maps();
+        }
+    }
+
+    /// Puts the table that `read` read from the store in the BPF engine's
+    /// maps now, before the worker starts (the perf engine reads its
+    /// tables where a sample needs them).
+    pub fn preload_table(&mut self, read: StoredTableRead) {
+        // Joined whatever the engine: the worker is forked next, and a
+        // thread still running then could hold a lock the worker inherits
+        // held. (Held while loaded: the engine's cache shares the table
+        // rather than reading it again.)
+        let read = read.finish();
+        let (Engine::Bpf { samples, .. }, Some((file, _table))) = (&mut self.engine, read) else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        // The vDSO's too, which every process maps: the worker's first
+        // sync then writes the command's entry with no table to put in a
+        // slot first (a grace period less).
+        let vdso = Arc::new(MappedFile {
+            path: "[vdso]".into(),
+            dev: 0,
+            inode: 0,
+        });
+        let loaded = samples.load_files(&[file.clone(), vdso]);
+        if let Some(Some(loaded)) = loaded.first() {
+            log::info!(
+                "start-up: the table of {} ({} rows) read ahead into the BPF maps in {:.0} ms",
+                file.path,
+                loaded.rows,
+                started.elapsed().as_secs_f64() * 1e3
+            );
         }
     }
 

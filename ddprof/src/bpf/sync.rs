@@ -666,6 +666,8 @@ impl BpfEngine {
     /// was forked; see [`super::rows::TableMaps::close_descriptors`]).
     pub fn release_table_maps(&mut self) {
         self.mirror.rows.close_descriptors();
+        // And the tables read for them (pages of mapped store files).
+        self.mirror.compiler.forget_all();
     }
 
     /// Loads the table of one file into a map now, as if a process
@@ -678,17 +680,33 @@ impl BpfEngine {
             dev: metadata.dev(),
             inode: metadata.ino(),
         });
-        let state = self.table_for(std::process::id(), &file, None);
+        self.load_files(&[file]).pop().flatten()
+    }
+
+    /// Loads the tables of `files` into maps now, as if a process mapped
+    /// them, and puts them all in their slots at once (each change of a
+    /// slot waits for an RCU grace period, 15-25 ms here: one wait for
+    /// all). What is loaded now is not loaded again when a process maps it.
+    pub fn load_files(&mut self, files: &[Arc<MappedFile>]) -> Vec<Option<LoadedFileReport>> {
+        let states: Vec<FileState> = files
+            .iter()
+            .map(|file| self.table_for(std::process::id(), file, None))
+            .collect();
         self.mirror.rows.flush();
-        let FileState::Loaded(key) = state else {
-            return None;
-        };
-        let table = self.mirror.tables.get(&key)?;
-        Some(LoadedFileReport {
-            rows: table.row_count,
-            bytes: table.row_count as usize * ROW_SIZE,
-            slot: table.slot,
-        })
+        states
+            .into_iter()
+            .map(|state| {
+                let FileState::Loaded(key) = state else {
+                    return None;
+                };
+                let table = self.mirror.tables.get(&key)?;
+                Some(LoadedFileReport {
+                    rows: table.row_count,
+                    bytes: table.row_count as usize * ROW_SIZE,
+                    slot: table.slot,
+                })
+            })
+            .collect()
     }
 
     /// The rows of the table in `slot`, as the kernel's map holds them.

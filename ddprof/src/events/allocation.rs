@@ -442,15 +442,7 @@ fn sealed_file(bytes: &[u8]) -> nix::Result<OwnedFd> {
 /// found, not ELF: a script's interpreter is looked at by nobody here).
 pub fn statically_linked(command: &str) -> Option<bool> {
     use std::io::Read;
-    let path = if command.contains('/') {
-        std::path::PathBuf::from(command)
-    } else {
-        std::env::var_os("PATH")?
-            .to_str()?
-            .split(':')
-            .map(|dir| std::path::Path::new(dir).join(command))
-            .find(|candidate| candidate.is_file())?
-    };
+    let path = crate::files::command_path(command)?;
     let mut header = Vec::with_capacity(64 * 1024);
     std::fs::File::open(path)
         .ok()?

@@ -21,6 +21,20 @@ pub mod target;
 pub use digest::Digest;
 pub use target::{open_mapped, FileIdentity, OpenedMapped, TargetFileError, TargetRoot};
 
+/// The file the command `command` runs: the path as given, or a name
+/// looked up in `PATH` as the exec (`execvp`) will, the first regular file
+/// of that name. `None` when there is none.
+pub fn command_path(command: &str) -> Option<std::path::PathBuf> {
+    if command.contains('/') {
+        return Some(std::path::PathBuf::from(command));
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| std::path::Path::new(dir).join(command))
+        .find(|candidate| candidate.is_file())
+}
+
 /// Which file a mapping maps: its path as the kernel named it at mmap time,
 /// its device and inode (0 when unknown). The process table shares one per
 /// file among every process that maps it; the stages key their caches by it.

@@ -224,8 +224,18 @@ fn daemon_main(setup: DaemonSetup<'_>) {
         }
         handoff::receive_launcher_cpu(&socket, LAUNCHER_CPU_WAIT).unwrap_or_default()
     };
-    if let Err(error) = super::run_profiler(&options.profiler, target, events, watch, engine_ready)
-    {
+    let executable = options
+        .command
+        .first()
+        .and_then(|command| crate::files::command_path(command));
+    if let Err(error) = super::run_profiler(
+        &options.profiler,
+        target,
+        events,
+        watch,
+        executable,
+        engine_ready,
+    ) {
         log::error!("profiler stopped: {error}");
     }
 }

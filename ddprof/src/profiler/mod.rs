@@ -234,6 +234,12 @@ impl Profiler {
         })
     }
 
+    /// Puts a table read ahead at start-up in the engine's maps (see
+    /// [`Sampler::preload_table`]).
+    pub fn preload_table(&mut self, read: crate::unwind::cache::StoredTableRead) {
+        self.sampler.preload_table(read);
+    }
+
     /// The engine that samples: `bpf` or `perf`.
     pub fn engine_name(&self) -> &'static str {
         self.sampler.engine_name()

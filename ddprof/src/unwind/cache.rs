@@ -129,6 +129,8 @@ pub enum LoadError {
     Compile { path: String, source: CompileError },
     #[error("{0}: code above 4 GiB or no executable segment for this mapping")]
     NoSegment(String),
+    #[error("{0}: no stored table (this cache reads stored tables only)")]
+    NotStored(String),
 }
 
 enum FileSlot {
@@ -161,6 +163,9 @@ pub struct TableCache {
     stats: CacheStats,
     /// Where compiled tables are kept for later runs, if anywhere.
     store: Option<TableStore>,
+    /// Compiles the tables the store does not have (all but
+    /// [`TableCache::stored_only`]).
+    compiles: bool,
 }
 
 /// Failed files remembered at most (beyond it, they are retried).
@@ -182,7 +187,23 @@ impl TableCache {
             clock: 0,
             stats: CacheStats::default(),
             store: None,
+            compiles: true,
         }
+    }
+
+    /// A cache that only reads tables from its store, never compiles one
+    /// nor hashes a file whose digest is not remembered (a read ahead of
+    /// need must stay cheap: it delays the worker's start).
+    pub fn stored_only(mut self) -> Self {
+        self.compiles = false;
+        self
+    }
+
+    /// Drops every table it holds (a process that no longer unwinds).
+    pub fn forget_all(&mut self) {
+        self.files.clear();
+        self.tables.clear();
+        self.cached_bytes = 0;
     }
 
     /// Reads tables from `store` before compiling them, and writes there
@@ -292,7 +313,11 @@ impl TableCache {
         };
         // What the table is derived from: the file's bytes (never its build
         // id, which whoever built the file chose).
-        let hashed = digest::of_file(&file).map_err(read_error)?;
+        let hashed = if self.compiles {
+            digest::of_file(&file).map_err(read_error)?
+        } else {
+            digest::remembered(&file).ok_or_else(|| LoadError::NotStored(mapped.path.clone()))?
+        };
         let checked = file.try_clone().map_err(read_error)?;
         let cache = ReadCache::new(file);
         let compile_error = |source| LoadError::Compile {
@@ -343,6 +368,9 @@ impl TableCache {
             log::debug!("unwind table of {} read from the store", mapped.path);
             self.stats.tables_from_store += 1;
             return Ok(self.insert(key, table));
+        }
+        if !self.compiles {
+            return Err(LoadError::NotStored(mapped.path.clone()));
         }
         // (The debug file is read through its own descriptor; the original
         // stays to check it is unchanged once compiled.)
@@ -446,6 +474,51 @@ impl TableCache {
 
 /// The vDSO image of this process: the kernel maps the same one into every
 /// 64-bit process, so it stands for the profiled processes' `[vdso]`.
+/// The stored table of a file that a process is about to map, read in a
+/// thread of its own while the profiler sets up ([`StoredTableRead::start`]):
+/// a launched command's executable, whose table (2.4 M rows for a 246 MB
+/// static binary) is most of what its first samples need.
+pub struct StoredTableRead {
+    reading: std::thread::JoinHandle<Option<(Arc<MappedFile>, Arc<CachedTable>)>>,
+}
+
+impl StoredTableRead {
+    /// Starts reading the stored table of `path` (made absolute and free of
+    /// links, as the process's mappings will name it); never compiles.
+    pub fn start(path: &Path, store: TableStore) -> Option<Self> {
+        let path = std::fs::canonicalize(path).ok()?;
+        let reading = std::thread::Builder::new()
+            .name("ddprof-preload".into())
+            .spawn(move || {
+                use std::os::unix::fs::MetadataExt;
+                let metadata = std::fs::metadata(&path).ok()?;
+                let file = Arc::new(MappedFile {
+                    path: path.to_str()?.to_string(),
+                    dev: metadata.dev(),
+                    inode: metadata.ino(),
+                });
+                let mut cache = TableCache::with_limit(usize::MAX)
+                    .with_store(Some(store))
+                    .stored_only();
+                match cache.load(std::process::id(), &file, None) {
+                    Ok(table) => Some((file, table)),
+                    Err(error) => {
+                        log::debug!("start-up: no table read ahead: {error}");
+                        None
+                    }
+                }
+            })
+            .ok()?;
+        Some(Self { reading })
+    }
+
+    /// The file and its table, once read (the table stays shared with the
+    /// other caches of this process while the caller holds it).
+    pub fn finish(self) -> Option<(Arc<MappedFile>, Arc<CachedTable>)> {
+        self.reading.join().ok().flatten()
+    }
+}
+
 fn own_vdso_image() -> Option<&'static Vec<u8>> {
     static IMAGE: OnceLock<Option<Vec<u8>>> = OnceLock::new();
     IMAGE

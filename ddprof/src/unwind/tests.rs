@@ -1427,3 +1427,55 @@ fn a_walk_that_may_not_load_tables_stops_at_an_unknown_file() {
     );
     assert_eq!(again, frames);
 }
+
+/// The read ahead at start-up ([`cache::StoredTableRead`]) must stay
+/// cheap: its cache reads what another cache stored, from the mapped store
+/// file, and neither compiles nor hashes a file it has not seen.
+#[test]
+fn a_stored_only_cache_reads_what_another_stored_and_never_compiles() {
+    use crate::unwind::cache::{LoadError, TableCache};
+    use crate::unwind::compile::Rows;
+    use std::os::unix::fs::MetadataExt;
+    let dir = std::env::temp_dir().join(format!("ddprof-stored-only-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // A fresh copy: no cache of this process knows its digest.
+    let program = dir.join("prog");
+    std::fs::copy("/usr/bin/true", &program).unwrap();
+    let metadata = std::fs::metadata(&program).unwrap();
+    let file = crate::files::MappedFile {
+        path: program.to_str().unwrap().to_string(),
+        dev: metadata.dev(),
+        inode: metadata.ino(),
+    };
+    let store = TableStore::new(dir.join("store"));
+    let pid = std::process::id();
+    let mut reader = TableCache::default()
+        .with_store(Some(store.clone()))
+        .stored_only();
+    assert!(matches!(
+        reader.load(pid, &file, None),
+        Err(LoadError::NotStored(_))
+    ));
+    assert_eq!(reader.stats().tables_built, 0);
+    // Not hashed either (a digest taken is remembered).
+    let opened = std::fs::File::open(&program).unwrap();
+    assert!(crate::files::digest::remembered(&opened).is_none());
+    let compiled_rows = {
+        let mut compiler = TableCache::default().with_store(Some(store));
+        let compiled = compiler.load(pid, &file, None).unwrap();
+        assert!(matches!(compiled.table.rows, Rows::Compiled(_)));
+        compiled.table.rows.to_vec()
+    };
+    let stored = reader.load(pid, &file, None).unwrap();
+    assert!(matches!(stored.table.rows, Rows::Stored(_)));
+    assert_eq!(*stored.table.rows, compiled_rows[..]);
+    assert_eq!(
+        (
+            reader.stats().tables_built,
+            reader.stats().tables_from_store
+        ),
+        (0, 1)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
