@@ -35,7 +35,7 @@ use object::elf;
 use object::read::elf::{FileHeader, SectionHeader, Sym};
 use object::{Endianness, ReadCache};
 
-use crate::files::cache_dir::CacheDir;
+use crate::files::cache_dir::{CacheDir, FileView};
 use crate::files::elf_headers::ElfHeaders;
 use crate::files::{own_build_id, Digest, Fields};
 
@@ -68,6 +68,84 @@ struct Entry {
     name: u32,
 }
 
+impl Entry {
+    /// The entry whose bytes in a kept index are `raw` (little-endian).
+    fn from_bytes(raw: &[u8; ENTRY_BYTES]) -> Self {
+        let [v0, v1, v2, v3, v4, v5, v6, v7, s0, s1, s2, s3, n0, n1, n2, n3] = *raw;
+        Entry {
+            value: u64::from_le_bytes([v0, v1, v2, v3, v4, v5, v6, v7]),
+            size: u32::from_le_bytes([s0, s1, s2, s3]),
+            name: u32::from_le_bytes([n0, n1, n2, n3]),
+        }
+    }
+}
+
+/// A table's entries: sorted by this run, or read where they lie in a
+/// kept index's mapped file (libLLVM's 258,000 symbols: 4 MB that were
+/// read into memory and then decoded into as much again at every run).
+#[derive(Debug, Clone)]
+enum Entries {
+    Built(Vec<Entry>),
+    Stored {
+        view: Arc<FileView>,
+        /// Byte offset of the first entry, checked to hold `count`.
+        start: usize,
+        count: usize,
+    },
+}
+
+impl Entries {
+    fn len(&self) -> usize {
+        match self {
+            Entries::Built(entries) => entries.len(),
+            Entries::Stored { count, .. } => *count,
+        }
+    }
+
+    fn get(&self, index: usize) -> Option<Entry> {
+        match self {
+            Entries::Built(entries) => entries.get(index).copied(),
+            Entries::Stored { view, start, count } => {
+                if index >= *count {
+                    return None;
+                }
+                let at = start + index * ENTRY_BYTES;
+                Some(Entry::from_bytes(
+                    view.bytes().get(at..at + ENTRY_BYTES)?.try_into().ok()?,
+                ))
+            }
+        }
+    }
+
+    /// The first index whose entry is not `below` (entries sorted so that
+    /// `below` holds for a prefix), as `slice::partition_point`.
+    fn partition_point(&self, below: impl Fn(&Entry) -> bool) -> usize {
+        let (mut low, mut high) = (0, self.len());
+        while low < high {
+            let middle = low + (high - low) / 2;
+            if self.get(middle).is_some_and(|entry| below(&entry)) {
+                low = middle + 1;
+            } else {
+                high = middle;
+            }
+        }
+        low
+    }
+
+    /// The entries from `index` on.
+    fn iter_from(&self, index: usize) -> impl Iterator<Item = Entry> + '_ {
+        (index..self.len()).map_while(|index| self.get(index))
+    }
+}
+
+impl PartialEq for Entries {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter_from(0).eq(other.iter_from(0))
+    }
+}
+
+impl Eq for Entries {}
+
 /// One symbol table, sorted as blazesym sorts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Table {
@@ -76,7 +154,7 @@ struct Table {
     /// Where the table's strings are in the file.
     strings_offset: u64,
     strings_size: u64,
-    entries: Vec<Entry>,
+    entries: Entries,
 }
 
 /// A symbol found for an address.
@@ -123,7 +201,7 @@ impl SymbolIndex {
                 dynamic,
                 strings_offset: 0,
                 strings_size: 0,
-                entries: Vec::new(),
+                entries: Entries::Built(Vec::new()),
             };
             let compressed = |section: &elf::SectionHeader64<Endianness>| {
                 section.sh_flags(endian).contains(elf::SHF_COMPRESSED)
@@ -153,7 +231,7 @@ impl SymbolIndex {
                 dynamic,
                 strings_offset,
                 strings_size,
-                entries: sorted_as_blazesym_sorts(symbols, endian)?,
+                entries: Entries::Built(sorted_as_blazesym_sorts(symbols, endian)?),
             })
         };
         Some(Self {
@@ -219,7 +297,7 @@ impl SymbolIndex {
             out.extend_from_slice(&table.strings_offset.to_le_bytes());
             out.extend_from_slice(&table.strings_size.to_le_bytes());
             out.extend_from_slice(&(table.entries.len() as u32).to_le_bytes());
-            for entry in &table.entries {
+            for entry in table.entries.iter_from(0) {
                 out.extend_from_slice(&entry.value.to_le_bytes());
                 out.extend_from_slice(&entry.size.to_le_bytes());
                 out.extend_from_slice(&entry.name.to_le_bytes());
@@ -231,8 +309,16 @@ impl SymbolIndex {
     }
 
     /// The index in `bytes` if they are a whole file of this format for
-    /// `key`, each table sorted by address.
+    /// `key`, each table sorted by address (its entries copied).
+    #[cfg(test)]
     fn decode(bytes: &[u8], key: &Digest) -> Option<Self> {
+        Self::decode_in(bytes, key, None)
+    }
+
+    /// The index in `bytes` (the bytes of `view`, whose entries it then
+    /// reads in place, when given) if they are a whole file of this format
+    /// for `key`, each table sorted by address.
+    fn decode_in(bytes: &[u8], key: &Digest, view: Option<&Arc<FileView>>) -> Option<Self> {
         let mut fields = Fields::checked(bytes, MAGIC, FORMAT_VERSION)?;
         if fields.take(key.0.len())? != key.0 {
             return None;
@@ -256,21 +342,23 @@ impl SymbolIndex {
             let strings_offset = fields.u64()?;
             let strings_size = fields.u64()?;
             let count = fields.u32()? as usize;
+            let start = bytes.len() - fields.rest.len() - 4;
             let raw = fields.take(count.checked_mul(ENTRY_BYTES)?)?;
-            let entries: Vec<Entry> = raw
-                .chunks_exact(ENTRY_BYTES)
-                .map(|chunk| {
-                    let mut entry = Fields::new(chunk);
-                    Some(Entry {
-                        value: entry.u64()?,
-                        size: entry.u32()?,
-                        name: entry.u32()?,
-                    })
-                })
-                .collect::<Option<_>>()?;
-            if entries.windows(2).any(|pair| pair[0].value > pair[1].value) {
+            let (raw, _) = raw.as_chunks::<ENTRY_BYTES>();
+            if raw
+                .windows(2)
+                .any(|pair| Entry::from_bytes(&pair[0]).value > Entry::from_bytes(&pair[1]).value)
+            {
                 return None;
             }
+            let entries = match view {
+                Some(view) => Entries::Stored {
+                    view: view.clone(),
+                    start,
+                    count,
+                },
+                None => Entries::Built(raw.iter().map(Entry::from_bytes).collect()),
+            };
             tables.push(Table {
                 dynamic,
                 strings_offset,
@@ -333,7 +421,7 @@ impl Table {
     /// below `address`, the first defined one that covers it (a symbol
     /// without a size covers every address from its own in `.symtab`, only
     /// its own in `.dynsym`).
-    fn find(&self, address: u64) -> Option<&Entry> {
+    fn find(&self, address: u64) -> Option<Entry> {
         let entries = &self.entries;
         let after = entries.partition_point(|entry| entry.value < address);
         let at = match entries.get(after) {
@@ -343,8 +431,8 @@ impl Table {
                 entries.partition_point(|entry| entry.value < below)
             }
         };
-        entries[at..]
-            .iter()
+        entries
+            .iter_from(at)
             .take_while(|entry| entry.value <= address)
             .find(|entry| {
                 let covers = if entry.size == 0 {
@@ -413,8 +501,8 @@ impl IndexStore {
     pub(super) fn load(&self, file: &Digest) -> Option<SymbolIndex> {
         let key = Self::key(file)?;
         let (prefix, name) = Self::place_of(&key);
-        let bytes = self.dir.read(&prefix, &name, INDEX_STORE_MAX_BYTES)?;
-        let index = SymbolIndex::decode(&bytes, &key);
+        let view = Arc::new(self.dir.map(&prefix, &name, INDEX_STORE_MAX_BYTES)?);
+        let index = SymbolIndex::decode_in(view.bytes(), &key, Some(&view));
         match index {
             Some(_) => self.dir.touch(&prefix, &name),
             None => log::debug!(
