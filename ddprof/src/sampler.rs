@@ -379,18 +379,18 @@ impl Sampler {
             return;
         };
         let started = std::time::Instant::now();
-        // The vDSO's too, which every process maps: the worker's first
-        // sync then writes the command's entry with no table to put in a
-        // slot first (a grace period less).
+        // The vDSO's too, which every process maps. Their maps are filled
+        // now and put in their slots by the worker's first sync, with the
+        // other tables of the command's entry, in one grace period.
         let vdso = Arc::new(MappedFile {
             path: "[vdso]".into(),
             dev: 0,
             inode: 0,
         });
-        let loaded = samples.load_files(&[file.clone(), vdso]);
+        let loaded = samples.stage_files(&[file.clone(), vdso]);
         if let Some(Some(loaded)) = loaded.first() {
             log::info!(
-                "start-up: the table of {} ({} rows) read ahead into the BPF maps in {:.0} ms",
+                "start-up: the table of {} ({} rows) read ahead into a BPF map in {:.0} ms",
                 file.path,
                 loaded.rows,
                 started.elapsed().as_secs_f64() * 1e3

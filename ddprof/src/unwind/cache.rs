@@ -472,8 +472,6 @@ impl TableCache {
     }
 }
 
-/// The vDSO image of this process: the kernel maps the same one into every
-/// 64-bit process, so it stands for the profiled processes' `[vdso]`.
 /// The stored table of a file that a process is about to map, read in a
 /// thread of its own while the profiler sets up ([`StoredTableRead::start`]):
 /// a launched command's executable, whose table (2.4 M rows for a 246 MB
@@ -519,6 +517,8 @@ impl StoredTableRead {
     }
 }
 
+/// The vDSO image of this process: the kernel maps the same one into every
+/// 64-bit process, so it stands for the profiled processes' `[vdso]`.
 fn own_vdso_image() -> Option<&'static Vec<u8>> {
     static IMAGE: OnceLock<Option<Vec<u8>>> = OnceLock::new();
     IMAGE
