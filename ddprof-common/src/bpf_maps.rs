@@ -148,7 +148,11 @@ pub const MAX_NOT_PROFILED: u32 = 16384;
 #[derive(Clone, Copy, Debug)]
 pub struct ProcessMappings {
     pub count: u32,
-    pub _reserved: u32,
+    /// Changed by userspace at each write of the entry: the program names
+    /// a process whose entry was rewritten since its last hand-off notice
+    /// again at once (it was described since, and hands over again: its
+    /// code changed again), not after `HANDOFF_NOTICE_INTERVAL_NS`.
+    pub version: u32,
     /// Sorted by `start`, not overlapping; only `count` are used.
     pub entries: [MappingEntry; MAX_PROCESS_MAPPINGS],
 }
@@ -173,7 +177,7 @@ impl Default for ProcessMappings {
     fn default() -> Self {
         ProcessMappings {
             count: 0,
-            _reserved: 0,
+            version: 0,
             entries: [MappingEntry::default(); MAX_PROCESS_MAPPINGS],
         }
     }

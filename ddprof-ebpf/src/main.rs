@@ -82,9 +82,10 @@ type TableRows = BtfArray<RowChunk, 1, { TABLE_MAP_FLAGS as usize }>;
 static TABLES: ArrayOfMaps<TableRows, { MAX_TABLES as usize }> = ArrayOfMaps::new();
 
 /// When (`bpf_ktime_get_ns`) the program last named each process in a
-/// `HANDOFF_NOTICE` record; only the program reads and writes it.
+/// `HANDOFF_NOTICE` record, and its entry's version then (plus one; 0
+/// without an entry); only the program reads and writes it.
 #[map]
-static HANDED_OFF: LruHashMap<u32, u64> = LruHashMap::with_max_entries(1024, 0);
+static HANDED_OFF: LruHashMap<u32, [u64; 2]> = LruHashMap::with_max_entries(1024, 0);
 
 /// With `TREE_ONLY`: the processes userspace found not profiled (a sample
 /// of theirs was handed over, and no record of the profiled processes
@@ -815,18 +816,35 @@ fn read_user_u64(addr: u64) -> Option<u64> {
 /// wake-up for) wakes it. The reader never touches `HANDED_OFF` (each
 /// bpf(2) call of its own cost more than the rest of a new process's sync
 /// on a VM).
+///
+/// A process whose entry was written (or rewritten) since its last notice
+/// is named again at once, not after the interval: userspace described it
+/// since, and it hands over again, so its code changed again (rustup's
+/// proxy exec'ing rustc ~40 ms in, then rustc's libraries mapped; a shell
+/// exec'ing its command). Before, its tables reached the maps ~100 ms
+/// after the exec, and a `rustc -O` handed ~90 samples to the perf engine.
 #[inline(always)]
 fn hand_off_waking_reader(pid: u32) {
     count(BpfCounter::HandedToPerf);
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
+    // 0 without an entry, else its version plus one.
+    let version = match PROCESSES.get_ptr(pid) {
+        // SAFETY: a map value, read at once (see `rule_for`).
+        Some(mappings) => u64::from(unsafe { (*mappings).version }) + 1,
+        None => 0,
+    };
     // SAFETY: the value is read at once, not kept.
     let named_before = match unsafe { HANDED_OFF.get(&pid) } {
-        Some(&named) if now.wrapping_sub(named) < HANDOFF_NOTICE_INTERVAL_NS => return,
+        Some(&[named, seen])
+            if now.wrapping_sub(named) < HANDOFF_NOTICE_INTERVAL_NS && seen == version =>
+        {
+            return
+        }
         Some(_) => true,
         None => false,
     };
-    let _ = HANDED_OFF.insert(&pid, &now, 0);
+    let _ = HANDED_OFF.insert(&pid, &[now, version], 0);
     let Some(record) = SCRATCH.get_ptr_mut(0) else {
         return;
     };

@@ -224,15 +224,14 @@ impl Sampler {
                 let workload_gone = samples.read_samples(Duration::ZERO, pending)?;
                 let hung_up = records.read_ahead();
                 let finished = hung_up || workload_gone;
-                deliver_merged(
-                    samples, records, pending, processes, !finished, cutoff, on_sample,
-                );
-                let until = if finished { u64::MAX } else { cutoff };
-                records.deliver_until(processes, until, on_sample);
                 // New mappings (exec, mmap) reach the BPF maps for the next
                 // samples; processes whose new code is still held back are
                 // described as those records will leave them (from /proc
-                // when the records do not say enough).
+                // when the records do not say enough). Before the samples
+                // are delivered: those the program handed over since the
+                // exec need the same big tables in the perf engine, and
+                // delivering them first kept the kernel from unwinding
+                // rustc's next samples ~10-30 ms longer.
                 let young = records.pids_with_new_code();
                 if samples.sync_due(processes, &young) {
                     let preview = |pids: &_| records.preview(processes, pids);
@@ -247,6 +246,11 @@ impl Sampler {
                         samples.sync_read_young(processes, young);
                     }
                 }
+                deliver_merged(
+                    samples, records, pending, processes, !finished, cutoff, on_sample,
+                );
+                let until = if finished { u64::MAX } else { cutoff };
+                records.deliver_until(processes, until, on_sample);
                 Ok(finished)
             }
         }

@@ -641,15 +641,17 @@ impl BpfProgram {
     }
 
     /// Makes `pid`'s next hand-off notice one of a process named before
-    /// (`HANDED_OFF` at time 0), which wakes the reader at any rate: one
-    /// bpf(2) call, made once for the wrapped command.
+    /// (`HANDED_OFF` at time 0, without an entry), which wakes the reader
+    /// at any rate: one bpf(2) call, made once for the wrapped command.
     pub(super) fn mark_handed_off_long_ago(&mut self, pid: u32) -> Result<(), BpfError> {
-        let mut handed_off: aya::maps::HashMap<&mut MapData, u32, u64> =
+        let mut handed_off: aya::maps::HashMap<&mut MapData, u32, [u64; 2]> =
             self.hash_map(names::HANDED_OFF)?;
-        handed_off.insert(pid, 0, 0).map_err(|e| BpfError::Map {
-            map: names::HANDED_OFF,
-            problem: e.into(),
-        })
+        handed_off
+            .insert(pid, [0, 0], 0)
+            .map_err(|e| BpfError::Map {
+                map: names::HANDED_OFF,
+                problem: e.into(),
+            })
     }
 
     /// The hash map `name` of the loaded object, typed.

@@ -80,6 +80,8 @@ pub(super) struct MapMirror {
     /// tried: a read that failed is not tried again for every sample);
     /// forgotten with the process, so a reused pid is read again.
     read_from_proc: HashSet<u32>,
+    /// The version of the last entry written (`ProcessMappings::version`).
+    entry_version: u32,
     table_stats: TableStats,
 }
 
@@ -98,6 +100,7 @@ impl MapMirror {
             handed_off: HashSet::new(),
             dirty: HashSet::new(),
             synced_generation: None,
+            entry_version: 0,
             read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
         }
@@ -452,8 +455,10 @@ impl BpfEngine {
         }
         // The new tables reach their slots before the entry that uses them.
         self.mirror.rows.flush();
+        self.mirror.entry_version = self.mirror.entry_version.wrapping_add(1);
         let mut value = ProcessMappings {
             count: entries.len() as u32,
+            version: self.mirror.entry_version,
             ..ProcessMappings::default()
         };
         value.entries[..entries.len()].copy_from_slice(&entries);
