@@ -513,7 +513,10 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
 /// profiler (its `[perf_event]` mappings) and by the samples of a thread
 /// that burns 1 s of its own CPU time (`CLOCK_THREAD_CPUTIME_ID`) at 99 Hz
 /// once the profiler is up: ~99, where a thread opened twice would count
-/// twice. (At 999 Hz, the suite's run at 581561b lost 567 samples in full
+/// twice (~198). Under contention, samples by timer credit the busy thread
+/// more than its CPU time: alone 97-104 in 24 runs; beside another
+/// thread_churn (profiled or not) 94-119; the suite's runs, with the other
+/// attach tests beside it, 117, 118 and 124. The bound is 85-140. (At 999 Hz, the suite's run at 581561b lost 567 samples in full
 /// buffers while the loop waited 214 ms for a CPU beside the other engine's
 /// run: 2 MiB of 32 KB stack copies hold ~60 ms at that rate; at 99 Hz
 /// 1 MiB holds ~330 ms.) With `descriptor_limit` (`prlimit --nofile`), the threads whose
@@ -616,7 +619,7 @@ fn attaches_to_a_thread_per_request_server(engine: &str, descriptor_limit: Optio
         .map(|(_, count)| count)
         .sum();
     assert!(
-        (85..=115).contains(&busy),
+        (85..=140).contains(&busy),
         "{engine}: {busy} samples in thread_churn_busy for 1 s of its thread's CPU at 99 Hz:\n{log}"
     );
     assert!(
