@@ -71,7 +71,10 @@ fn weighs_software_events_and_a_tracepoint(engine: &str) {
     assert!(output.status.success(), "{stderr}");
     let counts = counted(&text(&output.stdout));
     let (faults, switches) = (counts["faults"], counts["switches"]);
-    assert!(faults >= 20_000 && switches >= 1_000, "{counts:?}");
+    // A sleep whose timer expires before its thread is switched out does
+    // not switch (one of the suite's runs counted 999 for 1,000 sleeps);
+    // the weights are judged against what was counted.
+    assert!(faults >= 20_000 && switches >= 990, "{counts:?}");
     let files = pprof_files(&out.0);
     assert_eq!(files.len(), 1, "{stderr}");
     let pprof = Profile::read_gzipped(&files[0]).unwrap();
