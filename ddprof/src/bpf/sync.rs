@@ -685,24 +685,18 @@ impl BpfEngine {
             dev: metadata.dev(),
             inode: metadata.ino(),
         });
-        self.load_files(&[file]).pop().flatten()
+        let report = self.stage_files(&[file]).pop().flatten();
+        self.mirror.rows.flush();
+        report
     }
 
     /// Loads the tables of `files` into maps now, as if a process mapped
-    /// them, and puts them all in their slots at once (each change of a
-    /// slot waits for an RCU grace period, 15-25 ms here: one wait for
-    /// all). What is loaded now is not loaded again when a process maps it.
-    pub fn load_files(&mut self, files: &[Arc<MappedFile>]) -> Vec<Option<LoadedFileReport>> {
-        let reports = self.stage_files(files);
-        self.mirror.rows.flush();
-        reports
-    }
-
-    /// [`BpfEngine::load_files`] without putting the maps in their slots:
-    /// the next sync that writes an entry does, in the grace period it
-    /// waits anyway (waited here, before a worker starts, it delayed every
-    /// launched command's worker by 15-25 ms, and a program allocating at
-    /// 17,000 samples a second lost samples in the rings meanwhile).
+    /// them (what is loaded now is not loaded again when a process maps
+    /// it), without putting the maps in their slots: the next sync that
+    /// writes an entry does, in the RCU grace period it waits anyway
+    /// (waited here, before a worker starts, it delayed every launched
+    /// command's worker by 15-25 ms, and a program allocating at 17,000
+    /// samples a second lost samples in the rings meanwhile).
     pub fn stage_files(&mut self, files: &[Arc<MappedFile>]) -> Vec<Option<LoadedFileReport>> {
         let states: Vec<FileState> = files
             .iter()
