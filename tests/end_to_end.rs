@@ -514,9 +514,14 @@ fn bpf_and_perf_engines_agree_on_the_stack_distribution() {
 /// that burns 1 s of its own CPU time (`CLOCK_THREAD_CPUTIME_ID`) at 99 Hz
 /// once the profiler is up: ~99, where a thread opened twice would count
 /// twice (~198). Under contention, samples by timer credit the busy thread
-/// more than its CPU time: alone 97-104 in 24 runs; beside another
-/// thread_churn (profiled or not) 94-119; the suite's runs, with the other
-/// attach tests beside it, 117, 118 and 124. The bound is 85-140. (At 999 Hz, the suite's run at 581561b lost 567 samples in full
+/// more or less than its CPU time: alone 96-104 in 30 runs, beside another
+/// thread_churn 94-119, in suite runs 117, 118 and 124, and 81 in one CI
+/// run (145 samples for the process's 1,329 ms, the profiler's loop waiting
+/// 315 ms for a CPU). One way to lose some: a per-CPU timer due while the
+/// host has descheduled the virtual CPU takes one sample when it runs
+/// again, not one per period missed. The bound, 60-150, is what the test exists for: a thread left
+/// unprofiled (0) or opened twice (~198), and the failure names the
+/// machine's steal and idle time during the burn. (At 999 Hz, the suite's run at 581561b lost 567 samples in full
 /// buffers while the loop waited 214 ms for a CPU beside the other engine's
 /// run: 2 MiB of 32 KB stack copies hold ~60 ms at that rate; at 99 Hz
 /// 1 MiB holds ~330 ms.) With `descriptor_limit` (`prlimit --nofile`), the threads whose
@@ -582,10 +587,12 @@ fn attaches_to_a_thread_per_request_server(engine: &str, descriptor_limit: Optio
         buffers <= cpus * 17,
         "{engine}: {buffers} perf buffers mapped for 1,000 threads on {cpus} CPUs"
     );
+    let machine_before = machine_times();
     let mut go = workload.0.stdin.take().unwrap();
     go.write_all(b"go\n").unwrap();
     drop(go);
     assert!(workload.0.wait().unwrap().success());
+    let machine_during = machine_times().since(&machine_before);
     let status = profiler.0.wait().unwrap();
     let log = [stderr.seen.clone(), stderr.rest(Duration::from_secs(30))]
         .concat()
@@ -619,13 +626,61 @@ fn attaches_to_a_thread_per_request_server(engine: &str, descriptor_limit: Optio
         .map(|(_, count)| count)
         .sum();
     assert!(
-        (85..=140).contains(&busy),
-        "{engine}: {busy} samples in thread_churn_busy for 1 s of its thread's CPU at 99 Hz:\n{log}"
+        (60..=150).contains(&busy),
+        "{engine}: {busy} samples in thread_churn_busy for 1 s of its thread's CPU at 99 Hz \
+         (the machine during the burn: {machine_during}):\n{log}"
     );
     assert!(
         complete * 100 >= busy * 95,
         "{engine}: {complete} of {busy} under their caller"
     );
+}
+
+/// The machine's CPU time by kind, from the first line of `/proc/stat`, in
+/// clock ticks.
+struct MachineTimes {
+    busy: u64,
+    idle: u64,
+    steal: u64,
+}
+
+impl MachineTimes {
+    fn since(&self, earlier: &MachineTimes) -> MachineTimes {
+        MachineTimes {
+            busy: self.busy.saturating_sub(earlier.busy),
+            idle: self.idle.saturating_sub(earlier.idle),
+            steal: self.steal.saturating_sub(earlier.steal),
+        }
+    }
+}
+
+impl std::fmt::Display for MachineTimes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ticks busy, {} idle, {} stolen by the host",
+            self.busy, self.idle, self.steal
+        )
+    }
+}
+
+fn machine_times() -> MachineTimes {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat is readable");
+    // cpu user nice system idle iowait irq softirq steal ...
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse().unwrap_or(0))
+        .collect();
+    let field = |index: usize| fields.get(index).copied().unwrap_or(0);
+    MachineTimes {
+        busy: field(0) + field(1) + field(2) + field(5) + field(6),
+        idle: field(3) + field(4),
+        steal: field(7),
+    }
 }
 
 #[test]
