@@ -360,6 +360,15 @@ impl Sampler {
         Ok(())
     }
 
+    /// Called in the parent before it forks a worker: no thread of the
+    /// engine's is left running (the worker would inherit its state, not
+    /// the thread).
+    pub fn settle_before_fork(&mut self) {
+        if let Engine::Bpf { samples, .. } = &mut self.engine {
+            samples.settle_table_changes();
+        }
+    }
+
     /// Called in the parent once a worker was forked: closes what only a
     /// worker uses and that would otherwise keep kernel memory alive beyond
     /// its worker (the BPF engine's start-up unwind tables, whose slots the

@@ -5,15 +5,22 @@
 //! closed) when no process maps the file any more. The kernel memory they
 //! take is counted against a budget (`--bpf-table-mib`).
 //!
-//! Each change of a slot waits in the kernel for an RCU grace period
-//! (`synchronize_rcu`, so that no program still uses what it replaced):
-//! ~16 ms here. Set one at a time, the 20 libraries of a new clang process
-//! took 320 ms to reach the kernel, and their samples went to the perf
-//! engine meanwhile. So [`TableMaps::store`] and [`TableMaps::release`]
-//! only note the change, and [`TableMaps::flush`] makes all that are
-//! pending at once, one thread each: their grace periods overlap.
+//! Each change of a slot made from userspace waits in the kernel for an
+//! RCU grace period (`synchronize_rcu`, so that no program still uses what
+//! it replaced): ~12-16 ms here. The kernel swaps the slot at the start of
+//! the call, though, and the program sees the new table from then on. So
+//! [`TableMaps::store`] and [`TableMaps::release`] only note the change,
+//! and [`TableMaps::flush`] hands each pending change to a thread of its
+//! own and returns as soon as every stored table is seen in its slot (a
+//! lookup of the slot), not when the grace periods end: the process entry
+//! that uses the tables is written ~0.1 ms after they were stored instead
+//! of one grace period later, and a release never holds the sampler's
+//! loop. A cleared slot is reused only once its thread has returned (its
+//! grace period over: no walk that found the old table is still running).
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
 
 use ddprof_common::bpf_maps::{RowChunk, MAX_TABLES, ROWS_PER_CHUNK, TABLE_MAP_FLAGS};
 use ddprof_common::unwind::{rows_as_bytes, rows_from_bytes, UnwindRow, ROW_SIZE};
@@ -24,6 +31,14 @@ pub struct TableMaps {
     slots: Vec<Slot>,
     budget_bytes: u64,
     used_bytes: u64,
+    /// Where the threads of [`TableMaps::flush`] say that a slot's change
+    /// returned (grace period over), and with what result.
+    changed_tx: Sender<(u32, io::Result<()>)>,
+    changed_rx: Receiver<(u32, io::Result<()>)>,
+    /// Changes handed to a thread whose result has not been taken yet.
+    in_flight: usize,
+    /// Those threads, until seen finished (joined before a fork).
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// A slot of `TABLES` as userspace left it.
@@ -33,8 +48,13 @@ enum Slot {
     Set(TableMap),
     /// Written, not yet in the kernel's slot ([`TableMaps::flush`]).
     Pending(TableMap),
+    /// Being put in the kernel's slot by a thread (in the slot once a
+    /// lookup finds it there; the thread returns after the grace period).
+    Storing(TableMap),
     /// Released, not yet cleared in the kernel's slot: not reused before.
     Clearing,
+    /// Being cleared by a thread: not reused before it returns.
+    BeingCleared,
 }
 
 /// One table's map.
@@ -48,14 +68,26 @@ struct TableMap {
 impl Slot {
     fn map(&self) -> Option<&TableMap> {
         match self {
-            Slot::Set(map) | Slot::Pending(map) => Some(map),
-            Slot::Free | Slot::Clearing => None,
+            Slot::Set(map) | Slot::Pending(map) | Slot::Storing(map) => Some(map),
+            Slot::Free | Slot::Clearing | Slot::BeingCleared => None,
         }
     }
 }
 
 /// At most this many slot changes run at once (a thread each).
 const FLUSH_THREADS: usize = 32;
+
+/// How long a wait for a slot change gives up after: a grace period takes
+/// ~12-16 ms here; one that takes this long means a stuck kernel, and the
+/// caller goes on (a warning says so).
+const CHANGE_WAIT_LIMIT: Duration = Duration::from_secs(10);
+
+/// How often [`TableMaps::flush`] looks whether its stores are in their
+/// slots yet.
+const VISIBLE_POLL: Duration = Duration::from_micros(50);
+
+/// The stack of a slot-changing thread (it makes one system call).
+const CHANGE_THREAD_STACK: usize = 64 << 10;
 
 /// Why a table was not stored.
 #[derive(Debug, thiserror::Error)]
@@ -82,11 +114,16 @@ impl TableMaps {
     /// The table store of the program's `TABLES` map `outer`, spending at
     /// most `budget_bytes` of kernel memory on tables.
     pub fn new(outer: BorrowedFd<'_>, budget_bytes: u64) -> io::Result<Self> {
+        let (changed_tx, changed_rx) = mpsc::channel();
         Ok(TableMaps {
             outer: outer.try_clone_to_owned()?,
             slots: Vec::new(),
             budget_bytes,
             used_bytes: 0,
+            changed_tx,
+            changed_rx,
+            in_flight: 0,
+            threads: Vec::new(),
         })
     }
 
@@ -120,6 +157,7 @@ impl TableMaps {
     /// program finds it there once [`TableMaps::flush`] has run.
     pub fn store(&mut self, rows: &[UnwindRow], name: &str) -> Result<u32, StoreError> {
         let needed = Self::bytes_for(rows.len());
+        self.take_finished_changes();
         let free = self.budget_bytes.saturating_sub(self.used_bytes);
         if needed > free {
             return Err(StoreError::OverBudget { needed, free });
@@ -174,12 +212,16 @@ impl TableMaps {
     /// keeps it until it ends: the kernel frees an inner map after an RCU
     /// grace period).
     pub fn release(&mut self, slot: u32) {
+        if matches!(self.slots.get(slot as usize), Some(Slot::Storing(_))) {
+            // Its thread's result decides whether there is anything to clear.
+            self.wait_for_change(|slots| !matches!(slots[slot as usize], Slot::Storing(_)));
+        }
         let Some(entry) = self.slots.get_mut(slot as usize) else {
             return;
         };
         let released = std::mem::replace(entry, Slot::Clearing);
         match released {
-            Slot::Set(map) => self.used_bytes -= map.bytes,
+            Slot::Set(map) | Slot::Storing(map) => self.used_bytes -= map.bytes,
             // Never in the kernel: nothing to clear.
             Slot::Pending(map) => {
                 self.used_bytes -= map.bytes;
@@ -190,64 +232,155 @@ impl TableMaps {
     }
 
     /// Makes the kernel's slots what [`TableMaps::store`] and
-    /// [`TableMaps::release`] said, all at once (a thread per change, so
-    /// that their grace periods overlap). A slot that cannot be set is
-    /// freed: its table's samples are then handed to the perf engine.
+    /// [`TableMaps::release`] said: each change goes to a thread of its own
+    /// (their grace periods overlap, and none is waited for here), and this
+    /// returns once every stored table is in its slot, where the program
+    /// finds it. A slot that cannot be set is freed: its table's samples
+    /// are then handed to the perf engine.
     pub fn flush(&mut self) {
-        let changes: Vec<(u32, Option<i32>)> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(slot, state)| match state {
-                Slot::Pending(map) => Some((slot as u32, Some(map.fd.as_raw_fd()))),
-                Slot::Clearing => Some((slot as u32, None)),
-                Slot::Free | Slot::Set(_) => None,
-            })
-            .collect();
-        if changes.is_empty() {
-            return;
-        }
-        let outer = self.outer.as_fd();
-        let results: Vec<io::Result<()>> = if changes.len() == 1 {
-            vec![update_slot(outer, changes[0].0, changes[0].1)]
-        } else {
-            changes
-                .chunks(FLUSH_THREADS)
-                .flat_map(|batch| {
-                    std::thread::scope(|scope| {
-                        let running: Vec<_> = batch
-                            .iter()
-                            .map(|&(slot, fd)| scope.spawn(move || update_slot(outer, slot, fd)))
-                            .collect();
-                        running
-                            .into_iter()
-                            .map(|thread| {
-                                thread
-                                    .join()
-                                    .unwrap_or_else(|_| Err(io::Error::other("thread panicked")))
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect()
-        };
-        for ((slot, _), result) in changes.into_iter().zip(results) {
-            let entry = &mut self.slots[slot as usize];
-            let state = std::mem::replace(entry, Slot::Free);
-            *entry = match (state, result) {
-                (Slot::Pending(map), Ok(())) => Slot::Set(map),
-                (Slot::Pending(map), Err(error)) => {
-                    log::warn!("BPF engine: cannot put an unwind table in slot {slot}: {error}");
-                    self.used_bytes -= map.bytes;
-                    Slot::Free
-                }
-                (_, Ok(())) => Slot::Free,
-                (_, Err(error)) => {
-                    log::debug!("BPF engine: cannot clear table slot {slot}: {error}");
-                    Slot::Free
-                }
+        self.take_finished_changes();
+        let mut stored = Vec::new();
+        for slot in 0..self.slots.len() {
+            let inner = match &self.slots[slot] {
+                Slot::Pending(map) => Some(map.fd.as_fd().try_clone_to_owned()),
+                Slot::Clearing => None,
+                _ => continue,
             };
+            while self.in_flight >= FLUSH_THREADS {
+                if !self.wait_for_change(|_| true) {
+                    break;
+                }
+            }
+            let state = std::mem::replace(&mut self.slots[slot], Slot::Free);
+            self.slots[slot] = match state {
+                Slot::Pending(map) => {
+                    stored.push(slot as u32);
+                    Slot::Storing(map)
+                }
+                _ => Slot::BeingCleared,
+            };
+            self.start_change(slot as u32, inner);
         }
+        // The stores are in the kernel once a lookup finds them (or their
+        // thread has answered, an error included).
+        let started = Instant::now();
+        loop {
+            self.take_finished_changes();
+            let outer = self.outer.as_fd();
+            let slots = &self.slots;
+            stored.retain(|&slot| {
+                matches!(slots[slot as usize], Slot::Storing(_)) && !slot_is_set(outer, slot)
+            });
+            if stored.is_empty() {
+                return;
+            }
+            if started.elapsed() > CHANGE_WAIT_LIMIT {
+                log::warn!(
+                    "BPF engine: {} unwind table(s) not in their slots after {} s; their \
+                     samples are handed to the perf engine until they are",
+                    stored.len(),
+                    CHANGE_WAIT_LIMIT.as_secs()
+                );
+                return;
+            }
+            std::thread::sleep(VISIBLE_POLL);
+        }
+    }
+
+    /// Hands the change of `slot` (to the map `inner`, or cleared with
+    /// `None`) to a thread; made here, waiting, if no thread can be had.
+    fn start_change(&mut self, slot: u32, inner: Option<io::Result<OwnedFd>>) {
+        let changed = self.changed_tx.clone();
+        let spawned = self
+            .outer
+            .as_fd()
+            .try_clone_to_owned()
+            .and_then(|outer| Ok((outer, inner.transpose()?)))
+            .and_then(|(outer, inner)| {
+                std::thread::Builder::new()
+                    .name("ddprof-slot".into())
+                    .stack_size(CHANGE_THREAD_STACK)
+                    .spawn(move || {
+                        let inner = inner.as_ref().map(AsRawFd::as_raw_fd);
+                        let _ = changed.send((slot, update_slot(outer.as_fd(), slot, inner)));
+                    })
+            });
+        match spawned {
+            Ok(thread) => {
+                self.in_flight += 1;
+                self.threads.push(thread);
+            }
+            Err(error) => {
+                log::debug!("BPF engine: slot {slot} changed without a thread: {error}");
+                let inner = match &self.slots[slot as usize] {
+                    Slot::Storing(map) => Some(map.fd.as_raw_fd()),
+                    _ => None,
+                };
+                let result = update_slot(self.outer.as_fd(), slot, inner);
+                self.finish_change(slot, result);
+            }
+        }
+    }
+
+    /// Takes the results of the changes whose threads have returned.
+    fn take_finished_changes(&mut self) {
+        while let Ok((slot, result)) = self.changed_rx.try_recv() {
+            self.in_flight -= 1;
+            self.finish_change(slot, result);
+        }
+        self.threads.retain(|thread| !thread.is_finished());
+    }
+
+    /// Waits for changes to return until `done` holds of the slots; false
+    /// if it gave up (a warning says so).
+    fn wait_for_change(&mut self, done: impl Fn(&[Slot]) -> bool) -> bool {
+        let deadline = Instant::now() + CHANGE_WAIT_LIMIT;
+        loop {
+            self.take_finished_changes();
+            if self.in_flight == 0 {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.changed_rx.recv_timeout(left) {
+                Ok((slot, result)) => {
+                    self.in_flight -= 1;
+                    self.finish_change(slot, result);
+                    if done(&self.slots) {
+                        return true;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                    log::warn!(
+                        "BPF engine: {} change(s) of unwind table slots still waiting in the \
+                         kernel after {} s",
+                        self.in_flight,
+                        CHANGE_WAIT_LIMIT.as_secs()
+                    );
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// What a returned change of `slot` leaves in it.
+    fn finish_change(&mut self, slot: u32, result: io::Result<()>) {
+        let entry = &mut self.slots[slot as usize];
+        let state = std::mem::replace(entry, Slot::Free);
+        *entry = match (state, result) {
+            (Slot::Storing(map), Ok(())) => Slot::Set(map),
+            (Slot::Storing(map), Err(error)) => {
+                log::warn!("BPF engine: cannot put an unwind table in slot {slot}: {error}");
+                self.used_bytes -= map.bytes;
+                Slot::Free
+            }
+            (Slot::BeingCleared, Ok(())) => Slot::Free,
+            (Slot::BeingCleared, Err(error)) => {
+                log::debug!("BPF engine: cannot clear table slot {slot}: {error}");
+                Slot::Free
+            }
+            // Not a slot a thread was changing: left as it was.
+            (other, _) => other,
+        };
     }
 
     /// Empties every slot of `TABLES`, the ones this copy does not know
@@ -267,7 +400,21 @@ impl TableMaps {
             .collect();
         self.used_bytes = 0;
         self.flush();
+        // Every clear returned before a slot is counted free again.
+        self.settle();
         self.slots.clear();
+    }
+
+    /// Waits until every change handed to a thread has returned (bounded):
+    /// before a fork, whose child would otherwise wait for threads it does
+    /// not have, and before slots are counted free again.
+    pub fn settle(&mut self) {
+        if self.wait_for_change(|_| false) {
+            // Each has sent its result: what is left of it is its exit.
+            for thread in self.threads.drain(..) {
+                let _ = thread.join();
+            }
+        }
     }
 
     /// Closes this copy's table maps without touching the kernel's slots
@@ -300,6 +447,8 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
+#[cfg(test)]
+const BPF_MAP_TYPE_ARRAY_OF_MAPS: u32 = 12;
 
 /// The leading fields of `union bpf_attr` for `BPF_MAP_CREATE` (the kernel
 /// takes the fields after them as zero).
@@ -399,10 +548,13 @@ fn update_slot(outer: BorrowedFd<'_>, slot: u32, inner: Option<i32>) -> io::Resu
     let mut attr = MapElemAttr {
         map_fd: outer.as_raw_fd() as u32,
         key: &key as *const u32 as u64,
-        value: &value as *const u32 as u64,
         ..MapElemAttr::default()
     };
+    // A delete takes the key alone: the kernel refuses one whose later
+    // fields are not zero (EINVAL; before, every clear failed so, and a
+    // released table stayed in its slot until a store replaced it).
     let command = if inner.is_some() {
+        attr.value = &value as *const u32 as u64;
         BPF_MAP_UPDATE_ELEM
     } else {
         BPF_MAP_DELETE_ELEM
@@ -466,5 +618,89 @@ mod tests {
         assert_eq!(TableMaps::bytes_for(16), 2 * page);
         // 1 M rows: 65,536 chunks of 192 bytes = 12 MiB.
         assert_eq!(TableMaps::bytes_for(1 << 20), (12 << 20) + page);
+    }
+
+    /// An array of maps like `TABLES`, of `slots` slots, whose inner maps
+    /// are table maps (root only: creating BPF maps needs `CAP_BPF`).
+    fn outer_map(slots: u32) -> OwnedFd {
+        let template = create_table_map(1, "template").expect("root may create BPF maps");
+        let mut attr = MapCreateAttr {
+            map_type: BPF_MAP_TYPE_ARRAY_OF_MAPS,
+            key_size: 4,
+            value_size: 4,
+            max_entries: slots,
+            inner_map_fd: template.as_raw_fd() as u32,
+            ..MapCreateAttr::default()
+        };
+        let fd = bpf_command(BPF_MAP_CREATE, &mut attr).expect("an array of maps");
+        // SAFETY: BPF_MAP_CREATE returned a new descriptor that nothing else owns.
+        unsafe { OwnedFd::from_raw_fd(fd as i32) }
+    }
+
+    fn rows(count: u32) -> Vec<UnwindRow> {
+        (0..count)
+            .map(|i| UnwindRow {
+                start: i * 16,
+                cfa_offset: 8,
+                ..UnwindRow::default()
+            })
+            .collect()
+    }
+
+    /// `flush` returns once the kernel's slots hold the stored tables (the
+    /// program may use them from then on) and does not wait for the grace
+    /// periods; a released slot is cleared by a thread, not handed out
+    /// again before that thread has returned, and `settle` waits for every
+    /// thread. As root, as the suite runs (creating BPF maps needs
+    /// `CAP_BPF`).
+    #[test]
+    fn a_flush_puts_tables_in_their_slots_and_a_cleared_slot_waits_for_its_thread() {
+        let outer = outer_map(8);
+        let mut maps = TableMaps::new(outer.as_fd(), 1 << 30).unwrap();
+        let first = maps.store(&rows(100), "first").unwrap();
+        let second = maps.store(&rows(20), "second").unwrap();
+        assert!(
+            !slot_is_set(outer.as_fd(), first),
+            "stored, not flushed yet"
+        );
+        maps.flush();
+        for slot in [first, second] {
+            assert!(
+                slot_is_set(outer.as_fd(), slot),
+                "slot {slot} after the flush"
+            );
+        }
+        assert_eq!(maps.rows(first), Some(rows(100)));
+
+        maps.release(first);
+        maps.flush();
+        let third = maps.store(&rows(10), "third").unwrap();
+        if matches!(maps.slots[first as usize], Slot::BeingCleared) {
+            assert_ne!(third, first, "a slot still being cleared was handed out");
+        }
+        maps.flush();
+        assert!(slot_is_set(outer.as_fd(), third));
+
+        maps.settle();
+        assert_eq!(maps.in_flight, 0);
+        assert!(maps.threads.is_empty());
+        if third != first {
+            assert!(
+                !slot_is_set(outer.as_fd(), first),
+                "the released slot is cleared"
+            );
+            assert!(matches!(maps.slots[first as usize], Slot::Free));
+        }
+        assert!(matches!(maps.slots[second as usize], Slot::Set(_)));
+        assert_eq!(maps.used_rows(), 30);
+
+        maps.clear_all();
+        for slot in 0..8 {
+            assert!(
+                !slot_is_set(outer.as_fd(), slot),
+                "slot {slot} after clear_all"
+            );
+        }
+        assert_eq!(maps.in_flight, 0);
     }
 }

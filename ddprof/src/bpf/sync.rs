@@ -82,6 +82,13 @@ pub(super) struct MapMirror {
     read_from_proc: HashSet<u32>,
     /// The version of the last entry written (`ProcessMappings::version`).
     entry_version: u32,
+    /// While set, a table that would have to be compiled (or its file
+    /// hashed) is left out of the entry being written, and the process
+    /// goes to `deferred` (see [`BpfEngine::sync_read_young`]).
+    defer_compiling: bool,
+    /// Processes whose entries were written without tables still to
+    /// compile.
+    deferred: Vec<u32>,
     table_stats: TableStats,
 }
 
@@ -101,6 +108,8 @@ impl MapMirror {
             dirty: HashSet::new(),
             synced_generation: None,
             entry_version: 0,
+            defer_compiling: false,
+            deferred: Vec::new(),
             read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
         }
@@ -213,6 +222,9 @@ enum FileState {
     /// No table (no CFI, unreadable, not ELF): frame pointers, as the perf
     /// engine would use.
     Missing,
+    /// Not loaded yet: its table is to be compiled (or its file hashed)
+    /// later in the same sync. Never kept in `MapMirror::files`.
+    Deferred,
 }
 
 /// One loaded table, as reported by [`BpfEngine::load_file`].
@@ -319,7 +331,7 @@ impl BpfEngine {
         let needs_load = |file: &Arc<MappedFile>| match self.mirror.files.get(file) {
             Some(FileState::Loaded(key)) => !self.mirror.tables.contains_key(key),
             Some(FileState::NotLoaded | FileState::Missing) => false,
-            None => true,
+            Some(FileState::Deferred) | None => true,
         };
         let loads = |process: &Process| process.mappings.iter().any(|m| needs_load(&m.file));
         young.table.iter().any(|(_, process)| loads(process))
@@ -341,6 +353,14 @@ impl BpfEngine {
     /// `processes` has it.
     pub fn sync_read_young(&mut self, processes: &ProcessTable, young: YoungProcesses) {
         self.mirror.synced_generation = Some(processes.generation());
+        // First the entries, with the tables at hand (loaded, or stored
+        // from an earlier run under a remembered digest); then the tables
+        // that must be compiled, and the entries again with them. A cold
+        // clang process's entry waited ~230 ms for libz3's table (127 ms)
+        // and the hashing of the 30 MB libicudata (50 ms), while its
+        // samples went to the perf engine, mostly in libLLVM, whose table
+        // was stored.
+        self.mirror.defer_compiling = true;
         let read: Vec<u32> = young.table.pids().collect();
         for pid in read {
             self.sync_process(pid, &young.table);
@@ -366,6 +386,15 @@ impl BpfEngine {
             .dirty
             .extend(processes.pids().filter(|pid| !young.pids.contains(pid)));
         self.sync_dirty(processes);
+        self.mirror.defer_compiling = false;
+        let deferred = std::mem::take(&mut self.mirror.deferred);
+        for pid in deferred {
+            if young.table.get(pid).is_some() {
+                self.sync_process(pid, &young.table);
+            } else {
+                self.sync_process(pid, processes);
+            }
+        }
         // Slots released by the syncs above and not reused yet.
         self.mirror.rows.flush();
     }
@@ -418,6 +447,7 @@ impl BpfEngine {
         // later one must not free an earlier one (its rows would be handed
         // out again while this entry points at them).
         self.mirror.syncing.clear();
+        let mut deferred = false;
         for mapping in process.mappings.iter().take(MAX_PROCESS_MAPPINGS) {
             let mut entry = MappingEntry {
                 start: mapping.start,
@@ -425,9 +455,11 @@ impl BpfEngine {
                 ..MappingEntry::default()
             };
             let state = self.table_for(pid, &mapping.file, Some((mapping.start, mapping.end)));
-            if let FileState::NotLoaded = state {
+            if let FileState::NotLoaded | FileState::Deferred = state {
+                // Its frames are handed to the perf engine.
                 entry.table = TABLE_NOT_LOADED;
             }
+            deferred |= matches!(state, FileState::Deferred);
             if let FileState::Loaded(key) = state {
                 if let Some(table) = self.mirror.tables.get(&key) {
                     if let Some(bias) = LoadSegment::bias_for_mapping(
@@ -448,7 +480,7 @@ impl BpfEngine {
             .mirror
             .synced
             .get_mut(&pid)
-            .filter(|synced| synced.entries == entries)
+            .filter(|synced| !deferred && synced.entries == entries)
         {
             synced.fingerprint = fingerprint;
             return;
@@ -481,11 +513,16 @@ impl BpfEngine {
         self.mirror.record_synced(
             pid,
             SyncedProcess {
-                fingerprint,
+                // Not synced as its mappings are until its deferred tables
+                // are in (a fingerprint no mappings give).
+                fingerprint: if deferred { !fingerprint } else { fingerprint },
                 entries,
                 tables,
             },
         );
+        if deferred {
+            self.mirror.deferred.push(pid);
+        }
     }
 
     /// An entry that could not be written (the map is full): the one
@@ -512,14 +549,24 @@ impl BpfEngine {
             None => {}
         }
         let state = self.load_table(pid, file, range);
-        self.mirror.files.insert(file.clone(), state.clone());
+        if !matches!(state, FileState::Deferred) {
+            self.mirror.files.insert(file.clone(), state.clone());
+        }
         state
     }
 
     fn load_table(&mut self, pid: u32, file: &MappedFile, range: Option<(u64, u64)>) -> FileState {
         let started = std::time::Instant::now();
-        let table = match self.mirror.compiler.load(pid, file, range) {
+        let loaded = if self.mirror.defer_compiling {
+            self.mirror.compiler.load_if_ready(pid, file, range)
+        } else {
+            self.mirror.compiler.load(pid, file, range)
+        };
+        let table = match loaded {
             Ok(table) => table,
+            Err(crate::unwind::cache::LoadError::NotStored(_)) if self.mirror.defer_compiling => {
+                return FileState::Deferred;
+            }
             Err(error) => {
                 log::debug!("BPF engine: no unwind table: {error}");
                 self.mirror.table_stats.files_without_table += 1;
@@ -611,6 +658,7 @@ impl BpfEngine {
         self.mirror.files.retain(|_, state| match state {
             FileState::Loaded(key) => self.mirror.tables.contains_key(key),
             FileState::NotLoaded | FileState::Missing => !forget_decisions,
+            FileState::Deferred => false,
         });
     }
 
@@ -667,6 +715,13 @@ impl BpfEngine {
         Ok(())
     }
 
+    /// Waits for the changes of table slots still running on threads of
+    /// this process (see [`super::rows::TableMaps::flush`]): called before
+    /// a worker is forked.
+    pub fn settle_table_changes(&mut self) {
+        self.mirror.rows.settle();
+    }
+
     /// Closes this copy's unwind table maps (the parent's, once a worker
     /// was forked; see [`super::rows::TableMaps::close_descriptors`]).
     pub fn release_table_maps(&mut self) {
@@ -693,10 +748,11 @@ impl BpfEngine {
     /// Loads the tables of `files` into maps now, as if a process mapped
     /// them (what is loaded now is not loaded again when a process maps
     /// it), without putting the maps in their slots: the next sync that
-    /// writes an entry does, in the RCU grace period it waits anyway
-    /// (waited here, before a worker starts, it delayed every launched
-    /// command's worker by 15-25 ms, and a program allocating at 17,000
-    /// samples a second lost samples in the rings meanwhile).
+    /// writes an entry does (a slot set here, before a worker starts, must
+    /// finish its RCU grace period before the fork; waited for, it delayed
+    /// every launched command's worker by 15-25 ms, and a program
+    /// allocating at 17,000 samples a second lost samples in the rings
+    /// meanwhile).
     pub fn stage_files(&mut self, files: &[Arc<MappedFile>]) -> Vec<Option<LoadedFileReport>> {
         let states: Vec<FileState> = files
             .iter()

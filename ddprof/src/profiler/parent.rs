@@ -99,6 +99,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
             nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         )
         .map_err(std::io::Error::from)?;
+        sampler.settle_before_fork();
         // SAFETY: the child runs only this thread (see worker.rs for what
         // it may touch) and leaves with _exit, never returning here.
         let pid = unsafe { libc::fork() };

@@ -199,6 +199,21 @@ impl TableCache {
         self
     }
 
+    /// [`TableCache::load`] if that is cheap: the table held, or in the
+    /// store under a remembered digest; else `LoadError::NotStored`,
+    /// without hashing or compiling anything.
+    pub fn load_if_ready(
+        &mut self,
+        pid: u32,
+        mapped: &MappedFile,
+        range: Option<(u64, u64)>,
+    ) -> Result<Arc<CachedTable>, LoadError> {
+        let compiles = std::mem::replace(&mut self.compiles, false);
+        let result = self.load(pid, mapped, range);
+        self.compiles = compiles;
+        result
+    }
+
     /// Drops every table it holds (a process that no longer unwinds).
     pub fn forget_all(&mut self) {
         self.files.clear();
