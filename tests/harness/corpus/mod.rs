@@ -91,14 +91,16 @@ const STACK_BYTES: u32 = 32768;
 /// (and the perf engine) can copy.
 const DEEP_STACK_BYTES: u32 = 65528;
 /// The least share of a big program's samples the default engine unwinds
-/// in the kernel (its exit line's count). Issue 32 asks for 99 %; measured
-/// here 98.6-99.4 % on a new VM (clang 98.6, rustc 99.1, big-static 99.4:
-/// the rest, the first tens of milliseconds of a process, until its entry
-/// is written, handed to the perf engine), against 0.06 % before the
-/// tables had maps of their own (2 of 3,309 clang samples). Asserted at
-/// 95 %: clang read 98.0 % in a suite run, and a loaded CI machine delays
-/// the reader.
-pub const MIN_IN_KERNEL_SHARE: f64 = 0.95;
+/// in the kernel (its exit line's count: in the kernel, against in the
+/// kernel plus unwound by the perf engine). Issue 32 asks for 99 %. With
+/// entries written first from the tables at hand, and without waiting for
+/// the slots' grace periods, 6 runs here read clang 99.33-99.85 %, rustc
+/// 99.20-99.46 %, big-static 99.43-99.87 % (3 of them with an empty
+/// cache; before: clang 98.0-98.6 % on a first run). The rest are a
+/// process's first milliseconds, until its entry is written. Asserted at
+/// 98.5 %: a loaded CI machine delays the reader, and a 15 ms stall is
+/// ~15 samples at 999 Hz, 0.25 % of an entry.
+pub const MIN_IN_KERNEL_SHARE: f64 = 0.985;
 /// The least share of a big program's expected samples either ddprof
 /// engine delivers. The perf engine read none of its buffers while it
 /// compiled a big table: 94 % of big-static's samples (395 of 5,785 lost
