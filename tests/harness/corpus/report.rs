@@ -167,21 +167,26 @@ pub(super) fn format_leaves(leaves: &[(&str, f64)]) -> String {
 }
 
 /// The markdown table: entry × tool, samples against expected, complete
-/// stacks, top-3 leaf functions.
+/// stacks, the default engine's share unwound in the kernel, top-3 leaf
+/// functions.
 pub fn table(results: &[EntryResult]) -> String {
     let mut out = String::new();
     writeln!(
         out,
-        "| entry | tool | CPU (s) | samples | expected | samples / expected | complete stacks | top-3 leaf functions |"
+        "| entry | tool | CPU (s) | samples | expected | samples / expected | complete stacks | in the kernel | top-3 leaf functions |"
     )
     .unwrap();
-    writeln!(out, "| --- | --- | --- | --- | --- | --- | --- | --- |").unwrap();
+    writeln!(
+        out,
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
+    .unwrap();
     for result in results {
         for (tool, run) in &result.runs {
             match run {
                 Ok(m) => writeln!(
                     out,
-                    "| {} | {} | {:.2} | {} | {:.0} | {:.0} % | {:.1} % | {} |",
+                    "| {} | {} | {:.2} | {} | {:.0} | {:.0} % | {:.1} % | {} | {} |",
                     result.entry.name,
                     tool.label(),
                     m.cpu.as_secs_f64(),
@@ -189,11 +194,17 @@ pub fn table(results: &[EntryResult]) -> String {
                     m.expected_samples(),
                     100.0 * m.sample_ratio(),
                     m.complete_percent(),
+                    m.in_kernel
+                        .map(|(kernel, perf)| format!(
+                            "{:.2} %",
+                            100.0 * kernel as f64 / (kernel + perf).max(1) as f64
+                        ))
+                        .unwrap_or_default(),
                     format_leaves(&m.top_leaves(3))
                 ),
                 Err(error) => writeln!(
                     out,
-                    "| {} | {} | failed: {} | | | | | |",
+                    "| {} | {} | failed: {} | | | | | | |",
                     result.entry.name,
                     tool.label(),
                     first_line(error).replace('|', "\\|")
