@@ -476,7 +476,7 @@ fn open_process_events(
         Err(OpenError::NoSuchProcess { .. }) => return Err(LaunchError::NoSuchProcess(pid)),
         Err(source) => return Err(LaunchError::Attach { pid, source }),
     };
-    let threads: Vec<i32> = target::threads(pid)
+    let mut threads: Vec<i32> = target::threads(pid)
         .map_err(|source| match source.kind() {
             std::io::ErrorKind::NotFound => LaunchError::NoSuchProcess(pid),
             _ => LaunchError::Threads { pid, source },
@@ -495,6 +495,9 @@ fn open_process_events(
         .cloned()
         .collect();
     let budget = thread_budget(events.len());
+    if threads.len() > budget {
+        target::busiest_and_oldest_first(pid, &mut threads);
+    }
     let mut not_profiled: Vec<(i32, OpenError)> = Vec::new();
     for &tid in threads.iter().take(budget) {
         match events::open_all(&opened, Scope::Process(tid), options) {
@@ -508,8 +511,9 @@ fn open_process_events(
     if threads.len() > budget {
         log::warn!(
             "{} of the {total} threads of process {pid} are not profiled: each takes an event \
-             per CPU and event, and theirs would pass the descriptor limit (ulimit -n, {}); \
-             raise it to profile them",
+             per CPU and event, and theirs would pass the descriptor limit (ulimit -n, {}); the \
+             threads that used the most CPU, then the oldest, are profiled; raise it to \
+             profile them all",
             threads.len() - budget,
             descriptor_limit()
         );

@@ -148,6 +148,35 @@ pub fn threads(pid: i32) -> io::Result<Vec<i32>> {
     Ok(tids)
 }
 
+/// `tids`, threads of `pid`, in the order to profile them when not all
+/// can be: the ones that used the most CPU first, then the oldest (a
+/// thread-per-request server's long-lived threads before the requests'
+/// short-lived ones, which end soon anyway). By thread ID alone, a busy
+/// thread started before the IDs wrapped around `pid_max` (32,768 here)
+/// came after a thousand short-lived ones and was left out. A thread whose
+/// `stat` cannot be read (it ended) comes last.
+pub fn busiest_and_oldest_first(pid: i32, tids: &mut [i32]) {
+    tids.sort_by_cached_key(|&tid| {
+        let (cpu_ticks, start_ticks) =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                .ok()
+                .and_then(|stat| cpu_and_start_ticks(&stat))
+                .unwrap_or((0, u64::MAX));
+        (std::cmp::Reverse(cpu_ticks), start_ticks, tid)
+    });
+}
+
+/// From a `/proc/…/stat` line: utime + stime and the start time (fields
+/// 14, 15 and 22), in clock ticks. The command name (field 2) may hold
+/// spaces and parentheses: the fields are counted after its last ')'.
+fn cpu_and_start_ticks(stat: &str) -> Option<(u64, u64)> {
+    let (_, fields) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = fields.split_whitespace().collect();
+    // Field 3 (the state) is the first after the name.
+    let field = |number: usize| fields.get(number - 3)?.parse::<u64>().ok();
+    Some((field(14)?.saturating_add(field(15)?), field(22)?))
+}
+
 /// The processes a profiler of `target` profiles now: the target and its
 /// descendants (by `PPid` in `/proc/*/stat`), or every process for
 /// `--global`. A profiler worker that replaces another reads these from
@@ -220,6 +249,85 @@ mod tests {
         assert!(processes_in_scope(Target::Global).contains(&1));
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn reads_cpu_and_start_ticks_past_a_hostile_command_name() {
+        // A thread named ") S 1 2 3" by its program, as the kernel prints it.
+        let stat = "4242 () S 1 2 3) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
+                    250 17 0 0 20 0 3 0 98765 1000000 200 18446744073709551615";
+        assert_eq!(cpu_and_start_ticks(stat), Some((267, 98765)));
+        assert_eq!(cpu_and_start_ticks("4242 (cut short) S 1"), None);
+        assert_eq!(cpu_and_start_ticks("no name at all"), None);
+    }
+
+    #[test]
+    fn a_busy_thread_comes_before_idle_ones_and_the_oldest_before_younger() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{mpsc, Arc};
+        let stop = Arc::new(AtomicBool::new(false));
+        // Two idle threads, started 50 ms apart (start times are in clock
+        // ticks of 10 ms), the younger with the smaller ID if IDs wrapped.
+        let idle = |stop: Arc<AtomicBool>| {
+            let (tid_tx, tid_rx) = mpsc::channel();
+            let thread = std::thread::spawn(move || {
+                // SAFETY: gettid has no memory effects.
+                tid_tx.send(unsafe { libc::gettid() }).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            (thread, tid_rx.recv().unwrap())
+        };
+        let (older, older_tid) = idle(stop.clone());
+        std::thread::sleep(Duration::from_millis(50));
+        let (younger, younger_tid) = idle(stop.clone());
+        let busy_stop = stop.clone();
+        let (busy_tid_tx, busy_tid_rx) = mpsc::channel();
+        let busy = std::thread::spawn(move || {
+            // SAFETY: gettid has no memory effects.
+            busy_tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            let mut sink = 0u64;
+            while !busy_stop.load(Ordering::Relaxed) {
+                sink = std::hint::black_box(sink.wrapping_add(1));
+            }
+        });
+        let busy_tid = busy_tid_rx.recv().unwrap();
+        let me = std::process::id() as i32;
+        let ticks_of = |tid: i32| {
+            std::fs::read_to_string(format!("/proc/{me}/task/{tid}/stat"))
+                .ok()
+                .and_then(|stat| cpu_and_start_ticks(&stat))
+        };
+        // Until the kernel has counted some of its CPU time.
+        let started = std::time::Instant::now();
+        while ticks_of(busy_tid).is_none_or(|(cpu, _)| cpu < 5) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the busy thread never ran"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut tids = threads(me).unwrap();
+        tids.push(i32::MAX);
+        busiest_and_oldest_first(me, &mut tids);
+        let (older_ticks, younger_ticks) = (ticks_of(older_tid), ticks_of(younger_tid));
+        stop.store(true, Ordering::Relaxed);
+        for thread in [busy, older, younger] {
+            thread.join().unwrap();
+        }
+        assert_eq!(tids.first(), Some(&busy_tid), "{tids:?}");
+        assert_eq!(tids.last(), Some(&i32::MAX), "no such thread: last");
+        let position = |tid: i32| tids.iter().position(|&t| t == tid).unwrap();
+        // Both idle: no CPU tick counted (else the order is by CPU first).
+        if older_ticks.is_some_and(|(cpu, _)| cpu == 0)
+            && younger_ticks.is_some_and(|(cpu, _)| cpu == 0)
+        {
+            assert!(
+                position(older_tid) < position(younger_tid),
+                "{older_ticks:?} {younger_ticks:?} {tids:?}"
+            );
+        }
     }
 
     #[test]
