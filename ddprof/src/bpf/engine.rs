@@ -453,10 +453,8 @@ impl BpfEngine {
 /// The process exists and is not a zombie.
 pub(super) fn is_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next())
+        Ok(stat) => crate::files::target::stat_field(&stat, 3)
+            .and_then(|state| state.chars().next())
             .is_some_and(|state| state != 'Z' && state != 'X'),
         Err(_) => false,
     }

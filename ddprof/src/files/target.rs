@@ -654,6 +654,14 @@ fn reopen_regular(
     })
 }
 
+/// Field `number` of a `/proc/…/stat` line, as proc(5) numbers them (3 is
+/// the state). The command name (field 2), which the process chooses, may
+/// hold spaces and parentheses: the fields are counted after its last ')'.
+pub fn stat_field(stat: &str, number: usize) -> Option<&str> {
+    let (_, fields) = stat.rsplit_once(')')?;
+    fields.split_whitespace().nth(number.checked_sub(3)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

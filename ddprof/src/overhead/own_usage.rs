@@ -73,18 +73,14 @@ pub(super) fn parent_cpu_time(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return Duration::ZERO;
     };
-    // The command name may hold spaces and parentheses: fields start after
-    // the last ')'. utime, stime, cutime and cstime are fields 14-17.
-    let Some((_, fields)) = stat.rsplit_once(')') else {
-        return Duration::ZERO;
-    };
-    let ticks: Vec<u64> = fields
-        .split_whitespace()
-        .skip(11)
-        .take(4)
-        .map(|field| field.parse::<u64>().unwrap_or(0))
+    // utime, stime, cutime and cstime are fields 14-17.
+    let ticks: Option<Vec<u64>> = (14..=17)
+        .map(|number| {
+            crate::files::target::stat_field(&stat, number)
+                .map(|field| field.parse::<u64>().unwrap_or(0))
+        })
         .collect();
-    let [utime, stime, cutime, cstime] = ticks[..] else {
+    let Some(&[utime, stime, cutime, cstime]) = ticks.as_deref() else {
         return Duration::ZERO;
     };
     // SAFETY: sysconf has no memory effects; _SC_CLK_TCK is always valid.

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+use crate::files::target::stat_field;
+
 /// What is being profiled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -132,10 +134,7 @@ fn proc_says_alive(pid: i32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };
-    // The state follows the parenthesised command name, which may hold spaces.
-    let state = stat
-        .rfind(')')
-        .and_then(|end| stat[end + 1..].split_whitespace().next());
+    let state = stat_field(&stat, 3);
     !matches!(state, Some("Z") | Some("X") | Some("x") | None)
 }
 
@@ -167,13 +166,9 @@ pub fn busiest_and_oldest_first(pid: i32, tids: &mut [i32]) {
 }
 
 /// From a `/proc/…/stat` line: utime + stime and the start time (fields
-/// 14, 15 and 22), in clock ticks. The command name (field 2) may hold
-/// spaces and parentheses: the fields are counted after its last ')'.
+/// 14, 15 and 22), in clock ticks.
 fn cpu_and_start_ticks(stat: &str) -> Option<(u64, u64)> {
-    let (_, fields) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = fields.split_whitespace().collect();
-    // Field 3 (the state) is the first after the name.
-    let field = |number: usize| fields.get(number - 3)?.parse::<u64>().ok();
+    let field = |number: usize| stat_field(stat, number)?.parse::<u64>().ok();
     Some((field(14)?.saturating_add(field(15)?), field(22)?))
 }
 
@@ -189,8 +184,7 @@ pub fn processes_in_scope(target: Target) -> Vec<u32> {
                 .filter_map(|entry| {
                     let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
                     let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-                    let (_, fields) = stat.rsplit_once(')')?;
-                    let ppid = fields.split_whitespace().nth(1)?.parse().ok()?;
+                    let ppid = stat_field(&stat, 4)?.parse().ok()?;
                     Some((pid, ppid))
                 })
                 .collect()
