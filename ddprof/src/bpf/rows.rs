@@ -317,6 +317,7 @@ impl TableMaps {
                     _ => None,
                 };
                 let result = update_slot(self.outer.as_fd(), slot, inner);
+                self.in_flight += 1;
                 self.finish_change(slot, result);
             }
         }
@@ -325,7 +326,6 @@ impl TableMaps {
     /// Takes the results of the changes whose threads have returned.
     fn take_finished_changes(&mut self) {
         while let Ok((slot, result)) = self.changed_rx.try_recv() {
-            self.in_flight -= 1;
             self.finish_change(slot, result);
         }
         self.threads.retain(|thread| !thread.is_finished());
@@ -343,7 +343,6 @@ impl TableMaps {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.changed_rx.recv_timeout(left) {
                 Ok((slot, result)) => {
-                    self.in_flight -= 1;
                     self.finish_change(slot, result);
                     if done(&self.slots) {
                         return true;
@@ -362,8 +361,10 @@ impl TableMaps {
         }
     }
 
-    /// What a returned change of `slot` leaves in it.
+    /// What a returned change of `slot` leaves in it (one of the
+    /// `in_flight` changes).
     fn finish_change(&mut self, slot: u32, result: io::Result<()>) {
+        self.in_flight -= 1;
         let entry = &mut self.slots[slot as usize];
         let state = std::mem::replace(entry, Slot::Free);
         *entry = match (state, result) {

@@ -208,10 +208,7 @@ impl TableCache {
         mapped: &MappedFile,
         range: Option<(u64, u64)>,
     ) -> Result<Arc<CachedTable>, LoadError> {
-        let compiles = std::mem::replace(&mut self.compiles, false);
-        let result = self.load(pid, mapped, range);
-        self.compiles = compiles;
-        result
+        self.load_compiling(pid, mapped, range, false)
     }
 
     /// Drops every table it holds (a process that no longer unwinds).
@@ -311,6 +308,17 @@ impl TableCache {
         mapped: &MappedFile,
         range: Option<(u64, u64)>,
     ) -> Result<Arc<CachedTable>, LoadError> {
+        self.load_compiling(pid, mapped, range, self.compiles)
+    }
+
+    /// [`TableCache::load`], compiling (and hashing) only if `compiles`.
+    fn load_compiling(
+        &mut self,
+        pid: u32,
+        mapped: &MappedFile,
+        range: Option<(u64, u64)>,
+        compiles: bool,
+    ) -> Result<Arc<CachedTable>, LoadError> {
         if mapped.path == "[vdso]" {
             return self.load_vdso();
         }
@@ -328,7 +336,7 @@ impl TableCache {
         };
         // What the table is derived from: the file's bytes (never its build
         // id, which whoever built the file chose).
-        let hashed = if self.compiles {
+        let hashed = if compiles {
             digest::of_file(&file).map_err(read_error)?
         } else {
             digest::remembered(&file).ok_or_else(|| LoadError::NotStored(mapped.path.clone()))?
@@ -384,7 +392,7 @@ impl TableCache {
             self.stats.tables_from_store += 1;
             return Ok(self.insert(key, table));
         }
-        if !self.compiles {
+        if !compiles {
             return Err(LoadError::NotStored(mapped.path.clone()));
         }
         // (The debug file is read through its own descriptor; the original
