@@ -108,7 +108,11 @@ fn poll_engine_alone(
         .read_samples(Duration::from_millis(100), &mut batch)
         .expect("reading the ring buffer works");
     for sample in batch {
-        engine.before_sample(processes, sample.pid);
+        // What the sampler's record reader does for a process no record
+        // named: read it from `/proc` and have the engine describe it.
+        if processes.get(sample.pid).is_none() && processes.load_from_proc(sample.pid).is_ok() {
+            engine.describe_read_from_proc(processes, &[sample.pid]);
+        }
         on_sample(sample);
     }
     finished
@@ -959,6 +963,17 @@ fn profile_forker(variant: &str, freq: u32) -> ((u64, u64, u64), HashMap<String,
     // The workload's CPU time as wait4 tells it (the command and every
     // child it reaped), to judge the samples and losses by.
     summary.insert("workload_cpu_ms".to_string(), reaped.cpu.as_millis() as u64);
+    // For a failed accounting assertion: the samples of processes the
+    // records do not name, dropped once handed over ("… N after they were
+    // handed over"), and the samples the kernel's count was short of.
+    let dropped_after_handover = stderr.lines().find_map(|line| {
+        let before = line.split(" after they were handed over").next()?;
+        (before.len() < line.len()).then(|| before.rsplit(", ").next()?.trim().parse().ok())?
+    });
+    summary.insert(
+        "dropped_after_handover".to_string(),
+        dropped_after_handover.unwrap_or(u64::MAX),
+    );
     let folded = std::fs::read_to_string(output_dir.join("stacks.folded")).unwrap();
     let _ = std::fs::remove_dir_all(&output_dir);
     ((in_kernel, by_perf, read_from_proc), summary, folded)

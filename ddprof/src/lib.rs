@@ -11,6 +11,7 @@
 //! - [`events`]: perf_event_open and the perf event attributes both engines use.
 //! - [`perf`]: the perf ring-buffer engine (user-side DWARF unwinding).
 //! - [`bpf`]: the eBPF engine (in-kernel unwinding).
+//! - [`merge`]: the one merge of the sample sources by time, the process records applied first.
 //! - [`sampler`]: one sampler in front of both engines (the BPF samples merged with the perf records).
 //! - [`unwind`]: unwind tables compiled from `.eh_frame`/`.debug_frame` and the user-side unwinder.
 //! - [`files`]: file identity (mapping key, content key, build id) and opening mapped files through `/proc`.
@@ -36,6 +37,7 @@ pub mod files;
 pub mod launch;
 pub mod live_heap;
 pub mod logging;
+pub mod merge;
 pub mod output;
 pub mod overhead;
 pub mod perf;

@@ -1,11 +1,10 @@
 //! The profiler's view of processes: names, threads and executable mappings,
 //! kept exact from `/proc` snapshots and the kernel's mmap/comm/task records.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// Maps looked up for every frame of every sample (`find_mapping`) and every
 /// sample (`thread_name`): a faster hash than the default SipHash.
 type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
-type FastSet<K> = HashSet<K, ahash::RandomState>;
 use std::sync::Arc;
 
 use crate::files::MappedFile;
@@ -128,13 +127,22 @@ impl Process {
     }
 }
 
+/// The most exits [`ProcessTable::exited`] remembers.
+pub const MAX_EXITED: usize = 4096;
+
 /// Every process the profiler has seen and not yet seen exit.
 #[derive(Debug, Default)]
 pub struct ProcessTable {
     processes: FastMap<u32, Process>,
     /// Processes whose exit was applied and whose pid has not come back
-    /// since; forgotten by the thousand (see [`ProcessTable::exited`]).
-    exited: FastSet<u32>,
+    /// since, each with the number of its exit; the oldest forgotten
+    /// first (see [`ProcessTable::exited`]).
+    exited: FastMap<u32, u64>,
+    /// The exits in the order they were applied (some of them stale: the
+    /// pid came back since), for forgetting the oldest.
+    exit_order: std::collections::VecDeque<(u32, u64)>,
+    /// Exits applied so far.
+    exits: u64,
     /// The last processes that exited, as they were then (at most
     /// `keep_ended`, 0 unless asked): the live heap names what they held
     /// at their exit with their mappings.
@@ -203,11 +211,13 @@ impl ProcessTable {
     }
 
     /// Whether the records said that process `pid` exited (and no process
-    /// has had its pid since). `false` says nothing: the table forgets the
-    /// exits when it has seen too many, so that a long `--global` run does
-    /// not keep every pid it ever saw.
+    /// has had its pid since). `false` says nothing of a process among more
+    /// than [`MAX_EXITED`] exits ago: the table forgets the oldest, so that a
+    /// long `--global` run does not keep every pid it ever saw. (It forgot
+    /// them all at once before, and a sample of a process that had just
+    /// exited, delivered after its exit, then read as another process's.)
     pub fn exited(&self, pid: u32) -> bool {
-        self.exited.contains(&pid)
+        self.exited.contains_key(&pid)
     }
 
     pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
@@ -387,11 +397,17 @@ impl ProcessTable {
                     self.ended.push_back((pid, process));
                 }
             }
-            const MAX_EXITED: usize = 1024;
-            if self.exited.len() >= MAX_EXITED {
-                self.exited.clear();
+            self.exits += 1;
+            self.exited.insert(pid, self.exits);
+            self.exit_order.push_back((pid, self.exits));
+            while self.exited.len() > MAX_EXITED || self.exit_order.len() > 2 * MAX_EXITED {
+                let Some((oldest, number)) = self.exit_order.pop_front() else {
+                    break;
+                };
+                if self.exited.get(&oldest) == Some(&number) {
+                    self.exited.remove(&oldest);
+                }
             }
-            self.exited.insert(pid);
         } else if let Some(process) = self.processes.get_mut(&pid) {
             process.names_changed();
             process.threads.remove(&tid);
@@ -579,13 +595,26 @@ mod tests {
         // The pid comes back: a new process.
         table.fork(7, 1, 7);
         assert!(!table.exited(7));
-        // Bounded: after many exits the oldest are forgotten ("not known").
-        for pid in 100..3000 {
+        // Bounded: after many exits the oldest are forgotten ("not known"),
+        // and only the oldest: the last exits are always remembered.
+        let last = 100 + 3 * MAX_EXITED as u32;
+        for pid in 100..last {
+            table.fork(pid, 1, pid);
+            table.exit(pid, pid);
+            assert!(table.exited(pid));
+            assert!(table.exited(pid.saturating_sub(MAX_EXITED as u32 - 1).max(100)));
+        }
+        assert!(!table.exited(100));
+        assert!(!table.exited(last - MAX_EXITED as u32 - 1));
+        // A pid that came back and exited again counts from its new exit.
+        table.fork(last - 1, 1, last - 1);
+        table.exit(last - 1, last - 1);
+        for pid in last..last + MAX_EXITED as u32 - 1 {
             table.fork(pid, 1, pid);
             table.exit(pid, pid);
         }
-        assert!(table.exited(2999));
-        assert!(!table.exited(100));
+        assert!(table.exited(last - 1));
+        assert!(!table.exited(last - 2));
     }
 
     #[test]

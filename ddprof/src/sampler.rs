@@ -19,6 +19,7 @@ use ddprof_common::sample::BpfCounter;
 use crate::bpf::{choose_engine_with, BpfEngine, BpfEngineOptions, BpfError, EngineChoice};
 use crate::events::{EventFd, EventOptions, EventSpec, Scope};
 use crate::files::MappedFile;
+use crate::merge::{self, OnSample, SampleStream};
 use crate::perf::{settled_time, PerfEngine, PerfEngineOptions, PerfError};
 use crate::process::ProcessTable;
 use crate::sample::Sample;
@@ -222,7 +223,7 @@ impl Sampler {
                 // between the two delivered samples after newer records.)
                 let cutoff = settled_time();
                 let workload_gone = samples.read_samples(Duration::ZERO, pending)?;
-                let hung_up = records.read_ahead();
+                let hung_up = records.read(processes);
                 let finished = hung_up || workload_gone;
                 // New mappings (exec, mmap) reach the BPF maps for the next
                 // samples; processes whose new code is still held back are
@@ -246,11 +247,8 @@ impl Sampler {
                         samples.sync_read_young(processes, young);
                     }
                 }
-                deliver_merged(
-                    samples, records, pending, processes, !finished, cutoff, on_sample,
-                );
-                let until = if finished { u64::MAX } else { cutoff };
-                records.deliver_until(processes, until, on_sample);
+                let cutoff = (!finished).then_some(cutoff);
+                deliver_merged(samples, records, pending, processes, cutoff, on_sample);
                 Ok(finished)
             }
         }
@@ -327,8 +325,8 @@ impl Sampler {
                 if let Err(error) = samples.read_samples(Duration::ZERO, pending) {
                     log::warn!("{error}");
                 }
-                deliver_merged(samples, records, pending, processes, false, 0, on_sample);
-                records.flush(processes, on_sample);
+                records.read(processes);
+                deliver_merged(samples, records, pending, processes, None, on_sample);
             }
         }
     }
@@ -529,37 +527,66 @@ fn keep_reading_while<T: Send>(records: &mut PerfEngine, work: impl FnOnce() -> 
     })
 }
 
-/// Hands the BPF samples to `on_sample` in time order, each after the perf
-/// records up to its time have been applied to `processes` (so a sample of
-/// a process that exits soon after still finds it). With `hold`, samples
-/// newer than `cutoff` stay pending.
+/// Hands the BPF samples and the perf records (with the samples the
+/// program handed over) read so far to `on_sample` in time order, up to
+/// `cutoff` (everything when `None`): each sample after the records up to
+/// its time have been applied to `processes`, so a sample of a process that
+/// exits soon after still finds it. Newer BPF samples stay pending.
 fn deliver_merged(
     samples: &mut BpfEngine,
     records: &mut PerfEngine,
     pending: &mut Vec<Sample>,
     processes: &mut ProcessTable,
-    hold: bool,
-    cutoff: u64,
+    cutoff: Option<u64>,
     on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
 ) {
     pending.sort_by_key(|sample| sample.time);
-    let ready = if hold {
-        pending.partition_point(|sample| sample.time <= cutoff)
-    } else {
-        pending.len()
+    let ready = match cutoff {
+        Some(cutoff) => pending.partition_point(|sample| sample.time <= cutoff),
+        None => pending.len(),
     };
-    for sample in pending.drain(..ready) {
-        records.deliver_until(processes, sample.time, on_sample);
-        samples.before_sample(processes, sample.pid);
-        // Sampling every CPU, a process the records do not name is not
-        // profiled (its PID reused since the program's map named it), or
-        // has exited (sampled on its way out: nothing left to unwind).
-        if samples.tree_only() && processes.get(sample.pid).is_none() {
-            samples.count_unkept(processes.exited(sample.pid));
-            samples.recycle(sample);
-            continue;
+    let mut bpf_samples = BpfSamples {
+        engine: samples,
+        ready: pending.drain(..ready).peekable(),
+    };
+    let merged = merge::deliver_in_time_order(
+        &mut records.ready(cutoff),
+        &mut [&mut bpf_samples],
+        processes,
+        on_sample,
+    );
+    drop(bpf_samples);
+    if !merged.read_from_proc.is_empty() {
+        samples.describe_read_from_proc(processes, &merged.read_from_proc);
+    }
+}
+
+/// The BPF program's samples up to the cutoff, as the merge reads them.
+struct BpfSamples<'a> {
+    engine: &'a mut BpfEngine,
+    ready: std::iter::Peekable<std::vec::Drain<'a, Sample>>,
+}
+
+impl SampleStream for BpfSamples<'_> {
+    fn next_time(&mut self) -> Option<u64> {
+        self.ready.peek().map(|sample| sample.time)
+    }
+
+    fn next_pid(&mut self) -> Option<u32> {
+        self.ready.peek().map(|sample| sample.pid)
+    }
+
+    fn deliver_next(&mut self, processes: &ProcessTable, on_sample: &mut OnSample<'_>) {
+        if let Some(sample) = self.ready.next() {
+            on_sample(processes, &sample);
+            self.engine.recycle(sample);
         }
-        on_sample(processes, &sample);
-        samples.recycle(sample);
+    }
+
+    fn drop_next(&mut self, exited: bool) {
+        if let Some(sample) = self.ready.next() {
+            self.engine.count_unkept(exited);
+            self.engine.recycle(sample);
+        }
     }
 }

@@ -335,8 +335,9 @@ impl BpfEngine {
     /// caller's vector, which keeps its capacity from poll to poll) in the
     /// order the program wrote them, without looking at any process table
     /// (for a loop that merges them with the perf records by time: the
-    /// sampler calls [`BpfEngine::before_sample`] for each and
-    /// [`BpfEngine::sync_with_young`] after the batch).
+    /// sampler merges them with the records, then calls
+    /// [`BpfEngine::describe_read_from_proc`] and
+    /// [`BpfEngine::sync_with_young`]).
     /// The flag says that every workload process had exited before.
     pub fn read_samples(
         &mut self,
@@ -397,21 +398,12 @@ impl BpfEngine {
         }
     }
 
-    /// A sample of a process the table does not know (its records were
-    /// missed, e.g. written before the perf buffers were mapped): read it
-    /// from `/proc` once, for this sample's symbolization and the maps of
-    /// the next ones.
-    pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) {
-        if self.tree_only
-            || pid == 0
-            || processes.get(pid).is_some()
-            || !self.mirror.first_read_from_proc(pid)
-        {
-            return;
-        }
-        match processes.load_from_proc(pid) {
-            Ok(()) => self.sync_process(pid, processes),
-            Err(error) => log::debug!("BPF engine: cannot read /proc/{pid}: {error}"),
+    /// Processes the record reader read from `/proc` for a sample of this
+    /// engine (their records were missed, e.g. written before the perf
+    /// buffers were mapped): described in the maps for their next samples.
+    pub fn describe_read_from_proc(&mut self, processes: &ProcessTable, pids: &[u32]) {
+        for &pid in pids {
+            self.sync_process(pid, processes);
         }
     }
 

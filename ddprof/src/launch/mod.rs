@@ -659,10 +659,14 @@ mod tests {
         };
         let events = open_process_events(&specs, pid, &options).unwrap();
         let cpus = events::online_cpus().len();
-        // At least the threads seen before (others may have started since).
+        // At least the threads alive before and after (the other tests'
+        // threads of this process come and go meanwhile).
+        let after = target::threads(pid).unwrap();
+        let alive_throughout = threads.iter().filter(|tid| after.contains(tid)).count();
+        assert!(alive_throughout >= 2, "{threads:?} then {after:?}");
         assert!(
-            events.len() >= threads.len() * cpus,
-            "{} events",
+            events.len() >= alive_throughout * cpus,
+            "{} events for {alive_throughout} threads alive throughout",
             events.len()
         );
         assert_eq!(events.len() % cpus, 0);

@@ -9,6 +9,7 @@
 //! another buffer; they are all applied once every event has hung up (the
 //! profiled processes are gone).
 mod buffers;
+mod delivery;
 mod record;
 mod ring;
 mod source;
@@ -31,6 +32,7 @@ pub use buffers::{
     default_ring_buffer_bytes, AllocationBuffers, PerfEngineOptions, DEFAULT_RING_BUFFER_BYTES,
 };
 pub use ddprof_common::sample::MAX_USER_FRAMES;
+pub use delivery::ReadyRecords;
 use record::Record;
 use ring::RingBuffer;
 use source::{note_outcome, queue_record, ReadAhead, Source};
@@ -356,11 +358,21 @@ impl PerfEngine {
 
     /// Moves what the buffers hold into the engine's queue without applying
     /// or unwinding anything: keeps the buffers from filling while the
-    /// caller is busy elsewhere (the BPF program's load and verification),
-    /// and reads the records another engine's samples are merged with.
+    /// caller is busy elsewhere with the table (the BPF program's load and
+    /// verification, a sync that compiles tables); see [`PerfEngine::read`]
+    /// for a reader that holds the table.
     /// Returns whether every event has hung up.
     pub fn read_ahead(&mut self) -> bool {
         self.drain_buffers(None);
+        self.all_hung_up()
+    }
+
+    /// Moves what the buffers hold into the engine's queue, unwinding the
+    /// samples that can be unwound now in place (see `drain_buffers`), and
+    /// applying nothing: for a loop that merges these records with another
+    /// engine's samples. Returns whether every event has hung up.
+    pub fn read(&mut self, processes: &mut ProcessTable) -> bool {
+        self.drain_buffers(Some(processes));
         self.all_hung_up()
     }
 
@@ -381,19 +393,11 @@ impl PerfEngine {
         self.reorder.preview(processes, pids)
     }
 
-    /// Reads the buffers and applies (and emits), in time order, the queued
-    /// records up to `time` (CLOCK_MONOTONIC ns), keeping later ones: for a
-    /// loop that merges another engine's samples (the BPF engine's) with
-    /// these records by time.
-    pub fn deliver_until(
-        &mut self,
-        processes: &mut ProcessTable,
-        time: u64,
-        on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
-    ) -> PollOutcome {
-        self.drain_buffers(Some(processes));
-        let finished = self.all_hung_up();
-        self.deliver(processes, Some(time), finished, on_sample)
+    /// The queued records up to `cutoff` (all of them when `None`), in time
+    /// order, as the merge reads them: the one stream of process records,
+    /// with the samples that came in the same buffers.
+    pub fn ready(&mut self, cutoff: Option<u64>) -> ReadyRecords<'_> {
+        ReadyRecords::new(self, cutoff)
     }
 
     /// Applies and emits, in time order, the queued records up to `cutoff`
@@ -405,55 +409,17 @@ impl PerfEngine {
         finished: bool,
         on_sample: &mut dyn FnMut(&ProcessTable, &Sample),
     ) -> PollOutcome {
-        let mut outcome = PollOutcome {
+        let merged = crate::merge::deliver_in_time_order(
+            &mut self.ready(cutoff),
+            &mut [],
+            processes,
+            on_sample,
+        );
+        PollOutcome {
+            samples: merged.samples,
+            process_events: merged.process_events,
             finished,
-            ..PollOutcome::default()
-        };
-        let mut last_read = Instant::now();
-        for (delivered, record) in self.reorder.take_ready(cutoff).into_iter().enumerate() {
-            // A backlog (what was copied while a table was read, or while
-            // a sync ran) can take longer to unwind than a buffer holds:
-            // the buffers are read meanwhile (the clock every few records).
-            if delivered % 8 == 7 && last_read.elapsed() >= DELIVERY_READ_INTERVAL {
-                self.parts().1.read();
-                last_read = Instant::now();
-            }
-            let unknown = |pid: u32| processes.get(pid).is_none();
-            match record {
-                Record::Sample(raw) if self.known_only && unknown(raw.pid) => {
-                    self.count_unkept(processes, raw.pid);
-                    self.recycle_stack(raw.stack);
-                }
-                Record::Unwound(sample) if self.known_only && unknown(sample.pid) => {
-                    self.count_unkept(processes, sample.pid);
-                    self.recycle_frames(sample.frames);
-                }
-                Record::Sample(raw) => {
-                    self.tracker.before_sample(processes, raw.pid);
-                    let (mut unwinding, mut read_ahead, _) = self.parts();
-                    let processes = &*processes;
-                    let (sample, stack) = (*raw).with_view(|view| {
-                        unwinding.unwind_reading_ahead(processes, view, &mut read_ahead)
-                    });
-                    self.recycle_stack(stack);
-                    outcome.samples += 1;
-                    on_sample(processes, &sample);
-                    self.recycle_frames(sample.frames);
-                }
-                Record::Unwound(sample) => {
-                    outcome.samples += 1;
-                    on_sample(processes, &sample);
-                    self.recycle_frames(sample.frames);
-                }
-                Record::Process(event) => {
-                    self.tracker.apply(processes, &event);
-                    outcome.process_events += 1;
-                }
-                // Counted when read.
-                Record::Lost(_) | Record::Throttle | Record::Unthrottle | Record::Ignored(_) => {}
-            }
         }
-        outcome
     }
 
     /// Reads unwind tables from `store` before compiling them, and keeps
@@ -594,7 +560,7 @@ impl PerfEngine {
         let mut heads = std::mem::take(&mut self.heads);
         heads.clear();
         heads.extend(self.sources.iter().map(|source| source.ring.head()));
-        // The BPF engine's loop calls this before each of its samples.
+        // Often nothing: the BPF engine's loop reads here at each poll.
         let nothing_new = self
             .sources
             .iter()

@@ -1,6 +1,6 @@
 //! Ordering records across ring buffers, and keeping the process table's
 //! history whole (lazy /proc loads for processes that predate the events).
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::record::Record;
 use crate::process::{ProcessEvent, ProcessTable};
@@ -141,9 +141,18 @@ impl Reorder {
         table
     }
 
-    /// Removes and returns, oldest first, the records timestamped at or
-    /// before `cutoff`, or every record when `cutoff` is `None`.
+    /// [`Reorder::take_ready_timed`] without the times.
+    #[cfg(test)]
     pub fn take_ready(&mut self, cutoff: Option<u64>) -> Vec<Record> {
+        self.take_ready_timed(cutoff)
+            .into_iter()
+            .map(|(_, record)| record)
+            .collect()
+    }
+
+    /// Removes and returns, oldest first, the records timestamped at or
+    /// before `cutoff` (every record when `None`), each with its time.
+    pub fn take_ready_timed(&mut self, cutoff: Option<u64>) -> VecDeque<(u64, Record)> {
         if std::mem::take(&mut self.unsorted) {
             self.pending
                 .sort_unstable_by_key(|pending| (pending.time, pending.sequence));
@@ -156,7 +165,7 @@ impl Reorder {
         };
         self.pending
             .drain(..ready)
-            .map(|pending| pending.record)
+            .map(|pending| (pending.time, pending.record))
             .collect()
     }
 }
@@ -212,9 +221,11 @@ impl ProcessTracker {
                 self.known_pids.insert(pid);
             }
             ProcessEvent::Fork { pid, .. } | ProcessEvent::Comm { pid, .. } => {
-                self.ensure_known(processes, pid)
+                self.ensure_known(processes, pid);
             }
-            ProcessEvent::Map(ref mapping) => self.ensure_known(processes, mapping.pid),
+            ProcessEvent::Map(ref mapping) => {
+                self.ensure_known(processes, mapping.pid);
+            }
             ProcessEvent::Exit { pid, tid } => {
                 if pid == tid {
                     // A later process with the same pid is a new history.
@@ -225,26 +236,32 @@ impl ProcessTracker {
         processes.apply(event);
     }
 
-    /// Makes sure the table knows process `pid` before one of its samples.
-    pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) {
+    /// Makes sure the table knows process `pid` before one of its samples;
+    /// returns whether it was read from `/proc` now.
+    pub fn before_sample(&mut self, processes: &mut ProcessTable, pid: u32) -> bool {
         if self.sampled_stay_unknown {
-            return;
+            return false;
         }
-        self.ensure_known(processes, pid);
+        self.ensure_known(processes, pid)
     }
 
-    fn ensure_known(&mut self, processes: &mut ProcessTable, pid: u32) {
+    fn ensure_known(&mut self, processes: &mut ProcessTable, pid: u32) -> bool {
         if pid == 0 || pid == u32::MAX || !self.known_pids.insert(pid) {
-            return;
+            return false;
         }
         // Loaded by someone else (the launcher's target, another engine).
         if processes.get(pid).is_some() {
-            return;
+            return false;
         }
-        if let Err(error) = processes.load_from_proc(pid) {
-            log::debug!(
-                "process {pid} is not readable in /proc ({error}); its samples stay unresolved"
-            );
+        match processes.load_from_proc(pid) {
+            Ok(()) => true,
+            Err(error) => {
+                log::debug!(
+                    "process {pid} is not readable in /proc ({error}); its samples stay \
+                     unresolved"
+                );
+                false
+            }
         }
     }
 }

@@ -73,10 +73,6 @@ pub(super) struct MapMirror {
     dirty: HashSet<u32>,
     /// `ProcessTable::generation` at the last full sync.
     synced_generation: Option<u64>,
-    /// Processes read from `/proc` because a sample named them first (or
-    /// tried: a read that failed is not tried again for every sample);
-    /// forgotten with the process, so a reused pid is read again.
-    read_from_proc: HashSet<u32>,
     /// The version of the last entry written (`ProcessMappings::version`).
     entry_version: u32,
     /// While set, a table that would have to be compiled (or its file
@@ -107,7 +103,6 @@ impl MapMirror {
             entry_version: 0,
             defer_compiling: false,
             deferred: Vec::new(),
-            read_from_proc: HashSet::new(),
             table_stats: TableStats::default(),
         }
     }
@@ -148,19 +143,6 @@ impl MapMirror {
     /// describes it.
     pub(super) fn note_handed_off(&mut self, pid: u32) {
         self.handed_off.insert(pid);
-    }
-
-    /// Whether `pid` is to be read from `/proc` now (a sample named it and
-    /// the table does not know it): once per process.
-    pub(super) fn first_read_from_proc(&mut self, pid: u32) -> bool {
-        /// Pids whose read failed stay in the set until then (a pid whose
-        /// process was read leaves it when the process is forgotten):
-        /// past this many, it starts over, and they may be read once more.
-        const MAX_READ_FROM_PROC: usize = 1 << 16;
-        if self.read_from_proc.len() >= MAX_READ_FROM_PROC {
-            self.read_from_proc.clear();
-        }
-        self.read_from_proc.insert(pid)
     }
 
     pub(super) fn table_stats(&self) -> TableStats {
@@ -391,8 +373,6 @@ impl BpfEngine {
 
     fn forget_process(&mut self, pid: u32) {
         self.mirror.dirty.remove(&pid);
-        // A later process with this pid is read from `/proc` again.
-        self.mirror.read_from_proc.remove(&pid);
         if self.mirror.forget_synced(pid) {
             if let Ok(mut map) = self.program.process_map() {
                 let _ = map.remove(&pid);
@@ -553,7 +533,6 @@ impl BpfEngine {
         self.mirror.synced.clear();
         self.mirror.dirty.clear();
         self.mirror.handed_off.clear();
-        self.mirror.read_from_proc.clear();
         self.mirror.synced_generation = None;
         self.sync_with_young(processes, &HashSet::new());
         Ok(())
