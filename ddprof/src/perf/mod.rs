@@ -597,6 +597,7 @@ impl PerfEngine {
         } else {
             HashMap::new()
         };
+        let known_only = self.known_only;
         let (mut unwinding, read_ahead, tracker) = self.parts();
         let ReadAhead {
             sources,
@@ -639,8 +640,13 @@ impl PerfEngine {
                 if settled && in_budget {
                     until_clock_read -= 1;
                     tracker.before_sample(processes, view.pid);
-                    if let Some((frames, end)) =
-                        unwinding.frames_of(processes, &view, TableLoading::KnownOnly)
+                    // A process the table does not know while unknown
+                    // processes are not kept: its sample is dropped in its
+                    // turn, not unwound (and counted as unwound) now.
+                    let unkept = known_only && processes.get(view.pid).is_none();
+                    if let Some((frames, end)) = (!unkept)
+                        .then(|| unwinding.frames_of(processes, &view, TableLoading::KnownOnly))
+                        .flatten()
                     {
                         unwinding.counters.unwound_in_place += 1;
                         let sample = unwinding.sample(view, frames, end);

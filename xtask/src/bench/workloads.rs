@@ -113,6 +113,19 @@ pub(super) const WORKLOADS: &[Workload] = &[
         one_small_process: false,
         cpu_share_target: 1.0,
     },
+    // Issue 36: two threads that block on each other through pipes, ~10^5
+    // context switches a second: what a hook at every switch costs shows
+    // here (the wall-time event's bar is measured against this CPU-only run).
+    Workload {
+        name: "switcher",
+        source: "switcher.c",
+        language: Language::Source,
+        helpers: &[],
+        args: work_args,
+        thread_entries: &["switcher_thread"],
+        one_small_process: true,
+        cpu_share_target: 1.0,
+    },
     // Issue 32: a 205 MB static binary (2.4 M unwind rows) with 48 KiB
     // stacks, what the eBPF engine must unwind in the kernel.
     Workload {
