@@ -1,21 +1,26 @@
 /*
  * switcher: two threads pass a token back and forth through two pipes, so
- * that each blocks in read(2) for every message: about two voluntary
- * context switches per message on each side. The cost of anything that
- * runs at every context switch (a scheduler tracepoint) shows as a longer
- * run.
+ * that each blocks in read(2) for every message: two context switches per
+ * round trip. Both threads are pinned to the CPU the program starts on, so
+ * that each switch is a direct hand-over from one thread to the other
+ * (about 10^6 switches a second on the project's VM) and the rate does not
+ * depend on where the scheduler puts them (unpinned, it varied from 6 to
+ * 11 x 10^4 a second run to run, and a profiler's own activity moved it).
+ * The cost of anything that runs at every context switch (a scheduler
+ * tracepoint) shows as a longer run.
  *
  * Expected stacks (innermost first), on CPU and while blocked:
  *   "switcher_ping": switcher_ping_work, switcher_thread, (libc thread start)
  *   "switcher_pong": switcher_pong_work, switcher_thread, (libc thread start)
  *
- * Usage: switcher --work N (fixed work for benchmarks: N units of 100,000
- * round trips each), or switcher SECONDS. At the end it prints one line:
- * `switcher: R round trips, S context switches (V voluntary) in W s: X
- * switches/s`.
+ * Usage: switcher --work N (fixed work for benchmarks: N units of 500,000
+ * round trips each, about a second of CPU), or switcher SECONDS. At the end it prints one line:
+ * `switcher: R round trips, S context switches (V voluntary) in W s, C s of
+ * CPU: X switches/s`.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,7 +99,7 @@ KEEP_FRAME void *switcher_thread(void *is_ping) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--work") == 0) {
-        rounds_wanted = atol(argv[2]) * 100000L;
+        rounds_wanted = atol(argv[2]) * 500000L;
     } else if (argc == 2) {
         deadline = now_seconds() + atof(argv[1]);
     } else {
@@ -103,6 +108,14 @@ int main(int argc, char **argv) {
     }
     if (pipe(ping_to_pong) != 0 || pipe(pong_to_ping) != 0) {
         perror("switcher: pipe");
+        return 1;
+    }
+    int start_cpu = sched_getcpu();
+    cpu_set_t one_cpu;
+    CPU_ZERO(&one_cpu);
+    CPU_SET(start_cpu < 0 ? 0 : start_cpu, &one_cpu);
+    if (sched_setaffinity(0, sizeof(one_cpu), &one_cpu) != 0) {
+        perror("switcher: sched_setaffinity");
         return 1;
     }
     double started = now_seconds();
@@ -118,8 +131,10 @@ int main(int argc, char **argv) {
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
     long switches = usage.ru_nvcsw + usage.ru_nivcsw;
-    printf("switcher: %ld round trips, %ld context switches (%ld voluntary) in %.3f s: "
-           "%.0f switches/s\n",
-           (long)rounds_done, switches, (long)usage.ru_nvcsw, elapsed, switches / elapsed);
+    double cpu = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6 + usage.ru_stime.tv_sec +
+                 usage.ru_stime.tv_usec / 1e6;
+    printf("switcher: %ld round trips, %ld context switches (%ld voluntary) in %.3f s, "
+           "%.3f s of CPU: %.0f switches/s\n",
+           (long)rounds_done, switches, (long)usage.ru_nvcsw, elapsed, cpu, switches / elapsed);
     return 0;
 }

@@ -113,9 +113,10 @@ pub(super) const WORKLOADS: &[Workload] = &[
         one_small_process: false,
         cpu_share_target: 1.0,
     },
-    // Issue 36: two threads that block on each other through pipes, ~10^5
-    // context switches a second: what a hook at every switch costs shows
-    // here (the wall-time event's bar is measured against this CPU-only run).
+    // Issue 36: two threads on one CPU that block on each other through
+    // pipes, ~10^6 context switches a second: what a hook at every switch
+    // costs shows here (the wall-time event's bar is measured against this
+    // CPU-only run).
     Workload {
         name: "switcher",
         source: "switcher.c",
