@@ -23,9 +23,14 @@ pub trait RecordStream {
     /// The time (CLOCK_MONOTONIC ns) of the next item, `None` when none is
     /// left up to the cutoff.
     fn next_time(&mut self) -> Option<u64>;
+    /// The process of its next item, when that item is a sample.
+    fn next_sample_pid(&mut self) -> Option<u32>;
     /// Applies the next item to `processes` (a process record) or hands it
     /// to `on_sample` (a sample).
     fn deliver_next(&mut self, processes: &mut ProcessTable, on_sample: &mut OnSample<'_>) -> Item;
+    /// Drops its next item, a sample the merge does not keep, counting it
+    /// by its cause ([`Unkept::count`]).
+    fn drop_next(&mut self, exited: bool);
     /// Makes sure the table knows `pid` before a sample of another stream
     /// is delivered (a process no record named yet is read from `/proc`,
     /// once); returns whether it was read now.
@@ -46,10 +51,46 @@ pub trait SampleStream {
     /// Hands its next sample to `on_sample`.
     fn deliver_next(&mut self, processes: &ProcessTable, on_sample: &mut OnSample<'_>);
     /// Drops its next sample, of a process the table does not know while
-    /// unknown processes are not kept: a loss when the process has exited
-    /// (`exited`: sampled on its way out, no address space left to unwind),
-    /// else a sample of a process that is not profiled.
+    /// unknown processes are not kept, counting it by its cause
+    /// ([`Unkept::count`]).
     fn drop_next(&mut self, exited: bool);
+}
+
+/// Samples not kept: of a process the table does not know while unknown
+/// processes are not kept (every CPU sampled), by cause.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Unkept {
+    /// Of a profiled process on its way out (taken after its exit record:
+    /// no address space left to unwind): a loss, `lost_exiting`.
+    pub exiting: u64,
+    /// Of a process that is not profiled (its PID reused since the BPF
+    /// program's map named it, or handed over before the program knew it).
+    pub not_profiled: u64,
+}
+
+impl Unkept {
+    /// Counts one sample not kept; `exited`: the records saw its process
+    /// exit.
+    pub fn count(&mut self, exited: bool) {
+        if exited {
+            self.exiting += 1;
+        } else {
+            self.not_profiled += 1;
+        }
+    }
+}
+
+impl std::ops::AddAssign for Unkept {
+    fn add_assign(&mut self, other: Unkept) {
+        self.exiting += other.exiting;
+        self.not_profiled += other.not_profiled;
+    }
+}
+
+/// `Some(exited)` when a sample of `pid` is not kept: unknown processes are
+/// not kept and the table does not know it.
+pub fn unkept(keeps_unknown: bool, processes: &ProcessTable, pid: u32) -> Option<bool> {
+    (!keeps_unknown && processes.get(pid).is_none()).then(|| processes.exited(pid))
 }
 
 /// What one item of the record stream was.
@@ -57,8 +98,6 @@ pub trait SampleStream {
 pub enum Item {
     /// A sample, handed on.
     Sample,
-    /// A sample not kept (counted by its stream).
-    Dropped,
     /// A process record, applied to the table.
     Process,
     /// Anything else (losses and throttling, counted when read).
@@ -99,11 +138,19 @@ pub fn deliver_in_time_order(
         }
         match oldest {
             None => return merged,
-            Some((_, None)) => match records.deliver_next(processes, on_sample) {
-                Item::Sample => merged.samples += 1,
-                Item::Process => merged.process_events += 1,
-                Item::Dropped | Item::Other => {}
-            },
+            Some((_, None)) => {
+                let keeps_unknown = records.keeps_unknown_processes();
+                let pid = records.next_sample_pid();
+                if let Some(exited) = pid.and_then(|pid| unkept(keeps_unknown, processes, pid)) {
+                    records.drop_next(exited);
+                    continue;
+                }
+                match records.deliver_next(processes, on_sample) {
+                    Item::Sample => merged.samples += 1,
+                    Item::Process => merged.process_events += 1,
+                    Item::Other => {}
+                }
+            }
             Some((_, Some(index))) => {
                 let stream = &mut *others[index];
                 let Some(pid) = stream.next_pid() else {
@@ -112,8 +159,9 @@ pub fn deliver_in_time_order(
                 if records.make_known(processes, pid) {
                     merged.read_from_proc.push(pid);
                 }
-                if !records.keeps_unknown_processes() && processes.get(pid).is_none() {
-                    stream.drop_next(processes.exited(pid));
+                let keeps_unknown = records.keeps_unknown_processes();
+                if let Some(exited) = unkept(keeps_unknown, processes, pid) {
+                    stream.drop_next(exited);
                     continue;
                 }
                 stream.deliver_next(processes, on_sample);
@@ -129,16 +177,40 @@ mod tests {
     use crate::process::ProcessEvent;
     use std::collections::VecDeque;
 
-    /// A record stream of exits, and samples of nobody in particular.
+    /// An item of the test's record stream.
+    enum RecordItem {
+        Event(ProcessEvent),
+        SampleOf(u32),
+    }
+
+    /// A record stream of exits and samples.
     struct Records {
-        items: VecDeque<(u64, Option<ProcessEvent>)>,
+        items: VecDeque<(u64, RecordItem)>,
         keep_unknown: bool,
         made_known: Vec<u32>,
+        dropped: Vec<(u32, bool)>,
+    }
+
+    impl Records {
+        fn new(items: impl IntoIterator<Item = (u64, RecordItem)>, keep_unknown: bool) -> Self {
+            Records {
+                items: items.into_iter().collect(),
+                keep_unknown,
+                made_known: Vec::new(),
+                dropped: Vec::new(),
+            }
+        }
     }
 
     impl RecordStream for Records {
         fn next_time(&mut self) -> Option<u64> {
             self.items.front().map(|(time, _)| *time)
+        }
+        fn next_sample_pid(&mut self) -> Option<u32> {
+            match self.items.front() {
+                Some((_, RecordItem::SampleOf(pid))) => Some(*pid),
+                _ => None,
+            }
         }
         fn deliver_next(
             &mut self,
@@ -146,15 +218,20 @@ mod tests {
             on_sample: &mut OnSample<'_>,
         ) -> Item {
             match self.items.pop_front() {
-                Some((_, Some(event))) => {
+                Some((_, RecordItem::Event(event))) => {
                     processes.apply(&event);
                     Item::Process
                 }
-                Some((time, None)) => {
-                    on_sample(processes, &sample(0, time));
+                Some((time, RecordItem::SampleOf(pid))) => {
+                    on_sample(processes, &sample(pid, time));
                     Item::Sample
                 }
                 None => Item::Other,
+            }
+        }
+        fn drop_next(&mut self, exited: bool) {
+            if let Some((_, RecordItem::SampleOf(pid))) = self.items.pop_front() {
+                self.dropped.push((pid, exited));
             }
         }
         fn make_known(&mut self, _: &mut ProcessTable, pid: u32) -> bool {
@@ -222,15 +299,17 @@ mod tests {
 
     #[test]
     fn samples_of_every_stream_come_in_time_order_each_after_the_records_before_it() {
-        let mut records = Records {
-            items: VecDeque::from([
-                (10, None),
-                (30, Some(ProcessEvent::Exit { pid: PID, tid: PID })),
-                (50, None),
-            ]),
-            keep_unknown: true,
-            made_known: Vec::new(),
-        };
+        let mut records = Records::new(
+            [
+                (10, RecordItem::SampleOf(PID)),
+                (
+                    30,
+                    RecordItem::Event(ProcessEvent::Exit { pid: PID, tid: PID }),
+                ),
+                (50, RecordItem::SampleOf(PID)),
+            ],
+            true,
+        );
         let mut first = Samples {
             samples: VecDeque::from([sample(PID, 20), sample(PID, 30), sample(PID, 40)]),
             dropped: Vec::new(),
@@ -267,13 +346,21 @@ mod tests {
     }
 
     #[test]
-    fn without_unknown_processes_a_sample_the_table_does_not_know_is_dropped_and_counted() {
-        let mut records = Records {
-            items: VecDeque::from([(30, Some(ProcessEvent::Exit { pid: PID, tid: PID }))]),
-            keep_unknown: false,
-            made_known: Vec::new(),
-        };
+    fn without_unknown_processes_a_sample_the_table_does_not_know_is_dropped_and_counted_in_every_stream(
+    ) {
         let other = PID + 1;
+        let mut records = Records::new(
+            [
+                (22, RecordItem::SampleOf(other)),
+                (24, RecordItem::SampleOf(PID)),
+                (
+                    30,
+                    RecordItem::Event(ProcessEvent::Exit { pid: PID, tid: PID }),
+                ),
+                (45, RecordItem::SampleOf(PID)),
+            ],
+            false,
+        );
         let mut samples = Samples {
             samples: VecDeque::from([sample(PID, 20), sample(other, 25), sample(PID, 40)]),
             dropped: Vec::new(),
@@ -286,9 +373,11 @@ mod tests {
             &mut table,
             &mut |_, sample| seen.push(sample.time),
         );
-        assert_eq!(seen, [20]);
-        assert_eq!(merged.samples, 1);
-        // Not profiled, then on its way out.
+        // From either stream, the known process's samples before its exit.
+        assert_eq!(seen, [20, 24]);
+        assert_eq!(merged.samples, 2);
+        // Not profiled, then on its way out, in both streams.
         assert_eq!(samples.dropped, [(other, false), (PID, true)]);
+        assert_eq!(records.dropped, [(other, false), (PID, true)]);
     }
 }

@@ -113,10 +113,8 @@ pub struct BpfEngine {
     /// and the oldest go when it is full.
     pub(super) not_profiled: HashMap<u32, u64>,
     pub(super) not_profiled_writes: u64,
-    /// Samples not kept: of processes gone by their records (exiting), and
-    /// of other processes (see [`BpfEngine::count_unkept`]).
-    exiting_samples: u64,
-    not_profiled_samples: u64,
+    /// Samples not kept, by cause (see [`BpfEngine::count_unkept`]).
+    unkept: crate::merge::Unkept,
     /// Frame vectors of delivered samples, reused by the next ones: most
     /// samples of a deep stack are over 1 KiB of frames, beyond malloc's
     /// per-thread cache, and allocating and freeing them was ~10 % of the
@@ -184,8 +182,7 @@ impl BpfEngine {
             tree_only,
             not_profiled: HashMap::new(),
             not_profiled_writes: 0,
-            exiting_samples: 0,
-            not_profiled_samples: 0,
+            unkept: crate::merge::Unkept::default(),
             spare_frames: Vec::new(),
             cpu_time_event: events
                 .iter()
@@ -326,7 +323,7 @@ impl BpfEngine {
                 .unwrap_or_default(),
             throttled: 0,
             malformed: self.malformed,
-            exiting: self.exiting_samples,
+            exiting: self.unkept.exiting,
             unattributed: 0,
         }
     }
@@ -369,16 +366,12 @@ impl BpfEngine {
     /// out (`exited`: after its exit record), a loss; else of another
     /// process (its PID reused since the program's map named it).
     pub fn count_unkept(&mut self, exited: bool) {
-        if exited {
-            self.exiting_samples += 1;
-        } else {
-            self.not_profiled_samples += 1;
-        }
+        self.unkept.count(exited);
     }
 
     /// Samples of other processes not kept (see [`BpfEngine::count_unkept`]).
     pub fn not_profiled_samples(&self) -> u64 {
-        self.not_profiled_samples
+        self.unkept.not_profiled
     }
 
     /// Processes written to the program's `NOT_PROFILED` map so far.

@@ -48,18 +48,7 @@ impl RecordStream for ReadyRecords<'_> {
             engine.parts().1.read();
             self.last_read = Instant::now();
         }
-        let unknown = |pid: u32| processes.get(pid).is_none();
         match record {
-            Record::Sample(raw) if engine.known_only && unknown(raw.pid) => {
-                engine.count_unkept(processes, raw.pid);
-                engine.recycle_stack(raw.stack);
-                Item::Dropped
-            }
-            Record::Unwound(sample) if engine.known_only && unknown(sample.pid) => {
-                engine.count_unkept(processes, sample.pid);
-                engine.recycle_frames(sample.frames);
-                Item::Dropped
-            }
             Record::Sample(raw) => {
                 engine.tracker.before_sample(processes, raw.pid);
                 let (mut unwinding, mut read_ahead, _) = engine.parts();
@@ -85,6 +74,31 @@ impl RecordStream for ReadyRecords<'_> {
             Record::Lost(_) | Record::Throttle | Record::Unthrottle | Record::Ignored(_) => {
                 Item::Other
             }
+        }
+    }
+
+    fn next_sample_pid(&mut self) -> Option<u32> {
+        match self.ready.front() {
+            Some((_, Record::Sample(raw))) => Some(raw.pid),
+            Some((_, Record::Unwound(sample))) => Some(sample.pid),
+            _ => None,
+        }
+    }
+
+    fn drop_next(&mut self, exited: bool) {
+        let engine = &mut *self.engine;
+        match self.ready.pop_front() {
+            Some((_, Record::Sample(raw))) => {
+                engine.unkept.count(exited);
+                engine.recycle_stack(raw.stack);
+            }
+            Some((_, Record::Unwound(sample))) => {
+                engine.unkept.count(exited);
+                engine.recycle_frames(sample.frames);
+            }
+            // Not a sample: the merge drops only samples.
+            Some(other) => self.ready.push_front(other),
+            None => {}
         }
     }
 

@@ -134,8 +134,8 @@ pub struct PerfEngine {
     /// sample every CPU and the BPF program hands over any process its map
     /// does not describe), rather than read from `/proc`.
     known_only: bool,
-    /// Samples dropped so: of processes no record named.
-    not_profiled_samples: u64,
+    /// Samples dropped so, by cause (see [`crate::merge::Unkept`]).
+    unkept: crate::merge::Unkept,
     /// The fullest any buffer was when read, in percent, since
     /// [`PerfEngine::take_fullest_percent`].
     fullest_percent: u32,
@@ -245,7 +245,7 @@ impl PerfEngine {
             counters: SampleCounters::default(),
             waiter: None,
             known_only: false,
-            not_profiled_samples: 0,
+            unkept: crate::merge::Unkept::default(),
             fullest_percent: 0,
         })
     }
@@ -278,21 +278,10 @@ impl PerfEngine {
         Ok(())
     }
 
-    /// A sample not kept (every CPU sampled): of a profiled process on its
-    /// way out (after its exit record: no address space left), a loss
-    /// with its cause; else of another process.
-    fn count_unkept(&mut self, processes: &ProcessTable, pid: u32) {
-        if processes.exited(pid) {
-            self.losses.exiting += 1;
-        } else {
-            self.not_profiled_samples += 1;
-        }
-    }
-
     /// Samples of processes that the records do not name, dropped (every
     /// CPU sampled, see [`PerfEngine::keep_only_known_processes`]).
     pub fn not_profiled_samples(&self) -> u64 {
-        self.not_profiled_samples
+        self.unkept.not_profiled
     }
 
     /// Keeps only the samples of processes that the records name (or the
@@ -444,6 +433,10 @@ impl PerfEngine {
     /// Samples dropped by the kernel, throttling and unreadable records so far.
     pub fn losses(&self) -> LossCounters {
         self.losses
+            + LossCounters {
+                exiting: self.unkept.exiting,
+                ..LossCounters::default()
+            }
     }
 
     /// The profiled tasks' CPU time as the kernel counts it (the events'
@@ -597,8 +590,8 @@ impl PerfEngine {
         } else {
             HashMap::new()
         };
-        let known_only = self.known_only;
-        let mut not_profiled = 0u64;
+        let keeps_unknown = !self.known_only;
+        let mut unkept = crate::merge::Unkept::default();
         let (mut unwinding, read_ahead, tracker) = self.parts();
         let ReadAhead {
             sources,
@@ -647,12 +640,11 @@ impl PerfEngine {
                 // 32 KB. (One exception: a profiled process none of whose
                 // records came, read from `/proc` when it renames a thread;
                 // its samples before the rename count as another's.)
-                if settled && known_only && processes.get(view.pid).is_none() {
-                    if processes.exited(view.pid) {
-                        losses.exiting += 1;
-                    } else {
-                        not_profiled += 1;
-                    }
+                if let Some(exited) = settled
+                    .then(|| crate::merge::unkept(keeps_unknown, processes, view.pid))
+                    .flatten()
+                {
+                    unkept.count(exited);
                     return;
                 }
                 if settled && in_budget {
@@ -673,7 +665,7 @@ impl PerfEngine {
             source.ring.release(head);
             note_outcome(source, outcome, wrapped_records, losses);
         }
-        self.not_profiled_samples += not_profiled;
+        self.unkept += unkept;
         self.scratch = scratch;
         self.heads = heads;
     }
