@@ -174,6 +174,7 @@ fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) 
         sample_every_cpu: None,
         table_store: None,
         bpf_variant: variant,
+        wall: None,
     };
     let mut sampler = Sampler::start(&sampler_options, fds, vec![pid], None, &processes)
         .expect("the BPF engine starts");

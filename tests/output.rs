@@ -278,6 +278,7 @@ fn sample(pid: u32, tid: u32, index: u64, frames: Vec<u64>, end: StackEnd) -> Sa
         frames,
         kernel_frames: vec![],
         heap: None,
+        off_cpu: None,
         end,
     }
 }

@@ -38,8 +38,16 @@ pub mod names {
     /// With `TREE_ONLY`: processes userspace found not profiled (tgid →
     /// 1), whose samples the program drops.
     pub const NOT_PROFILED: &str = "NOT_PROFILED";
+    /// `sWALL`: the threads whose switch-out stack was emitted, by task
+    /// (the `task_struct`'s address) → `ParkedThread`, until they run again.
+    pub const PARKED: &str = "PARKED";
+    /// `sWALL`: per-CPU `WallRate`, the switch-outs of the current window
+    /// and the probability they are sampled with.
+    pub const WALL_RATES: &str = "WALL_RATES";
+    /// `sWALL`: per-CPU copy of the outgoing thread's saved user registers.
+    pub const SAVED_REGS: &str = "SAVED_REGS";
     /// Every map of the object.
-    pub const MAPS: [&str; 9] = [
+    pub const MAPS: [&str; 12] = [
         COUNTERS,
         SAMPLES,
         SCRATCH,
@@ -49,6 +57,9 @@ pub mod names {
         WALKS,
         WALK_PROGRAMS,
         NOT_PROFILED,
+        PARKED,
+        WALL_RATES,
+        SAVED_REGS,
     ];
     /// Global set by the loader: collect kernel stacks (non-zero) or not.
     pub const KERNEL_STACKS: &str = "KERNEL_STACKS";
@@ -69,6 +80,15 @@ pub mod names {
     /// inode, in which the program numbers the sampled task.
     pub const PID_NS_DEV: &str = "PID_NS_DEV";
     pub const PID_NS_INO: &str = "PID_NS_INO";
+    /// Globals set by the loader for `sWALL`: its cookie (the event's index
+    /// plus one), the highest probability of sampling a switch-out (in
+    /// `WALL_PROBABILITY_ONE`ths) and the walks per CPU per window.
+    pub const WALL_COOKIE: &str = "WALL_COOKIE";
+    pub const WALL_MAX_PROBABILITY: &str = "WALL_MAX_PROBABILITY";
+    pub const WALL_WALKS_PER_WINDOW: &str = "WALL_WALKS_PER_WINDOW";
+    /// Global set by the loader for `sWALL`: a process the maps do not
+    /// describe may be profiled (non-zero).
+    pub const WALL_UNDESCRIBED: &str = "WALL_UNDESCRIBED";
     /// The `bpf_loop` variant's program (Linux 5.17+).
     pub const LOOP_ENTRY_PROGRAM: &str = "ddprof_sample";
     /// The tail-call variant's entry program (Linux 5.10+).
@@ -80,14 +100,24 @@ pub mod names {
     /// then only count and report process events, while per-CPU events
     /// sample (`TREE_ONLY`).
     pub const IGNORE_PROGRAM: &str = "ddprof_ignore";
+    /// `sWALL`: the `tp_btf/sched_switch` program (Linux 5.17+: it walks
+    /// with `bpf_loop`).
+    pub const WALL_PROGRAM: &str = "ddprof_switch";
     /// Every program of the object.
-    pub const PROGRAMS: [&str; 4] = [
+    pub const PROGRAMS: [&str; 5] = [
         LOOP_ENTRY_PROGRAM,
         TAIL_CALL_ENTRY_PROGRAM,
         TAIL_CALL_WALK_PROGRAM,
         IGNORE_PROGRAM,
+        WALL_PROGRAM,
     ];
 }
+
+/// `sWALL`: threads parked at once (their switch-out stack emitted, their
+/// switch-in not yet seen). The map is an LRU: beyond this, the longest
+/// parked thread's switch-in goes unreported, and the reader ends its wait
+/// at the thread's next stack or exit.
+pub const MAX_PARKED: u32 = 16384;
 
 /// Rows per element of a table's map.
 pub const ROWS_PER_CHUNK: u32 = 16;

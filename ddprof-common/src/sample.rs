@@ -94,6 +94,43 @@ pub const HANDOFF_NOTICE: u32 = 0xFFFF_0001;
 /// this interval.
 pub const HANDOFF_NOTICE_INTERVAL_NS: u64 = 100_000_000;
 
+/// `stack_end` of a header-only `sWALL` record: the thread of the header's
+/// `pid` and `tid`, whose switch-out stack the program emitted, ran again
+/// at `time_ns`; `period` is the `time_ns` of that switch-out (the stack
+/// record's), by which the reader pairs the two.
+pub const WALL_RESUME: u32 = 0xFFFF_0002;
+
+/// `sWALL`: the length of the window over which each CPU counts the
+/// profiled threads' switch-outs; the next window's probability follows
+/// from that count and the budget of walks.
+pub const WALL_WINDOW_NS: u64 = 100_000_000;
+
+/// A probability of 1 in the program's fixed point: a switch-out is sampled
+/// when a 32-bit random number is below the probability.
+pub const WALL_PROBABILITY_ONE: u64 = 1 << 32;
+
+/// What the `sWALL` program keeps of a thread whose switch-out stack it
+/// emitted, until the thread runs again (`PARKED`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ParkedThread {
+    pub pid: u32,
+    pub tid: u32,
+    /// The switch-out's time (its stack record's `time_ns`).
+    pub switched_out: u64,
+}
+
+/// `sWALL`: one CPU's count of the profiled threads' switch-outs in the
+/// current window (`WALL_RATES`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WallRate {
+    pub window_start: u64,
+    pub switch_outs: u64,
+    /// In [`WALL_PROBABILITY_ONE`]ths, for the window's switch-outs.
+    pub probability: u64,
+}
+
 /// Bytes of [`RawSampleHeader`] in a record.
 pub const RAW_SAMPLE_HEADER_SIZE: usize = core::mem::size_of::<RawSampleHeader>();
 const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 48);
@@ -160,6 +197,19 @@ bpf_counters! {
     /// With `TREE_ONLY` (every task of a CPU sampled): samples of a process
     /// userspace found not profiled, dropped before anything else.
     NotProfiled,
+    /// `sWALL`: switch-outs of the profiled processes' threads (and of
+    /// processes not described yet, which may not be profiled).
+    WallSwitchOuts,
+    /// Of those, switch-outs of a process the maps did not describe yet
+    /// (walked with frame pointers only; the reader asked to describe it).
+    WallUndescribed,
+    /// Of those, the ones sampled: their stacks walked.
+    WallSampled,
+    /// Of those, stacks lost with the ring buffer full.
+    WallBufferFull,
+    /// Switch-ins of parked threads whose record was lost with the ring
+    /// buffer full (the reader ends their wait at their next stack).
+    WallResumeLost,
 }
 
 // Each counter's slot is its place in `ALL`.

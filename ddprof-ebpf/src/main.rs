@@ -15,6 +15,13 @@
 //! - `ddprof_sample_tail` + `ddprof_walk_tail` (kernels 5.10 to 5.16):
 //!   `FRAMES_PER_TAIL_CALL_RUN` frames per program run, continued through
 //!   tail calls, the walk state staying in the per-CPU `WALKS` map.
+//!
+//! `ddprof_switch` (wall time, `sWALL`, beside the `bpf_loop` variant) is a
+//! `sched_switch` BTF tracepoint program: it walks a drawn switch-out's
+//! stacks the same way, and reports when that thread runs again. It shares
+//! the per-CPU `SCRATCH` and `WALKS` with the perf_event programs: those run
+//! with preemption off, and it runs in the scheduler with interrupts off,
+//! so neither can start on a CPU while the other runs there.
 #![no_std]
 #![no_main]
 
@@ -28,7 +35,8 @@ use aya_ebpf::bindings::{
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use aya_ebpf::helpers::generated::{
     bpf_get_attach_cookie, bpf_get_current_task_btf, bpf_get_ns_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
-    bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output, bpf_task_pt_regs,
+    bpf_get_prandom_u32, bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output,
+    bpf_task_pt_regs,
 };
 use aya_ebpf::btf_maps::{Array as BtfArray, ArrayOfMaps};
 use aya_ebpf::macros::{btf_map, map};
@@ -37,11 +45,12 @@ use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::EbpfContext;
 use ddprof_common::bpf_maps::{
     ProcessMappings, RowChunk, FRAMES_PER_TAIL_CALL_RUN, MAPPING_SEARCH_STEPS,
-    MAX_NOT_PROFILED, MAX_PROCESS_MAPPINGS, MAX_TABLES, ROWS_PER_CHUNK, TABLE_MAP_FLAGS,
+    MAX_NOT_PROFILED, MAX_PARKED, MAX_PROCESS_MAPPINGS, MAX_TABLES, ROWS_PER_CHUNK, TABLE_MAP_FLAGS,
     TABLE_NOT_LOADED,
 };
 use ddprof_common::sample::{
-    BpfCounter, RawSample, StackEnd, BPF_COUNTER_SLOTS, HANDOFF_NOTICE, HANDOFF_NOTICE_INTERVAL_NS,
+    BpfCounter, ParkedThread, RawSample, StackEnd, WallRate, BPF_COUNTER_SLOTS, HANDOFF_NOTICE,
+    HANDOFF_NOTICE_INTERVAL_NS, WALL_PROBABILITY_ONE, WALL_RESUME, WALL_WINDOW_NS,
     MAX_KERNEL_FRAMES,
     MAX_RECORD_FRAMES, MAX_USER_FRAMES, RAW_SAMPLE_HEADER_SIZE,
 };
@@ -141,11 +150,10 @@ static WALKS: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static WALK_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
+/// What a walk found, the part of its state the record needs.
 #[repr(C)]
-struct Walk {
-    /// The walk's registers and what it knows of them (the state machine
-    /// the perf engine's unwinder drives too).
-    walker: Walker,
+#[derive(Clone, Copy)]
+struct WalkResult {
     pid: u32,
     kernel_frames: u32,
     user_frames: u32,
@@ -159,6 +167,15 @@ struct Walk {
     /// the process's mappings; 2, a later frame is, or needs a table that
     /// is not loaded.
     handoff: u32,
+}
+
+#[repr(C)]
+struct Walk {
+    /// The walk's registers and what it knows of them (the state machine
+    /// the perf engine's unwinder drives too).
+    walker: Walker,
+    /// What the record needs of the walk.
+    result: WalkResult,
     /// The mapping of the previous frame (consecutive frames are often in the
     /// same file): `[start, end)`, its bias and its table's rows.
     mapping_start: u64,
@@ -181,7 +198,7 @@ struct Walk {
 #[link_section = "perf_event"]
 pub fn ddprof_sample(ctx: *mut c_void) -> u32 {
     let ctx = PerfEventContext::new(ctx.cast());
-    match start_sample(&ctx, saved_user_regs_btf, || event_cookie(&ctx)) {
+    match start_sample(&ctx, |_| saved_user_regs_btf(), || event_cookie(&ctx)) {
         Start::Done(value) => value,
         Start::NoUserContext => finish_sample(),
         Start::Walk => {
@@ -236,6 +253,293 @@ pub fn ddprof_walk_tail(ctx: *mut c_void) -> u32 {
     continue_walk(&PerfEventContext::new(ctx.cast()))
 }
 
+/// `sWALL`: set by the loader to the event's cookie (its index plus one),
+/// written into the program's records.
+#[no_mangle]
+static WALL_COOKIE: u32 = 0;
+
+/// `sWALL`: the highest probability with which a switch-out is sampled, in
+/// `WALL_PROBABILITY_ONE`ths (the event's `probability=`).
+#[no_mangle]
+static WALL_MAX_PROBABILITY: u64 = WALL_PROBABILITY_ONE;
+
+/// `sWALL`: the stacks a CPU walks per `WALL_WINDOW_NS` window, on
+/// average: when the profiled threads switched out more often in a window,
+/// the next window samples each switch-out with the probability that keeps
+/// to this budget. Set by the loader (at least 1).
+#[no_mangle]
+static WALL_WALKS_PER_WINDOW: u64 = 25;
+
+/// `sWALL`: set by the loader where a process the maps do not describe may
+/// be profiled (every CPU sampled, `TREE_ONLY`, or every process,
+/// `--global`): its switch-outs are drawn too and the reader is asked to
+/// describe it (or mark it not profiled). 0: the maps hold every profiled
+/// process (per-task events), and the others' switches are none of ours.
+#[no_mangle]
+static WALL_UNDESCRIBED: u32 = 0;
+
+/// `sWALL`: the threads whose switch-out stack was emitted, by the address
+/// of their `task_struct` (keyed by thread, not by CPU: a thread may run
+/// again on another CPU), until they run again. An LRU, so that a switch
+/// never fails for want of room (see `MAX_PARKED`).
+#[map]
+static PARKED: LruHashMap<u64, ParkedThread> = LruHashMap::with_max_entries(MAX_PARKED, 0);
+
+/// `sWALL`: where the outgoing thread's saved user registers are copied
+/// (in map memory: on the program's stack, with the walk's callback, they
+/// overran its 512 bytes).
+#[map]
+static SAVED_REGS: PerCpuArray<pt_regs> = PerCpuArray::with_max_entries(1, 0);
+
+/// `sWALL`: each CPU's count of switch-outs in the current window.
+#[map]
+static WALL_RATES: PerCpuArray<WallRate> = PerCpuArray::with_max_entries(1, 0);
+
+/// `sWALL`, attached to the `sched_switch` BTF tracepoint (every context
+/// switch of the machine, run by the CPU that switches, interrupts off):
+/// first the incoming thread's end of wait, if it was parked; then the
+/// outgoing thread's stack (it is still `current`, its user memory
+/// readable), if its process is profiled and the switch-out is drawn. The
+/// blocked thread's stack does not change until it runs again, so it is
+/// taken once, at switch-out; its weight (the time off the CPU over the
+/// probability it was drawn with) is known at switch-in, where the reader
+/// pairs the two records. The walk is the CPU samples' (`bpf_loop`: Linux
+/// 5.17+).
+#[no_mangle]
+#[link_section = "tp_btf/sched_switch"]
+pub fn ddprof_switch(ctx: *mut c_void) -> i32 {
+    // SAFETY: reads of the tracepoint's arguments at constant offsets of
+    // the context: (preempt, prev, next, prev_state), each a u64.
+    let (prev, next) = unsafe {
+        let args = ctx as *const u64;
+        (*args.add(1), *args.add(2))
+    };
+    resume_parked(next);
+    switch_out(ctx, prev);
+    0
+}
+
+/// Reports the end of `task`'s wait if its switch-out stack was emitted.
+#[inline(always)]
+fn resume_parked(task: u64) {
+    // SAFETY: the value is copied out at once.
+    let Some(parked) = (unsafe { PARKED.get(&task) }).copied() else {
+        return;
+    };
+    let _ = PARKED.remove(&task);
+    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch record (see `start_sample`; the sched_switch
+    // program runs with interrupts off and no perf_event program of this
+    // CPU is running: they run with preemption off).
+    let record = unsafe { &mut *record };
+    record.header.pid = parked.pid;
+    record.header.tid = parked.tid;
+    record.header.period = parked.switched_out;
+    record.header.stack_end = WALL_RESUME;
+    record.header.user_frames = 0;
+    record.header.kernel_frames = 0;
+    // SAFETY: helpers without memory arguments; a read of a constant the
+    // loader set.
+    unsafe {
+        record.header.time_ns = bpf_ktime_get_ns();
+        record.header.cpu = bpf_get_smp_processor_id();
+        record.header.event_cookie = core::ptr::read_volatile(&WALL_COOKIE);
+    }
+    if !emit(record, BPF_RB_NO_WAKEUP) {
+        count(BpfCounter::WallResumeLost);
+    }
+}
+
+/// Draws whether the outgoing thread's switch-out is sampled and, if it
+/// is, emits its kernel and user stacks and parks it.
+#[inline(always)]
+fn switch_out(ctx: *mut c_void, task: u64) {
+    let Some(pid_tgid) = current_pid_tgid() else {
+        return;
+    };
+    let pid = (pid_tgid >> 32) as u32;
+    if pid == 0 {
+        return;
+    }
+    let described = PROCESSES.get_ptr(pid).is_some();
+    if !described {
+        // SAFETY: a read of a constant the loader set.
+        if unsafe { core::ptr::read_volatile(&WALL_UNDESCRIBED) } == 0 {
+            return;
+        }
+        // Every CPU sampled: one more lookup for the processes userspace
+        // found not profiled.
+        // SAFETY: as above; the map's value is not used, only whether
+        // there is one.
+        if unsafe { core::ptr::read_volatile(&TREE_ONLY) } != 0
+            && unsafe { NOT_PROFILED.get(&pid) }.is_some()
+        {
+            return;
+        }
+        // A process not described yet (it just started, or is not
+        // profiled: userspace decides, and marks it one way or the other):
+        // its stack is walked with frame pointers only, and the reader is
+        // asked to describe it for its next switches.
+        count(BpfCounter::WallUndescribed);
+        notify_undescribed(pid);
+    }
+    count(BpfCounter::WallSwitchOuts);
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(probability) = switch_out_probability(now) else {
+        return;
+    };
+    // SAFETY: a helper without arguments.
+    if u64::from(unsafe { bpf_get_prandom_u32() }) >= probability {
+        return;
+    }
+    let Some(saved) = SAVED_REGS.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: bpf_get_current_task_btf never fails in a tracing program;
+    // bpf_task_pt_regs returns the kernel address of the task's saved user
+    // registers, copied with a checked kernel read into this CPU's slot.
+    let read = unsafe {
+        let task = bpf_get_current_task_btf();
+        bpf_probe_read_kernel(
+            saved as *mut c_void,
+            core::mem::size_of::<pt_regs>() as u32,
+            bpf_task_pt_regs(task) as *const c_void,
+        )
+    };
+    // SAFETY: this CPU's slot, written above.
+    let saved = unsafe { &*saved };
+    // A kernel thread of the process (io_uring's workers): no user stack.
+    if read != 0 || saved.cs & 3 != 3 || saved.rip == 0 {
+        return;
+    }
+    count(BpfCounter::WallSampled);
+    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch record (see `resume_parked`).
+    let record = unsafe { &mut *record };
+    record.header.pid = pid;
+    record.header.tid = pid_tgid as u32;
+    record.header.time_ns = now;
+    record.header.period = probability;
+    // SAFETY: a helper without memory arguments; a read of a constant the
+    // loader set.
+    unsafe {
+        record.header.cpu = bpf_get_smp_processor_id();
+        record.header.event_cookie = core::ptr::read_volatile(&WALL_COOKIE);
+    }
+    // The kernel stack says why the thread waits (futex, poll, a pipe, a
+    // page fault's I/O), whatever `KERNEL_STACKS` says.
+    // SAFETY: the buffer is the start of the record's frame array, which
+    // holds more than MAX_KERNEL_FRAMES u64s.
+    let bytes = unsafe {
+        bpf_get_stack(
+            ctx,
+            record.frames.as_mut_ptr() as *mut c_void,
+            (MAX_KERNEL_FRAMES * 8) as u32,
+            0,
+        )
+    };
+    let kernel_frames = if bytes > 0 {
+        (bytes as u32 / 8).min(MAX_KERNEL_FRAMES as u32)
+    } else {
+        0
+    };
+    let Some(walk) = init_walk(pid, kernel_frames) else {
+        return;
+    };
+    walk.walker.regs = regs_of(saved);
+    walk.result.end = StackEnd::DepthLimit as u32;
+    // SAFETY: `walk_frame` has the callback signature bpf_loop expects; it
+    // reads its state from `WALKS`.
+    unsafe {
+        bpf_loop(
+            MAX_USER_FRAMES as u32,
+            walk_frame as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    let Some(walk_ptr) = WALKS.get_ptr_mut(0) else {
+        return;
+    };
+    let result = walk_result(walk_ptr);
+    // A frame in a mapping the entry does not describe yet: there is no
+    // perf sample to hand over, so the stack ends there (`BadAddress`) and
+    // the reader is asked to describe the process for the next ones.
+    fill_record(&result, record);
+    if emit(record, BPF_RB_NO_WAKEUP) {
+        let parked = ParkedThread {
+            pid,
+            tid: pid_tgid as u32,
+            switched_out: now,
+        };
+        let _ = PARKED.insert(&task, &parked, 0);
+    } else {
+        count(BpfCounter::WallBufferFull);
+    }
+    if result.handoff != 0 && described {
+        notify_undescribed(pid);
+    }
+}
+
+/// The probability (in `WALL_PROBABILITY_ONE`ths) with which this CPU
+/// samples a switch-out at `now`, counting it in the window: the budget of
+/// walks over the previous window's switch-outs, at most the event's own;
+/// lowered within the window when its switch-outs come faster than that
+/// (at each power of two of them from the budget on: a first window, or a
+/// burst, would otherwise walk every switch-out of a whole window).
+/// Decided from past switches only, so that each sample's time off the CPU
+/// over its probability stays an unbiased estimate.
+#[inline(always)]
+fn switch_out_probability(now: u64) -> Option<u64> {
+    let rate = WALL_RATES.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot (the program does not nest on a CPU).
+    let rate = unsafe { &mut *rate };
+    // SAFETY: reads of constants the loader set.
+    let (max, budget) = unsafe {
+        (
+            core::ptr::read_volatile(&WALL_MAX_PROBABILITY),
+            core::ptr::read_volatile(&WALL_WALKS_PER_WINDOW),
+        )
+    };
+    let elapsed = now.wrapping_sub(rate.window_start);
+    if elapsed >= WALL_WINDOW_NS {
+        let switch_outs = rate.switch_outs;
+        rate.probability = if switch_outs <= budget {
+            max
+        } else {
+            let drawn = (budget << 32) / switch_outs;
+            if drawn < max {
+                drawn
+            } else {
+                max
+            }
+        };
+        rate.window_start = now;
+        rate.switch_outs = 0;
+    }
+    rate.switch_outs += 1;
+    let switch_outs = rate.switch_outs;
+    if switch_outs >= budget && switch_outs & (switch_outs - 1) == 0 && elapsed < WALL_WINDOW_NS {
+        // At this pace the window would see `switch_outs * WINDOW /
+        // elapsed` of them: the probability that walks `budget` of those.
+        // ((budget << 32) / WINDOW first: the product stays within u64.)
+        // (`checked_div`: a division the compiler cannot prove safe would
+        // leave a panic path, which the verifier refuses.)
+        let paced = ((budget << 32) / WALL_WINDOW_NS * (elapsed + 1))
+            .checked_div(switch_outs)
+            .unwrap_or(0);
+        if paced < rate.probability {
+            rate.probability = if paced > 0 { paced } else { 1 };
+        }
+    }
+    Some(rate.probability)
+}
+
 /// Walks up to `FRAMES_PER_TAIL_CALL_RUN` frames, then tail-calls
 /// `ddprof_walk_tail` (slot 0 of `WALK_PROGRAMS`) for the rest, or emits
 /// the sample when the walk is over.
@@ -256,8 +560,8 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     // At the limit: end here rather than spend a tail call to learn it
     // (512 frames then take the entry and 31 of the 32 calls a chain may
     // make before Linux 5.17).
-    if walk.user_frames >= MAX_USER_FRAMES as u32 {
-        walk.end = StackEnd::DepthLimit as u32;
+    if walk.result.user_frames >= MAX_USER_FRAMES as u32 {
+        walk.result.end = StackEnd::DepthLimit as u32;
         return finish_sample();
     }
     // SAFETY: the context is this program's; on success the call does not
@@ -266,7 +570,7 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     // The tail call failed (the slot is empty, or the chain used all its
     // calls, which `FRAMES_PER_TAIL_CALL_RUN` makes impossible before
     // `MAX_USER_FRAMES`): the stack ends here, at its depth limit.
-    walk.end = StackEnd::DepthLimit as u32;
+    walk.result.end = StackEnd::DepthLimit as u32;
     finish_sample()
 }
 
@@ -414,9 +718,28 @@ fn start_sample(
         }
     }
 
-    let Some(walk_ptr) = WALKS.get_ptr_mut(0) else {
+    let Some(walk) = init_walk(pid, kernel_frames) else {
         return Start::Done(0);
     };
+    match regs {
+        Some(regs) => {
+            walk.walker.regs = regs;
+            // Stays DepthLimit only if every frame step asked for more.
+            walk.result.end = StackEnd::DepthLimit as u32;
+            Start::Walk
+        }
+        None => {
+            count(BpfCounter::NoUserContext);
+            Start::NoUserContext
+        }
+    }
+}
+
+/// Resets this CPU's walk state for a sample of `pid` whose record holds
+/// `kernel_frames` kernel frames already.
+#[inline(always)]
+fn init_walk(pid: u32, kernel_frames: u32) -> Option<&'static mut Walk> {
+    let walk_ptr = WALKS.get_ptr_mut(0)?;
     // Field by field, with volatile stores: LLVM would turn a whole-struct
     // store into a call of `memset`, a BPF-to-BPF call the tail-call variant
     // must not make (see `ddprof_sample_tail`).
@@ -425,14 +748,14 @@ fn start_sample(
     unsafe {
         use core::ptr::addr_of_mut;
         let walk = walk_ptr;
-        addr_of_mut!((*walk).pid).write_volatile(pid);
-        addr_of_mut!((*walk).kernel_frames).write_volatile(kernel_frames);
-        addr_of_mut!((*walk).user_frames).write_volatile(0);
-        addr_of_mut!((*walk).end).write_volatile(StackEnd::NoUserContext as u32);
+        addr_of_mut!((*walk).result.pid).write_volatile(pid);
+        addr_of_mut!((*walk).result.kernel_frames).write_volatile(kernel_frames);
+        addr_of_mut!((*walk).result.user_frames).write_volatile(0);
+        addr_of_mut!((*walk).result.end).write_volatile(StackEnd::NoUserContext as u32);
         addr_of_mut!((*walk).walker.exact_pc).write_volatile(1);
-        addr_of_mut!((*walk).no_table).write_volatile(0);
-        addr_of_mut!((*walk).read_fault).write_volatile(0);
-        addr_of_mut!((*walk).handoff).write_volatile(0);
+        addr_of_mut!((*walk).result.no_table).write_volatile(0);
+        addr_of_mut!((*walk).result.read_fault).write_volatile(0);
+        addr_of_mut!((*walk).result.handoff).write_volatile(0);
         addr_of_mut!((*walk).walker.last_step).write_volatile(LastStep::Row);
         addr_of_mut!((*walk).walker.bp_restored).write_volatile(0);
         addr_of_mut!((*walk).mapping_start).write_volatile(0);
@@ -444,19 +767,7 @@ fn start_sample(
         addr_of_mut!((*walk).search_high).write_volatile(0);
     }
     // SAFETY: as above.
-    let walk = unsafe { &mut *walk_ptr };
-    match regs {
-        Some(regs) => {
-            walk.walker.regs = regs;
-            // Stays DepthLimit only if every frame step asked for more.
-            walk.end = StackEnd::DepthLimit as u32;
-            Start::Walk
-        }
-        None => {
-            count(BpfCounter::NoUserContext);
-            Start::NoUserContext
-        }
-    }
+    Some(unsafe { &mut *walk_ptr })
 }
 
 /// Emits the record of the finished walk (or hands the sample to the perf
@@ -471,37 +782,63 @@ fn finish_sample() -> u32 {
     };
     // SAFETY: this CPU's scratch record (see `start_sample`).
     let record = unsafe { &mut *record };
-    // The walk changed the state through other pointers (the loop's
-    // callback, an earlier program of the tail-call chain): read it back
-    // from memory, not from what the compiler assumes it holds.
-    // SAFETY: this CPU's slot, valid for the program run.
-    let walk = unsafe { core::ptr::read_volatile(walk_ptr) };
-    let pid = walk.pid;
-    if walk.handoff != 0 {
+    let result = walk_result(walk_ptr);
+    let pid = result.pid;
+    if result.handoff != 0 {
         // The process's entry does not describe its code (it exec'd or
         // mapped code since userspace last wrote it), or a frame needs a
         // table the row map does not hold.
-        if walk.handoff == 2 {
+        if result.handoff == 2 {
             count(BpfCounter::HandedOffMidStack);
         }
         hand_off_waking_reader(pid);
         return 1;
     }
 
-    record.header.stack_end = walk.end;
-    record.header.user_frames = walk.user_frames;
-    record.header.kernel_frames = walk.kernel_frames;
-    if walk.no_table != 0 {
+    fill_record(&result, record);
+    count(if emit(record, BPF_RB_NO_WAKEUP) {
+        BpfCounter::Emitted
+    } else {
+        BpfCounter::BufferFull
+    });
+    0
+}
+
+/// Reads the finished walk's result. The walk changed the state through
+/// other pointers (the loop's callback, an earlier program of the
+/// tail-call chain): read from memory, not from what the compiler assumes
+/// it holds; and not the whole state, which would take ~200 bytes of the
+/// program's 512-byte stack.
+#[inline(always)]
+fn walk_result(walk: *const Walk) -> WalkResult {
+    // SAFETY: this CPU's slot of `WALKS`, valid for the program run.
+    unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*walk).result)) }
+}
+
+/// Puts what the walk found in the record's header, and counts why it
+/// ended where that is worth knowing.
+#[inline(always)]
+fn fill_record(result: &WalkResult, record: &mut RawSample) {
+    record.header.stack_end = result.end;
+    record.header.user_frames = result.user_frames;
+    record.header.kernel_frames = result.kernel_frames;
+    if result.no_table != 0 {
         count(BpfCounter::NoTable);
     }
-    if walk.read_fault != 0 {
+    if result.read_fault != 0 {
         count(BpfCounter::ReadFault);
     }
-    if walk.end == StackEnd::DepthLimit as u32 {
+    if result.end == StackEnd::DepthLimit as u32 {
         count(BpfCounter::DepthLimit);
     }
+}
 
-    let mut frames = (walk.kernel_frames + walk.user_frames) as u64;
+/// Copies the record, with only the frames it holds, to the ring buffer;
+/// false when the buffer had no room. `wakeup` is `BPF_RB_NO_WAKEUP`
+/// unless the record must wake the reader anyway.
+#[inline(always)]
+fn emit(record: &mut RawSample, wakeup: u32) -> bool {
+    let mut frames = (record.header.kernel_frames + record.header.user_frames) as u64;
     if frames > MAX_RECORD_FRAMES as u64 {
         frames = MAX_RECORD_FRAMES as u64;
     }
@@ -514,7 +851,7 @@ fn finish_sample() -> u32 {
     let wakeup = if pending >= ring_size / 4 {
         BPF_RB_FORCE_WAKEUP
     } else {
-        BPF_RB_NO_WAKEUP
+        wakeup
     };
     // SAFETY: `record` is a map value of size_of::<RawSample>() bytes and
     // `size` is at most that; the map pointer is the ring buffer map itself.
@@ -526,19 +863,14 @@ fn finish_sample() -> u32 {
             wakeup as u64,
         )
     };
-    count(if written == 0 {
-        BpfCounter::Emitted
-    } else {
-        BpfCounter::BufferFull
-    });
-    0
+    written == 0
 }
 
 /// The user registers the task saved on kernel entry, found with
 /// `bpf_get_current_task_btf` (5.11) and `bpf_task_pt_regs` (5.15): the
 /// `bpf_loop` variant only.
 #[inline(always)]
-fn saved_user_regs_btf(_interrupted: &pt_regs) -> SavedRegs {
+fn saved_user_regs_btf() -> SavedRegs {
     // SAFETY: bpf_get_current_task_btf never fails in a perf_event program;
     // bpf_task_pt_regs returns the kernel address of the task's saved user
     // registers, copied out with a checked kernel read.
@@ -596,22 +928,22 @@ extern "C" fn walk_frame(_index: u64, _context: *mut c_void) -> i64 {
     }
 }
 
-/// `None` ends the walk (with `walk.end` set).
+/// `None` ends the walk (with `walk.result.end` set).
 #[inline(always)]
 fn walk_one(walk: &mut Walk) -> Option<()> {
-    if walk.user_frames >= MAX_USER_FRAMES as u32 {
-        walk.end = StackEnd::DepthLimit as u32;
+    if walk.result.user_frames >= MAX_USER_FRAMES as u32 {
+        walk.result.end = StackEnd::DepthLimit as u32;
         return None;
     }
     let record = SCRATCH.get_ptr_mut(0)?;
-    let slot = (walk.kernel_frames + walk.user_frames) as usize;
+    let slot = (walk.result.kernel_frames + walk.result.user_frames) as usize;
     // SAFETY: this CPU's scratch record (see `sample`).
     let Some(frame) = (unsafe { (*record).frames.get_mut(slot) }) else {
-        walk.end = StackEnd::DepthLimit as u32;
+        walk.result.end = StackEnd::DepthLimit as u32;
         return None;
     };
     *frame = walk.walker.regs.ip;
-    walk.user_frames += 1;
+    walk.result.user_frames += 1;
 
     let rule = match rule_for(walk, walk.walker.lookup_pc()) {
         Rule::Row(row) => FrameRule::Row(row),
@@ -624,19 +956,19 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         // engine would follow the same frame pointers, so that stack ends
         // here.)
         Rule::NotLoaded => {
-            walk.handoff = if walk.user_frames == 1 { 1 } else { 2 };
-            walk.end = StackEnd::BadAddress as u32;
+            walk.result.handoff = if walk.result.user_frames == 1 { 1 } else { 2 };
+            walk.result.end = StackEnd::BadAddress as u32;
             return None;
         }
         Rule::Unmapped => {
-            walk.handoff = if walk.user_frames == 1 {
+            walk.result.handoff = if walk.result.user_frames == 1 {
                 1
             } else if walk.walker.last_step == LastStep::Row {
                 2
             } else {
                 0
             };
-            walk.end = StackEnd::BadAddress as u32;
+            walk.result.end = StackEnd::BadAddress as u32;
             return None;
         }
     };
@@ -644,7 +976,7 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
         Advance::Next => return Some(()),
         Advance::End(end) => end,
         Advance::ReadFault { frame_pointer } => {
-            walk.read_fault = 1;
+            walk.result.read_fault = 1;
             // A frame-pointer chain into unreadable memory: RBP was no
             // frame pointer there.
             if frame_pointer {
@@ -654,7 +986,7 @@ fn walk_one(walk: &mut Walk) -> Option<()> {
             }
         }
     };
-    walk.end = end as u32;
+    walk.result.end = end as u32;
     None
 }
 
@@ -670,7 +1002,7 @@ enum Rule {
 fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
     if pc < walk.mapping_start || pc >= walk.mapping_end {
         // (Only missing if userspace removed it since the sample began.)
-        let Some(mappings) = PROCESSES.get_ptr(walk.pid) else {
+        let Some(mappings) = PROCESSES.get_ptr(walk.result.pid) else {
             return Rule::FramePointer;
         };
         // SAFETY: a map value, valid for the program run: the map is not
@@ -706,7 +1038,7 @@ fn rule_for(walk: &mut Walk, pc: u64) -> Rule {
         if walk.mapping_table == TABLE_NOT_LOADED {
             return Rule::NotLoaded;
         }
-        walk.no_table = 1;
+        walk.result.no_table = 1;
         return Rule::FramePointer;
     }
     let vaddr = pc.wrapping_sub(walk.mapping_bias);
@@ -826,6 +1158,14 @@ fn read_user_u64(addr: u64) -> Option<u64> {
 #[inline(always)]
 fn hand_off_waking_reader(pid: u32) {
     count(BpfCounter::HandedToPerf);
+    notify_undescribed(pid);
+}
+
+/// Writes the `HANDOFF_NOTICE` record naming `pid`, a process whose entry
+/// does not describe the code a walk met (see `hand_off_waking_reader`),
+/// unless it was named less than `HANDOFF_NOTICE_INTERVAL_NS` ago.
+#[inline(always)]
+fn notify_undescribed(pid: u32) {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // 0 without an entry, else its version plus one.

@@ -838,6 +838,7 @@ mod tests {
             frames,
             kernel_frames: vec![],
             heap: None,
+            off_cpu: None,
             end,
         }
     }

@@ -147,6 +147,32 @@ fn perf_event_probe() -> Result<&'static str, OpenError> {
     }
 }
 
+/// Whether `sWALL` can be sampled: its `sched_switch` program loaded and
+/// verified beside the `bpf_loop` variant's.
+fn wall_line() -> String {
+    let settings = bpf::ProgramSettings {
+        wall: Some(crate::wall::WallSampling {
+            event: 1,
+            max_probability: ddprof_common::sample::WALL_PROBABILITY_ONE,
+            threshold_ns: 0,
+        }),
+        ..bpf::ProgramSettings::with_kernel_stacks(false)
+    };
+    let why_not = match BpfProgram::load_with(MapSizes::minimal(), settings, Some(BpfVariant::Loop))
+    {
+        Ok(program) => match program.wall_loaded() {
+            Some(Ok(())) => None,
+            Some(Err(why)) => Some(why),
+            None => Some("not loaded".into()),
+        },
+        Err(error) => Some(first_line(&error.to_string()).to_string()),
+    };
+    match why_not {
+        None => "wall time (sWALL): the sched_switch program loads and verifies".into(),
+        Some(why) => format!("wall time (sWALL): not available: {}", first_line(&why)),
+    }
+}
+
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or_default()
 }
@@ -195,6 +221,7 @@ pub fn run() -> CheckReport {
             (Some(Ok(())), _) => {}
         }
     }
+    lines.push(wall_line());
     let bpf_result = preferred.unwrap_or(Err(BpfError::NotBuilt));
     let can_profile = perf.is_ok();
     let engine_line = match perf {

@@ -1,7 +1,7 @@
 //! ddprof: a native CPU profiler for Linux.
 //!
 //! The modules follow the data flow:
-//! launch → sample (bpf | perf) → unwind → (live heap) → aggregate → symbolize → profile → export.
+//! launch → sample (bpf | perf) → unwind → (live heap, wall time) → aggregate → symbolize → profile → export.
 //!
 //! - [`check`]: `ddprof --check`, what this machine allows and which engine would sample.
 //! - [`config`]: command line, environment and config file, resolved into each stage's options.
@@ -18,6 +18,7 @@
 //! - [`process`]: processes, threads and mappings as the kernel reports them.
 //! - [`sample`]: the sample stream between engines and aggregation.
 //! - [`live_heap`]: the allocations still held (`sALLOC mode=l`), added to each period.
+//! - [`wall`]: wall time (`sWALL`): switch-out stacks held until their thread runs again, weighed by the time off a CPU.
 //! - [`aggregate`]: folds samples per period into counted stacks.
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym).
 //! - [`profile`]: pprof encoding.
@@ -51,3 +52,4 @@ pub mod symbolize;
 pub mod timestamp;
 pub mod unwind;
 pub mod user;
+pub mod wall;

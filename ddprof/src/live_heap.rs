@@ -424,6 +424,7 @@ fn parse_snapshot(bytes: &[u8], heap: &mut LiveHeap) -> Option<()> {
                     kernel_frames,
                     end,
                     heap: None,
+                    off_cpu: None,
                 },
                 execs: 0,
             },
@@ -471,6 +472,7 @@ mod tests {
             cpu_time: false,
             allocation: false,
             live_heap: true,
+            wall_time: false,
             label: "sALLOC".into(),
         }];
         if sum {
@@ -497,6 +499,7 @@ mod tests {
             kernel_frames: vec![],
             end: StackEnd::Complete,
             heap: Some(heap),
+            off_cpu: None,
         }
     }
 

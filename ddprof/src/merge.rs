@@ -280,6 +280,7 @@ mod tests {
             kernel_frames: Vec::new(),
             end: crate::sample::StackEnd::Complete,
             heap: None,
+            off_cpu: None,
         }
     }
 

@@ -172,6 +172,11 @@ pub struct ProfiledEvent {
     /// `inuse-objects`/`count` and `inuse-space`/`bytes`, the sampled
     /// allocations not freed at the end of the period, scaled as above.
     pub live_heap: bool,
+    /// `sWALL`: its samples are `wall-time`/`nanoseconds`, as Datadog's
+    /// profilers name it: the time off a CPU of its waits, and the CPU-time
+    /// event's samples fill the column too (a thread's wall time is its
+    /// time on a CPU and off it).
+    pub wall_time: bool,
     /// The event's label (`sPF`, `sched:sched_switch`, `l=`): any other
     /// event's samples are `LABEL`/`events`, and carry the label as
     /// `tracepoint_type`, as the C++ ddprof labels them.
@@ -188,6 +193,7 @@ impl ProfiledEvent {
             cpu_time: spec.is_cpu_time(),
             allocation: false,
             live_heap: false,
+            wall_time: spec.is_wall_time(),
             label: spec.label.clone(),
         };
         match spec.kind {
@@ -219,6 +225,7 @@ impl ProfiledEvent {
             cpu_time: true,
             allocation: false,
             live_heap: false,
+            wall_time: false,
             label: "sCPU".into(),
         }]
     }
@@ -231,6 +238,8 @@ impl ProfiledEvent {
             vec![("alloc-samples", "count"), ("alloc-space", "bytes")]
         } else if self.live_heap {
             vec![("inuse-objects", "count"), ("inuse-space", "bytes")]
+        } else if self.wall_time {
+            vec![("wall-time", "nanoseconds")]
         } else {
             vec![(&*self.label, "events")]
         }
@@ -511,6 +520,17 @@ fn build_pprof_streaming_samples(
             sample_type.push(value_type(&mut strings, kind, unit));
         }
     }
+    // The wall-time column, which the CPU-time samples fill too.
+    let wall_column = events
+        .iter()
+        .find(|event| event.wall_time)
+        .and_then(|event| first_column.get(&event.index))
+        .map(|&(column, _)| column);
+    let cpu_time_events: Vec<u16> = events
+        .iter()
+        .filter(|event| event.cpu_time)
+        .map(|event| event.index)
+        .collect();
     // The CPU time a sample stands for when CPU time is sampled; else the
     // first event's unit.
     let period_type = if events.iter().any(|event| event.cpu_time) {
@@ -648,6 +668,9 @@ fn build_pprof_streaming_samples(
             Some(&(column, true)) => {
                 values[column] = clamp(scaled_count.saturating_add(unit / 2) / unit);
                 values[column + 1] = clamp(weight);
+                if let Some(wall) = wall_column.filter(|_| cpu_time_events.contains(&event)) {
+                    values[wall] = clamp(weight);
+                }
                 true
             }
             Some(&(column, false)) => {
@@ -659,7 +682,9 @@ fn build_pprof_streaming_samples(
     };
     let labels: HashMap<u16, i64> = events
         .iter()
-        .filter(|event| !event.cpu_time && !event.allocation && !event.live_heap)
+        .filter(|event| {
+            !event.cpu_time && !event.allocation && !event.live_heap && !event.wall_time
+        })
         .map(|event| (event.index, strings.id(&event.label)))
         .collect();
     for stack_sample in &period.samples {

@@ -30,6 +30,22 @@ pub struct Sample {
     /// allocation followed at an address, or a free of one (a free is not a
     /// sample of the profile: it takes an allocation out of the live heap).
     pub heap: Option<HeapEvent>,
+    /// For `sWALL`'s records, which end of a wait they are (the wall-time
+    /// stage pairs them: [`crate::wall`]); `None` for every other sample.
+    pub off_cpu: Option<OffCpu>,
+}
+
+/// An `sWALL` record: a stack taken as its thread left the CPU, or the
+/// thread's return to a CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffCpu {
+    /// The thread's stacks as it switched out, drawn with `probability`
+    /// (in `WALL_PROBABILITY_ONE`ths); its weight is known when it runs
+    /// again.
+    SwitchedOut { probability: u64 },
+    /// The thread of the stack taken at `switched_out` ran again at the
+    /// sample's time (no stack).
+    Resumed { switched_out: u64 },
 }
 
 /// What an allocation probe's sample says of the heap.

@@ -57,6 +57,8 @@ pub struct SamplerOptions {
     /// The BPF program variant; `None`: the one the kernel runs (or
     /// `DDPROF_BPF_VARIANT`). Tests load each variant with it.
     pub bpf_variant: Option<crate::bpf::BpfVariant>,
+    /// `sWALL`, sampled by the BPF engine only.
+    pub wall: Option<crate::wall::WallSampling>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +102,9 @@ enum Engine {
         records: PerfEngine,
         /// BPF samples newer than the records read so far, waiting for them.
         pending: Vec<Sample>,
+        /// Every sample and record up to this time (CLOCK_MONOTONIC) was
+        /// delivered.
+        delivered_until: u64,
     },
 }
 
@@ -151,6 +156,7 @@ impl Sampler {
             workload_pids,
             wrapped_pid,
             variant: options.bpf_variant,
+            wall: options.wall,
             ..BpfEngineOptions::default()
         };
         // Loads, verifies and attaches the program once; `auto` falls back
@@ -184,9 +190,20 @@ impl Sampler {
                     samples: Box::new(samples),
                     records: perf,
                     pending: Vec::new(),
+                    delivered_until: 0,
                 }
             }
             None => {
+                if options.wall.is_some() {
+                    // A stack copy at every switch is 8-32 KB: ~1.45 µs a
+                    // switch before any unwinding (docs/Design.md, "Wall
+                    // time").
+                    log::warn!(
+                        "sWALL is not sampled: wall time needs the eBPF engine (the perf \
+                         engine samples: {}); the other events are",
+                        decision.reason
+                    );
+                }
                 // The perf engine samples each task: no per-CPU buffers.
                 perf.drop_cpu_wide_sources(Scope::CpuForTree);
                 Engine::Perf(perf)
@@ -211,6 +228,7 @@ impl Sampler {
                 samples,
                 records,
                 pending,
+                delivered_until,
             } => {
                 // Wakes for the BPF ring buffer and for the perf buffers,
                 // which receive the samples the program hands over.
@@ -247,6 +265,7 @@ impl Sampler {
                         samples.sync_read_young(processes, young);
                     }
                 }
+                *delivered_until = cutoff;
                 let cutoff = (!finished).then_some(cutoff);
                 deliver_merged(samples, records, pending, processes, cutoff, on_sample);
                 Ok(finished)
@@ -321,7 +340,9 @@ impl Sampler {
                 samples,
                 records,
                 pending,
+                delivered_until,
             } => {
+                *delivered_until = settled_time();
                 if let Err(error) = samples.read_samples(Duration::ZERO, pending) {
                     log::warn!("{error}");
                 }
@@ -347,6 +368,7 @@ impl Sampler {
                 samples,
                 records,
                 pending,
+                ..
             } => {
                 records.resume_after_fork(restarted)?;
                 if restarted {
@@ -407,6 +429,22 @@ impl Sampler {
                 started.elapsed().as_secs_f64() * 1e3
             );
         }
+    }
+
+    /// The time (CLOCK_MONOTONIC) up to which every sample and record was
+    /// delivered (0 with the perf engine, which has no use for it).
+    pub fn delivered_until(&self) -> u64 {
+        match &self.engine {
+            Engine::Bpf {
+                delivered_until, ..
+            } => *delivered_until,
+            Engine::Perf(_) => 0,
+        }
+    }
+
+    /// `sWALL`'s event index, when it is sampled (by the BPF engine).
+    pub fn wall_event(&self) -> Option<u16> {
+        self.bpf_engine().and_then(BpfEngine::wall_event)
     }
 
     /// The BPF engine, when it samples (its program, maps and counters,

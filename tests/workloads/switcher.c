@@ -14,7 +14,11 @@
  *   "switcher_pong": switcher_pong_work, switcher_thread, (libc thread start)
  *
  * Usage: switcher --work N (fixed work for benchmarks: N units of 500,000
- * round trips each, about a second of CPU), or switcher SECONDS. At the end it prints one line:
+ * round trips each, about a second of CPU), or switcher SECONDS; with
+ * `--spin NS` after either, each thread computes NS nanoseconds with the
+ * token before passing it on (8000: ~10^5 switches a second, the rate of
+ * the wall-time event's cost bar; a unit of work is then 50,000 round
+ * trips, again about a second). At the end it prints one line:
  * `switcher: R round trips, S context switches (V voluntary) in W s, C s of
  * CPU: X switches/s`.
  */
@@ -38,6 +42,7 @@
 static int ping_to_pong[2];
 static int pong_to_ping[2];
 static long rounds_wanted;
+static long spin_ns;
 static double deadline;
 static volatile long rounds_done;
 
@@ -45,6 +50,18 @@ static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Computes for spin_ns nanoseconds of this thread's CPU time. */
+static void spin(void) {
+    if (spin_ns <= 0)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    long long end = ts.tv_sec * 1000000000LL + ts.tv_nsec + spin_ns;
+    do {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    } while (ts.tv_sec * 1000000000LL + ts.tv_nsec < end);
 }
 
 static void must_read(int fd, char *byte) {
@@ -72,6 +89,7 @@ KEEP_FRAME void switcher_ping_work(void) {
         if (last)
             break;
         must_read(pong_to_ping[0], &byte);
+        spin();
         round++;
     }
     rounds_done = round + 1;
@@ -84,6 +102,7 @@ KEEP_FRAME void switcher_pong_work(void) {
         must_read(ping_to_pong[0], &byte);
         if (byte == 0)
             break;
+        spin();
         must_write(pong_to_ping[1], 1);
     }
 }
@@ -98,12 +117,16 @@ KEEP_FRAME void *switcher_thread(void *is_ping) {
 }
 
 int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[argc - 2], "--spin") == 0) {
+        spin_ns = atol(argv[argc - 1]);
+        argc -= 2;
+    }
     if (argc == 3 && strcmp(argv[1], "--work") == 0) {
-        rounds_wanted = atol(argv[2]) * 500000L;
+        rounds_wanted = atol(argv[2]) * (spin_ns > 0 ? 50000L : 500000L);
     } else if (argc == 2) {
         deadline = now_seconds() + atof(argv[1]);
     } else {
-        fprintf(stderr, "usage: switcher --work N | switcher SECONDS\n");
+        fprintf(stderr, "usage: switcher --work N | switcher SECONDS, then --spin NS\n");
         return 2;
     }
     if (pipe(ping_to_pong) != 0 || pipe(pong_to_ping) != 0) {

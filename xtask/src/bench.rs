@@ -103,6 +103,7 @@ mod rust_library;
 const TOOLS: &[&str] = &[
     "unprofiled",
     "ddprof-bpf",
+    "ddprof-bpf-wall",
     "ddprof-perf",
     "perf-fp",
     "perf-dwarf-8k",
@@ -367,7 +368,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         // every measured round finds it as a restarted service would.
         for (tool, freq, out, line) in &lines {
             let Some(line) = line else { continue };
-            if !tool.starts_with("ddprof-") || *freq != freqs[0] {
+            // (The wall-time run's start-up is the CPU-only run's.)
+            if !tool.starts_with("ddprof-") || *tool == "ddprof-bpf-wall" || *freq != freqs[0] {
                 continue;
             }
             let cache = target_dir()

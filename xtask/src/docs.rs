@@ -60,7 +60,7 @@ spells them, on the command line and as config-file keys.
 | `--timeline`, `--no-timeline` (`DD_PROFILING_TIMELINE_ENABLE`) | `--timeline [BOOL]` (`DD_PROFILING_TIMELINE`) and `--no-timeline`; the C++ variable is not read (its values `1`/`yes`/`on` are not ours) |
 | `-u --upload_period` (`DD_PROFILING_UPLOAD_PERIOD`), `--worker_period` (`DD_PROFILING_WORKER_PERIOD`) | the same |
 | `-e --event` (`DD_PROFILING_NATIVE_EVENTS`) | the same syntax (`;`-separated, `key=value` with spaces or commas) and events (below); each event is its own sample type in the profile |
-| `--preset` (`DD_PROFILING_NATIVE_PRESET`) | the same names and meaning (`cpu_live_heap`: `sCPU;sALLOC mode=l`, CPU time and the live heap; `alloc_live_heap`: `sALLOC mode=l`) |
+| `--preset` (`DD_PROFILING_NATIVE_PRESET`) | the same names and meaning (`cpu_live_heap`: `sCPU;sALLOC mode=l`, CPU time and the live heap; `alloc_live_heap`: `sALLOC mode=l`), and `cpu_wall`: `sCPU;sWALL`, CPU time and wall time |
 | `--switch_user` (`DD_PROFILING_SWITCH_USER`), `--nice` (`DD_PROFILING_NICE`) | the same |
 | `--config [./ddprof.toml]` (`DD_PROFILING_NATIVE_CONFIG`) | `--config` (`DD_PROFILING_CONFIG`); `./ddprof.toml` is read when present and safe (see above); `DD_PROFILING_NATIVE_CONFIG` is not read: CLI11 files may repeat keys (`event=` twice), which TOML refuses |
 | `-l --log_level` (`DD_PROFILING_NATIVE_LOG_LEVEL`) | the same, `informational` included (also `DD_PROFILING_LOG_LEVEL`) |
@@ -86,6 +86,13 @@ spells them, on the command line and as config-file keys.
 | `group:name`, `e=NAME g=GROUP`, `i=ID` (tracepoints) | sampled (period 1 by default) through the perf buffers in both engines, tracefs mounted if needed; the column is named `group:name` (or `l=`); one that does not exist is left out with one warning |
 | `sALLOC` | sampled in the wrapped command (and its children and execs) by a preloaded library, by bytes (`p=`, mean 512 KiB; the `malloc` family, C++'s `new`, jemalloc's `*allocx`, and the program's own anonymous mappings, whose stacks end in `mmap` or `mmap64`), unwound by either engine as CPU samples are: `alloc-samples`/`count` and `alloc-space`/`bytes`, each sample weighed by the inverse of its probability; needs root (the probe is defined in tracefs); alone, CPU time is sampled too (for the process records); with `-p`/`--global` or a statically linked command, left out with one warning; `m=l`: the live heap instead (`inuse-objects`/`count`, `inuse-space`/`bytes`: the sampled allocations not freed at the end of each period, carried across worker restarts; a process that exited: what it held at its exit, in the profile of the period it ended), `m=sl` both |
 
+
+Beyond the C++ ddprof's events:
+
+| event | here |
+|---|---|
+| `sWALL` | wall time: the time the profiled threads spend off a CPU (blocked in a lock, a read, a sleep, or waiting for a CPU), sampled at context switches by the BPF engine's `sched_switch` program (Linux 5.17+, BTF): each drawn switch-out's user stack, unwound in the kernel as a CPU sample's, and its kernel stack folded to the one frame that names the wait (`futex_do_wait`, `do_nanosleep`, `anon_pipe_read`; every kernel frame with `--include-kernel`), weighed when the thread runs again by its time off the CPU over the probability it was drawn with; a wait that spans the end of a period is split between the periods. `wall-time`/`nanoseconds`, which the CPU-time samples fill too, so that a thread's wall time is its time on and off a CPU; CPU time is sampled with it (added when not given). At most 1,000 stacks a second per CPU on average: faster switching lowers the probability, and each stack weighs its inverse. With the perf engine, left out with one warning. Keys: `threshold=` (nanoseconds: shorter waits are left out, counted) and `probability=` (the most with which a switch-out is drawn, 0 to 1) |
+
 The C++ ddprof sums every event but `sCPU` into one `tracepoint`/`events` column told apart by
 the `tracepoint_type` label; here each has its own column (and the label).
 
@@ -98,6 +105,7 @@ the `tracepoint_type` label; here each has its own column (and the label).
 | `n`, `arg_num`, `argno`; `r`, `register`, `regno` | the same: the value of an argument's register (1-6) or of a perf register (0-8, 16-23) at the sample |
 | `st`, `stack_sample_size`, `stcksz` | the same: this event's stack copy |
 | `m`, `mode` | `s` (sum, the default), `l` (live), `sl` (both); `l` is refused but for `sALLOC` |
+| `threshold`, `th`; `probability`, `prob` | `sWALL`'s only (above); refused for the other events |
 | `o`, `raw_offset`, `rawoff`; `z`, `raw_size`, `rawsz` | the same: a tracepoint's sample weighs the field of its raw record at that offset (as tracefs's `format` gives it) and size (8 by default) |
 ";
 

@@ -40,6 +40,9 @@ const PREREQUISITES: &[(&str, &str)] = &[
     // The exact reference for allocations (tests/allocations.rs).
     ("heaptrack", "heaptrack"),
     ("zstdcat", "zstd"),
+    // The reference for off-CPU time (tests/wall_time.rs): a tracer of the
+    // sched_switch tracepoint (this kernel has no kprobes for offcputime).
+    ("bpftrace", "bpftrace"),
 ];
 
 /// Debian packages the tests use that provide no command: glibc's detached

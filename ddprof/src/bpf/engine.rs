@@ -75,6 +75,8 @@ pub struct BpfEngineOptions {
     pub variant: Option<BpfVariant>,
     /// Where compiled unwind tables are kept for later runs, if anywhere.
     pub table_store: Option<TableStore>,
+    /// `sWALL`: the `sched_switch` program too.
+    pub wall: Option<crate::wall::WallSampling>,
 }
 
 impl Default for BpfEngineOptions {
@@ -89,6 +91,7 @@ impl Default for BpfEngineOptions {
             max_table_bytes: DEFAULT_MAX_TABLE_BYTES,
             variant: None,
             table_store: None,
+            wall: None,
         }
     }
 }
@@ -128,6 +131,9 @@ pub struct BpfEngine {
     /// The links of the events attached with a cookie (the program stays
     /// attached to each as long as its link is open).
     _links: Vec<std::os::fd::OwnedFd>,
+    /// `sWALL`'s event index, once its program is attached: its records'
+    /// cookie is this plus one.
+    wall_event: Option<u16>,
 }
 
 impl BpfEngine {
@@ -151,6 +157,11 @@ impl BpfEngine {
             kernel_stacks: options.kernel_stacks,
             wake_on_handoff: options.wake_on_handoff,
             tree_only,
+            wall: options.wall,
+            undescribed_may_be_profiled: tree_only
+                || events
+                    .iter()
+                    .any(|event| event.scope == crate::events::Scope::Global),
         };
         let mut program = BpfProgram::load_with(sizes, settings, options.variant)?;
         if let Some(pid) = options.wrapped_pid.filter(|_| !options.wake_on_handoff) {
@@ -190,6 +201,7 @@ impl BpfEngine {
                 .map_or(0, |event| event.spec.index()),
             weighings: crate::events::Weighings::default(),
             _links: Vec::new(),
+            wall_event: None,
         };
         // The workload's tables are in the maps before its first sample.
         let filling = Instant::now();
@@ -225,6 +237,24 @@ impl BpfEngine {
             // first (the sampler): enabling again changes nothing.
             if event.enable_when_mapped {
                 event.enable().map_err(BpfError::Attach)?;
+            }
+        }
+        if let Some(wall) = options.wall {
+            match engine.program.start_wall() {
+                Ok(()) => {
+                    engine.wall_event = Some(wall.event);
+                    log::info!(
+                        "BPF engine: wall time sampled at context switches (at most {} stacks \
+                         a second per CPU{})",
+                        crate::wall::WALKS_PER_CPU_SECOND,
+                        if wall.threshold_ns > 0 {
+                            format!(", waits under {} ns left out", wall.threshold_ns)
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+                Err(why) => log::warn!("sWALL is not sampled: {why}; the other events are"),
             }
         }
         let ms = |time: Duration| time.as_secs_f64() * 1e3;
@@ -313,6 +343,11 @@ impl BpfEngine {
         self.program.counters()
     }
 
+    /// `sWALL`'s event index, when its program samples.
+    pub fn wall_event(&self) -> Option<u16> {
+        self.wall_event
+    }
+
     /// Samples the kernel could not deliver (ring buffer full) and records
     /// that could not be read.
     pub fn losses(&self) -> LossCounters {
@@ -349,6 +384,14 @@ impl BpfEngine {
             match decode(&item, &mut self.spare_frames) {
                 Some(Record::Sample(mut sample)) => {
                     identify(&mut sample, self.cpu_time_event, &self.weighings);
+                    if sample.off_cpu.is_none() && Some(sample.event) == self.wall_event {
+                        // A switch-out's stack: its header's period is the
+                        // probability it was drawn with.
+                        sample.off_cpu = Some(crate::sample::OffCpu::SwitchedOut {
+                            probability: sample.weight,
+                        });
+                        sample.weight = 0;
+                    }
                     samples.push(sample)
                 }
                 // The next sync describes it.
@@ -502,6 +545,7 @@ mod tests {
             frames: Vec::new(),
             kernel_frames: Vec::new(),
             heap: None,
+            off_cpu: None,
             end: crate::sample::StackEnd::Complete,
         };
         // Cookie 1: sPF, event 0, each sample 16 faults (the program's

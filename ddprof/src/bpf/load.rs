@@ -103,16 +103,10 @@ fn verifier_reason(log: &str) -> Option<&str> {
 /// says lacks `bpf_loop` (forced with `DDPROF_BPF_VARIANT`) is a kernel too
 /// old for it.
 pub(super) fn classify_load(error: aya::programs::ProgramError, name: &str) -> BpfError {
-    let aya::programs::ProgramError::LoadError {
-        io_error,
-        verifier_log,
-    } = &error
-    else {
+    let aya::programs::ProgramError::LoadError { io_error, .. } = &error else {
         return classify(&error);
     };
-    let log = format!("{verifier_log:?}");
-    let reason = verifier_reason(&log).unwrap_or("no verifier output");
-    let text = format!("{io_error}: {reason}");
+    let text = load_error_text(&error);
     let lacks_bpf_loop = || {
         name == BpfVariant::Loop.entry_program()
             && matches!(variant::kernel_has_bpf_loop(), Ok(false))
@@ -227,12 +221,29 @@ pub struct BpfProgram {
     /// Links take cookies here, and the program reads them
     /// (`EVENT_COOKIES`): events other than CPU time can be attached.
     event_cookies: bool,
+    /// The `sWALL` program: loaded, or why not (`None`: not asked for).
+    wall: Option<Result<(), String>>,
 }
 
 /// Whether perf-event links carry a cookie the program can read
 /// (`bpf_get_attach_cookie` for perf_event programs: Linux 5.15).
 fn links_carry_cookies() -> bool {
     kernel_version().is_some_and(|version| version >= (5, 15))
+}
+
+/// A refused load in one line: the system call's error and the verifier's
+/// reason.
+pub(super) fn load_error_text(error: &aya::programs::ProgramError) -> String {
+    let aya::programs::ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = error
+    else {
+        return first_line(error);
+    };
+    let log = format!("{verifier_log:?}");
+    let reason = verifier_reason(&log).unwrap_or("no verifier output");
+    format!("{io_error}: {reason}")
 }
 
 /// `BPF_LINK_CREATE`, `BPF_PERF_EVENT` (`linux/bpf.h`).
@@ -283,6 +294,13 @@ pub struct ProgramSettings {
     /// keeps the profiled processes' samples (`TREE_ONLY`); the per-task
     /// events get the program that drops every sample.
     pub tree_only: bool,
+    /// `sWALL`: the `sched_switch` program is loaded too (`bpf_loop`
+    /// variant only), for [`BpfProgram::start_wall`].
+    pub wall: Option<crate::wall::WallSampling>,
+    /// A process the maps do not describe may be profiled (every CPU
+    /// sampled, or `--global`): `sWALL`'s program draws its switch-outs too
+    /// and asks the reader to describe it.
+    pub undescribed_may_be_profiled: bool,
 }
 
 impl ProgramSettings {
@@ -292,6 +310,8 @@ impl ProgramSettings {
             kernel_stacks,
             wake_on_handoff: true,
             tree_only: false,
+            wall: None,
+            undescribed_may_be_profiled: false,
         }
     }
 }
@@ -390,6 +410,17 @@ impl BpfProgram {
         let event_cookies = variant == BpfVariant::Loop && links_carry_cookies();
         let event_cookies_flag = u32::from(event_cookies);
         let (pid_ns_dev, pid_ns_ino) = own_pid_namespace().unwrap_or((0, 0));
+        let wall_cookie = settings.wall.map_or(0u32, |wall| u32::from(wall.event) + 1);
+        let wall_max_probability = settings
+            .wall
+            .map_or(ddprof_common::sample::WALL_PROBABILITY_ONE, |wall| {
+                wall.max_probability
+            });
+        let wall_undescribed = u32::from(settings.undescribed_may_be_profiled);
+        let wall_walks_per_window = (crate::wall::WALKS_PER_CPU_SECOND
+            * ddprof_common::sample::WALL_WINDOW_NS
+            / 1_000_000_000)
+            .max(1);
         let started = Instant::now();
         let mut loader = EbpfLoader::new();
         // For diagnosing verifier rejections: DDPROF_BPF_VERIFIER_LOG=stats|verbose.
@@ -413,6 +444,10 @@ impl BpfProgram {
             .override_global(names::EVENT_COOKIES, &event_cookies_flag, true)
             .override_global(names::PID_NS_DEV, &pid_ns_dev, true)
             .override_global(names::PID_NS_INO, &pid_ns_ino, true)
+            .override_global(names::WALL_COOKIE, &wall_cookie, true)
+            .override_global(names::WALL_MAX_PROBABILITY, &wall_max_probability, true)
+            .override_global(names::WALL_WALKS_PER_WINDOW, &wall_walks_per_window, true)
+            .override_global(names::WALL_UNDESCRIBED, &wall_undescribed, true)
             .load(object)
             .map_err(|e| classify(&e))?;
         // The continuation first: the entry may only run once the
@@ -444,13 +479,44 @@ impl BpfProgram {
                 .and_then(|i| i.size_translated())
                 .map(|bytes| bytes / 8),
         };
+        let wall = settings
+            .wall
+            .map(|_| programs::load_wall_program(&mut ebpf, variant));
         Ok(Self {
             ebpf,
             variant,
             sizes,
             stats,
             event_cookies,
+            wall,
         })
+    }
+
+    /// Whether the `sWALL` program was loaded (`None`: not asked for).
+    pub fn wall_loaded(&self) -> Option<Result<(), String>> {
+        self.wall.clone()
+    }
+
+    /// Attaches the `sWALL` program to the `sched_switch` tracepoint, once
+    /// the maps describe the profiled processes. `Err`: why wall time is
+    /// not sampled (the program was not asked for, could not load on this
+    /// kernel, or the tracepoint refused it), for one line.
+    pub fn start_wall(&mut self) -> Result<(), String> {
+        match &self.wall {
+            None => return Err("sWALL was not asked for".into()),
+            Some(Err(why)) => return Err(why.clone()),
+            Some(Ok(())) => {}
+        }
+        let program: &mut aya::programs::BtfTracePoint = self
+            .ebpf
+            .program_mut(names::WALL_PROGRAM)
+            .ok_or_else(|| format!("the object has no program `{}`", names::WALL_PROGRAM))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| first_line(&e))?;
+        program
+            .attach()
+            .map(|_link| ())
+            .map_err(|e| format!("cannot attach to sched_switch: {}", first_line(&e)))
     }
 
     /// Whether [`BpfProgram::attach_with_cookie`] can work here.

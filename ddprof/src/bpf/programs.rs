@@ -4,7 +4,10 @@ use aya::programs::PerfEvent;
 use aya::Ebpf;
 use ddprof_common::bpf_maps::names;
 
-use super::load::{classify, classify_load, kernel_version, BpfError, MapProblem};
+use super::load::{
+    classify, classify_load, first_line, kernel_version, load_error_text, BpfError, MapProblem,
+};
+use super::variant::BpfVariant;
 
 /// A perf_event program of the object, by name.
 pub(super) fn perf_program_mut<'a>(
@@ -70,4 +73,34 @@ pub(super) fn load_continuation(
     let mut slots = aya::maps::ProgramArray::try_from(map).map_err(|e| map_error(e.into()))?;
     slots.set(0, &fd, 0).map_err(|e| map_error(e.into()))?;
     Ok(info)
+}
+
+/// Loads the `sWALL` program (a BTF tracepoint on `sched_switch`): on the
+/// `bpf_loop` variant's kernels only (it walks with the loop). `Err`: why
+/// not, in words for the log.
+pub(super) fn load_wall_program(ebpf: &mut Ebpf, variant: BpfVariant) -> Result<(), String> {
+    if variant != BpfVariant::Loop {
+        return Err(
+            "wall time walks stacks with bpf_loop, which this kernel lacks (Linux 5.17+)".into(),
+        );
+    }
+    let started = std::time::Instant::now();
+    let btf = aya::Btf::from_sys_fs()
+        .map_err(|e| format!("the kernel's BTF is not readable ({})", first_line(&e)))?;
+    log::info!(
+        "start-up: BTF read in {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let name = names::WALL_PROGRAM;
+    let program: &mut aya::programs::BtfTracePoint = ebpf
+        .program_mut(name)
+        .ok_or_else(|| format!("the object has no program `{name}`"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| first_line(&e))?;
+    program.load("sched_switch", &btf).map_err(|error| {
+        let refused = load_error_text(&error);
+        // With DDPROF_BPF_VERIFIER_LOG, the log's tail on stderr.
+        load_error(error, name);
+        format!("the kernel refused the sched_switch program: {refused}")
+    })
 }

@@ -1,8 +1,10 @@
 //! Decoding the BPF ring buffer's records (`ddprof_common::sample`'s
 //! `RawSampleHeader`, kernel frames, user frames) into [`Sample`]s.
-use ddprof_common::sample::{RawSampleHeader, StackEnd, HANDOFF_NOTICE, RAW_SAMPLE_HEADER_SIZE};
+use ddprof_common::sample::{
+    RawSampleHeader, StackEnd, HANDOFF_NOTICE, RAW_SAMPLE_HEADER_SIZE, WALL_RESUME,
+};
 
-use crate::sample::Sample;
+use crate::sample::{OffCpu, Sample};
 
 /// A ring-buffer record.
 #[derive(Debug, PartialEq, Eq)]
@@ -24,6 +26,25 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
     let header: RawSampleHeader = unsafe { std::ptr::read_unaligned(header_bytes.as_ptr().cast()) };
     if header.stack_end == HANDOFF_NOTICE {
         return Some(Record::HandoffNotice { pid: header.pid });
+    }
+    if header.stack_end == WALL_RESUME {
+        // A parked thread ran again: no stack; its event is `sWALL`'s.
+        return Some(Record::Sample(Sample {
+            pid: header.pid,
+            tid: header.tid,
+            time: header.time_ns,
+            cpu: header.cpu,
+            event: header.event_cookie.min(u32::from(u16::MAX)) as u16,
+            weight: 0,
+            scaled_count: crate::events::COUNT_UNIT,
+            kernel_frames: Vec::new(),
+            heap: None,
+            off_cpu: Some(OffCpu::Resumed {
+                switched_out: header.period,
+            }),
+            frames: Vec::new(),
+            end: StackEnd::Complete,
+        }));
     }
     let kernel = header.kernel_frames as usize;
     let user = header.user_frames as usize;
@@ -68,6 +89,8 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
         scaled_count: crate::events::COUNT_UNIT,
         kernel_frames: words(&frames_bytes[..kernel * 8]),
         heap: None,
+        // The engine marks `sWALL`'s stacks (it knows the event's cookie).
+        off_cpu: None,
         frames: words(&frames_bytes[kernel * 8..(kernel + user) * 8]),
         end: StackEnd::from_raw(header.stack_end),
     }))

@@ -130,7 +130,7 @@ pub struct Cli {
     )]
     pub events: Option<String>,
 
-    /// Events by name, as Datadog's C++ ddprof names them, when no `--event` is given: `cpu_only` (and `default` with `-p`) samples CPU time; `default` and `alloc_only` also sample allocations, `cpu_live_heap` and `alloc_live_heap` the live heap (`sALLOC mode=l`)
+    /// Events by name, as Datadog's C++ ddprof names them, when no `--event` is given: `cpu_only` (and `default` with `-p`) samples CPU time; `default` and `alloc_only` also sample allocations, `cpu_live_heap` and `alloc_live_heap` the live heap (`sALLOC mode=l`); `cpu_wall` CPU time and wall time (`sWALL`)
     #[arg(long, env = "DD_PROFILING_NATIVE_PRESET", value_enum)]
     pub preset: Option<crate::events::Preset>,
 

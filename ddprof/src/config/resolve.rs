@@ -85,23 +85,51 @@ fn leave_out_what_attaching_cannot_sample(
 }
 
 /// The allocation probe watches every CPU and writes no process records
-/// (mappings, names, forks): with allocations alone, CPU time is sampled
-/// too, its per-task events writing them, and a line says so.
+/// (mappings, names, forks), and wall time (`sWALL`) opens no perf event:
+/// with only those, CPU time is sampled too, its per-task events writing
+/// the records, and a line says so. Wall time is CPU time plus the time off
+/// a CPU, so `sWALL` always comes with CPU time.
 fn with_process_records(mut events: Vec<EventSpec>, said: &mut Vec<String>) -> Vec<EventSpec> {
     let allocation =
         |spec: &EventSpec| matches!(spec.kind, crate::events::EventKind::Allocation { .. });
-    if events.is_empty() || !events.iter().all(allocation) {
+    let wall = events.iter().any(EventSpec::is_wall_time);
+    if events.is_empty() || events.iter().any(EventSpec::is_cpu_time) {
         return events;
     }
-    said.push(
-        "sALLOC alone: CPU time (sCPU) is sampled too, for the process records that \
-         allocation stacks are unwound with"
-            .into(),
-    );
+    if wall {
+        said.push(
+            "sWALL without sCPU: CPU time (sCPU) is sampled too, for the wall time that \
+             threads spend on a CPU"
+                .into(),
+        );
+    } else if events.iter().all(allocation) {
+        said.push(
+            "sALLOC alone: CPU time (sCPU) is sampled too, for the process records that \
+             allocation stacks are unwound with"
+                .into(),
+        );
+    } else {
+        return events;
+    }
     let mut cpu = EventSpec::cpu_time(SampleRate::Frequency(crate::events::DEFAULT_CPU_FREQUENCY));
     cpu.weighing.event = events.len() as u16;
     events.push(cpu);
     events
+}
+
+/// What the BPF engine needs to sample `sWALL`, if asked for.
+fn wall_sampling(events: &[EventSpec]) -> Option<crate::wall::WallSampling> {
+    events.iter().find_map(|spec| match spec.kind {
+        crate::events::EventKind::WallTime {
+            max_probability,
+            threshold_ns,
+        } => Some(crate::wall::WallSampling {
+            event: spec.index(),
+            max_probability,
+            threshold_ns,
+        }),
+        _ => None,
+    })
 }
 
 /// The events when neither `--event` nor `--preset` is given.
@@ -172,8 +200,11 @@ pub fn resolve_with(
                 max_frames: MAX_USER_FRAMES,
             },
             bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or_else(|| {
-                crate::bpf::ring_buffer_bytes_for_rate(samples_per_second(&events))
+                crate::bpf::ring_buffer_bytes_for_rate(
+                    samples_per_second(&events) + wall_stacks_per_second(&events),
+                )
             }),
+            wall: wall_sampling(&events),
             bpf_table_bytes: cli.bpf_table_mib as usize * (1 << 20),
             bpf_wake_on_handoff: crate::bpf::wakes_on_handoff_at(samples_per_task_second(&events)),
             kernel_stacks,
@@ -271,6 +302,16 @@ fn allocation_buffers(
 fn samples_per_second(events: &[EventSpec]) -> u64 {
     let cpus = crate::events::online_cpus().len().max(1) as u64;
     samples_per_task_second(events).saturating_mul(cpus)
+}
+
+/// The wall-time stacks the BPF program may write a second on every online
+/// CPU (with `sWALL`), each with its end-of-wait record.
+fn wall_stacks_per_second(events: &[EventSpec]) -> u64 {
+    if !events.iter().any(EventSpec::is_wall_time) {
+        return 0;
+    }
+    let cpus = crate::events::online_cpus().len().max(1) as u64;
+    2 * crate::wall::WALKS_PER_CPU_SECOND * cpus
 }
 
 /// pprof's `period`: the CPU time a sample stands for at the CPU-time

@@ -13,7 +13,7 @@
 //! | `CAP_BPF` (BPF engine only) | create a map for each unwind table a worker loads (`bpf::TableMaps`); the worker's filter allows map commands only | the end (a worker's) |
 //! | `CAP_SYS_ADMIN`       | BPF and perf on kernels older than 5.8, which lack `CAP_BPF`/`CAP_PERFMON` | [`drop_after_setup`] |
 //! | `CAP_IPC_LOCK`        | lock BPF maps on kernels that charge them to `RLIMIT_MEMLOCK` (before 5.11) | [`drop_after_setup`] |
-//! | `CAP_SYSLOG` (only with `--include-kernel`) | copy `/proc/kallsyms` with its addresses (hidden without it when `perf_event_paranoid` > 1) | [`drop_after_setup`] |
+//! | `CAP_SYSLOG` (only with `--include-kernel` or `sWALL`) | copy `/proc/kallsyms` with its addresses (hidden without it when `perf_event_paranoid` > 1) | [`drop_after_setup`] |
 //!
 //! After the set-up, the three kept for the end are only the workers'
 //! ([`raise_for_worker`]): the parent, which neither reads the profiled

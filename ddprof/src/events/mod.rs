@@ -400,6 +400,14 @@ pub fn type_and_config(spec: &EventSpec, scope: Scope) -> Result<(u32, u64), Ope
                 ))
             }
         },
+        // Sampled by the BPF program at context switches (`open_all`
+        // leaves it out).
+        EventKind::WallTime { .. } => {
+            return Err(OpenError::NotForThisCommand(
+                "sWALL is sampled by the BPF engine at context switches, not by a perf event"
+                    .into(),
+            ))
+        }
     })
 }
 
@@ -598,6 +606,10 @@ pub fn open_all(
     let mut first_error = None;
     let mut records_written = false;
     for spec in specs {
+        if spec.is_wall_time() {
+            // No perf event: the BPF engine's program samples it.
+            continue;
+        }
         // The allocation probe writes none ([`scope_of`]).
         let records = !records_written && scope_of(spec, scope) == scope;
         let opened = open_on_every_cpu(spec, scope, &cpus, &mut cpu_time_options, records)
@@ -727,6 +739,7 @@ pub fn event_name(spec: &EventSpec) -> String {
         EventKind::Tracepoint(_) => format!("{} (a tracepoint)", spec.label),
         EventKind::Allocation { .. } => format!("{} (allocations)", spec.label),
         EventKind::AllocationFreed => format!("{} (the frees of sampled allocations)", spec.label),
+        EventKind::WallTime { .. } => format!("{} (wall time)", spec.label),
     }
 }
 

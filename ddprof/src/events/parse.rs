@@ -60,6 +60,11 @@ pub enum Preset {
     #[value(name = "cpu_live_heap")]
     #[serde(rename = "cpu_live_heap")]
     CpuLiveHeap,
+    /// CPU time and wall time (`sWALL`), where threads run and where they
+    /// wait (not one of the C++ ddprof's).
+    #[value(name = "cpu_wall")]
+    #[serde(rename = "cpu_wall")]
+    CpuWall,
 }
 
 impl Preset {
@@ -73,6 +78,7 @@ impl Preset {
             Preset::AllocOnly => "sALLOC",
             Preset::AllocLiveHeap => "sALLOC mode=l",
             Preset::CpuLiveHeap => "sCPU;sALLOC mode=l",
+            Preset::CpuWall => "sCPU;sWALL",
         }
     }
 }
@@ -80,8 +86,8 @@ impl Preset {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EventSpecError {
     #[error(
-        "unknown event `{0}` (expected sCPU, an event of the C++ ddprof such as sPF, sCS or \
-         hCPU, or a kernel tracepoint as group:name)"
+        "unknown event `{0}` (expected sCPU, sALLOC, sWALL, an event of the C++ ddprof such \
+         as sPF, sCS or hCPU, or a kernel tracepoint as group:name)"
     )]
     UnknownEvent(String),
     #[error("malformed event option `{0}` (expected KEY=VALUE, e.g. freq=999 or period=1000)")]
@@ -120,6 +126,8 @@ enum Key {
     StackSampleSize,
     Register,
     RawSize,
+    Threshold,
+    Probability,
 }
 
 fn key_of(text: &str) -> Option<Key> {
@@ -137,6 +145,8 @@ fn key_of(text: &str) -> Option<Key> {
         "st" | "stack_sample_size" | "stcksz" => Key::StackSampleSize,
         "r" | "register" | "regno" => Key::Register,
         "z" | "raw_size" | "rawsz" => Key::RawSize,
+        "threshold" | "th" => Key::Threshold,
+        "probability" | "prob" => Key::Probability,
         _ => return None,
     })
 }
@@ -191,6 +201,9 @@ struct Options<'a> {
     stack_sample_size: Option<u32>,
     /// `m=`: (sum, live); `None` when not given.
     mode: Option<(bool, bool)>,
+    /// `sWALL`'s `threshold=` (nanoseconds) and `probability=`.
+    threshold: Option<u64>,
+    probability: Option<f64>,
 }
 
 fn bad(option: &str, why: &'static str) -> EventSpecError {
@@ -283,6 +296,18 @@ impl<'a> Options<'a> {
                         })?;
                     options.stack_sample_size = Some(size);
                 }
+                Key::Threshold => {
+                    options.threshold =
+                        Some(number(value).ok_or_else(|| bad(word, "expected nanoseconds"))?)
+                }
+                Key::Probability => {
+                    let probability: f64 = value
+                        .parse()
+                        .ok()
+                        .filter(|p: &f64| *p > 0.0 && *p <= 1.0)
+                        .ok_or_else(|| bad(word, "expected a probability above 0, at most 1"))?;
+                    options.probability = Some(probability);
+                }
                 Key::Mode => {
                     options.mode = Some(match value {
                         "s" | "S" => (true, false),
@@ -310,6 +335,7 @@ impl<'a> Options<'a> {
                     return Ok(None)
                 }
                 (None, Some("sALLOC"), _) => return self.allocation(index).map(Some),
+                (None, Some("sWALL"), _) => return self.wall_time(index).map(Some),
                 (None, Some("sCPU"), _) => (
                     EventKind::CpuTime,
                     SampleRate::Frequency(DEFAULT_CPU_FREQUENCY),
@@ -358,11 +384,15 @@ impl<'a> Options<'a> {
                     "sALLOC samples by bytes: give period= (mean bytes between samples), not freq=",
                 )),
             };
-        if self.value.is_some() || self.scale.is_some() {
+        if self.value.is_some()
+            || self.scale.is_some()
+            || self.threshold.is_some()
+            || self.probability.is_some()
+        {
             return Err(bad(
                 name,
-                "sALLOC weighs the allocations' sizes: arg_num=, register=, raw_offset= and \
-                 scale= are for other events",
+                "sALLOC weighs the allocations' sizes: arg_num=, register=, raw_offset=, \
+                 scale=, threshold= and probability= are for other events",
             ));
         }
         Ok(EventSpec {
@@ -382,6 +412,43 @@ impl<'a> Options<'a> {
         })
     }
 
+    /// `sWALL`: `threshold=` (nanoseconds: shorter waits are left out) and
+    /// `probability=` (the most with which a switch-out is sampled; the
+    /// program lowers it when switches come faster than its budget).
+    fn wall_time(self, index: u16) -> Result<EventSpec, EventSpecError> {
+        let name = "sWALL";
+        if self.rate.is_some() || self.value.is_some() || self.scale.is_some() {
+            return Err(bad(
+                name,
+                "sWALL weighs the time threads spend off a CPU: give threshold= (nanoseconds) \
+                 or probability= (0 to 1), not freq=, period=, arg_num=, register=, raw_offset= \
+                 or scale=",
+            ));
+        }
+        if self.mode.is_some_and(|(_, live)| live) {
+            return Err(bad(name, "mode=l: only sALLOC has a live mode"));
+        }
+        let one = ddprof_common::sample::WALL_PROBABILITY_ONE;
+        let max_probability = self
+            .probability
+            .map_or(one, |p| ((p * one as f64) as u64).clamp(1, one));
+        Ok(EventSpec {
+            kind: EventKind::WallTime {
+                max_probability,
+                threshold_ns: self.threshold.unwrap_or(0),
+            },
+            rate: SampleRate::Period(1),
+            weighing: Weighing {
+                event: index,
+                value: EventValue::Period,
+                scale: 1.0,
+                fixed_period: None,
+            },
+            label: self.label.map_or_else(|| name.into(), Arc::from),
+            stack_sample_size: None,
+        })
+    }
+
     fn finish(
         self,
         kind: EventKind,
@@ -390,6 +457,9 @@ impl<'a> Options<'a> {
         index: u16,
     ) -> Result<Option<EventSpec>, EventSpecError> {
         let name = default_label.clone();
+        if self.threshold.is_some() || self.probability.is_some() {
+            return Err(bad(&name, "threshold= and probability= are sWALL's"));
+        }
         if self.mode.is_some_and(|(_, live)| live) {
             return Err(bad(&name, "mode=l: only sALLOC has a live mode"));
         }
@@ -677,6 +747,44 @@ mod tests {
             Err(EventSpecError::UnknownEvent("sALOC".into()))
         );
         assert_eq!(unavailable_events("sCPU"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn wall_time_takes_a_threshold_and_a_probability() {
+        let one_in = ddprof_common::sample::WALL_PROBABILITY_ONE;
+        let specs = parse_events("sCPU;sWALL").unwrap();
+        assert_eq!(
+            specs[1].kind,
+            EventKind::WallTime {
+                max_probability: one_in,
+                threshold_ns: 0
+            }
+        );
+        assert!(specs[1].is_wall_time() && !specs[1].is_cpu_time());
+        assert_eq!(specs[1].per_second(), 0, "no perf buffer takes its samples");
+        assert_eq!(
+            one("sWALL threshold=1000000 probability=0.25 l=waits").kind,
+            EventKind::WallTime {
+                max_probability: one_in / 4,
+                threshold_ns: 1_000_000
+            }
+        );
+        assert_eq!(&*one("e=sWALL,th=5,prob=1").label, "sWALL");
+        for refused in [
+            "sWALL probability=0",
+            "sWALL probability=1.5",
+            "sWALL probability=x",
+            "sWALL threshold=-1",
+            "sWALL freq=99",
+            "sWALL period=10",
+            "sWALL n=1",
+            "sWALL m=l",
+            "sCPU threshold=10",
+            "sPF probability=0.5",
+            "sALLOC threshold=10",
+        ] {
+            assert!(parse_events(refused).is_err(), "{refused}");
+        }
     }
 
     #[test]

@@ -43,6 +43,16 @@ pub enum EventKind {
     /// the library's free marker, opened beside the allocation probe
     /// ([`EventSpec::frees_of`]), never named by `-e`.
     AllocationFreed,
+    /// `sWALL`: the time the profiled threads spend off a CPU, sampled by
+    /// the BPF engine's program at each context switch ([`crate::wall`]),
+    /// and with the CPU time samples, their `wall-time`. No perf event is
+    /// opened for it. `max_probability`: the highest probability of
+    /// sampling a switch-out, in `WALL_PROBABILITY_ONE`ths (`probability=`);
+    /// `threshold_ns`: shorter waits are left out (`threshold=`).
+    WallTime {
+        max_probability: u64,
+        threshold_ns: u64,
+    },
 }
 
 /// The index of the frees of the live `sALLOC` event of index `event`
@@ -308,6 +318,12 @@ impl EventSpec {
         })
     }
 
+    /// Whether the event is `sWALL`, sampled by the BPF program at context
+    /// switches, not through a perf event.
+    pub fn is_wall_time(&self) -> bool {
+        matches!(self.kind, EventKind::WallTime { .. })
+    }
+
     /// Whether the event samples CPU time (`sCPU`).
     pub fn is_cpu_time(&self) -> bool {
         self.kind == EventKind::CpuTime
@@ -318,6 +334,10 @@ impl EventSpec {
     /// often as its events come, taken here as 1,000 a second divided by
     /// the period.
     pub fn per_second(&self) -> u64 {
+        if let EventKind::WallTime { .. } = self.kind {
+            // No perf buffer takes its samples.
+            return 0;
+        }
         if let EventKind::Allocation { .. } | EventKind::AllocationFreed = self.kind {
             // A program allocating 1 GB a second.
             return match self.rate {
@@ -336,7 +356,10 @@ impl EventSpec {
     /// switches and faults fire in the kernel), as the C++ ddprof opens them.
     pub fn needs_kernel(&self) -> bool {
         match &self.kind {
-            EventKind::CpuTime | EventKind::Allocation { .. } | EventKind::AllocationFreed => false,
+            EventKind::CpuTime
+            | EventKind::Allocation { .. }
+            | EventKind::AllocationFreed
+            | EventKind::WallTime { .. } => false,
             EventKind::Counter(entry) => entry.needs_kernel,
             EventKind::Tracepoint(_) => true,
         }

@@ -578,7 +578,10 @@ fn settle_profiler(options: &LaunchOptions) -> Result<(), LaunchError> {
         }
     }
     pin_to_one_cpu();
-    if let Err(error) = capabilities::drop_for_profiler(options.profiler.sampler.kernel_stacks) {
+    // Wall time's waits are named by a kernel frame.
+    let kernel_symbols =
+        options.profiler.sampler.kernel_stacks || options.profiler.sampler.wall.is_some();
+    if let Err(error) = capabilities::drop_for_profiler(kernel_symbols) {
         log::warn!("profiler: {error}");
     }
     if let Err(error) = sandbox::forbid_touching_other_processes() {

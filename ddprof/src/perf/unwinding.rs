@@ -161,6 +161,7 @@ impl Unwinding<'_> {
             kernel_frames: raw.kernel_frames,
             end,
             heap: weighing.and_then(|weighing| weighing.heap_event(raw.regs.as_ref())),
+            off_cpu: None,
         }
     }
 }

@@ -158,9 +158,21 @@ pub struct Profiler {
     processes: ProcessTable,
     sampler: Sampler,
     kallsyms: Option<KallsymsSnapshot>,
+    /// `sWALL`, when its program samples: what the worker's wall-time
+    /// stage needs.
+    wall: Option<WallSetup>,
     /// CPU time the profiler spent in other processes before this one ran
     /// (the launcher's), reported as its own.
     spent_before: Duration,
+}
+
+/// What a worker's wall-time stage ([`crate::wall::WallTime`]) is built with.
+#[derive(Debug, Clone)]
+pub struct WallSetup {
+    pub sampling: crate::wall::WallSampling,
+    /// The scheduler's functions, read from kallsyms once (empty when it
+    /// is not readable: waits keep their kernel stacks whole).
+    pub scheduler: std::sync::Arc<crate::wall::SchedulerFunctions>,
 }
 
 impl Profiler {
@@ -171,15 +183,8 @@ impl Profiler {
         events: Vec<EventFd>,
     ) -> Result<Self, ProfilerError> {
         let mut options = with_usable_caches(options.clone());
-        // The profile's columns are the events that opened (one refused
-        // here was said in a warning and has no samples).
-        options.events.retain(|profiled| {
-            // A live heap's column is its sALLOC event's.
-            let index =
-                crate::events::allocation_of_live_heap(profiled.index).unwrap_or(profiled.index);
-            events.iter().any(|event| event.spec.index() == index)
-        });
-        let options = &options;
+        let opened: std::collections::HashSet<u16> =
+            events.iter().map(|event| event.spec.index()).collect();
         let mut processes = ProcessTable::new();
         // The running processes, to size the maps and load their tables
         // before their first sample. (A launched command has not exec'd
@@ -200,6 +205,17 @@ impl Profiler {
             wrapped_pid,
             &processes,
         )?;
+        // The profile's columns are the events that opened (one refused
+        // here was said in a warning and has no samples), and wall time
+        // when its program samples.
+        let wall_event = sampler.wall_event();
+        options.events.retain(|profiled| {
+            // A live heap's column is its sALLOC event's.
+            let index =
+                crate::events::allocation_of_live_heap(profiled.index).unwrap_or(profiled.index);
+            opened.contains(&index) || Some(index) == wall_event
+        });
+        let options = &options;
         if let Target::Pid(pid) = target {
             // What the target maps, read once the sampler has mapped the
             // events' buffers and enabled them: an exec after this read is
@@ -213,9 +229,8 @@ impl Profiler {
         // Kernel addresses are readable only until the set-up capabilities
         // are dropped.
         let copying = Instant::now();
-        let kallsyms = options
-            .sampler
-            .kernel_stacks
+        // Wall time's waits keep the kernel frame that names their reason.
+        let kallsyms = (options.sampler.kernel_stacks || wall_event.is_some())
             .then(KallsymsSnapshot::take)
             .flatten();
         if kallsyms.is_some() {
@@ -224,12 +239,34 @@ impl Profiler {
                 copying.elapsed().as_secs_f64() * 1e3
             );
         }
+        let wall = options
+            .sampler
+            .wall
+            .filter(|_| wall_event.is_some())
+            .map(|sampling| {
+                let scheduler = kallsyms
+                    .as_ref()
+                    .and_then(|snapshot| snapshot.listing().ok())
+                    .map(crate::wall::SchedulerFunctions::from_kallsyms)
+                    .unwrap_or_default();
+                if scheduler.is_empty() {
+                    log::warn!(
+                        "wall time: the scheduler's functions are not in kallsyms here: waits \
+                         keep their whole kernel stack"
+                    );
+                }
+                WallSetup {
+                    sampling,
+                    scheduler: std::sync::Arc::new(scheduler),
+                }
+            });
         Ok(Self {
             options: options.clone(),
             target,
             processes,
             sampler,
             kallsyms,
+            wall,
             spent_before: Duration::ZERO,
         })
     }

@@ -53,6 +53,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         mut processes,
         mut sampler,
         mut kallsyms,
+        wall,
         spent_before,
     } = profiler;
     if options.show_samples && log::max_level() < log::LevelFilter::Info {
@@ -118,6 +119,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
                 processes: &mut processes,
                 sampler: &mut sampler,
                 kallsyms: kallsyms.take(),
+                wall: wall.clone(),
                 watch: watch.as_ref(),
                 handover,
                 socket: worker_socket,

@@ -33,6 +33,8 @@ use crate::profile::Compressions;
 use crate::sample::Sample;
 use crate::sampler::Sampler;
 use crate::symbolize::KallsymsSnapshot;
+use crate::wall::WallTime;
+use ddprof_common::sample::BpfCounter;
 
 /// The comm of a worker process.
 pub const WORKER_NAME: &std::ffi::CStr = c"ddprof-worker";
@@ -73,6 +75,8 @@ pub struct WorkerSetup<'a> {
     pub processes: &'a mut ProcessTable,
     pub sampler: &'a mut Sampler,
     pub kallsyms: Option<KallsymsSnapshot>,
+    /// `sWALL`, when its program samples.
+    pub wall: Option<super::WallSetup>,
     pub watch: Option<&'a TargetWatch>,
     pub handover: Handover,
     pub socket: UnixStream,
@@ -102,6 +106,7 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
         processes,
         sampler,
         kallsyms,
+        wall,
         watch,
         handover,
         socket,
@@ -132,6 +137,7 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
     }
     let ran = Worker::new(options, &handover, kallsyms, sampler.losses(), socket)
         .map(|worker| worker.with_live_heap(live_heap))
+        .map(|worker| worker.with_wall_time(wall, options.sampler.kernel_stacks))
         .and_then(|worker| {
             worker.run(options, processes, sampler, watch, handover.period_deadline)
         });
@@ -265,6 +271,9 @@ struct Worker {
     /// The allocations held (`sALLOC mode=l`), and the file the next
     /// worker reads them from.
     live_heap: Option<(LiveHeap, Option<LiveHeapFile>)>,
+    /// `sWALL`'s stacks held until their thread runs again. A worker that
+    /// retires loses the waits under way (their stacks were read).
+    wall: Option<WallTime>,
 }
 
 impl Worker {
@@ -323,11 +332,23 @@ impl Worker {
             socket,
             loop_times: ThreadTimes::now(),
             live_heap: None,
+            wall: None,
         })
     }
 
     fn with_live_heap(self, live_heap: Option<(LiveHeap, Option<LiveHeapFile>)>) -> Self {
         Self { live_heap, ..self }
+    }
+
+    fn with_wall_time(self, wall: Option<super::WallSetup>, all_kernel_frames: bool) -> Self {
+        let wall = wall.map(|setup| {
+            WallTime::new(
+                setup.sampling,
+                all_kernel_frames,
+                (*setup.scheduler).clone(),
+            )
+        });
+        Self { wall, ..self }
     }
 
     /// Runs the loop until the run ends or this worker retires, then waits
@@ -439,6 +460,16 @@ impl Worker {
     }
 
     fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
+        if let Some(wall) = &mut self.wall {
+            wall.delivered(processes, sample, &mut self.aggregator);
+        }
+        if sample.off_cpu.is_some() {
+            // A wait's end or its stack: the wall-time stage weighs it.
+            if let Some(wall) = &mut self.wall {
+                wall.take(processes, sample, &mut self.aggregator);
+            }
+            return;
+        }
         if let Some(heap) = sample.heap {
             self.meter
                 .add_heap_sample(matches!(heap, crate::sample::HeapEvent::Freed { .. }));
@@ -523,6 +554,23 @@ impl Worker {
                     log::warn!("live heap: {error}; the next worker would start it empty");
                 }
             }
+        }
+        if let Some(wall) = &mut self.wall {
+            wall.close_period(processes, &mut self.aggregator, sampler.delivered_until());
+            let program = sampler
+                .bpf_engine()
+                .and_then(|engine| engine.counters().ok())
+                .map_or([0; 5], |counters| {
+                    [
+                        BpfCounter::WallSwitchOuts,
+                        BpfCounter::WallSampled,
+                        BpfCounter::WallBufferFull,
+                        BpfCounter::WallResumeLost,
+                        BpfCounter::WallUndescribed,
+                    ]
+                    .map(|counter| counters.get(counter))
+                });
+            log::info!("{}", wall.period_line(program));
         }
         let period = self.aggregator.take_period(start, end);
         // A period with held allocations only has a profile too (a

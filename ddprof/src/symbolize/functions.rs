@@ -371,6 +371,7 @@ mod tests {
                     frames: frames.clone(),
                     kernel_frames: vec![],
                     heap: None,
+                    off_cpu: None,
                     end: StackEnd::Complete,
                 },
             );

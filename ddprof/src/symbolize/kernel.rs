@@ -53,6 +53,16 @@ impl KallsymsSnapshot {
         }
     }
 
+    /// The copy, from its start, to read it here.
+    pub fn listing(&self) -> std::io::Result<impl std::io::BufRead> {
+        use std::io::Seek;
+        // A duplicate shares the offset; blazesym opens the copy by path,
+        // with an offset of its own.
+        let mut copy = self.copy.try_clone()?;
+        copy.rewind()?;
+        Ok(std::io::BufReader::new(copy))
+    }
+
     fn path(&self) -> PathBuf {
         use std::os::fd::AsRawFd;
         PathBuf::from(format!("/proc/self/fd/{}", self.copy.as_raw_fd()))

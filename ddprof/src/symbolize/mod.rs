@@ -912,6 +912,7 @@ mod tests {
                 frames: vec![function],
                 kernel_frames: vec![],
                 heap: None,
+                off_cpu: None,
                 end: crate::sample::StackEnd::Complete,
             },
         );

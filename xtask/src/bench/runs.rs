@@ -92,14 +92,13 @@ pub(super) fn command_line(
             "--".into(),
         ]
     };
-    let mut line: Vec<String> = match tool {
-        "unprofiled" => vec![],
-        "ddprof-bpf" | "ddprof-perf" => vec![
+    let ddprof_record = |engine: &str, events: String| -> Vec<String> {
+        vec![
             path(ddprof),
             "--engine".into(),
-            tool.trim_start_matches("ddprof-").into(),
+            engine.into(),
             "-e".into(),
-            format!("sCPU freq={freq}"),
+            events,
             "--upload-period".into(),
             "600".into(),
             "--log-level".into(),
@@ -107,7 +106,17 @@ pub(super) fn command_line(
             "--output".into(),
             path(out),
             "--".into(),
-        ],
+        ]
+    };
+    let mut line: Vec<String> = match tool {
+        "unprofiled" => vec![],
+        "ddprof-bpf" | "ddprof-perf" => ddprof_record(
+            tool.trim_start_matches("ddprof-"),
+            format!("sCPU freq={freq}"),
+        ),
+        // Wall time too (`sWALL`): what its program costs at every context
+        // switch, beside the CPU-only run.
+        "ddprof-bpf-wall" => ddprof_record("bpf", format!("sCPU freq={freq};sWALL")),
         "perf-fp" => perf_record("fp"),
         "perf-dwarf-8k" => perf_record("dwarf,8192"),
         "perf-dwarf-32k" => perf_record("dwarf,32768"),

@@ -1,0 +1,503 @@
+//! `sWALL`: wall time, where threads wait as well as where they run,
+//! against the waits each thread of `waits.c` measures with its own clock,
+//! and against an independent tracer of the same run (bpftrace on the
+//! `sched_switch` tracepoint: bcc's `offcputime` needs kprobes, which this
+//! kernel lacks, and kernel headers it cannot find).
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use ddprof_tests::guards::Scratch;
+use ddprof_tests::outputs::pprof_files;
+use ddprof_tests::pprof::Profile;
+use ddprof_tests::workloads::build_workload;
+use ddprof_tests::{run_without_input as run, text};
+
+/// One test at a time: each measures waits, which the others' CPU use
+/// would lengthen (the truth too, but a busy CPU mixes run-queue waits in).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The wait function of each thread that waits, and what it waits in (the
+/// kernel frame its waits fold to).
+const WAITS: [(&str, &str, &str); 3] = [
+    ("sleeper", "sleep_half", "nanosleep"),
+    ("waiter", "wait_for_lock", "futex"),
+    ("reader", "read_pipe", "pipe_read"),
+];
+
+/// What a thread of the workload measured: (wait, CPU, alive) in seconds.
+fn truths(stdout: &str) -> HashMap<String, (f64, f64, f64)> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.strip_prefix("truth ")?.split_whitespace();
+            let name = words.next()?.to_string();
+            let mut field = |key: &str| -> Option<f64> {
+                let value: f64 = words.next()?.strip_prefix(key)?.parse().ok()?;
+                Some(value / 1e9)
+            };
+            Some((
+                name,
+                (field("wait_ns=")?, field("cpu_ns=")?, field("alive_ns=")?),
+            ))
+        })
+        .collect()
+}
+
+/// One sample of the profile: its thread, its functions (innermost first),
+/// how many of its innermost frames are the kernel's, its CPU time and wall
+/// time (seconds).
+struct WallSample {
+    thread: String,
+    functions: Vec<String>,
+    kernel_frames: usize,
+    cpu: f64,
+    wall: f64,
+}
+
+fn wall_samples(profile: &Profile) -> Vec<WallSample> {
+    let types = profile.sample_types();
+    let column = |name: &str| {
+        types
+            .iter()
+            .position(|(kind, unit)| kind == name && unit == "nanoseconds")
+            .unwrap_or_else(|| panic!("no {name} column: {types:?}"))
+    };
+    let (cpu, wall) = (column("cpu-time"), column("wall-time"));
+    let kernel_mapping: Vec<u64> = profile
+        .mapping
+        .iter()
+        .filter(|mapping| profile.string(mapping.filename) == "[kernel.kallsyms]")
+        .map(|mapping| mapping.id)
+        .collect();
+    let locations: HashMap<u64, u64> = profile
+        .location
+        .iter()
+        .map(|location| (location.id, location.mapping_id))
+        .collect();
+    profile
+        .stacks()
+        .into_iter()
+        .zip(profile.labels())
+        .zip(&profile.sample)
+        .map(|(((functions, values), labels), sample)| WallSample {
+            thread: labels
+                .iter()
+                .find(|(key, _)| key == "thread_name")
+                .map(|(_, value)| value.clone())
+                .unwrap_or_default(),
+            functions,
+            kernel_frames: sample
+                .location_id
+                .iter()
+                .take_while(|id| kernel_mapping.contains(&locations[id]))
+                .count(),
+            cpu: values[cpu] as f64 / 1e9,
+            wall: values[wall] as f64 / 1e9,
+        })
+        .collect()
+}
+
+/// Runs `waits SECONDS MODE` under ddprof with `events` (and `args`): its
+/// stdout, the profiler's stderr and the profiles written.
+fn run_waits(
+    scratch: &Path,
+    events: &str,
+    args: &[&str],
+    seconds: &str,
+    mode: &str,
+) -> (String, String, Vec<std::path::PathBuf>) {
+    let waits = build_workload("waits.c");
+    let out = scratch.join("out");
+    let output: Output = run(ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(&out)
+        .args(["-l", "notice", "-e", events])
+        .args(args)
+        .arg("--")
+        .arg(&waits)
+        .args([seconds, mode]));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let mut files = pprof_files(&out);
+    files.sort();
+    (text(&output.stdout), stderr, files)
+}
+
+/// [`run_waits`] for 3 s, with its one profile.
+fn profile_waits(
+    scratch: &Path,
+    events: &str,
+    args: &[&str],
+    mode: &str,
+) -> (String, String, Profile) {
+    let (stdout, stderr, files) = run_waits(scratch, events, args, "3", mode);
+    assert_eq!(files.len(), 1, "{stderr}");
+    let profile = Profile::read_gzipped(&files[0]).unwrap();
+    (stdout, stderr, profile)
+}
+
+/// The wall time of `thread`'s samples that pass through `function`.
+fn wall_in(samples: &[WallSample], thread: &str, function: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.thread == thread && s.functions.iter().any(|f| f == function))
+        .map(|s| s.wall)
+        .sum()
+}
+
+fn thread_wall(samples: &[WallSample], thread: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.thread == thread)
+        .map(|s| s.wall)
+        .sum()
+}
+
+/// A number of the wall-time line the profiler logged: `N WHAT`.
+fn logged(stderr: &str, what: &str) -> u64 {
+    stderr
+        .lines()
+        .filter_map(|line| {
+            let line = line.split("wall time: ").nth(1)?;
+            let before = line.split(what).next()?;
+            before.split_whitespace().last()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+#[test]
+fn each_threads_waits_and_wall_time_match_its_own_clocks() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-threads");
+    let (stdout, stderr, profile) = profile_waits(&scratch.0, "sCPU freq=999;sWALL", &[], "all");
+    let truths = truths(&stdout);
+    assert_eq!(truths.len(), 5, "{stdout}");
+    assert!(
+        profile
+            .sample_types()
+            .contains(&("wall-time".into(), "nanoseconds".into())),
+        "{:?}",
+        profile.sample_types()
+    );
+    let samples = wall_samples(&profile);
+    for (thread, function, reason) in WAITS {
+        let (wait, _, _) = truths[thread];
+        let profiled = wall_in(&samples, thread, function);
+        println!("{thread}: {profiled:.3} s of wall time in {function}, {wait:.3} s measured");
+        assert!(
+            (profiled - wait).abs() <= 0.10 * wait,
+            "{thread}: {profiled:.3} s of wall time in {function}, {wait:.3} s measured\n{stderr}"
+        );
+        // Its waits' stacks: one kernel frame, the wait's reason, then the
+        // user stack that waited. (Off-CPU samples have no CPU time.)
+        let waits: Vec<&WallSample> = samples
+            .iter()
+            .filter(|s| {
+                s.thread == thread && s.cpu == 0.0 && s.functions.iter().any(|f| f == function)
+            })
+            .collect();
+        assert!(
+            !waits.is_empty(),
+            "{thread}: no off-CPU sample in {function}"
+        );
+        for sample in waits {
+            assert_eq!(sample.kernel_frames, 1, "{thread}: {:?}", sample.functions);
+            assert!(
+                sample.functions[0].contains(reason),
+                "{thread}: the wait's frame is {:?}, expected one about {reason}",
+                sample.functions
+            );
+        }
+    }
+    // Every thread's wall time is its lifetime: on a CPU (CPU samples) and
+    // off it (waits, and waits for a CPU).
+    for (thread, (_, _, alive)) in &truths {
+        let wall = thread_wall(&samples, thread);
+        println!("{thread}: {wall:.3} s of wall time, alive {alive:.3} s");
+        assert!(
+            (wall - alive).abs() <= 0.10 * alive,
+            "{thread}: {wall:.3} s of wall time, alive {alive:.3} s\n{stderr}"
+        );
+    }
+    // The CPU-time column is the CPU samples' alone, unchanged.
+    let cpu: f64 = samples.iter().map(|s| s.cpu).sum();
+    let measured_cpu: f64 = truths.values().map(|(_, cpu, _)| cpu).sum();
+    assert!(
+        (cpu - measured_cpu).abs() <= 0.10 * measured_cpu,
+        "{cpu:.3} s of CPU time profiled, {measured_cpu:.3} s measured"
+    );
+    // The per-period line counts the switches and what became of them.
+    assert!(
+        logged(&stderr, "switch-outs of profiled threads") > 1000,
+        "{stderr}"
+    );
+    assert!(logged(&stderr, "waits weighed") > 1000, "{stderr}");
+}
+
+#[test]
+fn a_thread_that_sleeps_half_the_time_splits_its_wall_time_in_two() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-sleeper");
+    let (stdout, stderr, profile) =
+        profile_waits(&scratch.0, "sCPU freq=999;sWALL", &[], "sleeper");
+    let (wait, _, alive) = truths(&stdout)["sleeper"];
+    let samples = wall_samples(&profile);
+    let total = thread_wall(&samples, "sleeper");
+    let sleeping = wall_in(&samples, "sleeper", "sleep_half") / total;
+    let computing = wall_in(&samples, "sleeper", "compute_half") / total;
+    let measured = wait / alive;
+    println!(
+        "sleeper: {:.1} % in sleep_half, {:.1} % in compute_half; measured {:.1} % asleep",
+        sleeping * 100.0,
+        computing * 100.0,
+        measured * 100.0
+    );
+    // About half and half (4 ms each way; the truth says how much exactly).
+    assert!(
+        (measured - 0.5).abs() < 0.1,
+        "measured {measured:.3}\n{stdout}"
+    );
+    assert!(
+        (sleeping - measured).abs() <= 0.05,
+        "{:.1} % of the wall time in sleep_half, {:.1} % measured\n{stderr}",
+        sleeping * 100.0,
+        measured * 100.0
+    );
+    assert!(
+        (computing - (1.0 - measured)).abs() <= 0.05,
+        "{:.1} % of the wall time in compute_half, {:.1} % measured",
+        computing * 100.0,
+        (1.0 - measured) * 100.0
+    );
+}
+
+#[test]
+fn a_wait_across_periods_is_split_between_their_profiles() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-periods");
+    let (stdout, stderr, files) = run_waits(
+        &scratch.0,
+        "sCPU;sWALL",
+        &["--upload-period", "1"],
+        "3.5",
+        "long",
+    );
+    let (wait, _, alive) = truths(&stdout)["long_sleeper"];
+    // Each period's profile holds the part of the 3.5 s sleep it saw: the
+    // periods wholly inside it about 1 s each, none more than its length.
+    let slept: Vec<f64> = files
+        .iter()
+        .map(|file| {
+            let profile = Profile::read_gzipped(file).unwrap();
+            wall_in(&wall_samples(&profile), "long_sleeper", "long_sleep")
+        })
+        .collect();
+    println!("long_sleep per period: {slept:.3?}; measured {wait:.3} s, alive {alive:.3} s");
+    assert!(
+        slept.iter().filter(|&&s| s > 0.8).count() >= 2,
+        "{slept:?}\n{stderr}"
+    );
+    assert!(slept.iter().all(|&s| s < 1.3), "{slept:?}\n{stderr}");
+    let total: f64 = slept.iter().sum();
+    assert!(
+        (total - wait).abs() <= 0.05 * wait,
+        "{total:.3} s of {wait:.3} s\n{stderr}"
+    );
+}
+
+#[test]
+fn waits_drawn_with_a_probability_weigh_its_inverse() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-probability");
+    let (stdout, stderr, profile) = profile_waits(
+        &scratch.0,
+        "sCPU freq=999;sWALL probability=0.5",
+        &[],
+        "all",
+    );
+    let truths = truths(&stdout);
+    let samples = wall_samples(&profile);
+    // ~1,000 reads of ~3 ms, half of them drawn: within 12 % (3.7 standard
+    // deviations of the estimate).
+    let (wait, _, _) = truths["reader"];
+    let profiled = wall_in(&samples, "reader", "read_pipe");
+    let switch_outs = logged(&stderr, "switch-outs of profiled threads") as f64;
+    let stacks = logged(&stderr, "stacks taken") as f64;
+    println!(
+        "probability 0.5: {profiled:.3} s in read_pipe, {wait:.3} s measured; {stacks} stacks \
+         of {switch_outs} switch-outs"
+    );
+    assert!(
+        (profiled - wait).abs() <= 0.12 * wait,
+        "{profiled:.3} s in read_pipe, {wait:.3} s measured\n{stderr}"
+    );
+    assert!(
+        (0.4..=0.6).contains(&(stacks / switch_outs)),
+        "{stacks} stacks of {switch_outs} switch-outs\n{stderr}"
+    );
+}
+
+#[test]
+fn waits_under_the_threshold_are_left_out_and_counted() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-threshold");
+    // Every wait of the five threads is 1-8 ms; the main thread's, in
+    // pthread_join, lasts the whole run.
+    let (_, stderr, profile) =
+        profile_waits(&scratch.0, "sCPU;sWALL threshold=50000000", &[], "all");
+    let samples = wall_samples(&profile);
+    let off_cpu = |named: &dyn Fn(&str) -> bool| -> f64 {
+        samples
+            .iter()
+            .filter(|s| named(&s.thread))
+            .map(|s| s.wall - s.cpu)
+            .sum()
+    };
+    let short = off_cpu(&|thread| thread != "waits");
+    let joining = off_cpu(&|thread| thread == "waits");
+    println!(
+        "threshold 50 ms: {short:.3} s off CPU kept of the short waits, {joining:.3} s of the \
+         join; {} waits under the threshold",
+        logged(&stderr, "under the threshold")
+    );
+    assert!(short < 0.1, "{short:.3} s off CPU kept\n{stderr}");
+    assert!(joining > 2.5, "{joining:.3} s in the join\n{stderr}");
+    assert!(logged(&stderr, "under the threshold") > 1000, "{stderr}");
+    assert!(
+        stderr.contains("waits under 50000000 ns left out"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn include_kernel_keeps_every_kernel_frame_of_a_wait() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-kernel");
+    let (_, _, profile) = profile_waits(&scratch.0, "sCPU;sWALL", &["--include-kernel"], "all");
+    let samples = wall_samples(&profile);
+    let reads: Vec<&WallSample> = samples
+        .iter()
+        .filter(|s| {
+            s.thread == "reader" && s.cpu == 0.0 && s.functions.iter().any(|f| f == "read_pipe")
+        })
+        .collect();
+    assert!(!reads.is_empty());
+    for sample in reads {
+        assert!(sample.kernel_frames >= 3, "{:?}", sample.functions);
+        assert!(
+            sample
+                .functions
+                .iter()
+                .any(|f| f == "__schedule" || f == "schedule"),
+            "{:?}",
+            sample.functions
+        );
+    }
+}
+
+#[test]
+fn the_perf_engine_says_in_one_line_that_wall_time_needs_ebpf() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-perf");
+    let (stdout, stderr, profile) =
+        profile_waits(&scratch.0, "sCPU;sWALL", &["--engine", "perf"], "sleeper");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("sWALL is not sampled"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(
+        said[0].contains("wall time needs the eBPF engine"),
+        "{stderr}"
+    );
+    assert!(!profile
+        .sample_types()
+        .iter()
+        .any(|(kind, _)| kind == "wall-time"));
+    assert!(truths(&stdout).contains_key("sleeper"), "{stdout}");
+}
+
+/// bpftrace's per-thread off-CPU time of the threads named `names`, from
+/// the `sched_switch` tracepoint: time from each switch-out to the next
+/// switch-in of the same thread (what `offcputime` sums).
+const OFF_CPU_SCRIPT: &str = r#"
+tracepoint:sched:sched_switch
+/args->prev_comm == "sleeper" || args->prev_comm == "waiter" || args->prev_comm == "reader" ||
+ args->prev_comm == "holder" || args->prev_comm == "writer"/
+{
+  @start[args->prev_pid] = nsecs;
+}
+tracepoint:sched:sched_switch
+/@start[args->next_pid]/
+{
+  @off[args->next_comm] = sum(nsecs - @start[args->next_pid]);
+  delete(@start[args->next_pid]);
+}
+"#;
+
+#[test]
+fn off_cpu_time_per_thread_matches_a_tracer_of_the_same_run() {
+    let _one = one_at_a_time();
+    if Command::new("bpftrace").arg("--version").output().is_err() {
+        panic!(
+            "bpftrace is not installed: `cargo xtask test` installs it (apt-get install bpftrace)"
+        );
+    }
+    let scratch = Scratch::new("wall-time-bpftrace");
+    // bpftrace attaches tracepoints through tracefs, which a new machine
+    // may not have mounted.
+    if !Path::new("/sys/kernel/tracing/events").exists() {
+        let mounted = Command::new("mount")
+            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+            .status()
+            .is_ok_and(|status| status.success());
+        assert!(mounted, "cannot mount tracefs at /sys/kernel/tracing");
+    }
+    let mut tracer = Command::new("bpftrace")
+        .args(["-e", OFF_CPU_SCRIPT])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = ddprof_tests::launcher::Lines::new(tracer.stdout.take().unwrap());
+    assert!(
+        lines.find("Attaching", Duration::from_secs(30)).is_some(),
+        "bpftrace did not start"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, stderr, profile) = profile_waits(&scratch.0, "sCPU freq=999;sWALL", &[], "all");
+    // SAFETY: kill sends a signal to the tracer, a child of this process.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let traced: HashMap<String, f64> = lines
+        .rest(Duration::from_secs(30))
+        .iter()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("@off[")?;
+            let (name, value) = rest.split_once("]: ")?;
+            Some((name.to_string(), value.trim().parse::<f64>().ok()? / 1e9))
+        })
+        .collect();
+    let _ = tracer.wait();
+    let samples = wall_samples(&profile);
+    for thread in ["sleeper", "waiter", "reader", "holder", "writer"] {
+        let profiled: f64 = samples
+            .iter()
+            .filter(|s| s.thread == thread)
+            .map(|s| s.wall - s.cpu)
+            .sum();
+        let reference = traced[thread];
+        println!("{thread}: {profiled:.3} s off CPU profiled, {reference:.3} s traced by bpftrace");
+        assert!(
+            (profiled - reference).abs() <= 0.10 * reference.max(0.1),
+            "{thread}: {profiled:.3} s off CPU profiled, {reference:.3} s traced\n{stderr}"
+        );
+    }
+}
