@@ -234,6 +234,22 @@ fn each_threads_waits_and_wall_time_match_its_own_clocks() {
         (cpu - measured_cpu).abs() <= 0.10 * measured_cpu,
         "{cpu:.3} s of CPU time profiled, {measured_cpu:.3} s measured"
     );
+    // The profile says how its wall time was sampled.
+    let comments = profile.comments();
+    for said in [
+        "ddprof.wall_time.threshold_ns=0",
+        "ddprof.wall_time.max_probability=1",
+        "ddprof.wall_time.stacks_per_cpu_second_at_most=1000",
+    ] {
+        assert!(comments.iter().any(|c| c == said), "{said}: {comments:?}");
+    }
+    assert!(
+        comments.iter().any(|c| c
+            .strip_prefix("ddprof.wall_time.stacks=")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n > 1000)),
+        "{comments:?}"
+    );
     // The per-period line counts the switches and what became of them.
     assert!(
         logged(&stderr, "switch-outs of profiled threads") > 1000,
@@ -338,6 +354,13 @@ fn waits_drawn_with_a_probability_weigh_its_inverse() {
     assert!(
         (profiled - wait).abs() <= 0.12 * wait,
         "{profiled:.3} s in read_pipe, {wait:.3} s measured\n{stderr}"
+    );
+    assert!(
+        profile
+            .comments()
+            .contains(&"ddprof.wall_time.max_probability=0.5".to_string()),
+        "{:?}",
+        profile.comments()
     );
     assert!(
         (0.4..=0.6).contains(&(stacks / switch_outs)),
@@ -500,4 +523,59 @@ fn off_cpu_time_per_thread_matches_a_tracer_of_the_same_run() {
             "{thread}: {profiled:.3} s off CPU profiled, {reference:.3} s traced\n{stderr}"
         );
     }
+}
+
+/// The threads of `waits` start after the events are attached: their
+/// copies of the per-task events (`sCS` here) run the BPF program without
+/// the link's cookie that names the event. Their samples must stay `sCS`
+/// samples, neither CPU time nor the end of a wait (an `sCS` sample is
+/// taken in the switch itself, after the switch-out's stack).
+#[test]
+fn other_events_of_threads_started_later_are_theirs_not_cpu_time() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-inherited");
+    let (_, stderr, profile) =
+        profile_waits(&scratch.0, "sCPU;sCS;sWALL", &["--engine", "bpf"], "all");
+    let types = profile.sample_types();
+    let column = |name: &str| types.iter().position(|(kind, _)| kind == name).unwrap();
+    let (cpu_samples, cpu_time, switches) =
+        (column("cpu-samples"), column("cpu-time"), column("sCS"));
+    let stacks = profile.stacks();
+    let labels = profile.labels();
+    // At 99 Hz a CPU sample stands for ~10 ms: one of a switch (weight 1)
+    // taken for CPU time would be a few nanoseconds.
+    let tiny: Vec<&(Vec<String>, Vec<i64>)> = stacks
+        .iter()
+        .filter(|(_, values)| {
+            values[cpu_samples] > 0 && values[cpu_time] < 100_000 * values[cpu_samples]
+        })
+        .collect();
+    assert!(
+        tiny.is_empty(),
+        "CPU samples of a few ns: {:?}",
+        &tiny[..tiny.len().min(3)]
+    );
+    // The reader switches out ~1,000 times (each write wakes it).
+    let reader_switches: i64 = stacks
+        .iter()
+        .zip(&labels)
+        .filter(|(_, labels)| labels.contains(&("thread_name".into(), "reader".into())))
+        .map(|((_, values), _)| values[switches])
+        .sum();
+    println!("reader: {reader_switches} sCS samples");
+    assert!(reader_switches > 200, "{reader_switches}\n{stderr}");
+    let line = stderr
+        .lines()
+        .find(|line| line.contains("wall time: "))
+        .unwrap_or_else(|| panic!("no wall time line\n{stderr}"));
+    let without: u64 = line
+        .split(" stacks without their switch-in")
+        .next()
+        .and_then(|before| before.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        without * 100 <= logged(&stderr, "waits weighed"),
+        "{without} stacks ended without their switch-in: {line}"
+    );
 }

@@ -116,7 +116,8 @@ pub mod names {
 /// `sWALL`: threads parked at once (their switch-out stack emitted, their
 /// switch-in not yet seen). The map is an LRU: beyond this, the longest
 /// parked thread's switch-in goes unreported, and the reader ends its wait
-/// at the thread's next stack or exit.
+/// at the thread's next CPU sample or its process's end (or drops the
+/// rest of it at the thread's next stack).
 pub const MAX_PARKED: u32 = 16384;
 
 /// Rows per element of a table's map.

@@ -197,6 +197,10 @@ bpf_counters! {
     /// With `TREE_ONLY` (every task of a CPU sampled): samples of a process
     /// userspace found not profiled, dropped before anything else.
     NotProfiled,
+    /// Samples of an event's copy that a new thread or process inherited
+    /// (the kernel copies the program, not the link's cookie that names
+    /// the event), handed to the perf engine.
+    HandedOverInherited,
     /// `sWALL`: switch-outs of the profiled processes' threads (and of
     /// processes not described yet, which may not be profiled).
     WallSwitchOuts,
@@ -208,7 +212,9 @@ bpf_counters! {
     /// Of those, stacks lost with the ring buffer full.
     WallBufferFull,
     /// Switch-ins of parked threads whose record was lost with the ring
-    /// buffer full (the reader ends their wait at their next stack).
+    /// buffer full (the reader ends their wait at the thread's next CPU
+    /// sample or its process's end, or drops the rest of it at the
+    /// thread's next stack).
     WallResumeLost,
 }
 

@@ -67,9 +67,20 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(BPF_COUNTER_SL
 static SAMPLES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// Where a record is built before it is copied to the ring buffer (too big
-/// for the 512-byte BPF stack).
+/// for the 512-byte BPF stack): slot `SAMPLE_SLOT` for the perf_event
+/// programs, `SWITCH_SLOT` for `ddprof_switch`.
 #[map]
-static SCRATCH: PerCpuArray<RawSample> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: PerCpuArray<RawSample> = PerCpuArray::with_max_entries(2, 0);
+
+/// The per-CPU slot (of `SCRATCH` and `WALKS`) of the perf_event programs.
+const SAMPLE_SLOT: u32 = 0;
+/// The per-CPU slot of `ddprof_switch`: its own, because a perf_event
+/// program of a hardware event runs from an NMI, which can come while
+/// `ddprof_switch` runs (interrupts off do not hold NMIs back), and the
+/// kernel's guard against nested programs (`bpf_prog_active`) is not set
+/// by tracing programs. (The reverse cannot happen: perf_event programs run
+/// with preemption off, so no switch comes while one runs.)
+const SWITCH_SLOT: u32 = 1;
 
 /// Executable mappings per process (tgid). Sized by the loader. Not
 /// preallocated: a preallocated hash map recycles the element an update
@@ -127,8 +138,16 @@ static KERNEL_STACKS: u32 = 0;
 /// `bpf_loop` variant runs (the tail-call variant never reads them): each
 /// record says which event it is of (the cookie its link was given: the
 /// event's index plus one). Left 0, the helper is never called.
+/// `EVERY_LINK_HAS_A_COOKIE` (every CPU sampled: the CPU-time events are
+/// attached with links too): a cookie of 0 is then an event's copy that a
+/// thread or process created since inherited, which the kernel gives the
+/// program but not the cookie; its samples are handed to the perf engine,
+/// which knows their event.
 #[no_mangle]
 static EVENT_COOKIES: u32 = 0;
+
+/// `EVENT_COOKIES`'s value when every link carries a cookie.
+const EVERY_LINK_HAS_A_COOKIE: u32 = 2;
 
 /// Set by the loader: a hand-off notice wakes the reader at once (non-zero)
 /// or, for a process's first notice, waits for its next wake-up (low
@@ -143,7 +162,7 @@ static HANDOFF_WAKEUP: u32 = 1;
 /// count (a precise counter on the stack would make it re-verify the body
 /// for each of the 512 iterations).
 #[map]
-static WALKS: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+static WALKS: PerCpuArray<Walk> = PerCpuArray::with_max_entries(2, 0);
 
 /// The tail-call variant's continuation: slot 0 holds `ddprof_walk_tail`
 /// (set by the loader; empty with the `bpf_loop` variant).
@@ -198,20 +217,21 @@ struct Walk {
 #[link_section = "perf_event"]
 pub fn ddprof_sample(ctx: *mut c_void) -> u32 {
     let ctx = PerfEventContext::new(ctx.cast());
-    match start_sample(&ctx, |_| saved_user_regs_btf(), || event_cookie(&ctx)) {
+    let cookie = event_cookie(&ctx);
+    // SAFETY: a read of a constant the loader may have set.
+    if cookie == 0 && unsafe { core::ptr::read_volatile(&EVENT_COOKIES) } == EVERY_LINK_HAS_A_COOKIE
+    {
+        // An inherited copy of an event other than CPU time (`sCS`, `sPF`
+        // of a thread started since): without its cookie its samples would
+        // pass for CPU time.
+        count(BpfCounter::HandedOverInherited);
+        return 1;
+    }
+    match start_sample(&ctx, |_| saved_user_regs_btf(), || cookie) {
         Start::Done(value) => value,
         Start::NoUserContext => finish_sample(),
         Start::Walk => {
-            // SAFETY: `walk_frame` has the callback signature bpf_loop
-            // expects; it reads its state from `WALKS`.
-            unsafe {
-                bpf_loop(
-                    MAX_USER_FRAMES as u32,
-                    walk_frame as *mut c_void,
-                    core::ptr::null_mut(),
-                    0,
-                )
-            };
+            walk_with_loop(SAMPLE_SLOT);
             finish_sample()
         }
     }
@@ -304,20 +324,29 @@ static WALL_RATES: PerCpuArray<WallRate> = PerCpuArray::with_max_entries(1, 0);
 /// taken once, at switch-out; its weight (the time off the CPU over the
 /// probability it was drawn with) is known at switch-in, where the reader
 /// pairs the two records. The walk is the CPU samples' (`bpf_loop`: Linux
-/// 5.17+).
+/// 5.17+; the tracepoint's `prev_state` argument: 5.18+).
 #[no_mangle]
 #[link_section = "tp_btf/sched_switch"]
 pub fn ddprof_switch(ctx: *mut c_void) -> i32 {
     // SAFETY: reads of the tracepoint's arguments at constant offsets of
-    // the context: (preempt, prev, next, prev_state), each a u64.
-    let (prev, next) = unsafe {
+    // the context: (preempt, prev, next, prev_state), each a u64 (the
+    // fourth since Linux 5.18: on 5.17 the verifier refuses the program).
+    let (prev, next, prev_state) = unsafe {
         let args = ctx as *const u64;
-        (*args.add(1), *args.add(2))
+        (*args.add(1), *args.add(2), *args.add(3))
     };
     resume_parked(next);
-    switch_out(ctx, prev);
+    // A dead task's last switch: it never runs again, and its address
+    // space is gone (its parked entry would stay until evicted).
+    if prev_state & TASK_DEAD == 0 {
+        switch_out(ctx, prev);
+    }
     0
 }
+
+/// `TASK_DEAD` of `task_struct.__state` (`include/linux/sched.h`), the
+/// state of a task's last switch-out.
+const TASK_DEAD: u64 = 0x80;
 
 /// Reports the end of `task`'s wait if its switch-out stack was emitted.
 #[inline(always)]
@@ -327,7 +356,7 @@ fn resume_parked(task: u64) {
         return;
     };
     let _ = PARKED.remove(&task);
-    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = SCRATCH.get_ptr_mut(SWITCH_SLOT) else {
         return;
     };
     // SAFETY: this CPU's scratch record (see `start_sample`; the sched_switch
@@ -383,7 +412,7 @@ fn switch_out(ctx: *mut c_void, task: u64) {
         // its stack is walked with frame pointers only, and the reader is
         // asked to describe it for its next switches.
         count(BpfCounter::WallUndescribed);
-        notify_undescribed(pid);
+        notify_undescribed(pid, SWITCH_SLOT);
     }
     count(BpfCounter::WallSwitchOuts);
     // SAFETY: a helper without arguments.
@@ -416,7 +445,7 @@ fn switch_out(ctx: *mut c_void, task: u64) {
         return;
     }
     count(BpfCounter::WallSampled);
-    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = SCRATCH.get_ptr_mut(SWITCH_SLOT) else {
         return;
     };
     // SAFETY: this CPU's scratch record (see `resume_parked`).
@@ -448,22 +477,13 @@ fn switch_out(ctx: *mut c_void, task: u64) {
     } else {
         0
     };
-    let Some(walk) = init_walk(pid, kernel_frames) else {
+    let Some(walk) = init_walk(SWITCH_SLOT, pid, kernel_frames) else {
         return;
     };
     walk.walker.regs = regs_of(saved);
     walk.result.end = StackEnd::DepthLimit as u32;
-    // SAFETY: `walk_frame` has the callback signature bpf_loop expects; it
-    // reads its state from `WALKS`.
-    unsafe {
-        bpf_loop(
-            MAX_USER_FRAMES as u32,
-            walk_frame as *mut c_void,
-            core::ptr::null_mut(),
-            0,
-        )
-    };
-    let Some(walk_ptr) = WALKS.get_ptr_mut(0) else {
+    walk_with_loop(SWITCH_SLOT);
+    let Some(walk_ptr) = WALKS.get_ptr_mut(SWITCH_SLOT) else {
         return;
     };
     let result = walk_result(walk_ptr);
@@ -482,7 +502,7 @@ fn switch_out(ctx: *mut c_void, task: u64) {
         count(BpfCounter::WallBufferFull);
     }
     if result.handoff != 0 && described {
-        notify_undescribed(pid);
+        notify_undescribed(pid, SWITCH_SLOT);
     }
 }
 
@@ -545,14 +565,14 @@ fn switch_out_probability(now: u64) -> Option<u64> {
 /// the sample when the walk is over.
 #[inline(always)]
 fn continue_walk(ctx: &PerfEventContext) -> u32 {
-    let Some(walk) = WALKS.get_ptr_mut(0) else {
+    let Some(walk) = WALKS.get_ptr_mut(SAMPLE_SLOT) else {
         return 0;
     };
     // SAFETY: this CPU's walk state (see `WALKS`).
     let walk = unsafe { &mut *walk };
     let mut frames = 0;
     while frames < FRAMES_PER_TAIL_CALL_RUN {
-        if walk_one(walk).is_none() {
+        if walk_one(walk, SAMPLE_SLOT).is_none() {
             return finish_sample();
         }
         frames += 1;
@@ -574,11 +594,8 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     finish_sample()
 }
 
-/// The current task's tgid (high half) and tid, as the profiler's PID
-/// namespace numbers them (`PID_NS_INO`), or as the initial one does; `None`
-/// for a task outside the profiler's namespace.
-#[inline(always)]
 /// The cookie of the link this run came from (0 without cookies).
+#[inline(always)]
 fn event_cookie(ctx: &PerfEventContext) -> u32 {
     // SAFETY: a read of a constant the loader may have set.
     if unsafe { core::ptr::read_volatile(&EVENT_COOKIES) } == 0 {
@@ -588,6 +605,10 @@ fn event_cookie(ctx: &PerfEventContext) -> u32 {
     unsafe { bpf_get_attach_cookie(ctx.as_ptr()) as u32 }
 }
 
+/// The current task's tgid (high half) and tid, as the profiler's PID
+/// namespace numbers them (`PID_NS_INO`), or as the initial one does; `None`
+/// for a task outside the profiler's namespace.
+#[inline(always)]
 fn current_pid_tgid() -> Option<u64> {
     // SAFETY: reads of constants the loader may have set.
     let (dev, ino) = unsafe {
@@ -683,7 +704,7 @@ fn start_sample(
             }
         }
     };
-    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = SCRATCH.get_ptr_mut(SAMPLE_SLOT) else {
         return Start::Done(0);
     };
     // SAFETY: a per-CPU map slot, valid for the whole program run and used
@@ -718,7 +739,7 @@ fn start_sample(
         }
     }
 
-    let Some(walk) = init_walk(pid, kernel_frames) else {
+    let Some(walk) = init_walk(SAMPLE_SLOT, pid, kernel_frames) else {
         return Start::Done(0);
     };
     match regs {
@@ -735,11 +756,11 @@ fn start_sample(
     }
 }
 
-/// Resets this CPU's walk state for a sample of `pid` whose record holds
-/// `kernel_frames` kernel frames already.
+/// Resets this CPU's walk state in `slot` for a sample of `pid` whose
+/// record holds `kernel_frames` kernel frames already.
 #[inline(always)]
-fn init_walk(pid: u32, kernel_frames: u32) -> Option<&'static mut Walk> {
-    let walk_ptr = WALKS.get_ptr_mut(0)?;
+fn init_walk(slot: u32, pid: u32, kernel_frames: u32) -> Option<&'static mut Walk> {
+    let walk_ptr = WALKS.get_ptr_mut(slot)?;
     // Field by field, with volatile stores: LLVM would turn a whole-struct
     // store into a call of `memset`, a BPF-to-BPF call the tail-call variant
     // must not make (see `ddprof_sample_tail`).
@@ -774,10 +795,10 @@ fn init_walk(pid: u32, kernel_frames: u32) -> Option<&'static mut Walk> {
 /// engine) and returns the program's value.
 #[inline(always)]
 fn finish_sample() -> u32 {
-    let Some(walk_ptr) = WALKS.get_ptr_mut(0) else {
+    let Some(walk_ptr) = WALKS.get_ptr_mut(SAMPLE_SLOT) else {
         return 0;
     };
-    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = SCRATCH.get_ptr_mut(SAMPLE_SLOT) else {
         return 0;
     };
     // SAFETY: this CPU's scratch record (see `start_sample`).
@@ -916,29 +937,50 @@ fn regs_of(regs: &pt_regs) -> Regs {
 /// One `bpf_loop` iteration: records the current PC and steps to the caller.
 /// Returns 0 to continue and 1 to stop.
 #[inline(never)]
-extern "C" fn walk_frame(_index: u64, _context: *mut c_void) -> i64 {
-    let Some(walk) = WALKS.get_ptr_mut(0) else {
+extern "C" fn walk_frame(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: the context is the caller's `slot`, a u32 on its stack
+    // (`walk_with_loop`).
+    let slot = unsafe { *(context as *const u32) };
+    let Some(walk) = WALKS.get_ptr_mut(slot) else {
         return 1;
     };
     // SAFETY: this CPU's walk state (see `WALKS`).
     let walk = unsafe { &mut *walk };
-    match walk_one(walk) {
+    match walk_one(walk, slot) {
         Some(()) => 0,
         None => 1,
     }
 }
 
-/// `None` ends the walk (with `walk.result.end` set).
+/// Walks the user stack of the walk in `slot` of `WALKS` (into the same
+/// slot of `SCRATCH`), one frame per `bpf_loop` iteration.
 #[inline(always)]
-fn walk_one(walk: &mut Walk) -> Option<()> {
+fn walk_with_loop(slot: u32) {
+    let slot = slot;
+    // SAFETY: `walk_frame` has the callback signature bpf_loop expects; its
+    // context is `slot`, on this stack for the whole call.
+    unsafe {
+        bpf_loop(
+            MAX_USER_FRAMES as u32,
+            walk_frame as *mut c_void,
+            &slot as *const u32 as *mut c_void,
+            0,
+        )
+    };
+}
+
+/// `None` ends the walk (with `walk.result.end` set). `slot`: the walk's
+/// slot of `WALKS`, whose record is in the same slot of `SCRATCH`.
+#[inline(always)]
+fn walk_one(walk: &mut Walk, slot: u32) -> Option<()> {
     if walk.result.user_frames >= MAX_USER_FRAMES as u32 {
         walk.result.end = StackEnd::DepthLimit as u32;
         return None;
     }
-    let record = SCRATCH.get_ptr_mut(0)?;
-    let slot = (walk.result.kernel_frames + walk.result.user_frames) as usize;
+    let record = SCRATCH.get_ptr_mut(slot)?;
+    let index = (walk.result.kernel_frames + walk.result.user_frames) as usize;
     // SAFETY: this CPU's scratch record (see `sample`).
-    let Some(frame) = (unsafe { (*record).frames.get_mut(slot) }) else {
+    let Some(frame) = (unsafe { (*record).frames.get_mut(index) }) else {
         walk.result.end = StackEnd::DepthLimit as u32;
         return None;
     };
@@ -1158,14 +1200,14 @@ fn read_user_u64(addr: u64) -> Option<u64> {
 #[inline(always)]
 fn hand_off_waking_reader(pid: u32) {
     count(BpfCounter::HandedToPerf);
-    notify_undescribed(pid);
+    notify_undescribed(pid, SAMPLE_SLOT);
 }
 
 /// Writes the `HANDOFF_NOTICE` record naming `pid`, a process whose entry
 /// does not describe the code a walk met (see `hand_off_waking_reader`),
 /// unless it was named less than `HANDOFF_NOTICE_INTERVAL_NS` ago.
 #[inline(always)]
-fn notify_undescribed(pid: u32) {
+fn notify_undescribed(pid: u32, slot: u32) {
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // 0 without an entry, else its version plus one.
@@ -1185,7 +1227,7 @@ fn notify_undescribed(pid: u32) {
         None => false,
     };
     let _ = HANDED_OFF.insert(&pid, &[now, version], 0);
-    let Some(record) = SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = SCRATCH.get_ptr_mut(slot) else {
         return;
     };
     // SAFETY: this CPU's scratch record (see `start_sample`); the sample it

@@ -302,11 +302,13 @@ impl Sampler {
                 log::info!(
                     "BPF engine: {} samples unwound in the kernel, {} handed to the perf \
                          engine ({} of them mid-stack: a table not in the row map or a mapping \
-                         not yet described), {} unwound by the perf engine in all; {} \
-                         processes read from /proc (no record described them yet)",
+                         not yet described; {} more of events' copies that new threads \
+                         inherited), {} unwound by the perf engine in all; {} processes read \
+                         from /proc (no record described them yet)",
                     counters.get(BpfCounter::Emitted),
                     counters.get(BpfCounter::HandedToPerf),
                     counters.get(BpfCounter::HandedOffMidStack),
+                    counters.get(BpfCounter::HandedOverInherited),
                     records.sample_counters().samples,
                     samples.table_stats().processes_read_from_proc
                 );
@@ -623,7 +625,11 @@ impl SampleStream for BpfSamples<'_> {
 
     fn drop_next(&mut self, exited: bool) {
         if let Some(sample) = self.ready.next() {
-            self.engine.count_unkept(exited);
+            // `sWALL`'s records are no CPU samples: the losses counted
+            // against the tasks' CPU time are not theirs.
+            if sample.off_cpu.is_none() {
+                self.engine.count_unkept(exited);
+            }
             self.engine.recycle(sample);
         }
     }

@@ -84,8 +84,8 @@ fn is_scheduler_function(name: &str) -> bool {
 
 impl SchedulerFunctions {
     /// Reads them from a kallsyms listing (`ADDRESS TYPE NAME [MODULE]`,
-    /// in address order within the kernel image and each module): each
-    /// function ends where the next text symbol starts. One pass over the
+    /// in address order within the kernel image): each function ends where
+    /// the next text symbol starts. Modules' symbols are skipped. One pass over the
     /// listing's ~10 MB, one line buffer: collecting every symbol first
     /// took ~60 ms and ~15 MiB at every start.
     pub fn from_kallsyms(mut listing: impl BufRead) -> Self {
@@ -107,6 +107,13 @@ impl SchedulerFunctions {
             else {
                 continue;
             };
+            if fields.next().is_some() {
+                // A module's symbol (`[module]`, `[bpf]`): modules list
+                // theirs in their own order, not by address, and the
+                // scheduler's functions are all in the kernel image.
+                open = None;
+                continue;
+            }
             if !matches!(kind, b"t" | b"T") {
                 continue;
             }
@@ -176,6 +183,76 @@ impl SchedulerFunctions {
     }
 }
 
+/// A period's figures of wall time, and how its waits were sampled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WallPeriod {
+    pub threshold_ns: u64,
+    /// `probability=` (the program lowers it to keep to its budget).
+    pub max_probability: f64,
+    /// Switch-outs of the profiled threads (and of processes not
+    /// described yet: `undescribed`).
+    pub switch_outs: u64,
+    pub undescribed: u64,
+    /// Stacks taken, and lost with the ring buffer full.
+    pub stacks: u64,
+    pub stacks_lost: u64,
+    /// Records of a thread's switch-in lost with the ring buffer full.
+    pub ends_lost: u64,
+    /// Waits weighed, and left out under the threshold.
+    pub waits: u64,
+    pub under_threshold: u64,
+    /// Threads off a CPU at the period's end, with a stack.
+    pub off_cpu_now: usize,
+    /// Stacks whose switch-in never came (their wait ended at the thread's
+    /// next CPU sample, its next stack or its process's end), switch-ins
+    /// without their stack, stacks over the limit of parked threads.
+    pub unpaired: u64,
+    pub orphan_resumes: u64,
+    pub over_limit: u64,
+}
+
+impl std::fmt::Display for WallPeriod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "wall time: {} switch-outs of profiled threads ({} of processes not described \
+             yet), {} stacks taken ({} lost: ring buffer full; {} ends of waits lost), {} \
+             waits weighed, {} under the threshold, {} threads off a CPU now; {} stacks \
+             without their switch-in, {} switch-ins without their stack, {} stacks over the \
+             limit of parked threads",
+            self.switch_outs,
+            self.undescribed,
+            self.stacks,
+            self.stacks_lost,
+            self.ends_lost,
+            self.waits,
+            self.under_threshold,
+            self.off_cpu_now,
+            self.unpaired,
+            self.orphan_resumes,
+            self.over_limit
+        )
+    }
+}
+
+impl WallPeriod {
+    /// `ddprof.wall_time.NAME=VALUE` comments, for the pprof profile: how
+    /// its `wall-time` was sampled.
+    pub fn comments(&self) -> Vec<String> {
+        vec![
+            format!("ddprof.wall_time.threshold_ns={}", self.threshold_ns),
+            format!("ddprof.wall_time.max_probability={}", self.max_probability),
+            format!("ddprof.wall_time.stacks_per_cpu_second_at_most={WALKS_PER_CPU_SECOND}"),
+            format!("ddprof.wall_time.switch_outs={}", self.switch_outs),
+            format!("ddprof.wall_time.stacks={}", self.stacks),
+            format!("ddprof.wall_time.stacks_lost={}", self.stacks_lost),
+            format!("ddprof.wall_time.ends_lost={}", self.ends_lost),
+            format!("ddprof.wall_time.waits={}", self.waits),
+            format!("ddprof.wall_time.under_threshold={}", self.under_threshold),
+        ]
+    }
+}
+
 /// What the stage counted since the start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WallCounters {
@@ -209,7 +286,11 @@ struct Parked {
 /// The pairing of stacks and switch-ins (see the module's comment).
 #[derive(Debug)]
 pub struct WallTime {
+    /// The CPU-time events, whose samples say a thread ran.
+    cpu_time_events: Vec<u16>,
     threshold_ns: u64,
+    /// `probability=`, in `WALL_PROBABILITY_ONE`ths.
+    max_probability: u64,
     /// `--include-kernel`: keep every kernel frame of a wait.
     all_kernel_frames: bool,
     scheduler: SchedulerFunctions,
@@ -232,11 +313,14 @@ fn weigh(nanos: u64, probability: u64) -> u64 {
 impl WallTime {
     pub fn new(
         sampling: WallSampling,
+        cpu_time_events: Vec<u16>,
         all_kernel_frames: bool,
         scheduler: SchedulerFunctions,
     ) -> Self {
         Self {
+            cpu_time_events,
             threshold_ns: sampling.threshold_ns,
+            max_probability: sampling.max_probability,
             all_kernel_frames,
             scheduler,
             parked: HashMap::new(),
@@ -246,10 +330,12 @@ impl WallTime {
         }
     }
 
-    /// Notes a delivered sample of any event. One of a thread parked since
-    /// before it is taken while the thread runs: the record of its
-    /// switch-in was lost (the ring buffer full, or the program's map of
-    /// parked threads full). Its wait ends here, at the latest.
+    /// Notes a delivered sample of any event. A CPU-time sample of a thread
+    /// parked since before it was taken while the thread ran: the record of
+    /// its switch-in was lost (the ring buffer full, or the program's map
+    /// of parked threads full). Its wait ends here, at the latest. (Only
+    /// CPU time says the thread ran: `sCS` and the other events sample in
+    /// the switch itself, after the switch-out's stack.)
     pub fn delivered(
         &mut self,
         processes: &ProcessTable,
@@ -257,7 +343,7 @@ impl WallTime {
         aggregator: &mut Aggregator,
     ) {
         self.delivered_until = self.delivered_until.max(sample.time);
-        if sample.off_cpu.is_some() {
+        if sample.off_cpu.is_some() || !self.cpu_time_events.contains(&sample.event) {
             return;
         }
         let Some(parked) = self.parked.get(&sample.tid) else {
@@ -320,10 +406,13 @@ impl WallTime {
                 }
             }
             Some(OffCpu::Resumed { switched_out }) => {
-                let Some(parked) = self
+                // Only the switch-in of the parked switch-out: a stale
+                // one (a thread's record from before its stack) leaves it.
+                let matches = self
                     .parked
-                    .remove(&sample.tid)
-                    .filter(|parked| parked.sample.time == switched_out)
+                    .get(&sample.tid)
+                    .is_some_and(|parked| parked.sample.time == switched_out);
+                let Some(parked) = matches.then(|| self.parked.remove(&sample.tid)).flatten()
                 else {
                     self.counters.orphan_resumes += 1;
                     return;
@@ -363,27 +452,35 @@ impl WallTime {
         }
     }
 
-    /// The period's line: what the program (`program`: its counters
-    /// `WallSwitchOuts`, `WallSampled`, `WallBufferFull`, `WallResumeLost`,
-    /// `WallUndescribed` since it was loaded) and this stage did since the
-    /// last line.
-    pub fn period_line(&mut self, program: [u64; 5]) -> String {
+    /// What the program (`program`: its counters `WallSwitchOuts`,
+    /// `WallSampled`, `WallBufferFull`, `WallResumeLost`, `WallUndescribed`
+    /// since it was loaded) and this stage did since the last period, with
+    /// how waits are sampled: for the period's line and its profile.
+    pub fn period_figures(&mut self, program: [u64; 5]) -> WallPeriod {
         let counters = self.counters;
         let last = std::mem::replace(&mut self.last_line, (program, counters));
         let delta = |index: usize| program[index].saturating_sub(last.0[index]);
-        format!(
-            "wall time: {} switch-outs of profiled threads ({} of processes not described \
-             yet), {} stacks taken ({} lost: ring buffer full; {} ends of waits lost), {} \
-             waits weighed, {} under the threshold, {} threads off a CPU now",
-            delta(0),
-            delta(4),
-            delta(1),
-            delta(2),
-            delta(3),
-            counters.waits - last.1.waits,
-            counters.below_threshold - last.1.below_threshold,
-            self.parked.len()
-        )
+        WallPeriod {
+            threshold_ns: self.threshold_ns,
+            max_probability: self.max_probability as f64 / WALL_PROBABILITY_ONE as f64,
+            switch_outs: delta(0),
+            undescribed: delta(4),
+            stacks: delta(1),
+            stacks_lost: delta(2),
+            ends_lost: delta(3),
+            waits: counters.waits - last.1.waits,
+            under_threshold: counters.below_threshold - last.1.below_threshold,
+            off_cpu_now: self.parked.len(),
+            unpaired: counters.unpaired - last.1.unpaired,
+            orphan_resumes: counters.orphan_resumes - last.1.orphan_resumes,
+            over_limit: counters.over_limit - last.1.over_limit,
+        }
+    }
+
+    /// Counts the program's figures from `program` (its counters when this
+    /// stage starts: a worker that replaces another reports its own).
+    pub fn count_program_from(&mut self, program: [u64; 5]) {
+        self.last_line.0 = program;
     }
 
     /// Threads off the CPU now, with a stack.
@@ -411,6 +508,8 @@ ffffffff81101000 T schedule
 ffffffff81101100 T futex_wait_queue
 ffffffff81101200 D some_data
 ffffffff81101300 T pipe_read
+ffffffffc0001000 t __traceiter_xfs_thing	[xfs]
+ffffffffc0000000 t xfs_wait	[xfs]
 ";
 
     fn scheduler() -> SchedulerFunctions {
@@ -449,6 +548,11 @@ ffffffff81101300 T pipe_read
         ];
         scheduler.fold(&mut sleeping, false);
         assert_eq!(sleeping, vec![0xffff_ffff_8110_040f]);
+        // A module's wait (listed out of address order, after a module's
+        // tracing function) is no scheduler function.
+        let mut module_wait = vec![0xffff_ffff_8110_0810, 0xffff_ffff_c000_0010];
+        scheduler.fold(&mut module_wait, false);
+        assert_eq!(module_wait, vec![0xffff_ffff_c000_000f]);
         // Without kallsyms, nothing is folded.
         let mut kept = stack.clone();
         SchedulerFunctions::default().fold(&mut kept, false);
@@ -507,7 +611,7 @@ ffffffff81101300 T pipe_read
             max_probability: WALL_PROBABILITY_ONE,
             threshold_ns: 1_000,
         };
-        let mut wall = WallTime::new(sampling, false, scheduler());
+        let mut wall = WallTime::new(sampling, vec![0], false, scheduler());
         let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
         // Thread 8 drawn with probability 1/4 at t=1000, runs again at 3000.
         wall.take(
@@ -548,8 +652,18 @@ ffffffff81101300 T pipe_read
         // A sample of a parked thread taken later (its switch-in's record
         // was lost) ends its wait there.
         wall.take(&processes, &switched_out_sample(8, 6_500), &mut aggregator);
+        // (Another event's sample, `sCS`'s in the switch itself, says
+        // nothing of the thread running again: only CPU time does.)
+        let switching = Sample {
+            off_cpu: None,
+            event: 2,
+            ..switched_out_sample(8, 6_600)
+        };
+        wall.delivered(&processes, &switching, &mut aggregator);
+        assert_eq!(wall.parked(), 1);
         let running = Sample {
             off_cpu: None,
+            event: 0,
             weight: 1_000_000,
             ..switched_out_sample(8, 8_000)
         };

@@ -215,7 +215,16 @@ impl BpfEngine {
             .iter()
             .partition(|event| event.scope == crate::events::Scope::CpuForTree);
         for event in every_cpu {
-            engine.program.attach(event)?;
+            if engine.program.takes_event_cookies() {
+                // With a cookie like every other event's: the program takes
+                // a run without one for an inherited copy of another event.
+                let cookie = u64::from(event.spec.index()) + 1;
+                engine
+                    ._links
+                    .push(engine.program.attach_with_cookie(event, cookie)?);
+            } else {
+                engine.program.attach(event)?;
+            }
             event.enable().map_err(BpfError::Attach)?;
         }
         for event in per_task {
@@ -282,7 +291,13 @@ impl BpfEngine {
         // A tracepoint takes tracepoint programs, not perf_event ones
         // (the link is refused, EINVAL).
         let tracepoint = matches!(event.spec.kind, crate::events::EventKind::Tracepoint(_));
+        // A new thread's or process's copy of a per-task event gets the
+        // program but not the link's cookie: unless every CPU is sampled
+        // (the program then hands such copies' samples to the perf
+        // engine), they would pass for CPU time.
+        let inherited_copies_unknown = !self.tree_only && !event.scope.is_cpu_wide();
         if tracepoint
+            || inherited_copies_unknown
             || !self.program.takes_event_cookies()
             || weighing.value != crate::events::EventValue::Period
         {

@@ -408,7 +408,14 @@ impl BpfProgram {
         let tree_only = u32::from(settings.tree_only);
         // The tail-call variant calls no helper newer than 5.10.
         let event_cookies = variant == BpfVariant::Loop && links_carry_cookies();
-        let event_cookies_flag = u32::from(event_cookies);
+        // Every CPU sampled, the CPU-time events get links with cookies too
+        // (`attach_with_cookie`): a run without one is then an inherited
+        // copy of another event (see the program's `EVENT_COOKIES`).
+        let event_cookies_flag = match (event_cookies, settings.tree_only) {
+            (false, _) => 0u32,
+            (true, false) => 1,
+            (true, true) => 2,
+        };
         let (pid_ns_dev, pid_ns_ino) = own_pid_namespace().unwrap_or((0, 0));
         let wall_cookie = settings.wall.map_or(0u32, |wall| u32::from(wall.event) + 1);
         let wall_max_probability = settings

@@ -187,6 +187,7 @@ fn encode(
         start,
         end,
         period,
+        wall,
         overhead,
         last,
         mut caches,
@@ -206,6 +207,11 @@ fn encode(
     metadata
         .comments
         .push(format!("ddprof.worker_restarts={restarts}"));
+    // How the wall time was sampled: a reader of the profile sees what its
+    // `wall-time` stands for.
+    if let Some(wall) = wall {
+        metadata.comments.extend(wall.comments());
+    }
     let (symbolizing, times_before) = (Instant::now(), ThreadTimes::now());
     let symbolized = symbolizer.symbolize(period);
     let symbolize_time = symbolizing.elapsed();

@@ -137,7 +137,7 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
     }
     let ran = Worker::new(options, &handover, kallsyms, sampler.losses(), socket)
         .map(|worker| worker.with_live_heap(live_heap))
-        .map(|worker| worker.with_wall_time(wall, options.sampler.kernel_stacks))
+        .map(|worker| worker.with_wall_time(wall, options.sampler.kernel_stacks, sampler))
         .and_then(|worker| {
             worker.run(options, processes, sampler, watch, handover.period_deadline)
         });
@@ -340,13 +340,21 @@ impl Worker {
         Self { live_heap, ..self }
     }
 
-    fn with_wall_time(self, wall: Option<super::WallSetup>, all_kernel_frames: bool) -> Self {
+    fn with_wall_time(
+        self,
+        wall: Option<super::WallSetup>,
+        all_kernel_frames: bool,
+        sampler: &Sampler,
+    ) -> Self {
         let wall = wall.map(|setup| {
-            WallTime::new(
+            let mut wall = WallTime::new(
                 setup.sampling,
+                self.cpu_time_events.clone(),
                 all_kernel_frames,
                 (*setup.scheduler).clone(),
-            )
+            );
+            wall.count_program_from(wall_program_counters(sampler));
+            wall
         });
         Self { wall, ..self }
     }
@@ -555,23 +563,12 @@ impl Worker {
                 }
             }
         }
-        if let Some(wall) = &mut self.wall {
+        let wall = self.wall.as_mut().map(|wall| {
             wall.close_period(processes, &mut self.aggregator, sampler.delivered_until());
-            let program = sampler
-                .bpf_engine()
-                .and_then(|engine| engine.counters().ok())
-                .map_or([0; 5], |counters| {
-                    [
-                        BpfCounter::WallSwitchOuts,
-                        BpfCounter::WallSampled,
-                        BpfCounter::WallBufferFull,
-                        BpfCounter::WallResumeLost,
-                        BpfCounter::WallUndescribed,
-                    ]
-                    .map(|counter| counters.get(counter))
-                });
-            log::info!("{}", wall.period_line(program));
-        }
+            let figures = wall.period_figures(wall_program_counters(sampler));
+            log::info!("{figures}");
+            figures
+        });
         let period = self.aggregator.take_period(start, end);
         // A period with held allocations only has a profile too (a
         // program that leaks while idle).
@@ -580,6 +577,7 @@ impl Worker {
                 start,
                 end,
                 period,
+                wall,
                 overhead: None,
                 last,
                 caches: Vec::new(),
@@ -603,6 +601,7 @@ impl Worker {
             start,
             end,
             period,
+            wall,
             overhead: Some(overhead),
             last,
             caches: sampler.cache_figures(),
@@ -611,11 +610,31 @@ impl Worker {
     }
 }
 
+/// The `sWALL` program's counters since it was loaded, in the order
+/// [`WallTime::period_figures`] takes them (zeros without the BPF engine).
+fn wall_program_counters(sampler: &Sampler) -> [u64; 5] {
+    sampler
+        .bpf_engine()
+        .and_then(|engine| engine.counters().ok())
+        .map_or([0; 5], |counters| {
+            [
+                BpfCounter::WallSwitchOuts,
+                BpfCounter::WallSampled,
+                BpfCounter::WallBufferFull,
+                BpfCounter::WallResumeLost,
+                BpfCounter::WallUndescribed,
+            ]
+            .map(|counter| counters.get(counter))
+        })
+}
+
 /// A period taken from the aggregator, not yet symbolized.
 pub(super) struct ClosedPeriod {
     pub start: SystemTime,
     pub end: SystemTime,
     pub period: PeriodProfile,
+    /// Its wall-time figures (with `sWALL`), said in its profile.
+    pub wall: Option<crate::wall::WallPeriod>,
     /// Its figures; `None`: it gets no profile.
     pub overhead: Option<Overhead>,
     /// The run's last period.
