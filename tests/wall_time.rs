@@ -448,23 +448,72 @@ fn the_perf_engine_says_in_one_line_that_wall_time_needs_ebpf() {
     assert!(truths(&stdout).contains_key("sleeper"), "{stdout}");
 }
 
-/// bpftrace's per-thread off-CPU time of the threads named `names`, from
-/// the `sched_switch` tracepoint: time from each switch-out to the next
-/// switch-in of the same thread (what `offcputime` sums).
+/// bpftrace's off-CPU time of the workload's threads from the
+/// `sched_switch` tracepoint: from each switch-out to the next switch-in of
+/// the same thread (what `offcputime` sums), per thread (`@off`) and per
+/// thread and kernel stack at the switch-out (`@reason`).
 const OFF_CPU_SCRIPT: &str = r#"
 tracepoint:sched:sched_switch
 /args->prev_comm == "sleeper" || args->prev_comm == "waiter" || args->prev_comm == "reader" ||
  args->prev_comm == "holder" || args->prev_comm == "writer"/
 {
   @start[args->prev_pid] = nsecs;
+  @stack[args->prev_pid] = kstack(16);
 }
 tracepoint:sched:sched_switch
 /@start[args->next_pid]/
 {
   @off[args->next_comm] = sum(nsecs - @start[args->next_pid]);
+  @reason[args->next_comm, @stack[args->next_pid]] = sum(nsecs - @start[args->next_pid]);
   delete(@start[args->next_pid]);
+  delete(@stack[args->next_pid]);
 }
 "#;
+
+/// The reason for a wait in a kernel stack (innermost first, `name+off`
+/// frames): the first frame after the scheduler's functions.
+fn wait_reason(frames: &[String]) -> String {
+    let scheduler = |name: &str| {
+        name.starts_with("__schedule")
+            || name == "schedule"
+            || name.starts_with("schedule_")
+            || name.starts_with("preempt_schedule")
+            || name.contains("cond_resched")
+    };
+    let names: Vec<&str> = frames
+        .iter()
+        .map(|frame| frame.split('+').next().unwrap_or(frame))
+        .collect();
+    let first = names.iter().position(|name| scheduler(name)).unwrap_or(0);
+    names[first..]
+        .iter()
+        .find(|name| !scheduler(name))
+        .unwrap_or(&"?")
+        .to_string()
+}
+
+/// bpftrace's `@reason[COMM, STACK]: NANOS` entries, by thread and reason
+/// (seconds).
+fn traced_reasons(lines: &[String]) -> HashMap<(String, String), f64> {
+    let mut reasons = HashMap::new();
+    let mut current: Option<(String, Vec<String>)> = None;
+    for line in lines {
+        if let Some(rest) = line.strip_prefix("@reason[") {
+            current = Some((rest.trim().trim_end_matches(',').to_string(), Vec::new()));
+        } else if let Some((thread, frames)) = current.as_mut() {
+            match line.trim().strip_prefix("]: ") {
+                Some(nanos) => {
+                    let reason = wait_reason(frames);
+                    *reasons.entry((thread.clone(), reason)).or_insert(0.0) +=
+                        nanos.parse::<f64>().unwrap_or(0.0) / 1e9;
+                    current = None;
+                }
+                None => frames.push(line.trim().to_string()),
+            }
+        }
+    }
+    reasons
+}
 
 #[test]
 fn off_cpu_time_per_thread_matches_a_tracer_of_the_same_run() {
@@ -509,6 +558,7 @@ fn off_cpu_time_per_thread_matches_a_tracer_of_the_same_run() {
         })
         .collect();
     let _ = tracer.wait();
+    let reasons = traced_reasons(&lines.rest(Duration::ZERO));
     let samples = wall_samples(&profile);
     for thread in ["sleeper", "waiter", "reader", "holder", "writer"] {
         let profiled: f64 = samples
@@ -522,6 +572,39 @@ fn off_cpu_time_per_thread_matches_a_tracer_of_the_same_run() {
             (profiled - reference).abs() <= 0.10 * reference.max(0.1),
             "{thread}: {profiled:.3} s off CPU profiled, {reference:.3} s traced\n{stderr}"
         );
+    }
+    // The same reasons for the waits, with the same weights: each reason
+    // that holds a tenth of a thread's off-CPU time per bpftrace, within
+    // 10 % in the profile (its off-CPU samples' one kernel frame).
+    let mut profiled_reasons: HashMap<(String, String), f64> = HashMap::new();
+    for sample in samples
+        .iter()
+        .filter(|s| s.cpu == 0.0 && s.kernel_frames == 1)
+    {
+        *profiled_reasons
+            .entry((sample.thread.clone(), sample.functions[0].clone()))
+            .or_insert(0.0) += sample.wall;
+    }
+    for thread in ["sleeper", "waiter", "reader"] {
+        let traced_total = traced[thread];
+        let mut compared = 0;
+        for ((_, reason), &seconds) in reasons.iter().filter(|((t, _), _)| t == thread) {
+            if seconds < 0.1 * traced_total {
+                continue;
+            }
+            compared += 1;
+            let profiled = profiled_reasons
+                .get(&(thread.to_string(), reason.clone()))
+                .copied()
+                .unwrap_or(0.0);
+            println!("{thread}: {reason}: {profiled:.3} s profiled, {seconds:.3} s traced");
+            assert!(
+                (profiled - seconds).abs() <= 0.10 * seconds,
+                "{thread}, {reason}: {profiled:.3} s profiled, {seconds:.3} s traced\n\
+                 profiled: {profiled_reasons:?}\ntraced: {reasons:?}"
+            );
+        }
+        assert!(compared >= 1, "{thread}: no reason traced: {reasons:?}");
     }
 }
 
