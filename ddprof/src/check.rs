@@ -29,9 +29,19 @@ pub struct BpfVariantCheck {
 }
 
 impl BpfVariantCheck {
-    /// A throw-away load of the variant with the smallest maps.
+    /// A throw-away load of the variant with the smallest maps; the
+    /// `bpf_loop` variant's with `sWALL`'s program beside it (loaded only
+    /// there), for the wall-time line.
     fn load(&self) -> Result<BpfProgram, BpfError> {
-        BpfProgram::load_variant(MapSizes::minimal(), false, self.variant)
+        let settings = bpf::ProgramSettings {
+            wall: (self.variant == BpfVariant::Loop).then_some(crate::wall::WallSampling {
+                event: 1,
+                max_probability: ddprof_common::sample::WALL_PROBABILITY_ONE,
+                threshold_ns: 0,
+            }),
+            ..bpf::ProgramSettings::with_kernel_stacks(false)
+        };
+        BpfProgram::load_with(MapSizes::minimal(), settings, Some(self.variant))
     }
 }
 
@@ -147,25 +157,19 @@ fn perf_event_probe() -> Result<&'static str, OpenError> {
     }
 }
 
-/// Whether `sWALL` can be sampled: its `sched_switch` program loaded and
-/// verified beside the `bpf_loop` variant's.
-fn wall_line() -> String {
-    let settings = bpf::ProgramSettings {
-        wall: Some(crate::wall::WallSampling {
-            event: 1,
-            max_probability: ddprof_common::sample::WALL_PROBABILITY_ONE,
-            threshold_ns: 0,
-        }),
-        ..bpf::ProgramSettings::with_kernel_stacks(false)
-    };
-    let why_not = match BpfProgram::load_with(MapSizes::minimal(), settings, Some(BpfVariant::Loop))
-    {
+/// Whether `sWALL` can be sampled: its `sched_switch` program, loaded
+/// with the `bpf_loop` variant (`loaded`), loaded and verified.
+fn wall_line(loaded: &Result<BpfProgram, BpfError>) -> String {
+    let why_not = match loaded {
         Ok(program) => match program.wall_loaded() {
             Some(Ok(())) => None,
             Some(Err(why)) => Some(why),
             None => Some("not loaded".into()),
         },
-        Err(error) => Some(first_line(&error.to_string()).to_string()),
+        Err(error) => Some(format!(
+            "the bpf_loop variant does not load: {}",
+            first_line(&error.to_string())
+        )),
     };
     match why_not {
         None => "wall time (sWALL): the sched_switch program loads and verifies".into(),
@@ -193,8 +197,12 @@ pub fn run() -> CheckReport {
     // Each variant is loaded for its line; the first that loads is the one
     // `auto` would use.
     let mut preferred: Option<Result<(), BpfError>> = None;
+    let mut wall = None;
     for variant in bpf_variants() {
         let loaded = variant.load();
+        if variant.variant == BpfVariant::Loop {
+            wall = Some(wall_line(&loaded));
+        }
         lines.push(match &loaded {
             Ok(program) => {
                 let stats = program.stats();
@@ -221,7 +229,7 @@ pub fn run() -> CheckReport {
             (Some(Ok(())), _) => {}
         }
     }
-    lines.push(wall_line());
+    lines.extend(wall);
     let bpf_result = preferred.unwrap_or(Err(BpfError::NotBuilt));
     let can_profile = perf.is_ok();
     let engine_line = match perf {

@@ -13,6 +13,7 @@
 //! part of the wait it holds. With the CPU-time samples (whose weight is
 //! CPU time), the profile's `wall-time` column is each thread's time on and
 //! off a CPU.
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::io::BufRead;
 
@@ -47,7 +48,7 @@ pub struct WallSampling {
 /// The kernel's scheduler functions (and the tracing ones the program runs
 /// under), by address range, from kallsyms: a wait's kernel stack is
 /// folded to the first frame outside them, the wait's reason
-/// (`futex_wait_queue`, `do_nanosleep`, `pipe_read`, `do_epoll_wait`).
+/// (`futex_do_wait`, `do_nanosleep`, `anon_pipe_read`, `do_epoll_wait`).
 #[derive(Debug, Clone, Default)]
 pub struct SchedulerFunctions {
     /// Sorted `[start, end)` ranges.
@@ -303,11 +304,20 @@ pub struct WallTime {
     last_line: ([u64; 5], WallCounters),
 }
 
-/// `nanos` off the CPU, drawn with `probability`: what it stands for.
-fn weigh(nanos: u64, probability: u64) -> u64 {
-    let weight =
-        u128::from(nanos) * u128::from(WALL_PROBABILITY_ONE) / u128::from(probability.max(1));
-    weight.min(u128::from(u64::MAX)) as u64
+impl Parked {
+    /// Its stack, weighing the part of its wait from `accounted_until` to
+    /// `until` over its probability (an unbiased estimate of the off-CPU
+    /// time of the switch-outs it stands for), taken at `until`.
+    fn weighed_until(&self, until: u64) -> Sample {
+        let nanos = until.saturating_sub(self.accounted_until);
+        let weight = u128::from(nanos) * u128::from(WALL_PROBABILITY_ONE)
+            / u128::from(self.probability.max(1));
+        Sample {
+            weight: weight.min(u128::from(u64::MAX)) as u64,
+            time: until,
+            ..self.sample.clone()
+        }
+    }
 }
 
 impl WallTime {
@@ -346,16 +356,16 @@ impl WallTime {
         if sample.off_cpu.is_some() || !self.cpu_time_events.contains(&sample.event) {
             return;
         }
-        let Some(parked) = self.parked.get(&sample.tid) else {
+        let Entry::Occupied(entry) = self.parked.entry(sample.tid) else {
             return;
         };
-        if parked.sample.pid != sample.pid || sample.time <= parked.sample.time {
+        let parked = &entry.get().sample;
+        if parked.pid != sample.pid || sample.time <= parked.time {
             return;
         }
+        let parked = entry.remove();
         self.counters.unpaired += 1;
-        if let Some(parked) = self.parked.remove(&sample.tid) {
-            self.weigh_into(processes, parked, sample.time, aggregator);
-        }
+        self.weigh_into(processes, parked, sample.time, aggregator);
     }
 
     /// Adds the rest of `parked`'s wait, up to `until`, to `aggregator`
@@ -372,11 +382,7 @@ impl WallTime {
             return;
         }
         self.counters.waits += 1;
-        let nanos = until.saturating_sub(parked.accounted_until);
-        let mut weighed = parked.sample;
-        weighed.weight = weigh(nanos, parked.probability);
-        weighed.time = until;
-        aggregator.add(processes, &weighed);
+        aggregator.add(processes, &parked.weighed_until(until));
     }
 
     /// Takes an `sWALL` record: parks a stack, or weighs the parked stack
@@ -408,16 +414,13 @@ impl WallTime {
             Some(OffCpu::Resumed { switched_out }) => {
                 // Only the switch-in of the parked switch-out: a stale
                 // one (a thread's record from before its stack) leaves it.
-                let matches = self
-                    .parked
-                    .get(&sample.tid)
-                    .is_some_and(|parked| parked.sample.time == switched_out);
-                let Some(parked) = matches.then(|| self.parked.remove(&sample.tid)).flatten()
-                else {
-                    self.counters.orphan_resumes += 1;
-                    return;
-                };
-                self.weigh_into(processes, parked, sample.time, aggregator);
+                match self.parked.entry(sample.tid) {
+                    Entry::Occupied(entry) if entry.get().sample.time == switched_out => {
+                        let parked = entry.remove();
+                        self.weigh_into(processes, parked, sample.time, aggregator);
+                    }
+                    _ => self.counters.orphan_resumes += 1,
+                }
             }
             None => {}
         }
@@ -444,10 +447,7 @@ impl WallTime {
             if until <= parked.accounted_until || waited < threshold {
                 continue;
             }
-            let mut weighed = parked.sample.clone();
-            weighed.weight = weigh(until - parked.accounted_until, parked.probability);
-            weighed.time = until;
-            aggregator.add_held(processes, &weighed);
+            aggregator.add_held(processes, &parked.weighed_until(until));
             parked.accounted_until = until;
         }
     }

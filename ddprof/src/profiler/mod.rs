@@ -172,7 +172,7 @@ pub struct WallSetup {
     pub sampling: crate::wall::WallSampling,
     /// The scheduler's functions, read from kallsyms once (empty when it
     /// is not readable: waits keep their kernel stacks whole).
-    pub scheduler: std::sync::Arc<crate::wall::SchedulerFunctions>,
+    pub scheduler: crate::wall::SchedulerFunctions,
 }
 
 impl Profiler {
@@ -257,7 +257,7 @@ impl Profiler {
                 }
                 WallSetup {
                     sampling,
-                    scheduler: std::sync::Arc::new(scheduler),
+                    scheduler,
                 }
             });
         Ok(Self {

@@ -351,7 +351,7 @@ impl Worker {
                 setup.sampling,
                 self.cpu_time_events.clone(),
                 all_kernel_frames,
-                (*setup.scheduler).clone(),
+                setup.scheduler,
             );
             wall.count_program_from(wall_program_counters(sampler));
             wall
