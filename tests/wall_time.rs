@@ -310,27 +310,30 @@ fn a_thread_that_sleeps_half_the_time_splits_its_wall_time_in_two() {
     );
 }
 
-#[test]
-fn a_wait_across_periods_is_split_between_their_profiles() {
-    let _one = one_at_a_time();
-    let scratch = Scratch::new("wall-time-periods");
-    let (stdout, stderr, files) = run_waits(
-        &scratch.0,
-        "sCPU;sWALL",
-        &["--upload-period", "1"],
-        "3.5",
-        "long",
-    );
-    let (wait, _, alive) = truths(&stdout)["long_sleeper"];
-    // Each period's profile holds the part of the 3.5 s sleep it saw: the
-    // periods wholly inside it about 1 s each, none more than its length.
-    let slept: Vec<f64> = files
+/// Runs `waits 3.5 long` with 1 s periods (and `args`): its stdout, the
+/// profiler's stderr and the time in `long_sleep` of each period's profile.
+fn sleep_per_period(scratch: &Path, args: &[&str]) -> (String, String, Vec<f64>) {
+    let mut all = vec!["--upload-period", "1"];
+    all.extend_from_slice(args);
+    let (stdout, stderr, files) = run_waits(scratch, "sCPU;sWALL", &all, "3.5", "long");
+    let slept = files
         .iter()
         .map(|file| {
             let profile = Profile::read_gzipped(file).unwrap();
             wall_in(&wall_samples(&profile), "long_sleeper", "long_sleep")
         })
         .collect();
+    (stdout, stderr, slept)
+}
+
+#[test]
+fn a_wait_across_periods_is_split_between_their_profiles() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-periods");
+    let (stdout, stderr, slept) = sleep_per_period(&scratch.0, &[]);
+    let (wait, _, alive) = truths(&stdout)["long_sleeper"];
+    // Each period's profile holds the part of the 3.5 s sleep it saw: the
+    // periods wholly inside it about 1 s each, none more than its length.
     println!("long_sleep per period: {slept:.3?}; measured {wait:.3} s, alive {alive:.3} s");
     assert!(
         slept.iter().filter(|&&s| s > 0.8).count() >= 2,
@@ -342,6 +345,41 @@ fn a_wait_across_periods_is_split_between_their_profiles() {
         (total - wait).abs() <= 0.05 * wait,
         "{total:.3} s of {wait:.3} s\n{stderr}"
     );
+}
+
+/// A worker that retires (`--worker-period 1`: after each period) hands
+/// the waits under way to the next one, which gets their switch-ins: the
+/// 3.5 s sleep is whole across the restarts, not cut at the first (before,
+/// only the first period's part of it was in the profiles).
+#[test]
+fn a_wait_under_way_when_the_worker_restarts_is_carried_to_the_next() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-restarts");
+    let (stdout, stderr, slept) = sleep_per_period(&scratch.0, &["--worker-period", "1"]);
+    let restarts: u64 = stderr
+        .lines()
+        .filter_map(|line| line.split("worker_restarts=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .next()
+        .unwrap_or_else(|| panic!("no summary\n{stderr}"));
+    assert!(restarts >= 2, "{restarts} restarts\n{stderr}");
+    assert!(
+        stderr.contains("threads off a CPU taken over from the previous worker"),
+        "{stderr}"
+    );
+    let (wait, _, _) = truths(&stdout)["long_sleeper"];
+    let total: f64 = slept.iter().sum();
+    println!(
+        "long_sleep per period over {restarts} worker restarts: {slept:.3?}, {total:.3} s; \
+         measured {wait:.3} s"
+    );
+    assert!(
+        (total - wait).abs() <= 0.05 * wait,
+        "{total:.3} s of {wait:.3} s: {slept:?}\n{stderr}"
+    );
+    // Each switch-in found its stack in the worker that read it.
+    let orphans = logged(&stderr, "switch-ins without their stack");
+    assert_eq!(orphans, 0, "{stderr}");
 }
 
 #[test]

@@ -29,6 +29,7 @@
 //! - [`user`]: users and groups (`--switch-user`).
 pub mod aggregate;
 pub mod bpf;
+pub mod carried;
 pub mod check;
 pub mod config;
 pub mod confine;

@@ -12,7 +12,7 @@
 //!
 //! It survives the worker's restarts: at each period's end the worker
 //! writes the set to an anonymous file the parent holds
-//! ([`LiveHeapFile`]), and the next worker reads it back. The set keeps raw
+//! ([`CarriedFile`]), and the next worker reads it back. The set keeps raw
 //! addresses, normalized again each period with the table of the worker
 //! of the time (a restarted worker reads the processes from `/proc`). A
 //! worker that dies loses what changed since its last period's end.
@@ -21,18 +21,16 @@
 //! allocations are left out of the live heap and counted), each with at
 //! most [`MAX_FRAMES`] frames.
 use std::collections::HashMap;
-use std::io::{Read, Seek, SeekFrom, Write};
 
 use crate::aggregate::Aggregator;
+use crate::carried::{CarriedError, CarriedFile, Reader, Writer, MAX_FRAMES};
 use crate::events::HeapEvent;
 use crate::process::ProcessTable;
-use crate::sample::{Sample, StackEnd};
+use crate::sample::Sample;
 
 /// Live allocations followed at most. At the default mean (512 KiB) this
 /// is about 32 GiB of live heap in allocations smaller than the mean.
 pub const MAX_LIVE_ALLOCATIONS: usize = 65_536;
-/// Frames kept per allocation (the engines unwind at most 512 user frames).
-pub const MAX_FRAMES: usize = 1024;
 
 /// What the worker does with a sample after the live heap saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,109 +261,47 @@ impl Ended {
     }
 }
 
-/// The anonymous file the parent holds, which carries the live heap from
-/// a worker to the next (the worker's seccomp filter allows `write`,
-/// `lseek` and `read` on it).
-#[derive(Debug)]
-pub struct LiveHeapFile(std::fs::File);
+/// The magic of the live heap's snapshots ([`CarriedFile`]).
+pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ddprofLH";
 
-const MAGIC: &[u8; 8] = b"ddprofLH";
-/// The largest snapshot read back (a hostile or corrupt size is refused).
-const MAX_SNAPSHOT_BYTES: u64 = 512 << 20;
-
-#[derive(Debug, thiserror::Error)]
-pub enum LiveHeapError {
-    #[error("the live heap's file: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("the live heap's file is not a snapshot of this ddprof")]
-    NotASnapshot,
-}
-
-impl LiveHeapFile {
-    /// An empty file (close-on-exec: workers get it by fork).
-    pub fn create() -> Result<Self, LiveHeapError> {
-        use nix::sys::memfd::{memfd_create, MFdFlags};
-        let fd = memfd_create("ddprof-live-heap", MFdFlags::MFD_CLOEXEC)
-            .map_err(std::io::Error::from)?;
-        Ok(Self(std::fs::File::from(fd)))
-    }
-
-    /// Another descriptor of the same file.
-    pub fn try_clone(&self) -> Result<Self, LiveHeapError> {
-        Ok(Self(self.0.try_clone()?))
-    }
-
-    /// Writes `heap` over the previous snapshot.
-    pub fn save(&self, heap: &LiveHeap) -> Result<(), LiveHeapError> {
-        let mut bytes = Vec::with_capacity(64 + heap.allocations.len() * 128);
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&0u64.to_le_bytes()); // length, set below
-        let counters = heap.counters;
+impl LiveHeap {
+    /// Writes the set to `file`, for the next worker.
+    pub fn save(&self, file: &CarriedFile) -> Result<(), CarriedError> {
+        let mut writer = Writer::default();
+        let counters = self.counters;
         for value in [
             counters.not_followed,
             counters.over_limit,
             counters.unknown_frees,
-            heap.allocations.len() as u64,
+            self.allocations.len() as u64,
         ] {
-            bytes.extend_from_slice(&value.to_le_bytes());
+            writer.u64(value);
         }
-        for (&(_, address), live) in &heap.allocations {
-            let sample = &live.sample;
-            bytes.extend_from_slice(&sample.pid.to_le_bytes());
-            bytes.extend_from_slice(&sample.tid.to_le_bytes());
-            bytes.extend_from_slice(&address.to_le_bytes());
-            bytes.extend_from_slice(&sample.event.to_le_bytes());
-            bytes.push(sample.end as u8);
-            bytes.extend_from_slice(&sample.weight.to_le_bytes());
-            bytes.extend_from_slice(&sample.scaled_count.to_le_bytes());
-            for frames in [&sample.frames, &sample.kernel_frames] {
-                bytes.extend_from_slice(&(frames.len() as u32).to_le_bytes());
-                for frame in frames.iter() {
-                    bytes.extend_from_slice(&frame.to_le_bytes());
-                }
-            }
+        for (&(_, address), live) in &self.allocations {
+            writer.u64(address);
+            writer.sample(&live.sample);
         }
-        let length = bytes.len() as u64;
-        bytes[8..16].copy_from_slice(&length.to_le_bytes());
-        let mut file = &self.0;
-        file.seek(SeekFrom::Start(0))?;
-        file.write_all(&bytes)?;
-        Ok(())
+        file.save(writer)
     }
 
-    /// Replaces what `heap` holds by what the last worker saved (nothing
-    /// before any), for `heap`'s events and with the processes as
-    /// `processes` knows them; on an error `heap` is left as it was.
-    pub fn load_into(
-        &self,
-        heap: &mut LiveHeap,
+    /// Replaces what the set holds by what the last worker saved in `file`
+    /// (nothing before any), for this set's events and with the processes
+    /// as `processes` knows them; on an error the set is left as it was.
+    pub fn load(
+        &mut self,
+        file: &CarriedFile,
         processes: &ProcessTable,
-    ) -> Result<(), LiveHeapError> {
-        let mut file = &self.0;
-        file.seek(SeekFrom::Start(0))?;
-        let mut header = [0u8; 16];
-        match file.read_exact(&mut header) {
-            Ok(()) => {}
-            // Nothing saved yet.
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(error) => return Err(error.into()),
-        }
-        if &header[..8] != MAGIC {
-            return Err(LiveHeapError::NotASnapshot);
-        }
-        let length = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
-        if !(16..=MAX_SNAPSHOT_BYTES).contains(&length) {
-            return Err(LiveHeapError::NotASnapshot);
-        }
-        let mut bytes = vec![0u8; (length - 16) as usize];
-        file.read_exact(&mut bytes)?;
+    ) -> Result<(), CarriedError> {
+        let Some(bytes) = file.load()? else {
+            return Ok(());
+        };
         let mut loaded = LiveHeap {
-            events: heap.events.clone(),
+            events: self.events.clone(),
             ..LiveHeap::default()
         };
-        parse_snapshot(&bytes, &mut loaded).ok_or(LiveHeapError::NotASnapshot)?;
+        parse_snapshot(&bytes, &mut loaded).ok_or(CarriedError::NotASnapshot)?;
         loaded.adopt(processes);
-        *heap = loaded;
+        *self = loaded;
         Ok(())
     }
 }
@@ -373,7 +309,7 @@ impl LiveHeapFile {
 /// Reads the entries of a snapshot into `heap`; `None` when the bytes are
 /// not one (every length is checked).
 fn parse_snapshot(bytes: &[u8], heap: &mut LiveHeap) -> Option<()> {
-    let mut reader = Reader(bytes);
+    let mut reader = Reader::new(bytes);
     heap.counters = LiveHeapCounters {
         not_followed: reader.u64()?,
         over_limit: reader.u64()?,
@@ -384,80 +320,18 @@ fn parse_snapshot(bytes: &[u8], heap: &mut LiveHeap) -> Option<()> {
         return None;
     }
     for _ in 0..count {
-        let pid = reader.u32()?;
-        let tid = reader.u32()?;
         let address = reader.u64()?;
-        let event = reader.u16()?;
-        let end = StackEnd::from_raw(u32::from(reader.u8()?));
-        let weight = reader.u64()?;
-        let scaled_count = reader.u64()?;
-        let mut frames = [Vec::new(), Vec::new()];
-        for list in frames.iter_mut() {
-            let count = reader.u32()? as usize;
-            if count > MAX_FRAMES {
-                return None;
-            }
-            list.reserve(count);
-            for _ in 0..count {
-                list.push(reader.u64()?);
-            }
-        }
-        let [frames, kernel_frames] = frames;
+        let sample = reader.sample()?;
         // Only the events of this run's live heap.
-        let known = crate::events::allocation_of_live_heap(event)
+        let known = crate::events::allocation_of_live_heap(sample.event)
             .is_some_and(|index| heap.events.iter().any(|(live, _)| *live == index));
         if !known {
             return None;
         }
-        heap.allocations.insert(
-            (pid, address),
-            LiveAllocation {
-                sample: Sample {
-                    pid,
-                    tid,
-                    time: 0,
-                    cpu: 0,
-                    event,
-                    weight,
-                    scaled_count,
-                    frames,
-                    kernel_frames,
-                    end,
-                    heap: None,
-                    off_cpu: None,
-                },
-                execs: 0,
-            },
-        );
+        heap.allocations
+            .insert((sample.pid, address), LiveAllocation { sample, execs: 0 });
     }
-    reader.0.is_empty().then_some(())
-}
-
-/// Little-endian fields from the front of a byte slice.
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take::<1>().map(|[byte]| byte)
-    }
-
-    fn u16(&mut self) -> Option<u16> {
-        self.take().map(u16::from_le_bytes)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        self.take().map(u32::from_le_bytes)
-    }
-
-    fn u64(&mut self) -> Option<u64> {
-        self.take().map(u64::from_le_bytes)
-    }
+    reader.is_empty().then_some(())
 }
 
 #[cfg(test)]
@@ -465,6 +339,7 @@ mod tests {
     use super::*;
     use crate::events::{frees_index, live_heap_index};
     use crate::profile::ProfiledEvent;
+    use crate::sample::StackEnd;
 
     fn events(sum: bool) -> Vec<ProfiledEvent> {
         let mut events = vec![ProfiledEvent {
@@ -628,14 +503,14 @@ mod tests {
             );
         }
         heap.take(&processes, &sample(10, 1, HeapEvent::NotFollowed, vec![]));
-        let file = LiveHeapFile::create().unwrap();
-        let loaded = |file: &LiveHeapFile| {
+        let file = CarriedFile::create("test", SNAPSHOT_MAGIC).unwrap();
+        let loaded = |file: &CarriedFile| {
             let mut heap = LiveHeap::new(&events(false));
-            file.load_into(&mut heap, &processes).map(|()| heap)
+            heap.load(file, &processes).map(|()| heap)
         };
         let empty = loaded(&file).unwrap();
         assert!(empty.is_empty());
-        file.save(&heap).unwrap();
+        heap.save(&file).unwrap();
         let again = loaded(&file).unwrap();
         assert_eq!(again.allocations, heap.allocations);
         assert_eq!(again.counters(), heap.counters());
@@ -645,21 +520,19 @@ mod tests {
             &processes,
             &sample(10, 1, HeapEvent::Allocated { address: 5 }, vec![1]),
         );
-        file.save(&smaller).unwrap();
+        smaller.save(&file).unwrap();
         let again = loaded(&file).unwrap();
         assert_eq!(again.len(), 1);
-        // Bytes that are not a snapshot are refused, whole.
-        let mut corrupt = Vec::new();
-        (&file.0).seek(SeekFrom::Start(0)).unwrap();
-        (&file.0).read_to_end(&mut corrupt).unwrap();
-        // The count (after the magic, the length and three counters): 255
-        // entries said, one there.
-        corrupt[16 + 24] = 0xff;
-        (&file.0).seek(SeekFrom::Start(0)).unwrap();
-        (&file.0).write_all(&corrupt).unwrap();
+        // Bytes that are not a snapshot are refused, whole: 255 entries
+        // said, one there.
+        let mut corrupt = file.load().unwrap().unwrap();
+        corrupt[24] = 0xff;
+        let mut writer = crate::carried::Writer::default();
+        corrupt.iter().for_each(|byte| writer.u8(*byte));
+        file.save(writer).unwrap();
         assert!(loaded(&file).is_err());
         // What the heap held stays.
-        assert!(file.load_into(&mut smaller, &processes).is_err());
+        assert!(smaller.load(&file, &processes).is_err());
         assert_eq!(smaller.len(), 1);
     }
 }

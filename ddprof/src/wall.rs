@@ -20,6 +20,7 @@ use std::io::BufRead;
 use ddprof_common::sample::WALL_PROBABILITY_ONE;
 
 use crate::aggregate::Aggregator;
+use crate::carried::{CarriedError, CarriedFile, Reader, Writer};
 use crate::process::ProcessTable;
 use crate::sample::{OffCpu, Sample};
 
@@ -32,6 +33,10 @@ pub const WALKS_PER_CPU_SECOND: u64 = 1000;
 /// Threads parked at once, at most (one stack each): beyond it, a new
 /// stack of a thread not parked yet is dropped and counted.
 const MAX_PARKED_THREADS: usize = 65_536;
+
+/// The magic of the snapshots of waits under way that a retiring worker
+/// leaves to the next ([`CarriedFile`]).
+pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ddprofWT";
 
 /// What the BPF engine needs to sample `sWALL`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,6 +292,8 @@ struct Parked {
 /// The pairing of stacks and switch-ins (see the module's comment).
 #[derive(Debug)]
 pub struct WallTime {
+    /// `sWALL`'s index (its records' `event`).
+    event: u16,
     /// The CPU-time events, whose samples say a thread ran.
     cpu_time_events: Vec<u16>,
     threshold_ns: u64,
@@ -328,6 +335,7 @@ impl WallTime {
         scheduler: SchedulerFunctions,
     ) -> Self {
         Self {
+            event: sampling.event,
             cpu_time_events,
             threshold_ns: sampling.threshold_ns,
             max_probability: sampling.max_probability,
@@ -481,6 +489,69 @@ impl WallTime {
     /// stage starts: a worker that replaces another reports its own).
     pub fn count_program_from(&mut self, program: [u64; 5]) {
         self.last_line.0 = program;
+    }
+
+    /// Writes the threads parked now to `file`, for the next worker: a
+    /// worker that retires hands the waits under way over with the buffers,
+    /// where their switch-ins are.
+    pub fn save(&self, file: &CarriedFile) -> Result<(), CarriedError> {
+        let mut writer = Writer::default();
+        writer.u64(self.parked.len() as u64);
+        for parked in self.parked.values() {
+            writer.sample(&parked.sample);
+            writer.u64(parked.probability);
+            writer.u64(parked.accounted_until);
+        }
+        file.save(writer)
+    }
+
+    /// Parks the threads the previous worker saved in `file` (none if it
+    /// saved none), and clears it: a later worker must not take the same
+    /// waits again (their switch-ins may have gone to this one). Returns
+    /// how many; on an error, none is parked.
+    pub fn load(&mut self, file: &CarriedFile) -> Result<usize, CarriedError> {
+        let Some(bytes) = file.load()? else {
+            return Ok(0);
+        };
+        file.clear()?;
+        let parked = self
+            .parse_parked(&bytes)
+            .ok_or(CarriedError::NotASnapshot)?;
+        let count = parked.len();
+        self.parked.extend(parked);
+        Ok(count)
+    }
+
+    /// The parked threads of a snapshot of this event; `None` when the
+    /// bytes are not one.
+    fn parse_parked(&self, bytes: &[u8]) -> Option<HashMap<u32, Parked>> {
+        let mut reader = Reader::new(bytes);
+        let count = reader.u64()?;
+        if count > MAX_PARKED_THREADS as u64 {
+            return None;
+        }
+        let mut parked = HashMap::with_capacity(count as usize);
+        for _ in 0..count {
+            let mut sample = reader.sample()?;
+            let probability = reader.u64()?;
+            let accounted_until = reader.u64()?;
+            if sample.event != self.event
+                || !(1..=WALL_PROBABILITY_ONE).contains(&probability)
+                || accounted_until < sample.time
+            {
+                return None;
+            }
+            sample.off_cpu = Some(OffCpu::SwitchedOut { probability });
+            parked.insert(
+                sample.tid,
+                Parked {
+                    sample,
+                    probability,
+                    accounted_until,
+                },
+            );
+        }
+        reader.is_empty().then_some(parked)
     }
 
     /// Threads off the CPU now, with a stack.
@@ -674,5 +745,47 @@ ffffffffc0000000 t xfs_wait	[xfs]
         wall.take(&processes, &switched_out_sample(8, 9_000), &mut aggregator);
         wall.close_period(&ProcessTable::new(), &mut aggregator, 0);
         assert_eq!((wall.parked(), wall.counters().unpaired), (0, 2));
+    }
+
+    /// A retiring worker hands its parked threads to the next one, which
+    /// weighs each wait from where the last period's end left it, once.
+    #[test]
+    fn waits_under_way_go_to_the_next_worker_once() {
+        let processes = table();
+        let sampling = WallSampling {
+            event: 1,
+            max_probability: WALL_PROBABILITY_ONE,
+            threshold_ns: 0,
+        };
+        let mut retiring = WallTime::new(sampling, vec![0], false, scheduler());
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        retiring.take(
+            &processes,
+            &switched_out(8, 1_000, WALL_PROBABILITY_ONE / 2),
+            &mut aggregator,
+        );
+        retiring.close_period(&processes, &mut aggregator, 2_000);
+        // 1000 ns over 1/2, in the retiring worker's last profile.
+        assert_eq!(total_weight(&mut aggregator).0, 2_000);
+        let file = CarriedFile::create("test", SNAPSHOT_MAGIC).unwrap();
+        retiring.save(&file).unwrap();
+        let mut next = WallTime::new(sampling, vec![0], false, scheduler());
+        assert_eq!(next.load(&file).unwrap(), 1);
+        // The thread runs again at 3000: the rest, 1000 ns over 1/2.
+        next.take(&processes, &resumed(8, 3_000, 1_000), &mut aggregator);
+        assert_eq!(total_weight(&mut aggregator).0, 2_000);
+        assert_eq!((next.parked(), next.counters().orphan_resumes), (0, 0));
+        // Taken once: the file is empty for a worker after this one.
+        let mut later = WallTime::new(sampling, vec![0], false, scheduler());
+        assert_eq!(later.load(&file).unwrap(), 0);
+        // Another event's snapshot is not this one's.
+        retiring.save(&file).unwrap();
+        let other = WallSampling {
+            event: 4,
+            ..sampling
+        };
+        let mut another = WallTime::new(other, vec![0], false, scheduler());
+        assert!(another.load(&file).is_err());
+        assert_eq!(another.parked(), 0);
     }
 }

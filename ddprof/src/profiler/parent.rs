@@ -75,16 +75,26 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
         spent_before,
         parent: std::process::id(),
     };
-    // The live heap's carrier from worker to worker (`sALLOC mode=l`).
-    let live_heap = if options.events.iter().any(|event| event.live_heap) {
-        crate::live_heap::LiveHeapFile::create()
-            .inspect_err(|error| {
-                log::warn!("live heap: {error}; a restarted worker starts it empty")
-            })
+    // What goes from a worker to the next: the live heap (`sALLOC mode=l`)
+    // and the waits under way (`sWALL`).
+    let carried = |wanted: bool, name: &str, magic: &[u8; 8], what: &str| {
+        wanted
+            .then(|| crate::carried::CarriedFile::create(name, magic))?
+            .inspect_err(|error| log::warn!("{what}: {error}; a restarted worker starts it empty"))
             .ok()
-    } else {
-        None
     };
+    let live_heap = carried(
+        options.events.iter().any(|event| event.live_heap),
+        "ddprof-live-heap",
+        crate::live_heap::SNAPSHOT_MAGIC,
+        "live heap",
+    );
+    let waits = carried(
+        wall.is_some(),
+        "ddprof-waits",
+        crate::wall::SNAPSHOT_MAGIC,
+        "wall time's waits under way",
+    );
     let mut failures = 0u32;
     let mut cause = String::from("first");
     // A worker that handed over and is finishing its last period.
@@ -124,6 +134,7 @@ pub fn run(profiler: Profiler, watch: Option<TargetWatch>) -> Result<(), Profile
                 handover,
                 socket: worker_socket,
                 live_heap: live_heap.as_ref(),
+                waits: waits.as_ref(),
             };
             let status =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(setup)))

@@ -26,7 +26,8 @@ use super::channel::{Retirement, ToParent, WorkerExit, STOP_REQUEST};
 use super::publish::{Publisher, PublisherSetup};
 use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
 use crate::aggregate::{Aggregator, PeriodProfile};
-use crate::live_heap::{LiveHeap, LiveHeapFile, Route};
+use crate::carried::CarriedFile;
+use crate::live_heap::{LiveHeap, Route};
 use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter, RunTotals, ThreadTimes};
 use crate::process::ProcessTable;
 use crate::profile::Compressions;
@@ -82,7 +83,10 @@ pub struct WorkerSetup<'a> {
     pub socket: UnixStream,
     /// Where the live heap goes from a worker to the next (with a live
     /// `sALLOC` event).
-    pub live_heap: Option<&'a LiveHeapFile>,
+    pub live_heap: Option<&'a CarriedFile>,
+    /// Where a retiring worker leaves `sWALL`'s waits under way for the
+    /// next (with `sWALL`).
+    pub waits: Option<&'a CarriedFile>,
 }
 
 /// Exit statuses of a worker.
@@ -111,6 +115,7 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
         handover,
         socket,
         live_heap: live_heap_file,
+        waits,
     } = setup;
     let mut rebuilt;
     let restarted = handover.restarts > 0;
@@ -137,7 +142,10 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
     }
     let ran = Worker::new(options, &handover, kallsyms, sampler.losses(), socket)
         .map(|worker| worker.with_live_heap(live_heap))
-        .map(|worker| worker.with_wall_time(wall, options.sampler.kernel_stacks, sampler))
+        .map(|worker| {
+            let waits = waits.map(|file| (file, handover.after_a_dead_worker));
+            worker.with_wall_time(wall, options.sampler.kernel_stacks, sampler, waits)
+        })
         .and_then(|worker| {
             worker.run(options, processes, sampler, watch, handover.period_deadline)
         });
@@ -156,9 +164,9 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
 /// `None` without a live `sALLOC` event.
 fn resume_live_heap(
     options: &ProfilerOptions,
-    file: Option<&LiveHeapFile>,
+    file: Option<&CarriedFile>,
     processes: &ProcessTable,
-) -> Option<(LiveHeap, Option<LiveHeapFile>)> {
+) -> Option<(LiveHeap, Option<CarriedFile>)> {
     let mut heap = LiveHeap::new(&options.events);
     if !heap.is_active() {
         return None;
@@ -172,10 +180,7 @@ fn resume_live_heap(
             })
             .ok()
     });
-    if let Some(Err(error)) = file
-        .as_ref()
-        .map(|file| file.load_into(&mut heap, processes))
-    {
+    if let Some(Err(error)) = file.as_ref().map(|file| heap.load(file, processes)) {
         log::warn!("live heap: {error}; this worker starts it empty");
     }
     Some((heap, file))
@@ -270,10 +275,11 @@ struct Worker {
     loop_times: ThreadTimes,
     /// The allocations held (`sALLOC mode=l`), and the file the next
     /// worker reads them from.
-    live_heap: Option<(LiveHeap, Option<LiveHeapFile>)>,
-    /// `sWALL`'s stacks held until their thread runs again. A worker that
-    /// retires loses the waits under way (their stacks were read).
-    wall: Option<WallTime>,
+    live_heap: Option<(LiveHeap, Option<CarriedFile>)>,
+    /// `sWALL`'s stacks held until their thread runs again, and the file
+    /// where this worker leaves them to the next when it retires (their
+    /// switch-ins are in the buffers it hands over).
+    wall: Option<(WallTime, Option<CarriedFile>)>,
 }
 
 impl Worker {
@@ -336,15 +342,20 @@ impl Worker {
         })
     }
 
-    fn with_live_heap(self, live_heap: Option<(LiveHeap, Option<LiveHeapFile>)>) -> Self {
+    fn with_live_heap(self, live_heap: Option<(LiveHeap, Option<CarriedFile>)>) -> Self {
         Self { live_heap, ..self }
     }
 
+    /// The wall-time stage, with the waits under way the previous worker
+    /// left in `waits` (the file, and whether that worker died: then what
+    /// the file holds is older than its switch-ins, which it read, and is
+    /// dropped).
     fn with_wall_time(
         self,
         wall: Option<super::WallSetup>,
         all_kernel_frames: bool,
         sampler: &Sampler,
+        waits: Option<(&CarriedFile, bool)>,
     ) -> Self {
         let wall = wall.map(|setup| {
             let mut wall = WallTime::new(
@@ -354,7 +365,32 @@ impl Worker {
                 setup.scheduler,
             );
             wall.count_program_from(wall_program_counters(sampler));
-            wall
+            let file = waits.and_then(|(file, after_a_dead_worker)| {
+                let taken = if after_a_dead_worker {
+                    file.clear().map(|()| 0)
+                } else {
+                    wall.load(file)
+                };
+                match taken {
+                    Ok(0) => {}
+                    Ok(parked) => log::info!(
+                        "wall time: {parked} threads off a CPU taken over from the previous worker"
+                    ),
+                    Err(error) => log::warn!(
+                        "wall time: the previous worker's waits under way: {error}; their \
+                         switch-ins are counted without their stack"
+                    ),
+                }
+                file.try_clone()
+                    .inspect_err(|error| {
+                        log::warn!(
+                            "wall time: {error}; the waits under way when this worker retires \
+                             are not carried on"
+                        )
+                    })
+                    .ok()
+            });
+            (wall, file)
         });
         Self { wall, ..self }
     }
@@ -455,6 +491,7 @@ impl Worker {
             }
             sampler.drain(processes, &mut |table, sample| self.add(table, sample));
             let closed = self.close_period(false, sampler, processes);
+            self.hand_over_waits();
             self.publisher.message(ToParent::Retiring(Retirement {
                 exit,
                 next_period_start: self.period_start,
@@ -467,13 +504,27 @@ impl Worker {
         }
     }
 
+    /// Leaves the waits under way to the next worker (before `Retiring`:
+    /// the parent forks it then), weighed up to the period just closed.
+    fn hand_over_waits(&self) {
+        if let Some((wall, Some(file))) = &self.wall {
+            if let Err(error) = wall.save(file) {
+                log::warn!(
+                    "wall time: {error}; the next worker counts the switch-ins of the {} \
+                     threads off a CPU now without their stack",
+                    wall.parked()
+                );
+            }
+        }
+    }
+
     fn add(&mut self, processes: &ProcessTable, sample: &Sample) {
-        if let Some(wall) = &mut self.wall {
+        if let Some((wall, _)) = &mut self.wall {
             wall.delivered(processes, sample, &mut self.aggregator);
         }
         if sample.off_cpu.is_some() {
             // A wait's end or its stack: the wall-time stage weighs it.
-            if let Some(wall) = &mut self.wall {
+            if let Some((wall, _)) = &mut self.wall {
                 wall.take(processes, sample, &mut self.aggregator);
             }
             return;
@@ -558,12 +609,12 @@ impl Worker {
                 counters.unknown_frees
             );
             if let (false, Some(file)) = (last, file) {
-                if let Err(error) = file.save(live_heap) {
+                if let Err(error) = live_heap.save(file) {
                     log::warn!("live heap: {error}; the next worker would start it empty");
                 }
             }
         }
-        let wall = self.wall.as_mut().map(|wall| {
+        let wall = self.wall.as_mut().map(|(wall, _)| {
             wall.close_period(processes, &mut self.aggregator, sampler.delivered_until());
             let figures = wall.period_figures(wall_program_counters(sampler));
             log::info!("{figures}");
