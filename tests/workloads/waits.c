@@ -1,8 +1,9 @@
 // Threads that wait in known ways, each measuring its own truth, for
-// sWALL (wall time): `waits SECONDS [all|sleeper|long]` (`sleeper`: that
-// thread alone, with a CPU to itself on a 2-CPU machine; `long`: one
+// sWALL (wall time): `waits SECONDS [all|sleeper|long] [go]` (`sleeper`:
+// that thread alone, with a CPU to itself on a 2-CPU machine; `long`: one
 // thread that computes for ~0.2 s, sleeps SECONDS in one call of
-// long_sleep(), then computes for ~4 ms).
+// long_sleep(), then computes for ~4 ms; `go`: print `pid N`, then start
+// the threads once a byte comes on stdin, for a profiler to attach first).
 //
 // - `sleeper`: computes ~4 ms in compute_half(), then sleeps ~4 ms in
 //   sleep_half() (nanosleep), so half of its wall time is off the CPU.
@@ -207,6 +208,13 @@ static void *reader(void *arg) {
 
 int main(int argc, char **argv) {
     seconds = argc > 1 ? atof(argv[1]) : 3.0;
+    if (argc > 3 && strcmp(argv[3], "go") == 0) {
+        printf("pid %d\n", (int)getpid());
+        fflush(stdout);
+        char go;
+        if (read(0, &go, 1) != 1)
+            return 1;
+    }
     int sleeper_alone = argc > 2 && strcmp(argv[2], "sleeper") == 0;
     if (argc > 2 && strcmp(argv[2], "long") == 0) {
         pthread_t id;
