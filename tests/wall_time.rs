@@ -895,6 +895,71 @@ fn off_cpu_user_stacks_match_perf_record_of_the_same_run() {
     }
 }
 
+/// With `-p`, the threads already off a CPU at the attach (`waits 3 long`:
+/// the main thread in `pthread_join` from the start, `long_sleeper` in a
+/// 3 s `nanosleep` from 0.2 s; ddprof attaches at ~0.6 s) are parked as off
+/// a CPU from then: their waits count, with their whole stacks, from the
+/// attach to their end (before, neither had any: they switched out before
+/// the program was there, and the main thread never switches in again
+/// until its end).
+#[test]
+fn threads_off_a_cpu_at_the_attach_count_from_it() {
+    let _one = one_at_a_time();
+    let scratch = Scratch::new("wall-time-attach");
+    let waits = build_workload("waits.c");
+    let mut workload = Command::new(&waits)
+        .args(["3", "long"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let out = scratch.0.join("out");
+    let output = run(ddprof_tests::ddprof_command()
+        .arg("--output")
+        .arg(&out)
+        .args(["-l", "notice", "-e", "sCPU;sWALL", "-p"])
+        .arg(workload.id().to_string()));
+    let stderr = text(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let _ = workload.wait();
+    assert!(
+        stderr.contains("2 threads off a CPU at the start")
+            && stderr.contains("2 of their stacks complete"),
+        "{stderr}"
+    );
+    let files = pprof_files(&out);
+    assert_eq!(files.len(), 1, "{stderr}");
+    let profile = Profile::read_gzipped(&files[0]).unwrap();
+    let samples = wall_samples(&profile);
+    let joined = wall_in(&samples, "waits", "main");
+    let slept = wall_in(&samples, "long_sleeper", "long_sleep");
+    let profiled = profile.duration_nanos as f64 / 1e9;
+    println!(
+        "after the attach: main {joined:.3} s in pthread_join, long_sleeper {slept:.3} s in \
+         long_sleep, of a {profiled:.3} s profile"
+    );
+    // Both waited from the attach until the sleep's end (the main thread
+    // ~4 ms more, while the sleeper computed): most of the profile's time.
+    assert!(
+        joined > 0.9 * profiled && joined <= 1.02 * profiled,
+        "{joined:.3} s of {profiled:.3} s\n{stderr}"
+    );
+    assert!(
+        (joined - slept).abs() <= 0.05 * joined,
+        "main {joined:.3} s, long_sleeper {slept:.3} s\n{stderr}"
+    );
+    // Whole stacks: from `_start` and from the thread's start.
+    for (thread, root) in [("waits", "_start"), ("long_sleeper", "start_thread")] {
+        assert!(
+            samples.iter().any(|s| s.thread == thread
+                && s.cpu == 0.0
+                && s.wall > 0.5
+                && s.functions.iter().any(|f| f == root)),
+            "{thread}: no whole stack of its wait\n{stderr}"
+        );
+    }
+}
+
 /// The threads of `waits` start after the events are attached: their
 /// copies of the per-task events (`sCS` here) run the BPF program without
 /// the link's cookie that names the event. Their samples must stay `sCS`

@@ -89,6 +89,9 @@ pub mod names {
     /// Global set by the loader for `sWALL`: a process the maps do not
     /// describe may be profiled (non-zero).
     pub const WALL_UNDESCRIBED: &str = "WALL_UNDESCRIBED";
+    /// Global set by the loader for `sWALL`: the offset of `pid` in the
+    /// kernel's `struct task_struct` (from its BTF).
+    pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
     /// The `bpf_loop` variant's program (Linux 5.17+).
     pub const LOOP_ENTRY_PROGRAM: &str = "ddprof_sample";
     /// The tail-call variant's entry program (Linux 5.10+).

@@ -298,12 +298,19 @@ static WALL_WALKS_PER_WINDOW: u64 = 25;
 #[no_mangle]
 static WALL_UNDESCRIBED: u32 = 0;
 
-/// `sWALL`: the threads whose switch-out stack was emitted, by the address
-/// of their `task_struct` (keyed by thread, not by CPU: a thread may run
-/// again on another CPU), until they run again. An LRU, so that a switch
+/// `sWALL`: the offset of `pid` (the thread's id, as the root PID
+/// namespace numbers it) in `struct task_struct`, which the loader reads
+/// from the kernel's BTF: the incoming thread's id is read from it.
+#[no_mangle]
+static TASK_PID_OFFSET: u32 = 0;
+
+/// `sWALL`: the threads whose switch-out stack was emitted, by their id in
+/// the root PID namespace (keyed by thread, not by CPU: a thread may run
+/// again on another CPU), until they run again; userspace adds the threads
+/// already off a CPU when the program starts. An LRU, so that a switch
 /// never fails for want of room (see `MAX_PARKED`).
 #[map]
-static PARKED: LruHashMap<u64, ParkedThread> = LruHashMap::with_max_entries(MAX_PARKED, 0);
+static PARKED: LruHashMap<u32, ParkedThread> = LruHashMap::with_max_entries(MAX_PARKED, 0);
 
 /// `sWALL`: where the outgoing thread's saved user registers are copied
 /// (in map memory: on the program's stack, with the walk's callback, they
@@ -331,15 +338,16 @@ pub fn ddprof_switch(ctx: *mut c_void) -> i32 {
     // SAFETY: reads of the tracepoint's arguments at constant offsets of
     // the context: (preempt, prev, next, prev_state), each a u64 (the
     // fourth since Linux 5.18: on 5.17 the verifier refuses the program).
-    let (prev, next, prev_state) = unsafe {
+    // The outgoing thread (`prev`) is `current`.
+    let (next, prev_state) = unsafe {
         let args = ctx as *const u64;
-        (*args.add(1), *args.add(2), *args.add(3))
+        (*args.add(2), *args.add(3))
     };
     resume_parked(next);
     // A dead task's last switch: it never runs again, and its address
     // space is gone (its parked entry would stay until evicted).
     if prev_state & TASK_DEAD == 0 {
-        switch_out(ctx, prev);
+        switch_out(ctx);
     }
     0
 }
@@ -348,14 +356,33 @@ pub fn ddprof_switch(ctx: *mut c_void) -> i32 {
 /// state of a task's last switch-out.
 const TASK_DEAD: u64 = 0x80;
 
-/// Reports the end of `task`'s wait if its switch-out stack was emitted.
+/// Reports the end of `task`'s wait if its switch-out stack was emitted
+/// (or userspace found it off a CPU at the start).
 #[inline(always)]
 fn resume_parked(task: u64) {
+    // SAFETY: a read of a constant the loader set.
+    let offset = unsafe { core::ptr::read_volatile(&TASK_PID_OFFSET) };
+    if offset == 0 {
+        return;
+    }
+    // SAFETY: a checked kernel read of 4 bytes of the incoming task's
+    // `task_struct` (the tracepoint's argument) into a local.
+    let mut tid: u32 = 0;
+    let read = unsafe {
+        bpf_probe_read_kernel(
+            &mut tid as *mut u32 as *mut c_void,
+            4,
+            (task + u64::from(offset)) as *const c_void,
+        )
+    };
+    if read != 0 {
+        return;
+    }
     // SAFETY: the value is copied out at once.
-    let Some(parked) = (unsafe { PARKED.get(&task) }).copied() else {
+    let Some(parked) = (unsafe { PARKED.get(&tid) }).copied() else {
         return;
     };
-    let _ = PARKED.remove(&task);
+    let _ = PARKED.remove(&tid);
     let Some(record) = SCRATCH.get_ptr_mut(SWITCH_SLOT) else {
         return;
     };
@@ -384,7 +411,7 @@ fn resume_parked(task: u64) {
 /// Draws whether the outgoing thread's switch-out is sampled and, if it
 /// is, emits its kernel and user stacks and parks it.
 #[inline(always)]
-fn switch_out(ctx: *mut c_void, task: u64) {
+fn switch_out(ctx: *mut c_void) {
     let Some(pid_tgid) = current_pid_tgid() else {
         return;
     };
@@ -497,7 +524,9 @@ fn switch_out(ctx: *mut c_void, task: u64) {
             tid: pid_tgid as u32,
             switched_out: now,
         };
-        let _ = PARKED.insert(&task, &parked, 0);
+        // Keyed as `resume_parked` reads it: by the root namespace's id.
+        let root_tid = bpf_get_current_pid_tgid() as u32;
+        let _ = PARKED.insert(&root_tid, &parked, 0);
     } else {
         count(BpfCounter::WallBufferFull);
     }

@@ -444,6 +444,79 @@ impl Sampler {
         }
     }
 
+    /// `sWALL`: the threads of `pids` off a CPU in a system call now
+    /// ([`crate::wall::seed`]), each parked in the program as off a CPU
+    /// since now, so that its switch-in ends its wait; their stacks, as
+    /// switch-out records for the wall-time stage. None with another
+    /// engine, without `sWALL`, or where the program numbers threads
+    /// otherwise (the profiler in a PID namespace of its own).
+    pub fn seed_blocked_threads(
+        &mut self,
+        processes: &mut ProcessTable,
+        pids: &[u32],
+    ) -> Vec<Sample> {
+        use crate::wall::seed;
+        let Engine::Bpf {
+            samples: engine,
+            records,
+            ..
+        } = &mut self.engine
+        else {
+            return Vec::new();
+        };
+        let Some(event) = engine.wall_event().filter(|_| engine.parks_by_proc_ids()) else {
+            return Vec::new();
+        };
+        let mut seeded = Vec::new();
+        for &pid in pids {
+            let limit = seed::MAX_SEEDED_THREADS.saturating_sub(seeded.len());
+            let threads = seed::blocked_threads(pid, limit);
+            if threads.is_empty() {
+                continue;
+            }
+            // Its mappings, to unwind with (with `--global`, a process is
+            // read from `/proc` at its first record), and where its stacks
+            // may be read.
+            if processes.get(pid).is_none() {
+                let _ = processes.load_from_proc(pid);
+            }
+            let memory = seed::AnonymousMemory::of(pid);
+            for thread in threads {
+                let since = crate::perf::monotonic_now();
+                if !engine.park_thread(pid, thread.tid, since) {
+                    continue;
+                }
+                // Read after it was parked: if it ran since it was found,
+                // it is taken out again (a switch-in that took it first
+                // is counted as one without its stack).
+                let stack = thread.stack(&memory);
+                if !thread.still_blocked() {
+                    engine.unpark_thread(thread.tid);
+                    continue;
+                }
+                let regs = crate::unwind::UserRegs::new(thread.pc, thread.sp, 0);
+                let (frames, end) = records.unwind_stack(processes, pid, &regs, &stack);
+                seeded.push(Sample {
+                    pid,
+                    tid: thread.tid,
+                    time: since,
+                    cpu: 0,
+                    event,
+                    weight: 0,
+                    scaled_count: crate::events::COUNT_UNIT,
+                    frames,
+                    kernel_frames: Vec::new(),
+                    end,
+                    heap: None,
+                    off_cpu: Some(crate::sample::OffCpu::SwitchedOut {
+                        probability: ddprof_common::sample::WALL_PROBABILITY_ONE,
+                    }),
+                });
+            }
+        }
+        seeded
+    }
+
     /// `sWALL`'s event index, when it is sampled (by the BPF engine).
     pub fn wall_event(&self) -> Option<u16> {
         self.bpf_engine().and_then(BpfEngine::wall_event)

@@ -266,7 +266,7 @@ const INITIAL_PID_NAMESPACE_INODE: u64 = 0xEFFF_FFFC;
 /// The device and inode of the profiler's PID namespace when it is not
 /// the initial one (the profiler runs in a container): the program then
 /// numbers tasks in it, as the perf records and the process table do.
-fn own_pid_namespace() -> Option<(u64, u64)> {
+pub(super) fn own_pid_namespace() -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let namespace = std::fs::metadata("/proc/self/ns/pid").ok()?;
     (namespace.ino() != INITIAL_PID_NAMESPACE_INODE).then(|| (namespace.dev(), namespace.ino()))
@@ -424,6 +424,11 @@ impl BpfProgram {
                 wall.max_probability
             });
         let wall_undescribed = u32::from(settings.undescribed_may_be_profiled);
+        // `sWALL` reads the id of the thread switching in at this offset.
+        let task_pid_offset = settings
+            .wall
+            .map(|_| super::kernel_btf::kernel_member_offset("task_struct", "pid"));
+        let task_pid = task_pid_offset.clone().and_then(Result::ok).unwrap_or(0u32);
         let wall_walks_per_window = (crate::wall::WALKS_PER_CPU_SECOND
             * ddprof_common::sample::WALL_WINDOW_NS
             / 1_000_000_000)
@@ -455,6 +460,7 @@ impl BpfProgram {
             .override_global(names::WALL_MAX_PROBABILITY, &wall_max_probability, true)
             .override_global(names::WALL_WALKS_PER_WINDOW, &wall_walks_per_window, true)
             .override_global(names::WALL_UNDESCRIBED, &wall_undescribed, true)
+            .override_global(names::TASK_PID_OFFSET, &task_pid, true)
             .load(object)
             .map_err(|e| classify(&e))?;
         // The continuation first: the entry may only run once the
@@ -486,9 +492,12 @@ impl BpfProgram {
                 .and_then(|i| i.size_translated())
                 .map(|bytes| bytes / 8),
         };
-        let wall = settings
-            .wall
-            .map(|_| programs::load_wall_program(&mut ebpf, variant));
+        let wall = task_pid_offset.map(|offset| match offset {
+            Ok(_) => programs::load_wall_program(&mut ebpf, variant),
+            Err(error) => Err(format!(
+                "where a thread's id lies in a task is unknown: {error}"
+            )),
+        });
         Ok(Self {
             ebpf,
             variant,
@@ -728,7 +737,7 @@ impl BpfProgram {
     }
 
     /// The hash map `name` of the loaded object, typed.
-    fn hash_map<K: aya::Pod, V: aya::Pod>(
+    pub(super) fn hash_map<K: aya::Pod, V: aya::Pod>(
         &mut self,
         name: &'static str,
     ) -> Result<aya::maps::HashMap<&mut MapData, K, V>, BpfError> {

@@ -21,8 +21,10 @@
 //! - `record`: one ring-buffer record decoded into a `Sample`.
 mod choose;
 mod engine;
+mod kernel_btf;
 mod load;
 mod not_profiled;
+mod parked;
 mod programs;
 mod record;
 mod rows;

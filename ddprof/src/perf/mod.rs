@@ -411,6 +411,28 @@ impl PerfEngine {
         }
     }
 
+    /// Unwinds a stack this engine's buffers did not copy (`sWALL`'s
+    /// threads already off a CPU at the start, read from `/proc`): process
+    /// `pid`'s `stack`, copied from `regs.sp` up, as a sample's is.
+    pub fn unwind_stack(
+        &mut self,
+        processes: &ProcessTable,
+        pid: u32,
+        regs: &crate::unwind::UserRegs,
+        stack: &[u8],
+    ) -> (Vec<u64>, crate::sample::StackEnd) {
+        let mut frames = Vec::new();
+        let end = self.unwinder.unwind(
+            processes,
+            pid,
+            regs,
+            stack,
+            self.options.max_frames,
+            &mut frames,
+        );
+        (frames, end)
+    }
+
     /// Reads unwind tables from `store` before compiling them, and keeps
     /// the ones it compiles there for later runs.
     pub fn use_table_store(&mut self, store: Option<TableStore>) {
@@ -723,7 +745,7 @@ pub fn settled_time() -> u64 {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds, the clock of the records' timestamps.
-fn monotonic_now() -> u64 {
+pub fn monotonic_now() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -146,6 +146,20 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
             let waits = waits.map(|file| (file, handover.after_a_dead_worker));
             worker.with_wall_time(wall, options.sampler.kernel_stacks, sampler, waits)
         })
+        .map(|mut worker| {
+            // The threads already off a CPU when the program started:
+            // those of processes that ran before it (`-p`, `--global`; a
+            // launched command execs after it), for the first worker (the
+            // next ones take them over).
+            if !restarted && !matches!(target, super::target::Target::Launched { .. }) {
+                worker.seed_waits(
+                    processes,
+                    sampler,
+                    &super::target::processes_in_scope(target),
+                );
+            }
+            worker
+        })
         .and_then(|worker| {
             worker.run(options, processes, sampler, watch, handover.period_deadline)
         });
@@ -502,6 +516,27 @@ impl Worker {
             self.publisher.period(closed)?;
             return self.publisher.message(ToParent::Exiting(exit));
         }
+    }
+
+    /// Parks the threads of `pids` off a CPU now (`wall::seed`): their
+    /// waits count from now.
+    fn seed_waits(&mut self, processes: &mut ProcessTable, sampler: &mut Sampler, pids: &[u32]) {
+        let Some((wall, _)) = &mut self.wall else {
+            return;
+        };
+        let seeded = sampler.seed_blocked_threads(processes, pids);
+        if seeded.is_empty() {
+            return;
+        }
+        for sample in &seeded {
+            wall.take(processes, sample, &mut self.aggregator);
+        }
+        let complete = seeded.iter().filter(|s| s.end.is_complete()).count();
+        log::info!(
+            "wall time: {} threads off a CPU at the start (in a system call), their waits \
+             counted from now; {complete} of their stacks complete",
+            seeded.len()
+        );
     }
 
     /// Leaves the waits under way to the next worker (before `Retiring`:

@@ -13,6 +13,8 @@
 //! part of the wait it holds. With the CPU-time samples (whose weight is
 //! CPU time), the profile's `wall-time` column is each thread's time on and
 //! off a CPU.
+pub mod seed;
+
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::io::BufRead;
