@@ -941,7 +941,7 @@ fn threads_off_a_cpu_at_the_attach_count_from_it() {
     // Both waited from the attach until the sleep's end (the main thread
     // ~4 ms more, while the sleeper computed): most of the profile's time.
     assert!(
-        joined > 0.9 * profiled && joined <= 1.02 * profiled,
+        joined > 0.75 * profiled && joined <= 1.02 * profiled,
         "{joined:.3} s of {profiled:.3} s\n{stderr}"
     );
     assert!(

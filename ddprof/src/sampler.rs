@@ -444,12 +444,13 @@ impl Sampler {
         }
     }
 
-    /// `sWALL`: the threads of `pids` off a CPU in a system call now
-    /// ([`crate::wall::seed`]), each parked in the program as off a CPU
-    /// since now, so that its switch-in ends its wait; their stacks, as
-    /// switch-out records for the wall-time stage. None with another
-    /// engine, without `sWALL`, or where the program numbers threads
-    /// otherwise (the profiler in a PID namespace of its own).
+    /// `sWALL`: the threads of `pids` that have waited in a system call
+    /// since before the program started ([`crate::wall::seed`]), each
+    /// parked in the program as off a CPU since now, so that its switch-in
+    /// ends its wait; their stacks, as switch-out records for the
+    /// wall-time stage. None with another engine, without `sWALL`, or
+    /// where the program numbers threads otherwise (the profiler in a PID
+    /// namespace of its own).
     pub fn seed_blocked_threads(
         &mut self,
         processes: &mut ProcessTable,
@@ -467,10 +468,21 @@ impl Sampler {
         let Some(event) = engine.wall_event().filter(|_| engine.parks_by_proc_ids()) else {
             return Vec::new();
         };
+        let before = engine.take_waiting_before_wall();
+        let started = std::time::Instant::now();
+        // After a read of a target's memory overran its bound, none is
+        // read any more.
+        let mut read_stacks = true;
         let mut seeded = Vec::new();
         for &pid in pids {
             let limit = seed::MAX_SEEDED_THREADS.saturating_sub(seeded.len());
-            let threads = seed::blocked_threads(pid, limit);
+            if limit == 0 || before.is_empty() || started.elapsed() > seed::SEEDING_BUDGET {
+                break;
+            }
+            let threads: Vec<seed::BlockedThread> = seed::blocked_threads(pid, limit)
+                .into_iter()
+                .filter(|thread| thread.waited_before(&before))
+                .collect();
             if threads.is_empty() {
                 continue;
             }
@@ -480,7 +492,15 @@ impl Sampler {
             if processes.get(pid).is_none() {
                 let _ = processes.load_from_proc(pid);
             }
-            let memory = seed::AnonymousMemory::of(pid);
+            let memory = match read_stacks.then(|| seed::AnonymousMemory::of(pid)) {
+                Some(Ok(memory)) => memory,
+                Some(Err(unanswered)) => {
+                    log::warn!("wall time: reading process {pid}'s mappings: {unanswered}; the stacks of the threads off a CPU at the start are not read");
+                    read_stacks = false;
+                    seed::AnonymousMemory::default()
+                }
+                None => seed::AnonymousMemory::default(),
+            };
             for thread in threads {
                 let since = crate::perf::monotonic_now();
                 if !engine.park_thread(pid, thread.tid, since) {
@@ -489,9 +509,17 @@ impl Sampler {
                 // Read after it was parked: if it ran since it was found,
                 // it is taken out again (a switch-in that took it first
                 // is counted as one without its stack).
-                let stack = thread.stack(&memory);
+                let stack = match read_stacks.then(|| thread.stack(&memory)) {
+                    Some(Ok(stack)) => stack,
+                    Some(Err(unanswered)) => {
+                        log::warn!("wall time: reading a stack of process {pid}: {unanswered}; the stacks of the threads off a CPU at the start are not read");
+                        read_stacks = false;
+                        Vec::new()
+                    }
+                    None => Vec::new(),
+                };
                 if !thread.still_blocked() {
-                    engine.unpark_thread(thread.tid);
+                    engine.unpark_thread(thread.tid, since);
                     continue;
                 }
                 let regs = crate::unwind::UserRegs::new(thread.pc, thread.sp, 0);

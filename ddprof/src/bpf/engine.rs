@@ -134,6 +134,9 @@ pub struct BpfEngine {
     /// `sWALL`'s event index, once its program is attached: its records'
     /// cookie is this plus one.
     wall_event: Option<u16>,
+    /// The workload's threads that waited before `sWALL`'s program was
+    /// attached, with their counts of switches then (see `super::parked`).
+    pub(super) waiting_before_wall: std::collections::HashMap<u32, u64>,
 }
 
 impl BpfEngine {
@@ -202,6 +205,7 @@ impl BpfEngine {
             weighings: crate::events::Weighings::default(),
             _links: Vec::new(),
             wall_event: None,
+            waiting_before_wall: std::collections::HashMap::new(),
         };
         // The workload's tables are in the maps before its first sample.
         let filling = Instant::now();
@@ -249,6 +253,9 @@ impl BpfEngine {
             }
         }
         if let Some(wall) = options.wall {
+            // Before the attach: a thread waiting now, and still in that
+            // wait after it, switched out unseen (`crate::wall::seed`).
+            engine.waiting_before_wall = crate::wall::seed::waiting_threads(&engine.workload_pids);
             match engine.program.start_wall() {
                 Ok(()) => {
                     engine.wall_event = Some(wall.event);

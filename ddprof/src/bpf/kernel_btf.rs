@@ -58,6 +58,20 @@ pub fn kernel_member_offset(structure: &str, member: &str) -> Result<u32, Kernel
     member_offset(&bytes, structure, member)
 }
 
+/// The offset of a thread's id (`pid`) in the running kernel's
+/// `task_struct`, checked: `tgid` must follow it, as in every kernel (a
+/// misread offset would end no wait at all).
+pub fn task_pid_offset() -> Result<u32, KernelBtfError> {
+    let pid = kernel_member_offset("task_struct", "pid")?;
+    let tgid = kernel_member_offset("task_struct", "tgid")?;
+    if tgid != pid + 4 {
+        return Err(KernelBtfError::Malformed(
+            "task_struct's tgid does not follow its pid",
+        ));
+    }
+    Ok(pid)
+}
+
 /// One type of the section: its kind, name, size-or-type word, and the
 /// trailing records (members, for a structure).
 #[derive(Debug, Clone, Copy)]
@@ -290,5 +304,6 @@ mod tests {
         let tgid = kernel_member_offset("task_struct", "tgid").unwrap();
         assert_eq!(tgid, pid + 4);
         assert!(pid > 0 && pid < 16384, "{pid}");
+        assert_eq!(task_pid_offset(), Ok(pid));
     }
 }

@@ -425,9 +425,7 @@ impl BpfProgram {
             });
         let wall_undescribed = u32::from(settings.undescribed_may_be_profiled);
         // `sWALL` reads the id of the thread switching in at this offset.
-        let task_pid_offset = settings
-            .wall
-            .map(|_| super::kernel_btf::kernel_member_offset("task_struct", "pid"));
+        let task_pid_offset = settings.wall.map(|_| super::kernel_btf::task_pid_offset());
         let task_pid = task_pid_offset.clone().and_then(Result::ok).unwrap_or(0u32);
         let wall_walks_per_window = (crate::wall::WALKS_PER_CPU_SECOND
             * ddprof_common::sample::WALL_WINDOW_NS

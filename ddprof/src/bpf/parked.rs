@@ -29,12 +29,24 @@ impl BpfEngine {
         parked.insert(tid, value, NO_EXIST).is_ok()
     }
 
-    /// Takes thread `tid` out of the parked threads; false if it was not
-    /// there (its switch-in took it).
-    pub fn unpark_thread(&mut self, tid: u32) -> bool {
+    /// Takes thread `tid` out of the parked threads if it is still there
+    /// as [`BpfEngine::park_thread`] parked it (since `since`: not an
+    /// entry of the program's, for a wait that began since); false if not.
+    pub fn unpark_thread(&mut self, tid: u32, since: u64) -> bool {
         let Ok(mut parked) = self.program.hash_map::<u32, [u64; 2]>(names::PARKED) else {
             return false;
         };
-        parked.remove(&tid).is_ok()
+        match parked.get(&tid, 0) {
+            Ok([_, switched_out]) if switched_out == since => parked.remove(&tid).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// The threads of the workload that waited before the program was
+    /// attached, with their counts of switches then
+    /// ([`crate::wall::seed::waiting_threads`]); taken once, by the
+    /// seeding.
+    pub fn take_waiting_before_wall(&mut self) -> std::collections::HashMap<u32, u64> {
+        std::mem::take(&mut self.waiting_before_wall)
     }
 }

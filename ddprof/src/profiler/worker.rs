@@ -152,6 +152,9 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
             // launched command execs after it), for the first worker (the
             // next ones take them over).
             if !restarted && !matches!(target, super::target::Target::Launched { .. }) {
+                // Under the watchdog, as the loop is.
+                // SAFETY: alarm only (re)arms this process's timer.
+                unsafe { libc::alarm(watchdog_seconds(options.upload_period)) };
                 worker.seed_waits(
                     processes,
                     sampler,

@@ -406,6 +406,17 @@ impl WallTime {
                     self.counters.over_limit += 1;
                     return;
                 }
+                // A stack older than the parked one (a switch-out the
+                // program took before a thread was parked from `/proc`,
+                // still in the buffer): that wait ended before.
+                if self
+                    .parked
+                    .get(&sample.tid)
+                    .is_some_and(|parked| parked.sample.time > sample.time)
+                {
+                    self.counters.unpaired += 1;
+                    return;
+                }
                 let mut parked = sample.clone();
                 self.scheduler
                     .fold(&mut parked.kernel_frames, self.all_kernel_frames);
@@ -789,5 +800,25 @@ ffffffffc0000000 t xfs_wait	[xfs]
         let mut another = WallTime::new(other, vec![0], false, scheduler());
         assert!(another.load(&file).is_err());
         assert_eq!(another.parked(), 0);
+    }
+
+    /// A thread parked from `/proc` at the start: a stack the program took
+    /// before (still in the buffer, its wait over) does not replace it.
+    #[test]
+    fn an_older_stack_does_not_replace_a_thread_parked_since() {
+        let processes = table();
+        let sampling = WallSampling {
+            event: 1,
+            max_probability: WALL_PROBABILITY_ONE,
+            threshold_ns: 0,
+        };
+        let mut wall = WallTime::new(sampling, vec![0], false, scheduler());
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        wall.take(&processes, &switched_out_sample(8, 2_000), &mut aggregator);
+        wall.take(&processes, &switched_out_sample(8, 1_500), &mut aggregator);
+        assert_eq!((wall.parked(), wall.counters().unpaired), (1, 1));
+        wall.take(&processes, &resumed(8, 2_500, 2_000), &mut aggregator);
+        assert_eq!(total_weight(&mut aggregator).0, 500);
+        assert_eq!(wall.counters().orphan_resumes, 0);
     }
 }

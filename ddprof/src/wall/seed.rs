@@ -5,38 +5,49 @@
 //! it next ran, and for ever for one that never runs again (a main thread
 //! in `pthread_join`).
 //!
-//! For each thread of a profiled process that `/proc` says is sleeping
-//! (`S`, `D`, and in a system call: `/proc/PID/task/TID/syscall` gives its
-//! user stack pointer and program counter), the worker parks it in the
-//! program's map as off a CPU since now (`BpfEngine::park_thread`, unless
-//! the program parked it already), so that its switch-in ends the wait as
-//! any other's, then checks that it is still in the same wait (its state,
-//! and its count of switches, unchanged: else it is taken out again). Its
-//! user stack is read from `/proc/PID/mem` and unwound by the user-side
-//! unwinder; its other registers are not known, so a frame whose rule needs
-//! the frame pointer ends the walk (`StackEnd::BadAddress`), which DWARF
-//! code built without frame pointers (Debian's) never needs. Its kernel
-//! stack is not read (`/proc/PID/task/TID/stack` needs `CAP_SYS_ADMIN`,
-//! which the worker does not keep): the wait's frame is its user stack's.
+//! Before the program is attached, the engine notes each waiting thread's
+//! count of switches ([`waiting_threads`]). After, the first worker takes
+//! those of them still in that wait (the count unchanged: their wait began
+//! before the program, which saw none of it; a wait that began after was
+//! drawn or not by the program, and its weight is the program's to give),
+//! sleeping (`S`, `D`) in a system call (`/proc/PID/task/TID/syscall` gives
+//! the saved user stack pointer and program counter). It parks each in
+//! the program's map as off a CPU since now (`BpfEngine::park_thread`), so
+//! that its switch-in ends the wait as any other's, then checks that it is
+//! still in the same wait (else it is taken out again). Its user stack is
+//! read from `/proc/PID/mem` and unwound by the user-side unwinder; its
+//! other registers are not known, so a frame whose rule needs the frame
+//! pointer ends the walk (`StackEnd::BadAddress`), which code built
+//! without frame pointers (Debian's) never needs. Its kernel stack is not
+//! read (`/proc/PID/task/TID/stack` needs `CAP_SYS_ADMIN`, which the worker
+//! does not keep): the wait is named by its user stack.
 //!
-//! The target is hostile: a read of its memory must not block. A stack is
-//! read only from private anonymous memory (a file mapping could be served
-//! by the target itself, through FUSE, and never answer), and not at all
-//! where unprivileged processes may handle the kernel's own faults in their
-//! memory (`vm.unprivileged_userfaultfd=1`): then the stack is the program
-//! counter's frame alone. Everything is bounded: at most
-//! [`MAX_SEEDED_THREADS`] threads, [`MAX_TASKS_EXAMINED`] tasks and
-//! [`MAX_MAPS_LINES`] mappings a process, a few small `/proc` files and
-//! [`STACK_BYTES`] of stack a thread.
+//! The target is hostile. A stack is read only from private anonymous
+//! memory (not a file the target could serve itself, through FUSE, and
+//! never answer), and each read of its memory or its mappings runs under a
+//! time bound (`files::bounded`: the target could map such a file there
+//! between the two reads); after one overruns, no more stacks are read.
+//! Everything is bounded: at most [`MAX_SEEDED_THREADS`] threads,
+//! [`MAX_TASKS_EXAMINED`] tasks and [`MAX_MAPS_LINES`] mappings a process,
+//! a few small `/proc` files and [`STACK_BYTES`] of stack a thread, and
+//! [`SEEDING_BUDGET`] in all.
 use std::io::Read;
 use std::os::unix::fs::FileExt;
+
+use crate::files::bounded::{self, Unanswered};
 
 /// Threads seeded at most (the program's map holds `MAX_PARKED`).
 pub const MAX_SEEDED_THREADS: usize = 4096;
 /// Bytes of a seeded thread's stack read, from its stack pointer up.
 pub const STACK_BYTES: usize = 16 << 10;
-/// The most read of a `/proc` text file here.
-const MAX_PROC_FILE: u64 = 4096;
+/// The most read of a `/proc` text file here (`status` lists the
+/// thread's groups, up to 65,536).
+const MAX_PROC_FILE: u64 = 1 << 20;
+/// The longest a read of a target's memory or mappings may take.
+const READ_BOUND: std::time::Duration = std::time::Duration::from_millis(250);
+/// The longest the seeding goes on (it runs before the first drain of the
+/// buffers).
+pub const SEEDING_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 /// Tasks of a process looked at, at most (blocked or not).
 pub const MAX_TASKS_EXAMINED: usize = 16_384;
 /// Lines of a process's `maps` read, at most (the kernel's default
@@ -55,14 +66,16 @@ pub struct BlockedThread {
     switches: u64,
 }
 
+/// A `/proc` text file, its bytes that are not UTF-8 replaced (a thread's
+/// name is the target's).
 fn read_small(path: &str) -> Option<String> {
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     std::fs::File::open(path)
         .ok()?
         .take(MAX_PROC_FILE)
-        .read_to_string(&mut text)
+        .read_to_end(&mut bytes)
         .ok()?;
-    Some(text)
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// A thread's state letter and its count of switches, from its `status`.
@@ -103,23 +116,43 @@ fn waits(state: char) -> bool {
     matches!(state, 'S' | 'D')
 }
 
+/// The ids of `pid`'s threads, at most [`MAX_TASKS_EXAMINED`].
+fn thread_ids(pid: u32) -> impl Iterator<Item = u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .take(MAX_TASKS_EXAMINED)
+        .filter_map(|task| task.file_name().to_str()?.parse().ok())
+}
+
+/// The threads of `pids` waiting now, with their counts of switches (at
+/// most [`MAX_SEEDED_THREADS`]): taken before the program is attached.
+pub fn waiting_threads(pids: &[u32]) -> std::collections::HashMap<u32, u64> {
+    let mut waiting = std::collections::HashMap::new();
+    let started = std::time::Instant::now();
+    for &pid in pids {
+        if waiting.len() >= MAX_SEEDED_THREADS || started.elapsed() > SEEDING_BUDGET {
+            break;
+        }
+        for tid in thread_ids(pid) {
+            if let Some((state, switches)) = state_and_switches(pid, tid) {
+                if waits(state) && waiting.len() < MAX_SEEDED_THREADS {
+                    waiting.insert(tid, switches);
+                }
+            }
+        }
+    }
+    waiting
+}
+
 /// The threads of `pid` off a CPU in a system call now, at most `limit`.
 pub fn blocked_threads(pid: u32, limit: usize) -> Vec<BlockedThread> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
     let mut found = Vec::new();
-    for task in tasks.flatten().take(MAX_TASKS_EXAMINED) {
+    for tid in thread_ids(pid) {
         if found.len() >= limit {
             break;
         }
-        let Some(tid) = task
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
         let Some((state, switches)) = state_and_switches(pid, tid) else {
             continue;
         };
@@ -143,6 +176,12 @@ pub fn blocked_threads(pid: u32, limit: usize) -> Vec<BlockedThread> {
 }
 
 impl BlockedThread {
+    /// Whether it has waited since before the program started: its count
+    /// of switches is the one noted then (`before`: [`waiting_threads`]).
+    pub fn waited_before(&self, before: &std::collections::HashMap<u32, u64>) -> bool {
+        before.get(&self.tid) == Some(&self.switches)
+    }
+
     /// Whether it is still in the wait it was found in: off a CPU, and no
     /// switch since (a thread that ran and waits again is counted anew).
     pub fn still_blocked(&self) -> bool {
@@ -151,65 +190,62 @@ impl BlockedThread {
     }
 
     /// Up to [`STACK_BYTES`] of its stack from its stack pointer, if that
-    /// lies in one of the private anonymous `ranges` (up to its end); none
-    /// if not, or if the memory cannot be read.
-    pub fn stack(&self, ranges: &AnonymousMemory) -> Vec<u8> {
-        let Some(&(_, end)) = ranges
-            .0
-            .iter()
-            .find(|&&(start, end)| (start..end).contains(&self.sp))
-        else {
-            return Vec::new();
-        };
-        let Ok(memory) = std::fs::File::open(format!("/proc/{}/mem", self.pid)) else {
-            return Vec::new();
+    /// lies in one of the private anonymous `ranges` (up to its end), read
+    /// within [`READ_BOUND`]; empty if not, or if the memory cannot be
+    /// read; `Err` if the read overran its bound.
+    pub fn stack(&self, ranges: &AnonymousMemory) -> Result<Vec<u8>, Unanswered> {
+        let Some(end) = ranges.end_of_range_at(self.sp) else {
+            return Ok(Vec::new());
         };
         let length = STACK_BYTES.min(usize::try_from(end - self.sp).unwrap_or(STACK_BYTES));
-        let mut stack = vec![0u8; length];
-        match memory.read_at(&mut stack, self.sp) {
-            Ok(read) => {
-                stack.truncate(read);
-                stack
+        let (pid, sp) = (self.pid, self.sp);
+        bounded::run(READ_BOUND, move || {
+            let Ok(memory) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+                return Vec::new();
+            };
+            let mut stack = vec![0u8; length];
+            match memory.read_at(&mut stack, sp) {
+                Ok(read) => {
+                    stack.truncate(read);
+                    stack
+                }
+                Err(_) => Vec::new(),
             }
-            Err(_) => Vec::new(),
-        }
+        })
     }
 }
 
 /// A process's private anonymous memory, where its threads' stacks are
-/// read (empty: none is).
+/// read (empty: none is), sorted by address.
 #[derive(Debug, Default)]
 pub struct AnonymousMemory(Vec<(u64, u64)>);
 
 impl AnonymousMemory {
-    /// `pid`'s, from its `maps`; none where unprivileged processes may
-    /// handle the faults of the kernel's reads of their memory (a read
-    /// could then wait on the target).
-    pub fn of(pid: u32) -> Self {
-        if unprivileged_userfaults() {
-            return Self::default();
-        }
-        let Ok(maps) = std::fs::File::open(format!("/proc/{pid}/maps")) else {
-            return Self::default();
-        };
-        use std::io::BufRead;
-        Self(
-            std::io::BufReader::new(maps)
-                .lines()
+    /// `pid`'s, from its `maps`, read within [`READ_BOUND`] (`Err`: it
+    /// overran it).
+    pub fn of(pid: u32) -> Result<Self, Unanswered> {
+        bounded::run(READ_BOUND, move || {
+            let Ok(maps) = std::fs::File::open(format!("/proc/{pid}/maps")) else {
+                return Self::default();
+            };
+            use std::io::BufRead;
+            let mut ranges: Vec<(u64, u64)> = std::io::BufReader::new(maps)
+                .split(b'\n')
                 .take(MAX_MAPS_LINES)
                 .map_while(Result::ok)
-                .filter_map(|line| anonymous_range(&line))
-                .collect(),
-        )
+                .filter_map(|line| anonymous_range(&String::from_utf8_lossy(&line)))
+                .collect();
+            ranges.sort_unstable();
+            Self(ranges)
+        })
     }
-}
 
-/// `vm.unprivileged_userfaultfd` is 1 (it is 0 by default since Linux
-/// 5.11: an unprivileged process's userfaultfd then handles only its own
-/// faults in user mode, and a read of its memory by the kernel fails at
-/// once where it would have waited).
-fn unprivileged_userfaults() -> bool {
-    read_small("/proc/sys/vm/unprivileged_userfaultfd").is_some_and(|value| value.trim() == "1")
+    /// The end of the range that holds `address`.
+    fn end_of_range_at(&self, address: u64) -> Option<u64> {
+        let after = self.0.partition_point(|&(start, _)| start <= address);
+        let &(start, end) = self.0.get(after.checked_sub(1)?)?;
+        (start..end).contains(&address).then_some(end)
+    }
 }
 
 /// A `maps` line's range, if it is private anonymous memory (no file: no
@@ -265,6 +301,15 @@ mod tests {
         assert!(anonymous_range(&line("rw-p 00000000 00:2f 1234   /mnt/fuse/file")).is_none());
         assert!(anonymous_range(&line("rw-s 00000000 00:01 0      /dev/zero (deleted)")).is_none());
         assert!(anonymous_range(&line("rw-p 00000000 00:00 0      [vvar]")).is_none());
+        let memory = AnonymousMemory(vec![(0x1000, 0x2000), (0x5000, 0x9000)]);
+        assert_eq!(memory.end_of_range_at(0x1000), Some(0x2000));
+        assert_eq!(memory.end_of_range_at(0x8fff), Some(0x9000));
+        assert_eq!(memory.end_of_range_at(0x2000), None);
+        assert_eq!(memory.end_of_range_at(0x10), None);
+        // A thread name that is not UTF-8 does not hide its state.
+        let status = "Name:\t\u{fffd}\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t1\n\
+                      nonvoluntary_ctxt_switches:\t0\n";
+        assert_eq!(parse_status(status), Some(('S', 1)));
     }
 
     /// A thread of this process asleep in `nanosleep` is found, with its
@@ -285,10 +330,14 @@ mod tests {
             .collect();
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].still_blocked());
-        let stack = found[0].stack(&AnonymousMemory::of(pid));
+        let memory = AnonymousMemory::of(pid).unwrap();
+        let stack = found[0].stack(&memory).unwrap();
         assert!(stack.len() >= 4096, "{}", stack.len());
         // Not where the memory is not private anonymous memory.
-        assert!(found[0].stack(&AnonymousMemory::default()).is_empty());
+        assert_eq!(found[0].stack(&AnonymousMemory::default()), Ok(Vec::new()));
+        // Noted as waiting with the same count of switches.
+        let before = waiting_threads(&[pid]);
+        assert!(found[0].waited_before(&before), "{before:?}");
         sleeper.join().unwrap();
         assert!(!found[0].still_blocked());
     }
