@@ -444,19 +444,16 @@ impl Sampler {
         }
     }
 
-    /// `sWALL`: the threads of `pids` that have waited in a system call
+    /// `sWALL`: the workload's threads that have waited in a system call
     /// since before the program started ([`crate::wall::seed`]), each
     /// parked in the program as off a CPU since now, so that its switch-in
     /// ends its wait; their stacks, as switch-out records for the
-    /// wall-time stage. None with another engine, without `sWALL`, or
-    /// where the program numbers threads otherwise (the profiler in a PID
-    /// namespace of its own).
-    pub fn seed_blocked_threads(
-        &mut self,
-        processes: &mut ProcessTable,
-        pids: &[u32],
-    ) -> Vec<Sample> {
-        use crate::wall::seed;
+    /// wall-time stage. None with another engine, without `sWALL`, for a
+    /// launched command (none of it ran before the program), or where the
+    /// program numbers threads otherwise (the profiler in a PID namespace
+    /// of its own).
+    pub fn seed_blocked_threads(&mut self, processes: &mut ProcessTable) -> Vec<Sample> {
+        use crate::wall::seed::{self, AnonymousMemory, BlockedThread};
         let Engine::Bpf {
             samples: engine,
             records,
@@ -468,79 +465,63 @@ impl Sampler {
         let Some(event) = engine.wall_event().filter(|_| engine.parks_by_proc_ids()) else {
             return Vec::new();
         };
-        let before = engine.take_waiting_before_wall();
         let started = std::time::Instant::now();
-        // After a read of a target's memory overran its bound, none is
-        // read any more.
-        let mut read_stacks = true;
+        let mut reads = seed::MemoryReads::default();
+        // The current process's anonymous memory, read once (the map is
+        // in (process, thread) order; no process of `/proc` is 0).
+        let mut memory = (0, AnonymousMemory::default());
         let mut seeded = Vec::new();
-        for &pid in pids {
-            let limit = seed::MAX_SEEDED_THREADS.saturating_sub(seeded.len());
-            if limit == 0 || before.is_empty() || started.elapsed() > seed::SEEDING_BUDGET {
+        for ((pid, tid), switches) in engine.take_waiting_before_wall() {
+            if started.elapsed() > seed::SEEDING_BUDGET {
                 break;
             }
-            let threads: Vec<seed::BlockedThread> = seed::blocked_threads(pid, limit)
-                .into_iter()
-                .filter(|thread| thread.waited_before(&before))
-                .collect();
-            if threads.is_empty() {
+            let Some(thread) = BlockedThread::still_from(pid, tid, switches) else {
+                continue;
+            };
+            if memory.0 != pid {
+                // Its mappings, to unwind with (with `--global`, a process
+                // is read from `/proc` at its first record), and where its
+                // stacks may be read.
+                if processes.get(pid).is_none() {
+                    let _ = processes.load_from_proc(pid);
+                }
+                let anonymous = reads
+                    .read(pid, || AnonymousMemory::of(pid))
+                    .unwrap_or_default();
+                memory = (pid, anonymous);
+            }
+            let since = crate::perf::monotonic_now();
+            if !engine.park_thread(pid, tid, since) {
                 continue;
             }
-            // Its mappings, to unwind with (with `--global`, a process is
-            // read from `/proc` at its first record), and where its stacks
-            // may be read.
-            if processes.get(pid).is_none() {
-                let _ = processes.load_from_proc(pid);
+            // Read after it was parked: if it ran since it was found, it is
+            // taken out again (a switch-in that took it first is counted
+            // as one without its stack).
+            let stack = reads
+                .read(pid, || thread.stack(&memory.1))
+                .unwrap_or_default();
+            if !thread.still_blocked() {
+                engine.unpark_thread(tid, since);
+                continue;
             }
-            let memory = match read_stacks.then(|| seed::AnonymousMemory::of(pid)) {
-                Some(Ok(memory)) => memory,
-                Some(Err(unanswered)) => {
-                    log::warn!("wall time: reading process {pid}'s mappings: {unanswered}; the stacks of the threads off a CPU at the start are not read");
-                    read_stacks = false;
-                    seed::AnonymousMemory::default()
-                }
-                None => seed::AnonymousMemory::default(),
-            };
-            for thread in threads {
-                let since = crate::perf::monotonic_now();
-                if !engine.park_thread(pid, thread.tid, since) {
-                    continue;
-                }
-                // Read after it was parked: if it ran since it was found,
-                // it is taken out again (a switch-in that took it first
-                // is counted as one without its stack).
-                let stack = match read_stacks.then(|| thread.stack(&memory)) {
-                    Some(Ok(stack)) => stack,
-                    Some(Err(unanswered)) => {
-                        log::warn!("wall time: reading a stack of process {pid}: {unanswered}; the stacks of the threads off a CPU at the start are not read");
-                        read_stacks = false;
-                        Vec::new()
-                    }
-                    None => Vec::new(),
-                };
-                if !thread.still_blocked() {
-                    engine.unpark_thread(thread.tid, since);
-                    continue;
-                }
-                let regs = crate::unwind::UserRegs::new(thread.pc, thread.sp, 0);
-                let (frames, end) = records.unwind_stack(processes, pid, &regs, &stack);
-                seeded.push(Sample {
-                    pid,
-                    tid: thread.tid,
-                    time: since,
-                    cpu: 0,
-                    event,
-                    weight: 0,
-                    scaled_count: crate::events::COUNT_UNIT,
-                    frames,
-                    kernel_frames: Vec::new(),
-                    end,
-                    heap: None,
-                    off_cpu: Some(crate::sample::OffCpu::SwitchedOut {
-                        probability: ddprof_common::sample::WALL_PROBABILITY_ONE,
-                    }),
-                });
-            }
+            let regs = crate::unwind::UserRegs::new(thread.pc, thread.sp, 0);
+            let (frames, end) = records.unwind_stack(processes, pid, &regs, &stack);
+            seeded.push(Sample {
+                pid,
+                tid,
+                time: since,
+                cpu: 0,
+                event,
+                weight: 0,
+                scaled_count: crate::events::COUNT_UNIT,
+                frames,
+                kernel_frames: Vec::new(),
+                end,
+                heap: None,
+                off_cpu: Some(crate::sample::OffCpu::SwitchedOut {
+                    probability: ddprof_common::sample::WALL_PROBABILITY_ONE,
+                }),
+            });
         }
         seeded
     }

@@ -136,7 +136,7 @@ pub struct BpfEngine {
     wall_event: Option<u16>,
     /// The workload's threads that waited before `sWALL`'s program was
     /// attached, with their counts of switches then (see `super::parked`).
-    pub(super) waiting_before_wall: std::collections::HashMap<u32, u64>,
+    pub(super) waiting_before_wall: crate::wall::seed::WaitingThreads,
 }
 
 impl BpfEngine {
@@ -205,7 +205,7 @@ impl BpfEngine {
             weighings: crate::events::Weighings::default(),
             _links: Vec::new(),
             wall_event: None,
-            waiting_before_wall: std::collections::HashMap::new(),
+            waiting_before_wall: Default::default(),
         };
         // The workload's tables are in the maps before its first sample.
         let filling = Instant::now();

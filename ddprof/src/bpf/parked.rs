@@ -46,7 +46,7 @@ impl BpfEngine {
     /// attached, with their counts of switches then
     /// ([`crate::wall::seed::waiting_threads`]); taken once, by the
     /// seeding.
-    pub fn take_waiting_before_wall(&mut self) -> std::collections::HashMap<u32, u64> {
+    pub fn take_waiting_before_wall(&mut self) -> crate::wall::seed::WaitingThreads {
         std::mem::take(&mut self.waiting_before_wall)
     }
 }

@@ -147,19 +147,13 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
             worker.with_wall_time(wall, options.sampler.kernel_stacks, sampler, waits)
         })
         .map(|mut worker| {
-            // The threads already off a CPU when the program started:
-            // those of processes that ran before it (`-p`, `--global`; a
-            // launched command execs after it), for the first worker (the
-            // next ones take them over).
-            if !restarted && !matches!(target, super::target::Target::Launched { .. }) {
+            // The threads already off a CPU when the program started, for
+            // the first worker (the next ones take them over).
+            if !restarted {
                 // Under the watchdog, as the loop is.
                 // SAFETY: alarm only (re)arms this process's timer.
                 unsafe { libc::alarm(watchdog_seconds(options.upload_period)) };
-                worker.seed_waits(
-                    processes,
-                    sampler,
-                    &super::target::processes_in_scope(target),
-                );
+                worker.seed_waits(processes, sampler);
             }
             worker
         })
@@ -521,13 +515,13 @@ impl Worker {
         }
     }
 
-    /// Parks the threads of `pids` off a CPU now (`wall::seed`): their
-    /// waits count from now.
-    fn seed_waits(&mut self, processes: &mut ProcessTable, sampler: &mut Sampler, pids: &[u32]) {
+    /// Parks the threads that have waited since before the program
+    /// started (`wall::seed`): their waits count from now.
+    fn seed_waits(&mut self, processes: &mut ProcessTable, sampler: &mut Sampler) {
         let Some((wall, _)) = &mut self.wall else {
             return;
         };
-        let seeded = sampler.seed_blocked_threads(processes, pids);
+        let seeded = sampler.seed_blocked_threads(processes);
         if seeded.is_empty() {
             return;
         }

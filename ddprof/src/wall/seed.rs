@@ -126,10 +126,14 @@ fn thread_ids(pid: u32) -> impl Iterator<Item = u32> {
         .filter_map(|task| task.file_name().to_str()?.parse().ok())
 }
 
+/// The workload's threads waiting when the program was about to be
+/// attached: (process, thread) and their counts of switches then.
+pub type WaitingThreads = std::collections::BTreeMap<(u32, u32), u64>;
+
 /// The threads of `pids` waiting now, with their counts of switches (at
 /// most [`MAX_SEEDED_THREADS`]): taken before the program is attached.
-pub fn waiting_threads(pids: &[u32]) -> std::collections::HashMap<u32, u64> {
-    let mut waiting = std::collections::HashMap::new();
+pub fn waiting_threads(pids: &[u32]) -> WaitingThreads {
+    let mut waiting = WaitingThreads::new();
     let started = std::time::Instant::now();
     for &pid in pids {
         if waiting.len() >= MAX_SEEDED_THREADS || started.elapsed() > SEEDING_BUDGET {
@@ -138,7 +142,7 @@ pub fn waiting_threads(pids: &[u32]) -> std::collections::HashMap<u32, u64> {
         for tid in thread_ids(pid) {
             if let Some((state, switches)) = state_and_switches(pid, tid) {
                 if waits(state) && waiting.len() < MAX_SEEDED_THREADS {
-                    waiting.insert(tid, switches);
+                    waiting.insert((pid, tid), switches);
                 }
             }
         }
@@ -146,40 +150,24 @@ pub fn waiting_threads(pids: &[u32]) -> std::collections::HashMap<u32, u64> {
     waiting
 }
 
-/// The threads of `pid` off a CPU in a system call now, at most `limit`.
-pub fn blocked_threads(pid: u32, limit: usize) -> Vec<BlockedThread> {
-    let mut found = Vec::new();
-    for tid in thread_ids(pid) {
-        if found.len() >= limit {
-            break;
+impl BlockedThread {
+    /// Thread `tid` of `pid` if it is still in the wait it was in with
+    /// `switches` switches ([`waiting_threads`]: since before the program
+    /// started) and in a system call.
+    pub fn still_from(pid: u32, tid: u32, switches: u64) -> Option<Self> {
+        let (state, now) = state_and_switches(pid, tid)?;
+        if !waits(state) || now != switches {
+            return None;
         }
-        let Some((state, switches)) = state_and_switches(pid, tid) else {
-            continue;
-        };
-        if !waits(state) {
-            continue;
-        }
-        let Some((sp, pc)) =
-            read_small(&format!("/proc/{pid}/task/{tid}/syscall")).and_then(|t| parse_syscall(&t))
-        else {
-            continue;
-        };
-        found.push(BlockedThread {
+        let (sp, pc) = read_small(&format!("/proc/{pid}/task/{tid}/syscall"))
+            .and_then(|t| parse_syscall(&t))?;
+        Some(BlockedThread {
             pid,
             tid,
             sp,
             pc,
             switches,
-        });
-    }
-    found
-}
-
-impl BlockedThread {
-    /// Whether it has waited since before the program started: its count
-    /// of switches is the one noted then (`before`: [`waiting_threads`]).
-    pub fn waited_before(&self, before: &std::collections::HashMap<u32, u64>) -> bool {
-        before.get(&self.tid) == Some(&self.switches)
+        })
     }
 
     /// Whether it is still in the wait it was found in: off a CPU, and no
@@ -212,6 +200,34 @@ impl BlockedThread {
                 Err(_) => Vec::new(),
             }
         })
+    }
+}
+
+/// The reads of the targets' memory and mappings, each bounded: after one
+/// overruns its bound, none is made any more (the stacks of the threads
+/// left are not read).
+#[derive(Debug, Default)]
+pub struct MemoryReads {
+    stopped: bool,
+}
+
+impl MemoryReads {
+    /// `read`'s answer about process `pid`; `None` once a read overran.
+    pub fn read<T>(&mut self, pid: u32, read: impl FnOnce() -> Result<T, Unanswered>) -> Option<T> {
+        if self.stopped {
+            return None;
+        }
+        match read() {
+            Ok(answer) => Some(answer),
+            Err(unanswered) => {
+                log::warn!(
+                    "wall time: a read of process {pid}'s memory or mappings: {unanswered}; the \
+                     stacks of the threads off a CPU at the start are not read"
+                );
+                self.stopped = true;
+                None
+            }
+        }
     }
 }
 
@@ -324,20 +340,21 @@ mod tests {
         let tid = ready.recv().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(100));
         let pid = std::process::id();
-        let found: Vec<BlockedThread> = blocked_threads(pid, 1000)
+        // Noted as waiting, then found in the same wait.
+        let before = waiting_threads(&[pid]);
+        let switches = before[&(pid, tid)];
+        let found: Vec<BlockedThread> = BlockedThread::still_from(pid, tid, switches)
             .into_iter()
-            .filter(|thread| thread.tid == tid)
             .collect();
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].still_blocked());
+        // Not with another count of switches: a wait begun since.
+        assert_eq!(BlockedThread::still_from(pid, tid, switches + 1), None);
         let memory = AnonymousMemory::of(pid).unwrap();
         let stack = found[0].stack(&memory).unwrap();
         assert!(stack.len() >= 4096, "{}", stack.len());
         // Not where the memory is not private anonymous memory.
         assert_eq!(found[0].stack(&AnonymousMemory::default()), Ok(Vec::new()));
-        // Noted as waiting with the same count of switches.
-        let before = waiting_threads(&[pid]);
-        assert!(found[0].waited_before(&before), "{before:?}");
         sleeper.join().unwrap();
         assert!(!found[0].still_blocked());
     }
