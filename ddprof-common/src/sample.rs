@@ -120,6 +120,14 @@ pub struct ParkedThread {
     pub switched_out: u64,
 }
 
+const _: () = assert!(core::mem::size_of::<ParkedThread>() == 16);
+
+// SAFETY: `#[repr(C)]`, two u32 then a u64, 16 bytes (asserted above): no
+// padding, so every byte aya copies to or from the kernel is initialised,
+// and any bytes are a valid value.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for ParkedThread {}
+
 /// `sWALL`: one CPU's count of the profiled threads' switch-outs in the
 /// current window (`WALL_RATES`).
 #[repr(C)]

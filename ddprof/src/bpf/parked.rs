@@ -2,6 +2,7 @@
 //! off a CPU when the program starts (`crate::wall::seed`), whose switch-in
 //! the program reports as it does for those it parked itself.
 use ddprof_common::bpf_maps::names;
+use ddprof_common::sample::ParkedThread;
 
 use super::engine::BpfEngine;
 
@@ -21,11 +22,14 @@ impl BpfEngine {
     /// already (its switch-out since the start was drawn: that stack is
     /// its) or the map refused.
     pub fn park_thread(&mut self, pid: u32, tid: u32, since: u64) -> bool {
-        let Ok(mut parked) = self.program.hash_map::<u32, [u64; 2]>(names::PARKED) else {
+        let Ok(mut parked) = self.program.hash_map::<u32, ParkedThread>(names::PARKED) else {
             return false;
         };
-        // `ParkedThread`: pid, tid (u32 each), then the switch-out's time.
-        let value = [u64::from(pid) | u64::from(tid) << 32, since];
+        let value = ParkedThread {
+            pid,
+            tid,
+            switched_out: since,
+        };
         parked.insert(tid, value, NO_EXIST).is_ok()
     }
 
@@ -33,11 +37,11 @@ impl BpfEngine {
     /// as [`BpfEngine::park_thread`] parked it (since `since`: not an
     /// entry of the program's, for a wait that began since); false if not.
     pub fn unpark_thread(&mut self, tid: u32, since: u64) -> bool {
-        let Ok(mut parked) = self.program.hash_map::<u32, [u64; 2]>(names::PARKED) else {
+        let Ok(mut parked) = self.program.hash_map::<u32, ParkedThread>(names::PARKED) else {
             return false;
         };
         match parked.get(&tid, 0) {
-            Ok([_, switched_out]) if switched_out == since => parked.remove(&tid).is_ok(),
+            Ok(entry) if entry.switched_out == since => parked.remove(&tid).is_ok(),
             _ => false,
         }
     }
