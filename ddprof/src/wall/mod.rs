@@ -687,16 +687,27 @@ ffffffffc0000000 t xfs_wait	[xfs]
         )
     }
 
+    /// `sWALL` as event 1 with `threshold_ns`, CPU time as event 0.
+    fn sampling(threshold_ns: u64) -> WallSampling {
+        WallSampling {
+            event: 1,
+            max_probability: WALL_PROBABILITY_ONE,
+            threshold_ns,
+        }
+    }
+
+    /// A wall-time stage of `sampling`, and an aggregator.
+    fn stage(sampling: WallSampling) -> (WallTime, Aggregator) {
+        (
+            WallTime::new(sampling, vec![0], false, scheduler()),
+            Aggregator::new(AggregatorOptions::new(false)),
+        )
+    }
+
     #[test]
     fn a_wait_weighs_its_time_off_the_cpu_over_its_probability_split_at_period_ends() {
         let processes = table();
-        let sampling = WallSampling {
-            event: 1,
-            max_probability: WALL_PROBABILITY_ONE,
-            threshold_ns: 1_000,
-        };
-        let mut wall = WallTime::new(sampling, vec![0], false, scheduler());
-        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let (mut wall, mut aggregator) = stage(sampling(1_000));
         // Thread 8 drawn with probability 1/4 at t=1000, runs again at 3000.
         wall.take(
             &processes,
@@ -765,13 +776,7 @@ ffffffffc0000000 t xfs_wait	[xfs]
     #[test]
     fn waits_under_way_go_to_the_next_worker_once() {
         let processes = table();
-        let sampling = WallSampling {
-            event: 1,
-            max_probability: WALL_PROBABILITY_ONE,
-            threshold_ns: 0,
-        };
-        let mut retiring = WallTime::new(sampling, vec![0], false, scheduler());
-        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let (mut retiring, mut aggregator) = stage(sampling(0));
         retiring.take(
             &processes,
             &switched_out(8, 1_000, WALL_PROBABILITY_ONE / 2),
@@ -782,22 +787,21 @@ ffffffffc0000000 t xfs_wait	[xfs]
         assert_eq!(total_weight(&mut aggregator).0, 2_000);
         let file = CarriedFile::create("test", SNAPSHOT_MAGIC).unwrap();
         retiring.save(&file).unwrap();
-        let mut next = WallTime::new(sampling, vec![0], false, scheduler());
+        let (mut next, _) = stage(sampling(0));
         assert_eq!(next.load(&file).unwrap(), 1);
         // The thread runs again at 3000: the rest, 1000 ns over 1/2.
         next.take(&processes, &resumed(8, 3_000, 1_000), &mut aggregator);
         assert_eq!(total_weight(&mut aggregator).0, 2_000);
         assert_eq!((next.parked(), next.counters().orphan_resumes), (0, 0));
         // Taken once: the file is empty for a worker after this one.
-        let mut later = WallTime::new(sampling, vec![0], false, scheduler());
+        let (mut later, _) = stage(sampling(0));
         assert_eq!(later.load(&file).unwrap(), 0);
         // Another event's snapshot is not this one's.
         retiring.save(&file).unwrap();
-        let other = WallSampling {
+        let (mut another, _) = stage(WallSampling {
             event: 4,
-            ..sampling
-        };
-        let mut another = WallTime::new(other, vec![0], false, scheduler());
+            ..sampling(0)
+        });
         assert!(another.load(&file).is_err());
         assert_eq!(another.parked(), 0);
     }
@@ -807,13 +811,7 @@ ffffffffc0000000 t xfs_wait	[xfs]
     #[test]
     fn an_older_stack_does_not_replace_a_thread_parked_since() {
         let processes = table();
-        let sampling = WallSampling {
-            event: 1,
-            max_probability: WALL_PROBABILITY_ONE,
-            threshold_ns: 0,
-        };
-        let mut wall = WallTime::new(sampling, vec![0], false, scheduler());
-        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let (mut wall, mut aggregator) = stage(sampling(0));
         wall.take(&processes, &switched_out_sample(8, 2_000), &mut aggregator);
         wall.take(&processes, &switched_out_sample(8, 1_500), &mut aggregator);
         assert_eq!((wall.parked(), wall.counters().unpaired), (1, 1));
