@@ -625,6 +625,8 @@ impl Worker {
     ) -> ClosedPeriod {
         let end = SystemTime::now();
         let start = self.period_start;
+        // Before the ended processes are forgotten.
+        self.aggregator.note_jitdumps(processes);
         if let Some((live_heap, file)) = &mut self.live_heap {
             live_heap.add_to(processes, &mut self.aggregator);
             // Named once: a pid seen later is another process.

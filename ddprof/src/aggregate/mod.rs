@@ -14,6 +14,9 @@ use crate::files::{open_mapped, MappedFile, ObjectFile};
 use crate::process::{Mapping, ProcessTable};
 use crate::sample::Sample;
 use crate::timestamp::WallClock;
+use perf_maps::PerfMapsFound;
+
+mod perf_maps;
 
 /// The per-sample tables hash small keys millions of times; they need no
 /// protection against adversarial keys, so a fast hasher fits.
@@ -330,55 +333,6 @@ impl NameTable {
     }
 }
 
-impl PeriodState {
-    /// Opens `pid`'s perf map the first time the period meets anonymous
-    /// code of it (the process runs then; the symbolizer reads the map
-    /// after the period).
-    fn look_for_perf_map(&mut self, processes: &ProcessTable, pid: u32) {
-        self.perf_maps.entry(pid).or_insert_with(|| {
-            let jitdump = jitdump_path(processes, pid);
-            self.jitdumps.insert(pid, jitdump.clone());
-            open_perf_map(pid, jitdump.as_deref())
-        });
-    }
-
-    /// Looks again, at the period's end, for the maps that were not there
-    /// when the period first met a process's anonymous code: a runtime
-    /// writes its map after its first code runs (or a sample landed in
-    /// anonymous memory before the runtime started), and the period's
-    /// samples of that code would otherwise all stay unnamed. Once per
-    /// process a period.
-    fn look_again_for_missing_perf_maps(&mut self) {
-        for (&pid, opened) in &mut self.perf_maps {
-            if opened.is_none() {
-                let jitdump = self.jitdumps.get(&pid).cloned().flatten();
-                *opened = open_perf_map(pid, jitdump.as_deref());
-            }
-        }
-    }
-}
-
-/// The path of the jitdump file `pid` mapped, if any.
-fn jitdump_path(processes: &ProcessTable, pid: u32) -> Option<String> {
-    processes
-        .get(pid)?
-        .mappings
-        .iter()
-        .find(|mapping| crate::files::target::is_jitdump_path(&mapping.file.path))
-        .map(|mapping| mapping.file.path.clone())
-}
-
-/// `pid`'s perf map (or jitdump) opened (`None`: it has none, or it is gone).
-fn open_perf_map(
-    pid: u32,
-    jitdump: Option<&str>,
-) -> Option<Result<Arc<JitSymbols>, PerfMapRefused>> {
-    match crate::files::target::open_perf_map(pid, jitdump) {
-        Ok(opened) => opened.map(|opened| Ok(Arc::new(opened))),
-        Err(refused) => Some(Err(refused)),
-    }
-}
-
 #[derive(Debug, Default)]
 struct PeriodState {
     frames: Vec<Frame>,
@@ -389,11 +343,8 @@ struct PeriodState {
     sample_ids: FastMap<SampleKey, u32>,
     names: NameTable,
     thread_names: FastMap<(u32, u32), ThreadNameIds>,
-    /// Perf maps looked for this period, by process (`None`: none).
-    perf_maps: FastMap<u32, Option<Result<Arc<JitSymbols>, PerfMapRefused>>>,
-    /// The jitdump each of those processes mapped, if any (where to look
-    /// again without a perf map).
-    jitdumps: FastMap<u32, Option<String>>,
+    /// Perf maps looked for this period.
+    perf_maps: PerfMapsFound,
     timeline_events: usize,
     stats: PeriodStats,
     raw_stacks: RawStackCache,
@@ -637,7 +588,7 @@ impl Aggregator {
                     offset: mapping.file_offset_of(lookup),
                 },
                 Some(mapping) => {
-                    period.look_for_perf_map(processes, sample.pid);
+                    period.perf_maps.look_for(processes, sample.pid);
                     Frame::Anonymous {
                         pid: sample.pid,
                         addr: lookup,
@@ -645,7 +596,7 @@ impl Aggregator {
                     }
                 }
                 None => {
-                    period.look_for_perf_map(processes, sample.pid);
+                    period.perf_maps.look_for(processes, sample.pid);
                     Frame::Anonymous {
                         pid: sample.pid,
                         addr: lookup,
@@ -755,10 +706,17 @@ impl Aggregator {
         }
     }
 
+    /// Takes, before the period ends, the jitdumps its processes without a
+    /// perf map have mapped since their first anonymous sample (from the
+    /// table, while it still holds them: [`Self::take_period`] looks for
+    /// the maps again with those paths).
+    pub fn note_jitdumps(&mut self, processes: &ProcessTable) {
+        self.period.perf_maps.note_jitdumps_mapped_since(processes);
+    }
+
     /// Hands over the period's aggregate and starts a new, empty one.
     pub fn take_period(&mut self, start: SystemTime, end: SystemTime) -> PeriodProfile {
-        let mut state = std::mem::take(&mut self.period);
-        state.look_again_for_missing_perf_maps();
+        let state = std::mem::take(&mut self.period);
         // Re-read the clock offset each period so wall-clock adjustments
         // (NTP steps) do not accumulate into the timestamps.
         self.clock = WallClock::now();
@@ -768,11 +726,7 @@ impl Aggregator {
             start,
             end,
             files,
-            perf_maps: state
-                .perf_maps
-                .into_iter()
-                .filter_map(|(pid, map)| Some((pid, map?)))
-                .collect(),
+            perf_maps: state.perf_maps.look_again_for_missing(),
             frames: state.frames,
             stacks: state.stacks,
             samples: state.samples,
@@ -1088,6 +1042,45 @@ mod tests {
                 (Some("next"), Some("next"), 0, 1),
                 (Some("proc"), Some("proc"), 0, 2)
             ]
+        );
+    }
+
+    /// A process that runs anonymous code before it maps its jitdump (V8
+    /// does) is named from the jitdump at the period's end, not left
+    /// unnamed by the path noted at its first sample.
+    #[test]
+    fn a_jitdump_mapped_after_the_first_anonymous_sample_is_read() {
+        let pid = std::process::id();
+        let dir = std::env::temp_dir().join(format!("ddprof-jitdump-late-{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let jitdump = dir.join(format!("jit-{pid}.dump"));
+        std::fs::write(&jitdump, b"").unwrap();
+        let mut table = ProcessTable::new();
+        let anonymous = |start: u64, path: String| MappingRecord {
+            pid,
+            start,
+            len: 0x1000,
+            file_offset: 0,
+            dev: 0,
+            inode: 0,
+            prot: (libc::PROT_READ | libc::PROT_EXEC) as u32,
+            path,
+        };
+        table.add_mapping(&anonymous(0x50000, String::new()));
+        let mut aggregator = Aggregator::new(AggregatorOptions::new(false));
+        let mut jit_sample = sample(pid, vec![0x50010], StackEnd::Complete);
+        jit_sample.pid = pid;
+        aggregator.add(&table, &jit_sample);
+        table.add_mapping(&anonymous(0x70000, jitdump.to_string_lossy().into_owned()));
+        aggregator.add(&table, &jit_sample);
+        aggregator.note_jitdumps(&table);
+        let now = SystemTime::now();
+        let period = aggregator.take_period(now, now);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let opened = period.perf_maps.get(&pid).expect("the jitdump is opened");
+        assert!(
+            matches!(opened, Ok(map) if map.format == crate::files::target::JitFormat::JitDump),
+            "{opened:?}"
         );
     }
 
