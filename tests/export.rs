@@ -181,7 +181,10 @@ fn profiles_reach_an_http_agent_in_the_exporters_wire_format() {
 
     // event.json.
     let event = &request.event;
-    assert_eq!(event["attachments"], serde_json::json!(["profile.pprof"]));
+    assert_eq!(
+        event["attachments"],
+        serde_json::json!(["code-provenance.json", "profile.pprof"])
+    );
     assert!(event["endpoint_counts"].is_null());
     assert_eq!(event["process_tags"], format!("entrypoint.name:chain"));
     let internal = &event["internal"];
@@ -574,11 +577,23 @@ fn the_request_matches_the_one_libdatadogs_exporter_builds() {
         buffer: profile_part.bytes.clone(),
         endpoints_stats: Default::default(),
     };
+    // Our code provenance, given to libdatadog to compress and send as
+    // the tracers give it.
+    let code_provenance = serde_json::to_vec(
+        ours.code_provenance
+            .as_ref()
+            .expect("ddprof sends code-provenance.json"),
+    )
+    .unwrap();
+    let files = [File {
+        name: "code-provenance.json",
+        bytes: &code_provenance,
+    }];
     let no_files: &[File] = &[];
     let request = reference
         .build(
             encoded,
-            no_files,
+            &files,
             no_files,
             None,
             Some(ours.event["internal"].clone()),
@@ -625,6 +640,7 @@ fn the_request_matches_the_one_libdatadogs_exporter_builds() {
     };
     assert_eq!(describe(&ours), describe(&theirs));
     assert_eq!(ours.pprof, theirs.pprof);
+    assert_eq!(ours.code_provenance, theirs.code_provenance);
 
     // event.json: the same keys; ours adds `process_tags` (newer exporters
     // send it; libdatadog 1.0.0 does not).

@@ -46,6 +46,7 @@ pub mod perf;
 pub mod process;
 pub mod profile;
 pub mod profiler;
+pub mod provenance;
 pub mod sample;
 pub mod sampler;
 pub mod statsd;

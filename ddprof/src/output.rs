@@ -48,6 +48,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::files::disk::{DiskError, PrivateDir};
+use crate::provenance::Source;
 use crate::symbolize::SymbolizedProfile;
 
 /// Frame slots kept in the whole-run folded aggregate (~16 MiB of ids);
@@ -458,6 +459,20 @@ fn file_name_safe(name: &str) -> String {
     }
 }
 
+/// What the flame graph's colours say.
+pub const FLAME_GRAPH_LEGEND: &str = "code of the application: red, of its libraries: yellow, \
+     of the system: blue, of the kernel: grey, of no known file: purple";
+
+/// A name as a folded line holds it: `;` separates frames, a line ends
+/// with its count (names keep their inner spaces: C++ templates).
+fn folded_name(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.contains([';', '\n', '\r']) {
+        std::borrow::Cow::Owned(name.replace(';', ":").replace(['\n', '\r'], " "))
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
+}
+
 /// Whole-run stack counts by function name, root first with the process
 /// name as the first frame; bounded in memory.
 #[derive(Debug)]
@@ -465,6 +480,8 @@ pub struct FoldedStacks {
     names: Vec<Arc<str>>,
     name_ids: HashMap<Arc<str>, u32>,
     stacks: HashMap<Box<[u32]>, u64>,
+    /// Where each name's code comes from, when known (its colour).
+    sources: HashMap<u32, Source>,
     frames_stored: usize,
     max_frames: usize,
     total: u64,
@@ -482,6 +499,7 @@ impl FoldedStacks {
             names: Vec::new(),
             name_ids: HashMap::new(),
             stacks: HashMap::new(),
+            sources: HashMap::new(),
             frames_stored: 0,
             max_frames,
             total: 0,
@@ -549,6 +567,16 @@ impl FoldedStacks {
         *stored += count;
     }
 
+    /// Notes where the code of the names added so far comes from (a name
+    /// keeps the first source it was given).
+    pub fn add_sources(&mut self, sources: &HashMap<Arc<str>, Source>) {
+        for (name, source) in sources {
+            if let Some(&id) = self.name_ids.get(name) {
+                self.sources.entry(id).or_insert(*source);
+            }
+        }
+    }
+
     /// Samples added so far.
     pub fn total_samples(&self) -> u64 {
         self.total
@@ -560,17 +588,8 @@ impl FoldedStacks {
         // keep their inner spaces (C++ templates). Each name is cleaned once
         // (char by char in every line, it was most of the writing of a
         // rustc profile's flame graph).
-        let names: Vec<std::borrow::Cow<str>> = self
-            .names
-            .iter()
-            .map(|name| {
-                if name.contains([';', '\n', '\r']) {
-                    std::borrow::Cow::Owned(name.replace(';', ":").replace(['\n', '\r'], " "))
-                } else {
-                    std::borrow::Cow::Borrowed(&**name)
-                }
-            })
-            .collect();
+        let names: Vec<std::borrow::Cow<str>> =
+            self.names.iter().map(|name| folded_name(name)).collect();
         let mut lines: Vec<String> = self
             .stacks
             .iter()
@@ -602,9 +621,19 @@ impl FoldedStacks {
     /// the run had none).
     pub fn write_flamegraph(&self, title: &str, out: &mut impl Write) -> std::io::Result<()> {
         let lines = self.lines();
+        let mut palette = inferno::flamegraph::color::PaletteMap::default();
+        for (&id, source) in &self.sources {
+            palette.insert(folded_name(&self.names[id as usize]), source.flame_color());
+        }
         let mut options = inferno::flamegraph::Options::default();
         options.title = title.to_string();
+        options.subtitle = Some(FLAME_GRAPH_LEGEND.to_string());
         options.count_name = "samples".to_string();
+        // Names of no known file (process names, JIT code): one hue apart.
+        options.colors = inferno::flamegraph::color::Palette::Basic(
+            inferno::flamegraph::color::BasicPalette::Purple,
+        );
+        options.palette_map = Some(&mut palette);
         let result =
             inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out);
         match result {

@@ -11,6 +11,9 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// The mapping of kernel frames, as perf names it.
+pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
+
 use prost::Message;
 
 use crate::aggregate::Frame;
@@ -583,7 +586,7 @@ fn build_pprof_streaming_samples(
             memory_start: KERNEL_START,
             memory_limit: u64::MAX,
             file_offset: 0,
-            filename: strings.id("[kernel.kallsyms]"),
+            filename: strings.id(KERNEL_MAPPING_NAME),
             build_id: 0,
             has_functions: true,
             has_filenames: false,

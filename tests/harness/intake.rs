@@ -10,7 +10,9 @@
 //! filename=…`; a part `event` (file `event.json`, `application/json`)
 //! holding the event keys with RFC 3339 UTC nanosecond timestamps; every
 //! attachment it names as a part; the `profile.pprof` part zstd-compressed
-//! pprof (magic `28 b5 2f fd`) that decodes as a pprof `Profile`.
+//! pprof (magic `28 b5 2f fd`) that decodes as a pprof `Profile`; a
+//! `code-provenance.json` part, when sent, zstd-compressed JSON in the
+//! tracers' format.
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -58,6 +60,8 @@ pub struct Received {
     pub pprof: Vec<u8>,
     pub start: SystemTime,
     pub end: SystemTime,
+    /// The decompressed `code-provenance.json`, when sent.
+    pub code_provenance: Option<serde_json::Value>,
 }
 
 impl Received {
@@ -435,7 +439,15 @@ fn check(request: RawRequest, attempt: usize, status: u16) -> Result<Received, S
     let pprof = zstd::stream::decode_all(&profile_part.bytes[..])
         .map_err(|e| format!("profile.pprof does not decompress: {e}"))?;
     pprof::Profile::decode(&pprof).map_err(|e| format!("profile.pprof: {e}"))?;
+    let code_provenance = match parts
+        .iter()
+        .find(|part| part.name == "code-provenance.json")
+    {
+        None => None,
+        Some(part) => Some(code_provenance_of(part)?),
+    };
     Ok(Received {
+        code_provenance,
         attempt,
         status,
         path: request.path,
@@ -449,6 +461,35 @@ fn check(request: RawRequest, attempt: usize, status: u16) -> Result<Received, S
 }
 
 /// Splits a multipart body (RFC 7578).
+/// A `code-provenance.json` part as Datadog's tracers send it:
+/// zstd-compressed, `{"v1": [{"kind", "name", "version", "paths"}]}` with
+/// `kind` one of `""`, `library`, `standard library`.
+fn code_provenance_of(part: &Part) -> Result<serde_json::Value, String> {
+    if !part.bytes.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        return Err("code-provenance.json is not zstd (no 28 b5 2f fd magic)".into());
+    }
+    let json = zstd::stream::decode_all(&part.bytes[..])
+        .map_err(|e| format!("code-provenance.json does not decompress: {e}"))?;
+    let value: serde_json::Value = serde_json::from_slice(&json)
+        .map_err(|e| format!("code-provenance.json is not JSON: {e}"))?;
+    let libraries = value["v1"]
+        .as_array()
+        .ok_or_else(|| format!("code-provenance.json has no v1 list: {value}"))?;
+    for library in libraries {
+        let kind = library["kind"].as_str();
+        if !matches!(kind, Some("" | "library" | "standard library"))
+            || !library["name"].is_string()
+            || !library["version"].is_string()
+            || !library["paths"].as_array().is_some_and(|paths| {
+                !paths.is_empty() && paths.iter().all(serde_json::Value::is_string)
+            })
+        {
+            return Err(format!("code-provenance.json entry: {library}"));
+        }
+    }
+    Ok(value)
+}
+
 pub fn multipart_parts(body: &[u8], boundary: &str) -> Result<Vec<Part>, String> {
     let delimiter = format!("--{boundary}");
     let find = |haystack: &[u8], from: usize, needle: &[u8]| {

@@ -111,5 +111,7 @@ pub struct PeriodProfile {
     pub end: SystemTime,
     /// The pprof protobuf, zstd-compressed.
     pub pprof_zstd: Vec<u8>,
+    /// `code-provenance.json` (uncompressed), when known.
+    pub code_provenance_json: Option<Vec<u8>>,
     pub figures: PeriodFigures,
 }

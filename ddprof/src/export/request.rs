@@ -4,7 +4,9 @@
 //! agent and the intake treat ddprof's profiles like any other.
 //!
 //! - multipart/form-data: a part `event` (file `event.json`,
-//!   `application/json`), then a part `profile.pprof` (file
+//!   `application/json`), then a part `code-provenance.json` (same file
+//!   name, zstd-compressed as libdatadog compresses the files it is given)
+//!   when the profile has one, then a part `profile.pprof` (file
 //!   `profile.pprof`): the pprof, zstd-compressed;
 //! - event.json: `attachments`, `tags_profiler`, `start`, `end` (RFC 3339,
 //!   UTC, nanoseconds), `family` (`native`), `version` (`4`),
@@ -32,6 +34,7 @@ pub const EVENT_VERSION: &str = "4";
 pub const EVENT_PART: &str = "event";
 pub const EVENT_FILE: &str = "event.json";
 pub const PROFILE_PART: &str = "profile.pprof";
+pub const CODE_PROVENANCE_PART: &str = "code-provenance.json";
 
 /// The target this binary was built for, as `runtime_platform` says it.
 pub fn runtime_platform() -> String {
@@ -123,8 +126,16 @@ pub fn event_json(
             .map(|text| text.trim().to_string())
             .unwrap_or_default()
     };
+    // As libdatadog lists them: the other files, then the profile.
+    let attachments: Vec<&str> = profile
+        .code_provenance_json
+        .as_ref()
+        .map(|_| CODE_PROVENANCE_PART)
+        .into_iter()
+        .chain([PROFILE_PART])
+        .collect();
     json!({
-        "attachments": [PROFILE_PART],
+        "attachments": attachments,
         "tags_profiler": join_tags(&profile_tags(context, sequence)),
         "start": crate::timestamp::rfc3339_nanos(profile.start),
         "end": crate::timestamp::rfc3339_nanos(profile.end),
@@ -195,7 +206,18 @@ pub fn build(
     dropped_profiles: u64,
 ) -> Request {
     let event = event_json(context, profile, sequence, dropped_profiles);
-    let (content_type, body) = multipart_body(&event, &profile.pprof_zstd);
+    let code_provenance = profile.code_provenance_json.as_ref().map(|json| {
+        // Compressing a few KB of JSON into memory cannot fail; sent as it
+        // is if it did.
+        zstd::bulk::compress(json, crate::profile::UPLOAD_ZSTD_LEVEL)
+            .unwrap_or_else(|_| json.clone())
+    });
+    let mut files: Vec<(&str, &[u8])> = Vec::with_capacity(2);
+    if let Some(code_provenance) = &code_provenance {
+        files.push((CODE_PROVENANCE_PART, code_provenance));
+    }
+    files.push((PROFILE_PART, &profile.pprof_zstd));
+    let (content_type, body) = multipart_body(&event, &files);
     Request {
         headers: headers(context),
         content_type,
@@ -203,19 +225,21 @@ pub fn build(
     }
 }
 
-/// `multipart/form-data` with the event and the profile; returns the
-/// `Content-Type` (with its boundary) and the body.
-pub fn multipart_body(event_json: &str, pprof_zstd: &[u8]) -> (String, Vec<u8>) {
-    // A random boundary that occurs in neither part.
+/// `multipart/form-data` with the event, then each file (its part named
+/// as the file); returns the `Content-Type` (with its boundary) and the
+/// body.
+pub fn multipart_body(event_json: &str, files: &[(&str, &[u8])]) -> (String, Vec<u8>) {
+    // A random boundary that occurs in no part.
     let boundary = loop {
         let boundary = format!("ddprof-{}", random_hex(16));
         let needle = boundary.as_bytes();
         let occurs = |bytes: &[u8]| bytes.windows(needle.len()).any(|window| window == needle);
-        if !occurs(event_json.as_bytes()) && !occurs(pprof_zstd) {
+        if !occurs(event_json.as_bytes()) && !files.iter().any(|(_, bytes)| occurs(bytes)) {
             break boundary;
         }
     };
-    let mut body = Vec::with_capacity(event_json.len() + pprof_zstd.len() + 512);
+    let file_bytes: usize = files.iter().map(|(_, bytes)| bytes.len() + 256).sum();
+    let mut body = Vec::with_capacity(event_json.len() + file_bytes + 256);
     let mut part = |name: &str, file: &str, content_type: &str, bytes: &[u8]| {
         body.extend_from_slice(
             format!(
@@ -233,12 +257,9 @@ pub fn multipart_body(event_json: &str, pprof_zstd: &[u8]) -> (String, Vec<u8>) 
         "application/json",
         event_json.as_bytes(),
     );
-    part(
-        PROFILE_PART,
-        PROFILE_PART,
-        "application/octet-stream",
-        pprof_zstd,
-    );
+    for (name, bytes) in files {
+        part(name, name, "application/octet-stream", bytes);
+    }
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
     (format!("multipart/form-data; boundary={boundary}"), body)
 }
@@ -369,6 +390,7 @@ mod tests {
             start: UNIX_EPOCH + Duration::from_secs(10),
             end: UNIX_EPOCH + Duration::from_secs(69),
             pprof_zstd: vec![0x28, 0xb5, 0x2f, 0xfd],
+            code_provenance_json: None,
             figures: PeriodFigures {
                 samples: 5,
                 ..PeriodFigures::default()
@@ -424,6 +446,7 @@ mod tests {
             start: UNIX_EPOCH,
             end: UNIX_EPOCH,
             pprof_zstd: b"\x28\xb5\x2f\xfdpprof".to_vec(),
+            code_provenance_json: Some(br#"{"v1":[]}"#.to_vec()),
             figures: PeriodFigures::default(),
         };
         let request = build(&context, &profile, 0, 0);
@@ -432,7 +455,15 @@ mod tests {
             .strip_prefix("multipart/form-data; boundary=")
             .unwrap();
         let body = String::from_utf8_lossy(&request.body);
-        assert_eq!(body.matches(&format!("--{boundary}\r\n")).count(), 2);
+        assert_eq!(body.matches(&format!("--{boundary}\r\n")).count(), 3);
+        assert!(body.contains("name=\"code-provenance.json\"; filename=\"code-provenance.json\""));
+        // The event lists the files as libdatadog does: the profile last.
+        let event = event_json(&context, &profile, 0, 0);
+        let event: serde_json::Value = serde_json::from_str(&event).unwrap();
+        assert_eq!(
+            event["attachments"],
+            serde_json::json!(["code-provenance.json", "profile.pprof"])
+        );
         assert!(body.ends_with(&format!("--{boundary}--\r\n")));
         assert!(body
             .contains("name=\"event\"; filename=\"event.json\"\r\nContent-Type: application/json"));

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::overhead::{HeapSamples, Lost, Overhead, RunTotals, StackFigures, ThreadTimes};
+use crate::provenance::Source;
 
 /// The largest frame the parent accepts: far above any period's pprof.
 pub const MAX_FRAME: usize = 512 << 20;
@@ -51,7 +52,15 @@ pub struct EncodedPeriod {
     /// The period's stacks for `stacks.folded`: process name first, then
     /// the frames from the root, and their count.
     pub folded: FoldedPeriod,
+    /// Where the code of the folded stacks' functions comes from (the
+    /// flame graph's colours).
+    pub sources: FrameSources,
+    /// `code-provenance.json`, for the upload.
+    pub code_provenance: Option<Vec<u8>>,
 }
+
+/// The source of each function name of a period's folded stacks.
+pub type FrameSources = std::collections::HashMap<Arc<str>, Source>;
 
 /// Why a worker is about to exit on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +137,8 @@ impl ToParent {
                         out.bool(profile.last_of_run);
                         out.optional_bytes(profile.pprof_gzip.as_deref());
                         out.optional_bytes(profile.pprof_zstd.as_deref());
-                        out.folded(&profile.folded);
+                        out.folded(&profile.folded, &profile.sources);
+                        out.optional_bytes(profile.code_provenance.as_deref());
                     }
                 }
             }
@@ -159,14 +169,24 @@ impl ToParent {
                 let end = input.time()?;
                 let profile = match input.u8()? {
                     0 => None,
-                    1 => Some(Box::new(EncodedPeriod {
-                        figures: input.figures()?,
-                        worker_peak_rss_kib: input.u64()?,
-                        last_of_run: input.bool()?,
-                        pprof_gzip: input.optional_bytes()?,
-                        pprof_zstd: input.optional_bytes()?,
-                        folded: input.folded()?,
-                    })),
+                    1 => {
+                        let figures = input.figures()?;
+                        let worker_peak_rss_kib = input.u64()?;
+                        let last_of_run = input.bool()?;
+                        let pprof_gzip = input.optional_bytes()?;
+                        let pprof_zstd = input.optional_bytes()?;
+                        let (folded, sources) = input.folded()?;
+                        Some(Box::new(EncodedPeriod {
+                            figures,
+                            worker_peak_rss_kib,
+                            last_of_run,
+                            pprof_gzip,
+                            pprof_zstd,
+                            folded,
+                            sources,
+                            code_provenance: input.optional_bytes()?,
+                        }))
+                    }
                     other => return Err(ChannelError::UnknownTag(other)),
                 };
                 ToParent::PeriodEnd {
@@ -328,8 +348,9 @@ impl Writer {
         self.duration(totals.losing_loop.waiting);
     }
 
-    /// A name table, then each stack as ids into it.
-    fn folded(&mut self, stacks: &[(Vec<Arc<str>>, u64)]) {
+    /// A name table, then each stack as ids into it, then the names with a
+    /// known source (the name table's ids, and the source's code).
+    fn folded(&mut self, stacks: &[(Vec<Arc<str>>, u64)], sources: &FrameSources) {
         let mut ids: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
         let mut names: Vec<&str> = Vec::new();
         let mut encoded: Vec<(Vec<u64>, u64)> = Vec::with_capacity(stacks.len());
@@ -346,7 +367,7 @@ impl Writer {
             encoded.push((frame_ids, *count));
         }
         self.u64(names.len() as u64);
-        for name in names {
+        for name in &names {
             self.bytes(name.as_bytes());
         }
         self.u64(encoded.len() as u64);
@@ -357,7 +378,38 @@ impl Writer {
                 self.u64(id);
             }
         }
+        let known: Vec<(u64, Source)> = names
+            .iter()
+            .enumerate()
+            .filter_map(|(id, name)| Some((id as u64, *sources.get(*name)?)))
+            .collect();
+        self.u64(known.len() as u64);
+        for (id, source) in known {
+            self.u64(id);
+            self.u8(source_code(source));
+        }
     }
+}
+
+/// A source's code on the channel.
+fn source_code(source: Source) -> u8 {
+    match source {
+        Source::Application => 0,
+        Source::Library => 1,
+        Source::System => 2,
+        Source::Kernel => 3,
+    }
+}
+
+fn source_of_code(code: u8) -> Option<Source> {
+    [
+        Source::Application,
+        Source::Library,
+        Source::System,
+        Source::Kernel,
+    ]
+    .into_iter()
+    .find(|source| source_code(*source) == code)
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -491,7 +543,8 @@ impl Reader<'_> {
         })
     }
 
-    fn folded(&mut self) -> Result<FoldedPeriod, ChannelError> {
+    /// [`Writer::folded`]'s stacks and sources.
+    fn folded(&mut self) -> Result<(FoldedPeriod, FrameSources), ChannelError> {
         let name_count = self.count(8)?;
         let mut names: Vec<Arc<str>> = Vec::with_capacity(name_count);
         for _ in 0..name_count {
@@ -514,7 +567,17 @@ impl Reader<'_> {
             }
             stacks.push((frames, count));
         }
-        Ok(stacks)
+        let known = self.count(9)?;
+        let mut sources = FrameSources::with_capacity(known);
+        for _ in 0..known {
+            let name = names
+                .get(self.u64()? as usize)
+                .ok_or(ChannelError::Truncated)?;
+            let code = self.u8()?;
+            let source = source_of_code(code).ok_or(ChannelError::UnknownTag(code))?;
+            sources.insert(name.clone(), source);
+        }
+        Ok((stacks, sources))
     }
 }
 
@@ -585,6 +648,13 @@ mod tests {
                     (vec![name("chain"), name("main"), name("a")], 7),
                     (vec![name("chain"), name("main")], 1),
                 ],
+                sources: [
+                    (name("main"), Source::Application),
+                    (name("a"), Source::System),
+                ]
+                .into_iter()
+                .collect(),
+                code_provenance: Some(br#"{"v1":[]}"#.to_vec()),
             })),
         }
     }

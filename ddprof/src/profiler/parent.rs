@@ -567,11 +567,13 @@ impl Outputs {
         for (names, count) in &profile.folded {
             self.folded.add_stack(names, *count);
         }
+        self.folded.add_sources(&profile.sources);
         if let (Some(exporter), Some(pprof_zstd)) = (&self.exporter, profile.pprof_zstd) {
             exporter.submit(PeriodProfile {
                 start,
                 end,
                 pprof_zstd,
+                code_provenance_json: profile.code_provenance,
                 figures: PeriodFigures {
                     samples: figures.samples,
                     lost: figures.lost.total(),

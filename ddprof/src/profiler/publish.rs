@@ -33,6 +33,7 @@ use super::ProfilerError;
 use crate::output::FoldedStacks;
 use crate::overhead::{CacheFigures, ThreadTimes};
 use crate::profile::{encode_pprof_compressed, Compressions, ProfileMetadata};
+use crate::provenance::Provenance;
 use crate::symbolize::{KallsymsSnapshot, Symbolizer, SymbolizerOptions};
 
 /// What the publisher is given, in order.
@@ -149,6 +150,7 @@ fn publish(
     if let Some(snapshot) = setup.kallsyms {
         symbolizer.use_kallsyms(snapshot);
     }
+    let mut provenance = Provenance::default();
     let mut metadata = ProfileMetadata {
         events: setup.events,
         sampling_period_nanos: setup.sampling_period_nanos,
@@ -160,6 +162,7 @@ fn publish(
             Job::Period(closed) => encode(
                 *closed,
                 &mut symbolizer,
+                &mut provenance,
                 &mut metadata,
                 &setup.compressions,
                 setup.kernel_stacks,
@@ -178,6 +181,7 @@ fn publish(
 fn encode(
     closed: ClosedPeriod,
     symbolizer: &mut Symbolizer,
+    provenance: &mut Provenance,
     metadata: &mut ProfileMetadata,
     compressions: &Compressions,
     kernel_stacks: bool,
@@ -240,7 +244,12 @@ fn encode(
             .map_or(0, Vec::len)
     );
     log::info!("caches: {}", CacheFigures::describe(&caches));
+    let origins = provenance.of_period(&symbolized);
     let profile = EncodedPeriod {
+        sources: origins.function_sources(&symbolized).into_iter().collect(),
+        code_provenance: compressions
+            .zstd
+            .then(|| origins.json(&symbolized).into_bytes()),
         figures: overhead,
         worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
         last_of_run: last,

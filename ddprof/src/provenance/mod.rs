@@ -1,0 +1,393 @@
+//! Code provenance: where the code of each frame comes from. A frame's file
+//! is the application's own code (its executable), a library shipped with
+//! it (any other file outside the system's), or the system's (a file a
+//! package installed, or one in the distribution's directories, and the
+//! kernel), with the package's name and version when dpkg's database says.
+//!
+//! Each upload carries this as `code-provenance.json`, in the format
+//! Datadog's tracers send (`{"v1": [{"kind", "name", "version", "paths"}]}`,
+//! `kind` `""` for the service's own code, `library`, `standard library`),
+//! its paths the mapped files' paths as the profile's mappings name them;
+//! the local flame graph is coloured by the same classes.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::aggregate::{FileId, Frame};
+use crate::files::ObjectFile;
+use crate::symbolize::SymbolizedProfile;
+
+pub mod dpkg;
+
+/// Where a file's code comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    /// The program's own executable.
+    Application,
+    /// A library shipped with the program (not the system's).
+    Library,
+    /// A file of the system: a package's, or in the distribution's
+    /// directories.
+    System,
+    /// The kernel.
+    Kernel,
+}
+
+impl Source {
+    /// Datadog's `kind` for it: `""` is the service's own code.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Source::Application => "",
+            Source::Library => "library",
+            Source::System | Source::Kernel => "standard library",
+        }
+    }
+
+    /// The colour of its frames in the flame graph (warm for the
+    /// program's, cool for the system's, as samply and Firefox's profiler
+    /// set the program apart).
+    pub fn flame_color(self) -> inferno::flamegraph::color::Color {
+        let (r, g, b) = match self {
+            Source::Application => (230, 90, 60),
+            Source::Library => (235, 180, 60),
+            Source::System => (90, 150, 220),
+            Source::Kernel => (150, 150, 150),
+        };
+        inferno::flamegraph::color::Color { r, g, b }
+    }
+}
+
+/// Where one file's code comes from, and under which name and version.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Origin {
+    pub source: Source,
+    pub name: String,
+    /// "" when not known.
+    pub version: String,
+}
+
+/// The directories a distribution installs its programs and libraries in
+/// (not `/usr/local`, not `/opt`: the machine's own).
+const SYSTEM_DIRECTORIES: &[&str] = &[
+    "/usr/lib/",
+    "/usr/lib64/",
+    "/usr/lib32/",
+    "/usr/libexec/",
+    "/usr/bin/",
+    "/usr/sbin/",
+    "/lib/",
+    "/lib64/",
+    "/lib32/",
+    "/bin/",
+    "/sbin/",
+];
+
+/// Whether `path` is in one of the distribution's directories.
+pub fn in_system_directory(path: &str) -> bool {
+    SYSTEM_DIRECTORIES
+        .iter()
+        .any(|directory| path.starts_with(directory))
+        && !path.starts_with("/usr/local/")
+}
+
+/// Whether a package may have installed the file at `path`: in the
+/// distribution's directories or in `/opt` (a read of dpkg's database,
+/// ~17 ms, is not spent on a program's own files elsewhere).
+fn may_be_packaged(path: &str) -> bool {
+    in_system_directory(path) || path.starts_with("/opt/")
+}
+
+/// What a run knows of its files' provenance (each file classed once).
+#[derive(Debug)]
+pub struct Provenance {
+    packages: dpkg::Database,
+    origins: HashMap<(String, u64, u64), Origin>,
+    kernel_release: String,
+}
+
+impl Default for Provenance {
+    fn default() -> Self {
+        Self::new(dpkg::Database::host())
+    }
+}
+
+/// One period's provenance: the origin of each file its frames are in.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeriodProvenance {
+    pub files: HashMap<FileId, Origin>,
+    /// The kernel's release when the period has kernel frames.
+    pub kernel: Option<String>,
+}
+
+impl Provenance {
+    pub fn new(packages: dpkg::Database) -> Self {
+        Self {
+            packages,
+            origins: HashMap::new(),
+            kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|release| release.trim().to_string())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The origins of the files the period's frames are in (the files seen
+    /// for the first time classed now: one read of dpkg's database for all
+    /// of them).
+    pub fn of_period(&mut self, profile: &SymbolizedProfile) -> PeriodProvenance {
+        let period = &profile.period;
+        let mut used: Vec<FileId> = Vec::new();
+        let mut kernel = false;
+        for frame in &period.frames {
+            match frame {
+                Frame::File { file, .. } => used.push(*file),
+                Frame::Kernel { .. } => kernel = true,
+                _ => {}
+            }
+        }
+        used.sort_unstable_by_key(|file| file.0);
+        used.dedup();
+        let key = |file: &ObjectFile| (file.path.clone(), file.dev, file.inode);
+        let new: Vec<&ObjectFile> = used
+            .iter()
+            .map(|&id| &**period.file(id))
+            .filter(|file| !self.origins.contains_key(&key(file)))
+            .collect();
+        if !new.is_empty() {
+            let classing = std::time::Instant::now();
+            let lookups: Vec<dpkg::Wanted> = new
+                .iter()
+                .filter(|file| may_be_packaged(&file.path))
+                .filter_map(|file| wanted(file))
+                .collect();
+            let owners = self.packages.owners(&lookups);
+            for file in &new {
+                let package = wanted(file).and_then(|lookup| owners.get(&lookup));
+                self.origins.insert(key(file), classify(file, package));
+            }
+            log::debug!(
+                "code provenance: {} new files classed in {:.1} ms ({} of them a package's)",
+                new.len(),
+                classing.elapsed().as_secs_f64() * 1e3,
+                owners.len()
+            );
+        }
+        PeriodProvenance {
+            files: used
+                .into_iter()
+                .map(|id| (id, self.origins[&key(period.file(id))].clone()))
+                .collect(),
+            kernel: kernel.then(|| self.kernel_release.clone()),
+        }
+    }
+}
+
+/// A file as dpkg's lookup takes it: the identity of the file held open
+/// (the very file mapped), not the mapping's device number, which the
+/// kernel encodes otherwise.
+fn wanted(file: &ObjectFile) -> Option<dpkg::Wanted> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = file.held()?.metadata().ok()?;
+    Some(dpkg::Wanted {
+        path: file.path.clone(),
+        dev: metadata.dev(),
+        inode: metadata.ino(),
+    })
+}
+
+/// Where `file`'s code comes from, `package` the one that installed it.
+fn classify(file: &ObjectFile, package: Option<&dpkg::Package>) -> Origin {
+    if let Some(package) = package {
+        return Origin {
+            source: Source::System,
+            name: package.name.clone(),
+            version: package.version.clone(),
+        };
+    }
+    let name = file.file_name();
+    if in_system_directory(&file.path) {
+        return Origin {
+            source: Source::System,
+            name: name.to_string(),
+            version: String::new(),
+        };
+    }
+    if file.held().is_some_and(is_executable) {
+        return Origin {
+            source: Source::Application,
+            name: name.to_string(),
+            version: String::new(),
+        };
+    }
+    // `libfoo.so.1.2` is `libfoo`, version `1.2`.
+    let (library, version) = match name.split_once(".so") {
+        Some((library, rest)) => (library, rest.strip_prefix('.').unwrap_or_default()),
+        None => (name, ""),
+    };
+    Origin {
+        source: Source::Library,
+        name: library.to_string(),
+        version: version.to_string(),
+    }
+}
+
+/// Whether an ELF file is a program rather than a shared library: of type
+/// `ET_EXEC`, or `ET_DYN` with a program interpreter (a PIE) and no
+/// `DT_SONAME` (glibc's `libc.so.6` has an interpreter too, to print its
+/// version when run, and is a library).
+fn is_executable(file: &std::fs::File) -> bool {
+    use object::read::elf::{Dyn, FileHeader, ProgramHeader};
+    let data = object::ReadCache::new(file);
+    let Ok(header) = object::elf::FileHeader64::<object::Endianness>::parse(&data) else {
+        return false;
+    };
+    let Ok(endian) = header.endian() else {
+        return false;
+    };
+    match header.e_type(endian) {
+        object::elf::ET_EXEC => true,
+        object::elf::ET_DYN => {
+            let Ok(segments) = header.program_headers(endian, &data) else {
+                return false;
+            };
+            let interpreter = segments
+                .iter()
+                .any(|segment| segment.p_type(endian) == object::elf::PT_INTERP);
+            let soname = segments.iter().any(|segment| {
+                segment
+                    .dynamic(endian, &data)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|entries| {
+                        entries
+                            .iter()
+                            .any(|entry| entry.d_tag(endian) == object::elf::DT_SONAME)
+                    })
+            });
+            interpreter && !soname
+        }
+        _ => false,
+    }
+}
+
+impl PeriodProvenance {
+    /// `code-provenance.json`: one entry per (class, name, version), its
+    /// paths the files' paths.
+    pub fn json(&self, profile: &SymbolizedProfile) -> String {
+        let mut entries: BTreeMap<&Origin, Vec<&str>> = BTreeMap::new();
+        for (id, origin) in &self.files {
+            entries
+                .entry(origin)
+                .or_default()
+                .push(&profile.period.file(*id).path);
+        }
+        let mut libraries: Vec<serde_json::Value> = entries
+            .into_iter()
+            .map(|(origin, mut paths)| {
+                paths.sort_unstable();
+                paths.dedup();
+                serde_json::json!({
+                    "kind": origin.source.kind(),
+                    "name": origin.name,
+                    "version": origin.version,
+                    "paths": paths,
+                })
+            })
+            .collect();
+        if let Some(release) = &self.kernel {
+            libraries.push(serde_json::json!({
+                "kind": Source::Kernel.kind(),
+                "name": "linux",
+                "version": release,
+                "paths": [crate::profile::KERNEL_MAPPING_NAME],
+            }));
+        }
+        serde_json::json!({ "v1": libraries }).to_string()
+    }
+
+    /// The source of each function name of the period's frames (the first
+    /// one seen when two files define the same name), for the flame graph,
+    /// which knows frames by name only.
+    pub fn function_sources(&self, profile: &SymbolizedProfile) -> Vec<(Arc<str>, Source)> {
+        let mut sources: HashMap<&Arc<str>, Source> = HashMap::new();
+        for (frame, symbols) in profile.period.frames.iter().zip(&profile.frames) {
+            let source = match frame {
+                Frame::File { file, .. } => match self.files.get(file) {
+                    Some(origin) => origin.source,
+                    None => continue,
+                },
+                Frame::Kernel { .. } => Source::Kernel,
+                _ => continue,
+            };
+            for symbol in symbols.iter() {
+                sources.entry(&symbol.function).or_insert(source);
+            }
+        }
+        sources
+            .into_iter()
+            .map(|(name, source)| (name.clone(), source))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(path: &str) -> ObjectFile {
+        ObjectFile::by_path(path, 0, 0)
+    }
+
+    #[test]
+    fn files_are_classed_by_package_directory_and_type() {
+        let libc = dpkg::Package {
+            name: "libc6".into(),
+            version: "2.36-9".into(),
+        };
+        let origin = |file: &ObjectFile, package| classify(file, package);
+        assert_eq!(
+            origin(&object("/usr/lib/x86_64-linux-gnu/libc.so.6"), Some(&libc)),
+            Origin {
+                source: Source::System,
+                name: "libc6".into(),
+                version: "2.36-9".into()
+            }
+        );
+        // In a system directory, no package: the system's, by file name.
+        assert_eq!(
+            origin(&object("/usr/lib64/libfoo.so.1"), None).source,
+            Source::System
+        );
+        assert_ne!(
+            origin(&object("/usr/local/lib/libfoo.so.1"), None).source,
+            Source::System
+        );
+        // Not held: not known to be a program, so a library, named by its
+        // soname.
+        assert_eq!(
+            origin(&object("/opt/app/lib/libfoo.so.1.2"), None),
+            Origin {
+                source: Source::Library,
+                name: "libfoo".into(),
+                version: "1.2".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_program_is_told_from_a_library_by_its_elf_header() {
+        let program = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+        assert!(is_executable(&program));
+        // glibc's libc.so.6 has a program interpreter (it runs, to print
+        // its version), and a soname.
+        let library = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .iter()
+        .find_map(|path| std::fs::File::open(path).ok())
+        .expect("glibc's libc.so.6");
+        assert!(!is_executable(&library));
+        let text = std::fs::File::open("/etc/hostname")
+            .or_else(|_| std::fs::File::open("/proc/self/status"));
+        assert!(!is_executable(&text.unwrap()));
+    }
+}

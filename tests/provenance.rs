@@ -1,0 +1,213 @@
+//! Code provenance end to end: each upload's `code-provenance.json` says
+//! which files are the program's own, a library shipped with it, or the
+//! system's (with the package dpkg says installed it), and the local flame
+//! graph is coloured by the same classes. Judged against `dpkg -S` and
+//! `dpkg-query` on a real program nobody wrote for us (python3) and on a
+//! workload of ours whose files' classes are known.
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use ddprof_tests::e2e::Scratch;
+use ddprof_tests::intake::{Behaviour, Intake, Received};
+use ddprof_tests::workloads::build_workload;
+
+/// The flame graph's colours, as `ddprof::provenance::Source` sets them.
+const APPLICATION: &str = "rgb(230,90,60)";
+const LIBRARY: &str = "rgb(235,180,60)";
+const SYSTEM: &str = "rgb(90,150,220)";
+const KERNEL: &str = "rgb(150,150,150)";
+
+/// Profiles `command` to a stand-in intake and a local directory, kernel
+/// frames included; the run's last request and the output directory.
+fn profile(scratch: &Scratch, command: &mut Command) -> (Received, PathBuf, String) {
+    let intake = Intake::http(Behaviour::Accept);
+    let local = scratch.0.join("out");
+    let program = command.get_program().to_owned();
+    let args: Vec<_> = command.get_args().map(ToOwned::to_owned).collect();
+    let output = ddprof_tests::ddprof_command()
+        .current_dir(&scratch.0)
+        .args(["-l", "notice", "-U", &intake.url, "-e", "sCPU freq=999"])
+        .args(["--include-kernel", "--output"])
+        .arg(&local)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("ddprof runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
+    let received = intake.received().pop().expect("a profile was uploaded");
+    (received, local, stderr)
+}
+
+/// The code-provenance entries by path: (kind, name, version).
+fn entries_by_path(received: &Received) -> BTreeMap<String, (String, String, String)> {
+    let provenance = received
+        .code_provenance
+        .as_ref()
+        .expect("the upload has code-provenance.json");
+    let mut by_path = BTreeMap::new();
+    for entry in provenance["v1"].as_array().unwrap() {
+        let field = |key: &str| entry[key].as_str().unwrap().to_string();
+        for path in entry["paths"].as_array().unwrap() {
+            let previous = by_path.insert(
+                path.as_str().unwrap().to_string(),
+                (field("kind"), field("name"), field("version")),
+            );
+            assert!(previous.is_none(), "{path} in two entries: {provenance}");
+        }
+    }
+    by_path
+}
+
+/// Every file of the profile's mappings is in exactly one entry.
+fn assert_every_mapping_is_classed(
+    received: &Received,
+    by_path: &BTreeMap<String, (String, String, String)>,
+) {
+    let profile = received.profile();
+    for mapping in &profile.mapping {
+        let file = profile.string(mapping.filename);
+        assert!(
+            by_path.contains_key(file),
+            "{file} is in no entry of {:?}",
+            received.code_provenance
+        );
+    }
+}
+
+/// Each frame name of the flame graph and its fill colour.
+fn flame_colors(dir: &Path) -> HashMap<String, String> {
+    let svg = std::fs::read_to_string(dir.join("flamegraph.svg")).expect("flamegraph.svg");
+    let mut colors = HashMap::new();
+    for frame in svg.split("<g><title>").skip(1) {
+        let Some((title, rest)) = frame.split_once("</title>") else {
+            continue;
+        };
+        let name = title.rsplit_once(" (").map_or(title, |(name, _)| name);
+        let Some(fill) = rest
+            .split_once("fill=\"")
+            .and_then(|(_, fill)| fill.split_once('"'))
+        else {
+            continue;
+        };
+        colors.insert(name.to_string(), fill.0.to_string());
+    }
+    colors
+}
+
+/// What dpkg says of a path: the package that installed it (as `dpkg -S`
+/// finds it: by the path, or by the path without the merged `/usr`, which
+/// Debian's file lists use) and its version.
+fn dpkg_owner(path: &str) -> Option<(String, String)> {
+    let candidates = [Some(path), path.strip_prefix("/usr")];
+    let package = candidates.into_iter().flatten().find_map(|candidate| {
+        let output = Command::new("dpkg").args(["-S", candidate]).output().ok()?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let line = text
+            .lines()
+            .find(|line| line.ends_with(&format!(": {candidate}")))?;
+        Some(line.split(':').next()?.to_string())
+    })?;
+    let version = Command::new("dpkg-query")
+        .args(["-W", "-f", "${Version}", &package])
+        .output()
+        .ok()?;
+    Some((
+        package,
+        String::from_utf8_lossy(&version.stdout).trim().to_string(),
+    ))
+}
+
+#[test]
+fn frames_are_classed_by_where_their_code_comes_from() {
+    let scratch = Scratch::new("provenance-classes");
+    let program = build_workload("provenance.c");
+    let library = build_workload("shipped_plugin.c");
+    let (received, local, stderr) =
+        profile(&scratch, Command::new(&program).arg("2").arg(&library));
+    let by_path = entries_by_path(&received);
+    println!("{by_path:#?}");
+    assert_every_mapping_is_classed(&received, &by_path);
+    let entry = |path: &Path| by_path.get(path.to_str().unwrap()).cloned();
+    assert_eq!(
+        entry(&program),
+        Some(("".into(), "provenance".into(), "".into())),
+        "the program's own code: {stderr}"
+    );
+    assert_eq!(
+        entry(&library),
+        Some(("library".into(), "libshipped_plugin".into(), "".into())),
+        "a library shipped with it"
+    );
+    let (libc_path, libc) = by_path
+        .iter()
+        .find(|(path, _)| path.ends_with("/libc.so.6"))
+        .expect("glibc's frames");
+    let (package, version) = dpkg_owner(libc_path).expect("dpkg knows glibc");
+    assert_eq!(libc, &("standard library".into(), package, version));
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_eq!(
+        by_path.get("[kernel.kallsyms]"),
+        Some(&(
+            "standard library".into(),
+            "linux".into(),
+            release.trim().into()
+        ))
+    );
+
+    let colors = flame_colors(&local);
+    let color = |name: &str| colors.get(name).map(String::as_str);
+    assert_eq!(color("app_work"), Some(APPLICATION), "{colors:?}");
+    assert_eq!(color("shipped_work"), Some(LIBRARY), "{colors:?}");
+    assert_eq!(color("read_zero"), Some(KERNEL), "{colors:?}");
+    let memcpy: Vec<_> = colors
+        .iter()
+        .filter(|(name, _)| name.starts_with("__memcpy") || name.starts_with("__memmove"))
+        .collect();
+    assert!(!memcpy.is_empty(), "{colors:?}");
+    assert!(memcpy.iter().all(|(_, fill)| *fill == SYSTEM), "{memcpy:?}");
+}
+
+#[test]
+fn a_real_programs_system_files_are_named_after_the_packages_dpkg_says() {
+    let scratch = Scratch::new("provenance-python");
+    let script = scratch.0.join("work.py");
+    std::fs::write(
+        &script,
+        "import json, time, zlib\n\
+         end = time.time() + 2\n\
+         while time.time() < end:\n\
+         \x20   doc = json.dumps({str(i): [i, str(i) * 3] for i in range(2000)})\n\
+         \x20   zlib.compress(doc.encode())\n\
+         \x20   json.loads(doc)\n",
+    )
+    .unwrap();
+    // Debian's interpreter (a `python3` first in PATH may be a pyenv one).
+    let (received, _, stderr) = profile(&scratch, Command::new("/usr/bin/python3").arg(&script));
+    let by_path = entries_by_path(&received);
+    println!("{by_path:#?}");
+    assert_every_mapping_is_classed(&received, &by_path);
+    let mut packaged = 0;
+    for (path, (kind, name, version)) in &by_path {
+        if path == "[kernel.kallsyms]" {
+            continue;
+        }
+        match dpkg_owner(path) {
+            Some((package, package_version)) => {
+                packaged += 1;
+                assert_eq!(
+                    (kind.as_str(), name, version),
+                    ("standard library", &package, &package_version),
+                    "{path}"
+                );
+            }
+            None => assert_ne!(kind, "standard library", "{path}: no package owns it"),
+        }
+    }
+    // The interpreter, libc, libz, the `_json` extension at least.
+    assert!(packaged >= 3, "{by_path:#?}\n{stderr}");
+}
