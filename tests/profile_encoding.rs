@@ -50,6 +50,7 @@ fn group(stack: u32, tid: u32, count: u64, timeline: Vec<TimedSample>) -> StackS
         tid,
         process_name: Some("app".into()),
         thread_name: None,
+        container_id: None,
         stack,
         count,
         scaled_count: count * ddprof::events::COUNT_UNIT,
@@ -233,6 +234,9 @@ fn encodes_samples_labels_and_inlined_lines() {
         vec![Box::new([0, 1])],
         vec![StackSample {
             thread_name: Some("worker".into()),
+            container_id: Some(
+                "3726184226f5d3147c25fdeab5b60097e378e8a720503a5e19ecfdf29f869860".into(),
+            ),
             ..group(0, 8, 3, vec![timed(99)])
         }],
     );
@@ -297,6 +301,10 @@ fn encodes_samples_labels_and_inlined_lines() {
         ("thread_name", "worker"),
         ("process_id", "7"),
         ("process_name", "app"),
+        (
+            "container_id",
+            "3726184226f5d3147c25fdeab5b60097e378e8a720503a5e19ecfdf29f869860",
+        ),
     ] {
         assert!(
             labels.contains(&(expected.0.into(), expected.1.into())),

@@ -33,6 +33,7 @@ pub mod carried;
 pub mod check;
 pub mod config;
 pub mod confine;
+pub mod container;
 pub mod events;
 pub mod export;
 pub mod files;

@@ -815,6 +815,7 @@ mod tests {
                         tid: 5,
                         process_name: Some("app".into()),
                         thread_name: None,
+                        container_id: None,
                         stack,
                         count,
                         scaled_count: count * crate::events::COUNT_UNIT,

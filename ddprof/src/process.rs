@@ -79,6 +79,11 @@ pub struct Process {
     /// Execs the records said it made since the table learned of it (a
     /// new image: its heap is new too).
     execs: u32,
+    /// The container it runs in: read from its cgroup when the table
+    /// learns of it from `/proc` and at each exec (a runtime moves a
+    /// container's first process into its cgroup before the exec), its
+    /// parent's after a fork.
+    pub container: Option<Arc<str>>,
 }
 
 impl Process {
@@ -233,6 +238,11 @@ impl ProcessTable {
         self.processes.get(&pid)?.find_mapping(addr)
     }
 
+    /// The container `pid` runs in, if any.
+    pub fn container(&self, pid: u32) -> Option<&str> {
+        self.get(pid)?.container.as_deref()
+    }
+
     pub fn process_name(&self, pid: u32) -> Option<&str> {
         self.processes.get(&pid).map(|p| p.name.as_str())
     }
@@ -350,6 +360,7 @@ impl ProcessTable {
             // that exec'd (a container's, after `chroot`), by their device
             // and inode (see `files::target::open_mapped`).
             crate::files::target::note_process_root(pid);
+            process.container = crate::container::container_of(pid);
         }
         if pid == tid {
             process.name = name.to_string();
@@ -375,6 +386,7 @@ impl ProcessTable {
             Some(parent) => Process {
                 name: parent.name.clone(),
                 mappings: parent.mappings.clone(),
+                container: parent.container.clone(),
                 ..Process::default()
             },
             None => Process::default(),
@@ -438,6 +450,7 @@ impl ProcessTable {
         let maps = read_lossy(format!("/proc/{pid}/maps"))?;
         let mut process = Process {
             name: name.clone(),
+            container: crate::container::container_of(pid),
             ..Process::default()
         };
         if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {

@@ -2,7 +2,8 @@
 //!
 //! The profile follows what Datadog's own profilers send for CPU profiles:
 //! sample types `cpu-samples`/`count` and `cpu-time`/`nanoseconds`, labels
-//! `process_id`, `process_name`, `thread id`, `thread_name` and, for the
+//! `process_id`, `process_name`, `thread id`, `thread_name`,
+//! `container_id` (as the C++ ddprof, when the process runs in one) and, for the
 //! timeline, `end_timestamp_ns`. Each mapped file gets its own address range
 //! in the profile (files from many processes share one profile), so a
 //! location's address is `memory_start + file offset`.
@@ -650,6 +651,7 @@ fn build_pprof_streaming_samples(
     let key_process_name = strings.id("process_name");
     let key_thread_id = strings.id("thread id");
     let key_thread_name = strings.id("thread_name");
+    let key_container_id = strings.id("container_id");
     let key_timestamp = strings.id("end_timestamp_ns");
     // One sample buffer, refilled for each sample.
     let mut sample = pb::Sample::default();
@@ -713,6 +715,13 @@ fn build_pprof_streaming_samples(
             sample.label.push(pb::Label {
                 key: key_thread_name,
                 str: strings.id(name),
+                ..pb::Label::default()
+            });
+        }
+        if let Some(id) = &stack_sample.container_id {
+            sample.label.push(pb::Label {
+                key: key_container_id,
+                str: strings.id(id),
                 ..pb::Label::default()
             });
         }

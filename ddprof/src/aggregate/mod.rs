@@ -103,6 +103,8 @@ pub struct StackSample {
     pub process_name: Option<Arc<str>>,
     /// The thread's name when the samples were taken.
     pub thread_name: Option<Arc<str>>,
+    /// The container the process ran in ([`crate::container`]).
+    pub container_id: Option<Arc<str>>,
     /// Index in [`PeriodProfile::stacks`].
     pub stack: u32,
     pub count: u64,
@@ -304,8 +306,9 @@ fn is_anonymous_path(path: &str) -> bool {
 }
 
 /// What a [`StackSample`] counts: event, pid, tid, stack, and the ids of
-/// the process and thread names in force at the samples' time.
-type SampleKey = (u16, u32, u32, u32, Option<u32>, Option<u32>);
+/// the process and thread names and of the container in force at the
+/// samples' time.
+type SampleKey = (u16, u32, u32, u32, Option<u32>, Option<u32>, Option<u32>);
 
 /// The period's process and thread names, each stored once.
 #[derive(Debug, Default)]
@@ -359,6 +362,8 @@ struct ThreadNameIds {
     generation: u64,
     process: Option<u32>,
     thread: Option<u32>,
+    /// The container's id (it changes only at an exec, as names do).
+    container: Option<u32>,
 }
 
 /// Stacks already normalized this period, by their raw addresses: a stack
@@ -659,6 +664,7 @@ impl Aggregator {
                     thread: period
                         .names
                         .id(processes.thread_name(sample.pid, sample.tid)),
+                    container: period.names.id(processes.container(sample.pid)),
                 };
                 period.thread_names.insert((sample.pid, sample.tid), names);
                 names
@@ -672,6 +678,7 @@ impl Aggregator {
             stack,
             process_name,
             thread_name,
+            names.container,
         );
         let index = *period.sample_ids.entry(key).or_insert_with(|| {
             period.samples.push(StackSample {
@@ -680,6 +687,7 @@ impl Aggregator {
                 tid: sample.tid,
                 process_name: period.names.name(process_name),
                 thread_name: period.names.name(thread_name),
+                container_id: period.names.name(names.container),
                 stack,
                 count: 0,
                 scaled_count: 0,

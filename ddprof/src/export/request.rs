@@ -100,6 +100,9 @@ pub fn profile_tags(context: &RequestContext, sequence: u64) -> Vec<Tag> {
         Tag::new("number_of_cpu_cores", context.cpu_cores.to_string()),
         Tag::new("profile_seq", sequence.to_string()),
         Tag::new("include_kernel", context.options.include_kernel.to_string()),
+        // As the C++ ddprof: the samples' `container_id` label is a
+        // context the backend may split the profile by.
+        Tag::new("ddprof.custom_ctx", "container_id"),
     ]);
     tags
 }
@@ -429,7 +432,7 @@ mod tests {
             "{tags}"
         );
         assert!(
-            tags.ends_with(",profile_seq:3,include_kernel:false"),
+            tags.ends_with(",profile_seq:3,include_kernel:false,ddprof.custom_ctx:container_id"),
             "{tags}"
         );
         assert!(tags.contains("runtime-id:6f6d0b4a-2b7e-4a8d-9e0f-0123456789ab"));

@@ -974,6 +974,7 @@ mod tests {
                 tid: 1,
                 process_name: None,
                 thread_name: None,
+                container_id: None,
                 stack: 0,
                 count: 1,
                 scaled_count: crate::events::COUNT_UNIT,
