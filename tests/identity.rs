@@ -1,12 +1,16 @@
 //! Whose work a sample is: each process's container, from its cgroup, on
 //! every one of its samples (`container_id`, as Datadog's C++ ddprof labels
-//! them). Real cgroups, real processes moved into them as a container
-//! runtime moves a container's first process: before its exec.
+//! them), and with `-p`/`--global` each process's service, from its
+//! OpenTelemetry process context or its environment, each service's
+//! samples in a profile of its own. Real cgroups, real processes moved into
+//! them as a container runtime moves a container's first process (before
+//! its exec), a publisher of OTEP 4719 written from the spec.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use ddprof_tests::e2e::Scratch;
+use ddprof_tests::intake::{Behaviour, Intake};
 use ddprof_tests::pprof::Profile;
 use ddprof_tests::workloads::build_workload;
 
@@ -20,7 +24,7 @@ struct ContainerCgroup {
 }
 
 impl ContainerCgroup {
-    fn new() -> Option<Self> {
+    fn new(engine: &str) -> Option<Self> {
         let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
         let mount = |kind: &str, option: Option<&str>| {
             mounts.lines().find_map(|line| {
@@ -34,7 +38,7 @@ impl ContainerCgroup {
         let random = std::fs::read("/proc/sys/kernel/random/uuid").ok()?;
         let half = String::from_utf8_lossy(&random).trim().replace('-', "");
         let id = format!("{half}{half}");
-        let parent = root.join(format!("ddprof-test-{}", std::process::id()));
+        let parent = root.join(format!("ddprof-test-{}-{engine}", std::process::id()));
         let path = parent.join(format!("docker-{id}.scope"));
         std::fs::create_dir_all(&path).ok()?;
         Some(Self { parent, path, id })
@@ -59,7 +63,8 @@ fn samples_of_a_process_in_a_container_carry_its_container_id_perf() {
 }
 
 fn samples_of_a_process_in_a_container_carry_its_container_id(engine: &str) {
-    let cgroup = ContainerCgroup::new().expect("a cgroup hierarchy this test can write (root)");
+    let cgroup =
+        ContainerCgroup::new(engine).expect("a cgroup hierarchy this test can write (root)");
     let chain = build_workload("chain.c");
     let scratch = Scratch::new(&format!("identity-container-{engine}"));
     let out = scratch.0.join("out");
@@ -104,14 +109,115 @@ fn samples_of_a_process_in_a_container_carry_its_container_id(engine: &str) {
         *samples.entry(pid).or_default() += 1;
     }
     println!("{containers:?} {samples:?}");
+    // Outside: the test's own container, if it runs in one.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let outside = ddprof::container::container_id_in(&own);
     let mut seen: Vec<&BTreeSet<Option<String>>> = containers.values().collect();
     seen.sort();
+    let mut expected = [
+        BTreeSet::from([outside]),
+        BTreeSet::from([Some(cgroup.id.clone())]),
+    ];
+    expected.sort();
     assert_eq!(
         seen,
-        [
-            &BTreeSet::from([None]),
-            &BTreeSet::from([Some(cgroup.id.clone())])
-        ],
+        expected.iter().collect::<Vec<_>>(),
         "one chain outside, one in the container, each with all its samples so labelled: {stderr}"
     );
+}
+
+/// A profile's tags, by key.
+type Tags = BTreeMap<String, String>;
+/// The (process name, process id) of a profile's samples.
+type Programs = BTreeSet<(String, String)>;
+
+/// With `-p`, each process that publishes its service (an OpenTelemetry
+/// process context, OTEP 4719, or `DD_SERVICE` in its environment) has its
+/// samples in a profile of that service's, uploaded under its tags; the
+/// others stay in the run's.
+#[test]
+fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
+    let chain = build_workload("chain.c");
+    let publisher = build_workload("otel_process_ctx.c");
+    let scratch = Scratch::new("identity-services");
+    let out = scratch.0.join("out");
+    let intake = Intake::http(Behaviour::Accept);
+    // Started after the attach (the shell sleeps first): two programs
+    // publish a service, one does not.
+    let script = format!(
+        "sleep 1; DD_SERVICE=alpha DD_ENV=test {chain} 2 & \
+         {publisher} 2 gamma staging 3.1 i-7 & {chain} 2 & wait",
+        chain = chain.display(),
+        publisher = publisher.display()
+    );
+    let mut shell = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let output = ddprof_tests::ddprof_command()
+        .args(["-l", "notice", "-S", "host-run", "-e", "sCPU freq=999"])
+        .args(["-U", &intake.url, "--output"])
+        .arg(&out)
+        .args(["-p", &shell.id().to_string()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("ddprof runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(shell.wait().unwrap().success());
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
+    // By service: its tags, and the programs and pids of its samples.
+    let mut by_service: BTreeMap<String, (Tags, Programs)> = BTreeMap::new();
+    for received in intake.received() {
+        let tags: BTreeMap<String, String> = received.tags().into_iter().collect();
+        let service = tags["service"].clone();
+        let entry = by_service
+            .entry(service)
+            .or_insert_with(|| (tags, BTreeSet::new()));
+        for labels in received.profile().labels() {
+            let label = |key: &str| {
+                labels
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, value)| value.clone())
+                    .unwrap_or_default()
+            };
+            entry.1.insert((label("process_name"), label("process_id")));
+        }
+    }
+    println!("{by_service:#?}");
+    let (alpha_tags, alpha) = &by_service["alpha"];
+    assert_eq!(alpha_tags.get("env").map(String::as_str), Some("test"));
+    assert_eq!(alpha.len(), 1, "one process: {alpha:?}");
+    assert!(alpha.iter().all(|(name, _)| name == "chain"), "{alpha:?}");
+    let (gamma_tags, gamma) = &by_service["gamma"];
+    assert_eq!(gamma_tags.get("env").map(String::as_str), Some("staging"));
+    assert_eq!(gamma_tags.get("version").map(String::as_str), Some("3.1"));
+    assert!(
+        gamma.len() == 1
+            && gamma
+                .iter()
+                .all(|(name, _)| name.starts_with("otel_process")),
+        "{gamma:?}"
+    );
+    let (run_tags, run) = &by_service["host-run"];
+    assert_eq!(run_tags.get("env"), None);
+    let run_chains: Vec<_> = run.iter().filter(|(name, _)| name == "chain").collect();
+    assert_eq!(run_chains.len(), 1, "the chain without a service: {run:?}");
+    assert!(!run
+        .iter()
+        .any(|sample| alpha.contains(sample) || gamma.contains(sample)));
+    assert_eq!(by_service.len(), 3, "{:?}", by_service.keys());
+    // Written under each service's name too.
+    let files: Vec<String> = ddprof_tests::outputs::pprof_files(&out)
+        .iter()
+        .map(|path| path.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for service in ["alpha-", "gamma-", "host-run-"] {
+        assert!(
+            files.iter().any(|file| file.starts_with(service)),
+            "{files:?}"
+        );
+    }
 }

@@ -37,6 +37,7 @@ pub mod container;
 pub mod events;
 pub mod export;
 pub mod files;
+pub mod identity;
 pub mod launch;
 pub mod live_heap;
 pub mod logging;

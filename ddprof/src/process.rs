@@ -87,6 +87,15 @@ pub struct Process {
 }
 
 impl Process {
+    /// A process first met in a record other than its fork (or whose
+    /// parent the table did not know): its container read now.
+    fn met(pid: u32) -> Self {
+        Self {
+            container: crate::container::container_of(pid),
+            ..Self::default()
+        }
+    }
+
     pub fn find_mapping(&self, addr: u64) -> Option<&Mapping> {
         let index = self.mappings.partition_point(|m| m.start <= addr);
         let mapping = self.mappings.get(index.checked_sub(1)?)?;
@@ -339,7 +348,7 @@ impl ProcessTable {
         self.came_back(record.pid);
         self.processes
             .entry(record.pid)
-            .or_default()
+            .or_insert_with(|| Process::met(record.pid))
             .insert_mapping(mapping);
     }
 
@@ -348,7 +357,10 @@ impl ProcessTable {
     pub fn set_comm(&mut self, pid: u32, tid: u32, name: &str, exec: bool) {
         self.generation = Generation::next();
         self.came_back(pid);
-        let process = self.processes.entry(pid).or_default();
+        let process = self
+            .processes
+            .entry(pid)
+            .or_insert_with(|| Process::met(pid));
         process.names_changed();
         if exec {
             process.execs = process.execs.wrapping_add(1);
@@ -372,7 +384,10 @@ impl ProcessTable {
     pub fn fork(&mut self, pid: u32, ppid: u32, tid: u32) {
         self.generation = Generation::next();
         if pid == ppid {
-            let process = self.processes.entry(pid).or_default();
+            let process = self
+                .processes
+                .entry(pid)
+                .or_insert_with(|| Process::met(pid));
             process.names_changed();
             let name = process.name.clone();
             process.threads.insert(tid, name);
@@ -389,7 +404,7 @@ impl ProcessTable {
                 container: parent.container.clone(),
                 ..Process::default()
             },
-            None => Process::default(),
+            None => Process::met(pid),
         };
         child.threads.insert(tid, child.name.clone());
         child.code_changed();

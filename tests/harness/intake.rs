@@ -460,7 +460,6 @@ fn check(request: RawRequest, attempt: usize, status: u16) -> Result<Received, S
     })
 }
 
-/// Splits a multipart body (RFC 7578).
 /// A `code-provenance.json` part as Datadog's tracers send it:
 /// zstd-compressed, `{"v1": [{"kind", "name", "version", "paths"}]}` with
 /// `kind` one of `""`, `library`, `standard library`.
@@ -490,6 +489,7 @@ fn code_provenance_of(part: &Part) -> Result<serde_json::Value, String> {
     Ok(value)
 }
 
+/// Splits a multipart body (RFC 7578).
 pub fn multipart_parts(body: &[u8], boundary: &str) -> Result<Vec<Part>, String> {
     let delimiter = format!("--{boundary}");
     let find = |haystack: &[u8], from: usize, needle: &[u8]| {

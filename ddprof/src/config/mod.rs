@@ -97,7 +97,7 @@ pub struct Cli {
     #[arg(long, env = "DD_PROFILING_UPLOAD_TIMEOUT", default_value_t = 10, value_parser = parse_upload_timeout)]
     pub upload_timeout: u64,
 
-    /// Profiles kept while the agent cannot take them (past it the oldest are dropped)
+    /// Periods of profiles kept while the agent cannot take them (past it the oldest are dropped; with -p or --global a period's profiles, one per service, count as one)
     #[arg(long, env = "DD_PROFILING_UPLOAD_QUEUE_PROFILES", default_value_t = 16, value_parser = parse_queue_profiles)]
     pub upload_queue_profiles: u32,
 

@@ -113,5 +113,9 @@ pub struct PeriodProfile {
     pub pprof_zstd: Vec<u8>,
     /// `code-provenance.json` (uncompressed), when known.
     pub code_provenance_json: Option<Vec<u8>>,
+    /// The service whose processes' samples it holds, when not the run's
+    /// (`-p`, `--global`): its tags replace the run's `service`, `env` and
+    /// `version`.
+    pub service: Option<crate::identity::ServiceIdentity>,
     pub figures: PeriodFigures,
 }

@@ -21,6 +21,7 @@ use serde_json::json;
 
 use super::entity::Entity;
 use super::{ExportOptions, PeriodProfile, Tag};
+use crate::identity::ServiceIdentity;
 
 /// The profiler's name for the intake (`DD-EVP-ORIGIN`).
 pub const ORIGIN: &str = "ddprof";
@@ -88,9 +89,27 @@ pub fn cpu_arch() -> &'static str {
 }
 
 /// The tags of one profile: the user's (service, env, version, `-T`),
-/// then the profiler's own.
-pub fn profile_tags(context: &RequestContext, sequence: u64) -> Vec<Tag> {
+/// with a process's own `service`, `env` and `version` instead for a
+/// service's profile, then the profiler's own.
+pub fn profile_tags(
+    context: &RequestContext,
+    service: Option<&ServiceIdentity>,
+    sequence: u64,
+) -> Vec<Tag> {
     let mut tags = context.options.tags.clone();
+    if let Some(identity) = service {
+        tags.retain(|tag| !matches!(tag.key.as_str(), "service" | "env" | "version"));
+        let own = [
+            ("service", Some(&identity.service)),
+            ("env", identity.env.as_ref()),
+            ("version", identity.version.as_ref()),
+        ];
+        for (at, (key, value)) in own.into_iter().enumerate() {
+            if let Some(value) = value {
+                tags.insert(at.min(tags.len()), Tag::new(key, value.clone()));
+            }
+        }
+    }
     tags.extend([
         Tag::new("language", "native"),
         Tag::new("profiler_version", VERSION),
@@ -139,7 +158,7 @@ pub fn event_json(
         .collect();
     json!({
         "attachments": attachments,
-        "tags_profiler": join_tags(&profile_tags(context, sequence)),
+        "tags_profiler": join_tags(&profile_tags(context, profile.service.as_ref(), sequence)),
         "start": crate::timestamp::rfc3339_nanos(profile.start),
         "end": crate::timestamp::rfc3339_nanos(profile.end),
         "family": FAMILY,
@@ -388,12 +407,31 @@ mod tests {
     }
 
     #[test]
+    fn a_services_profile_goes_out_under_its_own_tags() {
+        let context = context(Endpoint::agent("http://127.0.0.1:1"));
+        let identity = ServiceIdentity {
+            service: "checkout".into(),
+            env: Some("prod".into()),
+            version: None,
+            instance_id: None,
+        };
+        let tags = join_tags(&profile_tags(&context, Some(&identity), 1));
+        assert!(
+            tags.starts_with("service:checkout,env:prod,team:core,language:native,"),
+            "{tags}"
+        );
+        let run = join_tags(&profile_tags(&context, None, 1));
+        assert!(run.starts_with("service:svc,team:core,"), "{run}");
+    }
+
+    #[test]
     fn event_json_has_the_exporter_keys() {
         let profile = PeriodProfile {
             start: UNIX_EPOCH + Duration::from_secs(10),
             end: UNIX_EPOCH + Duration::from_secs(69),
             pprof_zstd: vec![0x28, 0xb5, 0x2f, 0xfd],
             code_provenance_json: None,
+            service: None,
             figures: PeriodFigures {
                 samples: 5,
                 ..PeriodFigures::default()
@@ -450,6 +488,7 @@ mod tests {
             end: UNIX_EPOCH,
             pprof_zstd: b"\x28\xb5\x2f\xfdpprof".to_vec(),
             code_provenance_json: Some(br#"{"v1":[]}"#.to_vec()),
+            service: None,
             figures: PeriodFigures::default(),
         };
         let request = build(&context, &profile, 0, 0);

@@ -92,7 +92,16 @@ impl Shared {
     fn enforce_bounds(&self, state: &mut State) {
         let mut dropped = 0;
         loop {
-            let count = state.queue.len() + usize::from(state.in_flight.is_some());
+            // A period's profiles (one per service with `-p`/`--global`)
+            // count as one: the bound is in periods waiting.
+            let mut periods: Vec<std::time::SystemTime> = state
+                .queue
+                .iter()
+                .map(|queued| queued.profile.start)
+                .collect();
+            periods.sort_unstable();
+            periods.dedup();
+            let count = periods.len() + usize::from(state.in_flight.is_some());
             let over = count > self.bounds.profiles || state.bytes > self.bounds.bytes;
             if !over || state.queue.len() <= 1 {
                 break;
@@ -316,7 +325,7 @@ fn describe_error(error: &reqwest::Error) -> String {
 /// What the uploader does next.
 enum Next {
     /// Send this profile (`deadline`: `finish` has been called).
-    Send(Queued, Option<Instant>),
+    Send(Box<Queued>, Option<Instant>),
     /// Nothing queued: wait for a profile or `finish`.
     Wait,
     /// Done (everything sent at exit, or the grace period is over).
@@ -333,7 +342,7 @@ fn take_next(shared: &Shared) -> Next {
     match state.queue.pop_front() {
         Some(next) => {
             state.in_flight = Some(next.bytes());
-            Next::Send(next, deadline)
+            Next::Send(Box::new(next), deadline)
         }
         None if deadline.is_some() => Next::Stop,
         None => Next::Wait,
@@ -436,7 +445,7 @@ async fn upload_loop(shared: &Shared, client: &reqwest::Client, context: &Reques
     let mut streak = Streak::new();
     loop {
         let (next, deadline) = match take_next(shared) {
-            Next::Send(next, deadline) => (next, deadline),
+            Next::Send(next, deadline) => (*next, deadline),
             Next::Wait => {
                 shared.wake.notified().await;
                 continue;

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::identity::ServiceIdentity;
 use crate::overhead::{HeapSamples, Lost, Overhead, RunTotals, StackFigures, ThreadTimes};
 use crate::provenance::Source;
 
@@ -56,6 +57,19 @@ pub struct EncodedPeriod {
     /// flame graph's colours).
     pub sources: FrameSources,
     /// `code-provenance.json`, for the upload.
+    pub code_provenance: Option<Vec<u8>>,
+    /// The profiles of the services the period's processes published
+    /// (`-p`, `--global`): the pprofs above hold the other processes'
+    /// samples, these each service's.
+    pub services: Vec<ServiceProfile>,
+}
+
+/// One service's profile of a period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceProfile {
+    pub identity: ServiceIdentity,
+    pub pprof_gzip: Option<Vec<u8>>,
+    pub pprof_zstd: Option<Vec<u8>>,
     pub code_provenance: Option<Vec<u8>>,
 }
 
@@ -139,6 +153,10 @@ impl ToParent {
                         out.optional_bytes(profile.pprof_zstd.as_deref());
                         out.folded(&profile.folded, &profile.sources);
                         out.optional_bytes(profile.code_provenance.as_deref());
+                        out.u64(profile.services.len() as u64);
+                        for service in &profile.services {
+                            out.service(service);
+                        }
                     }
                 }
             }
@@ -185,6 +203,16 @@ impl ToParent {
                             folded,
                             sources,
                             code_provenance: input.optional_bytes()?,
+                            services: {
+                                // A service's least: its name's length and
+                                // six flags.
+                                let count = input.count(14)?;
+                                let mut services = Vec::with_capacity(count);
+                                for _ in 0..count {
+                                    services.push(input.service()?);
+                                }
+                                services
+                            },
                         }))
                     }
                     other => return Err(ChannelError::UnknownTag(other)),
@@ -346,6 +374,17 @@ impl Writer {
         }
         self.duration(totals.losing_loop.on_cpu);
         self.duration(totals.losing_loop.waiting);
+    }
+
+    fn service(&mut self, service: &ServiceProfile) {
+        let identity = &service.identity;
+        self.bytes(identity.service.as_bytes());
+        for tag in [&identity.env, &identity.version, &identity.instance_id] {
+            self.optional_bytes(tag.as_deref().map(str::as_bytes));
+        }
+        self.optional_bytes(service.pprof_gzip.as_deref());
+        self.optional_bytes(service.pprof_zstd.as_deref());
+        self.optional_bytes(service.code_provenance.as_deref());
     }
 
     /// A name table, then each stack as ids into it, then the names with a
@@ -543,6 +582,24 @@ impl Reader<'_> {
         })
     }
 
+    fn service(&mut self) -> Result<ServiceProfile, ChannelError> {
+        let text = |bytes: Vec<u8>| String::from_utf8(bytes).map_err(|_| ChannelError::NotUtf8);
+        let service = text(self.bytes()?.to_vec())?;
+        let mut tag = || self.optional_bytes()?.map(text).transpose();
+        let (env, version, instance_id) = (tag()?, tag()?, tag()?);
+        Ok(ServiceProfile {
+            identity: ServiceIdentity {
+                service,
+                env,
+                version,
+                instance_id,
+            },
+            pprof_gzip: self.optional_bytes()?,
+            pprof_zstd: self.optional_bytes()?,
+            code_provenance: self.optional_bytes()?,
+        })
+    }
+
     /// [`Writer::folded`]'s stacks and sources.
     fn folded(&mut self) -> Result<(FoldedPeriod, FrameSources), ChannelError> {
         let name_count = self.count(8)?;
@@ -655,6 +712,17 @@ mod tests {
                 .into_iter()
                 .collect(),
                 code_provenance: Some(br#"{"v1":[]}"#.to_vec()),
+                services: vec![ServiceProfile {
+                    identity: ServiceIdentity {
+                        service: "checkout".into(),
+                        env: Some("prod".into()),
+                        version: None,
+                        instance_id: Some("i-1".into()),
+                    },
+                    pprof_gzip: None,
+                    pprof_zstd: Some(vec![0x28, 0xb5, 0x2f, 0xfd]),
+                    code_provenance: Some(b"{}".to_vec()),
+                }],
             })),
         }
     }

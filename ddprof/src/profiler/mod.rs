@@ -19,6 +19,7 @@
 //! passes `--worker-max-rss`, and when they die; no sample in the shared
 //! buffers is lost meanwhile.
 pub mod channel;
+mod losses;
 pub mod parent;
 mod publish;
 pub mod stop;

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::channel::{EncodedPeriod, ToParent};
+use super::channel::{EncodedPeriod, ServiceProfile, ToParent};
 use super::worker::{ClosedPeriod, WorkerError};
 use super::ProfilerError;
 use crate::output::FoldedStacks;
@@ -196,6 +196,7 @@ fn encode(
         last,
         mut caches,
         keeping_up,
+        services,
     } = closed;
     let Some(overhead) = overhead else {
         return Ok(ToParent::PeriodEnd {
@@ -224,9 +225,42 @@ fn encode(
     // the log, after the period's line.
     caches.extend(symbolizer.cache_figures());
     metadata.comments.extend(CacheFigures::comments(&caches));
+    // The flame graph holds every process's samples, whatever its service.
+    let folded = FoldedStacks::stacks_of(&symbolized, folded_event(&metadata.events, &symbolized));
+    let sources = provenance
+        .of_period(&symbolized)
+        .function_sources(&symbolized)
+        .into_iter()
+        .collect();
+    let (symbolized, service_parts) = crate::identity::split::by_service(symbolized, &services);
     let encoding = Instant::now();
     let encoded = encode_pprof_compressed(&symbolized, metadata, *compressions)
         .map_err(ProfilerError::from)?;
+    let mut service_profiles = Vec::with_capacity(service_parts.len());
+    for (identity, part) in service_parts {
+        let encoded =
+            encode_pprof_compressed(&part, metadata, *compressions).map_err(ProfilerError::from)?;
+        service_profiles.push(ServiceProfile {
+            identity,
+            pprof_gzip: encoded.gzip,
+            pprof_zstd: encoded.zstd,
+            code_provenance: compressions
+                .zstd
+                .then(|| provenance.of_period(&part).json(&part).into_bytes()),
+        });
+    }
+    if !service_profiles.is_empty() {
+        log::info!(
+            "period: {} services of their own ({}), the other processes' samples under the \
+             run's",
+            service_profiles.len(),
+            service_profiles
+                .iter()
+                .map(|profile| profile.identity.service.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let encode_time = encoding.elapsed();
     // How the loop kept up and where the symbolization's time went: when
     // samples are lost in full buffers, this says whether the profiler was
@@ -244,18 +278,21 @@ fn encode(
             .map_or(0, Vec::len)
     );
     log::info!("caches: {}", CacheFigures::describe(&caches));
-    let origins = provenance.of_period(&symbolized);
     let profile = EncodedPeriod {
-        sources: origins.function_sources(&symbolized).into_iter().collect(),
-        code_provenance: compressions
-            .zstd
-            .then(|| origins.json(&symbolized).into_bytes()),
+        sources,
+        code_provenance: compressions.zstd.then(|| {
+            provenance
+                .of_period(&symbolized)
+                .json(&symbolized)
+                .into_bytes()
+        }),
         figures: overhead,
         worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
         last_of_run: last,
-        folded: FoldedStacks::stacks_of(&symbolized, folded_event(&metadata.events, &symbolized)),
+        folded,
         pprof_gzip: encoded.gzip,
         pprof_zstd: encoded.zstd,
+        services: service_profiles,
     };
     Ok(ToParent::PeriodEnd {
         start,

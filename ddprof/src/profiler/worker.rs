@@ -18,6 +18,7 @@
 //! [`super::parent`]), and the logger writes each line with one `write(2)`,
 //! without the standard library's stderr lock (see [`crate::logging`]).
 //! glibc's `malloc` makes itself usable in the child of a fork.
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant, SystemTime};
@@ -27,6 +28,7 @@ use super::publish::{Publisher, PublisherSetup};
 use super::{ProfilerError, ProfilerOptions, Target, TargetWatch, MAX_POLL};
 use crate::aggregate::{Aggregator, PeriodProfile};
 use crate::carried::CarriedFile;
+use crate::identity::{Identities, Services};
 use crate::live_heap::{LiveHeap, Route};
 use crate::overhead::{Accounting, CacheFigures, Overhead, OverheadMeter, RunTotals, ThreadTimes};
 use crate::process::ProcessTable;
@@ -142,6 +144,10 @@ pub fn run(setup: WorkerSetup<'_>) -> i32 {
     }
     let ran = Worker::new(options, &handover, kallsyms, sampler.losses(), socket)
         .map(|worker| worker.with_live_heap(live_heap))
+        .map(|worker| Worker {
+            identities: (!matches!(target, Target::Launched { .. })).then(Identities::default),
+            ..worker
+        })
         .map(|worker| {
             let waits = waits.map(|file| (file, handover.after_a_dead_worker));
             worker.with_wall_time(wall, options.sampler.kernel_stacks, sampler, waits)
@@ -291,6 +297,9 @@ struct Worker {
     /// where this worker leaves them to the next when it retires (their
     /// switch-ins are in the buffers it hands over).
     wall: Option<(WallTime, Option<CarriedFile>)>,
+    /// Each process's service, with `-p` and `--global` (a launched
+    /// command's processes all go out under the run's service).
+    identities: Option<Identities>,
 }
 
 impl Worker {
@@ -350,6 +359,7 @@ impl Worker {
             loop_times: ThreadTimes::now(),
             live_heap: None,
             wall: None,
+            identities: None,
         })
     }
 
@@ -574,6 +584,9 @@ impl Worker {
             self.meter
                 .add_sample(sample.weight, sample.end, sample.frames.len());
         }
+        if let Some(identities) = &mut self.identities {
+            identities.met(processes, sample.pid);
+        }
         if self.show_samples {
             log::info!(
                 "sample pid={} tid={} ({}) event={} cpu={} time={} weight={} end={:?} frames={:x?}",
@@ -625,8 +638,14 @@ impl Worker {
     ) -> ClosedPeriod {
         let end = SystemTime::now();
         let start = self.period_start;
-        // Before the ended processes are forgotten.
+        // From the processes the table still holds (one that exited took
+        // its mappings with it: its jitdump is looked for by the path
+        // noted at its first anonymous sample).
         self.aggregator.note_jitdumps(processes);
+        let services = match &mut self.identities {
+            Some(identities) => identities.of_period(processes),
+            None => HashMap::new(),
+        };
         if let Some((live_heap, file)) = &mut self.live_heap {
             live_heap.add_to(processes, &mut self.aggregator);
             // Named once: a pid seen later is another process.
@@ -667,6 +686,7 @@ impl Worker {
                 last,
                 caches: Vec::new(),
                 keeping_up: None,
+                services,
             };
         }
         self.period_start = end;
@@ -691,6 +711,7 @@ impl Worker {
             last,
             caches: sampler.cache_figures(),
             keeping_up: Some(keeping_up),
+            services,
         }
     }
 }
@@ -728,6 +749,8 @@ pub(super) struct ClosedPeriod {
     pub caches: Vec<CacheFigures>,
     /// How the loop kept up with the buffers (with the figures).
     pub keeping_up: Option<KeepingUp>,
+    /// The service of each process of the period that has one of its own.
+    pub services: Services,
 }
 
 /// How the loop kept up with the perf buffers over a period: when samples

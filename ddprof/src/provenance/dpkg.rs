@@ -16,7 +16,7 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::files::bounded;
 
@@ -74,7 +74,8 @@ impl Database {
         }
         let root = self.root.clone();
         let wanted = wanted.to_vec();
-        match bounded::run(LOOKUP_TIMEOUT, move || look_up(&root, &wanted)) {
+        let deadline = Instant::now() + LOOKUP_TIMEOUT;
+        match bounded::run(LOOKUP_TIMEOUT, move || look_up(&root, &wanted, deadline)) {
             Ok(found) => found,
             Err(unanswered) => {
                 log::warn!(
@@ -87,24 +88,34 @@ impl Database {
     }
 }
 
-fn look_up(root: &Path, wanted: &[Wanted]) -> HashMap<Wanted, Package> {
-    let mut by_name: HashMap<&str, Vec<&Wanted>> = HashMap::new();
-    for file in wanted {
-        by_name.entry(file_name(&file.path)).or_default().push(file);
+/// File names searched for in the lists' bytes (each a pass over them,
+/// 8 MB on a Debian host); past this many, each list line is looked up by
+/// its file name instead (one pass whatever the count).
+const MAX_SEARCHED_NAMES: usize = 16;
+/// Files looked up at most in one call (the others are classed by their
+/// directories).
+pub const MAX_WANTED: usize = 512;
+
+fn look_up(root: &Path, wanted: &[Wanted], deadline: Instant) -> HashMap<Wanted, Package> {
+    let mut by_name: HashMap<&[u8], Vec<&Wanted>> = HashMap::new();
+    for file in wanted.iter().take(MAX_WANTED) {
+        by_name
+            .entry(file_name(&file.path).as_bytes())
+            .or_default()
+            .push(file);
     }
-    // Each name as a list's line ends with it: `/NAME\n`. Searched in the
-    // lists' bytes (8 MB on a Debian host) rather than line by line: a
-    // third of the time.
-    let finders: Vec<(memchr::memmem::Finder, &[&Wanted])> = by_name
-        .iter()
-        .map(|(name, files)| {
-            let needle = format!("/{name}\n");
-            (
-                memchr::memmem::Finder::new(needle.as_bytes()).into_owned(),
-                files.as_slice(),
-            )
-        })
-        .collect();
+    // Each name as a list's line ends with it: `/NAME\n`.
+    let finders: Vec<memchr::memmem::Finder> = if by_name.len() <= MAX_SEARCHED_NAMES {
+        by_name
+            .keys()
+            .map(|name| {
+                let needle = [b"/", *name, b"\n"].concat();
+                memchr::memmem::Finder::new(&needle).into_owned()
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let versions = read_bounded(&root.join("var/lib/dpkg/status"), MAX_STATUS_BYTES)
         .map(|status| installed_versions(&String::from_utf8_lossy(&status)))
         .unwrap_or_default();
@@ -115,56 +126,69 @@ fn look_up(root: &Path, wanted: &[Wanted]) -> HashMap<Wanted, Package> {
     let mut read_bytes = 0u64;
     let mut checked: HashSet<Vec<u8>> = HashSet::new();
     for entry in lists.flatten().take(MAX_LISTS) {
+        // The caller stopped waiting: so does the lookup.
+        if read_bytes >= MAX_ALL_LISTS_BYTES || Instant::now() > deadline {
+            break;
+        }
         let name = entry.file_name();
         let Some(package) = name.to_str().and_then(|name| name.strip_suffix(".list")) else {
             continue;
         };
-        if read_bytes >= MAX_ALL_LISTS_BYTES {
-            break;
-        }
         let Some(mut list) = read_bounded(&entry.path(), MAX_LIST_BYTES) else {
             continue;
         };
         read_bytes += list.len() as u64;
         list.push(b'\n');
-        for (finder, candidates) in &finders {
-            for end in finder.find_iter(&list) {
-                let start = list[..end]
-                    .iter()
-                    .rposition(|&b| b == b'\n')
-                    .map_or(0, |i| i + 1);
-                let listed = &list[start..end + finder.needle().len() - 1];
-                // Each listed path is looked at once (a path two packages
-                // list names the first one's file; dpkg refuses such
-                // conflicts).
-                if !checked.insert(listed.to_vec()) {
-                    continue;
+        let mut lines: Vec<&[u8]> = Vec::new();
+        if finders.is_empty() {
+            lines.extend(
+                list.split(|&byte| byte == b'\n')
+                    .filter(|line| by_name.contains_key(file_name_bytes(line))),
+            );
+        } else {
+            for finder in &finders {
+                for end in finder.find_iter(&list) {
+                    let start = list[..end]
+                        .iter()
+                        .rposition(|&b| b == b'\n')
+                        .map_or(0, |i| i + 1);
+                    lines.push(&list[start..end + finder.needle().len() - 1]);
                 }
-                let listed = std::ffi::OsStr::from_bytes(listed);
-                let path = root.join(
-                    Path::new(listed)
-                        .strip_prefix("/")
-                        .unwrap_or(Path::new(listed)),
-                );
-                let Ok(metadata) = std::fs::metadata(path) else {
-                    continue;
-                };
-                for &file in candidates.iter() {
-                    if (metadata.dev(), metadata.ino()) == (file.dev, file.inode) {
-                        found.entry(file.clone()).or_insert_with(|| Package {
-                            name: package_name(package).to_string(),
-                            version: versions
-                                .get(package)
-                                .or_else(|| versions.get(package_name(package)))
-                                .cloned()
-                                .unwrap_or_default(),
-                        });
-                    }
+            }
+        }
+        for listed in lines {
+            // Each listed path is looked at once (a path two packages list
+            // names the first one's file; dpkg refuses such conflicts).
+            if !checked.insert(listed.to_vec()) {
+                continue;
+            }
+            let Some(candidates) = by_name.get(file_name_bytes(listed)) else {
+                continue;
+            };
+            let listed = Path::new(std::ffi::OsStr::from_bytes(listed));
+            let path = root.join(listed.strip_prefix("/").unwrap_or(listed));
+            let Ok(metadata) = std::fs::metadata(path) else {
+                continue;
+            };
+            for &file in candidates {
+                if (metadata.dev(), metadata.ino()) == (file.dev, file.inode) {
+                    found.entry(file.clone()).or_insert_with(|| Package {
+                        name: package_name(package).to_string(),
+                        version: versions
+                            .get(package)
+                            .or_else(|| versions.get(package_name(package)))
+                            .cloned()
+                            .unwrap_or_default(),
+                    });
                 }
             }
         }
     }
     found
+}
+
+fn file_name_bytes(path: &[u8]) -> &[u8] {
+    path.rsplit(|&byte| byte == b'/').next().unwrap_or(path)
 }
 
 /// The package of a list's name: `libc6:amd64` is `libc6`.
@@ -263,12 +287,17 @@ mod tests {
         let bundled = wanted("opt/app/libz.so.1");
         let mut unknown = wanted("usr/lib/libz.so.1");
         unknown.inode = u64::MAX;
-        let owners = Database::at(&root).owners(&[
-            libc.clone(),
-            zlib.clone(),
-            bundled.clone(),
-            unknown.clone(),
-        ]);
+        let few = [libc.clone(), zlib.clone(), bundled.clone(), unknown.clone()];
+        let owners = Database::at(&root).owners(&few);
+        // More names than are searched for one by one: each line looked up
+        // by its file name, the same answers.
+        let mut many = few.to_vec();
+        many.extend((0..MAX_SEARCHED_NAMES).map(|n| Wanted {
+            path: format!("/usr/lib/other{n}.so"),
+            dev: 0,
+            inode: 0,
+        }));
+        assert_eq!(Database::at(&root).owners(&many), owners);
         std::fs::remove_dir_all(&root).unwrap();
         let package = |name: &str, version: &str| Package {
             name: name.into(),

@@ -100,9 +100,15 @@ fn may_be_packaged(path: &str) -> bool {
 #[derive(Debug)]
 pub struct Provenance {
     packages: dpkg::Database,
-    origins: HashMap<(String, u64, u64), Origin>,
+    /// Each file's origin, and the call that last used it.
+    origins: HashMap<(String, u64, u64), (Origin, u64)>,
+    calls: u64,
     kernel_release: String,
 }
+
+/// A file not met in this many calls is forgotten (classed again if it
+/// comes back): the files of programs that come and go do not pile up.
+const FORGOTTEN_AFTER_CALLS: u64 = 256;
 
 impl Default for Provenance {
     fn default() -> Self {
@@ -123,6 +129,7 @@ impl Provenance {
         Self {
             packages,
             origins: HashMap::new(),
+            calls: 0,
             kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .map(|release| release.trim().to_string())
                 .unwrap_or_default(),
@@ -133,6 +140,7 @@ impl Provenance {
     /// for the first time classed now: one read of dpkg's database for all
     /// of them).
     pub fn of_period(&mut self, profile: &SymbolizedProfile) -> PeriodProvenance {
+        self.calls += 1;
         let period = &profile.period;
         let mut used: Vec<FileId> = Vec::new();
         let mut kernel = false;
@@ -161,7 +169,8 @@ impl Provenance {
             let owners = self.packages.owners(&lookups);
             for file in &new {
                 let package = wanted(file).and_then(|lookup| owners.get(&lookup));
-                self.origins.insert(key(file), classify(file, package));
+                self.origins
+                    .insert(key(file), (classify(file, package), self.calls));
             }
             log::debug!(
                 "code provenance: {} new files classed in {:.1} ms ({} of them a package's)",
@@ -170,11 +179,19 @@ impl Provenance {
                 owners.len()
             );
         }
+        let calls = self.calls;
+        let files = used
+            .into_iter()
+            .filter_map(|id| {
+                let (origin, last_used) = self.origins.get_mut(&key(period.file(id)))?;
+                *last_used = calls;
+                Some((id, origin.clone()))
+            })
+            .collect();
+        self.origins
+            .retain(|_, (_, last_used)| calls - *last_used < FORGOTTEN_AFTER_CALLS);
         PeriodProvenance {
-            files: used
-                .into_iter()
-                .map(|id| (id, self.origins[&key(period.file(id))].clone()))
-                .collect(),
+            files,
             kernel: kernel.then(|| self.kernel_release.clone()),
         }
     }
@@ -217,10 +234,11 @@ fn classify(file: &ObjectFile, package: Option<&dpkg::Package>) -> Origin {
             version: String::new(),
         };
     }
-    // `libfoo.so.1.2` is `libfoo`, version `1.2`.
-    let (library, version) = match name.split_once(".so") {
-        Some((library, rest)) => (library, rest.strip_prefix('.').unwrap_or_default()),
-        None => (name, ""),
+    // `libfoo.so.1.2` is `libfoo`, version `1.2`; `libfoo.so` is `libfoo`.
+    let (library, version) = match (name.find(".so."), name.strip_suffix(".so")) {
+        (Some(at), _) => (&name[..at], &name[at + 4..]),
+        (None, Some(stem)) => (stem, ""),
+        (None, None) => (name, ""),
     };
     Origin {
         source: Source::Library,
@@ -228,6 +246,10 @@ fn classify(file: &ObjectFile, package: Option<&dpkg::Package>) -> Origin {
         version: version.to_string(),
     }
 }
+
+/// A dynamic segment is read up to this size (a longer one counts as a
+/// library's).
+const MAX_DYNAMIC_BYTES: u64 = 64 << 10;
 
 /// Whether an ELF file is a program rather than a shared library: of type
 /// `ET_EXEC`, or `ET_DYN` with a program interpreter (a PIE) and no
@@ -251,16 +273,20 @@ fn is_executable(file: &std::fs::File) -> bool {
             let interpreter = segments
                 .iter()
                 .any(|segment| segment.p_type(endian) == object::elf::PT_INTERP);
+            // A dynamic section is a few hundred bytes; the file says how
+            // long it is, and a longer one is not read.
             let soname = segments.iter().any(|segment| {
-                segment
-                    .dynamic(endian, &data)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|entries| {
-                        entries
-                            .iter()
-                            .any(|entry| entry.d_tag(endian) == object::elf::DT_SONAME)
-                    })
+                let dynamic = segment.p_type(endian) == object::elf::PT_DYNAMIC;
+                (dynamic && segment.p_filesz(endian) > MAX_DYNAMIC_BYTES)
+                    || segment
+                        .dynamic(endian, &data)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|entries| {
+                            entries
+                                .iter()
+                                .any(|entry| entry.d_tag(endian) == object::elf::DT_SONAME)
+                        })
             });
             interpreter && !soname
         }
@@ -272,12 +298,20 @@ impl PeriodProvenance {
     /// `code-provenance.json`: one entry per (class, name, version), its
     /// paths the files' paths.
     pub fn json(&self, profile: &SymbolizedProfile) -> String {
-        let mut entries: BTreeMap<&Origin, Vec<&str>> = BTreeMap::new();
+        // One origin per path (two files mapped from one path, a library
+        // upgraded during the run or a container's and the host's, take the
+        // one a package names, else the first).
+        let mut by_path: BTreeMap<&str, &Origin> = BTreeMap::new();
         for (id, origin) in &self.files {
-            entries
-                .entry(origin)
-                .or_default()
-                .push(&profile.period.file(*id).path);
+            let path = profile.period.file(*id).path.as_str();
+            let kept = by_path.entry(path).or_insert(origin);
+            if kept.version.is_empty() && !origin.version.is_empty() {
+                *kept = origin;
+            }
+        }
+        let mut entries: BTreeMap<&Origin, Vec<&str>> = BTreeMap::new();
+        for (path, origin) in by_path {
+            entries.entry(origin).or_default().push(path);
         }
         let mut libraries: Vec<serde_json::Value> = entries
             .into_iter()
@@ -369,6 +403,11 @@ mod tests {
                 name: "libfoo".into(),
                 version: "1.2".into()
             }
+        );
+        let library = origin(&object("/opt/app/lib/libfoo.socket.so"), None);
+        assert_eq!(
+            (library.name.as_str(), library.version.as_str()),
+            ("libfoo.socket", "")
         );
     }
 
