@@ -156,6 +156,9 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
         .spawn()
         .unwrap();
     let output = ddprof_tests::ddprof_command()
+        // The run's tags are `-S`'s alone, whatever the runner's.
+        .env_remove("DD_ENV")
+        .env_remove("DD_VERSION")
         .args(["-l", "notice", "-S", "host-run", "-e", "sCPU freq=999"])
         .args(["-U", &intake.url, "--output"])
         .arg(&out)

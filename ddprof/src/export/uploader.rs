@@ -59,6 +59,8 @@ struct State {
     bytes: usize,
     /// Bytes of the profile in flight (0: none).
     in_flight: Option<usize>,
+    /// The start of the period of the profile in flight.
+    in_flight_start: Option<std::time::SystemTime>,
     next_sequence: u64,
     /// Dropped since the last profile that carries the count.
     dropped_unreported: u64,
@@ -98,10 +100,11 @@ impl Shared {
                 .queue
                 .iter()
                 .map(|queued| queued.profile.start)
+                .chain(state.in_flight_start)
                 .collect();
             periods.sort_unstable();
             periods.dedup();
-            let count = periods.len() + usize::from(state.in_flight.is_some());
+            let count = periods.len();
             let over = count > self.bounds.profiles || state.bytes > self.bounds.bytes;
             if !over || state.queue.len() <= 1 {
                 break;
@@ -118,7 +121,7 @@ impl Shared {
             state.dropped_total += dropped;
             log::warn!(
                 "{} is not taking profiles: dropped the {dropped} oldest waiting to go out \
-                 (the queue holds at most {} profiles / {} MiB; {} dropped in all)",
+                 (the queue holds the profiles of at most {} periods / {} MiB; {} dropped in all)",
                 self.endpoint,
                 self.bounds.profiles,
                 self.bounds.bytes >> 20,
@@ -342,6 +345,7 @@ fn take_next(shared: &Shared) -> Next {
     match state.queue.pop_front() {
         Some(next) => {
             state.in_flight = Some(next.bytes());
+            state.in_flight_start = Some(next.profile.start);
             Next::Send(Box::new(next), deadline)
         }
         None if deadline.is_some() => Next::Stop,
@@ -363,6 +367,7 @@ struct Streak {
 fn settle(shared: &Shared, streak: &mut Streak, sent: Queued, outcome: Outcome) -> bool {
     let mut state = shared.lock();
     state.in_flight = None;
+    state.in_flight_start = None;
     let retry = match outcome {
         Outcome::Accepted(status) => {
             state.bytes -= sent.bytes();

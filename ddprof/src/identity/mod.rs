@@ -61,11 +61,6 @@ pub fn tag_value(raw: &str) -> Option<String> {
     (!value.is_empty()).then_some(value)
 }
 
-/// `pid`'s service: its process context's, else its environment's.
-pub fn of_process(pid: u32) -> Option<ServiceIdentity> {
-    process_context::of_process(pid).or_else(|| environ::of_process(pid))
-}
-
 /// What the worker knows of its processes' services: read at a process's
 /// first sample of a period (while it runs: a short-lived process is gone
 /// by the period's end), once per program it runs, and its process
@@ -74,11 +69,24 @@ pub fn of_process(pid: u32) -> Option<ServiceIdentity> {
 #[derive(Debug, Default)]
 pub struct Identities {
     known: HashMap<u32, Known>,
-    /// The processes met this period.
+    /// The processes met this period whose service is settled for it.
     met: HashSet<u32>,
+    /// The processes met this period without a published context yet, and
+    /// their samples so far: read again at their 16th and 256th (an SDK
+    /// publishes soon after its program starts, likely after the first
+    /// sample), then settled.
+    unsettled: HashMap<u32, u32>,
     /// Reads made this period.
     reads: usize,
+    /// A read overran its bound (a process whose `OTEL_CTX` mapping does not
+    /// answer): no process context is read by this worker any more.
+    contexts_stopped: bool,
 }
+
+/// The samples of a process without a published context at which it is
+/// read again (the first is read at once), and after which it is settled
+/// for the period.
+const READ_AGAIN_AT: [u32; 2] = [16, 256];
 
 #[derive(Debug)]
 struct Known {
@@ -97,8 +105,19 @@ impl Identities {
     /// read if it is not known (at most [`MAX_READS_PER_PERIOD`] reads a
     /// period; the others' samples keep the run's service).
     pub fn met(&mut self, processes: &ProcessTable, pid: u32) {
-        if self.met.insert(pid) {
+        if self.met.contains(&pid) {
+            return;
+        }
+        let samples = self.unsettled.entry(pid).or_insert(0);
+        *samples += 1;
+        let samples = *samples;
+        if samples == 1 || READ_AGAIN_AT.contains(&samples) {
             self.read_if_stale(processes, pid);
+        }
+        let published = self.known.get(&pid).is_some_and(|known| known.published);
+        if published || samples >= READ_AGAIN_AT[READ_AGAIN_AT.len() - 1] {
+            self.unsettled.remove(&pid);
+            self.met.insert(pid);
         }
     }
 
@@ -118,7 +137,22 @@ impl Identities {
         let program = std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .ok()
             .map(|name| name.trim_end_matches('\n').to_string());
-        let known = match process_context::of_process(pid) {
+        let published = if self.contexts_stopped {
+            None
+        } else {
+            match process_context::of_process(pid) {
+                Ok(published) => published,
+                Err(unanswered) => {
+                    log::warn!(
+                        "process {pid}'s OpenTelemetry process context: {unanswered}; no process \
+                         context is read any more (services from the environment only)"
+                    );
+                    self.contexts_stopped = true;
+                    None
+                }
+            }
+        };
+        let known = match published {
             Some(identity) => Known {
                 execs,
                 identity: Some(identity),
@@ -146,10 +180,17 @@ impl Identities {
         let found: Services = self
             .met
             .iter()
+            .chain(self.unsettled.keys())
             .filter_map(|pid| {
                 let known = self.known.get(pid)?;
+                // Grouped by service, environment and version: an SDK gives
+                // each process its own instance id, and no Datadog tag
+                // takes it.
                 let service = ProcessService {
-                    identity: known.identity.clone()?,
+                    identity: ServiceIdentity {
+                        instance_id: None,
+                        ..known.identity.clone()?
+                    },
                     program: known.program.clone(),
                 };
                 Some((*pid, service))
@@ -158,6 +199,7 @@ impl Identities {
         self.known
             .retain(|pid, _| found.contains_key(pid) || processes.get(*pid).is_some());
         self.met.clear();
+        self.unsettled.clear();
         self.reads = 0;
         found
     }
@@ -183,9 +225,17 @@ mod tests {
         let own = std::process::id();
         table.load_from_proc(own).unwrap();
         let mut identities = Identities::default();
-        // This test process publishes nothing: no service, but it is known.
+        // This test process publishes no context: its environment's
+        // service, if the runner set one, and it is known.
         identities.met(&table, own);
-        assert!(identities.of_period(&table).is_empty());
+        let expected = environ::of_process(own);
+        assert_eq!(
+            identities
+                .of_period(&table)
+                .remove(&own)
+                .map(|s| s.identity),
+            expected
+        );
         assert!(identities.known.contains_key(&own));
         table.exit(own, own);
         assert!(identities.of_period(&table).is_empty());

@@ -30,9 +30,9 @@ const SIGNATURE: &[u8; 8] = b"OTEL_CTX";
 const VERSION: u32 = 2;
 
 /// `pid`'s published service (`None`: it publishes none this reader
-/// takes, or it could not be read in time).
-pub fn of_process(pid: u32) -> Option<ServiceIdentity> {
-    bounded::run(READ_BOUND, move || read(pid)).ok().flatten()
+/// takes); `Err` when the read overran [`READ_BOUND`].
+pub fn of_process(pid: u32) -> Result<Option<ServiceIdentity>, bounded::Unanswered> {
+    bounded::run(READ_BOUND, move || read(pid))
 }
 
 fn read(pid: u32) -> Option<ServiceIdentity> {
@@ -49,8 +49,7 @@ fn read(pid: u32) -> Option<ServiceIdentity> {
         let Some(range) = parse_range(&line) else {
             continue;
         };
-        let name = line.split_whitespace().nth(5).unwrap_or("");
-        if name.starts_with("/memfd:OTEL_CTX") || name.starts_with("[anon_shmem:OTEL_CTX]") {
+        if is_context_mapping(&line) {
             context.get_or_insert(range);
         } else if is_private_anonymous(&line) {
             anonymous.push(range);
@@ -104,7 +103,8 @@ impl Header {
     }
 }
 
-/// The service in an OTLP `Resource`'s attributes: `service.name`,
+/// The service in an OTLP `Resource`'s attributes (none when the SDK was
+/// given no service: `unknown_service…`): `service.name`,
 /// `deployment.environment.name` (or the older `deployment.environment`),
 /// `service.version`, `service.instance.id` (string values only).
 pub fn identity(resource: &[u8]) -> Option<ServiceIdentity> {
@@ -124,7 +124,7 @@ pub fn identity(resource: &[u8]) -> Option<ServiceIdentity> {
             .and_then(|(_, value)| tag_value(value))
     };
     Some(ServiceIdentity {
-        service: attribute("service.name")?,
+        service: attribute("service.name").filter(|name| !name.starts_with("unknown_service"))?,
         env: attribute("deployment.environment.name")
             .or_else(|| attribute("deployment.environment")),
         version: attribute("service.version"),
@@ -206,6 +206,19 @@ fn varint<'b>(bytes: &mut &'b [u8]) -> Option<u64> {
     None
 }
 
+/// A `maps` line of the context's mapping: shared, named exactly as a
+/// memfd `OTEL_CTX` (always unlinked: ` (deleted)`) or a named shared
+/// anonymous mapping; not a file a process named so, whose pages a hung
+/// mount could keep from answering.
+fn is_context_mapping(line: &str) -> bool {
+    let fields: Vec<&str> = line.splitn(6, char::is_whitespace).collect();
+    let (Some(perms), Some(name)) = (fields.get(1), fields.get(5)) else {
+        return false;
+    };
+    let name = name.trim_start();
+    perms.ends_with('s') && (name == "/memfd:OTEL_CTX (deleted)" || name == "[anon_shmem:OTEL_CTX]")
+}
+
 fn parse_range(line: &str) -> Option<(u64, u64)> {
     let (start, end) = line.split_whitespace().next()?.split_once('-')?;
     Some((
@@ -258,6 +271,11 @@ mod tests {
             })
         );
         assert_eq!(identity(&attribute("service.version", "1")), None);
+        // An SDK given no service publishes `unknown_service[:exe]`: none.
+        assert_eq!(
+            identity(&attribute("service.name", "unknown_service:java")),
+            None
+        );
         // Every truncation of it is read without a panic.
         for end in 0..resource.len() {
             let _ = identity(&resource[..end]);
@@ -294,7 +312,31 @@ mod tests {
 
     #[test]
     fn a_process_without_a_context_has_none() {
-        assert_eq!(of_process(std::process::id()), None);
-        assert_eq!(of_process(u32::MAX), None);
+        assert_eq!(of_process(std::process::id()), Ok(None));
+        assert_eq!(of_process(u32::MAX), Ok(None));
+    }
+
+    #[test]
+    fn only_a_shared_mapping_named_as_the_otep_says_is_the_context() {
+        let line = |perms: &str, name: &str| {
+            format!("7fc15b33b000-7fc15b33c000 {perms} 00000000 00:01 215                        {name}")
+        };
+        assert!(is_context_mapping(&line(
+            "rw-s",
+            "/memfd:OTEL_CTX (deleted)"
+        )));
+        assert!(is_context_mapping(&line("r--s", "[anon_shmem:OTEL_CTX]")));
+        // A file a process named so (not unlinked, or private), or another
+        // memfd whose name starts the same.
+        assert!(!is_context_mapping(&line("rw-s", "/memfd:OTEL_CTX")));
+        assert!(!is_context_mapping(&line(
+            "rw-p",
+            "/memfd:OTEL_CTX (deleted)"
+        )));
+        assert!(!is_context_mapping(&line(
+            "rw-s",
+            "/memfd:OTEL_CTX_other (deleted)"
+        )));
+        assert!(!is_context_mapping(&line("rw-s", "")));
     }
 }

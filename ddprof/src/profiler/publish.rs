@@ -225,6 +225,7 @@ fn encode(
     // the log, after the period's line.
     caches.extend(symbolizer.cache_figures());
     metadata.comments.extend(CacheFigures::comments(&caches));
+    provenance.new_period();
     // The flame graph holds every process's samples, whatever its service.
     let folded = FoldedStacks::stacks_of(&symbolized, folded_event(&metadata.events, &symbolized));
     let sources = provenance

@@ -100,15 +100,15 @@ fn may_be_packaged(path: &str) -> bool {
 #[derive(Debug)]
 pub struct Provenance {
     packages: dpkg::Database,
-    /// Each file's origin, and the call that last used it.
+    /// Each file's origin, and the period that last used it.
     origins: HashMap<(String, u64, u64), (Origin, u64)>,
     calls: u64,
     kernel_release: String,
 }
 
-/// A file not met in this many calls is forgotten (classed again if it
+/// A file not met in this many periods is forgotten (classed again if it
 /// comes back): the files of programs that come and go do not pile up.
-const FORGOTTEN_AFTER_CALLS: u64 = 256;
+pub const FORGOTTEN_AFTER_PERIODS: u64 = 64;
 
 impl Default for Provenance {
     fn default() -> Self {
@@ -139,8 +139,16 @@ impl Provenance {
     /// The origins of the files the period's frames are in (the files seen
     /// for the first time classed now: one read of dpkg's database for all
     /// of them).
-    pub fn of_period(&mut self, profile: &SymbolizedProfile) -> PeriodProvenance {
+    /// A new period: files not met in [`FORGOTTEN_AFTER_PERIODS`] are
+    /// forgotten.
+    pub fn new_period(&mut self) {
         self.calls += 1;
+        let calls = self.calls;
+        self.origins
+            .retain(|_, (_, last_used)| calls - *last_used < FORGOTTEN_AFTER_PERIODS);
+    }
+
+    pub fn of_period(&mut self, profile: &SymbolizedProfile) -> PeriodProvenance {
         let period = &profile.period;
         let mut used: Vec<FileId> = Vec::new();
         let mut kernel = false;
@@ -188,8 +196,6 @@ impl Provenance {
                 Some((id, origin.clone()))
             })
             .collect();
-        self.origins
-            .retain(|_, (_, last_used)| calls - *last_used < FORGOTTEN_AFTER_CALLS);
         PeriodProvenance {
             files,
             kernel: kernel.then(|| self.kernel_release.clone()),
