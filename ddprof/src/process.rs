@@ -551,18 +551,59 @@ fn read_lossy(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
     })
 }
 
+/// One line of `/proc/PID/maps`, split into its fields (`path` as the
+/// kernel wrote it, `""` for none): the one reader of that format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapsLine<'a> {
+    pub start: u64,
+    pub end: u64,
+    /// `rwxp` / `rwxs`.
+    pub perms: &'a str,
+    pub offset: &'a str,
+    pub dev: &'a str,
+    pub inode: &'a str,
+    pub path: &'a str,
+}
+
+impl<'a> MapsLine<'a> {
+    pub fn parse(line: &'a str) -> Option<Self> {
+        let mut fields = line.splitn(6, char::is_whitespace);
+        let (start, end) = fields.next()?.split_once('-')?;
+        Some(Self {
+            start: u64::from_str_radix(start, 16).ok()?,
+            end: u64::from_str_radix(end, 16).ok()?,
+            perms: fields.next()?,
+            offset: fields.next()?,
+            dev: fields.next()?,
+            inode: fields.next()?,
+            path: fields.next().unwrap_or("").trim_start(),
+        })
+    }
+
+    /// Private (copy-on-write) memory that no file backs (its inode is 0;
+    /// the callers say which names they take: none, `[stack]`, …).
+    pub fn is_private_unbacked(&self) -> bool {
+        self.inode == "0" && self.perms.ends_with('p')
+    }
+
+    /// Shared memory (`s`).
+    pub fn is_shared(&self) -> bool {
+        self.perms.ends_with('s')
+    }
+}
+
 /// Parses one line of `/proc/PID/maps`.
 pub fn parse_maps_line(pid: u32, line: &str) -> Option<MappingRecord> {
-    let mut fields = line.splitn(6, char::is_whitespace);
-    let range = fields.next()?;
-    let perms = fields.next()?;
-    let offset = fields.next()?;
-    let dev = fields.next()?;
-    let inode = fields.next()?;
-    let path = fields.next().unwrap_or("").trim_start().to_string();
-    let (start, end) = range.split_once('-')?;
-    let start = u64::from_str_radix(start, 16).ok()?;
-    let end = u64::from_str_radix(end, 16).ok()?;
+    let MapsLine {
+        start,
+        end,
+        perms,
+        offset,
+        dev,
+        inode,
+        path,
+    } = MapsLine::parse(line)?;
+    let path = path.to_string();
     let perms = perms.as_bytes();
     let mut prot = 0u32;
     if perms.first() == Some(&b'r') {

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::{tag_value, ServiceIdentity};
 use crate::files::bounded;
+use crate::process::MapsLine;
 
 /// The longest one process's read may take.
 pub const READ_BOUND: Duration = Duration::from_millis(250);
@@ -46,13 +47,13 @@ fn read(pid: u32) -> Option<ServiceIdentity> {
         .map_while(Result::ok)
     {
         let line = String::from_utf8_lossy(&line);
-        let Some(range) = parse_range(&line) else {
+        let Some(line) = MapsLine::parse(&line) else {
             continue;
         };
         if is_context_mapping(&line) {
-            context.get_or_insert(range);
+            context.get_or_insert((line.start, line.end));
         } else if is_private_anonymous(&line) {
-            anonymous.push(range);
+            anonymous.push((line.start, line.end));
         }
     }
     let (start, end) = context?;
@@ -103,25 +104,46 @@ impl Header {
     }
 }
 
-/// The service in an OTLP `Resource`'s attributes (none when the SDK was
-/// given no service: `unknown_service…`): `service.name`,
-/// `deployment.environment.name` (or the older `deployment.environment`),
-/// `service.version`, `service.instance.id` (string values only).
-pub fn identity(resource: &[u8]) -> Option<ServiceIdentity> {
-    let mut attributes: Vec<(String, String)> = Vec::new();
-    for (field, value) in Fields(resource) {
-        // Resource.attributes = 1 (KeyValue).
-        if let (1, Value::Bytes(key_value)) = (field, value) {
-            if let Some(pair) = key_value_of(key_value) {
-                attributes.push(pair);
-            }
-        }
+/// The part of an OTLP `Resource` read here (with prost, as the profile is
+/// written: fields not declared are skipped): its attributes, each a
+/// `KeyValue` whose `AnyValue` is read only as a string. Strings are taken
+/// as bytes, so that one attribute that is not UTF-8 costs only itself.
+mod otlp {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Resource {
+        #[prost(message, repeated, tag = "1")]
+        pub attributes: Vec<KeyValue>,
     }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct KeyValue {
+        #[prost(bytes = "vec", tag = "1")]
+        pub key: Vec<u8>,
+        #[prost(message, optional, tag = "2")]
+        pub value: Option<AnyValue>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct AnyValue {
+        #[prost(bytes = "vec", optional, tag = "1")]
+        pub string_value: Option<Vec<u8>>,
+    }
+}
+
+/// The service in an OTLP `Resource`'s attributes (none when the SDK was
+/// given no service: `unknown_service…`, or the payload does not decode):
+/// `service.name`, `deployment.environment.name` (or the older
+/// `deployment.environment`), `service.version`, `service.instance.id`
+/// (string values only).
+pub fn identity(resource: &[u8]) -> Option<ServiceIdentity> {
+    let resource = <otlp::Resource as prost::Message>::decode(resource).ok()?;
     let attribute = |key: &str| {
-        attributes
+        resource
+            .attributes
             .iter()
-            .find(|(k, _)| k == key)
-            .and_then(|(_, value)| tag_value(value))
+            .filter(|pair| pair.key == key.as_bytes())
+            .find_map(|pair| std::str::from_utf8(pair.value.as_ref()?.string_value.as_ref()?).ok())
+            .and_then(tag_value)
     };
     Some(ServiceIdentity {
         service: attribute("service.name").filter(|name| !name.starts_with("unknown_service"))?,
@@ -132,108 +154,19 @@ pub fn identity(resource: &[u8]) -> Option<ServiceIdentity> {
     })
 }
 
-/// A `KeyValue` (key = 1, value = 2: an `AnyValue` whose `string_value` is
-/// field 1) as its key and string value.
-fn key_value_of(bytes: &[u8]) -> Option<(String, String)> {
-    let (mut key, mut value) = (None, None);
-    for (field, content) in Fields(bytes) {
-        match (field, content) {
-            (1, Value::Bytes(text)) => key = Some(std::str::from_utf8(text).ok()?.to_string()),
-            (2, Value::Bytes(any)) => {
-                for (field, content) in Fields(any) {
-                    if let (1, Value::Bytes(text)) = (field, content) {
-                        value = Some(std::str::from_utf8(text).ok()?.to_string());
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Some((key?, value?))
-}
-
-/// A protobuf field's content.
-enum Value<'a> {
-    Number,
-    Bytes(&'a [u8]),
-}
-
-/// The fields of a protobuf message, until its end or the first malformed
-/// one (the rest is ignored, never read past the bytes).
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = (u64, Value<'a>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let tag = varint(&mut self.0)?;
-        let value = match tag & 7 {
-            0 => {
-                varint(&mut self.0)?;
-                Value::Number
-            }
-            1 | 5 => {
-                let width = if tag & 7 == 1 { 8 } else { 4 };
-                self.0 = self.0.get(width..)?;
-                Value::Number
-            }
-            2 => {
-                let length = usize::try_from(varint(&mut self.0)?).ok()?;
-                let bytes = self.0.get(..length)?;
-                self.0 = &self.0[length..];
-                Value::Bytes(bytes)
-            }
-            _ => {
-                self.0 = &[];
-                return None;
-            }
-        };
-        Some((tag >> 3, value))
-    }
-}
-
-fn varint<'b>(bytes: &mut &'b [u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let slice: &'b [u8] = bytes;
-        let (&byte, rest) = slice.split_first()?;
-        *bytes = rest;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
-}
-
 /// A `maps` line of the context's mapping: shared, named exactly as a
 /// memfd `OTEL_CTX` (always unlinked: ` (deleted)`) or a named shared
 /// anonymous mapping; not a file a process named so, whose pages a hung
 /// mount could keep from answering.
-fn is_context_mapping(line: &str) -> bool {
-    let fields: Vec<&str> = line.splitn(6, char::is_whitespace).collect();
-    let (Some(perms), Some(name)) = (fields.get(1), fields.get(5)) else {
-        return false;
-    };
-    let name = name.trim_start();
-    perms.ends_with('s') && (name == "/memfd:OTEL_CTX (deleted)" || name == "[anon_shmem:OTEL_CTX]")
-}
-
-fn parse_range(line: &str) -> Option<(u64, u64)> {
-    let (start, end) = line.split_whitespace().next()?.split_once('-')?;
-    Some((
-        u64::from_str_radix(start, 16).ok()?,
-        u64::from_str_radix(end, 16).ok()?,
-    ))
+fn is_context_mapping(line: &MapsLine) -> bool {
+    line.is_shared()
+        && (line.path == "/memfd:OTEL_CTX (deleted)" || line.path == "[anon_shmem:OTEL_CTX]")
 }
 
 /// A `maps` line of private anonymous memory (no file).
-fn is_private_anonymous(line: &str) -> bool {
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    let path = fields.get(5).copied().unwrap_or("");
-    fields.get(4) == Some(&"0")
-        && fields.get(1).is_some_and(|perms| perms.ends_with('p'))
-        && (path.is_empty() || path.starts_with("[anon:") || path == "[heap]")
+fn is_private_anonymous(line: &MapsLine) -> bool {
+    line.is_private_unbacked()
+        && (line.path.is_empty() || line.path.starts_with("[anon:") || line.path == "[heap]")
 }
 
 #[cfg(test)]
@@ -318,25 +251,19 @@ mod tests {
 
     #[test]
     fn only_a_shared_mapping_named_as_the_otep_says_is_the_context() {
-        let line = |perms: &str, name: &str| {
-            format!("7fc15b33b000-7fc15b33c000 {perms} 00000000 00:01 215                        {name}")
+        let context = |perms: &str, name: &str| {
+            let line = format!(
+                "7fc15b33b000-7fc15b33c000 {perms} 00000000 00:01 215                        {name}"
+            );
+            is_context_mapping(&MapsLine::parse(&line).unwrap())
         };
-        assert!(is_context_mapping(&line(
-            "rw-s",
-            "/memfd:OTEL_CTX (deleted)"
-        )));
-        assert!(is_context_mapping(&line("r--s", "[anon_shmem:OTEL_CTX]")));
+        assert!(context("rw-s", "/memfd:OTEL_CTX (deleted)"));
+        assert!(context("r--s", "[anon_shmem:OTEL_CTX]"));
         // A file a process named so (not unlinked, or private), or another
         // memfd whose name starts the same.
-        assert!(!is_context_mapping(&line("rw-s", "/memfd:OTEL_CTX")));
-        assert!(!is_context_mapping(&line(
-            "rw-p",
-            "/memfd:OTEL_CTX (deleted)"
-        )));
-        assert!(!is_context_mapping(&line(
-            "rw-s",
-            "/memfd:OTEL_CTX_other (deleted)"
-        )));
-        assert!(!is_context_mapping(&line("rw-s", "")));
+        assert!(!context("rw-s", "/memfd:OTEL_CTX"));
+        assert!(!context("rw-p", "/memfd:OTEL_CTX (deleted)"));
+        assert!(!context("rw-s", "/memfd:OTEL_CTX_other (deleted)"));
+        assert!(!context("rw-s", ""));
     }
 }

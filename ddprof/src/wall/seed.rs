@@ -267,24 +267,10 @@ impl AnonymousMemory {
 /// A `maps` line's range, if it is private anonymous memory (no file: no
 /// path, or a `[stack]`, `[anon:…]` name).
 fn anonymous_range(line: &str) -> Option<(u64, u64)> {
-    let mut fields = line.split_whitespace();
-    let (range, perms, _, _, inode) = (
-        fields.next()?,
-        fields.next()?,
-        fields.next()?,
-        fields.next()?,
-        fields.next()?,
-    );
-    let path = fields.next().unwrap_or("");
-    let named_anonymous = path.starts_with("[stack") || path.starts_with("[anon:");
-    if inode != "0" || !perms.ends_with('p') || !(path.is_empty() || named_anonymous) {
-        return None;
-    }
-    let (start, end) = range.split_once('-')?;
-    Some((
-        u64::from_str_radix(start, 16).ok()?,
-        u64::from_str_radix(end, 16).ok()?,
-    ))
+    let line = crate::process::MapsLine::parse(line)?;
+    let named_anonymous = line.path.starts_with("[stack") || line.path.starts_with("[anon:");
+    (line.is_private_unbacked() && (line.path.is_empty() || named_anonymous))
+        .then_some((line.start, line.end))
 }
 
 #[cfg(test)]
