@@ -225,14 +225,11 @@ fn encode(
     // the log, after the period's line.
     caches.extend(symbolizer.cache_figures());
     metadata.comments.extend(CacheFigures::comments(&caches));
-    provenance.new_period();
-    // The flame graph holds every process's samples, whatever its service.
+    // The flame graph holds every process's samples, whatever its service;
+    // the parts keep the period's files, so its origins serve them all.
     let folded = FoldedStacks::stacks_of(&symbolized, folded_event(&metadata.events, &symbolized));
-    let sources = provenance
-        .of_period(&symbolized)
-        .function_sources(&symbolized)
-        .into_iter()
-        .collect();
+    let origins = provenance.of_period(&symbolized);
+    let sources = origins.function_sources(&symbolized).into_iter().collect();
     let (symbolized, service_parts) = crate::identity::split::by_service(symbolized, &services);
     let encoding = Instant::now();
     let encoded = encode_pprof_compressed(&symbolized, metadata, *compressions)
@@ -245,9 +242,7 @@ fn encode(
             identity,
             pprof_gzip: encoded.gzip,
             pprof_zstd: encoded.zstd,
-            code_provenance: compressions
-                .zstd
-                .then(|| provenance.of_period(&part).json(&part).into_bytes()),
+            code_provenance: compressions.zstd.then(|| origins.json(&part).into_bytes()),
         });
     }
     if !service_profiles.is_empty() {
@@ -281,12 +276,9 @@ fn encode(
     log::info!("caches: {}", CacheFigures::describe(&caches));
     let profile = EncodedPeriod {
         sources,
-        code_provenance: compressions.zstd.then(|| {
-            provenance
-                .of_period(&symbolized)
-                .json(&symbolized)
-                .into_bytes()
-        }),
+        code_provenance: compressions
+            .zstd
+            .then(|| origins.json(&symbolized).into_bytes()),
         figures: overhead,
         worker_peak_rss_kib: crate::overhead::peak_rss_kib(),
         last_of_run: last,

@@ -102,7 +102,7 @@ pub struct Provenance {
     packages: dpkg::Database,
     /// Each file's origin, and the period that last used it.
     origins: HashMap<(String, u64, u64), (Origin, u64)>,
-    calls: u64,
+    periods: u64,
     kernel_release: String,
 }
 
@@ -120,8 +120,8 @@ impl Default for Provenance {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PeriodProvenance {
     pub files: HashMap<FileId, Origin>,
-    /// The kernel's release when the period has kernel frames.
-    pub kernel: Option<String>,
+    /// The kernel's release (said when a profile has kernel frames).
+    pub kernel_release: String,
 }
 
 impl Provenance {
@@ -129,7 +129,7 @@ impl Provenance {
         Self {
             packages,
             origins: HashMap::new(),
-            calls: 0,
+            periods: 0,
             kernel_release: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .map(|release| release.trim().to_string())
                 .unwrap_or_default(),
@@ -139,28 +139,13 @@ impl Provenance {
     /// The origins of the files the period's frames are in (the files seen
     /// for the first time classed now: one read of dpkg's database for all
     /// of them).
-    /// A new period: files not met in [`FORGOTTEN_AFTER_PERIODS`] are
-    /// forgotten.
-    pub fn new_period(&mut self) {
-        self.calls += 1;
-        let calls = self.calls;
-        self.origins
-            .retain(|_, (_, last_used)| calls - *last_used < FORGOTTEN_AFTER_PERIODS);
-    }
-
+    /// Called once a period (files not met in [`FORGOTTEN_AFTER_PERIODS`]
+    /// are forgotten); the parts a period is split into take their
+    /// origins from its answer.
     pub fn of_period(&mut self, profile: &SymbolizedProfile) -> PeriodProvenance {
+        self.periods += 1;
         let period = &profile.period;
-        let mut used: Vec<FileId> = Vec::new();
-        let mut kernel = false;
-        for frame in &period.frames {
-            match frame {
-                Frame::File { file, .. } => used.push(*file),
-                Frame::Kernel { .. } => kernel = true,
-                _ => {}
-            }
-        }
-        used.sort_unstable_by_key(|file| file.0);
-        used.dedup();
+        let (used, _) = files_used(profile);
         let key = |file: &ObjectFile| (file.path.clone(), file.dev, file.inode);
         let new: Vec<&ObjectFile> = used
             .iter()
@@ -178,7 +163,7 @@ impl Provenance {
             for file in &new {
                 let package = wanted(file).and_then(|lookup| owners.get(&lookup));
                 self.origins
-                    .insert(key(file), (classify(file, package), self.calls));
+                    .insert(key(file), (classify(file, package), self.periods));
             }
             log::debug!(
                 "code provenance: {} new files classed in {:.1} ms ({} of them a package's)",
@@ -187,20 +172,39 @@ impl Provenance {
                 owners.len()
             );
         }
-        let calls = self.calls;
+        let periods = self.periods;
         let files = used
             .into_iter()
             .filter_map(|id| {
                 let (origin, last_used) = self.origins.get_mut(&key(period.file(id)))?;
-                *last_used = calls;
+                *last_used = periods;
                 Some((id, origin.clone()))
             })
             .collect();
+        self.origins
+            .retain(|_, (_, last_used)| periods - *last_used < FORGOTTEN_AFTER_PERIODS);
         PeriodProvenance {
             files,
-            kernel: kernel.then(|| self.kernel_release.clone()),
+            kernel_release: self.kernel_release.clone(),
         }
     }
+}
+
+/// The files a profile's frames are in, each once, and whether it has
+/// kernel frames.
+fn files_used(profile: &SymbolizedProfile) -> (Vec<FileId>, bool) {
+    let mut used: Vec<FileId> = Vec::new();
+    let mut kernel = false;
+    for frame in &profile.period.frames {
+        match frame {
+            Frame::File { file, .. } => used.push(*file),
+            Frame::Kernel { .. } => kernel = true,
+            _ => {}
+        }
+    }
+    used.sort_unstable_by_key(|file| file.0);
+    used.dedup();
+    (used, kernel)
 }
 
 /// A file as dpkg's lookup takes it: the identity of the file held open
@@ -301,14 +305,16 @@ fn is_executable(file: &std::fs::File) -> bool {
 }
 
 impl PeriodProvenance {
-    /// `code-provenance.json`: one entry per (class, name, version), its
-    /// paths the files' paths.
+    /// `code-provenance.json` of `profile` (the period, or a part of it):
+    /// one entry per (class, name, version) of the files its frames are in,
+    /// its paths the files' paths.
     pub fn json(&self, profile: &SymbolizedProfile) -> String {
+        let (used, kernel) = files_used(profile);
         // One origin per path (two files mapped from one path, a library
         // upgraded during the run or a container's and the host's, take the
         // one a package names, else the first).
         let mut by_path: BTreeMap<&str, &Origin> = BTreeMap::new();
-        for (id, origin) in &self.files {
+        for (id, origin) in used.iter().filter_map(|id| Some((id, self.files.get(id)?))) {
             let path = profile.period.file(*id).path.as_str();
             let kept = by_path.entry(path).or_insert(origin);
             if kept.version.is_empty() && !origin.version.is_empty() {
@@ -332,11 +338,11 @@ impl PeriodProvenance {
                 })
             })
             .collect();
-        if let Some(release) = &self.kernel {
+        if kernel {
             libraries.push(serde_json::json!({
                 "kind": Source::Kernel.kind(),
                 "name": "linux",
-                "version": release,
+                "version": self.kernel_release,
                 "paths": [crate::profile::KERNEL_MAPPING_NAME],
             }));
         }
