@@ -100,7 +100,7 @@ fn look_up(root: &Path, wanted: &[Wanted], deadline: Instant) -> HashMap<Wanted,
     let mut by_name: HashMap<&[u8], Vec<&Wanted>> = HashMap::new();
     for file in wanted.iter().take(MAX_WANTED) {
         by_name
-            .entry(file_name(&file.path).as_bytes())
+            .entry(file_name_bytes(file.path.as_bytes()))
             .or_default()
             .push(file);
     }
@@ -194,10 +194,6 @@ fn file_name_bytes(path: &[u8]) -> &[u8] {
 /// The package of a list's name: `libc6:amd64` is `libc6`.
 fn package_name(list_name: &str) -> &str {
     list_name.split(':').next().unwrap_or(list_name)
-}
-
-fn file_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
 }
 
 /// The versions of the installed packages in a status file, by name and
