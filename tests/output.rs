@@ -279,6 +279,7 @@ fn sample(pid: u32, tid: u32, index: u64, frames: Vec<u64>, end: StackEnd) -> Sa
         kernel_frames: vec![],
         heap: None,
         off_cpu: None,
+        trace: None,
         end,
     }
 }

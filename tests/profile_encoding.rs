@@ -51,6 +51,7 @@ fn group(stack: u32, tid: u32, count: u64, timeline: Vec<TimedSample>) -> StackS
         process_name: Some("app".into()),
         thread_name: None,
         container_id: None,
+        trace: None,
         stack,
         count,
         scaled_count: count * ddprof::events::COUNT_UNIT,

@@ -46,8 +46,11 @@ pub mod names {
     pub const WALL_RATES: &str = "WALL_RATES";
     /// `sWALL`: per-CPU copy of the outgoing thread's saved user registers.
     pub const SAVED_REGS: &str = "SAVED_REGS";
+    /// tgid → `TraceContextSlots`: where the processes that publish a
+    /// thread context (OTEP 4947) keep each thread's pointer to it.
+    pub const TRACE_CONTEXTS: &str = "TRACE_CONTEXTS";
     /// Every map of the object.
-    pub const MAPS: [&str; 12] = [
+    pub const MAPS: [&str; 13] = [
         COUNTERS,
         SAMPLES,
         SCRATCH,
@@ -60,6 +63,7 @@ pub mod names {
         PARKED,
         WALL_RATES,
         SAVED_REGS,
+        TRACE_CONTEXTS,
     ];
     /// Global set by the loader: collect kernel stacks (non-zero) or not.
     pub const KERNEL_STACKS: &str = "KERNEL_STACKS";
@@ -92,6 +96,10 @@ pub mod names {
     /// Global set by the loader for `sWALL`: the offset of `pid` in the
     /// kernel's `struct task_struct` (from its BTF).
     pub const TASK_PID_OFFSET: &str = "TASK_PID_OFFSET";
+    /// Global set by the loader: the offset of the thread pointer (x86-64
+    /// `thread.fsbase`) in `struct task_struct`, from the kernel's BTF; 0
+    /// when unknown, and the program then reads no thread context.
+    pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
     /// The `bpf_loop` variant's program (Linux 5.17+).
     pub const LOOP_ENTRY_PROGRAM: &str = "ddprof_sample";
     /// The tail-call variant's entry program (Linux 5.10+).
@@ -216,6 +224,56 @@ impl Default for ProcessMappings {
         }
     }
 }
+
+/// How the BPF program finds a thread's context pointer (the TLS variable
+/// a publisher exports) from the thread pointer: [`TraceContextSlot::access`].
+pub mod tls_access {
+    /// The process publishes no context of this kind.
+    pub const NONE: u32 = 0;
+    /// The variable is in the static TLS block: at the thread pointer plus
+    /// `offset` (negative on x86-64, whose TLS blocks lie below it).
+    pub const STATIC: u32 = 1;
+    /// The variable is in a module's dynamically allocated block (a
+    /// library `dlopen`ed after start): the block's address is the
+    /// `module`th entry of the thread's DTV (its address is the second word
+    /// at the thread pointer in glibc, each entry two words), the variable
+    /// at `offset` in it.
+    pub const DTV: u32 = 2;
+}
+
+/// Where one kind of thread context's pointer lies in each thread of a
+/// process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceContextSlot {
+    /// A [`tls_access`] value.
+    pub access: u32,
+    pub reserved: u32,
+    /// With [`tls_access::DTV`]: the module's index in the DTV.
+    pub module: u64,
+    /// From the thread pointer ([`tls_access::STATIC`]) or the module's
+    /// block ([`tls_access::DTV`]).
+    pub offset: i64,
+}
+
+/// The value of `TRACE_CONTEXTS`: a process's OTEP 4947 context slot and
+/// its `custom-labels` one (either may be [`tls_access::NONE`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceContextSlots {
+    pub otel: TraceContextSlot,
+    pub labels: TraceContextSlot,
+}
+
+const _: () = assert!(core::mem::size_of::<TraceContextSlots>() == 48);
+
+/// Processes whose thread contexts the program reads at once.
+pub const MAX_TRACE_CONTEXT_PROCESSES: u32 = 4096;
+
+// SAFETY: `#[repr(C)]`, integers only, 24 and 48 bytes (the sums of their
+// fields, asserted above): no padding, any bytes are a valid value.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for TraceContextSlots {}
 
 /// Frames the tail-call program variant (kernels without `bpf_loop`) walks
 /// per program run before it tail-calls itself for the next ones.

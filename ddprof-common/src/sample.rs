@@ -139,6 +139,73 @@ pub struct WallRate {
     pub probability: u64,
 }
 
+/// The first word of a record that begins with a [`RawTraceContext`]
+/// (then the header and frames follow it): no PID is this large
+/// (`PID_MAX_LIMIT` is 2^22), so a header never begins with it.
+pub const TRACE_CONTEXT_MARKER: u32 = 0xFFFF_FFC7;
+
+/// [`RawTraceContext::kind`] of an OTEP 4947 thread context record: its
+/// `attrs` are the record's own (`key index`, `length`, value bytes).
+pub const TRACE_CONTEXT_OTEL: u8 = 1;
+/// [`RawTraceContext::kind`] of a `custom-labels` label set: its `attrs`
+/// are [`MAX_CUSTOM_LABELS`] slots of [`CUSTOM_LABEL_SLOT`] bytes (key
+/// length, value length, the key in [`MAX_CUSTOM_LABEL_KEY`] bytes, the
+/// value in [`MAX_CUSTOM_LABEL_VALUE`]; a key length of 0: no label), the
+/// ids zero. Fixed slots, not packed entries: a label's place does not
+/// depend on the others', which keeps the verifier's paths few.
+pub const TRACE_CONTEXT_LABELS: u8 = 2;
+
+/// Attribute bytes a record carries; a published context's further bytes
+/// are left out (and the flag says so).
+pub const TRACE_CONTEXT_ATTR_BYTES: usize = 256;
+/// `custom-labels`: labels read per sample, and the longest key and value
+/// read of each (longer ones are cut, and flagged).
+pub const MAX_CUSTOM_LABELS: u32 = 4;
+pub const CUSTOM_LABEL_SLOT: u32 = 64;
+pub const MAX_CUSTOM_LABEL_KEY: u32 = 22;
+pub const MAX_CUSTOM_LABEL_VALUE: u32 = 40;
+const _: () = assert!(
+    2 + MAX_CUSTOM_LABEL_KEY + MAX_CUSTOM_LABEL_VALUE == CUSTOM_LABEL_SLOT
+        && (MAX_CUSTOM_LABELS * CUSTOM_LABEL_SLOT) as usize == TRACE_CONTEXT_ATTR_BYTES
+);
+/// [`RawTraceContext::flags`]: the published attributes did not all fit.
+pub const TRACE_CONTEXT_CUT: u8 = 1;
+
+/// What the sampled thread published of the request it was serving,
+/// copied by the program from the thread's context record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RawTraceContext {
+    /// [`TRACE_CONTEXT_MARKER`].
+    pub marker: u32,
+    /// [`TRACE_CONTEXT_OTEL`] or [`TRACE_CONTEXT_LABELS`].
+    pub kind: u8,
+    /// [`TRACE_CONTEXT_CUT`] or 0.
+    pub flags: u8,
+    /// Bytes of `attrs` used.
+    pub attrs_len: u16,
+    /// From here to the end of `attrs`, the bytes are laid out as an OTEP
+    /// 4947 record's first 284, so that the program copies them in one
+    /// read. W3C byte order (big-endian); zero without a trace.
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    /// The record's `valid`, trace flags and `attrs_data_size` (LE u16).
+    pub record_state: [u8; 4],
+    pub attrs: [u8; TRACE_CONTEXT_ATTR_BYTES],
+    /// Keeps the size a multiple of 8: the header that follows starts
+    /// right after it.
+    pub reserved: u32,
+}
+
+/// Bytes of [`RawTraceContext`] before a header that follows one.
+pub const RAW_TRACE_CONTEXT_SIZE: usize = core::mem::size_of::<RawTraceContext>();
+const _: () = assert!(
+    RAW_TRACE_CONTEXT_SIZE == 40 + TRACE_CONTEXT_ATTR_BYTES
+        && RAW_TRACE_CONTEXT_SIZE.is_multiple_of(8)
+);
+/// The bytes of an OTEP 4947 record copied: ids, state, attributes.
+pub const OTEL_RECORD_READ: usize = 28 + TRACE_CONTEXT_ATTR_BYTES;
+
 /// Bytes of [`RawSampleHeader`] in a record.
 pub const RAW_SAMPLE_HEADER_SIZE: usize = core::mem::size_of::<RawSampleHeader>();
 const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 48);
@@ -147,13 +214,19 @@ const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 48);
 pub const MAX_RECORD_FRAMES: usize = MAX_KERNEL_FRAMES + MAX_USER_FRAMES;
 
 /// A whole record as the BPF program builds it in a per-CPU scratch map.
+/// The record sent starts at `header`, or at `context` when the thread
+/// published one (the two are adjacent: no padding between them).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct RawSample {
+    pub context: RawTraceContext,
     pub header: RawSampleHeader,
     /// `header.kernel_frames` kernel PCs, then `header.user_frames` user PCs.
     pub frames: [u64; MAX_RECORD_FRAMES],
 }
+
+// The record sent from `context` is the context then the header: adjacent.
+const _: () = assert!(core::mem::offset_of!(RawSample, header) == RAW_TRACE_CONTEXT_SIZE);
 
 /// Declares [`BpfCounter`] from one list, in slot order: its `ALL` (the
 /// display order), `COUNT` (the counter map's size) and the slots (the
@@ -224,6 +297,9 @@ bpf_counters! {
     /// sample or its process's end, or drops the rest of it at the
     /// thread's next stack).
     WallResumeLost,
+    /// Records (CPU samples and `sWALL` stacks) that carry the context
+    /// their thread published (`TRACE_CONTEXTS`).
+    WithTraceContext,
 }
 
 // Each counter's slot is its place in `ALL`.

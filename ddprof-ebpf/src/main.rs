@@ -34,7 +34,7 @@ use aya_ebpf::bindings::{
 };
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 use aya_ebpf::helpers::generated::{
-    bpf_get_attach_cookie, bpf_get_current_task_btf, bpf_get_ns_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
+    bpf_get_attach_cookie, bpf_get_current_task, bpf_get_current_task_btf, bpf_get_ns_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_loop,
     bpf_get_prandom_u32, bpf_probe_read_kernel, bpf_probe_read_user, bpf_ringbuf_output,
     bpf_task_pt_regs,
 };
@@ -44,11 +44,15 @@ use aya_ebpf::maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf};
 use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::EbpfContext;
 use ddprof_common::bpf_maps::{
-    ProcessMappings, RowChunk, FRAMES_PER_TAIL_CALL_RUN, MAPPING_SEARCH_STEPS,
+    tls_access, ProcessMappings, RowChunk, TraceContextSlot, TraceContextSlots,
+    MAX_TRACE_CONTEXT_PROCESSES, FRAMES_PER_TAIL_CALL_RUN, MAPPING_SEARCH_STEPS,
     MAX_NOT_PROFILED, MAX_PARKED, MAX_PROCESS_MAPPINGS, MAX_TABLES, ROWS_PER_CHUNK, TABLE_MAP_FLAGS,
     TABLE_NOT_LOADED,
 };
 use ddprof_common::sample::{
+    RawSampleHeader, RawTraceContext, CUSTOM_LABEL_SLOT, OTEL_RECORD_READ, MAX_CUSTOM_LABELS, MAX_CUSTOM_LABEL_KEY, MAX_CUSTOM_LABEL_VALUE,
+    RAW_TRACE_CONTEXT_SIZE, TRACE_CONTEXT_ATTR_BYTES, TRACE_CONTEXT_CUT, TRACE_CONTEXT_LABELS,
+    TRACE_CONTEXT_MARKER, TRACE_CONTEXT_OTEL,
     BpfCounter, ParkedThread, RawSample, StackEnd, WallRate, BPF_COUNTER_SLOTS, HANDOFF_NOTICE,
     HANDOFF_NOTICE_INTERVAL_NS, WALL_PROBABILITY_ONE, WALL_RESUME, WALL_WINDOW_NS,
     MAX_KERNEL_FRAMES,
@@ -229,10 +233,10 @@ pub fn ddprof_sample(ctx: *mut c_void) -> u32 {
     }
     match start_sample(&ctx, |_| saved_user_regs_btf(), || cookie) {
         Start::Done(value) => value,
-        Start::NoUserContext => finish_sample(),
+        Start::NoUserContext => finish_sample(true),
         Start::Walk => {
             walk_with_loop(SAMPLE_SLOT);
-            finish_sample()
+            finish_sample(true)
         }
     }
 }
@@ -251,7 +255,7 @@ pub fn ddprof_sample_tail(ctx: *mut c_void) -> u32 {
     // No cookies: `bpf_get_attach_cookie` is newer than 5.10.
     match start_sample(&ctx, |_| SavedRegs::HandOff, || 0) {
         Start::Done(value) => value,
-        Start::NoUserContext => finish_sample(),
+        Start::NoUserContext => finish_sample(false),
         Start::Walk => continue_walk(&ctx),
     }
 }
@@ -303,6 +307,20 @@ static WALL_UNDESCRIBED: u32 = 0;
 /// from the kernel's BTF: the incoming thread's id is read from it.
 #[no_mangle]
 static TASK_PID_OFFSET: u32 = 0;
+
+/// Set by the loader: the offset of the thread pointer (`thread.fsbase`)
+/// in `struct task_struct`, from the kernel's BTF. 0: unknown, and no
+/// thread context is read.
+#[no_mangle]
+static TASK_FSBASE_OFFSET: u32 = 0;
+
+/// The processes that publish a thread context (OTEP 4947, or
+/// `custom-labels`), where each thread keeps its pointer to it. Written by
+/// userspace when it finds the publisher's TLS variable in a process's
+/// files; a process without an entry costs its samples this one lookup.
+#[map]
+static TRACE_CONTEXTS: HashMap<u32, TraceContextSlots> =
+    HashMap::with_max_entries(MAX_TRACE_CONTEXT_PROCESSES, 0);
 
 /// `sWALL`: the threads whose switch-out stack was emitted, by their id in
 /// the root PID namespace (keyed by thread, not by CPU: a thread may run
@@ -403,7 +421,7 @@ fn resume_parked(task: u64) {
         record.header.cpu = bpf_get_smp_processor_id();
         record.header.event_cookie = core::ptr::read_volatile(&WALL_COOKIE);
     }
-    if !emit(record, BPF_RB_NO_WAKEUP) {
+    if !emit(record, BPF_RB_NO_WAKEUP, false) {
         count(BpfCounter::WallResumeLost);
     }
 }
@@ -518,7 +536,11 @@ fn switch_out(ctx: *mut c_void) {
     // perf sample to hand over, so the stack ends there (`BadAddress`) and
     // the reader is asked to describe the process for the next ones.
     fill_record(&result, record);
-    if emit(record, BPF_RB_NO_WAKEUP) {
+    let with_context = read_trace_context(pid, &mut record.context);
+    if with_context {
+        count(BpfCounter::WithTraceContext);
+    }
+    if emit(record, BPF_RB_NO_WAKEUP, with_context) {
         let parked = ParkedThread {
             pid,
             tid: pid_tgid as u32,
@@ -602,7 +624,7 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     let mut frames = 0;
     while frames < FRAMES_PER_TAIL_CALL_RUN {
         if walk_one(walk, SAMPLE_SLOT).is_none() {
-            return finish_sample();
+            return finish_sample(false);
         }
         frames += 1;
     }
@@ -611,7 +633,7 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     // make before Linux 5.17).
     if walk.result.user_frames >= MAX_USER_FRAMES as u32 {
         walk.result.end = StackEnd::DepthLimit as u32;
-        return finish_sample();
+        return finish_sample(false);
     }
     // SAFETY: the context is this program's; on success the call does not
     // return.
@@ -620,7 +642,7 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     // calls, which `FRAMES_PER_TAIL_CALL_RUN` makes impossible before
     // `MAX_USER_FRAMES`): the stack ends here, at its depth limit.
     walk.result.end = StackEnd::DepthLimit as u32;
-    finish_sample()
+    finish_sample(false)
 }
 
 /// The cookie of the link this run came from (0 without cookies).
@@ -821,9 +843,11 @@ fn init_walk(slot: u32, pid: u32, kernel_frames: u32) -> Option<&'static mut Wal
 }
 
 /// Emits the record of the finished walk (or hands the sample to the perf
-/// engine) and returns the program's value.
+/// engine) and returns the program's value. `with_trace_context`: read the
+/// thread's published context into the record (the `bpf_loop` variant;
+/// the tail-call variant, which must not call BPF functions, does not).
 #[inline(always)]
-fn finish_sample() -> u32 {
+fn finish_sample(with_trace_context: bool) -> u32 {
     let Some(walk_ptr) = WALKS.get_ptr_mut(SAMPLE_SLOT) else {
         return 0;
     };
@@ -846,7 +870,11 @@ fn finish_sample() -> u32 {
     }
 
     fill_record(&result, record);
-    count(if emit(record, BPF_RB_NO_WAKEUP) {
+    let with_context = with_trace_context && read_trace_context(pid, &mut record.context);
+    if with_context {
+        count(BpfCounter::WithTraceContext);
+    }
+    count(if emit(record, BPF_RB_NO_WAKEUP, with_context) {
         BpfCounter::Emitted
     } else {
         BpfCounter::BufferFull
@@ -883,11 +911,12 @@ fn fill_record(result: &WalkResult, record: &mut RawSample) {
     }
 }
 
-/// Copies the record, with only the frames it holds, to the ring buffer;
-/// false when the buffer had no room. `wakeup` is `BPF_RB_NO_WAKEUP`
-/// unless the record must wake the reader anyway.
+/// Copies the record, with only the frames it holds, to the ring buffer
+/// (from its trace context `with_context`, else from its header); false
+/// when the buffer had no room. `wakeup` is `BPF_RB_NO_WAKEUP` unless the
+/// record must wake the reader anyway.
 #[inline(always)]
-fn emit(record: &mut RawSample, wakeup: u32) -> bool {
+fn emit(record: &mut RawSample, wakeup: u32, with_context: bool) -> bool {
     let mut frames = (record.header.kernel_frames + record.header.user_frames) as u64;
     if frames > MAX_RECORD_FRAMES as u64 {
         frames = MAX_RECORD_FRAMES as u64;
@@ -903,17 +932,228 @@ fn emit(record: &mut RawSample, wakeup: u32) -> bool {
     } else {
         wakeup
     };
-    // SAFETY: `record` is a map value of size_of::<RawSample>() bytes and
-    // `size` is at most that; the map pointer is the ring buffer map itself.
+    // Two calls, not one with a computed start: each keeps its start and
+    // size together for the verifier.
+    // SAFETY: `record` is a map value of size_of::<RawSample>() bytes; from
+    // `context` (its start) the record spans at most all of it, from
+    // `header` (RAW_TRACE_CONTEXT_SIZE bytes in) at most the rest; the map
+    // pointer is the ring buffer map itself.
     let written = unsafe {
-        bpf_ringbuf_output(
-            &SAMPLES as *const RingBuf as *mut c_void,
-            record as *mut RawSample as *mut c_void,
-            size,
-            wakeup as u64,
-        )
+        if with_context {
+            bpf_ringbuf_output(
+                &SAMPLES as *const RingBuf as *mut c_void,
+                &mut record.context as *mut RawTraceContext as *mut c_void,
+                RAW_TRACE_CONTEXT_SIZE as u64 + size,
+                wakeup as u64,
+            )
+        } else {
+            bpf_ringbuf_output(
+                &SAMPLES as *const RingBuf as *mut c_void,
+                &mut record.header as *mut RawSampleHeader as *mut c_void,
+                size,
+                wakeup as u64,
+            )
+        }
     };
     written == 0
+}
+
+/// Copies the context the sampled thread published, if its process
+/// publishes one (`TRACE_CONTEXTS`), into `context`; whether it did. A
+/// thread of such a process with no context costs two reads (its thread
+/// pointer, its null context pointer); a process without one, the lookup.
+#[inline(always)]
+fn read_trace_context(pid: u32, context: &mut RawTraceContext) -> bool {
+    // SAFETY: a read of a constant the loader set.
+    let fsbase_offset = unsafe { core::ptr::read_volatile(&TASK_FSBASE_OFFSET) };
+    if fsbase_offset == 0 {
+        return false;
+    }
+    // SAFETY: the value is copied at once.
+    let Some(slots) = (unsafe { TRACE_CONTEXTS.get(&pid) }).copied() else {
+        return false;
+    };
+    let mut thread_pointer = 0u64;
+    // SAFETY: the current task's address, and a checked kernel read of 8
+    // bytes at the BTF's offset of its thread pointer into a local.
+    let read = unsafe {
+        let task = bpf_get_current_task();
+        bpf_probe_read_kernel(
+            &mut thread_pointer as *mut u64 as *mut c_void,
+            8,
+            (task + u64::from(fsbase_offset)) as *const c_void,
+        )
+    };
+    if read != 0 || thread_pointer == 0 {
+        return false;
+    }
+    if let Some(record) = context_pointer(thread_pointer, &slots.otel) {
+        return read_otel_context(record, context);
+    }
+    if let Some(labels) = context_pointer(thread_pointer, &slots.labels) {
+        return read_custom_labels(labels, context);
+    }
+    false
+}
+
+/// The thread's context pointer (the TLS variable's value) as `slot`
+/// finds it from the thread pointer; `None` when null or unreadable.
+#[inline(always)]
+fn context_pointer(thread_pointer: u64, slot: &TraceContextSlot) -> Option<u64> {
+    let variable = match slot.access {
+        tls_access::STATIC => thread_pointer.wrapping_add(slot.offset as u64),
+        tls_access::DTV => {
+            let dtv = read_user_u64(thread_pointer.wrapping_add(8))?;
+            let block = read_user_u64(dtv.wrapping_add(slot.module.wrapping_mul(16)))?;
+            // Not allocated yet for this thread (glibc's TLS_DTV_UNALLOCATED).
+            if block == 0 || block == u64::MAX {
+                return None;
+            }
+            block.wrapping_add(slot.offset as u64)
+        }
+        _ => return None,
+    };
+    read_user_u64(variable).filter(|&pointer| pointer != 0)
+}
+
+/// Copies an OTEP 4947 record: trace id, span id, (`valid`, flags,
+/// `attrs_data_size`), then the attributes, in one read of
+/// `OTEL_RECORD_READ` bytes (the OTEP's records are 640 bytes; one that
+/// ends sooner, before an unmapped page, is read in two: the fixed part,
+/// then its attributes). A record being rewritten (`valid` 0) gives none.
+#[inline(always)]
+fn read_otel_context(record: u64, context: &mut RawTraceContext) -> bool {
+    // SAFETY: checked user reads into the context, from `trace_id` on: its
+    // ids, state and attributes are adjacent (repr(C), asserted in
+    // ddprof_common), OTEL_RECORD_READ bytes in all.
+    let whole = unsafe {
+        bpf_probe_read_user(
+            context.trace_id.as_mut_ptr() as *mut c_void,
+            OTEL_RECORD_READ as u32,
+            record as *const c_void,
+        )
+    };
+    if whole != 0 {
+        // SAFETY: as above, the fixed 28 bytes only.
+        let fixed = unsafe {
+            bpf_probe_read_user(
+                context.trace_id.as_mut_ptr() as *mut c_void,
+                28,
+                record as *const c_void,
+            )
+        };
+        if fixed != 0 {
+            return false;
+        }
+    }
+    let state = context.record_state;
+    if state[0] != 1 {
+        return false;
+    }
+    let published = u16::from_le_bytes([state[2], state[3]]) as u32;
+    let mut size = published;
+    if size > TRACE_CONTEXT_ATTR_BYTES as u32 {
+        size = TRACE_CONTEXT_ATTR_BYTES as u32;
+    }
+    context.flags = if published > size { TRACE_CONTEXT_CUT } else { 0 };
+    if whole != 0 && size > 0 {
+        // SAFETY: at most TRACE_CONTEXT_ATTR_BYTES bytes into the context's
+        // attribute array of that size.
+        let read = unsafe {
+            bpf_probe_read_user(
+                context.attrs.as_mut_ptr() as *mut c_void,
+                size,
+                (record + 28) as *const c_void,
+            )
+        };
+        if read != 0 {
+            size = 0;
+        }
+    }
+    context.attrs_len = size as u16;
+    context.kind = TRACE_CONTEXT_OTEL;
+    context.marker = TRACE_CONTEXT_MARKER;
+    true
+}
+
+/// Copies a `custom-labels` (ABI v1) label set: `{storage, count,
+/// capacity}`, each label two `{len, buf}` strings; the first
+/// `MAX_CUSTOM_LABELS` labels, each in its slot of `attrs`, its key and
+/// value cut to their bounds.
+#[inline(always)]
+fn read_custom_labels(set: u64, context: &mut RawTraceContext) -> bool {
+    let Some(storage) = read_user_u64(set) else {
+        return false;
+    };
+    let Some(count) = read_user_u64(set + 8) else {
+        return false;
+    };
+    if count == 0 {
+        return false;
+    }
+    let mut flags = 0u8;
+    if count > u64::from(MAX_CUSTOM_LABELS) {
+        flags = TRACE_CONTEXT_CUT;
+    }
+    let mut index = 0u32;
+    while index < MAX_CUSTOM_LABELS {
+        let slot = (index * CUSTOM_LABEL_SLOT) as usize;
+        // SAFETY: `slot` is below TRACE_CONTEXT_ATTR_BYTES (asserted in
+        // ddprof_common: MAX_CUSTOM_LABELS slots fill the array).
+        unsafe { *context.attrs.as_mut_ptr().add(slot) = 0 };
+        if u64::from(index) < count {
+            let mut label = [0u64; 4];
+            // SAFETY: a checked user read of 32 bytes into a local of that size.
+            let read = unsafe {
+                bpf_probe_read_user(
+                    label.as_mut_ptr() as *mut c_void,
+                    32,
+                    (storage + u64::from(index) * 32) as *const c_void,
+                )
+            };
+            let [key_len, key, value_len, value] = label;
+            if read == 0 && key != 0 && value != 0 && key_len != 0 {
+                let key_bytes = if key_len > u64::from(MAX_CUSTOM_LABEL_KEY) {
+                    MAX_CUSTOM_LABEL_KEY
+                } else {
+                    key_len as u32
+                };
+                let value_bytes = if value_len > u64::from(MAX_CUSTOM_LABEL_VALUE) {
+                    MAX_CUSTOM_LABEL_VALUE
+                } else {
+                    value_len as u32
+                };
+                // SAFETY: the key (at most MAX_CUSTOM_LABEL_KEY bytes) and
+                // value (at most MAX_CUSTOM_LABEL_VALUE) go to their places in
+                // this label's slot, inside `attrs`.
+                let read = unsafe {
+                    let at = context.attrs.as_mut_ptr().add(slot);
+                    bpf_probe_read_user(at.add(2) as *mut c_void, key_bytes, key as *const c_void)
+                        | bpf_probe_read_user(
+                            at.add(2 + MAX_CUSTOM_LABEL_KEY as usize) as *mut c_void,
+                            value_bytes,
+                            value as *const c_void,
+                        )
+                };
+                if read == 0 {
+                    // SAFETY: the slot's two length bytes, inside `attrs`.
+                    unsafe {
+                        let at = context.attrs.as_mut_ptr().add(slot);
+                        *at = key_bytes as u8;
+                        *at.add(1) = value_bytes as u8;
+                    }
+                }
+            }
+        }
+        index += 1;
+    }
+    context.trace_id = [0; 16];
+    context.span_id = [0; 8];
+    context.attrs_len = TRACE_CONTEXT_ATTR_BYTES as u16;
+    context.flags = flags;
+    context.kind = TRACE_CONTEXT_LABELS;
+    context.marker = TRACE_CONTEXT_MARKER;
+    true
 }
 
 /// The user registers the task saved on kernel entry, found with
@@ -1272,12 +1512,12 @@ fn notify_undescribed(pid: u32, slot: u32) {
     } else {
         BPF_RB_NO_WAKEUP
     };
-    // SAFETY: `record` is a map value of at least RAW_SAMPLE_HEADER_SIZE
-    // bytes; the map pointer is the ring buffer map itself.
+    // SAFETY: `record.header` is RAW_SAMPLE_HEADER_SIZE bytes of a map
+    // value; the map pointer is the ring buffer map itself.
     unsafe {
         bpf_ringbuf_output(
             &SAMPLES as *const RingBuf as *mut c_void,
-            record as *mut RawSample as *mut c_void,
+            &mut record.header as *mut RawSampleHeader as *mut c_void,
             RAW_SAMPLE_HEADER_SIZE as u64,
             wakeup as u64,
         )

@@ -232,6 +232,7 @@ impl<'a> Reader<'a> {
             end,
             heap: None,
             off_cpu: None,
+            trace: None,
         })
     }
 }
@@ -254,6 +255,7 @@ mod tests {
             end: StackEnd::Complete,
             heap: None,
             off_cpu: None,
+            trace: None,
         }
     }
 

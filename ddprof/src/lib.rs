@@ -54,6 +54,7 @@ pub mod sampler;
 pub mod statsd;
 pub mod symbolize;
 pub mod timestamp;
+pub mod trace_context;
 pub mod unwind;
 pub mod user;
 pub mod wall;

@@ -375,6 +375,7 @@ mod tests {
             end: StackEnd::Complete,
             heap: Some(heap),
             off_cpu: None,
+            trace: None,
         }
     }
 

@@ -281,6 +281,7 @@ mod tests {
             end: crate::sample::StackEnd::Complete,
             heap: None,
             off_cpu: None,
+            trace: None,
         }
     }
 

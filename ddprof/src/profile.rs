@@ -19,6 +19,7 @@ use prost::Message;
 
 use crate::aggregate::Frame;
 use crate::symbolize::SymbolizedProfile;
+use crate::trace_context::LabelValue;
 
 /// The messages of pprof's `profile.proto`, written by hand so the build
 /// needs no protoc.
@@ -704,24 +705,29 @@ fn build_pprof_streaming_samples(
             num(key_process_id, u64::from(stack_sample.pid)),
             num(key_thread_id, u64::from(stack_sample.tid)),
         ]);
-        if let Some(name) = &stack_sample.process_name {
-            sample.label.push(pb::Label {
-                key: key_process_name,
-                str: strings.id(name),
-                ..pb::Label::default()
-            });
+        for (key, value) in [
+            (key_process_name, &stack_sample.process_name),
+            (key_thread_name, &stack_sample.thread_name),
+            (key_container_id, &stack_sample.container_id),
+        ] {
+            if let Some(value) = value {
+                let str = strings.id(value);
+                sample.label.push(pb::Label {
+                    key,
+                    str,
+                    ..pb::Label::default()
+                });
+            }
         }
-        if let Some(name) = &stack_sample.thread_name {
+        for (key, value) in stack_sample.trace.iter().flat_map(|trace| trace.labels()) {
+            let (key, (num, str)) = match value {
+                LabelValue::Num(num) => (strings.id(key), (num, 0)),
+                LabelValue::Str(text) => (strings.id(key), (0, strings.id(text))),
+            };
             sample.label.push(pb::Label {
-                key: key_thread_name,
-                str: strings.id(name),
-                ..pb::Label::default()
-            });
-        }
-        if let Some(id) = &stack_sample.container_id {
-            sample.label.push(pb::Label {
-                key: key_container_id,
-                str: strings.id(id),
+                key,
+                num,
+                str,
                 ..pb::Label::default()
             });
         }

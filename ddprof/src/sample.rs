@@ -33,6 +33,9 @@ pub struct Sample {
     /// For `sWALL`'s records, which end of a wait they are (the wall-time
     /// stage pairs them: [`crate::wall`]); `None` for every other sample.
     pub off_cpu: Option<OffCpu>,
+    /// What the thread published of the request it was serving (the BPF
+    /// engine reads it: [`crate::trace_context`]).
+    pub trace: Option<std::sync::Arc<crate::trace_context::TraceLabels>>,
 }
 
 /// An `sWALL` record: a stack taken as its thread left the CPU, or the

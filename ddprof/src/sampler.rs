@@ -204,6 +204,12 @@ impl Sampler {
                         decision.reason
                     );
                 }
+                // Reading a thread's context needs its thread pointer,
+                // which no perf sample carries (x86-64 `fs_base` is not a
+                // sampled register).
+                log::info!(
+                    "trace context: the perf engine reads no request context that threads                      publish (OTEP 4947, custom-labels): samples carry no span ids"
+                );
                 // The perf engine samples each task: no per-CPU buffers.
                 perf.drop_cpu_wide_sources(Scope::CpuForTree);
                 Engine::Perf(perf)
@@ -312,6 +318,23 @@ impl Sampler {
                     records.sample_counters().samples,
                     samples.table_stats().processes_read_from_proc
                 );
+                let with_context = counters.get(BpfCounter::WithTraceContext);
+                if with_context > 0 {
+                    log::info!(
+                        "BPF engine: {with_context} samples carried the request context \
+                         their thread published (span ids)"
+                    );
+                }
+                // With `kernel.bpf_stats_enabled`: what the program costs
+                // the sampled tasks (it runs in their time).
+                if let Some((time, runs)) =
+                    samples.program().run_stats().filter(|(_, runs)| *runs > 0)
+                {
+                    log::info!(
+                        "BPF program: {runs} runs, {} ns each on average",
+                        time.as_nanos() / u128::from(runs)
+                    );
+                }
                 if samples.tree_only() {
                     log::info!(
                         "BPF engine: every CPU sampled: {} samples of other processes dropped \
@@ -521,6 +544,7 @@ impl Sampler {
                 off_cpu: Some(crate::sample::OffCpu::SwitchedOut {
                     probability: ddprof_common::sample::WALL_PROBABILITY_ONE,
                 }),
+                trace: None,
             });
         }
         seeded

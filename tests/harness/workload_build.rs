@@ -10,7 +10,9 @@ use std::process::Command;
 /// force-frame-pointers=no -g`; a C source named `*_plugin.c` is a shared
 /// library, linked `-z lazy` (its calls bound at the first, as Debian links
 /// by default and as `lazy_binding_plugin.c` needs whatever the toolchain's
-/// default); one named `*_static.c` is linked `-static`. `Err` names a
+/// default), and one named `*_tlsdesc_plugin.c` reaches its TLS through
+/// TLS descriptors (`-mtls-dialect=gnu2`); one named `*_static.c` is
+/// linked `-static`. `Err` names a
 /// language this does not know.
 pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> {
     let name = source.file_name().unwrap_or_default().to_string_lossy();
@@ -35,6 +37,9 @@ pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> 
             command.args(["-O2", "-fomit-frame-pointer", "-g", "-Wall", "-pthread"]);
             if name.ends_with("_plugin.c") {
                 command.args(["-shared", "-fPIC", "-Wl,-z,lazy"]);
+            }
+            if name.ends_with("_tlsdesc_plugin.c") {
+                command.arg("-mtls-dialect=gnu2");
             }
             if name.ends_with("_static.c") {
                 command.arg("-static");

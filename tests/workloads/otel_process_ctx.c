@@ -3,8 +3,8 @@
  * OpenTelemetry process context (OTEP 4719, written from the spec: a memfd
  * named OTEL_CTX, mapped shared and the descriptor closed, MADV_DONTFORK,
  * the header "OTEL_CTX", version 2, payload size, publication time and a
- * pointer to the payload, the payload an OTLP Resource in protobuf after
- * the header, the signature written last, the mapping named by prctl),
+ * pointer to the payload, the payload a ProcessContext in protobuf (its
+ * OTLP Resource in field 1) after the header, the signature written last, the mapping named by prctl),
  * then spins in `published_work` for SECONDS.
  */
 #define _GNU_SOURCE
@@ -37,12 +37,18 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-/* Appends a length-delimited field (lengths below 128 only). */
+/* Appends a length-delimited field (lengths below 16384). */
 static size_t field(uint8_t *out, unsigned number, const void *bytes, size_t length) {
-    out[0] = (uint8_t)(number << 3 | 2);
-    out[1] = (uint8_t)length;
-    memcpy(out + 2, bytes, length);
-    return length + 2;
+    size_t at = 0;
+    out[at++] = (uint8_t)(number << 3 | 2);
+    if (length >= 128) {
+        out[at++] = (uint8_t)(length | 0x80);
+        out[at++] = (uint8_t)(length >> 7);
+    } else {
+        out[at++] = (uint8_t)length;
+    }
+    memmove(out + at, bytes, length);
+    return at + length;
 }
 
 /* Resource.attributes: KeyValue { key = 1, value = 2: AnyValue { string_value = 1 } }. */
@@ -82,10 +88,13 @@ int main(int argc, char **argv) {
     madvise(mapping, size, MADV_DONTFORK);
     struct header *header = (struct header *)mapping;
     uint8_t *payload = mapping + sizeof *header;
-    size_t length = attribute(payload, "service.name", argv[2]);
-    length += attribute(payload + length, "deployment.environment.name", argv[3]);
-    length += attribute(payload + length, "service.version", argv[4]);
-    length += attribute(payload + length, "service.instance.id", argv[5]);
+    uint8_t resource[2048];
+    size_t resource_length = attribute(resource, "service.name", argv[2]);
+    resource_length += attribute(resource + resource_length, "deployment.environment.name", argv[3]);
+    resource_length += attribute(resource + resource_length, "service.version", argv[4]);
+    resource_length += attribute(resource + resource_length, "service.instance.id", argv[5]);
+    /* ProcessContext.resource = 1 */
+    size_t length = field(payload, 1, resource, resource_length);
     struct timespec t;
     clock_gettime(CLOCK_REALTIME, &t);
     header->version = 2;

@@ -41,6 +41,7 @@ mod report;
 mod runs;
 mod samply;
 mod stacks;
+mod trace_context;
 mod workloads;
 
 use global::{global_startup, GlobalStartup};
@@ -90,6 +91,12 @@ pub struct BenchArgs {
     /// Only the allocation section
     #[arg(long)]
     pub only_allocations: bool,
+    /// Runs per mode of the trace context section (0: skip it)
+    #[arg(long, default_value_t = 5)]
+    pub trace_context_runs: usize,
+    /// Only the trace context section
+    #[arg(long)]
+    pub only_trace_context: bool,
 }
 
 /// The corpus's generator of the big program, the same source.
@@ -149,6 +156,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(binary) => binary.clone(),
         None => build_all(true)?,
     };
+    if args.only_trace_context {
+        let mut report = String::new();
+        let runs = args.trace_context_runs.max(1);
+        trace_context::trace_context_section(&ddprof, runs, &mut report)?;
+        writeln!(
+            report,
+            "(`cargo xtask bench --only-trace-context --trace-context-runs {runs}`, {} CPUs, \
+             kernel {}.)\n",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+        )?;
+        println!("{report}");
+        if args.write_docs {
+            replace_section(&report, "## Trace context\n")?;
+            say("wrote the trace context section of docs/Benchmarks.md");
+        }
+        return Ok(());
+    }
     if args.only_allocations {
         let mut report = String::new();
         allocations::allocation_section(&ddprof, args.allocation_runs.max(1), &mut report)?;
@@ -164,22 +191,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("{report}");
         if args.write_docs {
             // In place of the section of an earlier run, before the corpus's.
-            let path = workspace_root().join("docs/Benchmarks.md");
-            let old = std::fs::read_to_string(&path).unwrap_or_default();
-            let (before, after) = match old.find("## Allocations\n") {
-                Some(start) => {
-                    let rest = &old[start + 1..];
-                    let end = rest
-                        .find("\n## ")
-                        .map_or(old.len(), |end| start + 1 + end + 1);
-                    (&old[..start], &old[end..])
-                }
-                None => match old.find(CORPUS_SECTION) {
-                    Some(start) => (&old[..start], &old[start..]),
-                    None => (old.as_str(), ""),
-                },
-            };
-            std::fs::write(&path, format!("{before}{report}{after}"))?;
+            replace_section(&report, "## Allocations\n")?;
             say("wrote the allocation section of docs/Benchmarks.md");
         }
         return Ok(());
@@ -582,6 +594,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             writeln!(report, "## Allocations\n\nNot measured: {error:#}\n")?;
         }
     }
+    if args.trace_context_runs > 0 {
+        if let Err(error) =
+            trace_context::trace_context_section(&ddprof, args.trace_context_runs, &mut report)
+        {
+            writeln!(report, "## Trace context\n\nNot measured: {error:#}\n")?;
+        }
+    }
     write_targets(&mut report, &results, &freqs, args.work)?;
     println!("{report}");
     if args.write_docs {
@@ -592,5 +611,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         std::fs::write(&path, format!("{report}{kept}"))?;
         say("wrote docs/Benchmarks.md");
     }
+    Ok(())
+}
+
+/// Puts `section` (starting with `heading`) in docs/Benchmarks.md in place
+/// of the one of an earlier run, else before the corpus's section.
+fn replace_section(section: &str, heading: &str) -> Result<()> {
+    let path = workspace_root().join("docs/Benchmarks.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let (before, after) = match old.find(heading) {
+        Some(start) => {
+            let rest = &old[start + 1..];
+            let end = rest
+                .find("\n## ")
+                .map_or(old.len(), |end| start + 1 + end + 1);
+            (&old[..start], &old[end..])
+        }
+        None => match old.find(CORPUS_SECTION) {
+            Some(start) => (&old[..start], &old[start..]),
+            None => (old.as_str(), ""),
+        },
+    };
+    std::fs::write(&path, format!("{before}{section}{after}"))?;
     Ok(())
 }

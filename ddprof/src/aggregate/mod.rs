@@ -105,6 +105,8 @@ pub struct StackSample {
     pub thread_name: Option<Arc<str>>,
     /// The container the process ran in ([`crate::container`]).
     pub container_id: Option<Arc<str>>,
+    /// What the thread was serving ([`crate::trace_context`]).
+    pub trace: Option<Arc<crate::trace_context::TraceLabels>>,
     /// Index in [`PeriodProfile::stacks`].
     pub stack: u32,
     pub count: u64,
@@ -136,6 +138,9 @@ pub struct PeriodStats {
     pub stacks_dropped: u64,
     /// Samples counted without a timestamp because the timeline was full.
     pub timeline_dropped: u64,
+    /// Samples counted without their trace context because the period
+    /// had [`MAX_TRACE_CONTEXTS`] already.
+    pub trace_contexts_dropped: u64,
 }
 
 /// One upload period's aggregate, ready to be symbolized.
@@ -305,10 +310,24 @@ fn is_anonymous_path(path: &str) -> bool {
         || path.starts_with("/memfd:")
 }
 
-/// What a [`StackSample`] counts: event, pid, tid, stack, and the ids of
-/// the process and thread names and of the container in force at the
-/// samples' time.
-type SampleKey = (u16, u32, u32, u32, Option<u32>, Option<u32>, Option<u32>);
+/// What a [`StackSample`] counts: event, pid, tid, stack, the ids of the
+/// process and thread names and of the container in force at the samples'
+/// time, and of the thread's trace context.
+type SampleKey = (
+    u16,
+    u32,
+    u32,
+    u32,
+    Option<u32>,
+    Option<u32>,
+    Option<u32>,
+    Option<u32>,
+);
+
+/// Distinct trace contexts (span ids, mostly) kept per period; the samples
+/// of further ones are counted without theirs
+/// ([`PeriodStats::trace_contexts_dropped`]).
+const MAX_TRACE_CONTEXTS: usize = 100_000;
 
 /// The period's process and thread names, each stored once.
 #[derive(Debug, Default)]
@@ -345,6 +364,9 @@ struct PeriodState {
     samples: Vec<StackSample>,
     sample_ids: FastMap<SampleKey, u32>,
     names: NameTable,
+    /// The period's distinct trace contexts, each stored once.
+    trace_ids: FastMap<Arc<crate::trace_context::TraceLabels>, u32>,
+    traces: Vec<Arc<crate::trace_context::TraceLabels>>,
     thread_names: FastMap<(u32, u32), ThreadNameIds>,
     /// Perf maps looked for this period.
     perf_maps: PerfMapsFound,
@@ -671,6 +693,19 @@ impl Aggregator {
             }
         };
         let (process_name, thread_name) = (names.process, names.thread);
+        let trace = sample.trace.as_ref().and_then(|labels| {
+            if let Some(&id) = period.trace_ids.get(labels) {
+                return Some(id);
+            }
+            if period.traces.len() >= MAX_TRACE_CONTEXTS {
+                period.stats.trace_contexts_dropped += 1;
+                return None;
+            }
+            let id = period.traces.len() as u32;
+            period.traces.push(labels.clone());
+            period.trace_ids.insert(labels.clone(), id);
+            Some(id)
+        });
         let key = (
             sample.event,
             sample.pid,
@@ -679,6 +714,7 @@ impl Aggregator {
             process_name,
             thread_name,
             names.container,
+            trace,
         );
         let index = *period.sample_ids.entry(key).or_insert_with(|| {
             period.samples.push(StackSample {
@@ -688,6 +724,7 @@ impl Aggregator {
                 process_name: period.names.name(process_name),
                 thread_name: period.names.name(thread_name),
                 container_id: period.names.name(names.container),
+                trace: trace.map(|id| period.traces[id as usize].clone()),
                 stack,
                 count: 0,
                 scaled_count: 0,
@@ -801,6 +838,7 @@ mod tests {
             kernel_frames: vec![],
             heap: None,
             off_cpu: None,
+            trace: None,
             end,
         }
     }

@@ -404,8 +404,11 @@ impl BpfEngine {
         }
         while let Some(item) = self.ring.next() {
             match decode(&item, &mut self.spare_frames) {
-                Some(Record::Sample(mut sample)) => {
+                Some(Record::Sample(mut sample, context)) => {
                     identify(&mut sample, self.cpu_time_event, &self.weighings);
+                    if let Some(context) = context {
+                        sample.trace = self.mirror.trace.labels(sample.pid, &context);
+                    }
                     if sample.off_cpu.is_none() && Some(sample.event) == self.wall_event {
                         // A switch-out's stack: its header's period is the
                         // probability it was drawn with.
@@ -568,6 +571,7 @@ mod tests {
             kernel_frames: Vec::new(),
             heap: None,
             off_cpu: None,
+            trace: None,
             end: crate::sample::StackEnd::Complete,
         };
         // Cookie 1: sPF, event 0, each sample 16 faults (the program's

@@ -49,13 +49,18 @@ pub enum KernelBtfError {
 
 /// The byte offset of `structure.member` in the running kernel.
 pub fn kernel_member_offset(structure: &str, member: &str) -> Result<u32, KernelBtfError> {
+    member_offset(&vmlinux_btf()?, structure, member)
+}
+
+/// The running kernel's BTF, at most [`MAX_BTF_BYTES`] of it.
+fn vmlinux_btf() -> Result<Vec<u8>, KernelBtfError> {
     let file = std::fs::File::open(VMLINUX_BTF)
         .map_err(|error| KernelBtfError::Read(error.to_string()))?;
     let mut bytes = Vec::new();
     file.take(MAX_BTF_BYTES)
         .read_to_end(&mut bytes)
         .map_err(|error| KernelBtfError::Read(error.to_string()))?;
-    member_offset(&bytes, structure, member)
+    Ok(bytes)
 }
 
 /// The offset of a thread's id (`pid`) in the running kernel's
@@ -70,6 +75,21 @@ pub fn task_pid_offset() -> Result<u32, KernelBtfError> {
         ));
     }
     Ok(pid)
+}
+
+/// The offset of a thread's thread pointer (x86-64 `fsbase`, where its TLS
+/// ends and glibc's thread control block starts) in the running kernel's
+/// `task_struct`: `thread.fsbase`. The BTF is read once for both members.
+pub fn task_fsbase_offset() -> Result<u32, KernelBtfError> {
+    let bytes = vmlinux_btf()?;
+    let thread = member_offset(&bytes, "task_struct", "thread")?;
+    let fsbase = member_offset(&bytes, "thread_struct", "fsbase")?;
+    thread
+        .checked_add(fsbase)
+        .filter(|&offset| offset != 0)
+        .ok_or(KernelBtfError::Malformed(
+            "task_struct's thread.fsbase is out of range",
+        ))
 }
 
 /// One type of the section: its kind, name, size-or-type word, and the

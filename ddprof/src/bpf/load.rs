@@ -427,6 +427,12 @@ impl BpfProgram {
         // `sWALL` reads the id of the thread switching in at this offset.
         let task_pid_offset = settings.wall.map(|_| super::kernel_btf::task_pid_offset());
         let task_pid = task_pid_offset.clone().and_then(Result::ok).unwrap_or(0u32);
+        // Thread contexts (OTEP 4947, custom-labels) are read from the
+        // thread pointer at this offset; 0 reads none.
+        let task_fsbase = super::kernel_btf::task_fsbase_offset().unwrap_or_else(|error| {
+            log::info!("trace context: {error}; samples will carry no span ids");
+            0
+        });
         let wall_walks_per_window = (crate::wall::WALKS_PER_CPU_SECOND
             * ddprof_common::sample::WALL_WINDOW_NS
             / 1_000_000_000)
@@ -459,6 +465,7 @@ impl BpfProgram {
             .override_global(names::WALL_WALKS_PER_WINDOW, &wall_walks_per_window, true)
             .override_global(names::WALL_UNDESCRIBED, &wall_undescribed, true)
             .override_global(names::TASK_PID_OFFSET, &task_pid, true)
+            .override_global(names::TASK_FSBASE_OFFSET, &task_fsbase, true)
             .load(object)
             .map_err(|e| classify(&e))?;
         // The continuation first: the entry may only run once the

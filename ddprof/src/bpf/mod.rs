@@ -18,6 +18,8 @@
 //! - `rows`: the unwind tables' maps, one per loaded file, created on
 //!   demand within a budget and written through short-lived mmaps
 //!   ([`TableMaps`]);
+//! - `trace_contexts`: the processes that publish request contexts, where
+//!   their threads keep them (`TRACE_CONTEXTS`) and their keys' names;
 //! - `record`: one ring-buffer record decoded into a `Sample`.
 mod choose;
 mod engine;
@@ -29,6 +31,7 @@ mod programs;
 mod record;
 mod rows;
 mod sync;
+mod trace_contexts;
 mod variant;
 
 pub use choose::{choose_engine, choose_engine_with, Engine, EngineChoice, EngineDecision};

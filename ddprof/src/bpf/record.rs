@@ -1,25 +1,47 @@
 //! Decoding the BPF ring buffer's records (`ddprof_common::sample`'s
 //! `RawSampleHeader`, kernel frames, user frames) into [`Sample`]s.
 use ddprof_common::sample::{
-    RawSampleHeader, StackEnd, HANDOFF_NOTICE, RAW_SAMPLE_HEADER_SIZE, WALL_RESUME,
+    RawSampleHeader, RawTraceContext, StackEnd, HANDOFF_NOTICE, RAW_SAMPLE_HEADER_SIZE,
+    RAW_TRACE_CONTEXT_SIZE, TRACE_CONTEXT_ATTR_BYTES, TRACE_CONTEXT_MARKER, WALL_RESUME,
 };
 
 use crate::sample::{OffCpu, Sample};
+use crate::trace_context::RawContext;
 
 /// A ring-buffer record.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Record {
-    Sample(Sample),
+    /// A sample, and the context its thread published, if any (its labels
+    /// are named by the engine, which knows the process's keys).
+    Sample(Sample, Option<RawContext>),
     /// The program handed a sample of process `pid` to the perf engine and
     /// woke the reader to describe the process (`HANDOFF_NOTICE`).
-    HandoffNotice {
-        pid: u32,
-    },
+    HandoffNotice { pid: u32 },
 }
 
 /// Decodes one ring-buffer record, the frames into vectors from `spare`
 /// (emptied ones of earlier samples) when it has any.
 pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> {
+    // A record of a thread that published a context starts with it.
+    let (context, bytes) = match bytes.get(..4) {
+        Some(marker) if marker == TRACE_CONTEXT_MARKER.to_ne_bytes() => {
+            let context_bytes = bytes.get(..RAW_TRACE_CONTEXT_SIZE)?;
+            // SAFETY: RawTraceContext is repr(C) plain integers and byte
+            // arrays; any bytes are a valid value and read_unaligned needs no
+            // alignment.
+            let raw: RawTraceContext =
+                unsafe { std::ptr::read_unaligned(context_bytes.as_ptr().cast()) };
+            let used = usize::from(raw.attrs_len).min(TRACE_CONTEXT_ATTR_BYTES);
+            let context = RawContext {
+                kind: raw.kind,
+                span_id: raw.span_id,
+                trace_id: raw.trace_id,
+                attrs: raw.attrs[..used].to_vec(),
+            };
+            (Some(context), &bytes[RAW_TRACE_CONTEXT_SIZE..])
+        }
+        _ => (None, bytes),
+    };
     let header_bytes = bytes.get(..RAW_SAMPLE_HEADER_SIZE)?;
     // SAFETY: RawSampleHeader is repr(C) plain integers; any bytes are a
     // valid value and read_unaligned needs no alignment.
@@ -29,22 +51,26 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
     }
     if header.stack_end == WALL_RESUME {
         // A parked thread ran again: no stack; its event is `sWALL`'s.
-        return Some(Record::Sample(Sample {
-            pid: header.pid,
-            tid: header.tid,
-            time: header.time_ns,
-            cpu: header.cpu,
-            event: header.event_cookie.min(u32::from(u16::MAX)) as u16,
-            weight: 0,
-            scaled_count: crate::events::COUNT_UNIT,
-            kernel_frames: Vec::new(),
-            heap: None,
-            off_cpu: Some(OffCpu::Resumed {
-                switched_out: header.period,
-            }),
-            frames: Vec::new(),
-            end: StackEnd::Complete,
-        }));
+        return Some(Record::Sample(
+            Sample {
+                pid: header.pid,
+                tid: header.tid,
+                time: header.time_ns,
+                cpu: header.cpu,
+                event: header.event_cookie.min(u32::from(u16::MAX)) as u16,
+                weight: 0,
+                scaled_count: crate::events::COUNT_UNIT,
+                kernel_frames: Vec::new(),
+                heap: None,
+                off_cpu: Some(OffCpu::Resumed {
+                    switched_out: header.period,
+                }),
+                frames: Vec::new(),
+                end: StackEnd::Complete,
+                trace: None,
+            },
+            None,
+        ));
     }
     let kernel = header.kernel_frames as usize;
     let user = header.user_frames as usize;
@@ -77,23 +103,27 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
         }
         words
     };
-    Some(Record::Sample(Sample {
-        pid: header.pid,
-        tid: header.tid,
-        time: header.time_ns,
-        cpu: header.cpu,
-        // The link's cookie (the event's index plus one, 0 for the
-        // CPU-time events): the engine makes it the event's index.
-        event: header.event_cookie.min(u32::from(u16::MAX)) as u16,
-        weight: header.period,
-        scaled_count: crate::events::COUNT_UNIT,
-        kernel_frames: words(&frames_bytes[..kernel * 8]),
-        heap: None,
-        // The engine marks `sWALL`'s stacks (it knows the event's cookie).
-        off_cpu: None,
-        frames: words(&frames_bytes[kernel * 8..(kernel + user) * 8]),
-        end: StackEnd::from_raw(header.stack_end),
-    }))
+    Some(Record::Sample(
+        Sample {
+            pid: header.pid,
+            tid: header.tid,
+            time: header.time_ns,
+            cpu: header.cpu,
+            // The link's cookie (the event's index plus one, 0 for the
+            // CPU-time events): the engine makes it the event's index.
+            event: header.event_cookie.min(u32::from(u16::MAX)) as u16,
+            weight: header.period,
+            scaled_count: crate::events::COUNT_UNIT,
+            kernel_frames: words(&frames_bytes[..kernel * 8]),
+            heap: None,
+            // The engine marks `sWALL`'s stacks (it knows the event's cookie).
+            off_cpu: None,
+            frames: words(&frames_bytes[kernel * 8..(kernel + user) * 8]),
+            end: StackEnd::from_raw(header.stack_end),
+            trace: None,
+        },
+        context,
+    ))
 }
 
 #[cfg(test)]
@@ -125,7 +155,7 @@ mod tests {
         for frame in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
             bytes.extend_from_slice(&frame.to_le_bytes());
         }
-        let Some(Record::Sample(sample)) = decode(&bytes, &mut Vec::new()) else {
+        let Some(Record::Sample(sample, None)) = decode(&bytes, &mut Vec::new()) else {
             panic!("not decoded as a sample");
         };
         assert_eq!(sample.kernel_frames, vec![0xffff_ffff_8100_0000]);
@@ -136,12 +166,63 @@ mod tests {
         assert!(!sample.truncated());
         // Spare vectors (an earlier sample's frames) are emptied and refilled.
         let mut spare = vec![vec![1, 2, 3, 4, 5], vec![6; 300]];
-        let Some(Record::Sample(reused)) = decode(&bytes, &mut spare) else {
+        let Some(Record::Sample(reused, None)) = decode(&bytes, &mut spare) else {
             panic!("not decoded as a sample");
         };
         assert_eq!(reused, sample);
         assert!(spare.is_empty(), "both frame lists took a spare vector");
         assert!(decode(&bytes[..bytes.len() - 1], &mut Vec::new()).is_none());
+
+        // With a context before the header: the same sample, and the
+        // context's used attribute bytes.
+        let mut context = RawTraceContext {
+            marker: TRACE_CONTEXT_MARKER,
+            kind: ddprof_common::sample::TRACE_CONTEXT_OTEL,
+            flags: 0,
+            attrs_len: 3,
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            record_state: [1, 0, 3, 0],
+            attrs: [9; TRACE_CONTEXT_ATTR_BYTES],
+            reserved: 0,
+        };
+        // SAFETY: viewing a repr(C) value as its bytes.
+        let mut with_context = unsafe {
+            std::slice::from_raw_parts(
+                (&context as *const RawTraceContext).cast::<u8>(),
+                RAW_TRACE_CONTEXT_SIZE,
+            )
+        }
+        .to_vec();
+        with_context.extend_from_slice(&bytes);
+        let Some(Record::Sample(same, Some(raw))) = decode(&with_context, &mut Vec::new()) else {
+            panic!("not decoded as a sample with a context");
+        };
+        assert_eq!(same, sample);
+        assert_eq!(
+            (raw.span_id, raw.attrs.as_slice()),
+            ([2; 8], &[9, 9, 9][..])
+        );
+        assert!(decode(
+            &with_context[..RAW_TRACE_CONTEXT_SIZE + 10],
+            &mut Vec::new()
+        )
+        .is_none());
+        // An attribute length past the array is cut to it.
+        context.attrs_len = u16::MAX;
+        // SAFETY: as above.
+        let overlong = unsafe {
+            std::slice::from_raw_parts(
+                (&context as *const RawTraceContext).cast::<u8>(),
+                RAW_TRACE_CONTEXT_SIZE,
+            )
+        };
+        let mut overlong = overlong.to_vec();
+        overlong.extend_from_slice(&bytes);
+        let Some(Record::Sample(_, Some(raw))) = decode(&overlong, &mut Vec::new()) else {
+            panic!("not decoded");
+        };
+        assert_eq!(raw.attrs.len(), TRACE_CONTEXT_ATTR_BYTES);
         assert!(decode(&bytes[..10], &mut Vec::new()).is_none());
 
         // A hand-off notice is the header alone, whatever its frame counts.

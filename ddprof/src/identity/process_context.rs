@@ -3,7 +3,10 @@
 //! `/memfd:OTEL_CTX`, or a named anonymous mapping,
 //! `[anon_shmem:OTEL_CTX]`): a header (`"OTEL_CTX"`, version 2, the
 //! payload's size, the time it was published, a pointer to the payload)
-//! and the payload, an OTLP `Resource` (protobuf).
+//! and the payload, a `ProcessContext` (protobuf): an OTLP `Resource`
+//! (field 1) and further attributes (field 2), among them the schema of
+//! the threads' contexts (OTEP 4947: `threadlocal.schema_version`,
+//! `threadlocal.attribute_key_map`).
 //!
 //! Everything here is the process's to choose: the mapping is found in its
 //! `maps`, the header and payload are read through `/proc/PID/mem`, the
@@ -33,10 +36,18 @@ const VERSION: u32 = 2;
 /// `pid`'s published service (`None`: it publishes none this reader
 /// takes); `Err` when the read overran [`READ_BOUND`].
 pub fn of_process(pid: u32) -> Result<Option<ServiceIdentity>, bounded::Unanswered> {
-    bounded::run(READ_BOUND, move || read(pid))
+    bounded::run(READ_BOUND, move || identity(&read(pid)?))
 }
 
-fn read(pid: u32) -> Option<ServiceIdentity> {
+/// The names of the attribute keys `pid`'s threads' contexts use, by key
+/// index (`None`: it publishes no schema this reader takes); `Err` when
+/// the read overran [`READ_BOUND`].
+pub fn thread_context_keys(pid: u32) -> Result<Option<Vec<String>>, bounded::Unanswered> {
+    bounded::run(READ_BOUND, move || thread_keys(&read(pid)?))
+}
+
+/// The payload `pid` publishes, read as the OTEP's protocol says.
+fn read(pid: u32) -> Option<Vec<u8>> {
     use std::io::BufRead;
     let maps = std::fs::File::open(format!("/proc/{pid}/maps")).ok()?;
     let mut context = None;
@@ -76,7 +87,7 @@ fn read(pid: u32) -> Option<ServiceIdentity> {
     if header(&memory)? != first {
         return None;
     }
-    identity(&payload)
+    Some(payload)
 }
 
 /// The header, if it says a context is published (and not being updated).
@@ -104,11 +115,20 @@ impl Header {
     }
 }
 
-/// The part of an OTLP `Resource` read here (with prost, as the profile is
-/// written: fields not declared are skipped): its attributes, each a
-/// `KeyValue` whose `AnyValue` is read only as a string. Strings are taken
-/// as bytes, so that one attribute that is not UTF-8 costs only itself.
+/// The part of a `ProcessContext` read here (with prost, as the profile is
+/// written: fields not declared are skipped): its resource's attributes
+/// and its further attributes, each a `KeyValue` whose `AnyValue` is read
+/// as a string or an array of strings. Strings are taken as bytes, so that
+/// one attribute that is not UTF-8 costs only itself.
 mod otlp {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ProcessContext {
+        #[prost(message, optional, tag = "1")]
+        pub resource: Option<Resource>,
+        #[prost(message, repeated, tag = "2")]
+        pub extra_attributes: Vec<KeyValue>,
+    }
+
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Resource {
         #[prost(message, repeated, tag = "1")]
@@ -127,16 +147,64 @@ mod otlp {
     pub struct AnyValue {
         #[prost(bytes = "vec", optional, tag = "1")]
         pub string_value: Option<Vec<u8>>,
+        #[prost(message, optional, tag = "5")]
+        pub array_value: Option<ArrayValue>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ArrayValue {
+        #[prost(message, repeated, tag = "1")]
+        pub values: Vec<AnyValue>,
     }
 }
 
-/// The service in an OTLP `Resource`'s attributes (none when the SDK was
+/// The thread context schema this reader takes (the one libdatadog's and
+/// the OpenTelemetry eBPF profiler's readers take).
+const THREAD_CONTEXT_SCHEMA: &str = "tlsdesc_v1_dev";
+/// Key names taken (a key index is one byte).
+const MAX_THREAD_CONTEXT_KEYS: usize = 256;
+
+/// The thread contexts' key names a payload publishes: `None` unless it
+/// names the schema read here once, and its key map (if any) is an array
+/// of non-empty strings. A schema without a key map has no keys.
+pub fn thread_keys(payload: &[u8]) -> Option<Vec<String>> {
+    let context = <otlp::ProcessContext as prost::Message>::decode(payload).ok()?;
+    let extra = &context.extra_attributes;
+    let named = |key: &'static str| extra.iter().filter(move |pair| pair.key == key.as_bytes());
+    let mut schemas = named("threadlocal.schema_version");
+    let schema = schemas.next()?.value.as_ref()?.string_value.as_deref()?;
+    if schema != THREAD_CONTEXT_SCHEMA.as_bytes() || schemas.next().is_some() {
+        return None;
+    }
+    let mut maps = named("threadlocal.attribute_key_map");
+    let Some(map) = maps.next() else {
+        return Some(Vec::new());
+    };
+    if maps.next().is_some() {
+        return None;
+    }
+    map.value
+        .as_ref()?
+        .array_value
+        .as_ref()?
+        .values
+        .iter()
+        .take(MAX_THREAD_CONTEXT_KEYS)
+        .map(|value| {
+            let key = std::str::from_utf8(value.string_value.as_deref()?).ok()?;
+            (!key.is_empty()).then(|| key.to_string())
+        })
+        .collect()
+}
+
+/// The service in a `ProcessContext`'s resource attributes (none when the SDK was
 /// given no service: `unknown_service…`, or the payload does not decode):
 /// `service.name`, `deployment.environment.name` (or the older
 /// `deployment.environment`), `service.version`, `service.instance.id`
 /// (string values only).
-pub fn identity(resource: &[u8]) -> Option<ServiceIdentity> {
-    let resource = <otlp::Resource as prost::Message>::decode(resource).ok()?;
+pub fn identity(payload: &[u8]) -> Option<ServiceIdentity> {
+    let context = <otlp::ProcessContext as prost::Message>::decode(payload).ok()?;
+    let resource = context.resource?;
     let attribute = |key: &str| {
         resource
             .attributes
@@ -194,8 +262,9 @@ mod tests {
         // dropped_attributes_count = 2, a number field between them.
         resource.extend([2 << 3, 5]);
         resource.extend(attribute("service.version", "1.2"));
+        let payload = field(1, &resource);
         assert_eq!(
-            identity(&resource),
+            identity(&payload),
             Some(ServiceIdentity {
                 service: "checkout".into(),
                 env: Some("prod".into()),
@@ -203,17 +272,86 @@ mod tests {
                 instance_id: Some("i-1".into()),
             })
         );
-        assert_eq!(identity(&attribute("service.version", "1")), None);
-        // An SDK given no service publishes `unknown_service[:exe]`: none.
         assert_eq!(
-            identity(&attribute("service.name", "unknown_service:java")),
+            identity(&field(1, &attribute("service.version", "1"))),
             None
         );
+        // An SDK given no service publishes `unknown_service[:exe]`: none.
+        assert_eq!(
+            identity(&field(
+                1,
+                &attribute("service.name", "unknown_service:java")
+            )),
+            None
+        );
+        // A bare resource (not in a ProcessContext) is not this version's.
+        assert_eq!(identity(&resource), None);
         // Every truncation of it is read without a panic.
-        for end in 0..resource.len() {
-            let _ = identity(&resource[..end]);
+        for end in 0..payload.len() {
+            let _ = identity(&payload[..end]);
         }
         assert_eq!(identity(&[0xff; 16]), None);
+    }
+
+    /// An extra attribute (`ProcessContext` field 2) with a string value,
+    /// or with an array of strings.
+    fn extra(key: &str, value: &str) -> Vec<u8> {
+        let mut key_value = field(1, key.as_bytes());
+        key_value.extend(field(2, &field(1, value.as_bytes())));
+        field(2, &key_value)
+    }
+
+    fn extra_array(key: &str, values: &[&str]) -> Vec<u8> {
+        let array: Vec<u8> = values
+            .iter()
+            .flat_map(|value| field(1, &field(1, value.as_bytes())))
+            .collect();
+        let mut key_value = field(1, key.as_bytes());
+        key_value.extend(field(2, &field(5, &array)));
+        field(2, &key_value)
+    }
+
+    #[test]
+    fn the_thread_context_schema_and_keys_are_read_beside_the_resource() {
+        // As dd-trace-rb appends them to libdatadog's payload.
+        let mut payload = field(1, &attribute("service.name", "checkout"));
+        payload.extend(extra("threadlocal.schema_version", "tlsdesc_v1_dev"));
+        payload.extend(extra_array(
+            "threadlocal.attribute_key_map",
+            &["datadog.local_root_span_id", "http.route"],
+        ));
+        assert_eq!(
+            thread_keys(&payload),
+            Some(vec![
+                "datadog.local_root_span_id".into(),
+                "http.route".into()
+            ])
+        );
+        assert_eq!(
+            identity(&payload).map(|found| found.service),
+            Some("checkout".into())
+        );
+        // A schema without a key map: no keys; no schema, another schema, or
+        // a key map that is not strings: nothing.
+        let schema_only = extra("threadlocal.schema_version", "tlsdesc_v1_dev");
+        assert_eq!(thread_keys(&schema_only), Some(Vec::new()));
+        assert_eq!(
+            thread_keys(&field(1, &attribute("service.name", "a"))),
+            None
+        );
+        assert_eq!(
+            thread_keys(&extra("threadlocal.schema_version", "v9")),
+            None
+        );
+        let mut empty_key = schema_only.clone();
+        empty_key.extend(extra_array("threadlocal.attribute_key_map", &["a", ""]));
+        assert_eq!(thread_keys(&empty_key), None);
+        let mut twice = schema_only.clone();
+        twice.extend(schema_only.clone());
+        assert_eq!(thread_keys(&twice), None);
+        for end in 0..payload.len() {
+            let _ = thread_keys(&payload[..end]);
+        }
     }
 
     #[test]

@@ -114,6 +114,7 @@ mod tests {
             process_name: Some("app".into()),
             thread_name: None,
             container_id: None,
+            trace: None,
             stack,
             count: 1,
             scaled_count: crate::events::COUNT_UNIT,

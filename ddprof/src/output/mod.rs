@@ -661,6 +661,7 @@ mod tests {
                         process_name: Some("app".into()),
                         thread_name: None,
                         container_id: None,
+                        trace: None,
                         stack,
                         count,
                         scaled_count: count * crate::events::COUNT_UNIT,

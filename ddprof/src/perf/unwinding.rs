@@ -162,6 +162,7 @@ impl Unwinding<'_> {
             end,
             heap: weighing.and_then(|weighing| weighing.heap_event(raw.regs.as_ref())),
             off_cpu: None,
+            trace: None,
         }
     }
 }

@@ -372,6 +372,7 @@ mod tests {
                     kernel_frames: vec![],
                     heap: None,
                     off_cpu: None,
+                    trace: None,
                     end: StackEnd::Complete,
                 },
             );

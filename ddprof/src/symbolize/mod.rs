@@ -913,6 +913,7 @@ mod tests {
                 kernel_frames: vec![],
                 heap: None,
                 off_cpu: None,
+                trace: None,
                 end: crate::sample::StackEnd::Complete,
             },
         );
@@ -975,6 +976,7 @@ mod tests {
                 process_name: None,
                 thread_name: None,
                 container_id: None,
+                trace: None,
                 stack: 0,
                 count: 1,
                 scaled_count: crate::events::COUNT_UNIT,

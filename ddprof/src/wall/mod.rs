@@ -663,6 +663,7 @@ ffffffffc0000000 t xfs_wait	[xfs]
             end: StackEnd::Complete,
             heap: None,
             off_cpu: Some(OffCpu::SwitchedOut { probability }),
+            trace: None,
         }
     }
 

@@ -83,6 +83,9 @@ pub(super) struct MapMirror {
     /// compile.
     deferred: Vec<u32>,
     table_stats: TableStats,
+    /// The processes that publish thread contexts, as `TRACE_CONTEXTS`
+    /// holds them.
+    pub(super) trace: super::trace_contexts::Registry,
 }
 
 impl MapMirror {
@@ -104,6 +107,7 @@ impl MapMirror {
             defer_compiling: false,
             deferred: Vec::new(),
             table_stats: TableStats::default(),
+            trace: super::trace_contexts::Registry::default(),
         }
     }
 
@@ -349,6 +353,7 @@ impl BpfEngine {
                 self.sync_process(pid, processes);
             }
         }
+        self.retry_trace_contexts(processes);
         // Slots released by the syncs above and not reused yet.
         self.mirror.rows.flush();
     }
@@ -361,6 +366,7 @@ impl BpfEngine {
         !young.is_empty()
             || !self.mirror.handed_off.is_empty()
             || self.mirror.synced_generation != Some(processes.generation())
+            || self.mirror.trace.retry_due()
     }
 
     fn sync_dirty(&mut self, processes: &ProcessTable) {
@@ -373,6 +379,17 @@ impl BpfEngine {
 
     fn forget_process(&mut self, pid: u32) {
         self.mirror.dirty.remove(&pid);
+        if self.mirror.trace.slots(pid).is_some() {
+            if let Ok(mut map) = self
+                .program
+                .hash_map::<u32, ddprof_common::bpf_maps::TraceContextSlots>(
+                    ddprof_common::bpf_maps::names::TRACE_CONTEXTS,
+                )
+            {
+                let _ = map.remove(&pid);
+            }
+        }
+        self.mirror.trace.forget(pid);
         if self.mirror.forget_synced(pid) {
             if let Ok(mut map) = self.program.process_map() {
                 let _ = map.remove(&pid);
@@ -475,6 +492,46 @@ impl BpfEngine {
         if deferred {
             self.mirror.deferred.push(pid);
         }
+        self.sync_trace_context(pid, process);
+    }
+
+    /// Writes (or removes) `pid`'s `TRACE_CONTEXTS` entry: where its
+    /// threads keep the context they publish, if they do.
+    fn sync_trace_context(&mut self, pid: u32, process: &Process) {
+        let before = self.mirror.trace.slots(pid);
+        let now = self.mirror.trace.discover(pid, process);
+        if now == before {
+            return;
+        }
+        let map = self
+            .program
+            .hash_map::<u32, ddprof_common::bpf_maps::TraceContextSlots>(
+                ddprof_common::bpf_maps::names::TRACE_CONTEXTS,
+            );
+        match (map, now) {
+            (Ok(mut map), Some(slots)) => {
+                if let Err(error) = map.insert(pid, slots, 0) {
+                    log::info!(
+                        "trace context: process {pid}'s contexts are not read (the map is full:                          {error})"
+                    );
+                }
+            }
+            (Ok(mut map), None) => {
+                let _ = map.remove(&pid);
+            }
+            (Err(error), _) => log::warn!("{error}"),
+        }
+    }
+
+    /// Looks again at the processes whose library variable was not
+    /// relocated yet.
+    fn retry_trace_contexts(&mut self, processes: &ProcessTable) {
+        for pid in self.mirror.trace.take_due() {
+            match processes.get(pid) {
+                Some(process) => self.sync_trace_context(pid, process),
+                None => self.mirror.trace.forget(pid),
+            }
+        }
     }
 
     /// An entry that could not be written (the map is full): the one
@@ -527,6 +584,18 @@ impl BpfEngine {
                 let _ = map.remove(&pid);
             }
         }
+        {
+            let mut map = self
+                .program
+                .hash_map::<u32, ddprof_common::bpf_maps::TraceContextSlots>(
+                    ddprof_common::bpf_maps::names::TRACE_CONTEXTS,
+                )?;
+            let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
+            for pid in pids {
+                let _ = map.remove(&pid);
+            }
+        }
+        self.mirror.trace.clear();
         self.mirror.tables.clear();
         self.mirror.rows.clear_all();
         self.mirror.files.clear();

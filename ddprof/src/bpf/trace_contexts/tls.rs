@@ -1,0 +1,418 @@
+//! Where a process's threads keep a publisher's TLS variable.
+//!
+//! The variable is found by name in the file that defines it (an 8-byte
+//! `STT_TLS` symbol: in `.dynsym`, or for a program in `.symtab` too, where
+//! a Rust program keeps `libdd-otel-thread-ctx`'s). Each thread then holds
+//! it at a fixed place from its thread pointer, which depends on who
+//! defines it (x86-64, glibc's TLS layout):
+//! - **the program**: its TLS block is the first below the thread pointer,
+//!   at `-roundup(p_memsz, p_align)` (glibc's `_dl_determine_tlsoffset`),
+//!   so the variable is at a constant offset known from the file alone;
+//! - **a library**: the loader decides where its block goes and writes the
+//!   answer in the library's GOT entry for the variable: a TLS descriptor
+//!   (`R_X86_64_TLSDESC`, two words: resolver, argument) or an initial-exec
+//!   offset (`R_X86_64_TPOFF64`). A descriptor's argument is either the
+//!   (negative) offset from the thread pointer — a library loaded at start,
+//!   in the static TLS block — or a pointer to `{module, offset}` — a
+//!   library `dlopen`ed later, whose block each thread allocates and finds
+//!   through its DTV. The entry is read from the process's memory once the
+//!   loader has filled it.
+//!
+//! musl and other layouts are not read (the variable would be looked up
+//! at the wrong place: the reads fail or find no valid record).
+use std::fs::File;
+
+use ddprof_common::bpf_maps::{tls_access, TraceContextSlot};
+
+use crate::unwind::LoadSegment;
+
+/// The OTEP 4947 thread context pointer.
+pub const OTEL_SYMBOL: &str = "otel_thread_ctx_v1";
+/// The `custom-labels` (ABI v1) current label set pointer.
+pub const LABELS_SYMBOL: &str = "custom_labels_current_set";
+/// `custom-labels`' ABI version, which must be 1.
+const LABELS_VERSION_SYMBOL: &str = "custom_labels_abi_version";
+
+/// Symbols looked at per table (a bigger table is searched that far).
+const MAX_SYMBOLS: usize = 4_000_000;
+/// Dynamic relocations looked at.
+const MAX_RELOCATIONS: usize = 4_000_000;
+/// A symbol or relocation table bigger than this is not read (it would be
+/// read whole into memory).
+const MAX_TABLE_BYTES: u64 = 256 << 20;
+/// The largest offset from the thread pointer taken as static TLS (the
+/// static TLS block is a few KiB to a few MiB).
+const MAX_STATIC_TLS: i64 = 1 << 30;
+
+const R_X86_64_TPOFF64: u32 = 18;
+const R_X86_64_TLSDESC: u32 = 36;
+
+/// How a file's variable is reached from a thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVariable {
+    /// The program's own: at `offset` from the thread pointer.
+    Program { offset: i64 },
+    /// A library's: its GOT entry at file address `got`, a descriptor (two
+    /// words) or an initial-exec offset (one).
+    Library { got: u64, descriptor: bool },
+}
+
+/// What a file defines of the two ABIs' variables, and its executable
+/// segments (to find its load bias in a process).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileTls {
+    pub otel: Option<TlsVariable>,
+    pub labels: Option<TlsVariable>,
+    pub segments: Vec<LoadSegment>,
+}
+
+impl FileTls {
+    pub fn defines_any(&self) -> bool {
+        self.otel.is_some() || self.labels.is_some()
+    }
+}
+
+/// The variables `file` defines (none without a `PT_TLS` segment, which
+/// is most files: only their program headers are read then).
+pub fn find(file: &File) -> FileTls {
+    find_in(&object::ReadCache::new(file)).unwrap_or_default()
+}
+
+fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
+    use object::elf;
+    use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
+    let header = elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    if header.e_machine(endian) != elf::EM_X86_64 {
+        return None;
+    }
+    let segments = header.program_headers(endian, data).ok()?;
+    let tls = segments
+        .iter()
+        .find(|segment| segment.p_type(endian) == elf::PT_TLS)?;
+    let program = header.e_type(endian) == elf::ET_EXEC
+        || segments
+            .iter()
+            .any(|segment| segment.p_type(endian) == elf::PT_INTERP);
+    let load_segments: Vec<LoadSegment> = segments
+        .iter()
+        .filter(|segment| {
+            segment.p_type(endian) == elf::PT_LOAD && segment.p_flags(endian).0 & elf::PF_X.0 != 0
+        })
+        .map(|segment| LoadSegment {
+            file_offset: segment.p_offset(endian),
+            vaddr: segment.p_vaddr(endian),
+            file_size: segment.p_filesz(endian),
+        })
+        .collect();
+    let sections = header.sections(endian, data).ok()?;
+
+    // (index in .dynsym, if there; st_value) of each wanted symbol.
+    let mut found: [Option<(Option<usize>, u64)>; 2] = [None, None];
+    let mut labels_version_ok = false;
+    for kind in [elf::SHT_DYNSYM, elf::SHT_SYMTAB] {
+        if kind == elf::SHT_SYMTAB && !program {
+            break;
+        }
+        let oversized = sections.iter().any(|section| {
+            section.sh_type(endian) == kind && section.sh_size(endian) > MAX_TABLE_BYTES
+        });
+        if oversized {
+            continue;
+        }
+        let Ok(symbols) = sections.symbols(endian, data, kind) else {
+            continue;
+        };
+        for (index, symbol) in symbols.iter().enumerate().take(MAX_SYMBOLS) {
+            let Ok(name) = symbol.name(endian, symbols.strings()) else {
+                continue;
+            };
+            if name == LABELS_VERSION_SYMBOL.as_bytes() && symbol.st_size(endian) == 4 {
+                labels_version_ok |= symbol_u32(&sections, endian, data, symbol) == Some(1);
+                continue;
+            }
+            let slot = match name {
+                n if n == OTEL_SYMBOL.as_bytes() => 0,
+                n if n == LABELS_SYMBOL.as_bytes() => 1,
+                _ => continue,
+            };
+            let defined = symbol.st_type() == elf::STT_TLS
+                && symbol.st_shndx(endian) != elf::SHN_UNDEF
+                && symbol.st_size(endian) == 8;
+            if defined && found[slot].is_none() {
+                let dynamic = (kind == elf::SHT_DYNSYM).then_some(index);
+                found[slot] = Some((dynamic, symbol.st_value(endian)));
+            }
+        }
+    }
+    if !labels_version_ok {
+        found[1] = None;
+    }
+    if found.iter().all(Option::is_none) {
+        return Some(FileTls {
+            segments: load_segments,
+            ..FileTls::default()
+        });
+    }
+
+    // A library reaches its variable through a GOT entry the loader fills.
+    let mut got: [Option<(u64, bool)>; 2] = [None, None];
+    let mut seen = 0usize;
+    for section in sections.iter() {
+        if section.sh_type(endian) != elf::SHT_RELA
+            || section.sh_size(endian) > MAX_TABLE_BYTES
+            || seen >= MAX_RELOCATIONS
+        {
+            continue;
+        }
+        let Ok(Some((relocations, _))) = section.rela(endian, data) else {
+            continue;
+        };
+        for relocation in relocations {
+            seen += 1;
+            if seen >= MAX_RELOCATIONS {
+                break;
+            }
+            let r_type = relocation.r_type(endian, false).0;
+            if r_type != R_X86_64_TLSDESC && r_type != R_X86_64_TPOFF64 {
+                continue;
+            }
+            let symbol = relocation.r_sym(endian, false) as usize;
+            for (slot, wanted) in found.iter().enumerate() {
+                if let Some((Some(index), _)) = wanted {
+                    if *index == symbol && got[slot].is_none() {
+                        got[slot] = Some((relocation.r_offset(endian), r_type == R_X86_64_TLSDESC));
+                    }
+                }
+            }
+        }
+    }
+
+    let tls_offset = program_tls_offset(
+        tls.p_memsz(endian),
+        tls.p_align(endian),
+        tls.p_vaddr(endian),
+    );
+    let variable = |slot: usize| -> Option<TlsVariable> {
+        let (_, value) = found[slot]?;
+        if let Some((got, descriptor)) = got[slot] {
+            return Some(TlsVariable::Library { got, descriptor });
+        }
+        // The program's own block, relaxed to fixed offsets by the linker.
+        let offset = i64::try_from(value).ok()?.checked_sub(tls_offset?)?;
+        (program && (-MAX_STATIC_TLS..0).contains(&offset))
+            .then_some(TlsVariable::Program { offset })
+    };
+    Some(FileTls {
+        otel: variable(0),
+        labels: variable(1),
+        segments: load_segments,
+    })
+}
+
+/// How far below the thread pointer the program's TLS block starts
+/// (glibc's x86-64 `l_tls_offset` of the first module).
+fn program_tls_offset(memsz: u64, align: u64, vaddr: u64) -> Option<i64> {
+    let align = align.max(1);
+    if !align.is_power_of_two() {
+        return None;
+    }
+    let first_byte = vaddr.wrapping_neg() & (align - 1);
+    // As glibc computes it, in wrapping arithmetic: a block smaller than
+    // its first byte's misalignment rounds up to that misalignment.
+    let offset = memsz.wrapping_sub(first_byte).wrapping_add(align - 1) & !(align - 1);
+    let offset = offset.wrapping_add(first_byte);
+    i64::try_from(offset).ok()
+}
+
+/// A 4-byte defined data symbol's value in the file (its section's bytes).
+fn symbol_u32<'data, R: object::ReadRef<'data>>(
+    sections: &object::read::elf::SectionTable<
+        'data,
+        object::elf::FileHeader64<object::Endianness>,
+        R,
+    >,
+    endian: object::Endianness,
+    data: R,
+    symbol: &object::elf::Sym64<object::Endianness>,
+) -> Option<u32> {
+    use object::read::elf::{SectionHeader, Sym};
+    let index = symbol.st_shndx(endian).index()?;
+    let section = sections
+        .section(object::SectionIndex(usize::from(index)))
+        .ok()?;
+    if section.sh_type(endian) == object::elf::SHT_NOBITS {
+        return Some(0);
+    }
+    let at = symbol
+        .st_value(endian)
+        .checked_sub(section.sh_addr(endian))?;
+    let offset = section.sh_offset(endian).checked_add(at)?;
+    let bytes = data.read_bytes_at(offset, 4).ok()?;
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// Why a library's variable is not located yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotYet {
+    /// The loader has not filled the GOT entry (the library is mapped but
+    /// not relocated yet): try again shortly.
+    Unrelocated,
+    /// The entry says something this reader does not take.
+    Unreadable,
+}
+
+/// Where `pid`'s threads hold `variable` of a file mapped with load bias
+/// `bias`. `read` reads the process's memory (bounded by the caller).
+pub fn locate(
+    variable: TlsVariable,
+    bias: u64,
+    mut read: impl FnMut(u64, &mut [u8]) -> bool,
+) -> Result<TraceContextSlot, NotYet> {
+    let mut word = |address: u64| -> Option<u64> {
+        let mut bytes = [0u8; 8];
+        read(address, &mut bytes).then(|| u64::from_le_bytes(bytes))
+    };
+    let static_slot = |offset: i64| TraceContextSlot {
+        access: tls_access::STATIC,
+        offset,
+        ..TraceContextSlot::default()
+    };
+    match variable {
+        TlsVariable::Program { offset } => Ok(static_slot(offset)),
+        TlsVariable::Library {
+            got,
+            descriptor: false,
+        } => {
+            let offset = word(bias.wrapping_add(got)).ok_or(NotYet::Unreadable)? as i64;
+            if (-MAX_STATIC_TLS..0).contains(&offset) {
+                Ok(static_slot(offset))
+            } else {
+                Err(NotYet::Unrelocated)
+            }
+        }
+        TlsVariable::Library {
+            got,
+            descriptor: true,
+        } => {
+            let entry = bias.wrapping_add(got);
+            let resolver = word(entry).ok_or(NotYet::Unreadable)?;
+            let argument = word(entry.wrapping_add(8)).ok_or(NotYet::Unreadable)?;
+            if resolver == 0 {
+                return Err(NotYet::Unrelocated);
+            }
+            let signed = argument as i64;
+            if (-MAX_STATIC_TLS..0).contains(&signed) {
+                return Ok(static_slot(signed));
+            }
+            // A `tlsdesc_dynamic_arg`: the `tls_index` {module, offset} first.
+            if !(4096..(1 << 47)).contains(&argument) {
+                return Err(NotYet::Unrelocated);
+            }
+            let module = word(argument).ok_or(NotYet::Unreadable)?;
+            let offset = word(argument.wrapping_add(8)).ok_or(NotYet::Unreadable)?;
+            if !(1..=65_535).contains(&module) || offset >= MAX_STATIC_TLS as u64 {
+                return Err(NotYet::Unreadable);
+            }
+            Ok(TraceContextSlot {
+                access: tls_access::DTV,
+                module,
+                offset: offset as i64,
+                ..TraceContextSlot::default()
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_programs_block_sits_below_the_thread_pointer_as_glibc_puts_it() {
+        // A Rust program's: 0x60 bytes, 8-aligned.
+        assert_eq!(program_tls_offset(0x60, 8, 0x53870), Some(0x60));
+        assert_eq!(program_tls_offset(0x61, 16, 0x1000), Some(0x70));
+        // A template not aligned in the file keeps its misalignment.
+        assert_eq!(program_tls_offset(0x20, 64, 0x1008), Some(0x38));
+        assert_eq!(program_tls_offset(0x50, 64, 0x1008), Some(0x78));
+        assert_eq!(program_tls_offset(0x20, 3, 0), None);
+    }
+
+    #[test]
+    fn a_libraries_got_entry_says_static_dynamic_or_not_yet() {
+        let memory = |words: Vec<(u64, u64)>| {
+            move |address: u64, out: &mut [u8]| match words.iter().find(|(at, _)| *at == address) {
+                Some((_, value)) => {
+                    out.copy_from_slice(&value.to_le_bytes());
+                    true
+                }
+                None => false,
+            }
+        };
+        let descriptor = TlsVariable::Library {
+            got: 0x100,
+            descriptor: true,
+        };
+        // Static TLS: the argument is the offset from the thread pointer.
+        let slot = locate(
+            descriptor,
+            0x7f00_0000_0000,
+            memory(vec![
+                (0x7f00_0000_0100, 0x7f55),
+                (0x7f00_0000_0108, (-0x90i64) as u64),
+            ]),
+        );
+        assert_eq!(
+            slot.map(|s| (s.access, s.offset)),
+            Ok((tls_access::STATIC, -0x90))
+        );
+        // Dynamic TLS: a pointer to {module, offset}.
+        let slot = locate(
+            descriptor,
+            0,
+            memory(vec![
+                (0x100, 0x7f55),
+                (0x108, 0x5000),
+                (0x5000, 3),
+                (0x5008, 0x18),
+            ]),
+        );
+        assert_eq!(
+            slot.map(|s| (s.access, s.module, s.offset)),
+            Ok((tls_access::DTV, 3, 0x18))
+        );
+        // Not relocated yet: no resolver, or the link-time addend.
+        assert_eq!(
+            locate(descriptor, 0, memory(vec![(0x100, 0), (0x108, 0)])),
+            Err(NotYet::Unrelocated)
+        );
+        assert_eq!(
+            locate(descriptor, 0, memory(vec![(0x100, 0x7f55), (0x108, 8)])),
+            Err(NotYet::Unrelocated)
+        );
+        assert_eq!(
+            locate(descriptor, 0, memory(vec![])),
+            Err(NotYet::Unreadable)
+        );
+        // Initial-exec: the entry is the offset.
+        let initial_exec = TlsVariable::Library {
+            got: 0x100,
+            descriptor: false,
+        };
+        assert_eq!(
+            locate(initial_exec, 0, memory(vec![(0x100, (-0x40i64) as u64)])).map(|s| s.offset),
+            Ok(-0x40)
+        );
+    }
+
+    #[test]
+    fn files_without_the_variables_have_none() {
+        let own = File::open("/proc/self/exe").unwrap();
+        assert!(!find(&own).defines_any());
+        let libc = File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap();
+        let found = find(&libc);
+        assert!(!found.defines_any());
+        assert!(!found.segments.is_empty(), "libc has TLS and code");
+    }
+}

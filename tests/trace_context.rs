@@ -1,0 +1,164 @@
+//! Whose request a sample is: the span ids a thread publishes while it
+//! serves a request, read by the BPF program at each sample from the
+//! thread's TLS, on the sample as Datadog's backend links them to traces
+//! (`span id`, `local root span id`, numbers) with the other attributes
+//! the publisher names. The publishers are the real crates tracers use:
+//! `libdd-otel-thread-ctx` (OTEP 4947, its keys named by an OTEP 4719
+//! process context) and Polar Signals' `custom-labels`; and a library of
+//! ours that defines the OTEP's TLS pointer itself, reached through a TLS
+//! descriptor, loaded at start (static TLS) or `dlopen`ed (its TLS found
+//! through each thread's DTV).
+use std::process::Stdio;
+
+use ddprof_tests::e2e::Scratch;
+use ddprof_tests::pprof::Profile;
+use ddprof_tests::workloads::build_workload;
+
+const TRACE_REQUESTS: &str = env!("CARGO_BIN_EXE_trace-requests");
+
+/// Samples (by their count) of the request and idle functions, and how
+/// many of each carry the labels they must.
+#[derive(Debug, Default)]
+struct Tally {
+    in_requests: i64,
+    in_requests_labelled: i64,
+    idle: i64,
+    idle_unlabelled: i64,
+}
+
+/// Profiles `command` (a server of `trace-requests`' kind) with the BPF
+/// engine and checks each sample's labels with
+/// `request_labels_are_right(labels, thread id, span id)`.
+fn profile_requests(
+    abi: &str,
+    command: &[&str],
+    request_labels_are_right: impl Fn(&dyn Fn(&str) -> Option<String>, u64, u64) -> bool,
+) -> Tally {
+    let scratch = Scratch::new(&format!("trace-context-{abi}"));
+    let out = scratch.0.join("out");
+    let output = ddprof_tests::ddprof_command()
+        .args(["-l", "info", "--engine", "bpf", "-e", "sCPU freq=999"])
+        .arg("--output")
+        .arg(&out)
+        .arg("--")
+        .args(command)
+        .stdin(Stdio::null())
+        .output()
+        .expect("ddprof runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    let files = ddprof_tests::outputs::pprof_files(&out);
+    assert_eq!(files.len(), 1, "{stderr}");
+    let profile = Profile::read_gzipped(&files[0]).unwrap();
+    let mut tally = Tally::default();
+    for ((names, values), labels) in profile.stacks().into_iter().zip(profile.labels()) {
+        let label = |key: &str| {
+            labels
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, value)| value.clone())
+        };
+        let count = values[0];
+        let span = label("span id").and_then(|span| span.parse::<u64>().ok());
+        if names.iter().any(|name| name.contains("request_work")) {
+            tally.in_requests += count;
+            let thread: u64 = label("thread id").unwrap().parse().unwrap();
+            if span.is_some_and(|span| request_labels_are_right(&label, thread, span)) {
+                tally.in_requests_labelled += count;
+            }
+        } else if names.iter().any(|name| name.contains("idle_work")) {
+            tally.idle += count;
+            if span.is_none() && label("local root span id").is_none() {
+                tally.idle_unlabelled += count;
+            }
+        }
+    }
+    println!("{abi}: {tally:?}");
+    assert!(
+        tally.in_requests >= 800 && tally.idle >= 200,
+        "too few samples to judge: {tally:?}: {stderr}"
+    );
+    assert!(
+        tally.in_requests_labelled * 100 >= tally.in_requests * 95,
+        "samples of requests that carry their own request's ids: {tally:?}: {stderr}"
+    );
+    assert!(
+        tally.idle_unlabelled * 100 >= tally.idle * 95,
+        "samples between requests that carry no ids: {tally:?}: {stderr}"
+    );
+    assert!(
+        stderr.contains("trace context: process"),
+        "the publisher is named at start: {stderr}"
+    );
+    tally
+}
+
+/// A request's span id names its thread and request (`tid << 24 | k`),
+/// its local root span id is the span id with bit 62 set.
+fn ids_are_the_requests(label: &dyn Fn(&str) -> Option<String>, thread: u64, span: u64) -> bool {
+    span >> 24 == thread
+        && label("local root span id").and_then(|root| root.parse::<u64>().ok())
+            == Some(span | 1 << 62)
+}
+
+#[test]
+fn otel_thread_contexts_give_each_requests_samples_its_span_ids() {
+    profile_requests(
+        "otel",
+        &[TRACE_REQUESTS, "otel", "4", "3"],
+        |label, thread, span| {
+            // `http.route` is key 1 of the process context's key map.
+            ids_are_the_requests(label, thread, span)
+                && label("http.route") == Some(format!("/thread/{thread}"))
+        },
+    );
+}
+
+#[test]
+fn custom_labels_give_each_requests_samples_its_labels() {
+    profile_requests(
+        "labels",
+        &[TRACE_REQUESTS, "labels", "4", "3"],
+        |label, thread, span| {
+            ids_are_the_requests(label, thread, span)
+                && label("customer").as_deref() == Some("acme")
+        },
+    );
+}
+
+/// A library that defines the OTEP's TLS pointer, loaded at start: its
+/// descriptor's argument is the variable's offset from the thread pointer.
+#[test]
+fn a_library_loaded_at_start_publishes_through_static_tls() {
+    let server = build_workload("trace_ctx_library.c");
+    let library = build_workload("trace_ctx_tlsdesc_plugin.c");
+    let preload = format!("LD_PRELOAD={}", library.display());
+    let command = [
+        "env",
+        &preload,
+        server.to_str().unwrap(),
+        "preloaded",
+        library.to_str().unwrap(),
+        "3",
+        "3",
+    ];
+    // No process context: key 0 is the local root span id (libdatadog's
+    // convention).
+    profile_requests("library-static", &command, ids_are_the_requests);
+}
+
+/// A library `dlopen`ed after start with a TLS block too big for the
+/// static reserve: each thread's copy is found through its DTV.
+#[test]
+fn a_dlopened_library_publishes_through_each_threads_dtv() {
+    let server = build_workload("trace_ctx_library.c");
+    let library = build_workload("trace_ctx_dynamic_tlsdesc_plugin.c");
+    let command = [
+        server.to_str().unwrap(),
+        "dlopen",
+        library.to_str().unwrap(),
+        "3",
+        "3",
+    ];
+    profile_requests("library-dtv", &command, ids_are_the_requests);
+}
