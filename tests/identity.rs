@@ -130,11 +130,13 @@ fn samples_of_a_process_in_a_container_carry_its_container_id(engine: &str) {
 type Tags = BTreeMap<String, String>;
 /// The (process name, process id) of a profile's samples.
 type Programs = BTreeSet<(String, String)>;
+/// An upload's `Datadog-Container-ID` and `Datadog-Entity-ID` headers.
+type Entity = (Option<String>, Option<String>);
 
 /// With `-p`, each process that publishes its service (an OpenTelemetry
 /// process context, OTEP 4719, or `DD_SERVICE` in its environment) has its
-/// samples in a profile of that service's, uploaded under its tags; the
-/// others stay in the run's.
+/// samples in a profile of that service's, uploaded under its tags and
+/// with its own container's entity headers; the others stay in the run's.
 #[test]
 fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
     let chain = build_workload("chain.c");
@@ -142,13 +144,18 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
     let scratch = Scratch::new("identity-services");
     let out = scratch.0.join("out");
     let intake = Intake::http(Behaviour::Accept);
+    let cgroup =
+        ContainerCgroup::new("services").expect("a cgroup hierarchy this test can write (root)");
     // Started after the attach (the shell sleeps first): two programs
-    // publish a service, one does not.
+    // publish a service, one does not; the publisher joins a container's
+    // cgroup before its exec.
     let script = format!(
         "sleep 1; DD_SERVICE=alpha DD_ENV=test {chain} 2 & \
-         {publisher} 2 gamma staging 3.1 i-7 & {chain} 2 & wait",
+         sh -c 'echo $$ > {procs} && exec {publisher} 2 gamma staging 3.1 i-7' & \
+         {chain} 2 & wait",
         chain = chain.display(),
-        publisher = publisher.display()
+        publisher = publisher.display(),
+        procs = cgroup.path.join("cgroup.procs").display()
     );
     let mut shell = Command::new("sh")
         .args(["-c", &script])
@@ -170,11 +177,18 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
     assert!(shell.wait().unwrap().success());
     assert!(output.status.success(), "{stderr}");
     assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
-    // By service: its tags, and the programs and pids of its samples.
+    // By service: its tags, and the programs and pids of its samples; and
+    // the entity headers of its uploads.
     let mut by_service: BTreeMap<String, (Tags, Programs)> = BTreeMap::new();
+    let mut entities: BTreeMap<String, BTreeSet<Entity>> = BTreeMap::new();
     for received in intake.received() {
         let tags: BTreeMap<String, String> = received.tags().into_iter().collect();
         let service = tags["service"].clone();
+        let header = |name: &str| received.header(name).map(str::to_string);
+        entities
+            .entry(service.clone())
+            .or_default()
+            .insert((header("Datadog-Container-ID"), header("Datadog-Entity-ID")));
         let entry = by_service
             .entry(service)
             .or_insert_with(|| (tags, BTreeSet::new()));
@@ -197,6 +211,15 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
     let (gamma_tags, gamma) = &by_service["gamma"];
     assert_eq!(gamma_tags.get("env").map(String::as_str), Some("staging"));
     assert_eq!(gamma_tags.get("version").map(String::as_str), Some("3.1"));
+    // Its `service.instance.id` (a tracer's runtime id) is its runtime-id.
+    assert_eq!(
+        gamma_tags.get("runtime-id").map(String::as_str),
+        Some("i-7")
+    );
+    assert_ne!(
+        alpha_tags.get("runtime-id").map(String::as_str),
+        Some("i-7")
+    );
     assert!(
         gamma.len() == 1
             && gamma
@@ -212,6 +235,19 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
         .iter()
         .any(|sample| alpha.contains(sample) || gamma.contains(sample)));
     assert_eq!(by_service.len(), 3, "{:?}", by_service.keys());
+    // Each service's uploads name its processes' container: gamma's the
+    // cgroup it joined, alpha's the test's own (none outside containers).
+    println!("{entities:#?}");
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let outside = ddprof::container::container_id_in(&own);
+    assert_eq!(
+        entities["gamma"],
+        BTreeSet::from([(Some(cgroup.id.clone()), Some(format!("ci-{}", cgroup.id)))])
+    );
+    assert_eq!(
+        entities["alpha"],
+        BTreeSet::from([(outside.clone(), outside.map(|id| format!("ci-{id}")))])
+    );
     // Written under each service's name too.
     let files: Vec<String> = ddprof_tests::outputs::pprof_files(&out)
         .iter()

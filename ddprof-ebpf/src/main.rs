@@ -1004,6 +1004,12 @@ fn context_pointer(thread_pointer: u64, slot: &TraceContextSlot) -> Option<u64> 
         tls_access::STATIC => thread_pointer.wrapping_add(slot.offset as u64),
         tls_access::DTV => {
             let dtv = read_user_u64(thread_pointer.wrapping_add(8))?;
+            // glibc keeps the DTV's length in the entry before it: a thread
+            // whose DTV was not grown for the module yet has no block there.
+            let length = read_user_u64(dtv.wrapping_sub(16))?;
+            if slot.module > length {
+                return None;
+            }
             let block = read_user_u64(dtv.wrapping_add(slot.module.wrapping_mul(16)))?;
             // Not allocated yet for this thread (glibc's TLS_DTV_UNALLOCATED).
             if block == 0 || block == u64::MAX {

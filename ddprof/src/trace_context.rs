@@ -31,6 +31,21 @@ pub struct TraceLabels {
     pub attributes: Vec<(Arc<str>, Arc<str>)>,
 }
 
+/// Label keys the profile sets itself: an attribute of one of these names
+/// is left out (a process cannot pass its samples for another's).
+const RESERVED_KEYS: &[&str] = &[
+    "process_id",
+    "process_name",
+    "thread id",
+    "thread_name",
+    "container_id",
+    "end_timestamp_ns",
+    "tracepoint_type",
+];
+/// The longest attribute key and value kept (longer ones are left out).
+pub const MAX_KEY_BYTES: usize = 128;
+pub const MAX_VALUE_BYTES: usize = 255;
+
 impl TraceLabels {
     pub fn is_empty(&self) -> bool {
         self.span_id.is_none()
@@ -39,29 +54,39 @@ impl TraceLabels {
             && self.attributes.is_empty()
     }
 
-    /// Takes one published attribute, by its key's name.
-    fn take(&mut self, key: &str, value: &str, value_is_hex: bool) {
-        let id = |value: &str| {
-            let parsed = if value_is_hex {
-                u64::from_str_radix(value, 16)
-            } else {
-                value.parse::<u64>()
-            };
-            parsed.ok().filter(|&id| id != 0)
-        };
+    /// About the memory it holds (what a period's table of them is
+    /// bounded by), its shared key names counted as if not.
+    pub fn approximate_bytes(&self) -> usize {
+        let strings: usize = self
+            .attributes
+            .iter()
+            .map(|(key, value)| key.len() + value.len() + 32)
+            .sum();
+        std::mem::size_of::<Self>() + strings + self.trace_endpoint.as_ref().map_or(0, |e| e.len())
+    }
+
+    /// Takes one published attribute, by its key's name (`shared`: the
+    /// key map's own copy of it, kept rather than copied).
+    fn take(&mut self, key: &str, shared: Option<&Arc<str>>, value: &str) {
+        let decimal = |value: &str| value.parse::<u64>().ok().filter(|&id| id != 0);
+        if key.len() > MAX_KEY_BYTES || value.len() > MAX_VALUE_BYTES {
+            return;
+        }
         match key {
             // libdatadog's convention: key index 0, 16 hex digits.
             "datadog.local_root_span_id" | "dd.local_root_span_id" => {
                 self.local_root_span_id = u64::from_str_radix(value, 16).ok().filter(|&id| id != 0);
             }
             // As dd-trace-go names its pprof labels (decimal).
-            "local root span id" | "local_root_span_id" => self.local_root_span_id = id(value),
-            "span id" | "span_id" => self.span_id = id(value),
+            "local root span id" | "local_root_span_id" => self.local_root_span_id = decimal(value),
+            "span id" | "span_id" => self.span_id = decimal(value),
             "trace endpoint" | "trace_endpoint" | "datadog.trace_endpoint" => {
                 self.trace_endpoint = Some(value.into());
             }
+            _ if RESERVED_KEYS.contains(&key) => {}
             _ if self.attributes.len() < MAX_ATTRIBUTES => {
-                self.attributes.push((key.into(), value.into()));
+                let key = shared.cloned().unwrap_or_else(|| key.into());
+                self.attributes.push((key, value.into()));
             }
             _ => {}
         }
@@ -95,12 +120,13 @@ pub fn otel_labels(raw: &RawContext, keys: Option<&[Arc<str>]>) -> Option<TraceL
             break;
         };
         rest = &tail[usize::from(*length)..];
+        let shared = keys.and_then(|keys| keys.get(usize::from(*index)));
         let key = match keys {
-            Some(keys) => keys.get(usize::from(*index)).map(|key| &**key),
+            Some(_) => shared.map(|key| &**key),
             None => (*index == 0).then_some("datadog.local_root_span_id"),
         };
         if let (Some(key), Ok(value)) = (key, std::str::from_utf8(value)) {
-            labels.take(key, value, false);
+            labels.take(key, shared, value);
         }
     }
     (!labels.is_empty()).then_some(labels)
@@ -132,7 +158,7 @@ pub fn custom_labels(raw: &RawContext) -> Option<TraceLabels> {
         }
         keys.push(key);
         if let (Ok(key), Ok(value)) = (std::str::from_utf8(key), std::str::from_utf8(value)) {
-            labels.take(key, value, false);
+            labels.take(key, None, value);
         }
     }
     (!labels.is_empty()).then_some(labels)

@@ -139,7 +139,7 @@ pub struct PeriodStats {
     /// Samples counted without a timestamp because the timeline was full.
     pub timeline_dropped: u64,
     /// Samples counted without their trace context because the period
-    /// had [`MAX_TRACE_CONTEXTS`] already.
+    /// had [`MAX_TRACE_CONTEXTS`] (or [`MAX_TRACE_CONTEXT_BYTES`]) already.
     pub trace_contexts_dropped: u64,
 }
 
@@ -328,6 +328,8 @@ type SampleKey = (
 /// of further ones are counted without theirs
 /// ([`PeriodStats::trace_contexts_dropped`]).
 const MAX_TRACE_CONTEXTS: usize = 100_000;
+/// And at most about this much memory of them.
+const MAX_TRACE_CONTEXT_BYTES: usize = 64 << 20;
 
 /// The period's process and thread names, each stored once.
 #[derive(Debug, Default)]
@@ -367,6 +369,8 @@ struct PeriodState {
     /// The period's distinct trace contexts, each stored once.
     trace_ids: FastMap<Arc<crate::trace_context::TraceLabels>, u32>,
     traces: Vec<Arc<crate::trace_context::TraceLabels>>,
+    /// [`crate::trace_context::TraceLabels::approximate_bytes`] of `traces`.
+    trace_bytes: usize,
     thread_names: FastMap<(u32, u32), ThreadNameIds>,
     /// Perf maps looked for this period.
     perf_maps: PerfMapsFound,
@@ -697,10 +701,14 @@ impl Aggregator {
             if let Some(&id) = period.trace_ids.get(labels) {
                 return Some(id);
             }
-            if period.traces.len() >= MAX_TRACE_CONTEXTS {
+            let bytes = labels.approximate_bytes();
+            if period.traces.len() >= MAX_TRACE_CONTEXTS
+                || period.trace_bytes + bytes > MAX_TRACE_CONTEXT_BYTES
+            {
                 period.stats.trace_contexts_dropped += 1;
                 return None;
             }
+            period.trace_bytes += bytes;
             let id = period.traces.len() as u32;
             period.traces.push(labels.clone());
             period.trace_ids.insert(labels.clone(), id);
@@ -762,6 +770,14 @@ impl Aggregator {
     /// Hands over the period's aggregate and starts a new, empty one.
     pub fn take_period(&mut self, start: SystemTime, end: SystemTime) -> PeriodProfile {
         let state = std::mem::take(&mut self.period);
+        if state.stats.trace_contexts_dropped > 0 {
+            log::info!(
+                "period: {} samples counted without their trace context (the period's table \
+                 of contexts was full: {MAX_TRACE_CONTEXTS} or {} MiB)",
+                state.stats.trace_contexts_dropped,
+                MAX_TRACE_CONTEXT_BYTES >> 20
+            );
+        }
         // Re-read the clock offset each period so wall-clock adjustments
         // (NTP steps) do not accumulate into the timestamps.
         self.clock = WallClock::now();

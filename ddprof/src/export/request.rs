@@ -113,7 +113,13 @@ pub fn profile_tags(
     tags.extend([
         Tag::new("language", "native"),
         Tag::new("profiler_version", VERSION),
-        Tag::new("runtime-id", context.options.runtime_id.clone()),
+        // A service's profile: its tracer's runtime id (`service.instance.id`).
+        Tag::new(
+            "runtime-id",
+            service
+                .and_then(|identity| identity.instance_id.clone())
+                .unwrap_or_else(|| context.options.runtime_id.clone()),
+        ),
         Tag::new("runtime_platform", runtime_platform()),
         Tag::new("cpu_arch", cpu_arch()),
         Tag::new("number_of_cpu_cores", context.cpu_cores.to_string()),
@@ -195,8 +201,10 @@ pub fn event_json(
     .to_string()
 }
 
-/// The headers of every request (the body's own come with it).
-pub fn headers(context: &RequestContext) -> Vec<(&'static str, String)> {
+/// The headers of a request (the body's own come with it): the entity
+/// headers are the target's, or for a service's profile its processes'
+/// container's (none when they run in none).
+pub fn headers(context: &RequestContext, profile: &PeriodProfile) -> Vec<(&'static str, String)> {
     let mut headers = vec![
         ("User-Agent", format!("ddprof/{VERSION}")),
         ("DD-EVP-ORIGIN", ORIGIN.to_string()),
@@ -205,11 +213,21 @@ pub fn headers(context: &RequestContext) -> Vec<(&'static str, String)> {
         // with an agent that restarts.
         ("Connection", "close".to_string()),
     ];
-    if let Some(id) = &context.entity.container_id {
-        headers.push(("Datadog-Container-ID", id.clone()));
+    let (container_id, entity_id) = match &profile.service {
+        Some(service) => (
+            service.container_id.clone(),
+            service.container_id.as_ref().map(|id| format!("ci-{id}")),
+        ),
+        None => (
+            context.entity.container_id.clone(),
+            context.entity.entity_id.clone(),
+        ),
+    };
+    if let Some(id) = container_id {
+        headers.push(("Datadog-Container-ID", id));
     }
-    if let Some(id) = &context.entity.entity_id {
-        headers.push(("Datadog-Entity-ID", id.clone()));
+    if let Some(id) = entity_id {
+        headers.push(("Datadog-Entity-ID", id));
     }
     if let Some(env) = &context.options.external_env {
         headers.push(("Datadog-External-Env", env.clone()));
@@ -241,7 +259,7 @@ pub fn build(
     files.push((PROFILE_PART, &profile.pprof_zstd));
     let (content_type, body) = multipart_body(&event, &files);
     Request {
-        headers: headers(context),
+        headers: headers(context, profile),
         content_type,
         body,
     }
@@ -414,6 +432,7 @@ mod tests {
             env: Some("prod".into()),
             version: None,
             instance_id: None,
+            container_id: None,
         };
         let tags = join_tags(&profile_tags(&context, Some(&identity), 1));
         assert!(

@@ -34,6 +34,7 @@ pub fn parse(environ: &[u8]) -> Option<ServiceIdentity> {
         env: variable("DD_ENV"),
         version: variable("DD_VERSION"),
         instance_id: None,
+        container_id: None,
     })
 }
 
@@ -51,6 +52,7 @@ mod tests {
                 env: Some("prod".into()),
                 version: Some("1.2".into()),
                 instance_id: None,
+                container_id: None,
             })
         );
         // No service: no identity; an empty one or one of separators only

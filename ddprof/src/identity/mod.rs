@@ -21,6 +21,10 @@ pub struct ServiceIdentity {
     pub version: Option<String>,
     /// `service.instance.id` (the process context only).
     pub instance_id: Option<String>,
+    /// The container its processes run in (set by [`split`] from their
+    /// samples: a service's processes in two containers make two
+    /// profiles), which its upload's entity headers name.
+    pub container_id: Option<String>,
 }
 
 /// A process's service, and the program it was read from (its name then):
@@ -183,12 +187,14 @@ impl Identities {
             .chain(self.unsettled.keys())
             .filter_map(|pid| {
                 let known = self.known.get(pid)?;
-                // Grouped by service, environment and version: an SDK gives
-                // each process its own instance id, and no Datadog tag
-                // takes it.
+                // Grouped by service, environment, version and instance id:
+                // a tracer publishes its runtime id as `service.instance.id`
+                // (dd-trace does), and the profile's `runtime-id` tag must be
+                // that one for the backend to link its spans to the samples.
+                // (The container is the samples', set by `split`.)
                 let service = ProcessService {
                     identity: ServiceIdentity {
-                        instance_id: None,
+                        container_id: None,
                         ..known.identity.clone()?
                     },
                     program: known.program.clone(),

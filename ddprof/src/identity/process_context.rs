@@ -163,10 +163,13 @@ mod otlp {
 const THREAD_CONTEXT_SCHEMA: &str = "tlsdesc_v1_dev";
 /// Key names taken (a key index is one byte).
 const MAX_THREAD_CONTEXT_KEYS: usize = 256;
+/// The longest key name taken (a longer one refuses the whole map).
+const MAX_THREAD_CONTEXT_KEY_BYTES: usize = crate::trace_context::MAX_KEY_BYTES;
 
 /// The thread contexts' key names a payload publishes: `None` unless it
 /// names the schema read here once, and its key map (if any) is an array
-/// of non-empty strings. A schema without a key map has no keys.
+/// of non-empty strings of at most 128 bytes. A schema without a key map
+/// has no keys.
 pub fn thread_keys(payload: &[u8]) -> Option<Vec<String>> {
     let context = <otlp::ProcessContext as prost::Message>::decode(payload).ok()?;
     let extra = &context.extra_attributes;
@@ -192,7 +195,7 @@ pub fn thread_keys(payload: &[u8]) -> Option<Vec<String>> {
         .take(MAX_THREAD_CONTEXT_KEYS)
         .map(|value| {
             let key = std::str::from_utf8(value.string_value.as_deref()?).ok()?;
-            (!key.is_empty()).then(|| key.to_string())
+            (!key.is_empty() && key.len() <= MAX_THREAD_CONTEXT_KEY_BYTES).then(|| key.to_string())
         })
         .collect()
 }
@@ -219,6 +222,7 @@ pub fn identity(payload: &[u8]) -> Option<ServiceIdentity> {
             .or_else(|| attribute("deployment.environment")),
         version: attribute("service.version"),
         instance_id: attribute("service.instance.id"),
+        container_id: None,
     })
 }
 
@@ -270,6 +274,7 @@ mod tests {
                 env: Some("prod".into()),
                 version: Some("1.2".into()),
                 instance_id: Some("i-1".into()),
+                container_id: None,
             })
         );
         assert_eq!(

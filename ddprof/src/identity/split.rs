@@ -30,25 +30,28 @@ pub fn by_service(
     {
         return (profile, Vec::new());
     }
-    let mut groups: BTreeMap<&ServiceIdentity, Vec<StackSample>> = BTreeMap::new();
+    // By service and container: each profile's upload names one container.
+    type Group<'a> = (&'a ServiceIdentity, Option<&'a str>);
+    let mut groups: BTreeMap<Group, Vec<StackSample>> = BTreeMap::new();
     let mut own = Vec::new();
     for sample in &profile.period.samples {
-        match service_of(sample) {
-            Some(identity)
-                if groups.len() < MAX_SERVICES_PER_PERIOD || groups.contains_key(identity) =>
+        match service_of(sample).map(|identity| (identity, sample.container_id.as_deref())) {
+            Some(group)
+                if groups.len() < MAX_SERVICES_PER_PERIOD || groups.contains_key(&group) =>
             {
-                groups.entry(identity).or_default().push(sample.clone())
+                groups.entry(group).or_default().push(sample.clone())
             }
             _ => own.push(sample.clone()),
         }
     }
     let parts = groups
         .into_iter()
-        .map(|(identity, samples)| {
-            (
-                identity.clone(),
-                subset(&profile, samples, PeriodStats::default()),
-            )
+        .map(|((identity, container), samples)| {
+            let identity = ServiceIdentity {
+                container_id: container.map(str::to_string),
+                ..identity.clone()
+            };
+            (identity, subset(&profile, samples, PeriodStats::default()))
         })
         .collect();
     // The run's part keeps the period's figures (the overhead is the
@@ -162,6 +165,7 @@ mod tests {
             env: None,
             version: None,
             instance_id: None,
+            container_id: None,
         };
         // No process with a service: the profile as it was.
         let (own, parts) = by_service(profile.clone(), &HashMap::new());

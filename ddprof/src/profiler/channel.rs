@@ -379,7 +379,12 @@ impl Writer {
     fn service(&mut self, service: &ServiceProfile) {
         let identity = &service.identity;
         self.bytes(identity.service.as_bytes());
-        for tag in [&identity.env, &identity.version, &identity.instance_id] {
+        for tag in [
+            &identity.env,
+            &identity.version,
+            &identity.instance_id,
+            &identity.container_id,
+        ] {
             self.optional_bytes(tag.as_deref().map(str::as_bytes));
         }
         self.optional_bytes(service.pprof_gzip.as_deref());
@@ -586,13 +591,14 @@ impl Reader<'_> {
         let text = |bytes: Vec<u8>| String::from_utf8(bytes).map_err(|_| ChannelError::NotUtf8);
         let service = text(self.bytes()?.to_vec())?;
         let mut tag = || self.optional_bytes()?.map(text).transpose();
-        let (env, version, instance_id) = (tag()?, tag()?, tag()?);
+        let (env, version, instance_id, container_id) = (tag()?, tag()?, tag()?, tag()?);
         Ok(ServiceProfile {
             identity: ServiceIdentity {
                 service,
                 env,
                 version,
                 instance_id,
+                container_id,
             },
             pprof_gzip: self.optional_bytes()?,
             pprof_zstd: self.optional_bytes()?,
@@ -718,6 +724,7 @@ mod tests {
                         env: Some("prod".into()),
                         version: None,
                         instance_id: Some("i-1".into()),
+                        container_id: None,
                     },
                     pprof_gzip: None,
                     pprof_zstd: Some(vec![0x28, 0xb5, 0x2f, 0xfd]),

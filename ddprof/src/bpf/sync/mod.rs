@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use ddprof_common::bpf_maps::{
-    MappingEntry, ProcessMappings, MAX_PROCESS_MAPPINGS, TABLE_NOT_LOADED,
+    names, MappingEntry, ProcessMappings, TraceContextSlots, MAX_PROCESS_MAPPINGS, TABLE_NOT_LOADED,
 };
 
 use super::engine::{is_alive, BpfEngine};
@@ -353,7 +353,7 @@ impl BpfEngine {
                 self.sync_process(pid, processes);
             }
         }
-        self.retry_trace_contexts(processes);
+        self.retry_trace_contexts(processes, &young.table);
         // Slots released by the syncs above and not reused yet.
         self.mirror.rows.flush();
     }
@@ -379,17 +379,7 @@ impl BpfEngine {
 
     fn forget_process(&mut self, pid: u32) {
         self.mirror.dirty.remove(&pid);
-        if self.mirror.trace.slots(pid).is_some() {
-            if let Ok(mut map) = self
-                .program
-                .hash_map::<u32, ddprof_common::bpf_maps::TraceContextSlots>(
-                    ddprof_common::bpf_maps::names::TRACE_CONTEXTS,
-                )
-            {
-                let _ = map.remove(&pid);
-            }
-        }
-        self.mirror.trace.forget(pid);
+        self.forget_trace_context(pid);
         if self.mirror.forget_synced(pid) {
             if let Ok(mut map) = self.program.process_map() {
                 let _ = map.remove(&pid);
@@ -505,15 +495,16 @@ impl BpfEngine {
         }
         let map = self
             .program
-            .hash_map::<u32, ddprof_common::bpf_maps::TraceContextSlots>(
-                ddprof_common::bpf_maps::names::TRACE_CONTEXTS,
-            );
+            .hash_map::<u32, TraceContextSlots>(names::TRACE_CONTEXTS);
         match (map, now) {
             (Ok(mut map), Some(slots)) => {
                 if let Err(error) = map.insert(pid, slots, 0) {
                     log::info!(
-                        "trace context: process {pid}'s contexts are not read (the map is full:                          {error})"
+                        "trace context: process {pid}'s contexts are not read (the map is full: \
+                         {error})"
                     );
+                    // Not written: tried again at its next sync.
+                    self.mirror.trace.forget(pid);
                 }
             }
             (Ok(mut map), None) => {
@@ -523,13 +514,27 @@ impl BpfEngine {
         }
     }
 
-    /// Looks again at the processes whose library variable was not
-    /// relocated yet.
-    fn retry_trace_contexts(&mut self, processes: &ProcessTable) {
+    /// Removes `pid`'s `TRACE_CONTEXTS` entry, if it has one, and forgets it.
+    fn forget_trace_context(&mut self, pid: u32) {
+        if self.mirror.trace.slots(pid).is_some() {
+            if let Ok(mut map) = self
+                .program
+                .hash_map::<u32, TraceContextSlots>(names::TRACE_CONTEXTS)
+            {
+                let _ = map.remove(&pid);
+            }
+        }
+        self.mirror.trace.forget(pid);
+    }
+
+    /// Looks again at the processes due another look (a library's
+    /// variable not relocated yet, a key map not read yet), as `young` (read
+    /// from `/proc` this sync) or else `processes` has them.
+    fn retry_trace_contexts(&mut self, processes: &ProcessTable, young: &ProcessTable) {
         for pid in self.mirror.trace.take_due() {
-            match processes.get(pid) {
+            match young.get(pid).or_else(|| processes.get(pid)) {
                 Some(process) => self.sync_trace_context(pid, process),
-                None => self.mirror.trace.forget(pid),
+                None => self.forget_trace_context(pid),
             }
         }
     }
@@ -587,9 +592,7 @@ impl BpfEngine {
         {
             let mut map = self
                 .program
-                .hash_map::<u32, ddprof_common::bpf_maps::TraceContextSlots>(
-                    ddprof_common::bpf_maps::names::TRACE_CONTEXTS,
-                )?;
+                .hash_map::<u32, TraceContextSlots>(names::TRACE_CONTEXTS)?;
             let pids: Vec<u32> = map.keys().filter_map(Result::ok).collect();
             for pid in pids {
                 let _ = map.remove(&pid);

@@ -2,6 +2,12 @@
 //! where their threads keep them (for the BPF program's `TRACE_CONTEXTS`
 //! map, found by [`tls`]) and the key names their records use (for their
 //! samples' labels).
+//!
+//! Everything here runs at a sync of the maps, never in the drain of the
+//! ring buffer: a process's file reads, memory reads and key map read are
+//! each bounded in time, and after one key map read overruns its bound no
+//! other is made (a hung read holds one of the few helper threads every
+//! bounded call shares).
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,29 +28,64 @@ use tls::{FileTls, NotYet, TlsVariable};
 const MAX_FILES: usize = 16_384;
 /// A library mapped but not relocated yet is looked at again this often…
 const RETRY_EVERY: Duration = Duration::from_millis(50);
-/// …this many times.
+/// …at most this many times in the process's life.
 const MAX_RETRIES: u32 = 100;
-/// How often a process's key map is read again (an SDK may publish its
-/// process context after its first requests, or publish it anew).
-const KEYS_READ_EVERY: Duration = Duration::from_secs(10);
+/// A process that publishes OTEP 4947 records without a key map (yet: an
+/// SDK may publish its process context after its first requests) has it
+/// read again this often…
+const KEYS_READ_EVERY: Duration = Duration::from_secs(1);
+/// …at most this many times.
+const MAX_KEY_READS: u32 = 30;
 /// The longest the memory reads of one process's location may take.
 const LOCATE_BOUND: Duration = Duration::from_millis(100);
+/// The longest one file's search for the variables may take.
+const FIND_BOUND: Duration = Duration::from_secs(2);
 
 /// A process that publishes, as last found.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Publisher {
     slots: TraceContextSlots,
-    /// When to look again for a library's variable not relocated yet, and
-    /// how many looks are left.
-    retry: Option<(Instant, u32)>,
+    /// When to look again for a library's variable not relocated yet.
+    retry_at: Option<Instant>,
+    retries_left: u32,
     keys: Option<Arc<[Arc<str>]>>,
     keys_read: Option<Instant>,
+    key_reads_left: u32,
+}
+
+impl Default for Publisher {
+    fn default() -> Self {
+        Self {
+            slots: TraceContextSlots::default(),
+            retry_at: None,
+            retries_left: MAX_RETRIES,
+            keys: None,
+            keys_read: None,
+            key_reads_left: MAX_KEY_READS,
+        }
+    }
+}
+
+impl Publisher {
+    fn wants_keys(&self) -> bool {
+        self.slots.otel.access != tls_access::NONE && self.keys.is_none() && self.key_reads_left > 0
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.retry_at.is_some_and(|at| at <= now)
+            || (self.wants_keys()
+                && self
+                    .keys_read
+                    .is_none_or(|read| now.duration_since(read) >= KEYS_READ_EVERY))
+    }
 }
 
 #[derive(Debug, Default)]
 pub struct Registry {
     files: HashMap<(u64, u64), Arc<FileTls>>,
     publishers: HashMap<u32, Publisher>,
+    /// A key map read overran its bound: none is read any more.
+    keys_stopped: bool,
 }
 
 impl Registry {
@@ -53,75 +94,38 @@ impl Registry {
     /// nothing this reader can read (yet: a library not relocated is
     /// looked at again, see [`Registry::take_due`]).
     pub fn discover(&mut self, pid: u32, process: &Process) -> Option<TraceContextSlots> {
-        let mut found: Vec<(&'static str, TlsVariable, u64, Arc<str>)> = Vec::new();
-        for mapping in &process.mappings {
-            let key = (mapping.file.dev, mapping.file.inode);
-            let file_tls = match self.files.get(&key) {
-                Some(known) => known.clone(),
-                None => {
-                    let read = crate::files::open_mapped(
-                        pid,
-                        &mapping.file,
-                        Some((mapping.start, mapping.end)),
-                    )
-                    .map(|opened| tls::find(&opened.file))
-                    .unwrap_or_default();
-                    if self.files.len() >= MAX_FILES {
-                        self.files.clear();
-                    }
-                    let read = Arc::new(read);
-                    self.files.insert(key, read.clone());
-                    read
-                }
-            };
-            if !file_tls.defines_any() {
-                continue;
-            }
-            let Some(bias) = LoadSegment::bias_for_mapping(
-                &file_tls.segments,
-                mapping.start,
-                mapping.file_offset,
-            ) else {
-                continue;
-            };
-            for (abi, variable) in [
-                (tls::OTEL_SYMBOL, file_tls.otel),
-                (tls::LABELS_SYMBOL, file_tls.labels),
-            ] {
-                if let Some(variable) = variable {
-                    if !found.iter().any(|(seen, ..)| *seen == abi) {
-                        found.push((abi, variable, bias, mapping.file.path.as_str().into()));
-                    }
-                }
-            }
-        }
+        let found = self.variables(pid, process);
         if found.is_empty() {
             self.publishers.remove(&pid);
             return None;
         }
-        let wanted: Vec<(&'static str, TlsVariable, u64)> = found
+        // The program's own need no memory read; a library's GOT entry does.
+        let wanted: Vec<(TlsVariable, u64)> = found
             .iter()
-            .map(|(abi, variable, bias, _)| (*abi, *variable, *bias))
+            .map(|(_, variable, bias, _)| (*variable, *bias))
             .collect();
         let located = bounded::run(LOCATE_BOUND, move || {
             use std::os::unix::fs::FileExt;
             let memory = std::fs::File::open(format!("/proc/{pid}/mem")).ok();
             wanted
                 .into_iter()
-                .map(|(abi, variable, bias)| {
-                    let read = |address: u64, out: &mut [u8]| {
-                        memory
-                            .as_ref()
-                            .is_some_and(|memory| memory.read_exact_at(out, address).is_ok())
-                    };
-                    (abi, tls::locate(variable, bias, read))
+                .map(|(variable, bias)| match &memory {
+                    Some(memory) => tls::locate(variable, bias, |address, out| {
+                        memory.read_exact_at(out, address).is_ok()
+                    }),
+                    None => tls::locate(variable, bias, |_, _| false),
                 })
                 .collect::<Vec<_>>()
         })
-        .unwrap_or_default();
+        .unwrap_or_else(|_| {
+            found
+                .iter()
+                .map(|(_, variable, bias, _)| tls::locate(*variable, *bias, |_, _| false))
+                .collect()
+        });
         let mut slots = TraceContextSlots::default();
         let mut unrelocated = false;
-        for ((abi, _, _, path), (_, location)) in found.iter().zip(&located) {
+        for ((abi, _, _, path), location) in found.iter().zip(&located) {
             let slot = match location {
                 Ok(slot) => *slot,
                 Err(NotYet::Unrelocated) => {
@@ -160,35 +164,122 @@ impl Registry {
             }
         }
         publisher.slots = slots;
-        publisher.retry = match (unrelocated, publisher.retry) {
-            (false, _) => None,
-            (true, Some((_, 0))) => None,
-            (true, Some((_, left))) => Some((Instant::now() + RETRY_EVERY, left - 1)),
-            (true, None) => Some((Instant::now() + RETRY_EVERY, MAX_RETRIES)),
-        };
+        publisher.retry_at = None;
+        if unrelocated && publisher.retries_left > 0 {
+            publisher.retries_left -= 1;
+            publisher.retry_at = Some(Instant::now() + RETRY_EVERY);
+        }
+        if publisher.wants_keys() && !self.keys_stopped {
+            let now = Instant::now();
+            if publisher
+                .keys_read
+                .is_none_or(|read| now.duration_since(read) >= KEYS_READ_EVERY)
+            {
+                publisher.keys_read = Some(now);
+                publisher.key_reads_left -= 1;
+                match crate::identity::process_context::thread_context_keys(pid) {
+                    Ok(keys) => {
+                        publisher.keys = keys.map(|keys| keys.into_iter().map(Arc::from).collect());
+                    }
+                    Err(unanswered) => {
+                        self.keys_stopped = true;
+                        log::warn!(
+                            "trace context: reading process {pid}'s key map did not end in \
+                             {:?} ({unanswered}); no other process's is read in this worker \
+                             (their attributes stay unnamed, their ids are kept)",
+                            crate::identity::process_context::READ_BOUND
+                        );
+                    }
+                }
+            }
+        }
         let any = slots.otel.access != tls_access::NONE || slots.labels.access != tls_access::NONE;
         any.then_some(slots)
     }
 
-    /// Whether a process's library variable is due another look.
+    /// The variables `process`'s files define: (ABI, variable, the file's
+    /// load bias, its path), the first file of each ABI.
+    fn variables(
+        &mut self,
+        pid: u32,
+        process: &Process,
+    ) -> Vec<(&'static str, TlsVariable, u64, Arc<str>)> {
+        let mut found: Vec<(&'static str, TlsVariable, u64, Arc<str>)> = Vec::new();
+        for mapping in &process.mappings {
+            let key = (mapping.file.dev, mapping.file.inode);
+            let file_tls = match self.files.get(&key) {
+                Some(known) => known.clone(),
+                None => {
+                    let opened = crate::files::open_mapped(
+                        pid,
+                        &mapping.file,
+                        Some((mapping.start, mapping.end)),
+                    );
+                    // A file not opened, or whose search overran, is looked
+                    // at again at the next sync (not remembered).
+                    let Ok(opened) = opened else {
+                        continue;
+                    };
+                    let Ok(read) = bounded::run(FIND_BOUND, move || tls::find(&opened.file)) else {
+                        continue;
+                    };
+                    if self.files.len() >= MAX_FILES {
+                        self.files.clear();
+                    }
+                    let read = Arc::new(read);
+                    self.files.insert(key, read.clone());
+                    read
+                }
+            };
+            if !file_tls.defines_any() {
+                continue;
+            }
+            let Some(bias) = LoadSegment::bias_for_mapping(
+                &file_tls.segments,
+                mapping.start,
+                mapping.file_offset,
+            ) else {
+                continue;
+            };
+            for (abi, variable) in [
+                (tls::OTEL_SYMBOL, file_tls.otel),
+                (tls::LABELS_SYMBOL, file_tls.labels),
+            ] {
+                if let Some(variable) = variable {
+                    if !found.iter().any(|(seen, ..)| *seen == abi) {
+                        found.push((abi, variable, bias, mapping.file.path.as_str().into()));
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// Whether a process is due another look (a library's variable not
+    /// relocated yet, or a key map not read yet).
     pub fn retry_due(&self) -> bool {
         let now = Instant::now();
-        self.publishers
-            .values()
-            .any(|publisher| publisher.retry.is_some_and(|(at, _)| at <= now))
+        self.publishers.values().any(|publisher| publisher.due(now))
     }
 
     /// The processes due another look ([`Registry::discover`] again).
     pub fn take_due(&mut self) -> Vec<u32> {
         let now = Instant::now();
-        self.publishers
+        let due: Vec<u32> = self
+            .publishers
             .iter()
-            .filter(|(_, publisher)| publisher.retry.is_some_and(|(at, _)| at <= now))
+            .filter(|(_, publisher)| publisher.due(now))
             .map(|(&pid, _)| pid)
-            .collect()
+            .collect();
+        for pid in &due {
+            if let Some(publisher) = self.publishers.get_mut(pid) {
+                publisher.retry_at = None;
+            }
+        }
+        due
     }
 
-    /// Whether `pid` has slots written (for the caller's map).
+    /// `pid`'s slots as written (for the caller's map).
     pub fn slots(&self, pid: u32) -> Option<TraceContextSlots> {
         self.publishers
             .get(&pid)
@@ -204,23 +295,18 @@ impl Registry {
         self.publishers.clear();
     }
 
-    /// The labels of a context a sample of `pid` carried.
-    pub fn labels(&mut self, pid: u32, raw: &RawContext) -> Option<Arc<TraceLabels>> {
+    /// The labels of a context a sample of `pid` carried (its key map as
+    /// last read; nothing is read here: this runs in the ring buffer's
+    /// drain).
+    pub fn labels(&self, pid: u32, raw: &RawContext) -> Option<Arc<TraceLabels>> {
         if raw.kind != TRACE_CONTEXT_OTEL {
             return crate::trace_context::custom_labels(raw).map(Arc::new);
         }
-        let publisher = self.publishers.entry(pid).or_default();
-        let now = Instant::now();
-        if publisher
-            .keys_read
-            .is_none_or(|read| now.duration_since(read) >= KEYS_READ_EVERY)
-        {
-            publisher.keys_read = Some(now);
-            if let Ok(Some(keys)) = crate::identity::process_context::thread_context_keys(pid) {
-                publisher.keys = Some(keys.into_iter().map(Arc::from).collect());
-            }
-        }
-        crate::trace_context::otel_labels(raw, publisher.keys.as_deref()).map(Arc::new)
+        let keys = self
+            .publishers
+            .get(&pid)
+            .and_then(|publisher| publisher.keys.as_deref());
+        crate::trace_context::otel_labels(raw, keys).map(Arc::new)
     }
 }
 

@@ -37,9 +37,12 @@ const LABELS_VERSION_SYMBOL: &str = "custom_labels_abi_version";
 const MAX_SYMBOLS: usize = 4_000_000;
 /// Dynamic relocations looked at.
 const MAX_RELOCATIONS: usize = 4_000_000;
-/// A symbol or relocation table bigger than this is not read (it would be
+/// A symbol, name or relocation table bigger than this is not read (it is
 /// read whole into memory).
-const MAX_TABLE_BYTES: u64 = 256 << 20;
+const MAX_TABLE_BYTES: u64 = 64 << 20;
+/// A dynamic segment is read up to this size (a longer one counts as a
+/// library's).
+const MAX_DYNAMIC_BYTES: u64 = 64 << 10;
 /// The largest offset from the thread pointer taken as static TLS (the
 /// static TLS block is a few KiB to a few MiB).
 const MAX_STATIC_TLS: i64 = 1 << 30;
@@ -80,7 +83,7 @@ pub fn find(file: &File) -> FileTls {
 
 fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
     use object::elf;
-    use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
+    use object::read::elf::{Dyn, FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
     let header = elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
     let endian = header.endian().ok()?;
     if header.e_machine(endian) != elf::EM_X86_64 {
@@ -90,10 +93,24 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
     let tls = segments
         .iter()
         .find(|segment| segment.p_type(endian) == elf::PT_TLS)?;
-    let program = header.e_type(endian) == elf::ET_EXEC
-        || segments
-            .iter()
-            .any(|segment| segment.p_type(endian) == elf::PT_INTERP);
+    // A program: `ET_EXEC`, or a PIE (an interpreter and no `DT_SONAME`:
+    // glibc's libc.so.6 has an interpreter too).
+    let program =
+        header.e_type(endian) == elf::ET_EXEC
+            || (segments
+                .iter()
+                .any(|segment| segment.p_type(endian) == elf::PT_INTERP)
+                && !segments.iter().any(|segment| {
+                    segment.p_type(endian) == elf::PT_DYNAMIC
+                        && (segment.p_filesz(endian) > MAX_DYNAMIC_BYTES
+                            || segment.dynamic(endian, data).ok().flatten().is_some_and(
+                                |entries| {
+                                    entries
+                                        .iter()
+                                        .any(|entry| entry.d_tag(endian) == elf::DT_SONAME)
+                                },
+                            ))
+                }));
     let load_segments: Vec<LoadSegment> = segments
         .iter()
         .filter(|segment| {
@@ -114,19 +131,39 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
         if kind == elf::SHT_SYMTAB && !program {
             break;
         }
-        let oversized = sections.iter().any(|section| {
-            section.sh_type(endian) == kind && section.sh_size(endian) > MAX_TABLE_BYTES
-        });
-        if oversized {
+        // The table and its names, each read once (a name at a time would
+        // be a read each, and a cache that keeps them all).
+        let Some((_, table)) = sections
+            .iter()
+            .enumerate()
+            .find(|(_, section)| section.sh_type(endian) == kind)
+        else {
+            continue;
+        };
+        let Ok(strings) = sections.section(object::SectionIndex(table.sh_link(endian) as usize))
+        else {
+            continue;
+        };
+        if table.sh_size(endian) > MAX_TABLE_BYTES || strings.sh_size(endian) > MAX_TABLE_BYTES {
             continue;
         }
+        let Ok(names) = data.read_bytes_at(strings.sh_offset(endian), strings.sh_size(endian))
+        else {
+            continue;
+        };
         let Ok(symbols) = sections.symbols(endian, data, kind) else {
             continue;
         };
         for (index, symbol) in symbols.iter().enumerate().take(MAX_SYMBOLS) {
-            let Ok(name) = symbol.name(endian, symbols.strings()) else {
-                continue;
-            };
+            let name = names
+                .get(symbol.st_name(endian) as usize..)
+                .map(|rest| {
+                    &rest[..rest
+                        .iter()
+                        .position(|&byte| byte == 0)
+                        .unwrap_or(rest.len())]
+                })
+                .unwrap_or_default();
             if name == LABELS_VERSION_SYMBOL.as_bytes() && symbol.st_size(endian) == 4 {
                 labels_version_ok |= symbol_u32(&sections, endian, data, symbol) == Some(1);
                 continue;
@@ -284,11 +321,14 @@ pub fn locate(
             got,
             descriptor: false,
         } => {
-            let offset = word(bias.wrapping_add(got)).ok_or(NotYet::Unreadable)? as i64;
+            let offset = word(bias.wrapping_add(got)).ok_or(NotYet::Unrelocated)? as i64;
             if (-MAX_STATIC_TLS..0).contains(&offset) {
                 Ok(static_slot(offset))
-            } else {
+            } else if offset == 0 {
+                // Not filled yet (the link-time value).
                 Err(NotYet::Unrelocated)
+            } else {
+                Err(NotYet::Unreadable)
             }
         }
         TlsVariable::Library {
@@ -296,9 +336,13 @@ pub fn locate(
             descriptor: true,
         } => {
             let entry = bias.wrapping_add(got);
-            let resolver = word(entry).ok_or(NotYet::Unreadable)?;
-            let argument = word(entry.wrapping_add(8)).ok_or(NotYet::Unreadable)?;
+            // Unreadable memory: the process may be mid-exec, or the
+            // library just mapped; looked at again.
+            let resolver = word(entry).ok_or(NotYet::Unrelocated)?;
+            let argument = word(entry.wrapping_add(8)).ok_or(NotYet::Unrelocated)?;
             if resolver == 0 {
+                // Not filled yet (lazy TLS descriptors are not in glibc
+                // since 2.35; before, the resolver is set at once).
                 return Err(NotYet::Unrelocated);
             }
             let signed = argument as i64;
@@ -307,7 +351,7 @@ pub fn locate(
             }
             // A `tlsdesc_dynamic_arg`: the `tls_index` {module, offset} first.
             if !(4096..(1 << 47)).contains(&argument) {
-                return Err(NotYet::Unrelocated);
+                return Err(NotYet::Unreadable);
             }
             let module = word(argument).ok_or(NotYet::Unreadable)?;
             let offset = word(argument.wrapping_add(8)).ok_or(NotYet::Unreadable)?;
@@ -382,17 +426,18 @@ mod tests {
             slot.map(|s| (s.access, s.module, s.offset)),
             Ok((tls_access::DTV, 3, 0x18))
         );
-        // Not relocated yet: no resolver, or the link-time addend.
+        // Not relocated yet (no resolver), or not readable yet: again later.
         assert_eq!(
             locate(descriptor, 0, memory(vec![(0x100, 0), (0x108, 0)])),
             Err(NotYet::Unrelocated)
         );
         assert_eq!(
-            locate(descriptor, 0, memory(vec![(0x100, 0x7f55), (0x108, 8)])),
+            locate(descriptor, 0, memory(vec![])),
             Err(NotYet::Unrelocated)
         );
+        // Filled, with an argument no layout read here gives: not again.
         assert_eq!(
-            locate(descriptor, 0, memory(vec![])),
+            locate(descriptor, 0, memory(vec![(0x100, 0x7f55), (0x108, 8)])),
             Err(NotYet::Unreadable)
         );
         // Initial-exec: the entry is the offset.
