@@ -2,9 +2,11 @@
 //! every one of its samples (`container_id`, as Datadog's C++ ddprof labels
 //! them), and with `-p`/`--global` each process's service, from its
 //! OpenTelemetry process context or its environment, each service's
-//! samples in a profile of its own. Real cgroups, real processes moved into
-//! them as a container runtime moves a container's first process (before
-//! its exec), a publisher of OTEP 4719 written from the spec.
+//! samples in a profile of its own, uploaded with its own container's
+//! entity headers. Real cgroups, real processes moved into them as a
+//! container runtime moves a container's first process (before its exec), a
+//! publisher of OTEP 4719 written from the spec, and one of span ids
+//! (`libdd-otel-thread-ctx`).
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -13,6 +15,16 @@ use ddprof_tests::e2e::Scratch;
 use ddprof_tests::intake::{Behaviour, Intake};
 use ddprof_tests::pprof::Profile;
 use ddprof_tests::workloads::build_workload;
+
+/// The machine, shared by this file's tests except the `--global` one,
+/// which profiles every process (the others' too) and runs alone.
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn machine_shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    MACHINE
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// A cgroup named as Docker names a container's
 /// (`docker-<64 hex digits>.scope`), in the cgroup v2 hierarchy if one is
@@ -54,11 +66,13 @@ impl Drop for ContainerCgroup {
 
 #[test]
 fn samples_of_a_process_in_a_container_carry_its_container_id_bpf() {
+    let _machine = machine_shared();
     samples_of_a_process_in_a_container_carry_its_container_id("bpf");
 }
 
 #[test]
 fn samples_of_a_process_in_a_container_carry_its_container_id_perf() {
+    let _machine = machine_shared();
     samples_of_a_process_in_a_container_carry_its_container_id("perf");
 }
 
@@ -92,12 +106,7 @@ fn samples_of_a_process_in_a_container_carry_its_container_id(engine: &str) {
     let mut containers: BTreeMap<String, BTreeSet<Option<String>>> = BTreeMap::new();
     let mut samples: BTreeMap<String, usize> = BTreeMap::new();
     for labels in profile.labels() {
-        let label = |key: &str| {
-            labels
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, value)| value.clone())
-        };
+        let label = |key: &str| label(&labels, key);
         if label("process_name").as_deref() != Some("chain") {
             continue;
         }
@@ -133,12 +142,40 @@ type Programs = BTreeSet<(String, String)>;
 /// An upload's `Datadog-Container-ID` and `Datadog-Entity-ID` headers.
 type Entity = (Option<String>, Option<String>);
 
+/// A sample's label `key`, if it has one.
+fn label(labels: &[(String, String)], key: &str) -> Option<String> {
+    labels
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, value)| value.clone())
+}
+
+/// An upload's entity headers.
+fn entity(received: &ddprof_tests::intake::Received) -> Entity {
+    let header = |name: &str| received.header(name).map(str::to_string);
+    (header("Datadog-Container-ID"), header("Datadog-Entity-ID"))
+}
+
+/// ddprof uploading to `intake` and writing to `out`, the run's service
+/// `host-run` and its tags `-S`'s alone (whatever the runner's).
+fn services_profiler(intake: &Intake, out: &std::path::Path) -> Command {
+    let mut command = ddprof_tests::ddprof_command();
+    command
+        .env_remove("DD_ENV")
+        .env_remove("DD_VERSION")
+        .args(["-l", "info", "-S", "host-run", "-e", "sCPU freq=999"])
+        .args(["-U", &intake.url, "--output"])
+        .arg(out);
+    command
+}
+
 /// With `-p`, each process that publishes its service (an OpenTelemetry
 /// process context, OTEP 4719, or `DD_SERVICE` in its environment) has its
 /// samples in a profile of that service's, uploaded under its tags and
 /// with its own container's entity headers; the others stay in the run's.
 #[test]
 fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
+    let _machine = machine_shared();
     let chain = build_workload("chain.c");
     let publisher = build_workload("otel_process_ctx.c");
     let scratch = Scratch::new("identity-services");
@@ -162,13 +199,7 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
-    let output = ddprof_tests::ddprof_command()
-        // The run's tags are `-S`'s alone, whatever the runner's.
-        .env_remove("DD_ENV")
-        .env_remove("DD_VERSION")
-        .args(["-l", "notice", "-S", "host-run", "-e", "sCPU freq=999"])
-        .args(["-U", &intake.url, "--output"])
-        .arg(&out)
+    let output = services_profiler(&intake, &out)
         .args(["-p", &shell.id().to_string()])
         .stdin(Stdio::null())
         .output()
@@ -184,22 +215,15 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
     for received in intake.received() {
         let tags: BTreeMap<String, String> = received.tags().into_iter().collect();
         let service = tags["service"].clone();
-        let header = |name: &str| received.header(name).map(str::to_string);
         entities
             .entry(service.clone())
             .or_default()
-            .insert((header("Datadog-Container-ID"), header("Datadog-Entity-ID")));
+            .insert(entity(&received));
         let entry = by_service
             .entry(service)
             .or_insert_with(|| (tags, BTreeSet::new()));
         for labels in received.profile().labels() {
-            let label = |key: &str| {
-                labels
-                    .iter()
-                    .find(|(k, _)| k == key)
-                    .map(|(_, value)| value.clone())
-                    .unwrap_or_default()
-            };
+            let label = |key: &str| label(&labels, key).unwrap_or_default();
             entry.1.insert((label("process_name"), label("process_id")));
         }
     }
@@ -259,4 +283,132 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
             "{files:?}"
         );
     }
+}
+
+/// With `--global`, on a host running three services in containers of
+/// their own (each publishes an OpenTelemetry process context and joins a
+/// `docker-<id>.scope` cgroup before its exec), a service that publishes
+/// span ids (`libdd-otel-thread-ctx`), and an unrelated program: one
+/// profile per service, each under its tags, its uploads with its own
+/// container's entity headers and its samples with its `container_id`; the
+/// span ids on the traced service's samples; the rest in the run's.
+#[test]
+fn global_mode_profiles_each_service_under_its_own_container() {
+    // Alone: `--global` profiles the other tests' processes too.
+    let _machine = MACHINE
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    const TRACE_REQUESTS: &str = env!("CARGO_BIN_EXE_trace-requests");
+    let chain = build_workload("chain.c");
+    let publisher = build_workload("otel_process_ctx.c");
+    let scratch = Scratch::new("identity-global");
+    let out = scratch.0.join("out");
+    let intake = Intake::http(Behaviour::Accept);
+    let cgroups: Vec<ContainerCgroup> = (0..3)
+        .map(|index| {
+            ContainerCgroup::new(&format!("global-{index}"))
+                .expect("a cgroup hierarchy this test can write (root)")
+        })
+        .collect();
+    let mut workloads: Vec<std::process::Child> = cgroups
+        .iter()
+        .enumerate()
+        .map(|(index, cgroup)| {
+            let script = format!(
+                "echo $$ > {procs} && exec {publisher} 6 svc-{index} env-{index} 1.{index} i-{index}",
+                procs = cgroup.path.join("cgroup.procs").display(),
+                publisher = publisher.display()
+            );
+            Command::new("sh")
+                .args(["-c", &script])
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    workloads.push(
+        Command::new(TRACE_REQUESTS)
+            .args(["otel", "6", "2"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    workloads.push(Command::new(&chain).arg("6").spawn().unwrap());
+    // The shells have joined their cgroups and exec'd their publishers
+    // before the profiler reads `/proc`.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let profiler = services_profiler(&intake, &out)
+        .arg("--global")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ddprof runs");
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    // SAFETY: kill sends a signal to our own child; it touches no memory.
+    unsafe { libc::kill(profiler.id() as i32, libc::SIGINT) };
+    let output = profiler.wait_with_output().unwrap();
+    for mut workload in workloads {
+        let _ = workload.kill();
+        let _ = workload.wait();
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(intake.violations(), Vec::<String>::new(), "{stderr}");
+    // By service: its tags, its uploads' entity headers, its samples'
+    // container ids, and how many of its samples carry a span id.
+    #[derive(Debug, Default)]
+    struct Seen {
+        tags: Tags,
+        entities: BTreeSet<Entity>,
+        containers: BTreeSet<Option<String>>,
+        samples: usize,
+        with_span_ids: usize,
+    }
+    let mut by_service: BTreeMap<String, Seen> = BTreeMap::new();
+    for received in intake.received() {
+        let tags: Tags = received.tags().into_iter().collect();
+        let seen = by_service.entry(tags["service"].clone()).or_default();
+        seen.entities.insert(entity(&received));
+        seen.tags = tags;
+        for labels in received.profile().labels() {
+            let label = |key: &str| label(&labels, key);
+            seen.containers.insert(label("container_id"));
+            seen.samples += 1;
+            seen.with_span_ids += usize::from(label("span id").is_some());
+        }
+    }
+    for (service, seen) in &by_service {
+        println!(
+            "{service}: tags {:?}, entities {:?}, containers {:?}, {} samples, {} with span ids",
+            seen.tags, seen.entities, seen.containers, seen.samples, seen.with_span_ids
+        );
+    }
+    for (index, cgroup) in cgroups.iter().enumerate() {
+        let seen = &by_service[&format!("svc-{index}")];
+        assert_eq!(seen.tags.get("env"), Some(&format!("env-{index}")));
+        assert_eq!(seen.tags.get("version"), Some(&format!("1.{index}")));
+        assert_eq!(seen.tags.get("runtime-id"), Some(&format!("i-{index}")));
+        assert_eq!(
+            seen.entities,
+            BTreeSet::from([(Some(cgroup.id.clone()), Some(format!("ci-{}", cgroup.id)))]),
+            "svc-{index}"
+        );
+        assert_eq!(
+            seen.containers,
+            BTreeSet::from([Some(cgroup.id.clone())]),
+            "svc-{index}"
+        );
+    }
+    let traced = &by_service["trace-requests"];
+    assert!(
+        traced.with_span_ids * 2 >= traced.samples && traced.samples > 0,
+        "the traced service's samples carry its span ids: {} of {}: {stderr}",
+        traced.with_span_ids,
+        traced.samples
+    );
+    assert!(
+        by_service.contains_key("host-run"),
+        "{:?}",
+        by_service.keys()
+    );
 }

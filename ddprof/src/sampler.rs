@@ -208,7 +208,8 @@ impl Sampler {
                 // which no perf sample carries (x86-64 `fs_base` is not a
                 // sampled register).
                 log::info!(
-                    "trace context: the perf engine reads no request context that threads                      publish (OTEP 4947, custom-labels): samples carry no span ids"
+                    "trace context: the perf engine reads no request context that threads \
+                     publish (OTEP 4947, custom-labels): samples carry no span ids"
                 );
                 // The perf engine samples each task: no per-CPU buffers.
                 perf.drop_cpu_wide_sources(Scope::CpuForTree);
