@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 use ddprof_tests::e2e::Scratch;
 use ddprof_tests::intake::{Behaviour, Intake};
-use ddprof_tests::pprof::Profile;
+use ddprof_tests::pprof::label;
 use ddprof_tests::workloads::build_workload;
 
 /// The machine, shared by this file's tests except the `--global` one,
@@ -99,9 +99,7 @@ fn samples_of_a_process_in_a_container_carry_its_container_id(engine: &str) {
         .expect("ddprof runs");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
-    let files = ddprof_tests::outputs::pprof_files(&out);
-    assert_eq!(files.len(), 1, "{stderr}");
-    let profile = Profile::read_gzipped(&files[0]).unwrap();
+    let profile = ddprof_tests::outputs::only_pprof(&out, &stderr);
     // Each chain process's samples, and the container ids on them.
     let mut containers: BTreeMap<String, BTreeSet<Option<String>>> = BTreeMap::new();
     let mut samples: BTreeMap<String, usize> = BTreeMap::new();
@@ -141,14 +139,6 @@ type Tags = BTreeMap<String, String>;
 type Programs = BTreeSet<(String, String)>;
 /// An upload's `Datadog-Container-ID` and `Datadog-Entity-ID` headers.
 type Entity = (Option<String>, Option<String>);
-
-/// A sample's label `key`, if it has one.
-fn label(labels: &[(String, String)], key: &str) -> Option<String> {
-    labels
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, value)| value.clone())
-}
 
 /// An upload's entity headers.
 fn entity(received: &ddprof_tests::intake::Received) -> Entity {

@@ -11,7 +11,7 @@
 use std::process::Stdio;
 
 use ddprof_tests::e2e::Scratch;
-use ddprof_tests::pprof::Profile;
+use ddprof_tests::pprof::label;
 use ddprof_tests::workloads::build_workload;
 
 const TRACE_REQUESTS: &str = env!("CARGO_BIN_EXE_trace-requests");
@@ -47,17 +47,10 @@ fn profile_requests(
         .expect("ddprof runs");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
-    let files = ddprof_tests::outputs::pprof_files(&out);
-    assert_eq!(files.len(), 1, "{stderr}");
-    let profile = Profile::read_gzipped(&files[0]).unwrap();
+    let profile = ddprof_tests::outputs::only_pprof(&out, &stderr);
     let mut tally = Tally::default();
     for ((names, values), labels) in profile.stacks().into_iter().zip(profile.labels()) {
-        let label = |key: &str| {
-            labels
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, value)| value.clone())
-        };
+        let label = |key: &str| label(&labels, key);
         let count = values[0];
         let span = label("span id").and_then(|span| span.parse::<u64>().ok());
         if names.iter().any(|name| name.contains("request_work")) {

@@ -11,7 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use ddprof_tests::guards::Scratch;
-use ddprof_tests::outputs::pprof_files;
+use ddprof_tests::outputs::{only_pprof, pprof_files};
 use ddprof_tests::pprof::Profile;
 use ddprof_tests::workloads::build_workload;
 use ddprof_tests::{run_without_input as run, text};
@@ -814,9 +814,7 @@ fn off_cpu_user_stacks_match_perf_record_of_the_same_run() {
     let status = ddprof.wait().unwrap();
     let stderr = logs.rest(Duration::from_secs(10)).join("\n");
     assert!(status.success(), "{stderr}");
-    let files = pprof_files(&out);
-    assert_eq!(files.len(), 1, "{stderr}");
-    let profile = Profile::read_gzipped(&files[0]).unwrap();
+    let profile = only_pprof(&out, &stderr);
     let script = Command::new("perf")
         .args([
             "script",
@@ -927,9 +925,7 @@ fn threads_off_a_cpu_at_the_attach_count_from_it() {
             && stderr.contains("2 of their stacks complete"),
         "{stderr}"
     );
-    let files = pprof_files(&out);
-    assert_eq!(files.len(), 1, "{stderr}");
-    let profile = Profile::read_gzipped(&files[0]).unwrap();
+    let profile = only_pprof(&out, &stderr);
     let samples = wall_samples(&profile);
     let joined = wall_in(&samples, "waits", "main");
     let slept = wall_in(&samples, "long_sleeper", "long_sleep");

@@ -45,6 +45,15 @@ pub fn pprof_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// The one pprof file ddprof wrote in `dir` (a run of one period),
+/// decoded; fails the test, with ddprof's log `stderr`, when there is not
+/// exactly one.
+pub fn only_pprof(dir: &Path, stderr: &str) -> crate::pprof::Profile {
+    let files = pprof_files(dir);
+    assert_eq!(files.len(), 1, "{stderr}");
+    crate::pprof::Profile::read_gzipped(&files[0]).unwrap()
+}
+
 /// `go tool pprof ARGS FILE`'s output; fails the test when Go cannot read it.
 pub fn go_pprof(args: &[&str], file: &Path) -> String {
     let output = Command::new("go")

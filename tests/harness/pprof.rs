@@ -210,6 +210,14 @@ impl Profile {
     }
 }
 
+/// A sample's label `key` (of [`Profile::labels`]), if it has one.
+pub fn label(labels: &[(String, String)], key: &str) -> Option<String> {
+    labels
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, value)| value.clone())
+}
+
 /// Gzip'd bytes, inflated.
 pub fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
     let mut inflated = Vec::new();

@@ -160,41 +160,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut report = String::new();
         let runs = args.trace_context_runs.max(1);
         trace_context::trace_context_section(&ddprof, runs, &mut report)?;
-        writeln!(
-            report,
-            "(`cargo xtask bench --only-trace-context --trace-context-runs {runs}`, {} CPUs, \
-             kernel {}.)\n",
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-            std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim()
-        )?;
-        println!("{report}");
-        if args.write_docs {
-            replace_section(&report, "## Trace context\n")?;
-            say("wrote the trace context section of docs/Benchmarks.md");
-        }
-        return Ok(());
+        let command = format!("--only-trace-context --trace-context-runs {runs}");
+        return finish_only_section(report, &command, "## Trace context\n", args.write_docs);
     }
     if args.only_allocations {
         let mut report = String::new();
-        allocations::allocation_section(&ddprof, args.allocation_runs.max(1), &mut report)?;
-        writeln!(
-            report,
-            "(`cargo xtask bench --only-allocations --allocation-runs {}`, {} CPUs, kernel {}.)\n",
-            args.allocation_runs.max(1),
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-            std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim()
-        )?;
-        println!("{report}");
-        if args.write_docs {
-            // In place of the section of an earlier run, before the corpus's.
-            replace_section(&report, "## Allocations\n")?;
-            say("wrote the allocation section of docs/Benchmarks.md");
-        }
-        return Ok(());
+        let runs = args.allocation_runs.max(1);
+        allocations::allocation_section(&ddprof, runs, &mut report)?;
+        let command = format!("--only-allocations --allocation-runs {runs}");
+        return finish_only_section(report, &command, "## Allocations\n", args.write_docs);
     }
     let measure_exe = build_measure()?;
     let samply = if args.tools.is_empty() || args.tools.iter().any(|t| t == "samply") {
@@ -610,6 +584,34 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let kept = old.find(CORPUS_SECTION).map_or("", |start| &old[start..]);
         std::fs::write(&path, format!("{report}{kept}"))?;
         say("wrote docs/Benchmarks.md");
+    }
+    Ok(())
+}
+
+/// Ends a run of one section (`cargo xtask bench COMMAND`): says how it
+/// was made, prints it, and with `--write-docs` puts it in
+/// docs/Benchmarks.md in place of the section of an earlier run.
+fn finish_only_section(
+    mut report: String,
+    command: &str,
+    heading: &str,
+    write_docs: bool,
+) -> Result<()> {
+    writeln!(
+        report,
+        "(`cargo xtask bench {command}`, {} CPUs, kernel {}.)\n",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    )?;
+    println!("{report}");
+    if write_docs {
+        replace_section(&report, heading)?;
+        say(&format!(
+            "wrote the {} section of docs/Benchmarks.md",
+            heading.trim_start_matches("## ").trim_end().to_lowercase()
+        ));
     }
     Ok(())
 }
