@@ -19,7 +19,7 @@ use ddprof::process::ProcessTable;
 use ddprof::sample::{Sample, StackEnd};
 use ddprof::sampler::{Sampler, SamplerOptions};
 use ddprof_common::sample::{BpfCounter, MAX_USER_FRAMES};
-use ddprof_tests::guards::{monotonic_nanos, KillOnDrop};
+use ddprof_tests::guards::{cpus_alone, cpus_shared, monotonic_nanos, KillOnDrop};
 use ddprof_tests::symbols::ElfSymbols;
 use object::{Object, ObjectSymbol};
 
@@ -243,24 +243,14 @@ fn report(profile: &Profile, label: &str) {
     );
 }
 
-/// The CPUs, shared by this binary's tests (run two at a time) except by
-/// those that measure how fast the profiler keeps up with a workload: a
-/// second ddprof and workload beside them took the share of short-lived
-/// processes' samples unwound in the kernel from 79-86 % to 68-75 % here.
-static CPUS: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn cpu_shared() -> std::sync::RwLockReadGuard<'static, ()> {
-    CPUS.read().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn cpu_alone() -> std::sync::RwLockWriteGuard<'static, ()> {
-    CPUS.write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+// The tests that measure how fast the profiler keeps up with a workload
+// run `cpus_alone`: a second ddprof and workload beside them took the share
+// of short-lived processes' samples unwound in the kernel from 79-86 % to
+// 68-75 % here.
 
 #[test]
 fn program_passes_the_verifier() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let program = BpfProgram::load(MapSizes::minimal(), true).expect("verifier accepts");
     let stats = program.stats();
     eprintln!("verifier: {stats:?}");
@@ -270,7 +260,7 @@ fn program_passes_the_verifier() {
 
 #[test]
 fn tail_call_variant_passes_the_verifier() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let program = BpfProgram::load_variant(MapSizes::minimal(), true, BpfVariant::TailCall)
         .expect("verifier accepts the tail-call variant");
     let stats = program.stats();
@@ -289,7 +279,7 @@ fn tail_call_variant_passes_the_verifier() {
 /// and the probe finds `bpf_loop`, so the choice is the `bpf_loop` variant.
 #[test]
 fn both_variants_load_here_and_the_probe_prefers_bpf_loop() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let probed = probe_variants();
     assert_eq!(
         probed.iter().map(|(v, _)| *v).collect::<Vec<_>>(),
@@ -414,7 +404,7 @@ fn section_use(object: &object::File, section: &str) -> SectionUse {
 /// must load and verify here.
 #[test]
 fn tail_call_variant_uses_only_what_linux_5_10_has() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let data = BPF_OBJECT.expect("the BPF object is built into this ddprof");
     let object = object::File::parse(data).unwrap();
     let sections = [
@@ -479,13 +469,13 @@ fn tail_call_variant_uses_only_what_linux_5_10_has() {
 
 #[test]
 fn chain_without_frame_pointers_unwinds_to_main() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     chain_unwinds_to_main(BpfVariant::Loop);
 }
 
 #[test]
 fn chain_without_frame_pointers_unwinds_to_main_with_tail_calls() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     chain_unwinds_to_main(BpfVariant::TailCall);
 }
 
@@ -549,14 +539,14 @@ fn chain_unwinds_to_main(variant: BpfVariant) {
 
 #[test]
 fn recursion_300_deep_reaches_main() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     recursion_reaches_main(BpfVariant::Loop);
 }
 
 /// 306 frames: 20 runs of the tail-call chain (16 frames each).
 #[test]
 fn recursion_300_deep_reaches_main_with_tail_calls() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     recursion_reaches_main(BpfVariant::TailCall);
 }
 
@@ -615,7 +605,7 @@ fn recursion_reaches_main(variant: BpfVariant) {
 
 #[test]
 fn stacks_deeper_than_the_limit_stop_at_512_frames() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     deep_recursion_stops_at_the_limit(BpfVariant::Loop);
 }
 
@@ -623,7 +613,7 @@ fn stacks_deeper_than_the_limit_stop_at_512_frames() {
 /// make before Linux 5.17.
 #[test]
 fn stacks_deeper_than_the_limit_stop_at_512_frames_with_tail_calls() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     deep_recursion_stops_at_the_limit(BpfVariant::TailCall);
 }
 
@@ -663,7 +653,7 @@ fn deep_recursion_stops_at_the_limit(variant: BpfVariant) {
 
 #[test]
 fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
     let child = start_workload(&binary, "syscall", 60.0);
@@ -728,7 +718,7 @@ fn samples_in_the_kernel_unwind_the_user_stack_from_the_saved_registers() {
 /// complete.
 #[test]
 fn tail_call_variant_hands_samples_in_the_kernel_to_the_perf_engine() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let binary = workload_binary();
     let symbols = Symbols::read(&binary);
     let child = start_workload(&binary, "syscall", 60.0);
@@ -779,7 +769,7 @@ fn tail_call_variant_hands_samples_in_the_kernel_to_the_perf_engine() {
 /// hands over (in the kernel, in read()) make full stacks in the profile.
 #[test]
 fn ddprof_with_the_tail_call_variant_profiles_a_syscall_workload() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let binary = workload_binary();
     let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("bpf-tail-call-{}", std::process::id()));
@@ -987,7 +977,7 @@ fn profile_forker(variant: &str, freq: u32) -> ((u64, u64, u64), HashMap<String,
 /// unwound in the kernel, in both program variants.
 #[test]
 fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
-    let _cpu = cpu_alone();
+    let _cpu = cpus_alone();
     for variant in ["bpf_loop", "tail-call"] {
         let ((in_kernel, by_perf, read_from_proc), summary, folded) = profile_forker(variant, 999);
         let total = in_kernel + by_perf;
@@ -1037,7 +1027,7 @@ fn short_lived_processes_are_mostly_unwound_in_the_kernel() {
 /// unwound by the perf engine, none lost, their stacks whole.
 #[test]
 fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
-    let _cpu = cpu_alone();
+    let _cpu = cpus_alone();
     let ((in_kernel, by_perf, read_from_proc), summary, folded) = profile_forker("bpf_loop", 99);
     let total = in_kernel + by_perf;
     eprintln!("{in_kernel} of {total} samples unwound in the kernel");
@@ -1101,7 +1091,7 @@ fn short_lived_processes_at_low_rates_are_unwound_whole_without_a_wake_up() {
 /// 999 Hz the first notice wakes it.
 #[test]
 fn at_low_rates_a_process_handed_over_at_its_second_notice_wakes_the_reader() {
-    let _cpu = cpu_alone();
+    let _cpu = cpus_alone();
     let binary = workload_binary();
     for (freq, wake_on_handoff) in [(99, false), (999, true)] {
         let workload = start_workload(&binary, "chain", 4.0);
@@ -1148,7 +1138,7 @@ fn at_low_rates_a_process_handed_over_at_its_second_notice_wakes_the_reader() {
 /// of this workload went through the perf engine.
 #[test]
 fn threads_the_command_starts_at_once_are_unwound_in_the_kernel() {
-    let _cpu = cpu_alone();
+    let _cpu = cpus_alone();
     let threads = ddprof_tests::workloads::build_workload("threads.c");
     let (_, stderr, output_dir) =
         wrapped_by_the_bpf_engine("early-threads", 999, &[threads.as_os_str(), "2".as_ref()]);
@@ -1172,7 +1162,7 @@ fn threads_the_command_starts_at_once_are_unwound_in_the_kernel() {
 /// command runs either way.
 #[test]
 fn a_bad_variant_in_the_environment_is_one_clear_line() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let binary = workload_binary();
     for (engine, profiled) in [("bpf", false), ("auto", true)] {
         let output_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -1242,13 +1232,13 @@ fn engine_on(pid: u32, freq: u32) -> BpfEngine {
 
 #[test]
 fn exec_and_new_mappings_reach_the_maps_while_their_records_are_held_back() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     exec_then_profile(true);
 }
 
 #[test]
 fn exec_and_new_mappings_reach_the_maps_from_the_table_at_each_poll() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     exec_then_profile(false);
 }
 
@@ -1360,7 +1350,7 @@ fn exec_then_profile(held_back: bool) {
 /// hold (a `/bin/true` gone before its first sync) costs no read.
 #[test]
 fn a_young_process_whose_exit_is_queued_is_not_read_from_proc() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     use ddprof::process::ProcessEvent;
     let binary = workload_binary();
     let workload = start_workload(&binary, "chain", 30.0);
@@ -1396,7 +1386,7 @@ fn a_young_process_whose_exit_is_queued_is_not_read_from_proc() {
 /// they map.
 #[test]
 fn only_a_changed_process_can_make_a_sync_compile() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     use ddprof::process::ProcessEvent;
     use std::os::unix::fs::MetadataExt;
     let binary = workload_binary();
@@ -1475,7 +1465,7 @@ fn biggest_shared_library() -> Option<PathBuf> {
 
 #[test]
 fn biggest_library_table_loads_and_verifies() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let library = biggest_shared_library().expect("libstdc++ or libLLVM is installed");
     // Its table, compiled the way the engine does.
     let mut cache = ddprof::unwind::TableCache::with_limit(1 << 30);
@@ -1534,7 +1524,7 @@ fn biggest_library_table_loads_and_verifies() {
 /// the perf engine (which unwinds them whole from the stack copy).
 #[test]
 fn a_table_over_the_budget_is_refused_once_with_a_warning() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let library = biggest_shared_library().expect("libstdc++ or libLLVM is installed");
     let path = library.to_string_lossy().into_owned();
     let (rows, needed) = table_size_of(&path);
@@ -1586,7 +1576,7 @@ fn table_size_of(path: &str) -> (usize, u64) {
 /// process), never one in use (the sleeper's own libc, ld.so and `sleep`).
 #[test]
 fn making_room_frees_only_the_tables_no_process_uses() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let libraries = [
         "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
         "/usr/lib/x86_64-linux-gnu/libcrypto.so.3",
@@ -1670,7 +1660,7 @@ const CHILD_ENV: &str = "DDPROF_BPF_TEST_UNPRIVILEGED_CHILD";
 
 #[test]
 fn unprivileged_load_is_refused_with_a_clear_message() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     if std::env::var_os(CHILD_ENV).is_some() {
         // Running as `nobody` (see below).
         let error = BpfProgram::load(MapSizes::minimal(), false)
@@ -1716,7 +1706,7 @@ fn unprivileged_load_is_refused_with_a_clear_message() {
 
 #[test]
 fn auto_choice_picks_bpf_as_root() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let decision = choose_engine(EngineChoice::Auto).unwrap();
     assert_eq!(decision.engine, Engine::Bpf, "{}", decision.reason);
     let forced = choose_engine(EngineChoice::Bpf).unwrap();
@@ -1767,7 +1757,7 @@ fn ddprof_bpf_folded(command: &[&str]) -> Vec<(Vec<String>, u64)> {
 
 #[test]
 fn ddprof_with_the_bpf_engine_unwinds_forked_and_execd_children() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let forker = ddprof_tests::workloads::build_workload("forker.c");
     let child = ddprof_tests::workloads::build_workload("forker_child.c");
     let stacks = ddprof_bpf_folded(&[forker.to_str().unwrap(), "3", child.to_str().unwrap()]);
@@ -1833,7 +1823,7 @@ fn ddprof_with_the_bpf_engine_unwinds_forked_and_execd_children() {
 
 #[test]
 fn ddprof_with_the_bpf_engine_unwinds_threads() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let threads = ddprof_tests::workloads::build_workload("threads.c");
     let stacks = ddprof_bpf_folded(&[threads.to_str().unwrap(), "2"]);
     let total: u64 = stacks.iter().map(|(_, n)| n).sum();
@@ -1873,7 +1863,7 @@ fn ddprof_with_the_bpf_engine_unwinds_threads() {
 /// notice or the reader's timed poll.
 #[test]
 fn the_wrapped_commands_first_hand_off_wakes_the_reader_at_99_hz() {
-    let _cpu = cpu_alone();
+    let _cpu = cpus_alone();
     let workload = ddprof_tests::workloads::build_workload("hostile_threads.c");
     // One thread of 3 s, and the profiler at nice -20: this measures whether
     // the notice wakes the reader, not how soon the scheduler runs it. With
@@ -1918,7 +1908,7 @@ fn the_wrapped_commands_first_hand_off_wakes_the_reader_at_99_hz() {
 /// function returns, they were all dropped: 27 % of the expected samples.)
 #[test]
 fn samples_handed_to_the_perf_engine_reach_the_profile() {
-    let _cpu = cpu_shared();
+    let _cpu = cpus_shared();
     let child = ddprof_tests::workloads::build_workload("forker_child.c");
     let frequency = 999.0;
     let (reaped, stderr, _) = wrapped_by_the_bpf_engine(

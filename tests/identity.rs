@@ -12,19 +12,13 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use ddprof_tests::e2e::Scratch;
+use ddprof_tests::guards::{cpus_alone, cpus_shared};
 use ddprof_tests::intake::{Behaviour, Intake};
 use ddprof_tests::pprof::label;
 use ddprof_tests::workloads::build_workload;
 
-/// The machine, shared by this file's tests except the `--global` one,
-/// which profiles every process (the others' too) and runs alone.
-static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn machine_shared() -> std::sync::RwLockReadGuard<'static, ()> {
-    MACHINE
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+// The machine is shared by this file's tests except the `--global` one,
+// which profiles every process (the others' too) and runs `cpus_alone`.
 
 /// A cgroup named as Docker names a container's
 /// (`docker-<64 hex digits>.scope`), in the cgroup v2 hierarchy if one is
@@ -66,13 +60,13 @@ impl Drop for ContainerCgroup {
 
 #[test]
 fn samples_of_a_process_in_a_container_carry_its_container_id_bpf() {
-    let _machine = machine_shared();
+    let _machine = cpus_shared();
     samples_of_a_process_in_a_container_carry_its_container_id("bpf");
 }
 
 #[test]
 fn samples_of_a_process_in_a_container_carry_its_container_id_perf() {
-    let _machine = machine_shared();
+    let _machine = cpus_shared();
     samples_of_a_process_in_a_container_carry_its_container_id("perf");
 }
 
@@ -165,7 +159,7 @@ fn services_profiler(intake: &Intake, out: &std::path::Path) -> Command {
 /// with its own container's entity headers; the others stay in the run's.
 #[test]
 fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
-    let _machine = machine_shared();
+    let _machine = cpus_shared();
     let chain = build_workload("chain.c");
     let publisher = build_workload("otel_process_ctx.c");
     let scratch = Scratch::new("identity-services");
@@ -285,9 +279,7 @@ fn each_published_service_gets_a_profile_of_its_own_under_its_tags() {
 #[test]
 fn global_mode_profiles_each_service_under_its_own_container() {
     // Alone: `--global` profiles the other tests' processes too.
-    let _machine = MACHINE
-        .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _machine = cpus_alone();
     const TRACE_REQUESTS: &str = env!("CARGO_BIN_EXE_trace-requests");
     let chain = build_workload("chain.c");
     let publisher = build_workload("otel_process_ctx.c");

@@ -35,6 +35,24 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The machine's CPUs as a test binary's tests (run two at a time) share
+/// them: every test of a file that uses it takes [`cpus_shared`], and the
+/// few that measure whether the profiler keeps up with a workload (or that
+/// profile every process) take [`cpus_alone`], so that no second ddprof and
+/// workload run beside them. One lock per test binary.
+static CPUS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Runs beside this binary's other `cpus_shared` tests.
+pub fn cpus_shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    CPUS.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs while none of this binary's other `cpus_shared` tests does.
+pub fn cpus_alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    CPUS.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `Sample::time` and of the
 /// perf records.
 pub fn monotonic_nanos() -> u64 {
