@@ -7,12 +7,13 @@
 //! process context) and Polar Signals' `custom-labels`; and a library of
 //! ours that defines the OTEP's TLS pointer itself, reached through a TLS
 //! descriptor, loaded at start (static TLS) or `dlopen`ed (its TLS found
-//! through each thread's DTV).
+//! through each thread's DTV); and Go's pprof labels, set as dd-trace-go
+//! sets them, read from the running goroutine.
 use std::process::Stdio;
 
 use ddprof_tests::e2e::Scratch;
 use ddprof_tests::pprof::label;
-use ddprof_tests::workloads::build_workload;
+use ddprof_tests::workloads::{build_go_workload, build_workload};
 
 const TRACE_REQUESTS: &str = env!("CARGO_BIN_EXE_trace-requests");
 
@@ -28,10 +29,12 @@ struct Tally {
 
 /// Profiles `command` (a server of `trace-requests`' kind) with the BPF
 /// engine and checks each sample's labels with
-/// `request_labels_are_right(labels, thread id, span id)`.
+/// `request_labels_are_right(labels, thread id, span id)`, and that the
+/// log names the publisher in a line with `publisher_line`.
 fn profile_requests(
     abi: &str,
     command: &[&str],
+    publisher_line: &str,
     request_labels_are_right: impl Fn(&dyn Fn(&str) -> Option<String>, u64, u64) -> bool,
 ) -> Tally {
     let scratch = Scratch::new(&format!("trace-context-{abi}"));
@@ -80,8 +83,10 @@ fn profile_requests(
         "samples between requests that carry no ids: {tally:?}: {stderr}"
     );
     assert!(
-        stderr.contains("trace context: process"),
-        "the publisher is named at start: {stderr}"
+        stderr
+            .lines()
+            .any(|line| line.contains("trace context: process") && line.contains(publisher_line)),
+        "the publisher is named at start ({publisher_line}): {stderr}"
     );
     tally
 }
@@ -99,6 +104,7 @@ fn otel_thread_contexts_give_each_requests_samples_its_span_ids() {
     profile_requests(
         "otel",
         &[TRACE_REQUESTS, "otel", "4", "3"],
+        "publishes otel_thread_ctx_v1",
         |label, thread, span| {
             // `http.route` is key 1 of the process context's key map.
             ids_are_the_requests(label, thread, span)
@@ -112,6 +118,7 @@ fn custom_labels_give_each_requests_samples_its_labels() {
     profile_requests(
         "labels",
         &[TRACE_REQUESTS, "labels", "4", "3"],
+        "publishes custom_labels_current_set",
         |label, thread, span| {
             ids_are_the_requests(label, thread, span)
                 && label("customer").as_deref() == Some("acme")
@@ -137,7 +144,12 @@ fn a_library_loaded_at_start_publishes_through_static_tls() {
     ];
     // No process context: key 0 is the local root span id (libdatadog's
     // convention).
-    profile_requests("library-static", &command, ids_are_the_requests);
+    profile_requests(
+        "library-static",
+        &command,
+        "at thread pointer -",
+        ids_are_the_requests,
+    );
 }
 
 /// A library `dlopen`ed after start with a TLS block too big for the
@@ -153,5 +165,81 @@ fn a_dlopened_library_publishes_through_each_threads_dtv() {
         "3",
         "3",
     ];
-    profile_requests("library-dtv", &command, ids_are_the_requests);
+    profile_requests("library-dtv", &command, "of the DTV", ids_are_the_requests);
+}
+
+/// Go's pprof labels, set per request as dd-trace-go sets them (`span
+/// id`, `local root span id`, `trace endpoint`: decimal ids), read from
+/// `g.m.curg.labels` of the thread's running goroutine (Go 1.19 here:
+/// the labels are a map). Each serving goroutine is locked to its thread,
+/// so that a sample's thread tells its request. `arguments` pick how the
+/// program is built.
+fn go_labels_give_each_requests_samples_its_span_ids(
+    variant: &str,
+    arguments: &[&str],
+    publisher_line: &str,
+) {
+    let server = build_go_workload("go_trace_requests", variant, arguments);
+    profile_requests(
+        &format!("go-{variant}"),
+        &[server.to_str().unwrap(), "3", "3"],
+        publisher_line,
+        endpoint_and_ids_are_the_requests,
+    );
+}
+
+/// The ids as [`ids_are_the_requests`] says, and the endpoint names the
+/// thread.
+fn endpoint_and_ids_are_the_requests(
+    label: &dyn Fn(&str) -> Option<String>,
+    thread: u64,
+    span: u64,
+) -> bool {
+    ids_are_the_requests(label, thread, span)
+        && label("trace endpoint") == Some(format!("GET /thread/{thread}"))
+}
+
+/// Pure Go: the goroutine just below the thread pointer; the runtime's
+/// offsets from the program's DWARF.
+#[test]
+fn go_pprof_labels_give_each_requests_samples_its_span_ids() {
+    go_labels_give_each_requests_samples_its_span_ids(
+        "pure",
+        &[],
+        "(a map), offsets from its DWARF",
+    );
+}
+
+/// Linked with the C library: the goroutine at `runtime.tlsg`.
+#[test]
+fn go_pprof_labels_of_a_cgo_program_give_each_requests_samples_its_span_ids() {
+    go_labels_give_each_requests_samples_its_span_ids(
+        "cgo",
+        &["-tags=with_cgo"],
+        "(a map), offsets from its DWARF",
+    );
+}
+
+/// Built without DWARF (`-ldflags=-w`, as release builds often are): the
+/// offsets from the release's known layout.
+#[test]
+fn go_pprof_labels_of_a_program_without_dwarf_give_each_requests_samples_its_span_ids() {
+    go_labels_give_each_requests_samples_its_span_ids(
+        "nodwarf",
+        &["-ldflags=-w"],
+        "(a map), offsets from the release's known layout",
+    );
+}
+
+/// Go 1.24's labels, a sorted slice, as a C stand-in lays them out (no Go
+/// 1.24 toolchain here: see `go124_labels_standin.c`).
+#[test]
+fn go_1_24_pprof_labels_as_a_slice_give_each_requests_samples_its_span_ids() {
+    let standin = build_workload("go124_labels_standin.c");
+    profile_requests(
+        "go-1.24-standin",
+        &[standin.to_str().unwrap(), "3", "3"],
+        "go1.24.0: the goroutine at thread pointer -0x8, g.labels at +352 (a slice)",
+        endpoint_and_ids_are_the_requests,
+    );
 }

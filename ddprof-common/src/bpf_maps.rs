@@ -47,7 +47,8 @@ pub mod names {
     /// `sWALL`: per-CPU copy of the outgoing thread's saved user registers.
     pub const SAVED_REGS: &str = "SAVED_REGS";
     /// tgid → `TraceContextSlots`: where the processes that publish a
-    /// thread context (OTEP 4947) keep each thread's pointer to it.
+    /// thread context (OTEP 4947, `custom-labels`, Go's pprof labels) keep
+    /// each thread's pointer to it.
     pub const TRACE_CONTEXTS: &str = "TRACE_CONTEXTS";
     /// Every map of the object.
     pub const MAPS: [&str; 13] = [
@@ -256,22 +257,69 @@ pub struct TraceContextSlot {
     pub offset: i64,
 }
 
-/// The value of `TRACE_CONTEXTS`: a process's OTEP 4947 context slot and
-/// its `custom-labels` one (either may be [`tls_access::NONE`]).
+/// How a Go release keeps a goroutine's labels: [`GoLabelsSlot::layout`].
+pub mod go_labels_layout {
+    /// Go 1.18 to 1.23: `g.labels` points to a `map[string]string`'s
+    /// pointer to its header (`runtime.hmap`).
+    pub const MAP: u16 = 0;
+    /// Go 1.24 on: `g.labels` points to a sorted slice of `{key, value}`
+    /// strings (`runtime/pprof.labelMap`'s `LabelSet.list`).
+    pub const SLICE: u16 = 1;
+}
+
+/// Where a Go program's threads keep the pprof labels of the goroutine
+/// they run: the goroutine the thread runs (`g`, at `g_offset` from the
+/// thread pointer), its `m` (the thread's), the `m`'s user goroutine
+/// `curg` (`g` may be the thread's system or signal goroutine), then
+/// `curg.labels`. Offsets in bytes, as the program's Go version lays its
+/// runtime's structures out.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GoLabelsSlot {
+    /// From the thread pointer; 0: the process is no Go program whose
+    /// labels are read.
+    pub g_offset: i64,
+    /// `runtime.g.m`.
+    pub m: u16,
+    /// `runtime.m.curg`.
+    pub curg: u16,
+    /// `runtime.g.labels`.
+    pub labels: u16,
+    /// A [`go_labels_layout`] value.
+    pub layout: u16,
+}
+
+/// A Go map's header (`runtime.hmap`, Go 1.18 to 1.23): its entry count,
+/// its log2 of buckets, its buckets' address.
+pub const GO_HMAP_COUNT: u64 = 0;
+pub const GO_HMAP_LOG2_BUCKETS: u64 = 9;
+pub const GO_HMAP_BUCKETS: u64 = 16;
+/// A `map[string]string` bucket: 8 top hash bytes, then 8 keys and 8
+/// values, each string two words (pointer, length).
+pub const GO_BUCKET_KEYS: u64 = 8;
+pub const GO_BUCKET_VALUES: u64 = 8 + 8 * 16;
+/// A top hash byte below this marks an empty (or moved) entry.
+pub const GO_MIN_TOP_HASH: u8 = 5;
+
+/// The value of `TRACE_CONTEXTS`: a process's OTEP 4947 context slot, its
+/// `custom-labels` one (either may be [`tls_access::NONE`]) and, for a Go
+/// program, where its goroutines' pprof labels are.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceContextSlots {
     pub otel: TraceContextSlot,
     pub labels: TraceContextSlot,
+    pub go: GoLabelsSlot,
 }
 
-const _: () = assert!(core::mem::size_of::<TraceContextSlots>() == 48);
+const _: () = assert!(core::mem::size_of::<GoLabelsSlot>() == 16);
+const _: () = assert!(core::mem::size_of::<TraceContextSlots>() == 64);
 
 /// Processes whose thread contexts the program reads at once.
 pub const MAX_TRACE_CONTEXT_PROCESSES: u32 = 4096;
 
-// SAFETY: `#[repr(C)]`, integers only, 24 and 48 bytes (the sums of their
-// fields, asserted above): no padding, any bytes are a valid value.
+// SAFETY: `#[repr(C)]`, integers only, 24, 16 and 64 bytes (the sums of
+// their fields, asserted above): no padding, any bytes are a valid value.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for TraceContextSlots {}
 

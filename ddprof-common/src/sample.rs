@@ -147,7 +147,8 @@ pub const TRACE_CONTEXT_MARKER: u32 = 0xFFFF_FFC7;
 /// [`RawTraceContext::kind`] of an OTEP 4947 thread context record: its
 /// `attrs` are the record's own (`key index`, `length`, value bytes).
 pub const TRACE_CONTEXT_OTEL: u8 = 1;
-/// [`RawTraceContext::kind`] of a `custom-labels` label set: its `attrs`
+/// [`RawTraceContext::kind`] of a `custom-labels` label set (or of a Go
+/// goroutine's pprof labels, copied the same way): its `attrs`
 /// are [`MAX_CUSTOM_LABELS`] slots of [`CUSTOM_LABEL_SLOT`] bytes (key
 /// length, value length, the key in [`MAX_CUSTOM_LABEL_KEY`] bytes, the
 /// value in [`MAX_CUSTOM_LABEL_VALUE`]; a key length of 0: no label), the

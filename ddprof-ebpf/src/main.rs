@@ -44,7 +44,8 @@ use aya_ebpf::maps::{HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf};
 use aya_ebpf::programs::PerfEventContext;
 use aya_ebpf::EbpfContext;
 use ddprof_common::bpf_maps::{
-    tls_access, ProcessMappings, RowChunk, TraceContextSlot, TraceContextSlots,
+    go_labels_layout, tls_access, GoLabelsSlot, GO_BUCKET_KEYS, GO_BUCKET_VALUES, GO_HMAP_BUCKETS, GO_HMAP_COUNT,
+    GO_HMAP_LOG2_BUCKETS, GO_MIN_TOP_HASH, ProcessMappings, RowChunk, TraceContextSlot, TraceContextSlots,
     MAX_TRACE_CONTEXT_PROCESSES, FRAMES_PER_TAIL_CALL_RUN, MAPPING_SEARCH_STEPS,
     MAX_NOT_PROFILED, MAX_PARKED, MAX_PROCESS_MAPPINGS, MAX_TABLES, ROWS_PER_CHUNK, TABLE_MAP_FLAGS,
     TABLE_NOT_LOADED,
@@ -993,6 +994,9 @@ fn read_trace_context(pid: u32, context: &mut RawTraceContext) -> bool {
     if let Some(labels) = context_pointer(thread_pointer, &slots.labels) {
         return read_custom_labels(labels, context);
     }
+    if slots.go.g_offset != 0 {
+        return read_go_labels(thread_pointer, &slots.go, context);
+    }
     false
 }
 
@@ -1097,16 +1101,9 @@ fn read_custom_labels(set: u64, context: &mut RawTraceContext) -> bool {
     if count == 0 {
         return false;
     }
-    let mut flags = 0u8;
-    if count > u64::from(MAX_CUSTOM_LABELS) {
-        flags = TRACE_CONTEXT_CUT;
-    }
     let mut index = 0u32;
     while index < MAX_CUSTOM_LABELS {
-        let slot = (index * CUSTOM_LABEL_SLOT) as usize;
-        // SAFETY: `slot` is below TRACE_CONTEXT_ATTR_BYTES (asserted in
-        // ddprof_common: MAX_CUSTOM_LABELS slots fill the array).
-        unsafe { *context.attrs.as_mut_ptr().add(slot) = 0 };
+        clear_label(context, index);
         if u64::from(index) < count {
             let mut label = [0u64; 4];
             // SAFETY: a checked user read of 32 bytes into a local of that size.
@@ -1118,48 +1115,198 @@ fn read_custom_labels(set: u64, context: &mut RawTraceContext) -> bool {
                 )
             };
             let [key_len, key, value_len, value] = label;
-            if read == 0 && key != 0 && value != 0 && key_len != 0 {
-                let key_bytes = if key_len > u64::from(MAX_CUSTOM_LABEL_KEY) {
-                    MAX_CUSTOM_LABEL_KEY
-                } else {
-                    key_len as u32
-                };
-                let value_bytes = if value_len > u64::from(MAX_CUSTOM_LABEL_VALUE) {
-                    MAX_CUSTOM_LABEL_VALUE
-                } else {
-                    value_len as u32
-                };
-                // SAFETY: the key (at most MAX_CUSTOM_LABEL_KEY bytes) and
-                // value (at most MAX_CUSTOM_LABEL_VALUE) go to their places in
-                // this label's slot, inside `attrs`.
-                let read = unsafe {
-                    let at = context.attrs.as_mut_ptr().add(slot);
-                    bpf_probe_read_user(at.add(2) as *mut c_void, key_bytes, key as *const c_void)
-                        | bpf_probe_read_user(
-                            at.add(2 + MAX_CUSTOM_LABEL_KEY as usize) as *mut c_void,
-                            value_bytes,
-                            value as *const c_void,
-                        )
-                };
-                if read == 0 {
-                    // SAFETY: the slot's two length bytes, inside `attrs`.
-                    unsafe {
-                        let at = context.attrs.as_mut_ptr().add(slot);
-                        *at = key_bytes as u8;
-                        *at.add(1) = value_bytes as u8;
-                    }
-                }
+            if read == 0 {
+                copy_label(context, index, key, key_len, value, value_len);
             }
         }
         index += 1;
     }
+    let cut = count > u64::from(MAX_CUSTOM_LABELS);
+    finish_labels(context, cut);
+    true
+}
+
+/// Copies the pprof labels of the goroutine a Go program's thread runs
+/// (`g.m.curg.labels`), each in its slot of `attrs`: from Go 1.24 on, the
+/// first `MAX_CUSTOM_LABELS` of its sorted slice; before, the labels of
+/// its `map[string]string`'s first bucket's first `MAX_CUSTOM_LABELS`
+/// entries (a map that dd-trace-go, or `pprof.Do`, builds for a few labels
+/// is one bucket, filled in order). More labels or buckets than that are
+/// flagged as cut.
+#[inline(always)]
+fn read_go_labels(thread_pointer: u64, go: &GoLabelsSlot, context: &mut RawTraceContext) -> bool {
+    let Some(g) = read_user_u64(thread_pointer.wrapping_add(go.g_offset as u64)) else {
+        return false;
+    };
+    let Some(m) = read_user_u64(g.wrapping_add(u64::from(go.m))).filter(|&m| m != 0) else {
+        return false;
+    };
+    // No user goroutine on the thread (its scheduler runs): no labels.
+    let Some(curg) = read_user_u64(m.wrapping_add(u64::from(go.curg))).filter(|&g| g != 0) else {
+        return false;
+    };
+    let Some(labels) = read_user_u64(curg.wrapping_add(u64::from(go.labels))).filter(|&l| l != 0)
+    else {
+        return false;
+    };
+    if go.layout == go_labels_layout::SLICE {
+        return read_go_label_slice(labels, context);
+    }
+    let Some(map) = read_user_u64(labels).filter(|&map| map != 0) else {
+        return false;
+    };
+    let Some(count) = read_user_u64(map + GO_HMAP_COUNT).filter(|&count| count != 0) else {
+        return false;
+    };
+    let Some(buckets) = read_user_u64(map + GO_HMAP_BUCKETS).filter(|&b| b != 0) else {
+        return false;
+    };
+    let Some(top_hashes) = read_user_u64(buckets) else {
+        return false;
+    };
+    let mut log2_buckets = 0u8;
+    // SAFETY: a checked user read of 1 byte into a local of that size.
+    unsafe {
+        bpf_probe_read_user(
+            &mut log2_buckets as *mut u8 as *mut c_void,
+            1,
+            (map + GO_HMAP_LOG2_BUCKETS) as *const c_void,
+        )
+    };
+    let mut index = 0u32;
+    while index < MAX_CUSTOM_LABELS {
+        clear_label(context, index);
+        let top_hash = (top_hashes >> (8 * index)) as u8;
+        if top_hash >= GO_MIN_TOP_HASH {
+            let entry = u64::from(index) * 16;
+            let mut key = [0u64; 2];
+            let mut value = [0u64; 2];
+            // SAFETY: checked user reads of 16 bytes each into locals of
+            // that size.
+            let read = unsafe {
+                bpf_probe_read_user(
+                    key.as_mut_ptr() as *mut c_void,
+                    16,
+                    (buckets + GO_BUCKET_KEYS + entry) as *const c_void,
+                ) | bpf_probe_read_user(
+                    value.as_mut_ptr() as *mut c_void,
+                    16,
+                    (buckets + GO_BUCKET_VALUES + entry) as *const c_void,
+                )
+            };
+            if read == 0 {
+                copy_label(context, index, key[0], key[1], value[0], value[1]);
+            }
+        }
+        index += 1;
+    }
+    let cut = count > u64::from(MAX_CUSTOM_LABELS) || log2_buckets != 0;
+    finish_labels(context, cut);
+    true
+}
+
+/// Copies Go 1.24's labels: `labels` points to a slice header (array,
+/// length, capacity) of `{key, value}` strings, each string two words
+/// (pointer, length).
+#[inline(always)]
+fn read_go_label_slice(labels: u64, context: &mut RawTraceContext) -> bool {
+    let Some(array) = read_user_u64(labels).filter(|&array| array != 0) else {
+        return false;
+    };
+    let Some(count) = read_user_u64(labels + 8).filter(|&count| count != 0) else {
+        return false;
+    };
+    let mut index = 0u32;
+    while index < MAX_CUSTOM_LABELS {
+        clear_label(context, index);
+        if u64::from(index) < count {
+            let mut label = [0u64; 4];
+            // SAFETY: a checked user read of 32 bytes into a local of that size.
+            let read = unsafe {
+                bpf_probe_read_user(
+                    label.as_mut_ptr() as *mut c_void,
+                    32,
+                    (array + u64::from(index) * 32) as *const c_void,
+                )
+            };
+            let [key, key_len, value, value_len] = label;
+            if read == 0 {
+                copy_label(context, index, key, key_len, value, value_len);
+            }
+        }
+        index += 1;
+    }
+    finish_labels(context, count > u64::from(MAX_CUSTOM_LABELS));
+    true
+}
+
+/// Marks label slot `index` of `attrs` empty.
+#[inline(always)]
+fn clear_label(context: &mut RawTraceContext, index: u32) {
+    let slot = (index * CUSTOM_LABEL_SLOT) as usize;
+    // SAFETY: `index` is below MAX_CUSTOM_LABELS, so `slot` is below
+    // TRACE_CONTEXT_ATTR_BYTES (asserted in ddprof_common: the slots fill
+    // the array).
+    unsafe { *context.attrs.as_mut_ptr().add(slot) = 0 };
+}
+
+/// Copies a label's key and value (user addresses and lengths) into slot
+/// `index` of `attrs`, each cut to its bound; the slot stays empty when a
+/// read fails.
+#[inline(always)]
+fn copy_label(
+    context: &mut RawTraceContext,
+    index: u32,
+    key: u64,
+    key_len: u64,
+    value: u64,
+    value_len: u64,
+) {
+    if key == 0 || value == 0 || key_len == 0 {
+        return;
+    }
+    let slot = (index * CUSTOM_LABEL_SLOT) as usize;
+    let key_bytes = if key_len > u64::from(MAX_CUSTOM_LABEL_KEY) {
+        MAX_CUSTOM_LABEL_KEY
+    } else {
+        key_len as u32
+    };
+    let value_bytes = if value_len > u64::from(MAX_CUSTOM_LABEL_VALUE) {
+        MAX_CUSTOM_LABEL_VALUE
+    } else {
+        value_len as u32
+    };
+    // SAFETY: the key (at most MAX_CUSTOM_LABEL_KEY bytes) and value (at
+    // most MAX_CUSTOM_LABEL_VALUE) go to their places in this label's
+    // slot, inside `attrs` (`index` is below MAX_CUSTOM_LABELS).
+    let read = unsafe {
+        let at = context.attrs.as_mut_ptr().add(slot);
+        bpf_probe_read_user(at.add(2) as *mut c_void, key_bytes, key as *const c_void)
+            | bpf_probe_read_user(
+                at.add(2 + MAX_CUSTOM_LABEL_KEY as usize) as *mut c_void,
+                value_bytes,
+                value as *const c_void,
+            )
+    };
+    if read == 0 {
+        // SAFETY: the slot's two length bytes, inside `attrs`.
+        unsafe {
+            let at = context.attrs.as_mut_ptr().add(slot);
+            *at = key_bytes as u8;
+            *at.add(1) = value_bytes as u8;
+        }
+    }
+}
+
+/// Ends a label set's context: no ids, every slot's bytes, the cut flag.
+#[inline(always)]
+fn finish_labels(context: &mut RawTraceContext, cut: bool) {
     context.trace_id = [0; 16];
     context.span_id = [0; 8];
     context.attrs_len = TRACE_CONTEXT_ATTR_BYTES as u16;
-    context.flags = flags;
+    context.flags = if cut { TRACE_CONTEXT_CUT } else { 0 };
     context.kind = TRACE_CONTEXT_LABELS;
     context.marker = TRACE_CONTEXT_MARKER;
-    true
 }
 
 /// The user registers the task saved on kernel entry, found with

@@ -80,6 +80,47 @@ pub fn build_workload(source: &str) -> PathBuf {
     output
 }
 
+/// Builds the Go program of `tests/workloads/<directory>` (a module of its
+/// own, the standard library only) with `go build` arguments `arguments`
+/// (tags, linker flags), named `<directory>_<variant>`, and returns its
+/// path. `go build` runs each time: its cache (in the build directory, as
+/// its module cache: nothing is fetched) makes an unchanged program's
+/// build quick.
+pub fn build_go_workload(directory: &str, variant: &str, arguments: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(workloads_build_dir()).expect("create the workloads build directory");
+    let out_dir = workloads_build_dir()
+        .canonicalize()
+        .expect("canonicalize the workloads build directory");
+    let name = format!("{directory}_{variant}");
+    let output = out_dir.join(&name);
+    let _guard = BUILD_LOCK
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner());
+    let temporary = out_dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = Command::new("go")
+        .current_dir(workloads_source_dir().join(directory))
+        .args(["build", "-o"])
+        .arg(&temporary)
+        .args(arguments)
+        .arg(".")
+        .env("GOCACHE", out_dir.join("go-cache"))
+        .env("GOPATH", out_dir.join("go-path"))
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `go build` for {directory} ({e}): apt-get install golang-go")
+        });
+    assert!(
+        result.status.success(),
+        "building Go workload {directory} failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    std::fs::rename(&temporary, &output).expect("move the built workload in place");
+    output
+}
+
 /// Starts `program args` stopped, before its exec: a shell stops itself
 /// (SIGSTOP) and, once continued with [`resume`], execs the program under
 /// the same pid. Events opened on the pid in between see the whole life of

@@ -5,7 +5,10 @@
 //! trace_requests.rs`) whose threads publish their span ids through
 //! `libdd-otel-thread-ctx` (OTEP 4947) or `custom-labels`, or publish
 //! nothing while their process exports the variables, or whose copy has
-//! the variables hidden (no publisher: the program's map lookup alone).
+//! the variables hidden (no publisher: the program's map lookup alone);
+//! and a Go server of the same requests that sets pprof labels as
+//! dd-trace-go does (`tests/workloads/go_trace_requests`), against a copy
+//! of it that ddprof does not take for Go.
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,13 +19,39 @@ use super::report::{median, show};
 use super::runs::shell_words;
 use crate::{run_checked, say, target_dir, workspace_root};
 
-/// (row, the server's binary: `None` the one built, `Some` the copy with
-/// its variables hidden, its ABI argument).
-const MODES: &[(&str, bool, &str)] = &[
-    ("no publisher (the variables hidden)", true, "none"),
-    ("publisher, no context on the thread", false, "none"),
-    ("OTEP 4947 context (libdd-otel-thread-ctx)", false, "otel"),
-    ("custom-labels set (3 labels)", false, "labels"),
+/// Which server a row runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Server {
+    /// `trace-requests` with this ABI argument.
+    Rust(&'static str),
+    /// Its copy with the variables hidden.
+    RustHidden,
+    /// The Go server.
+    Go,
+    /// Its copy with its build information renamed (not taken for Go).
+    GoHidden,
+}
+
+/// (row, its server, the row it is compared with).
+const MODES: &[(&str, Server, usize)] = &[
+    ("no publisher (the variables hidden)", Server::RustHidden, 0),
+    (
+        "publisher, no context on the thread",
+        Server::Rust("none"),
+        0,
+    ),
+    (
+        "OTEP 4947 context (libdd-otel-thread-ctx)",
+        Server::Rust("otel"),
+        0,
+    ),
+    ("custom-labels set (3 labels)", Server::Rust("labels"), 0),
+    (
+        "Go server, not taken for Go (build information renamed)",
+        Server::GoHidden,
+        4,
+    ),
+    ("Go pprof labels (3 labels, a map)", Server::Go, 4),
 ];
 
 /// What one run said: the program's mean run time, its runs, and the
@@ -37,6 +66,8 @@ struct Run {
 pub(super) fn trace_context_section(ddprof: &Path, runs: usize, report: &mut String) -> Result<()> {
     let server = build_server()?;
     let hidden = hidden_copy(&server)?;
+    let go_server = build_go_server()?;
+    let go_hidden = go_hidden_copy(&go_server)?;
     let stats = Path::new("/proc/sys/kernel/bpf_stats_enabled");
     let before = std::fs::read_to_string(stats).context("reading kernel.bpf_stats_enabled")?;
     std::fs::write(stats, "1").context("enabling kernel.bpf_stats_enabled (needs root)")?;
@@ -44,10 +75,20 @@ pub(super) fn trace_context_section(ddprof: &Path, runs: usize, report: &mut Str
         let mut figures = vec![Vec::new(); MODES.len()];
         // Run 1 of every mode, then run 2, …: a slow spell weighs on all.
         for round in 0..runs {
-            for (index, (name, hide, abi)) in MODES.iter().enumerate() {
-                let binary = if *hide { &hidden } else { &server };
+            for (index, (name, mode, _)) in MODES.iter().enumerate() {
+                let arguments: &[&str] = match mode {
+                    Server::Rust(abi) => &[abi, "4", "2"],
+                    Server::RustHidden => &["none", "4", "2"],
+                    Server::Go | Server::GoHidden => &["2", "4"],
+                };
+                let binary = match mode {
+                    Server::Rust(_) => &server,
+                    Server::RustHidden => &hidden,
+                    Server::Go => &go_server,
+                    Server::GoHidden => &go_hidden,
+                };
                 say(&format!("trace context: {name}, run {}", round + 1));
-                figures[index].push(run_once(ddprof, binary, abi)?);
+                figures[index].push(run_once(ddprof, binary, arguments)?);
             }
         }
         Ok(figures)
@@ -65,17 +106,29 @@ pub(super) fn trace_context_section(ddprof: &Path, runs: usize, report: &mut Str
          built with the real publisher crates). Medians of {runs} runs each of \
          `{}` (ABI `none`, `otel`, `labels`); the *no publisher* row runs a copy of the \
          server whose variables are hidden (`otel_thread_ctx_v1` stripped from `.symtab`, \
-         `custom_labels_abi_version` renamed), so that the program only looks the process up.\n",
-        shell_words(&command_line(ddprof, &server, "ABI")),
+         `custom_labels_abi_version` renamed), so that the program only looks the process up. \
+         The Go rows run the same requests in Go, 2 goroutines locked to their threads, \
+         setting pprof labels as dd-trace-go does (`tests/workloads/go_trace_requests`, \
+         {}): `{}`, and a copy whose `.go.buildinfo` is renamed (ddprof does not take it for \
+         Go), the row the labels' cost is counted from (Go's stacks are not the Rust server's).\n",
+        shell_words(&command_line(ddprof, &server, &["ABI", "4", "2"])),
+        go_version(),
+        shell_words(&command_line(ddprof, &go_server, &["2", "4"])),
     )?;
     writeln!(
         report,
-        "| mode | program ns / sample (lowest … highest run) | added to the first row | samples \
+        "| mode | program ns / sample (lowest … highest run) | added to its server's first row \
+         | samples \
          with a context |"
     )?;
     writeln!(report, "| --- | --- | --- | --- |")?;
-    let base = median(figures[0].iter().map(|run| run.nanos_per_run).collect());
-    for ((name, ..), runs) in MODES.iter().zip(&figures) {
+    for ((name, _, compared_with), runs) in MODES.iter().zip(&figures) {
+        let base = median(
+            figures[*compared_with]
+                .iter()
+                .map(|run| run.nanos_per_run)
+                .collect(),
+        );
         let nanos = median(runs.iter().map(|run| run.nanos_per_run).collect());
         let lowest = runs.iter().map(|run| run.nanos_per_run).reduce(f64::min);
         let highest = runs.iter().map(|run| run.nanos_per_run).reduce(f64::max);
@@ -102,8 +155,8 @@ pub(super) fn trace_context_section(ddprof: &Path, runs: usize, report: &mut Str
     Ok(())
 }
 
-fn command_line(ddprof: &Path, server: &Path, abi: &str) -> Vec<String> {
-    [
+fn command_line(ddprof: &Path, server: &Path, arguments: &[&str]) -> Vec<String> {
+    let mut words: Vec<String> = [
         ddprof.display().to_string(),
         "-l".into(),
         "info".into(),
@@ -113,15 +166,14 @@ fn command_line(ddprof: &Path, server: &Path, abi: &str) -> Vec<String> {
         "sCPU freq=999".into(),
         "--".into(),
         server.display().to_string(),
-        abi.into(),
-        "4".into(),
-        "2".into(),
     ]
-    .to_vec()
+    .to_vec();
+    words.extend(arguments.iter().map(|word| word.to_string()));
+    words
 }
 
-fn run_once(ddprof: &Path, server: &Path, abi: &str) -> Result<Run> {
-    let words = command_line(ddprof, server, abi);
+fn run_once(ddprof: &Path, server: &Path, arguments: &[&str]) -> Result<Run> {
+    let words = command_line(ddprof, server, arguments);
     let output = Command::new(&words[0])
         .args(&words[1..])
         .stdin(Stdio::null())
@@ -201,4 +253,54 @@ fn hidden_copy(server: &Path) -> Result<PathBuf> {
     }
     std::fs::write(&copy, bytes)?;
     Ok(copy)
+}
+
+/// Builds the Go server (`go build`, its cache in the target directory).
+fn build_go_server() -> Result<PathBuf> {
+    if !crate::have("go") {
+        bail!("the trace context section's Go rows need Go: apt-get install golang-go");
+    }
+    let output = target_dir().join("bench/go-trace-requests");
+    std::fs::create_dir_all(target_dir().join("bench"))?;
+    run_checked(
+        Command::new("go")
+            .current_dir(workspace_root().join("tests/workloads/go_trace_requests"))
+            .args(["build", "-o"])
+            .arg(&output)
+            .arg(".")
+            .env("GOCACHE", target_dir().join("bench/go-cache"))
+            .env("GOPATH", target_dir().join("bench/go-path"))
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOPROXY", "off"),
+    )?;
+    Ok(output)
+}
+
+/// A copy of the Go server whose `.go.buildinfo` section is renamed: ddprof
+/// does not take it for Go, so the program only looks the process up.
+fn go_hidden_copy(server: &Path) -> Result<PathBuf> {
+    let copy = target_dir().join("bench/go-trace-requests-hidden");
+    run_checked(
+        Command::new("objcopy")
+            .arg("--rename-section=.go.buildinfo=.go.buildinfx")
+            .arg(server)
+            .arg(&copy),
+    )?;
+    Ok(copy)
+}
+
+/// `go version`'s version word (`go1.19.8`), for the report.
+fn go_version() -> String {
+    Command::new("go")
+        .arg("version")
+        .output()
+        .ok()
+        .and_then(|output| {
+            String::from_utf8_lossy(&output.stdout)
+                .split_whitespace()
+                .nth(2)
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "?".into())
 }

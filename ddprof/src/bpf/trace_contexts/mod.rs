@@ -8,19 +8,21 @@
 //! each bounded in time, and after one key map read overruns its bound no
 //! other is made (a hung read holds one of the few helper threads every
 //! bounded call shares).
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ddprof_common::bpf_maps::{tls_access, TraceContextSlot, TraceContextSlots};
+use ddprof_common::bpf_maps::{go_labels_layout, tls_access, TraceContextSlot, TraceContextSlots};
 use ddprof_common::sample::TRACE_CONTEXT_OTEL;
 
+pub mod go;
 pub mod tls;
 
 use crate::files::bounded;
 use crate::process::Process;
 use crate::trace_context::{RawContext, TraceLabels};
 use crate::unwind::LoadSegment;
+use go::GoLabels;
 use tls::{FileTls, NotYet, TlsVariable};
 
 /// Files whose variables are remembered (by device and inode); the cache
@@ -86,6 +88,8 @@ pub struct Registry {
     publishers: HashMap<u32, Publisher>,
     /// A key map read overran its bound: none is read any more.
     keys_stopped: bool,
+    /// Go programs told about whose labels are not read (one line each).
+    unread_go_told: HashSet<u32>,
 }
 
 impl Registry {
@@ -94,8 +98,28 @@ impl Registry {
     /// nothing this reader can read (yet: a library not relocated is
     /// looked at again, see [`Registry::take_due`]).
     pub fn discover(&mut self, pid: u32, process: &Process) -> Option<TraceContextSlots> {
-        let found = self.variables(pid, process);
-        if found.is_empty() {
+        let (found, go) = self.variables(pid, process);
+        let go_slot = match go {
+            Some((
+                GoLabels::Read {
+                    version,
+                    slot,
+                    from_dwarf,
+                },
+                path,
+            )) => Some((version, slot, from_dwarf, path)),
+            Some((GoLabels::Unread(why), path)) => {
+                if self.unread_go_told.insert(pid) {
+                    log::info!(
+                        "trace context: process {pid} ({path}) is {why}: its goroutines' pprof \
+                         labels are not on its samples"
+                    );
+                }
+                None
+            }
+            None => None,
+        };
+        if found.is_empty() && go_slot.is_none() {
             self.publishers.remove(&pid);
             return None;
         }
@@ -104,19 +128,23 @@ impl Registry {
             .iter()
             .map(|(_, variable, bias, _)| (*variable, *bias))
             .collect();
-        let located = bounded::run(LOCATE_BOUND, move || {
-            use std::os::unix::fs::FileExt;
-            let memory = std::fs::File::open(format!("/proc/{pid}/mem")).ok();
-            wanted
-                .into_iter()
-                .map(|(variable, bias)| match &memory {
-                    Some(memory) => tls::locate(variable, bias, |address, out| {
-                        memory.read_exact_at(out, address).is_ok()
-                    }),
-                    None => tls::locate(variable, bias, |_, _| false),
-                })
-                .collect::<Vec<_>>()
-        })
+        let located = if wanted.is_empty() {
+            Ok(Vec::new())
+        } else {
+            bounded::run(LOCATE_BOUND, move || {
+                use std::os::unix::fs::FileExt;
+                let memory = std::fs::File::open(format!("/proc/{pid}/mem")).ok();
+                wanted
+                    .into_iter()
+                    .map(|(variable, bias)| match &memory {
+                        Some(memory) => tls::locate(variable, bias, |address, out| {
+                            memory.read_exact_at(out, address).is_ok()
+                        }),
+                        None => tls::locate(variable, bias, |_, _| false),
+                    })
+                    .collect::<Vec<_>>()
+            })
+        }
         .unwrap_or_else(|_| {
             found
                 .iter()
@@ -124,6 +152,9 @@ impl Registry {
                 .collect()
         });
         let mut slots = TraceContextSlots::default();
+        if let Some((_, slot, _, _)) = &go_slot {
+            slots.go = *slot;
+        }
         let mut unrelocated = false;
         for ((abi, _, _, path), location) in found.iter().zip(&located) {
             let slot = match location {
@@ -162,6 +193,25 @@ impl Registry {
                     );
                 }
             }
+            if let Some((version, slot, from_dwarf, path)) = &go_slot {
+                let layout = if slot.layout == go_labels_layout::SLICE {
+                    "slice"
+                } else {
+                    "map"
+                };
+                let source = if *from_dwarf {
+                    "its DWARF"
+                } else {
+                    "the release's known layout"
+                };
+                log::info!(
+                    "trace context: process {pid} publishes Go pprof labels ({path}, {version}: \
+                     the goroutine at thread pointer -{:#x}, g.labels at +{} (a {layout}), \
+                     offsets from {source})",
+                    slot.g_offset.unsigned_abs(),
+                    slot.labels
+                );
+            }
         }
         publisher.slots = slots;
         publisher.retry_at = None;
@@ -193,18 +243,26 @@ impl Registry {
                 }
             }
         }
-        let any = slots.otel.access != tls_access::NONE || slots.labels.access != tls_access::NONE;
+        let any = slots.otel.access != tls_access::NONE
+            || slots.labels.access != tls_access::NONE
+            || slots.go.g_offset != 0;
         any.then_some(slots)
     }
 
     /// The variables `process`'s files define: (ABI, variable, the file's
-    /// load bias, its path), the first file of each ABI.
+    /// load bias, its path), the first file of each ABI; and, for a Go
+    /// program, what is made of its labels (and its path).
+    #[allow(clippy::type_complexity)]
     fn variables(
         &mut self,
         pid: u32,
         process: &Process,
-    ) -> Vec<(&'static str, TlsVariable, u64, Arc<str>)> {
+    ) -> (
+        Vec<(&'static str, TlsVariable, u64, Arc<str>)>,
+        Option<(GoLabels, Arc<str>)>,
+    ) {
         let mut found: Vec<(&'static str, TlsVariable, u64, Arc<str>)> = Vec::new();
+        let mut go: Option<(GoLabels, Arc<str>)> = None;
         for mapping in &process.mappings {
             let key = (mapping.file.dev, mapping.file.inode);
             let file_tls = match self.files.get(&key) {
@@ -234,6 +292,9 @@ impl Registry {
             if !file_tls.defines_any() {
                 continue;
             }
+            if let (None, Some(labels)) = (&go, &file_tls.go) {
+                go = Some((labels.clone(), mapping.file.path.as_str().into()));
+            }
             let Some(bias) = LoadSegment::bias_for_mapping(
                 &file_tls.segments,
                 mapping.start,
@@ -252,7 +313,7 @@ impl Registry {
                 }
             }
         }
-        found
+        (found, go)
     }
 
     /// Whether a process is due another look (a library's variable not
@@ -289,10 +350,12 @@ impl Registry {
 
     pub fn forget(&mut self, pid: u32) {
         self.publishers.remove(&pid);
+        self.unread_go_told.remove(&pid);
     }
 
     pub fn clear(&mut self) {
         self.publishers.clear();
+        self.unread_go_told.clear();
     }
 
     /// The labels of a context a sample of `pid` carried (its key map as

@@ -24,6 +24,7 @@ use std::fs::File;
 
 use ddprof_common::bpf_maps::{tls_access, TraceContextSlot};
 
+use super::go::{self, GoLabels};
 use crate::unwind::LoadSegment;
 
 /// The OTEP 4947 thread context pointer.
@@ -61,22 +62,25 @@ pub enum TlsVariable {
 }
 
 /// What a file defines of the two ABIs' variables, and its executable
-/// segments (to find its load bias in a process).
+/// segments (to find its load bias in a process); for a Go program, what
+/// is made of its pprof labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileTls {
     pub otel: Option<TlsVariable>,
     pub labels: Option<TlsVariable>,
+    pub go: Option<GoLabels>,
     pub segments: Vec<LoadSegment>,
 }
 
 impl FileTls {
     pub fn defines_any(&self) -> bool {
-        self.otel.is_some() || self.labels.is_some()
+        self.otel.is_some() || self.labels.is_some() || self.go.is_some()
     }
 }
 
-/// The variables `file` defines (none without a `PT_TLS` segment, which
-/// is most files: only their program headers are read then).
+/// The variables `file` defines (none in a library without a `PT_TLS`
+/// segment, which is most files: only their program headers are read
+/// then).
 pub fn find(file: &File) -> FileTls {
     find_in(&object::ReadCache::new(file)).unwrap_or_default()
 }
@@ -92,7 +96,7 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
     let segments = header.program_headers(endian, data).ok()?;
     let tls = segments
         .iter()
-        .find(|segment| segment.p_type(endian) == elf::PT_TLS)?;
+        .find(|segment| segment.p_type(endian) == elf::PT_TLS);
     // A program: `ET_EXEC`, or a PIE (an interpreter and no `DT_SONAME`:
     // glibc's libc.so.6 has an interpreter too).
     let program =
@@ -122,10 +126,38 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
             file_size: segment.p_filesz(endian),
         })
         .collect();
+    if tls.is_none() && !program {
+        return None;
+    }
     let sections = header.sections(endian, data).ok()?;
+    // A Go program: its version (None: before Go 1.18, or unreadable),
+    // and its runtime's offsets if its DWARF gives them.
+    let go_version = program
+        .then(|| sections.section_by_name(endian, go::BUILD_INFO_SECTION))
+        .flatten()
+        .map(|(_, section)| {
+            let size = section.sh_size(endian).min(256);
+            data.read_bytes_at(section.sh_offset(endian), size)
+                .ok()
+                .and_then(go::version)
+        });
+    let go_dwarf = go_version
+        .is_some()
+        .then(|| go::file_dwarf_offsets(&sections, endian, data))
+        .flatten();
+    let Some(tls) = tls else {
+        // A pure Go program: no TLS of its own, the goroutine just below
+        // the thread pointer.
+        return Some(FileTls {
+            go: go_version.map(|version| go::labels(version, go_dwarf, Some(go::PURE_GO_G_OFFSET))),
+            segments: load_segments,
+            ..FileTls::default()
+        });
+    };
 
-    // (index in .dynsym, if there; st_value) of each wanted symbol.
-    let mut found: [Option<(Option<usize>, u64)>; 2] = [None, None];
+    // (index in .dynsym, if there; st_value) of each wanted symbol: the
+    // two ABIs' variables, then Go's goroutine pointer.
+    let mut found: [Option<(Option<usize>, u64)>; 3] = [None, None, None];
     let mut labels_version_ok = false;
     for kind in [elf::SHT_DYNSYM, elf::SHT_SYMTAB] {
         if kind == elf::SHT_SYMTAB && !program {
@@ -171,6 +203,7 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
             let slot = match name {
                 n if n == OTEL_SYMBOL.as_bytes() => 0,
                 n if n == LABELS_SYMBOL.as_bytes() => 1,
+                n if go_version.is_some() && n == go::TLSG_SYMBOL.as_bytes() => 2,
                 _ => continue,
             };
             let defined = symbol.st_type() == elf::STT_TLS
@@ -185,8 +218,30 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
     if !labels_version_ok {
         found[1] = None;
     }
-    if found.iter().all(Option::is_none) {
+    let tls_offset = program_tls_offset(
+        tls.p_memsz(endian),
+        tls.p_align(endian),
+        tls.p_vaddr(endian),
+    );
+    // The program's own block, relaxed to fixed offsets by the linker.
+    let program_offset = |value: u64| -> Option<i64> {
+        let offset = i64::try_from(value).ok()?.checked_sub(tls_offset?)?;
+        (program && (-MAX_STATIC_TLS..0).contains(&offset)).then_some(offset)
+    };
+    // A Go program linked with the C library: the goroutine pointer is
+    // `runtime.tlsg` (without symbols, the block's only 8 bytes if that is
+    // all it holds).
+    let go = go_version.map(|version| {
+        let g_offset = match found[2] {
+            Some((_, value)) => program_offset(value),
+            None if tls.p_memsz(endian) == 8 => program_offset(0),
+            None => None,
+        };
+        go::labels(version, go_dwarf, g_offset)
+    });
+    if found[..2].iter().all(Option::is_none) {
         return Some(FileTls {
+            go,
             segments: load_segments,
             ..FileTls::default()
         });
@@ -215,7 +270,7 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
                 continue;
             }
             let symbol = relocation.r_sym(endian, false) as usize;
-            for (slot, wanted) in found.iter().enumerate() {
+            for (slot, wanted) in found[..2].iter().enumerate() {
                 if let Some((Some(index), _)) = wanted {
                     if *index == symbol && got[slot].is_none() {
                         got[slot] = Some((relocation.r_offset(endian), r_type == R_X86_64_TLSDESC));
@@ -225,24 +280,17 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
         }
     }
 
-    let tls_offset = program_tls_offset(
-        tls.p_memsz(endian),
-        tls.p_align(endian),
-        tls.p_vaddr(endian),
-    );
     let variable = |slot: usize| -> Option<TlsVariable> {
         let (_, value) = found[slot]?;
         if let Some((got, descriptor)) = got[slot] {
             return Some(TlsVariable::Library { got, descriptor });
         }
-        // The program's own block, relaxed to fixed offsets by the linker.
-        let offset = i64::try_from(value).ok()?.checked_sub(tls_offset?)?;
-        (program && (-MAX_STATIC_TLS..0).contains(&offset))
-            .then_some(TlsVariable::Program { offset })
+        program_offset(value).map(|offset| TlsVariable::Program { offset })
     };
     Some(FileTls {
         otel: variable(0),
         labels: variable(1),
+        go,
         segments: load_segments,
     })
 }
