@@ -1101,6 +1101,16 @@ fn read_custom_labels(set: u64, context: &mut RawTraceContext) -> bool {
     if count == 0 {
         return false;
     }
+    read_label_array(storage, count, true, context);
+    true
+}
+
+/// Copies the first `MAX_CUSTOM_LABELS` of `count` labels at `array`, 32
+/// bytes each: two strings of two words, the length first
+/// (`custom-labels`' `{len, buf}`) or the pointer first (Go's strings);
+/// then ends the context, cut if there were more.
+#[inline(always)]
+fn read_label_array(array: u64, count: u64, length_first: bool, context: &mut RawTraceContext) {
     let mut index = 0u32;
     while index < MAX_CUSTOM_LABELS {
         clear_label(context, index);
@@ -1111,19 +1121,21 @@ fn read_custom_labels(set: u64, context: &mut RawTraceContext) -> bool {
                 bpf_probe_read_user(
                     label.as_mut_ptr() as *mut c_void,
                     32,
-                    (storage + u64::from(index) * 32) as *const c_void,
+                    (array + u64::from(index) * 32) as *const c_void,
                 )
             };
-            let [key_len, key, value_len, value] = label;
+            let [key_len, key, value_len, value] = if length_first {
+                label
+            } else {
+                [label[1], label[0], label[3], label[2]]
+            };
             if read == 0 {
                 copy_label(context, index, key, key_len, value, value_len);
             }
         }
         index += 1;
     }
-    let cut = count > u64::from(MAX_CUSTOM_LABELS);
-    finish_labels(context, cut);
-    true
+    finish_labels(context, count > u64::from(MAX_CUSTOM_LABELS));
 }
 
 /// Copies the pprof labels of the goroutine a Go program's thread runs
@@ -1216,27 +1228,7 @@ fn read_go_label_slice(labels: u64, context: &mut RawTraceContext) -> bool {
     let Some(count) = read_user_u64(labels + 8).filter(|&count| count != 0) else {
         return false;
     };
-    let mut index = 0u32;
-    while index < MAX_CUSTOM_LABELS {
-        clear_label(context, index);
-        if u64::from(index) < count {
-            let mut label = [0u64; 4];
-            // SAFETY: a checked user read of 32 bytes into a local of that size.
-            let read = unsafe {
-                bpf_probe_read_user(
-                    label.as_mut_ptr() as *mut c_void,
-                    32,
-                    (array + u64::from(index) * 32) as *const c_void,
-                )
-            };
-            let [key, key_len, value, value_len] = label;
-            if read == 0 {
-                copy_label(context, index, key, key_len, value, value_len);
-            }
-        }
-        index += 1;
-    }
-    finish_labels(context, count > u64::from(MAX_CUSTOM_LABELS));
+    read_label_array(array, count, false, context);
     true
 }
 

@@ -31,6 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "request_work.h"
+
 __attribute__((section(".go.buildinfo"), used, aligned(16)))
 static const unsigned char build_info[64] = {
     0xff, ' ', 'G', 'o', ' ', 'b', 'u', 'i', 'l', 'd', 'i', 'n', 'f', ':',
@@ -60,32 +62,6 @@ struct label_map {
 };
 
 static double until;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static uint64_t spin(double seconds, uint64_t x) {
-    double end = now() + seconds;
-    while (now() < end)
-        for (int i = 0; i < 1000; i++)
-            x = x * 6364136223846793005ull + (uint64_t)i;
-    return x;
-}
-
-__attribute__((noinline)) uint64_t request_work(uint64_t seed) {
-    uint64_t x = spin(0.015, seed);
-    __asm__ volatile("" : "+r"(x));
-    return x;
-}
-
-__attribute__((noinline)) uint64_t idle_work(uint64_t seed) {
-    uint64_t x = spin(0.005, seed);
-    __asm__ volatile("" : "+r"(x));
-    return x;
-}
 
 static void set_string(struct go_string *s, const char *text) {
     s->data = text;

@@ -29,35 +29,10 @@
 #include <unistd.h>
 
 #include "otel_thread_ctx.h"
+#include "request_work.h"
 
 static void (*publish)(struct otel_thread_ctx_record *);
 static double until;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static uint64_t spin(double seconds, uint64_t x) {
-    double end = now() + seconds;
-    while (now() < end)
-        for (int i = 0; i < 1000; i++)
-            x = x * 6364136223846793005ull + (uint64_t)i;
-    return x;
-}
-
-__attribute__((noinline)) uint64_t request_work(uint64_t seed) {
-    uint64_t x = spin(0.015, seed);
-    __asm__ volatile("" : "+r"(x));
-    return x;
-}
-
-__attribute__((noinline)) uint64_t idle_work(uint64_t seed) {
-    uint64_t x = spin(0.005, seed);
-    __asm__ volatile("" : "+r"(x));
-    return x;
-}
 
 static void big_endian(uint8_t *out, uint64_t value) {
     for (int i = 7; i >= 0; i--, value >>= 8)
