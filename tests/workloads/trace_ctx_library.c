@@ -92,15 +92,6 @@ int main(int argc, char **argv) {
         return 1;
     }
     int threads = atoi(argv[4]);
-    pthread_t workers[64];
-    for (int i = 0; i < threads && i < 64; i++)
-        pthread_create(&workers[i], NULL, serve, NULL);
-    uintptr_t sum = 0;
-    for (int i = 0; i < threads && i < 64; i++) {
-        void *result;
-        pthread_join(workers[i], &result);
-        sum += (uintptr_t)result;
-    }
-    printf("%lu\n", (unsigned long)sum);
+    serve_on_threads(threads, serve);
     return 0;
 }
