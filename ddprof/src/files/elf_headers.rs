@@ -82,6 +82,58 @@ impl ElfHeaders {
     }
 }
 
+/// A dynamic segment is read up to this size (a longer one counts as a
+/// library's).
+const MAX_DYNAMIC_BYTES: u64 = 64 << 10;
+
+/// Whether an ELF file (32- or 64-bit) is a program rather than a shared
+/// library: of type `ET_EXEC`, or `ET_DYN` with a program interpreter (a
+/// PIE) and no `DT_SONAME` (glibc's `libc.so.6` has an interpreter too, to
+/// print its version when run, and is a library). `false` for what is not
+/// ELF or cannot be read.
+pub fn is_program<'d, R: ReadRef<'d>>(data: R) -> bool {
+    // `e_ident[EI_CLASS]`: 1 for 32-bit files, 2 for 64-bit ones.
+    match data.read_bytes_at(4, 1) {
+        Ok([2]) => is_program_of::<elf::FileHeader64<Endianness>, R>(data),
+        Ok([1]) => is_program_of::<elf::FileHeader32<Endianness>, R>(data),
+        _ => None,
+    }
+    .unwrap_or(false)
+}
+
+fn is_program_of<'d, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'d>>(
+    data: R,
+) -> Option<bool> {
+    use object::read::elf::Dyn;
+    let header = Elf::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    match header.e_type(endian) {
+        elf::ET_EXEC => Some(true),
+        elf::ET_DYN => {
+            let segments = header.program_headers(endian, data).ok()?;
+            let interpreter = segments
+                .iter()
+                .any(|segment| segment.p_type(endian) == elf::PT_INTERP);
+            // A dynamic section is a few hundred bytes; the file says how
+            // long it is, and a longer one is not read.
+            let soname =
+                segments.iter().any(|segment| {
+                    segment.p_type(endian) == elf::PT_DYNAMIC
+                        && (Into::<u64>::into(segment.p_filesz(endian)) > MAX_DYNAMIC_BYTES
+                            || segment.dynamic(endian, data).ok().flatten().is_some_and(
+                                |entries| {
+                                    entries
+                                        .iter()
+                                        .any(|entry| entry.d_tag(endian) == elf::DT_SONAME)
+                                },
+                            ))
+                });
+            Some(interpreter && !soname)
+        }
+        _ => Some(false),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +182,47 @@ mod tests {
             with_id > 10 && with_link > 5,
             "{with_id} ids, {with_link} links"
         );
+    }
+
+    /// An ELF header of `class` (1: 32-bit, 2: 64-bit) and type `e_type`,
+    /// no segments.
+    fn bare_header(class: u8, e_type: u16) -> Vec<u8> {
+        let mut bytes = vec![0u8; if class == 1 { 52 } else { 64 }];
+        bytes[..4].copy_from_slice(b"\x7fELF");
+        bytes[4] = class;
+        bytes[5] = 1; // little-endian
+        bytes[6] = 1; // EV_CURRENT
+        bytes[16..18].copy_from_slice(&e_type.to_le_bytes());
+        bytes[20..24].copy_from_slice(&1u32.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_program_is_told_from_a_library_in_32_and_64_bits() {
+        let program = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
+        assert!(is_program(&ReadCache::new(&program)));
+        // glibc's libc.so.6 has a program interpreter (it runs, to print
+        // its version), and a soname.
+        let library = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .iter()
+        .find_map(|path| File::open(path).ok())
+        .expect("glibc's libc.so.6");
+        assert!(!is_program(&ReadCache::new(&library)));
+        for class in [1, 2] {
+            assert!(
+                is_program(bare_header(class, 2).as_slice()),
+                "ET_EXEC, class {class}"
+            );
+            // A shared object without an interpreter: a library.
+            assert!(
+                !is_program(bare_header(class, 3).as_slice()),
+                "ET_DYN, class {class}"
+            );
+        }
+        assert!(!is_program(bare_header(3, 2).as_slice()));
+        assert!(!is_program(&b"#!/bin/sh\n"[..]));
     }
 }

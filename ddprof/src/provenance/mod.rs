@@ -257,51 +257,10 @@ fn classify(file: &ObjectFile, package: Option<&dpkg::Package>) -> Origin {
     }
 }
 
-/// A dynamic segment is read up to this size (a longer one counts as a
-/// library's).
-const MAX_DYNAMIC_BYTES: u64 = 64 << 10;
-
-/// Whether an ELF file is a program rather than a shared library: of type
-/// `ET_EXEC`, or `ET_DYN` with a program interpreter (a PIE) and no
-/// `DT_SONAME` (glibc's `libc.so.6` has an interpreter too, to print its
-/// version when run, and is a library).
+/// Whether a file held open is a program (32- or 64-bit ELF) rather than a
+/// shared library.
 fn is_executable(file: &std::fs::File) -> bool {
-    use object::read::elf::{Dyn, FileHeader, ProgramHeader};
-    let data = object::ReadCache::new(file);
-    let Ok(header) = object::elf::FileHeader64::<object::Endianness>::parse(&data) else {
-        return false;
-    };
-    let Ok(endian) = header.endian() else {
-        return false;
-    };
-    match header.e_type(endian) {
-        object::elf::ET_EXEC => true,
-        object::elf::ET_DYN => {
-            let Ok(segments) = header.program_headers(endian, &data) else {
-                return false;
-            };
-            let interpreter = segments
-                .iter()
-                .any(|segment| segment.p_type(endian) == object::elf::PT_INTERP);
-            // A dynamic section is a few hundred bytes; the file says how
-            // long it is, and a longer one is not read.
-            let soname = segments.iter().any(|segment| {
-                let dynamic = segment.p_type(endian) == object::elf::PT_DYNAMIC;
-                (dynamic && segment.p_filesz(endian) > MAX_DYNAMIC_BYTES)
-                    || segment
-                        .dynamic(endian, &data)
-                        .ok()
-                        .flatten()
-                        .is_some_and(|entries| {
-                            entries
-                                .iter()
-                                .any(|entry| entry.d_tag(endian) == object::elf::DT_SONAME)
-                        })
-            });
-            interpreter && !soname
-        }
-        _ => false,
-    }
+    crate::files::elf_headers::is_program(&object::ReadCache::new(file))
 }
 
 impl PeriodProvenance {
@@ -421,24 +380,5 @@ mod tests {
             (library.name.as_str(), library.version.as_str()),
             ("libfoo.socket", "")
         );
-    }
-
-    #[test]
-    fn a_program_is_told_from_a_library_by_its_elf_header() {
-        let program = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
-        assert!(is_executable(&program));
-        // glibc's libc.so.6 has a program interpreter (it runs, to print
-        // its version), and a soname.
-        let library = [
-            "/lib/x86_64-linux-gnu/libc.so.6",
-            "/usr/lib/x86_64-linux-gnu/libc.so.6",
-        ]
-        .iter()
-        .find_map(|path| std::fs::File::open(path).ok())
-        .expect("glibc's libc.so.6");
-        assert!(!is_executable(&library));
-        let text = std::fs::File::open("/etc/hostname")
-            .or_else(|_| std::fs::File::open("/proc/self/status"));
-        assert!(!is_executable(&text.unwrap()));
     }
 }

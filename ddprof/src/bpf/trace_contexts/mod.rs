@@ -33,10 +33,13 @@ const RETRY_EVERY: Duration = Duration::from_millis(50);
 /// …at most this many times in the process's life.
 const MAX_RETRIES: u32 = 100;
 /// A process that publishes OTEP 4947 records without a key map (yet: an
-/// SDK may publish its process context after its first requests) has it
-/// read again this often…
+/// SDK may publish its process context after its first requests, or a
+/// moment after the program starts, when ddprof first looks) has it read
+/// again after this, the wait doubled after each read…
+const FIRST_KEYS_READ_AFTER: Duration = Duration::from_millis(50);
+/// …up to this…
 const KEYS_READ_EVERY: Duration = Duration::from_secs(1);
-/// …at most this many times.
+/// …at most this many times (about 25 s).
 const MAX_KEY_READS: u32 = 30;
 /// The longest the memory reads of one process's location may take.
 const LOCATE_BOUND: Duration = Duration::from_millis(100);
@@ -73,12 +76,23 @@ impl Publisher {
         self.slots.otel.access != tls_access::NONE && self.keys.is_none() && self.key_reads_left > 0
     }
 
+    /// Whether the key map is due another read: at once, then 50 ms after
+    /// the first, 100 ms after the second, … up to a second apart (the
+    /// samples drained before it is read keep their ids, their other
+    /// attributes unnamed).
+    fn keys_due(&self, now: Instant) -> bool {
+        let reads = MAX_KEY_READS - self.key_reads_left;
+        let wait = FIRST_KEYS_READ_AFTER
+            .saturating_mul(1 << reads.saturating_sub(1).min(5))
+            .min(KEYS_READ_EVERY);
+        self.wants_keys()
+            && self
+                .keys_read
+                .is_none_or(|read| now.duration_since(read) >= wait)
+    }
+
     fn due(&self, now: Instant) -> bool {
-        self.retry_at.is_some_and(|at| at <= now)
-            || (self.wants_keys()
-                && self
-                    .keys_read
-                    .is_none_or(|read| now.duration_since(read) >= KEYS_READ_EVERY))
+        self.retry_at.is_some_and(|at| at <= now) || self.keys_due(now)
     }
 }
 
@@ -219,12 +233,9 @@ impl Registry {
             publisher.retries_left -= 1;
             publisher.retry_at = Some(Instant::now() + RETRY_EVERY);
         }
-        if publisher.wants_keys() && !self.keys_stopped {
+        if !self.keys_stopped {
             let now = Instant::now();
-            if publisher
-                .keys_read
-                .is_none_or(|read| now.duration_since(read) >= KEYS_READ_EVERY)
-            {
+            if publisher.keys_due(now) {
                 publisher.keys_read = Some(now);
                 publisher.key_reads_left -= 1;
                 match crate::identity::process_context::thread_context_keys(pid) {
@@ -383,5 +394,32 @@ pub fn describe(slot: &TraceContextSlot) -> String {
         tls_access::STATIC => format!("thread pointer {}", signed(slot.offset)),
         tls_access::DTV => format!("module {} of the DTV, {}", slot.module, signed(slot.offset)),
         _ => "none".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_map_not_found_is_read_again_sooner_at_first() {
+        let start = Instant::now();
+        let mut publisher = Publisher::default();
+        publisher.slots.otel.access = tls_access::STATIC;
+        assert!(publisher.keys_due(start), "never read: at once");
+        // After the k-th read, the next after 50 ms × 2^(k-1), at most 1 s.
+        for (reads, wait_ms) in [(1, 50), (2, 100), (3, 200), (5, 800), (6, 1000), (20, 1000)] {
+            publisher.key_reads_left = MAX_KEY_READS - reads;
+            publisher.keys_read = Some(start);
+            let wait = Duration::from_millis(wait_ms);
+            assert!(!publisher.keys_due(start + wait - Duration::from_millis(1)));
+            assert!(publisher.keys_due(start + wait), "{reads} reads");
+        }
+        // Found, or read as often as allowed: never again.
+        publisher.key_reads_left = 0;
+        assert!(!publisher.keys_due(start + Duration::from_secs(60)));
+        publisher.key_reads_left = 3;
+        publisher.keys = Some(Arc::from(Vec::<Arc<str>>::new()));
+        assert!(!publisher.keys_due(start + Duration::from_secs(60)));
     }
 }

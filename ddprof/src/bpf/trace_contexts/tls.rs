@@ -41,9 +41,6 @@ const MAX_RELOCATIONS: usize = 4_000_000;
 /// A symbol, name or relocation table bigger than this is not read (it is
 /// read whole into memory).
 const MAX_TABLE_BYTES: u64 = 64 << 20;
-/// A dynamic segment is read up to this size (a longer one counts as a
-/// library's).
-const MAX_DYNAMIC_BYTES: u64 = 64 << 10;
 /// The largest offset from the thread pointer taken as static TLS (the
 /// static TLS block is a few KiB to a few MiB).
 const MAX_STATIC_TLS: i64 = 1 << 30;
@@ -87,7 +84,7 @@ pub fn find(file: &File) -> FileTls {
 
 fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
     use object::elf;
-    use object::read::elf::{Dyn, FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
+    use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
     let header = elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
     let endian = header.endian().ok()?;
     if header.e_machine(endian) != elf::EM_X86_64 {
@@ -99,22 +96,7 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
         .find(|segment| segment.p_type(endian) == elf::PT_TLS);
     // A program: `ET_EXEC`, or a PIE (an interpreter and no `DT_SONAME`:
     // glibc's libc.so.6 has an interpreter too).
-    let program =
-        header.e_type(endian) == elf::ET_EXEC
-            || (segments
-                .iter()
-                .any(|segment| segment.p_type(endian) == elf::PT_INTERP)
-                && !segments.iter().any(|segment| {
-                    segment.p_type(endian) == elf::PT_DYNAMIC
-                        && (segment.p_filesz(endian) > MAX_DYNAMIC_BYTES
-                            || segment.dynamic(endian, data).ok().flatten().is_some_and(
-                                |entries| {
-                                    entries
-                                        .iter()
-                                        .any(|entry| entry.d_tag(endian) == elf::DT_SONAME)
-                                },
-                            ))
-                }));
+    let program = crate::files::elf_headers::is_program(data);
     let load_segments: Vec<LoadSegment> = segments
         .iter()
         .filter(|segment| {
