@@ -9,6 +9,7 @@
 //! descriptor, loaded at start (static TLS) or `dlopen`ed (its TLS found
 //! through each thread's DTV); and Go's pprof labels, set as dd-trace-go
 //! sets them, read from the running goroutine.
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use ddprof_tests::e2e::Scratch;
@@ -30,13 +31,14 @@ struct Tally {
 /// Profiles `command` (a server of `trace-requests`' kind) with the BPF
 /// engine and checks each sample's labels with
 /// `request_labels_are_right(labels, thread id, span id)`, and that the
-/// log names the publisher in a line with `publisher_line`.
+/// log names the publisher in a line with `publisher_line`; the tally and
+/// the log.
 fn profile_requests(
     abi: &str,
     command: &[&str],
     publisher_line: &str,
     request_labels_are_right: impl Fn(&dyn Fn(&str) -> Option<String>, u64, u64) -> bool,
-) -> Tally {
+) -> (Tally, String) {
     let scratch = Scratch::new(&format!("trace-context-{abi}"));
     let out = scratch.0.join("out");
     let output = ddprof_tests::ddprof_command()
@@ -88,7 +90,7 @@ fn profile_requests(
             .any(|line| line.contains("trace context: process") && line.contains(publisher_line)),
         "the publisher is named at start ({publisher_line}): {stderr}"
     );
-    tally
+    (tally, stderr)
 }
 
 /// A request's span id names its thread and request (`tid << 24 | k`),
@@ -170,22 +172,21 @@ fn a_dlopened_library_publishes_through_each_threads_dtv() {
 
 /// Go's pprof labels, set per request as dd-trace-go sets them (`span
 /// id`, `local root span id`, `trace endpoint`: decimal ids), read from
-/// `g.m.curg.labels` of the thread's running goroutine (Go 1.19 here:
-/// the labels are a map). Each serving goroutine is locked to its thread,
-/// so that a sample's thread tells its request. `arguments` pick how the
-/// program is built.
+/// `g.m.curg.labels` of the thread's running goroutine. Each serving
+/// goroutine is locked to its thread, so that a sample's thread tells its
+/// request. Runs `server` (a build of `go_trace_requests`); the log.
 fn go_labels_give_each_requests_samples_its_span_ids(
-    variant: &str,
-    arguments: &[&str],
+    name: &str,
+    server: &Path,
     publisher_line: &str,
-) {
-    let server = build_go_workload("go_trace_requests", variant, arguments);
-    profile_requests(
-        &format!("go-{variant}"),
+) -> String {
+    let (_, stderr) = profile_requests(
+        &format!("go-{name}"),
         &[server.to_str().unwrap(), "3", "3"],
         publisher_line,
         endpoint_and_ids_are_the_requests,
     );
+    stderr
 }
 
 /// The ids as [`ids_are_the_requests`] says, and the endpoint names the
@@ -199,36 +200,105 @@ fn endpoint_and_ids_are_the_requests(
         && label("trace endpoint") == Some(format!("GET /thread/{thread}"))
 }
 
+/// A copy of a Go program whose build information says it is Go 1.99 (the
+/// release's minor version rewritten in place): a release whose layout
+/// ddprof does not know.
+fn as_an_unknown_go_release(program: &Path, scratch: &Scratch) -> PathBuf {
+    let mut bytes = std::fs::read(program).unwrap();
+    let magic = b"\xff Go buildinf:";
+    let at = bytes
+        .windows(magic.len())
+        .position(|window| window == magic)
+        .expect("a Go program's build information");
+    // Go 1.18 on: the version inline at byte 32, after its length.
+    let version = at + 33;
+    assert_eq!(
+        &bytes[version..version + 4],
+        b"go1.",
+        "{:?}",
+        &bytes[version..version + 8]
+    );
+    bytes[version + 4..version + 6].copy_from_slice(b"99");
+    let copy = scratch.0.join("go-1.99");
+    std::fs::write(&copy, &bytes).unwrap();
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    copy
+}
+
 /// Pure Go: the goroutine just below the thread pointer; the runtime's
-/// offsets from the program's DWARF.
-#[test]
-fn go_pprof_labels_give_each_requests_samples_its_span_ids() {
-    go_labels_give_each_requests_samples_its_span_ids(
-        "pure",
-        &[],
-        "(a map), offsets from its DWARF",
-    );
-}
-
-/// Linked with the C library: the goroutine at `runtime.tlsg`.
-#[test]
-fn go_pprof_labels_of_a_cgo_program_give_each_requests_samples_its_span_ids() {
-    go_labels_give_each_requests_samples_its_span_ids(
-        "cgo",
-        &["-tags=with_cgo"],
-        "(a map), offsets from its DWARF",
-    );
-}
-
-/// Built without DWARF (`-ldflags=-w`, as release builds often are): the
 /// offsets from the release's known layout.
 #[test]
-fn go_pprof_labels_of_a_program_without_dwarf_give_each_requests_samples_its_span_ids() {
+fn go_pprof_labels_give_each_requests_samples_its_span_ids() {
+    let server = build_go_workload("go_trace_requests", "pure", &[]);
     go_labels_give_each_requests_samples_its_span_ids(
-        "nodwarf",
-        &["-ldflags=-w"],
-        "(a map), offsets from the release's known layout",
+        "pure",
+        &server,
+        "the goroutine at thread pointer -0x8, g.labels at +",
     );
+}
+
+/// Linked with the C library, a C thread-local beside the runtime's: the
+/// goroutine at `runtime.tlsg`, not at -8.
+#[test]
+fn go_pprof_labels_of_a_cgo_program_give_each_requests_samples_its_span_ids() {
+    let server = build_go_workload("go_trace_requests", "cgo", &["-tags=with_cgo"]);
+    let stderr = go_labels_give_each_requests_samples_its_span_ids(
+        "cgo",
+        &server,
+        "publishes Go pprof labels",
+    );
+    assert!(
+        !stderr.contains("the goroutine at thread pointer -0x8,"),
+        "runtime.tlsg is not the block's last 8 bytes here: {stderr}"
+    );
+}
+
+/// A release ddprof does not know (its version rewritten to 1.99): the
+/// offsets, and the labels' layout, from the program's DWARF (by its
+/// version alone, 1.99's labels would be a slice: this Go's are a map).
+#[test]
+fn go_pprof_labels_of_a_release_not_known_here_come_from_its_dwarf() {
+    let scratch = Scratch::new("go-unknown-release");
+    let server = build_go_workload("go_trace_requests", "pure", &[]);
+    let unknown = as_an_unknown_go_release(&server, &scratch);
+    go_labels_give_each_requests_samples_its_span_ids("dwarf", &unknown, "offsets from its DWARF");
+}
+
+/// The same release built without DWARF (`-ldflags=-w`): nothing to find
+/// the offsets by, one line says so, and no sample carries labels.
+#[test]
+fn go_labels_of_an_unknown_release_without_dwarf_are_not_read_and_said_so() {
+    let scratch = Scratch::new("go-unknown-release-nodwarf");
+    let server = build_go_workload("go_trace_requests", "nodwarf", &["-ldflags=-w"]);
+    let unknown = as_an_unknown_go_release(&server, &scratch);
+    let out = scratch.0.join("out");
+    let output = ddprof_tests::ddprof_command()
+        .args(["-l", "info", "--engine", "bpf", "-e", "sCPU freq=999"])
+        .arg("--output")
+        .arg(&out)
+        .arg("--")
+        .arg(&unknown)
+        .args(["2", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("ddprof runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|line| line.contains("program built without DWARF")
+                && line.contains("its goroutines' pprof labels are not on its samples")),
+        "{stderr}"
+    );
+    let profile = ddprof_tests::outputs::only_pprof(&out, &stderr);
+    let labelled = profile
+        .labels()
+        .iter()
+        .filter(|labels| label(labels, "span id").is_some())
+        .count();
+    assert_eq!(labelled, 0, "{stderr}");
+    assert!(profile.stacks().len() > 10, "{stderr}");
 }
 
 /// Go 1.24's labels, a sorted slice, as a C stand-in lays them out (no Go

@@ -1095,7 +1095,7 @@ fn read_custom_labels(set: u64, context: &mut RawTraceContext) -> bool {
     let Some(storage) = read_user_u64(set) else {
         return false;
     };
-    let Some(count) = read_user_u64(set + 8) else {
+    let Some(count) = read_user_u64(set.wrapping_add(8)) else {
         return false;
     };
     if count == 0 {
@@ -1121,7 +1121,7 @@ fn read_label_array(array: u64, count: u64, length_first: bool, context: &mut Ra
                 bpf_probe_read_user(
                     label.as_mut_ptr() as *mut c_void,
                     32,
-                    (array + u64::from(index) * 32) as *const c_void,
+                    array.wrapping_add(u64::from(index) * 32) as *const c_void,
                 )
             };
             let [key_len, key, value_len, value] = if length_first {
@@ -1167,10 +1167,12 @@ fn read_go_labels(thread_pointer: u64, go: &GoLabelsSlot, context: &mut RawTrace
     let Some(map) = read_user_u64(labels).filter(|&map| map != 0) else {
         return false;
     };
-    let Some(count) = read_user_u64(map + GO_HMAP_COUNT).filter(|&count| count != 0) else {
+    let Some(count) = read_user_u64(map.wrapping_add(GO_HMAP_COUNT)).filter(|&count| count != 0)
+    else {
         return false;
     };
-    let Some(buckets) = read_user_u64(map + GO_HMAP_BUCKETS).filter(|&b| b != 0) else {
+    let Some(buckets) = read_user_u64(map.wrapping_add(GO_HMAP_BUCKETS)).filter(|&b| b != 0)
+    else {
         return false;
     };
     let Some(top_hashes) = read_user_u64(buckets) else {
@@ -1182,7 +1184,7 @@ fn read_go_labels(thread_pointer: u64, go: &GoLabelsSlot, context: &mut RawTrace
         bpf_probe_read_user(
             &mut log2_buckets as *mut u8 as *mut c_void,
             1,
-            (map + GO_HMAP_LOG2_BUCKETS) as *const c_void,
+            map.wrapping_add(GO_HMAP_LOG2_BUCKETS) as *const c_void,
         )
     };
     let mut index = 0u32;
@@ -1199,11 +1201,11 @@ fn read_go_labels(thread_pointer: u64, go: &GoLabelsSlot, context: &mut RawTrace
                 bpf_probe_read_user(
                     key.as_mut_ptr() as *mut c_void,
                     16,
-                    (buckets + GO_BUCKET_KEYS + entry) as *const c_void,
+                    buckets.wrapping_add(GO_BUCKET_KEYS + entry) as *const c_void,
                 ) | bpf_probe_read_user(
                     value.as_mut_ptr() as *mut c_void,
                     16,
-                    (buckets + GO_BUCKET_VALUES + entry) as *const c_void,
+                    buckets.wrapping_add(GO_BUCKET_VALUES + entry) as *const c_void,
                 )
             };
             if read == 0 {
@@ -1225,7 +1227,7 @@ fn read_go_label_slice(labels: u64, context: &mut RawTraceContext) -> bool {
     let Some(array) = read_user_u64(labels).filter(|&array| array != 0) else {
         return false;
     };
-    let Some(count) = read_user_u64(labels + 8).filter(|&count| count != 0) else {
+    let Some(count) = read_user_u64(labels.wrapping_add(8)).filter(|&count| count != 0) else {
         return false;
     };
     read_label_array(array, count, false, context);

@@ -48,6 +48,9 @@ pub struct RuntimeOffsets {
     pub curg: u16,
     /// `runtime.g.labels`.
     pub labels: u16,
+    /// How the labels are kept (a [`go_labels_layout`] value), when the
+    /// DWARF says (`runtime/pprof.labelMap` a map or a struct).
+    pub layout: Option<u16>,
 }
 
 /// What ddprof makes of a Go program's labels.
@@ -113,6 +116,7 @@ fn known_offsets(release: (u32, u32)) -> Option<RuntimeOffsets> {
         m: 48,
         curg: 192,
         labels,
+        layout: None,
     })
 }
 
@@ -189,7 +193,7 @@ pub fn dwarf_offsets(info: &[u8], abbrev: &[u8]) -> Option<RuntimeOffsets> {
             _ => None,
         }
     }
-    let (mut m, mut curg, mut labels) = (None, None, None);
+    let (mut m, mut curg, mut labels, mut layout) = (None, None, None, None);
     let mut units = info.units();
     while let Ok(Some(header)) = units.next() {
         let Ok(abbreviations) = header.abbreviations(&abbrev) else {
@@ -204,6 +208,15 @@ pub fn dwarf_offsets(info: &[u8], abbrev: &[u8]) -> Option<RuntimeOffsets> {
         let mut types = root.children();
         while let Ok(Some(node)) = types.next() {
             let entry = node.entry();
+            if name_of(entry) == Some(b"runtime/pprof.labelMap") {
+                // Up to Go 1.23 a named map type (a typedef of the map);
+                // from 1.24 a struct holding the sorted slice.
+                layout = layout.or(match entry.tag() {
+                    constants::DW_TAG_typedef => Some(go_labels_layout::MAP),
+                    constants::DW_TAG_structure_type => Some(go_labels_layout::SLICE),
+                    _ => None,
+                });
+            }
             if entry.tag() != constants::DW_TAG_structure_type {
                 continue;
             }
@@ -226,12 +239,31 @@ pub fn dwarf_offsets(info: &[u8], abbrev: &[u8]) -> Option<RuntimeOffsets> {
                     _ => {}
                 }
             }
-            if let (Some(m), Some(curg), Some(labels)) = (m, curg, labels) {
-                return Some(RuntimeOffsets { m, curg, labels });
+            if let (Some(m), Some(curg), Some(labels), Some(layout)) = (m, curg, labels, layout) {
+                return Some(RuntimeOffsets {
+                    m,
+                    curg,
+                    labels,
+                    layout: Some(layout),
+                });
             }
         }
     }
-    None
+    Some(RuntimeOffsets {
+        m: m?,
+        curg: curg?,
+        labels: labels?,
+        layout,
+    })
+}
+
+/// Whether a Go program of `version` needs its DWARF read for the runtime's
+/// offsets: a release from 1.18 on whose layout is not known here (the
+/// known ones are not read for: inflating and walking a big program's
+/// DWARF costs up to seconds of the worker's CPU).
+pub fn needs_dwarf(version: &str) -> bool {
+    release(version)
+        .is_some_and(|release| layout(release).is_some() && known_offsets(release).is_none())
 }
 
 /// What to make of a Go program's labels: its version (from its build
@@ -272,7 +304,7 @@ pub fn labels(
             m: offsets.m,
             curg: offsets.curg,
             labels: offsets.labels,
-            layout,
+            layout: offsets.layout.unwrap_or(layout),
         },
         from_dwarf,
     }
@@ -335,8 +367,19 @@ mod tests {
             m: 48,
             curg: 184,
             labels: 344,
+            layout: None,
         };
         assert_eq!(read("go1.26.0", Some(dwarf)), Some((344, slice)));
+        // The DWARF's layout wins over the release's.
+        let map_dwarf = RuntimeOffsets {
+            layout: Some(map),
+            ..dwarf
+        };
+        assert_eq!(read("go1.26.0", Some(map_dwarf)), Some((344, map)));
+        // Only a release not known here needs its DWARF read.
+        assert!(needs_dwarf("go1.26.0") && needs_dwarf("go1.25rc1"));
+        assert!(!needs_dwarf("go1.19.8") && !needs_dwarf("go1.24.0"));
+        assert!(!needs_dwarf("go1.17") && !needs_dwarf("devel +abc"));
         assert_eq!(read("go1.17", Some(dwarf)), None);
         assert_eq!(read("go2", None), None);
         assert!(matches!(
@@ -347,7 +390,7 @@ mod tests {
     }
 
     /// `.debug_info` and `.debug_abbrev` of one unit holding `structures`:
-    /// (name, [(member, offset)]).
+    /// (name, [(member, offset)]); a name `typedef NAME` is a typedef.
     fn dwarf(structures: &[(&str, &[(&str, u64)])]) -> (Vec<u8>, Vec<u8>) {
         use gimli::write::{AttributeValue, DwarfUnit, EndianVec, Sections};
         let encoding = gimli::Encoding {
@@ -358,7 +401,11 @@ mod tests {
         let mut unit = DwarfUnit::new(encoding);
         let root = unit.unit.root();
         for (name, members) in structures {
-            let structure = unit.unit.add(root, gimli::DW_TAG_structure_type);
+            let (tag, name) = match name.strip_prefix("typedef ") {
+                Some(name) => (gimli::DW_TAG_typedef, name),
+                None => (gimli::DW_TAG_structure_type, *name),
+            };
+            let structure = unit.unit.add(root, tag);
             unit.unit.get_mut(structure).set(
                 gimli::DW_AT_name,
                 AttributeValue::String(name.as_bytes().to_vec()),
@@ -393,14 +440,28 @@ mod tests {
             ("runtime.g", g),
             ("runtime.m", m),
         ]);
-        assert_eq!(
-            dwarf_offsets(&info, &abbrev),
-            Some(RuntimeOffsets {
-                m: 48,
-                curg: 184,
-                labels: 344
-            })
-        );
+        let found = RuntimeOffsets {
+            m: 48,
+            curg: 184,
+            labels: 344,
+            layout: None,
+        };
+        assert_eq!(dwarf_offsets(&info, &abbrev), Some(found));
+        // `runtime/pprof.labelMap`: a struct from Go 1.24 (the slice), a
+        // typedef of the map before.
+        for (label_map, layout) in [
+            ("runtime/pprof.labelMap", go_labels_layout::SLICE),
+            ("typedef runtime/pprof.labelMap", go_labels_layout::MAP),
+        ] {
+            let (info, abbrev) = dwarf(&[("runtime.g", g), (label_map, &[]), ("runtime.m", m)]);
+            assert_eq!(
+                dwarf_offsets(&info, &abbrev),
+                Some(RuntimeOffsets {
+                    layout: Some(layout),
+                    ..found
+                })
+            );
+        }
         // A member missing (no `labels`: not a runtime that has them), or
         // an offset past 16 bits: nothing.
         let (info, abbrev) = dwarf(&[("runtime.g", &[("m", 48)]), ("runtime.m", m)]);

@@ -102,8 +102,9 @@ pub struct Registry {
     publishers: HashMap<u32, Publisher>,
     /// A key map read overran its bound: none is read any more.
     keys_stopped: bool,
-    /// Go programs told about whose labels are not read (one line each).
-    unread_go_told: HashSet<u32>,
+    /// Go programs (their paths) told about whose labels are not read: one
+    /// line each, not one per process (short-lived Go tools come and go).
+    unread_go_told: HashSet<Arc<str>>,
 }
 
 impl Registry {
@@ -123,7 +124,10 @@ impl Registry {
                 path,
             )) => Some((version, slot, from_dwarf, path)),
             Some((GoLabels::Unread(why), path)) => {
-                if self.unread_go_told.insert(pid) {
+                if self.unread_go_told.len() >= MAX_FILES {
+                    self.unread_go_told.clear();
+                }
+                if self.unread_go_told.insert(path.clone()) {
                     log::info!(
                         "trace context: process {pid} ({path}) is {why}: its goroutines' pprof \
                          labels are not on its samples"
@@ -361,7 +365,6 @@ impl Registry {
 
     pub fn forget(&mut self, pid: u32) {
         self.publishers.remove(&pid);
-        self.unread_go_told.remove(&pid);
     }
 
     pub fn clear(&mut self) {

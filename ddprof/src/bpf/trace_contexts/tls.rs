@@ -124,7 +124,9 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
                 .and_then(go::version)
         });
     let go_dwarf = go_version
-        .is_some()
+        .as_ref()
+        .and_then(|version| version.as_deref())
+        .is_some_and(go::needs_dwarf)
         .then(|| go::file_dwarf_offsets(&sections, endian, data))
         .flatten();
     let Some(tls) = tls else {
