@@ -318,6 +318,14 @@ fn the_perf_engine_unwinds_and_names_the_plt_stubs_of_a_static_program() {
 /// A static program's `.plt` holds 8-byte IFUNC stubs without CFI: before
 /// they had rows, 6 % of this program's samples ended truncated in them,
 /// and the stubs were named `_init` (the symbol before `.plt`).
+///
+/// How many samples land on a stub's one `jmp` depends on the CPU: ~5 % on
+/// the Intel hosts this was written on, 0.03-0.5 % on an AMD EPYC (Zen 4)
+/// host, where a run had none in 2,000 (flushing the stubs' GOT slots
+/// only moved the samples into the functions). So the stubs' share is
+/// asserted on Intel CPUs only; on others the stacks' completeness and
+/// names still are, and the stubs' rows and names are unit-tested
+/// (`unwind::plt`, `symbolize::plt`).
 fn unwinds_and_names_the_plt_stubs_of_a_static_program(engine: &str) {
     let program = build_workload("strings_static.c");
     let out = Scratch::new(&format!("static-plt-{engine}"));
@@ -351,10 +359,13 @@ fn unwinds_and_names_the_plt_stubs_of_a_static_program(engine: &str) {
         complete * 100 >= total * 99,
         "{engine}: {complete} of {total} samples reach _start\n{described}"
     );
-    // ~5 % of the samples are in the stubs, each named after its IFUNC;
-    // none after `_init`.
+    // ~5 % of the samples are in the stubs (on Intel), each named after
+    // its IFUNC; none after `_init`.
+    let intel = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|cpuinfo| cpuinfo.contains("GenuineIntel"));
+    eprintln!("{engine}: samples in the stubs {stubs:?} of {total} (Intel: {intel})");
     assert!(
-        stubs.iter().sum::<u64>() * 100 >= total * 2,
+        !intel || stubs.iter().sum::<u64>() * 100 >= total * 2,
         "{engine}: samples in memcpy@plt, strlen@plt, memset@plt: {stubs:?} of {total}\n{described}"
     );
     assert!(

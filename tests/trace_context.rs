@@ -40,19 +40,7 @@ fn profile_requests(
     request_labels_are_right: impl Fn(&dyn Fn(&str) -> Option<String>, u64, u64) -> bool,
 ) -> (Tally, String) {
     let scratch = Scratch::new(&format!("trace-context-{abi}"));
-    let out = scratch.0.join("out");
-    let output = ddprof_tests::ddprof_command()
-        .args(["-l", "info", "--engine", "bpf", "-e", "sCPU freq=999"])
-        .arg("--output")
-        .arg(&out)
-        .arg("--")
-        .args(command)
-        .stdin(Stdio::null())
-        .output()
-        .expect("ddprof runs");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(output.status.success(), "{stderr}");
-    let profile = ddprof_tests::outputs::only_pprof(&out, &stderr);
+    let (profile, stderr) = profile_with_bpf(&scratch, command);
     let mut tally = Tally::default();
     for ((names, values), labels) in profile.stacks().into_iter().zip(profile.labels()) {
         let label = |key: &str| label(&labels, key);
@@ -91,6 +79,24 @@ fn profile_requests(
         "the publisher is named at start ({publisher_line}): {stderr}"
     );
     (tally, stderr)
+}
+
+/// Runs `command` under ddprof (BPF engine, 999 Hz, `info` log) with its
+/// output in `scratch`; its one profile and its log.
+fn profile_with_bpf(scratch: &Scratch, command: &[&str]) -> (ddprof_tests::pprof::Profile, String) {
+    let out = scratch.0.join("out");
+    let output = ddprof_tests::ddprof_command()
+        .args(["-l", "info", "--engine", "bpf", "-e", "sCPU freq=999"])
+        .arg("--output")
+        .arg(&out)
+        .arg("--")
+        .args(command)
+        .stdin(Stdio::null())
+        .output()
+        .expect("ddprof runs");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    (ddprof_tests::outputs::only_pprof(&out, &stderr), stderr)
 }
 
 /// A request's span id names its thread and request (`tid << 24 | k`),
@@ -271,19 +277,7 @@ fn go_labels_of_an_unknown_release_without_dwarf_are_not_read_and_said_so() {
     let scratch = Scratch::new("go-unknown-release-nodwarf");
     let server = build_go_workload("go_trace_requests", "nodwarf", &["-ldflags=-w"]);
     let unknown = as_an_unknown_go_release(&server, &scratch);
-    let out = scratch.0.join("out");
-    let output = ddprof_tests::ddprof_command()
-        .args(["-l", "info", "--engine", "bpf", "-e", "sCPU freq=999"])
-        .arg("--output")
-        .arg(&out)
-        .arg("--")
-        .arg(&unknown)
-        .args(["2", "1"])
-        .stdin(Stdio::null())
-        .output()
-        .expect("ddprof runs");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(output.status.success(), "{stderr}");
+    let (profile, stderr) = profile_with_bpf(&scratch, &[unknown.to_str().unwrap(), "2", "1"]);
     assert!(
         stderr
             .lines()
@@ -291,7 +285,6 @@ fn go_labels_of_an_unknown_release_without_dwarf_are_not_read_and_said_so() {
                 && line.contains("its goroutines' pprof labels are not on its samples")),
         "{stderr}"
     );
-    let profile = ddprof_tests::outputs::only_pprof(&out, &stderr);
     let labelled = profile
         .labels()
         .iter()
