@@ -209,7 +209,7 @@ impl Sampler {
                 // sampled register).
                 log::info!(
                     "trace context: the perf engine reads no request context that threads \
-                     publish (OTEP 4947, custom-labels): samples carry no span ids"
+                     publish (OTEP 4947, custom-labels, Go's pprof labels): samples carry no span ids"
                 );
                 // The perf engine samples each task: no per-CPU buffers.
                 perf.drop_cpu_wide_sources(Scope::CpuForTree);

@@ -39,11 +39,7 @@ pub fn build_workload(source: &str) -> PathBuf {
         "rs" => format!("{stem}_rs"),
         other => panic!("workload `{source}`: unknown language `.{other}`"),
     };
-    std::fs::create_dir_all(workloads_build_dir()).expect("create the workloads build directory");
-    // Canonical, as the kernel reports mapped files.
-    let out_dir = workloads_build_dir()
-        .canonicalize()
-        .expect("canonicalize the workloads build directory");
+    let out_dir = created_build_dir();
     let output = out_dir.join(&name);
     let _guard = BUILD_LOCK
         .lock()
@@ -80,6 +76,15 @@ pub fn build_workload(source: &str) -> PathBuf {
     output
 }
 
+/// [`workloads_build_dir`], created, canonical (as the kernel reports
+/// mapped files).
+fn created_build_dir() -> PathBuf {
+    std::fs::create_dir_all(workloads_build_dir()).expect("create the workloads build directory");
+    workloads_build_dir()
+        .canonicalize()
+        .expect("canonicalize the workloads build directory")
+}
+
 /// Builds the Go program of `tests/workloads/<directory>` (a module of its
 /// own, the standard library only) with `go build` arguments `arguments`
 /// (tags, linker flags), named `<directory>_<variant>`, and returns its
@@ -87,10 +92,7 @@ pub fn build_workload(source: &str) -> PathBuf {
 /// its module cache: nothing is fetched) makes an unchanged program's
 /// build quick.
 pub fn build_go_workload(directory: &str, variant: &str, arguments: &[&str]) -> PathBuf {
-    std::fs::create_dir_all(workloads_build_dir()).expect("create the workloads build directory");
-    let out_dir = workloads_build_dir()
-        .canonicalize()
-        .expect("canonicalize the workloads build directory");
+    let out_dir = created_build_dir();
     let name = format!("{directory}_{variant}");
     let output = out_dir.join(&name);
     let _guard = BUILD_LOCK

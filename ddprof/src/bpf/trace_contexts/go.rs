@@ -9,13 +9,13 @@
 //! own block in one linked with the C library), and `g.m.curg` is the user
 //! goroutine even while the thread runs on its system or signal stack.
 //!
-//! The offsets of `m`, `curg` and `labels` come from the program's DWARF
-//! (`runtime.g`'s and `runtime.m`'s members: any release), else, for a
-//! program built without it (`-ldflags=-w`), from the runtime structures'
-//! layouts of the releases known here (1.18 to 1.24). The labels are a
-//! map up to Go 1.23, a sorted slice from 1.24 on. A Go before 1.18 is not
-//! read (its build information holds no version string to tell the layout
-//! by).
+//! The offsets of `m`, `curg` and `labels` are the runtime structures'
+//! layouts of the releases known here (1.18 to 1.24); a later release's
+//! come from its DWARF (`runtime.g`'s and `runtime.m`'s members), read only
+//! then, and one built without DWARF is not read. The labels are a map up
+//! to Go 1.23, a sorted slice from 1.24 on (or as the DWARF's
+//! `runtime/pprof.labelMap` says). A Go before 1.18 is not read (its build
+//! information holds no version string to tell the layout by).
 use ddprof_common::bpf_maps::{go_labels_layout, GoLabelsSlot};
 
 /// The section a Go linker writes its build information to.
@@ -280,13 +280,14 @@ pub fn labels(
             "a Go program before Go 1.18 (or without a readable version)".into(),
         );
     };
-    let Some(layout) = release(&version).and_then(layout) else {
+    let release = release(&version);
+    let Some(layout) = release.and_then(layout) else {
         return GoLabels::Unread(format!(
             "a {version} program, whose labels this ddprof does not read (Go 1.18 on only)"
         ));
     };
     let from_dwarf = dwarf.is_some();
-    let Some(offsets) = dwarf.or_else(|| release(&version).and_then(known_offsets)) else {
+    let Some(offsets) = dwarf.or_else(|| release.and_then(known_offsets)) else {
         return GoLabels::Unread(format!(
             "a {version} program built without DWARF, whose runtime layout this ddprof does \
              not know (it knows Go 1.18 to 1.24's)"
