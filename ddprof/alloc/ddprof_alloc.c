@@ -15,10 +15,11 @@
  *
  * With DDPROF_ALLOC_LIVE=1 (sALLOC mode=l) it also remembers the addresses
  * it sampled, in a fixed table of its own (2 MiB, mapped at load), and calls
- * ddprof_sampled_free(address) when one of them is freed (or moved by
- * realloc), before the allocator may hand the address out again. An
- * allocation the table has no room for is reported with address 0: sampled
- * (alloc-space), not followed (ddprof counts it).
+ * ddprof_sampled_free(address, 0, 0) when one of them is freed (or moved by
+ * realloc), before the allocator may hand the address out again; the
+ * mappings it sampled are followed in a table of their own (see
+ * `mappings`). An allocation the table has no room for is reported with
+ * address 0: sampled (alloc-space), not followed (ddprof counts it).
  *
  * Sampling is by bytes, a Poisson process of mean DDPROF_ALLOC_MEAN bytes
  * (512 KiB by default): each thread counts down an exponentially distributed
@@ -39,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define HIDDEN __attribute__((visibility("hidden")))
@@ -52,6 +54,10 @@ __asm__(".symver dlsym_base, dlsym@GLIBC_2.2.5");
 
 char *getenv_base(const char *name);
 __asm__(".symver getenv_base, getenv@GLIBC_2.2.5");
+
+long sysconf_base(int name);
+__asm__(".symver sysconf_base, sysconf@GLIBC_2.2.5");
+
 
 /*
  * The marker: two 2-byte nops, a nop and a return; ddprof's uprobe is on its
@@ -80,7 +86,13 @@ __asm__(".text\n"
 EXPORT void ddprof_sampled_allocation(size_t size, void *address, size_t mapped);
 
 /* The free marker: other bytes than the allocation marker's (a nop, two
- * 2-byte nops, a return), the same CFI. rdi = the freed address. */
+ * 2-byte nops, a return), the same CFI. rdi = the sampled block's address
+ * (as the allocation marker gave it, or as a last call of this marker
+ * renamed it); rsi = the bytes of it still held, in the allocation
+ * marker's unit (0: all freed; a mapping partly unmapped keeps the rest);
+ * rdx = the address it goes by from now on (0: the same; a mapping moved
+ * by mremap, or whose first pages were unmapped, is renamed to its first
+ * page still mapped, which no other mapping can start at). */
 __asm__(".text\n"
         ".globl ddprof_sampled_free\n"
         ".type ddprof_sampled_free, @function\n"
@@ -91,7 +103,7 @@ __asm__(".text\n"
         "ret\n"
         ".cfi_endproc\n"
         ".size ddprof_sampled_free, .-ddprof_sampled_free\n");
-EXPORT void ddprof_sampled_free(void *address);
+EXPORT void ddprof_sampled_free(void *address, size_t held, void *renamed);
 
 /* The kernel's mmap, munmap and mremap (x86-64 numbers): this library
  * defines libc's names, so a call through them could come back to its own
@@ -221,9 +233,209 @@ static inline void live_forget(void *pointer) {
         if (__atomic_load_n(&(*bucket)[i], __ATOMIC_RELAXED) == address &&
             __atomic_compare_exchange_n(&(*bucket)[i], &expected, 0, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_RELAXED)) {
-            ddprof_sampled_free(pointer);
+            ddprof_sampled_free(pointer, 0, 0);
             return;
         }
+    }
+}
+
+/*
+ * The sampled mappings still mapped (live mode only; NULL otherwise), each
+ * with what of it is still mapped: an munmap, a MAP_FIXED mapping or an
+ * mremap that takes a part of one (an allocator trimming a mapping to an
+ * alignment, a program giving back a buffer's tail) reports the bytes
+ * left, and one that moves it (or unmaps its first pages) renames it. A
+ * slot keeps up to MAPPING_PIECES ranges; a hole that would make more
+ * forgets the smallest (counted freed: an underestimate).
+ *
+ * Mappings are few and their calls system calls: one lock, the holder's
+ * process id in it. A thread waiting for it yields the CPU; a hook
+ * re-entered on the thread that holds it (a signal handler's munmap)
+ * leaves the table alone; a child forked while a thread of its parent held
+ * it takes it over (the holder is not in the child).
+ */
+#define MAPPING_SLOTS 4096
+#define MAPPING_PIECES 4
+struct sampled_mapping {
+    uintptr_t name;                     /* as last reported; 0: a free slot */
+    size_t asked;                       /* the length the marker reported */
+    size_t pages;                       /* the bytes of its pages when mapped */
+    uintptr_t piece[MAPPING_PIECES][2]; /* [start, end) still mapped; empty: start == end */
+};
+static struct sampled_mapping *mappings;
+static int mappings_used;
+static long mappings_holder;
+static TLS int in_mappings;
+static size_t page_size = 4096;
+
+static size_t whole_pages(size_t length) {
+    size_t rounded = (length + page_size - 1) & ~(page_size - 1);
+    return rounded < length ? ~(page_size - 1) : rounded;
+}
+
+static int mappings_enter(void) {
+    if (!mappings || in_mappings)
+        return 0;
+    in_mappings = 1;
+    long self = system_call(39 /* getpid */, 0, 0, 0, 0, 0, 0);
+    for (;;) {
+        long holder = 0;
+        if (__atomic_compare_exchange_n(&mappings_holder, &holder, self, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+            return 1;
+        if (holder != self && __atomic_compare_exchange_n(&mappings_holder, &holder, self, 0,
+                                                          __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return 1;
+        system_call(24 /* sched_yield */, 0, 0, 0, 0, 0, 0);
+    }
+}
+
+static void mappings_leave(void) {
+    __atomic_store_n(&mappings_holder, 0, __ATOMIC_RELEASE);
+    in_mappings = 0;
+}
+
+/* Follows a sampled mapping; whether there was room. */
+static int mapping_insert(void *pointer, size_t length) {
+    if (!mappings_enter())
+        return 0;
+    int inserted = 0;
+    for (int i = 0; i < MAPPING_SLOTS && !inserted; i++) {
+        struct sampled_mapping *m = &mappings[i];
+        if (m->name != 0)
+            continue;
+        uintptr_t start = (uintptr_t)pointer;
+        m->name = start;
+        m->asked = length;
+        m->pages = whole_pages(length);
+        m->piece[0][0] = start;
+        m->piece[0][1] = start + m->pages;
+        for (int k = 1; k < MAPPING_PIECES; k++)
+            m->piece[k][0] = m->piece[k][1] = 0;
+        __atomic_add_fetch(&mappings_used, 1, __ATOMIC_RELAXED);
+        inserted = 1;
+    }
+    mappings_leave();
+    return inserted;
+}
+
+/* Takes [start, end) out of `m`; whether any of it was mapped. */
+static int mapping_cut(struct sampled_mapping *m, uintptr_t start, uintptr_t end) {
+    int cut = 0;
+    for (int k = 0; k < MAPPING_PIECES; k++) {
+        uintptr_t low = m->piece[k][0], high = m->piece[k][1];
+        if (low >= high || end <= low || start >= high)
+            continue;
+        cut = 1;
+        if (start <= low && end >= high) {
+            m->piece[k][0] = m->piece[k][1] = 0;
+        } else if (start <= low) {
+            m->piece[k][0] = end;
+        } else if (end >= high) {
+            m->piece[k][1] = start;
+        } else {
+            /* A hole: the piece's upper part goes to an empty slot, or in
+             * the place of the smallest piece when smaller than it. */
+            m->piece[k][1] = start;
+            int place = -1;
+            size_t smallest = high - end;
+            for (int j = 0; j < MAPPING_PIECES; j++) {
+                size_t size = m->piece[j][1] - m->piece[j][0];
+                if (m->piece[j][0] >= m->piece[j][1]) {
+                    place = j;
+                    break;
+                }
+                if (size < smallest) {
+                    smallest = size;
+                    place = j;
+                }
+            }
+            if (place >= 0) {
+                m->piece[place][0] = end;
+                m->piece[place][1] = high;
+            }
+        }
+    }
+    return cut;
+}
+
+/* Reports what is left of `m` after a change: freed when nothing is,
+ * else the bytes held (in the unit of the length reported) and its new
+ * name when its first page moved. Called with the lock held. */
+static void mapping_report(struct sampled_mapping *m) {
+    size_t held = 0;
+    uintptr_t first = UINTPTR_MAX, name = m->name;
+    for (int k = 0; k < MAPPING_PIECES; k++) {
+        if (m->piece[k][0] >= m->piece[k][1])
+            continue;
+        held += m->piece[k][1] - m->piece[k][0];
+        if (m->piece[k][0] < first)
+            first = m->piece[k][0];
+    }
+    if (held == 0) {
+        m->name = 0;
+        __atomic_sub_fetch(&mappings_used, 1, __ATOMIC_RELAXED);
+        ddprof_sampled_free((void *)name, 0, 0);
+        return;
+    }
+    size_t reported = (size_t)((unsigned __int128)held * m->asked / m->pages);
+    m->name = first;
+    ddprof_sampled_free((void *)name, reported ? reported : 1,
+                        first != name ? (void *)first : (void *)0);
+}
+
+/* Before [address, address + length) is unmapped (or mapped over). */
+static void mappings_unmap(void *address, size_t length) {
+    if (!mappings || __atomic_load_n(&mappings_used, __ATOMIC_RELAXED) == 0 || length == 0)
+        return;
+    uintptr_t start = (uintptr_t)address, end = start + whole_pages(length);
+    if (end < start)
+        end = UINTPTR_MAX;
+    if (!mappings_enter())
+        return;
+    for (int i = 0; i < MAPPING_SLOTS; i++)
+        if (mappings[i].name != 0 && mapping_cut(&mappings[i], start, end))
+            mapping_report(&mappings[i]);
+    mappings_leave();
+}
+
+/* After mremap moved (or resized) [old, old + old_length) to `moved`,
+ * `length` bytes long, with the lock held: a mapping wholly in it goes
+ * with it (cut to its new length); one only partly in it loses that part. */
+static void mappings_remap(void *old, size_t old_length, void *moved, size_t length) {
+    uintptr_t start = (uintptr_t)old, end = start + whole_pages(old_length);
+    uintptr_t kept_end = start + whole_pages(length), shift = (uintptr_t)moved - start;
+    for (int i = 0; i < MAPPING_SLOTS; i++) {
+        struct sampled_mapping *m = &mappings[i];
+        if (m->name == 0)
+            continue;
+        int touched = 0, inside = 1;
+        for (int k = 0; k < MAPPING_PIECES; k++) {
+            uintptr_t low = m->piece[k][0], high = m->piece[k][1];
+            if (low >= high)
+                continue;
+            int overlaps = high > start && low < end;
+            touched |= overlaps;
+            if (!overlaps || low < start || high > end)
+                inside = 0;
+        }
+        if (!touched)
+            continue;
+        int changed = 0;
+        if (!inside) {
+            changed = mapping_cut(m, start, end);
+        } else {
+            changed = shift != 0;
+            if (kept_end < end)
+                changed |= mapping_cut(m, kept_end, end);
+            for (int k = 0; k < MAPPING_PIECES; k++)
+                if (m->piece[k][0] < m->piece[k][1]) {
+                    m->piece[k][0] += shift;
+                    m->piece[k][1] += shift;
+                }
+        }
+        if (changed)
+            mapping_report(m);
     }
 }
 
@@ -315,6 +527,16 @@ static void resolve(void) {
                                   PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (table != MAP_FAILED)
             live = table;
+        long page = sysconf_base(_SC_PAGESIZE);
+        if (page > 0 && (page & (page - 1)) == 0)
+            page_size = (size_t)page;
+        if (live) {
+            void *followed = system_mmap(0, sizeof(struct sampled_mapping) * MAPPING_SLOTS,
+                                         PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                                         -1, 0);
+            if (followed != MAP_FAILED)
+                mappings = followed;
+        }
     }
     __atomic_store_n(&state, 2, __ATOMIC_RELEASE);
 }
@@ -422,7 +644,8 @@ static TLS unsigned in_allocator;
  * be the hook. */
 static inline __attribute__((always_inline)) void mark_sampled(size_t size, void *pointer,
                                                                size_t mapped) {
-    ddprof_sampled_allocation(size, live && live_insert(pointer) ? pointer : (void *)0, mapped);
+    int followed = mapped ? mapping_insert(pointer, size) : live && live_insert(pointer);
+    ddprof_sampled_allocation(size, followed ? pointer : (void *)0, mapped);
 }
 
 /* Reports an allocation, if it is sampled. */
@@ -802,17 +1025,22 @@ EXPORT void sdallocx(void *pointer, size_t size, int flags) {
 /*
  * Memory a program maps for itself: an anonymous mapping it asks mmap (or
  * mmap64) for without an address is an allocation of its length (Python's
- * arenas, which hold its small objects; buffers a program maps directly),
- * and munmap of a sampled mapping's start frees it. Not sampled: file
- * mappings, reservations (PROT_NONE: a JVM's heap, a coroutine library's
- * stacks, an allocator linked into the program: address space, not
- * memory), mappings at an address the program chose (it manages that space
- * itself; one with MAP_FIXED replaces a sampled mapping that starts there,
- * which is then freed), and the mappings an allocator makes inside its
- * own calls (the allocation is sampled; see in_allocator). mremap frees
- * the mapping it moves or resizes (the live heap then no longer counts it:
- * an underestimate) and samples nothing. glibc's malloc maps its large
- * blocks without these names, so they are never seen twice.
+ * arenas, which hold its small objects; buffers a program maps directly).
+ * Not sampled: file mappings, reservations (PROT_NONE: a JVM's heap, a
+ * coroutine library's stacks, an allocator linked into the program:
+ * address space, not memory), mappings at an address the program chose (it
+ * manages that space itself), the mappings an allocator makes inside its
+ * own calls (the allocation is sampled; see in_allocator), and what mremap
+ * grows a mapping by (its hook cannot tell an anonymous mapping from a
+ * file's, and SQLite grows its database's mapping so). glibc's malloc maps
+ * its large blocks without these names, so they are never seen twice.
+ *
+ * In live mode, munmap, mremap and MAP_FIXED mappings take from the sampled
+ * mappings what they unmap, move or cover (see `mappings`): a mapping
+ * trimmed or partly unmapped is held for what is left of it, one moved
+ * follows its new address, one wholly unmapped is freed. A mapping moved
+ * by an mremap of only a part of it keeps the rest (the part moved is
+ * counted freed).
  *
  * The marker's third argument says it was a mapping: ddprof keeps this
  * hook's frame (`mmap`, `mmap64`) as the sample's leaf, so that mapped
@@ -831,14 +1059,16 @@ mapping_hook(mmap_fn *forward, void *address, size_t length, int protection, int
             return system_mmap(address, length, protection, flags, fd, offset);
         resolve();
     }
+    /* A mapping put over sampled ones takes their place: what it covers of
+     * them is unmapped. */
+    if (address != 0 && (flags & MAP_FIXED))
+        mappings_unmap(address, length);
     void *pointer = *forward ? (*forward)(address, length, protection, flags, fd, offset)
                              : system_mmap(address, length, protection, flags, fd, offset);
     if (pointer == MAP_FAILED)
         return pointer;
     if (address == 0 && (flags & MAP_ANONYMOUS) && protection != PROT_NONE)
         report_mapping(length, pointer);
-    else if (address != 0 && (flags & MAP_FIXED))
-        live_forget(address);
     return pointer;
 }
 
@@ -857,9 +1087,8 @@ EXPORT int munmap(void *address, size_t length) {
             return system_munmap(address, length);
         resolve();
     }
-    /* Forgotten before the range may be mapped again. (An unmapping that
-     * starts inside a sampled mapping leaves it counted live.) */
-    live_forget(address);
+    /* Reported before the range may be mapped again. */
+    mappings_unmap(address, length);
     return next.munmap ? next.munmap(address, length) : system_munmap(address, length);
 }
 
@@ -878,9 +1107,18 @@ EXPORT void *mremap(void *old, size_t old_length, size_t length, int flags, ...)
             return system_mremap(old, old_length, length, flags, wanted);
         resolve();
     }
-    /* Forgotten before the old range may be reused (a failed mremap leaves
-     * it mapped: it is then counted freed all the same). */
-    live_forget(old);
-    return next.mremap ? next.mremap(old, old_length, length, flags, wanted)
-                       : system_mremap(old, old_length, length, flags, wanted);
+    /* The table's lock is held across the call when it follows mappings:
+     * the old range, free once the call returns, cannot be mapped and
+     * sampled by another thread before the mapping that left it is
+     * renamed. */
+    int following = old_length != 0 && __atomic_load_n(&mappings_used, __ATOMIC_RELAXED) != 0 &&
+                    mappings_enter();
+    void *moved = next.mremap ? next.mremap(old, old_length, length, flags, wanted)
+                              : system_mremap(old, old_length, length, flags, wanted);
+    if (following) {
+        if (moved != MAP_FAILED)
+            mappings_remap(old, old_length, moved, length);
+        mappings_leave();
+    }
+    return moved;
 }

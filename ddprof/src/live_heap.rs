@@ -58,10 +58,26 @@ pub struct LiveHeapCounters {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct LiveAllocation {
-    /// The allocation's sample, its event already the live heap's index.
+    /// The allocation's sample, its event already the live heap's index,
+    /// its weight what is still held of it.
     sample: Sample,
     /// The process's exec count when it was sampled.
     execs: u32,
+    /// The bytes allocated (the library reports what a mapping still holds
+    /// in the same unit) and the weight of all of them.
+    size: u64,
+    whole_weight: u64,
+}
+
+impl LiveAllocation {
+    /// Weighs what is left of it after `held` of its `size` bytes remain.
+    fn hold(&mut self, held: u64) {
+        if self.size != 0 {
+            let held = u128::from(held.min(self.size));
+            self.sample.weight =
+                (u128::from(self.whole_weight) * held / u128::from(self.size)) as u64;
+        }
+    }
 }
 
 /// The sampled allocations not freed yet, by (pid, address).
@@ -129,7 +145,7 @@ impl LiveHeap {
             return Route::Profile;
         };
         match heap {
-            HeapEvent::Allocated { address } => {
+            HeapEvent::Allocated { address, size } => {
                 let key = (sample.pid, address);
                 if self.allocations.len() >= MAX_LIVE_ALLOCATIONS
                     && !self.allocations.contains_key(&key)
@@ -145,19 +161,33 @@ impl LiveHeap {
                     kept.frames.truncate(MAX_FRAMES);
                     kept.kernel_frames.truncate(MAX_FRAMES);
                     let execs = processes.execs(sample.pid);
+                    let whole_weight = kept.weight;
                     self.allocations.insert(
                         key,
                         LiveAllocation {
                             sample: kept,
                             execs,
+                            size,
+                            whole_weight,
                         },
                     );
                 }
             }
             HeapEvent::NotFollowed => self.counters.not_followed += 1,
-            HeapEvent::Freed { address } => {
-                if self.allocations.remove(&(sample.pid, address)).is_none() {
-                    self.counters.unknown_frees += 1;
+            HeapEvent::Freed {
+                address,
+                held,
+                renamed,
+            } => {
+                match self.allocations.remove(&(sample.pid, address)) {
+                    None => self.counters.unknown_frees += 1,
+                    // A mapping of which a part is still mapped.
+                    Some(mut live) if held != 0 => {
+                        live.hold(held);
+                        let name = if renamed != 0 { renamed } else { address };
+                        self.allocations.insert((sample.pid, name), live);
+                    }
+                    Some(_) => {}
                 }
                 return Route::LiveHeapOnly;
             }
@@ -279,6 +309,8 @@ impl LiveHeap {
         }
         for (&(_, address), live) in &self.allocations {
             writer.u64(address);
+            writer.u64(live.size);
+            writer.u64(live.whole_weight);
             writer.sample(&live.sample);
         }
         file.save(writer)
@@ -321,6 +353,8 @@ fn parse_snapshot(bytes: &[u8], heap: &mut LiveHeap) -> Option<()> {
     }
     for _ in 0..count {
         let address = reader.u64()?;
+        let size = reader.u64()?;
+        let whole_weight = reader.u64()?;
         let sample = reader.sample()?;
         // Only the events of this run's live heap.
         let known = crate::events::allocation_of_live_heap(sample.event)
@@ -328,8 +362,15 @@ fn parse_snapshot(bytes: &[u8], heap: &mut LiveHeap) -> Option<()> {
         if !known {
             return None;
         }
-        heap.allocations
-            .insert((sample.pid, address), LiveAllocation { sample, execs: 0 });
+        heap.allocations.insert(
+            (sample.pid, address),
+            LiveAllocation {
+                sample,
+                execs: 0,
+                size,
+                whole_weight,
+            },
+        );
     }
     reader.is_empty().then_some(())
 }
@@ -417,7 +458,7 @@ mod tests {
     fn frees_take_allocations_out_and_unknown_frees_are_ignored() {
         let processes = table(&[10, 11]);
         let mut heap = LiveHeap::new(&events(false));
-        let allocated = |address| HeapEvent::Allocated { address };
+        let allocated = |address| HeapEvent::Allocated { address, size: 10 };
         assert_eq!(
             heap.take(&processes, &sample(10, 1, allocated(0x1000), vec![1, 2])),
             Route::LiveHeapOnly
@@ -426,7 +467,11 @@ mod tests {
         // The same address in another process is another allocation.
         heap.take(&processes, &sample(11, 1, allocated(0x1000), vec![1, 4]));
         assert_eq!(heap.len(), 3);
-        let freed = |address| HeapEvent::Freed { address };
+        let freed = |address| HeapEvent::Freed {
+            address,
+            held: 0,
+            renamed: 0,
+        };
         assert_eq!(
             heap.take(
                 &processes,
@@ -456,6 +501,59 @@ mod tests {
         );
     }
 
+    /// A mapping partly unmapped is held for what is left (weighed in
+    /// proportion), under its new name when its first pages went; wholly
+    /// unmapped, it is freed.
+    #[test]
+    fn a_mapping_partly_unmapped_holds_the_rest_under_its_new_name() {
+        let processes = table(&[10]);
+        let mut heap = LiveHeap::new(&events(false));
+        let mapped = HeapEvent::Allocated {
+            address: 0x10_0000,
+            size: 6 << 20,
+        };
+        heap.take(&processes, &sample(10, 1, mapped, vec![1]));
+        let unmapped = |address, held, renamed| {
+            sample(
+                10,
+                frees_index(1),
+                HeapEvent::Freed {
+                    address,
+                    held,
+                    renamed,
+                },
+                vec![],
+            )
+        };
+        let weight = |heap: &LiveHeap, address| heap.allocations[&(10, address)].sample.weight;
+        // Its last 2 MiB unmapped: a third of the weight (1000) goes.
+        heap.take(&processes, &unmapped(0x10_0000, 4 << 20, 0));
+        assert_eq!(weight(&heap, 0x10_0000), 666);
+        // Its first MiB unmapped: named by its first page left.
+        heap.take(&processes, &unmapped(0x10_0000, 3 << 20, 0x20_0000));
+        assert!(!heap.allocations.contains_key(&(10, 0x10_0000)));
+        assert_eq!(weight(&heap, 0x20_0000), 500);
+        // A new mapping at the old name is another allocation.
+        heap.take(&processes, &sample(10, 1, mapped, vec![2]));
+        assert_eq!(heap.len(), 2);
+        // Moved by mremap, then unmapped whole.
+        heap.take(&processes, &unmapped(0x20_0000, 3 << 20, 0x90_0000));
+        assert_eq!(weight(&heap, 0x90_0000), 500);
+        heap.take(&processes, &unmapped(0x90_0000, 0, 0));
+        assert_eq!(heap.len(), 1);
+        assert_eq!(weight(&heap, 0x10_0000), 1000);
+        assert_eq!(heap.counters().unknown_frees, 0);
+        // Carried to the next worker with its whole weight and size.
+        heap.take(&processes, &unmapped(0x10_0000, 1 << 20, 0));
+        let file = CarriedFile::create("test", SNAPSHOT_MAGIC).unwrap();
+        heap.save(&file).unwrap();
+        let mut again = LiveHeap::new(&events(false));
+        again.load(&file, &processes).unwrap();
+        assert_eq!(again.allocations, heap.allocations);
+        again.take(&processes, &unmapped(0x10_0000, 3 << 20, 0));
+        assert_eq!(weight(&again, 0x10_0000), 500);
+    }
+
     #[test]
     fn exits_and_execs_drop_a_processes_allocations() {
         let mut processes = table(&[10, 11, 12]);
@@ -463,7 +561,7 @@ mod tests {
         for (pid, address) in [(10, 1), (11, 2), (12, 3)] {
             heap.take(
                 &processes,
-                &sample(pid, 1, HeapEvent::Allocated { address }, vec![1]),
+                &sample(pid, 1, HeapEvent::Allocated { address, size: 1 }, vec![1]),
             );
         }
         processes.keep_ended(ENDED_PROCESSES_NAMED);
@@ -500,7 +598,15 @@ mod tests {
         for address in 0..100u64 {
             heap.take(
                 &processes,
-                &sample(10, 1, HeapEvent::Allocated { address }, vec![address, 7, 8]),
+                &sample(
+                    10,
+                    1,
+                    HeapEvent::Allocated {
+                        address,
+                        size: address * 3,
+                    },
+                    vec![address, 7, 8],
+                ),
             );
         }
         heap.take(&processes, &sample(10, 1, HeapEvent::NotFollowed, vec![]));
@@ -519,7 +625,15 @@ mod tests {
         let mut smaller = LiveHeap::new(&events(false));
         smaller.take(
             &processes,
-            &sample(10, 1, HeapEvent::Allocated { address: 5 }, vec![1]),
+            &sample(
+                10,
+                1,
+                HeapEvent::Allocated {
+                    address: 5,
+                    size: 1,
+                },
+                vec![1],
+            ),
         );
         smaller.save(&file).unwrap();
         let again = loaded(&file).unwrap();

@@ -54,13 +54,21 @@ pub enum OffCpu {
 /// What an allocation probe's sample says of the heap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeapEvent {
-    /// A sampled allocation the library follows, at `address`.
-    Allocated { address: u64 },
+    /// A sampled allocation of `size` bytes the library follows, at
+    /// `address`.
+    Allocated { address: u64, size: u64 },
     /// A sampled allocation the library does not follow (sum mode, or its
     /// table had no room): not part of the live heap.
     NotFollowed,
-    /// A followed address was freed.
-    Freed { address: u64 },
+    /// A followed allocation was freed (`held` 0), or a mapping lost a part
+    /// of its pages (`held` the bytes left, in the unit of its `size`); it
+    /// goes by `renamed` from now on when that is not 0 (a mapping moved,
+    /// or whose first pages went).
+    Freed {
+        address: u64,
+        held: u64,
+        renamed: u64,
+    },
 }
 
 impl Sample {

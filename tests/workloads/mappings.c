@@ -4,8 +4,16 @@
  *
  *   map_buffers    anonymous mmaps of 64 KiB-2 MiB, each unmapped
  *   map_and_keep   32 anonymous mmap64s of 4 MiB (first round), kept to the end
- *   remap_buffers  a 1 MiB mmap grown to 3 MiB by mremap, then unmapped
- *                  (the mmap counts; mremap frees it and samples nothing)
+ *   remap_buffers  a 1 MiB mmap grown to 3 MiB by mremap (moved), then
+ *                  unmapped (the mmap counts; what mremap grows is not
+ *                  sampled)
+ *   trim_and_keep  16 anonymous mmaps of 6 MiB (first round), their first
+ *                  and last MiB unmapped (as an allocator trims a mapping
+ *                  to an alignment), the middle 4 MiB kept to the end
+ *   cut_and_keep   16 anonymous mmaps of 4 MiB (first round), their last
+ *                  3 MiB unmapped, the first MiB kept to the end
+ *   move_and_keep  8 anonymous mmaps of 4 MiB (first round) moved by mremap
+ *                  to a reservation's place, shrunk to 3 MiB, kept to the end
  *   map_then_replace  8 anonymous mmaps of 4 MiB (first round) replaced
  *                  by MAP_FIXED mappings at their addresses, kept to the
  *                  end (the mmaps count, then are freed by the replacement)
@@ -16,8 +24,9 @@
  *   reserve_space  a 256 MiB PROT_NONE reservation (first round), kept:
  *                  address space, not memory
  * Every allocated byte is written, as a program uses what it allocates.
- * Prints "total FUNCTION BYTES COUNT" for the first five, and
- * "kept BYTES" (what map_and_keep holds at the end).
+ * Prints "total FUNCTION BYTES COUNT" for the functions that allocate,
+ * "held FUNCTION BYTES" for those that keep memory to the end, and
+ * "kept BYTES" (all they keep).
  *
  * Usage: mappings ROUNDS
  */
@@ -76,6 +85,55 @@ KEEP_FRAME void remap_buffers(struct totals *t) {
         munmap(q, grown);
         t->bytes += size;
         t->count++;
+    }
+}
+
+KEEP_FRAME void trim_and_keep(struct totals *t, unsigned long long *held) {
+    for (int i = 0; i < 16; i++) {
+        size_t size = 6 << 20, mib = 1 << 20;
+        char *p;
+        ANONYMOUS(p, size);
+        touch(p + mib, 4096);
+        munmap(p, mib);
+        munmap(p + 5 * mib, mib);
+        allocations_sink = p + mib;
+        t->bytes += size;
+        t->count++;
+        *held += 4 * mib;
+    }
+}
+
+KEEP_FRAME void cut_and_keep(struct totals *t, unsigned long long *held) {
+    for (int i = 0; i < 16; i++) {
+        size_t size = 4 << 20, mib = 1 << 20;
+        char *p;
+        ANONYMOUS(p, size);
+        touch(p, 4096);
+        munmap(p + mib, 3 * mib);
+        allocations_sink = p;
+        t->bytes += size;
+        t->count++;
+        *held += mib;
+    }
+}
+
+KEEP_FRAME void move_and_keep(struct totals *t, unsigned long long *held) {
+    for (int i = 0; i < 8; i++) {
+        size_t size = 4 << 20, kept = 3 << 20;
+        char *p;
+        ANONYMOUS(p, size);
+        touch(p, 4096);
+        /* Moved onto a reservation (not sampled), then shrunk in place. */
+        void *place = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (place == MAP_FAILED)
+            abort();
+        char *q = mremap(p, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, place);
+        if (q != place || mremap(q, size, kept, 0) != q)
+            abort();
+        allocations_sink = q;
+        t->bytes += size;
+        t->count++;
+        *held += kept;
     }
 }
 
@@ -144,6 +202,8 @@ KEEP_FRAME void map_at_hint(void) {
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 10;
     struct totals mapped = {0}, kept = {0}, remapped = {0}, malloced = {0}, replaced = {0};
+    struct totals trimmed = {0}, cut = {0}, moved = {0};
+    unsigned long long trimmed_held = 0, cut_held = 0, moved_held = 0;
     for (int round = 0; round < rounds; round++) {
         map_buffers(&mapped);
         for (int i = 0; round == 0 && i < 32; i++)
@@ -151,6 +211,9 @@ int main(int argc, char **argv) {
         if (round == 0) {
             map_then_replace(&replaced);
             reserve_space();
+            trim_and_keep(&trimmed, &trimmed_held);
+            cut_and_keep(&cut, &cut_held);
+            move_and_keep(&moved, &moved_held);
         }
         remap_buffers(&remapped);
         malloc_blocks(&malloced);
@@ -162,6 +225,13 @@ int main(int argc, char **argv) {
     printf("total remap_buffers %llu %llu\n", remapped.bytes, remapped.count);
     printf("total malloc_blocks %llu %llu\n", malloced.bytes, malloced.count);
     printf("total map_then_replace %llu %llu\n", replaced.bytes, replaced.count);
-    printf("kept %llu\n", kept.bytes);
+    printf("total trim_and_keep %llu %llu\n", trimmed.bytes, trimmed.count);
+    printf("total cut_and_keep %llu %llu\n", cut.bytes, cut.count);
+    printf("total move_and_keep %llu %llu\n", moved.bytes, moved.count);
+    printf("held map_and_keep %llu\n", kept.bytes);
+    printf("held trim_and_keep %llu\n", trimmed_held);
+    printf("held cut_and_keep %llu\n", cut_held);
+    printf("held move_and_keep %llu\n", moved_held);
+    printf("kept %llu\n", kept.bytes + trimmed_held + cut_held + moved_held);
     return 0;
 }

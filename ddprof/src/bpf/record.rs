@@ -8,8 +8,10 @@ use ddprof_common::sample::{
 use crate::sample::{OffCpu, Sample};
 use crate::trace_context::RawContext;
 
-/// A ring-buffer record.
+/// A ring-buffer record. (Nearly every record is a sample, decoded and
+/// consumed at once: boxing it would allocate for each.)
 #[derive(Debug, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Record {
     /// A sample, and the context its thread published, if any (its labels
     /// are named by the engine, which knows the process's keys).

@@ -11,8 +11,9 @@
 //! target copies no stack and writes no buffer.
 //!
 //! For the live heap (`mode=l`), the library also remembers the addresses
-//! it sampled and calls `ddprof_sampled_free(address)` when one is freed:
-//! a second uprobe, whose samples carry only the address (no stack).
+//! it sampled and calls `ddprof_sampled_free(address, held, renamed)` when
+//! one is freed (or a sampled mapping loses a part, or moves): a second
+//! uprobe, whose samples carry only its registers (no stack).
 //!
 //! The uprobe is defined in tracefs (`uprobe_events`) and opened as a
 //! tracepoint, not through the `uprobe` PMU: an event of that PMU inherited

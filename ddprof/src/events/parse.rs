@@ -851,7 +851,8 @@ mod tests {
         assert_eq!(
             live.weighing.heap_event(Some(&regs)),
             Some(HeapEvent::Allocated {
-                address: 0x5555_0000_1010
+                address: 0x5555_0000_1010,
+                size: 1 << 20
             })
         );
         regs.others[4] = 0x7f00_0020_0000;
@@ -860,7 +861,8 @@ mod tests {
         assert_eq!(
             live.weighing.heap_event(Some(&regs)),
             Some(HeapEvent::Allocated {
-                address: 0x7f00_0020_0000
+                address: 0x7f00_0020_0000,
+                size: 1 << 20
             })
         );
         regs.others[4] = 0;
@@ -869,6 +871,20 @@ mod tests {
             Some(HeapEvent::NotFollowed)
         );
         assert_eq!(one("sCPU").weighing.hidden_frames(Some(&regs)), 0);
+        // A free says the address (rdi), the bytes still held (rsi: a
+        // mapping partly unmapped) and its new name (rdx: 0 for none).
+        let frees = live.frees_of().expect("a live event has frees");
+        regs.others[5] = 0x7f00_0020_0000;
+        regs.others[4] = 4096;
+        regs.others[1] = 0x7f00_0030_0000;
+        assert_eq!(
+            frees.weighing.heap_event(Some(&regs)),
+            Some(HeapEvent::Freed {
+                address: 0x7f00_0020_0000,
+                held: 4096,
+                renamed: 0x7f00_0030_0000
+            })
+        );
     }
 
     #[test]

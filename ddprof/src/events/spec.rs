@@ -193,15 +193,23 @@ impl Weighing {
 
     /// What the sample says of the heap: the address an allocation sample
     /// was given (the marker's second argument, `rsi`: 0 when the library
-    /// does not follow it), or the address a free released (`rdi`).
+    /// does not follow it) and its size (`rdi`), or the address a free
+    /// released (`rdi`), the bytes of it still held (`rsi`) and its new
+    /// name (`rdx`).
     pub fn heap_event(&self, regs: Option<&crate::unwind::UserRegs>) -> Option<HeapEvent> {
         let register = |number| regs.and_then(|regs| super::x86_regs::value(regs, number));
         match self.value {
-            EventValue::AllocationSize { .. } => match register(RSI) {
-                Some(address) if address != 0 => Some(HeapEvent::Allocated { address }),
+            EventValue::AllocationSize { .. } => match (register(RSI), register(RDI)) {
+                (Some(address), Some(size)) if address != 0 => {
+                    Some(HeapEvent::Allocated { address, size })
+                }
                 _ => Some(HeapEvent::NotFollowed),
             },
-            EventValue::FreedAddress => register(RDI).map(|address| HeapEvent::Freed { address }),
+            EventValue::FreedAddress => register(RDI).map(|address| HeapEvent::Freed {
+                address,
+                held: register(RSI).unwrap_or(0),
+                renamed: register(RDX).unwrap_or(0),
+            }),
             _ => None,
         }
     }
