@@ -55,10 +55,18 @@ struct Program {
 #[derive(Default)]
 struct Figures {
     wall_s: Vec<f64>,
+    /// From the program's exec (`exec_stamp`'s time) to its exit: what it
+    /// pays while it runs.
+    own_run_s: Vec<f64>,
+    /// From the tool's start to the program's exec: what the tool made it
+    /// wait.
+    start_up_ms: Vec<f64>,
     /// The command's CPU time (user + system, its waited-for children's
     /// included; not ddprof's profiler, which no one here waits for).
     command_cpu_s: Vec<f64>,
     profiler_cpu_ms: Vec<f64>,
+    /// ddprof's summary's `alloc_samples`.
+    alloc_samples: Vec<f64>,
 }
 
 /// What ddprof wrote to `path` once its profiler is done (its `summary:`
@@ -73,6 +81,26 @@ fn profiler_stderr(path: &Path, mode: &str) -> String {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (the clock `exec_stamp` writes).
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |now| {
+        now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+    })
+}
+
+/// Builds `xtask/src/bench/NAME.c` into `scratch`.
+fn build_helper(name: &str, scratch: &Path) -> Result<PathBuf> {
+    let program = scratch.join(name);
+    crate::run_checked(
+        Command::new("cc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&program)
+            .arg(workspace_root().join(format!("xtask/src/bench/{name}.c"))),
+    )
+    .with_context(|| format!("cannot build the bench's {name}"))?;
+    Ok(program)
 }
 
 /// The CPU time of this process's waited-for children so far.
@@ -182,15 +210,31 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch)?;
     let programs = programs(&scratch)?;
+    let stamp = build_helper("exec_stamp", &scratch)?;
+    // First: the programs' tables say what their samples cost by it.
+    let costs = measure_costs(ddprof, runs, &scratch)?;
     writeln!(
         report,
         "## Allocations\n\n\
          What `sALLOC` (mean 512 KiB, the default) costs the programs it samples: each \
-         program's wall time (from its start to its exit, not to the end of the profiler's \
-         last profile, which it does not wait for), median of {runs} runs, \
+         program's wall time (from the tool's start to the program's exit, not to the end of \
+         the profiler's last profile, which it does not wait for), median of {runs} runs, \
          the modes interleaved run by run; *slowdown* is the median of each run's wall time \
          over the unprofiled run of the same round (the lowest and highest of those ratios \
-         beside it: this VM's noise); *command CPU* is the command's user + system time \
+         beside it: this VM's noise). Each program runs through `exec_stamp` \
+         (xtask/src/bench/exec_stamp.c: it notes the time, then execs the program in its \
+         place), under every tool: *own run* is from that exec to the program's exit, what \
+         the program pays while it runs (its slowdown paired the same way); *start-up* is \
+         from the tool's start to the exec, what the tool makes it wait first (ddprof: the \
+         events opened in the command and handed over, and the BPF program loaded and \
+         attached, so that the threads the command starts at once are unwound in the \
+         kernel). heaptrack runs the program itself (its library does not follow an exec): \
+         its own run includes its start-up (~20 ms, its script). *sampled* is the median \
+         of ddprof's `alloc_samples`, and beside it what those samples cost the program by \
+         the cost table below (each sample's price there, times the samples; in live mode \
+         the price of a sample and its free), in milliseconds and in % of the unprofiled \
+         run: the part of the slowdown that is `sALLOC`'s, below this VM's noise. \
+         *command CPU* is the command's user + system time \
          (wait4's, its children's included; heaptrack's interpreter too, ddprof's detached \
          profiler not), and *CPU ratio* the same paired median over it; *profiler CPU* is \
          ddprof's summary (`profiler_cpu_ms`, its processes' CPU). heaptrack records every \
@@ -205,12 +249,29 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                 let output = scratch.join(format!("out-{index}"));
                 let _ = std::fs::remove_dir_all(&output);
                 std::fs::create_dir_all(&output)?;
-                let line = wrapped(mode, ddprof, &output, &program.command);
+                let stamp_file = scratch.join(format!("exec-time-{index}"));
+                let _ = std::fs::remove_file(&stamp_file);
+                // heaptrack follows the process it starts, not what that
+                // one execs (its library takes itself out of the
+                // environment): its program runs unstamped.
+                let stamped: Vec<String> = if *mode == "heaptrack" {
+                    program.command.clone()
+                } else {
+                    [
+                        stamp.display().to_string(),
+                        stamp_file.display().to_string(),
+                    ]
+                    .into_iter()
+                    .chain(program.command.iter().cloned())
+                    .collect()
+                };
+                let line = wrapped(mode, ddprof, &output, &stamped);
                 if lines.len() < MODES.len() {
                     lines.push(shell_words(&line));
                 }
                 let cpu_before = children_cpu_s();
                 let start = Instant::now();
+                let start_ns = monotonic_ns();
                 // ddprof's stderr goes to a file, and the wall time ends when
                 // the command exits: the detached profiler writes to stderr
                 // until it has written its last profile, after the command
@@ -226,32 +287,54 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                     .with_context(|| format!("running {}", line[0]))?;
                 let status = child.wait()?;
                 let wall = start.elapsed().as_secs_f64();
+                let end_ns = monotonic_ns();
                 let stderr = profiler_stderr(&stderr_path, mode);
                 if !status.success() {
                     bail!("{} failed: {stderr}", shell_words(&line));
                 }
                 figures[index].wall_s.push(wall);
+                let exec_ns: u64 = if *mode == "heaptrack" {
+                    start_ns
+                } else {
+                    std::fs::read_to_string(&stamp_file)
+                        .ok()
+                        .and_then(|text| text.trim().parse().ok())
+                        .filter(|&exec| exec >= start_ns && exec <= end_ns)
+                        .with_context(|| format!("{} wrote no exec time", shell_words(&line)))?
+                };
+                figures[index]
+                    .own_run_s
+                    .push((end_ns - exec_ns) as f64 / 1e9);
+                figures[index]
+                    .start_up_ms
+                    .push((exec_ns - start_ns) as f64 / 1e6);
                 figures[index]
                     .command_cpu_s
                     .push(children_cpu_s() - cpu_before);
-                if let Some(cpu) = stderr
-                    .lines()
-                    .filter(|line| line.contains("summary:"))
-                    .flat_map(|line| line.split_whitespace())
-                    .find_map(|word| word.strip_prefix("profiler_cpu_ms="))
-                    .and_then(|value| value.parse::<f64>().ok())
-                {
+                let summary = |field: &str| {
+                    stderr
+                        .lines()
+                        .filter(|line| line.contains("summary:"))
+                        .flat_map(|line| line.split_whitespace())
+                        .find_map(|word| word.strip_prefix(field)?.strip_prefix('='))
+                        .and_then(|value| value.parse::<f64>().ok())
+                };
+                if let Some(cpu) = summary("profiler_cpu_ms") {
                     figures[index].profiler_cpu_ms.push(cpu);
+                }
+                if let Some(samples) = summary("alloc_samples") {
+                    figures[index].alloc_samples.push(samples);
                 }
             }
         }
         writeln!(report, "### {}\n", program.name)?;
         writeln!(
             report,
-            "| mode | wall (s) | slowdown (runs' lowest–highest) | command CPU (s) | CPU ratio | \
-             profiler CPU (ms) |"
+            "| mode | wall (s) | slowdown (runs' lowest–highest) | own run (s) | own run's \
+             slowdown (lowest–highest) | start-up (ms) | sampled (their cost) | command CPU (s) | \
+             CPU ratio | profiler CPU (ms) |"
         )?;
-        writeln!(report, "|---|---|---|---|---|---|")?;
+        writeln!(report, "|---|---|---|---|---|---|---|---|---|---|")?;
         let range = |range: Option<(f64, f64)>| {
             range.map_or("–".to_string(), |(low, high)| {
                 format!("{low:.3}–{high:.3}")
@@ -259,14 +342,35 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
         };
         for (mode, figures_of_mode) in MODES.iter().zip(&figures) {
             let (slowdown, spread) = paired_ratio(&figures_of_mode.wall_s, &figures[0].wall_s);
+            let (own_slowdown, own_spread) =
+                paired_ratio(&figures_of_mode.own_run_s, &figures[0].own_run_s);
             let (cpu_ratio, _) =
                 paired_ratio(&figures_of_mode.command_cpu_s, &figures[0].command_cpu_s);
+            let unprofiled_s = median(figures[0].own_run_s.clone()).unwrap_or(0.0);
+            let sampled = median(figures_of_mode.alloc_samples.clone())
+                .filter(|_| mode.contains("sALLOC"))
+                .map_or("–".to_string(), |samples| {
+                    let price_ns = costs.sample_price_ns(mode.contains("mode=sl"));
+                    let cost_ms = samples * price_ns.unwrap_or(0.0) / 1e6;
+                    format!(
+                        "{samples:.0} ({cost_ms:.1} ms, {:.2} %)",
+                        100.0 * cost_ms / 1e3 / unprofiled_s.max(1e-9)
+                    )
+                });
+            let start_up = if *mode == "heaptrack" {
+                "–".to_string()
+            } else {
+                show(median(figures_of_mode.start_up_ms.clone()), 0)
+            };
             writeln!(
                 report,
-                "| {mode} | {} | {} ({}) | {} | {} | {} |",
+                "| {mode} | {} | {} ({}) | {} | {} ({}) | {start_up} | {sampled} | {} | {} | {} |",
                 show(median(figures_of_mode.wall_s.clone()), 3),
                 show(slowdown, 3),
                 range(spread),
+                show(median(figures_of_mode.own_run_s.clone()), 3),
+                show(own_slowdown, 3),
+                range(own_spread),
                 show(median(figures_of_mode.command_cpu_s.clone()), 3),
                 show(cpu_ratio, 3),
                 show(median(figures_of_mode.profiler_cpu_ms.clone()), 0)
@@ -278,24 +382,45 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
         }
         writeln!(report)?;
     }
-    cost_table(ddprof, runs, &scratch, report)?;
+    costs.write(runs, report)?;
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }
 
+/// `malloc_cost`'s nanoseconds per malloc+free pair in each of
+/// [`COST_MODES`], run by run, and the command lines.
+struct Costs {
+    nanos: Vec<Vec<f64>>,
+    lines: Vec<String>,
+}
+
+impl Costs {
+    /// The median of mode `index`'s runs over the unprofiled run of the
+    /// same round (this VM's slow phases last longer than a round).
+    fn over_unprofiled(&self, index: usize) -> Option<f64> {
+        median(
+            self.nanos[index]
+                .iter()
+                .zip(&self.nanos[0])
+                .map(|(value, base)| value - base)
+                .collect(),
+        )
+    }
+
+    /// What one sampled allocation costs the program (with its free, in
+    /// live mode): every allocation sampled, over the hooks alone.
+    fn sample_price_ns(&self, live: bool) -> Option<f64> {
+        let (sampled, hooks) = if live { (4, 2) } else { (3, 1) };
+        Some(self.over_unprofiled(sampled)? - self.over_unprofiled(hooks)?)
+    }
+}
+
 /// What the target pays per allocation and per sample: `malloc_cost`'s
-/// nanoseconds per malloc+free pair (its thread's CPU time), medians of
-/// `runs`, unprofiled and in each of [`COST_MODES`].
-fn cost_table(ddprof: &Path, runs: usize, scratch: &Path, report: &mut String) -> Result<()> {
+/// nanoseconds per malloc+free pair (its thread's CPU time), `runs` runs,
+/// unprofiled and in each of [`COST_MODES`].
+fn measure_costs(ddprof: &Path, runs: usize, scratch: &Path) -> Result<Costs> {
     say("allocations: cost per allocation and per sample");
-    let program = scratch.join("malloc_cost");
-    crate::run_checked(
-        Command::new("cc")
-            .args(["-O2", "-Wall", "-o"])
-            .arg(&program)
-            .arg(workspace_root().join("xtask/src/bench/malloc_cost.c")),
-    )
-    .context("cannot build the bench's malloc_cost")?;
+    let program = build_helper("malloc_cost", scratch)?;
     let mut nanos: Vec<Vec<f64>> = COST_MODES.iter().map(|_| Vec::new()).collect();
     let mut lines = Vec::new();
     for _ in 0..runs {
@@ -327,38 +452,36 @@ fn cost_table(ddprof: &Path, runs: usize, scratch: &Path, report: &mut String) -
             nanos[index].push(value);
         }
     }
-    writeln!(
-        report,
-        "### What the target pays\n\n\
-         `malloc_cost` (xtask/src/bench/malloc_cost.c): malloc+free pairs of 16-271 bytes, \
-         the thread's CPU time per pair, median of {runs} runs; *over unprofiled* is the median \
-         of each run's difference with the unprofiled run of the same round. With every \
-         allocation sampled, the pair's time over the unprofiled one is the price of one sample (the uprobe's \
-         trap and the kernel's copy of registers and 32 KB of stack).\n\n\
-         | mode | ns per pair | over unprofiled (ns) |\n|---|---|---|"
-    )?;
-    for ((mode, _, _), values) in COST_MODES.iter().zip(&nanos) {
-        let value = median(values.clone());
-        // Paired with the unprofiled run of the same round, as the
-        // slowdowns are: this VM's slow phases last longer than a round.
-        let over = median(
-            values
-                .iter()
-                .zip(&nanos[0])
-                .map(|(value, base)| value - base)
-                .collect(),
-        );
+    Ok(Costs { nanos, lines })
+}
+
+impl Costs {
+    /// The cost table: medians of the runs.
+    fn write(&self, runs: usize, report: &mut String) -> Result<()> {
         writeln!(
             report,
-            "| {mode} | {} | {} |",
-            show(value, 1),
-            show(over, 1)
+            "### What the target pays\n\n\
+             `malloc_cost` (xtask/src/bench/malloc_cost.c): malloc+free pairs of 16-271 bytes, \
+             the thread's CPU time per pair, median of {runs} runs; *over unprofiled* is the \
+             median of each run's difference with the unprofiled run of the same round. With \
+             every allocation sampled, the pair's time over the hooks' alone is the price of \
+             one sample (the uprobe's trap and the kernel's copy of registers and 32 KB of \
+             stack; in live mode, and of its free's).\n\n\
+             | mode | ns per pair | over unprofiled (ns) |\n|---|---|---|"
         )?;
+        for (index, ((mode, _, _), values)) in COST_MODES.iter().zip(&self.nanos).enumerate() {
+            writeln!(
+                report,
+                "| {mode} | {} | {} |",
+                show(median(values.clone()), 1),
+                show(self.over_unprofiled(index), 1)
+            )?;
+        }
+        writeln!(report, "\nCommands:\n")?;
+        for line in &self.lines {
+            writeln!(report, "    {line}")?;
+        }
+        writeln!(report)?;
+        Ok(())
     }
-    writeln!(report, "\nCommands:\n")?;
-    for line in lines {
-        writeln!(report, "    {line}")?;
-    }
-    writeln!(report)?;
-    Ok(())
 }
