@@ -199,6 +199,10 @@ pub struct EventOptions {
     /// the layout). The user part of the chain is never asked for: the
     /// engines unwind user stacks themselves.
     pub kernel_stacks: bool,
+    /// `sALLOC` was not asked for: it is the default's (`sCPU;sALLOC`, as
+    /// the C++ ddprof's). Where it cannot be sampled (a static program, an
+    /// unprivileged user), an info line says so, not a warning.
+    pub allocations_implied: bool,
 }
 
 /// An opened perf event and what it is.
@@ -633,7 +637,7 @@ pub fn open_all(
                 fds.extend(opened);
             }
             Err(error) => {
-                warn_left_out(spec, &error, specs.len());
+                warn_left_out(spec, &error, specs.len(), options.allocations_implied);
                 first_error.get_or_insert(error);
             }
         }
@@ -708,8 +712,9 @@ fn open_on_every_cpu(
 }
 
 /// Says once per event and process that `spec` is left out, when other
-/// events may still run.
-fn warn_left_out(spec: &EventSpec, error: &OpenError, events: usize) {
+/// events may still run (`implied`: an allocation event the default
+/// added, said at the info level).
+fn warn_left_out(spec: &EventSpec, error: &OpenError, events: usize, implied: bool) {
     static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     if events < 2 {
         // The caller reports the error itself.
@@ -722,10 +727,22 @@ fn warn_left_out(spec: &EventSpec, error: &OpenError, events: usize) {
         return;
     }
     warned.push(spec.label.to_string());
-    log::warn!(
-        "event {} is not sampled: {error}; the other events are",
-        spec.label
+    let allocations = matches!(
+        spec.kind,
+        EventKind::Allocation { .. } | EventKind::AllocationFreed
     );
+    if implied && allocations {
+        log::info!(
+            "event {} (allocations, sampled by default) is not sampled: {error}; the other \
+             events are",
+            spec.label
+        );
+    } else {
+        log::warn!(
+            "event {} is not sampled: {error}; the other events are",
+            spec.label
+        );
+    }
 }
 
 /// The event as messages name it: its label and what it counts.
@@ -785,6 +802,7 @@ mod tests {
             stack_sample_size: 32000,
             include_kernel: false,
             kernel_stacks: false,
+            allocations_implied: false,
         };
         let attr = attributes(
             &spec,
@@ -831,6 +849,7 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
+            allocations_implied: false,
         };
         let event = open(
             &spec,
@@ -850,6 +869,7 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
+            allocations_implied: false,
         };
         let pid = std::process::id() as i32;
         let error = open(&spec, Scope::Process(pid), -1, &options).unwrap_err();
@@ -874,6 +894,7 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
+            allocations_implied: false,
         };
         let error = open(&spec, Scope::Process(i32::MAX), -1, &options).unwrap_err();
         assert!(

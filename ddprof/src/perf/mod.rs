@@ -779,6 +779,7 @@ mod tests {
             stack_sample_size: 4096,
             include_kernel: false,
             kernel_stacks: false,
+            allocations_implied: false,
         };
         let me = std::process::id();
         // A test runs on its own thread: follow that thread (a pid would mean the main thread).
@@ -839,6 +840,7 @@ mod tests {
             stack_sample_size: 4096,
             include_kernel: false,
             kernel_stacks: false,
+            allocations_implied: false,
         };
         // The thread whose events have the buffers ends first: the others'
         // events (the followers) must keep the engine going.
@@ -914,6 +916,7 @@ mod tests {
             stack_sample_size,
             include_kernel: false,
             kernel_stacks: false,
+            allocations_implied: false,
         };
         let (tid_sender, tid) = std::sync::mpsc::channel();
         let burner = std::thread::spawn(move || {
@@ -974,6 +977,7 @@ mod tests {
             stack_sample_size: 8,
             include_kernel: false,
             kernel_stacks: false,
+            allocations_implied: false,
         };
         // Waits for a line, so that its children inherit the events.
         let mut shell = Command::new("sh")
