@@ -607,7 +607,7 @@ pub fn open_all(
     let cpus = online_cpus();
     let mut cpu_time_options = *options;
     let mut fds = Vec::with_capacity(specs.len() * cpus.len());
-    let mut first_error = None;
+    let mut failed: Vec<(&EventSpec, OpenError)> = Vec::new();
     let mut records_written = false;
     for spec in specs {
         if spec.is_wall_time() {
@@ -636,16 +636,21 @@ pub fn open_all(
                 records_written |= records;
                 fds.extend(opened);
             }
-            Err(error) => {
-                warn_left_out(spec, &error, specs.len(), options.allocations_implied);
-                first_error.get_or_insert(error);
-            }
+            Err(error) => failed.push((spec, error)),
         }
     }
-    match first_error {
-        Some(error) if fds.is_empty() => Err(error),
-        _ => Ok(fds),
+    // With none opened, the caller says why once (no event left out is
+    // said to leave the others running).
+    if fds.is_empty() {
+        if let Some((_, error)) = failed.into_iter().next() {
+            return Err(error);
+        }
+        return Ok(fds);
     }
+    for (spec, error) in &failed {
+        warn_left_out(spec, error, specs.len(), options.allocations_implied);
+    }
+    Ok(fds)
 }
 
 /// The spec of the event of index `index` among `specs` (the session's
