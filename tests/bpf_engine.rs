@@ -157,7 +157,6 @@ fn profile_variant(pid: u32, include_kernel: bool, variant: Option<BpfVariant>) 
         // The program's bpf_get_stack reads the kernel call chain the event
         // samples: it must ask for one.
         kernel_stacks: include_kernel,
-        allocations_implied: false,
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root opens task-clock events on its child");
@@ -1214,7 +1213,6 @@ fn cpu_events_of(pid: u32, freq: u32) -> Vec<events::EventFd> {
             stack_sample_size: 8,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         },
     )
     .unwrap()

@@ -30,7 +30,6 @@ fn embedded_program_counts_samples_of_a_busy_process() {
         stack_sample_size: 8,
         include_kernel: false,
         kernel_stacks: false,
-        allocations_implied: false,
     };
     let fds = events::open_all(&specs, Scope::Process(pid as i32), &options)
         .expect("root can open task-clock events on its child");

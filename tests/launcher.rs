@@ -214,6 +214,25 @@ fn the_command_runs_when_events_cannot_be_opened_and_one_warning_says_why() {
     );
 }
 
+/// With several events and none opened, none of them is said to be left
+/// out while the others run (none does): one warning, as with one event.
+#[test]
+fn no_event_is_said_left_out_when_none_opens() {
+    let output = run(deny_perf_event_open(&mut ddprof()).args([
+        "-e",
+        "sCPU;sPF;sCS",
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]));
+    assert_eq!(text(&output.stdout), "ran\n");
+    let stderr = text(&output.stderr);
+    let warnings = warnings(&stderr);
+    assert_eq!(warnings.len(), 1, "exactly one warning: {stderr}");
+    assert!(warnings[0].contains("without profiling"), "{}", warnings[0]);
+}
+
 #[test]
 fn log_modes_route_or_silence_the_warning() {
     let output =

@@ -70,7 +70,6 @@ fn profile(program: &Path, args: &[&str], options: RunOptions) -> Run {
         stack_sample_size: options.stack_sample_size,
         include_kernel: false,
         kernel_stacks: false,
-        allocations_implied: false,
     };
     let child = if options.stopped {
         spawn_stopped(program, args)
@@ -670,7 +669,6 @@ fn global_scope_tracks_a_workload_among_every_process() {
         stack_sample_size: 8192,
         include_kernel: false,
         kernel_stacks: false,
-        allocations_implied: false,
     };
     let events = events::open_all(&spec, Scope::Global, &options).expect("open CPU-wide events");
     let mut engine = PerfEngine::new(events, PerfEngineOptions::default()).unwrap();

@@ -145,7 +145,6 @@ fn perf_event_probe() -> Result<&'static str, OpenError> {
         stack_sample_size: 8,
         include_kernel: true,
         kernel_stacks: false,
-        allocations_implied: false,
     };
     let own = std::process::id() as i32;
     match events::open(&spec, Scope::Process(own), -1, &options) {

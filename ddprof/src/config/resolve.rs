@@ -132,11 +132,7 @@ fn wall_sampling(events: &[EventSpec]) -> Option<crate::wall::WallSampling> {
     })
 }
 
-/// CPU time: what is sampled when no event asked for can be (and with
-/// `-p`/`--global` when only allocations were). With neither `--event`
-/// nor `--preset`, the events are the `default` preset's, as in the C++
-/// ddprof: `sCPU;sALLOC` for a command ddprof starts, `sCPU` with `-p` and
-/// `--global`.
+/// The events when neither `--event` nor `--preset` is given.
 pub const DEFAULT_EVENTS: &str = "sCPU";
 
 /// What every stage is asked to do, from this process's environment for
@@ -153,16 +149,9 @@ pub fn resolve_with(
     let events_text = match (&cli.events, cli.preset) {
         (Some(text), _) => text.as_str(),
         (None, Some(preset)) => preset.events(cli.pid.is_some() || cli.global),
-        (None, None) => crate::events::Preset::Default.events(cli.pid.is_some() || cli.global),
+        (None, None) => DEFAULT_EVENTS,
     };
-    let allocations_implied = cli.events.is_none() && cli.preset.is_none();
-    // The default's `sALLOC` left out of a build without the sampler is
-    // not news each run.
-    let unavailable_events = if allocations_implied {
-        Vec::new()
-    } else {
-        unavailable_events(events_text)
-    };
+    let unavailable_events = unavailable_events(events_text);
     let (events, events_problem) = match parse_events(events_text) {
         Ok(events) => (events, None),
         Err(problem @ EventSpecError::NoneAvailable(_)) => {
@@ -187,7 +176,6 @@ pub fn resolve_with(
         stack_sample_size: cli.stack_sample_size,
         include_kernel: true,
         kernel_stacks,
-        allocations_implied,
     };
     // --ring-buffer-kib sizes whichever buffer receives the samples.
     let ring_buffer_bytes = cli.ring_buffer_kib.map(|kib| kib as usize * 1024);
@@ -358,42 +346,6 @@ mod tests {
         assert_eq!(options.profiler.sampling_period_nanos, 123_456);
         let options = resolved(&["ddprof", "--", "x"]);
         assert_eq!(options.profiler.sampling_period_nanos, 1_000_000_000 / 99);
-    }
-
-    /// As the C++ ddprof: CPU time and allocations for a command ddprof
-    /// starts, CPU time alone when attaching; the allocations the default
-    /// adds are said at the info level where they cannot be sampled.
-    #[test]
-    fn the_default_samples_cpu_time_and_allocations_of_a_command() {
-        let events = |args: &[&str]| {
-            let options = resolved(args);
-            let labels: Vec<String> = options
-                .events
-                .iter()
-                .map(|spec| spec.label.to_string())
-                .collect();
-            (labels, options.event_options.allocations_implied)
-        };
-        let (started, implied) = events(&["ddprof", "--", "x"]);
-        assert!(implied);
-        assert!(
-            started.starts_with(&["sCPU".into(), "sALLOC".into()]),
-            "{started:?}"
-        );
-        let (attached, _) = events(&["ddprof", "-p", "1"]);
-        assert_eq!(attached, ["sCPU"]);
-        let (global, _) = events(&["ddprof", "--global"]);
-        assert_eq!(global, ["sCPU"]);
-        for asked in [
-            &["ddprof", "-e", "sCPU;sALLOC", "--", "x"][..],
-            &["ddprof", "--preset", "default", "--", "x"],
-        ] {
-            let (labels, implied) = events(asked);
-            assert!(!implied, "{asked:?}");
-            assert!(labels.iter().any(|label| label == "sALLOC"), "{labels:?}");
-        }
-        let (cpu_only, _) = events(&["ddprof", "--preset", "cpu_only", "--", "x"]);
-        assert_eq!(cpu_only, ["sCPU"]);
     }
 
     #[test]

@@ -199,10 +199,6 @@ pub struct EventOptions {
     /// the layout). The user part of the chain is never asked for: the
     /// engines unwind user stacks themselves.
     pub kernel_stacks: bool,
-    /// `sALLOC` was not asked for: it is the default's (`sCPU;sALLOC`, as
-    /// the C++ ddprof's). Where it cannot be sampled (a static program, an
-    /// unprivileged user), an info line says so, not a warning.
-    pub allocations_implied: bool,
 }
 
 /// An opened perf event and what it is.
@@ -648,7 +644,7 @@ pub fn open_all(
         return Ok(fds);
     }
     for (spec, error) in &failed {
-        warn_left_out(spec, error, specs.len(), options.allocations_implied);
+        warn_left_out(spec, error, specs.len());
     }
     Ok(fds)
 }
@@ -717,9 +713,8 @@ fn open_on_every_cpu(
 }
 
 /// Says once per event and process that `spec` is left out, when other
-/// events may still run (`implied`: an allocation event the default
-/// added, said at the info level).
-fn warn_left_out(spec: &EventSpec, error: &OpenError, events: usize, implied: bool) {
+/// events may still run.
+fn warn_left_out(spec: &EventSpec, error: &OpenError, events: usize) {
     static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     if events < 2 {
         // The caller reports the error itself.
@@ -732,22 +727,10 @@ fn warn_left_out(spec: &EventSpec, error: &OpenError, events: usize, implied: bo
         return;
     }
     warned.push(spec.label.to_string());
-    let allocations = matches!(
-        spec.kind,
-        EventKind::Allocation { .. } | EventKind::AllocationFreed
+    log::warn!(
+        "event {} is not sampled: {error}; the other events are",
+        spec.label
     );
-    if implied && allocations {
-        log::info!(
-            "event {} (allocations, sampled by default) is not sampled: {error}; the other \
-             events are",
-            spec.label
-        );
-    } else {
-        log::warn!(
-            "event {} is not sampled: {error}; the other events are",
-            spec.label
-        );
-    }
 }
 
 /// The event as messages name it: its label and what it counts.
@@ -807,7 +790,6 @@ mod tests {
             stack_sample_size: 32000,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let attr = attributes(
             &spec,
@@ -854,7 +836,6 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let event = open(
             &spec,
@@ -874,7 +855,6 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let pid = std::process::id() as i32;
         let error = open(&spec, Scope::Process(pid), -1, &options).unwrap_err();
@@ -899,7 +879,6 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let error = open(&spec, Scope::Process(i32::MAX), -1, &options).unwrap_err();
         assert!(

@@ -307,7 +307,6 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let pid = std::process::id() as i32;
         // More than one batch, with both specs.
@@ -343,7 +342,6 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let pid = std::process::id() as i32;
         let event = open(&specs[0], Scope::Process(pid), -1, &options).unwrap();

@@ -659,7 +659,6 @@ mod tests {
             stack_sample_size: 8192,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let events = open_process_events(&specs, pid, &options).unwrap();
         let cpus = events::online_cpus().len();

@@ -779,7 +779,6 @@ mod tests {
             stack_sample_size: 4096,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let me = std::process::id();
         // A test runs on its own thread: follow that thread (a pid would mean the main thread).
@@ -840,7 +839,6 @@ mod tests {
             stack_sample_size: 4096,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         // The thread whose events have the buffers ends first: the others'
         // events (the followers) must keep the engine going.
@@ -916,7 +914,6 @@ mod tests {
             stack_sample_size,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         let (tid_sender, tid) = std::sync::mpsc::channel();
         let burner = std::thread::spawn(move || {
@@ -977,7 +974,6 @@ mod tests {
             stack_sample_size: 8,
             include_kernel: false,
             kernel_stacks: false,
-            allocations_implied: false,
         };
         // Waits for a line, so that its children inherit the events.
         let mut shell = Command::new("sh")
