@@ -233,7 +233,8 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
          of ddprof's `alloc_samples`, and beside it what those samples cost the program by \
          the cost table below (each sample's price there, times the samples; in live mode \
          the price of a sample and its free), in milliseconds and in % of the unprofiled \
-         run: the part of the slowdown that is `sALLOC`'s, below this VM's noise. \
+         run: what the sampled threads pay at the samples, in a tight loop's terms (not \
+         what each sample's 32 KB stack copy costs the program afterwards, in its caches). \
          *command CPU* is the command's user + system time \
          (wait4's, its children's included; heaptrack's interpreter too, ddprof's detached \
          profiler not), and *CPU ratio* the same paired median over it; *profiler CPU* is \
