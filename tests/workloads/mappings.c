@@ -88,6 +88,14 @@ KEEP_FRAME void remap_buffers(struct totals *t) {
     }
 }
 
+/* What a keeper function mapped (`size`) and keeps of it to the end. */
+#define KEPT(t, held, size, kept)                                                                  \
+    do {                                                                                           \
+        (t)->bytes += (size);                                                                      \
+        (t)->count++;                                                                              \
+        *(held) += (kept);                                                                         \
+    } while (0)
+
 KEEP_FRAME void trim_and_keep(struct totals *t, unsigned long long *held) {
     for (int i = 0; i < 16; i++) {
         size_t size = 6 << 20, mib = 1 << 20;
@@ -97,9 +105,7 @@ KEEP_FRAME void trim_and_keep(struct totals *t, unsigned long long *held) {
         munmap(p, mib);
         munmap(p + 5 * mib, mib);
         allocations_sink = p + mib;
-        t->bytes += size;
-        t->count++;
-        *held += 4 * mib;
+        KEPT(t, held, size, 4 * mib);
     }
 }
 
@@ -111,9 +117,7 @@ KEEP_FRAME void cut_and_keep(struct totals *t, unsigned long long *held) {
         touch(p, 4096);
         munmap(p + mib, 3 * mib);
         allocations_sink = p;
-        t->bytes += size;
-        t->count++;
-        *held += mib;
+        KEPT(t, held, size, mib);
     }
 }
 
@@ -124,16 +128,15 @@ KEEP_FRAME void move_and_keep(struct totals *t, unsigned long long *held) {
         ANONYMOUS(p, size);
         touch(p, 4096);
         /* Moved onto a reservation (not sampled), then shrunk in place. */
-        void *place = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        void *place =
+            mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (place == MAP_FAILED)
             abort();
         char *q = mremap(p, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, place);
         if (q != place || mremap(q, size, kept, 0) != q)
             abort();
         allocations_sink = q;
-        t->bytes += size;
-        t->count++;
-        *held += kept;
+        KEPT(t, held, size, kept);
     }
 }
 
