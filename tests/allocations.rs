@@ -603,9 +603,10 @@ const MAPPING_HOOKS: [&str; 2] = ["mmap", "mmap64"];
 /// mapped whole; 64 MiB left of mappings whose first and last MiB were
 /// unmapped (an allocator's trim to an alignment); 16 MiB left of mappings
 /// whose last 3 MiB were; 24 MiB of mappings moved by `mremap` and shrunk
-/// by it. Not the ones unmapped whole, or after `mremap` moved them, nor
-/// those a `MAP_FIXED` mapping replaced (32 MiB of those are kept to the
-/// end too).
+/// by it, half of them over the first half of a sampled mapping of 8 MiB,
+/// whose second half (16 MiB in all) is kept. Not the ones unmapped whole,
+/// or after `mremap` moved them, nor what a `MAP_FIXED` mapping (32 MiB,
+/// also kept to the end) or a move (16 MiB) replaced.
 #[test]
 fn anonymous_mappings_are_sampled_as_allocations() {
     let _alone = one_at_a_time();

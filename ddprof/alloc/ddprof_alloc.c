@@ -58,7 +58,6 @@ __asm__(".symver getenv_base, getenv@GLIBC_2.2.5");
 long sysconf_base(int name);
 __asm__(".symver sysconf_base, sysconf@GLIBC_2.2.5");
 
-
 /*
  * The marker: two 2-byte nops, a nop and a return; ddprof's uprobe is on its
  * first instruction. Its CFI says the return address is at the stack
@@ -399,27 +398,43 @@ static void mappings_unmap(void *address, size_t length) {
     mappings_leave();
 }
 
+/* Whether any of `m` lies in [start, end), and whether all of it does. */
+static int mapping_in(const struct sampled_mapping *m, uintptr_t start, uintptr_t end,
+                      int *inside) {
+    int touched = 0;
+    *inside = 1;
+    for (int k = 0; k < MAPPING_PIECES; k++) {
+        uintptr_t low = m->piece[k][0], high = m->piece[k][1];
+        if (low >= high)
+            continue;
+        int overlaps = high > start && low < end;
+        touched |= overlaps;
+        if (!overlaps || low < start || high > end)
+            *inside = 0;
+    }
+    return touched;
+}
+
 /* After mremap moved (or resized) [old, old + old_length) to `moved`,
- * `length` bytes long, with the lock held: a mapping wholly in it goes
- * with it (cut to its new length); one only partly in it loses that part. */
+ * `length` bytes long, with the lock held: a mapping where it went
+ * (MREMAP_FIXED replaces what is there) loses that part first, before a
+ * moved one may be renamed to its address; then a mapping wholly in the
+ * old range goes with it (cut to its new length), and one only partly in
+ * it loses that part. */
 static void mappings_remap(void *old, size_t old_length, void *moved, size_t length) {
     uintptr_t start = (uintptr_t)old, end = start + whole_pages(old_length);
     uintptr_t kept_end = start + whole_pages(length), shift = (uintptr_t)moved - start;
+    uintptr_t landed = (uintptr_t)moved, landed_end = landed + whole_pages(length);
+    int inside;
+    for (int i = 0; shift != 0 && i < MAPPING_SLOTS; i++) {
+        struct sampled_mapping *m = &mappings[i];
+        if (m->name != 0 && !mapping_in(m, start, end, &inside) &&
+            mapping_cut(m, landed, landed_end))
+            mapping_report(m);
+    }
     for (int i = 0; i < MAPPING_SLOTS; i++) {
         struct sampled_mapping *m = &mappings[i];
-        if (m->name == 0)
-            continue;
-        int touched = 0, inside = 1;
-        for (int k = 0; k < MAPPING_PIECES; k++) {
-            uintptr_t low = m->piece[k][0], high = m->piece[k][1];
-            if (low >= high)
-                continue;
-            int overlaps = high > start && low < end;
-            touched |= overlaps;
-            if (!overlaps || low < start || high > end)
-                inside = 0;
-        }
-        if (!touched)
+        if (m->name == 0 || !mapping_in(m, start, end, &inside))
             continue;
         int changed = 0;
         if (!inside) {

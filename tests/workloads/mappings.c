@@ -13,7 +13,9 @@
  *   cut_and_keep   16 anonymous mmaps of 4 MiB (first round), their last
  *                  3 MiB unmapped, the first MiB kept to the end
  *   move_and_keep  8 anonymous mmaps of 4 MiB (first round) moved by mremap
- *                  to a reservation's place, shrunk to 3 MiB, kept to the end
+ *                  over a reservation, or over the first half of another
+ *                  anonymous mmap of 8 MiB (which the move replaces: its second
+ *                  half is kept), shrunk to 3 MiB, kept to the end
  *   map_then_replace  8 anonymous mmaps of 4 MiB (first round) replaced
  *                  by MAP_FIXED mappings at their addresses, kept to the
  *                  end (the mmaps count, then are freed by the replacement)
@@ -127,11 +129,18 @@ KEEP_FRAME void move_and_keep(struct totals *t, unsigned long long *held) {
         char *p;
         ANONYMOUS(p, size);
         touch(p, 4096);
-        /* Moved onto a reservation (not sampled), then shrunk in place. */
-        void *place =
-            mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (place == MAP_FAILED)
-            abort();
+        /* Moved over a reservation (not sampled) or over the first half of
+         * a mapping of its own (sampled; that half is gone once replaced),
+         * then shrunk in place. */
+        char *place;
+        if (i % 2) {
+            ANONYMOUS(place, 2 * size);
+            KEPT(t, held, 2 * size, size);
+        } else {
+            place = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (place == MAP_FAILED)
+                abort();
+        }
         char *q = mremap(p, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, place);
         if (q != place || mremap(q, size, kept, 0) != q)
             abort();
