@@ -254,8 +254,10 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                 let _ = std::fs::remove_file(&stamp_file);
                 // heaptrack follows the process it starts, not what that
                 // one execs (its library takes itself out of the
-                // environment): its program runs unstamped.
-                let stamped: Vec<String> = if *mode == "heaptrack" {
+                // environment): its program runs unstamped, its start-up
+                // in its own run.
+                let unstamped = *mode == "heaptrack";
+                let stamped: Vec<String> = if unstamped {
                     program.command.clone()
                 } else {
                     [
@@ -294,7 +296,7 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                     bail!("{} failed: {stderr}", shell_words(&line));
                 }
                 figures[index].wall_s.push(wall);
-                let exec_ns: u64 = if *mode == "heaptrack" {
+                let exec_ns: u64 = if unstamped {
                     start_ns
                 } else {
                     std::fs::read_to_string(&stamp_file)
@@ -306,9 +308,11 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                 figures[index]
                     .own_run_s
                     .push((end_ns - exec_ns) as f64 / 1e9);
-                figures[index]
-                    .start_up_ms
-                    .push((exec_ns - start_ns) as f64 / 1e6);
+                if !unstamped {
+                    figures[index]
+                        .start_up_ms
+                        .push((exec_ns - start_ns) as f64 / 1e6);
+                }
                 figures[index]
                     .command_cpu_s
                     .push(children_cpu_s() - cpu_before);
@@ -341,13 +345,13 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                 format!("{low:.3}–{high:.3}")
             })
         };
+        let unprofiled_s = median(figures[0].own_run_s.clone()).unwrap_or(0.0);
         for (mode, figures_of_mode) in MODES.iter().zip(&figures) {
             let (slowdown, spread) = paired_ratio(&figures_of_mode.wall_s, &figures[0].wall_s);
             let (own_slowdown, own_spread) =
                 paired_ratio(&figures_of_mode.own_run_s, &figures[0].own_run_s);
             let (cpu_ratio, _) =
                 paired_ratio(&figures_of_mode.command_cpu_s, &figures[0].command_cpu_s);
-            let unprofiled_s = median(figures[0].own_run_s.clone()).unwrap_or(0.0);
             let sampled = median(figures_of_mode.alloc_samples.clone())
                 .filter(|_| mode.contains("sALLOC"))
                 .map_or("–".to_string(), |samples| {
@@ -358,11 +362,7 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                         100.0 * cost_ms / 1e3 / unprofiled_s.max(1e-9)
                     )
                 });
-            let start_up = if *mode == "heaptrack" {
-                "–".to_string()
-            } else {
-                show(median(figures_of_mode.start_up_ms.clone()), 0)
-            };
+            let start_up = show(median(figures_of_mode.start_up_ms.clone()), 0);
             writeln!(
                 report,
                 "| {mode} | {} | {} ({}) | {} | {} ({}) | {start_up} | {sampled} | {} | {} | {} |",
