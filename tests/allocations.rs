@@ -254,6 +254,25 @@ fn matches_the_exact_totals(engine: &str) {
         );
     }
     assert!(allocation_samples > 1000, "{allocation_samples} samples");
+    if engine == "bpf" {
+        // Unwound in the kernel by the uprobe's program, not copied: all
+        // but those of the moments before the process was described.
+        let taken = ddprof_tests::outputs::summary_fields(&stderr)["alloc_samples"];
+        let in_kernel: u64 = stderr
+            .lines()
+            .find_map(|line| {
+                let (before, _) = line.split_once(" allocation samples unwound in the kernel")?;
+                before.rsplit(' ').next()?.parse().ok()
+            })
+            .unwrap_or_else(|| {
+                panic!("no count of allocation samples unwound in the kernel\n{stderr}")
+            });
+        assert!(
+            in_kernel * 10 >= taken * 9,
+            "{in_kernel} of {taken} allocation samples unwound in the kernel\n{stderr}"
+        );
+        eprintln!("{in_kernel} of {taken} allocation samples unwound in the kernel");
+    }
 }
 
 #[test]

@@ -90,6 +90,10 @@ fn as_root_every_engine_works_and_auto_picks_bpf() {
     let bpf = bpf_lines(&lines);
     assert!(!bpf.is_empty(), "{lines:#?}");
     assert!(bpf[0].starts_with("loads and verifies ("), "{bpf:?}");
+    assert_eq!(
+        value(&lines, "allocations (sALLOC)"),
+        "the uprobe program loads and verifies (stacks unwound in the kernel)"
+    );
     assert!(
         value(&lines, "engine (auto)").starts_with("BPF: "),
         "{lines:#?}"
@@ -114,6 +118,13 @@ fn as_nobody_bpf_is_refused_and_auto_picks_perf() {
             "{line}"
         );
     }
+    let allocations = value(&lines, "allocations (sALLOC)");
+    assert!(
+        allocations.starts_with(
+            "unwound by the perf engine from stack copies: the bpf_loop variant does not load"
+        ),
+        "{allocations}"
+    );
     let engine = value(&lines, "engine (auto)");
     assert!(
         engine.starts_with("perf: loading BPF is not permitted"),

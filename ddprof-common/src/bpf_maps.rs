@@ -50,8 +50,11 @@ pub mod names {
     /// thread context (OTEP 4947, `custom-labels`, Go's pprof labels) keep
     /// each thread's pointer to it.
     pub const TRACE_CONTEXTS: &str = "TRACE_CONTEXTS";
+    /// `sALLOC`: per CPU, the task whose allocation sample holds the
+    /// CPU's allocation slot of `SCRATCH` and `WALKS` (0: none).
+    pub const ALLOCATION_OWNERS: &str = "ALLOCATION_OWNERS";
     /// Every map of the object.
-    pub const MAPS: [&str; 13] = [
+    pub const MAPS: [&str; 14] = [
         COUNTERS,
         SAMPLES,
         SCRATCH,
@@ -65,6 +68,7 @@ pub mod names {
         WALL_RATES,
         SAVED_REGS,
         TRACE_CONTEXTS,
+        ALLOCATION_OWNERS,
     ];
     /// Global set by the loader: collect kernel stacks (non-zero) or not.
     pub const KERNEL_STACKS: &str = "KERNEL_STACKS";
@@ -91,6 +95,9 @@ pub mod names {
     pub const WALL_COOKIE: &str = "WALL_COOKIE";
     pub const WALL_MAX_PROBABILITY: &str = "WALL_MAX_PROBABILITY";
     pub const WALL_WALKS_PER_WINDOW: &str = "WALL_WALKS_PER_WINDOW";
+    /// Global set by the loader for `sALLOC`: its cookie (the event's
+    /// index plus one), written into the allocation uprobe's records.
+    pub const ALLOCATION_COOKIE: &str = "ALLOCATION_COOKIE";
     /// Global set by the loader for `sWALL`: a process the maps do not
     /// describe may be profiled (non-zero).
     pub const WALL_UNDESCRIBED: &str = "WALL_UNDESCRIBED";
@@ -103,6 +110,9 @@ pub mod names {
     pub const TASK_FSBASE_OFFSET: &str = "TASK_FSBASE_OFFSET";
     /// The `bpf_loop` variant's program (Linux 5.17+).
     pub const LOOP_ENTRY_PROGRAM: &str = "ddprof_sample";
+    /// `sALLOC`: the program on the allocation marker's uprobe (beside the
+    /// `bpf_loop` variant).
+    pub const ALLOCATION_PROGRAM: &str = "ddprof_allocation";
     /// The tail-call variant's entry program (Linux 5.10+).
     pub const TAIL_CALL_ENTRY_PROGRAM: &str = "ddprof_sample_tail";
     /// The tail-call variant's continuation, tail-called through
@@ -116,12 +126,13 @@ pub mod names {
     /// with `bpf_loop`).
     pub const WALL_PROGRAM: &str = "ddprof_switch";
     /// Every program of the object.
-    pub const PROGRAMS: [&str; 5] = [
+    pub const PROGRAMS: [&str; 6] = [
         LOOP_ENTRY_PROGRAM,
         TAIL_CALL_ENTRY_PROGRAM,
         TAIL_CALL_WALK_PROGRAM,
         IGNORE_PROGRAM,
         WALL_PROGRAM,
+        ALLOCATION_PROGRAM,
     ];
 }
 
@@ -376,6 +387,7 @@ mod tests {
             names::HANDOFF_WAKEUP,
             names::TREE_ONLY,
             names::EVENT_COOKIES,
+            names::ALLOCATION_COOKIE,
         ] {
             let global = std::format!("static {name}: u32");
             assert!(source.contains(&global), "no global {name}");

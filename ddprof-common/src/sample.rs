@@ -73,8 +73,18 @@ pub struct RawSampleHeader {
     /// index in the session's list plus one; 0 for an event attached
     /// without one (the CPU-time events).
     pub event_cookie: u32,
-    pub reserved: u32,
+    /// [`RECORD_HAS_ARGUMENTS`] or 0.
+    pub flags: u32,
+    /// With [`RECORD_HAS_ARGUMENTS`]: the second and third integer
+    /// arguments of the function a uprobe stopped at (the allocation
+    /// marker's address and kind), whose first is in `period`. 0 otherwise.
+    pub arguments: [u64; 2],
 }
+
+/// [`RawSampleHeader::flags`]: the record is of a uprobe on a function
+/// (`sALLOC`'s marker) and carries its first three integer arguments
+/// (`period`, then `arguments`).
+pub const RECORD_HAS_ARGUMENTS: u32 = 1;
 
 /// `stack_end` of a header-only record that is not a sample: the program
 /// met a process whose entry does not describe its code (a process that
@@ -209,7 +219,7 @@ pub const OTEL_RECORD_READ: usize = 28 + TRACE_CONTEXT_ATTR_BYTES;
 
 /// Bytes of [`RawSampleHeader`] in a record.
 pub const RAW_SAMPLE_HEADER_SIZE: usize = core::mem::size_of::<RawSampleHeader>();
-const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 48);
+const _: () = assert!(RAW_SAMPLE_HEADER_SIZE == 64);
 
 /// Frames a record can hold: kernel frames, then user frames.
 pub const MAX_RECORD_FRAMES: usize = MAX_KERNEL_FRAMES + MAX_USER_FRAMES;
@@ -301,6 +311,13 @@ bpf_counters! {
     /// Records (CPU samples and `sWALL` stacks) that carry the context
     /// their thread published (`TRACE_CONTEXTS`).
     WithTraceContext,
+    /// `sALLOC`: allocation samples the uprobe program unwound and wrote
+    /// to the ring buffer (they count in `Seen` and `Emitted` too).
+    AllocationsUnwound,
+    /// `sALLOC`: allocation samples handed to the perf engine because the
+    /// CPU's allocation slot was in use (a task preempted in the program,
+    /// on a kernel that preempts there).
+    AllocationSlotBusy,
 }
 
 // Each counter's slot is its place in `ALL`.

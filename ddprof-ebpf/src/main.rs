@@ -55,6 +55,7 @@ use ddprof_common::sample::{
     RAW_TRACE_CONTEXT_SIZE, TRACE_CONTEXT_ATTR_BYTES, TRACE_CONTEXT_CUT, TRACE_CONTEXT_LABELS,
     TRACE_CONTEXT_MARKER, TRACE_CONTEXT_OTEL,
     BpfCounter, ParkedThread, RawSample, StackEnd, WallRate, BPF_COUNTER_SLOTS, HANDOFF_NOTICE,
+    RECORD_HAS_ARGUMENTS,
     HANDOFF_NOTICE_INTERVAL_NS, WALL_PROBABILITY_ONE, WALL_RESUME, WALL_WINDOW_NS,
     MAX_KERNEL_FRAMES,
     MAX_RECORD_FRAMES, MAX_USER_FRAMES, RAW_SAMPLE_HEADER_SIZE,
@@ -73,9 +74,10 @@ static SAMPLES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 /// Where a record is built before it is copied to the ring buffer (too big
 /// for the 512-byte BPF stack): slot `SAMPLE_SLOT` for the perf_event
-/// programs, `SWITCH_SLOT` for `ddprof_switch`.
+/// programs, `SWITCH_SLOT` for `ddprof_switch`, `ALLOCATION_SLOT` for
+/// `ddprof_allocation`.
 #[map]
-static SCRATCH: PerCpuArray<RawSample> = PerCpuArray::with_max_entries(2, 0);
+static SCRATCH: PerCpuArray<RawSample> = PerCpuArray::with_max_entries(3, 0);
 
 /// The per-CPU slot (of `SCRATCH` and `WALKS`) of the perf_event programs.
 const SAMPLE_SLOT: u32 = 0;
@@ -86,6 +88,25 @@ const SAMPLE_SLOT: u32 = 0;
 /// by tracing programs. (The reverse cannot happen: perf_event programs run
 /// with preemption off, so no switch comes while one runs.)
 const SWITCH_SLOT: u32 = 1;
+/// The per-CPU slot of `ddprof_allocation`: its own, because it runs in
+/// the task's context with only migration off, so a perf_event program
+/// (from the timer's interrupt or an NMI) or `ddprof_switch` (when the
+/// kernel preempts it) can run on its CPU while it does. Two runs of it
+/// on one CPU are kept apart by `ALLOCATION_OWNERS`.
+const ALLOCATION_SLOT: u32 = 2;
+
+/// `sALLOC`: the task whose run of `ddprof_allocation` holds this CPU's
+/// `ALLOCATION_SLOT` (its `pid_tgid`; 0: none). A kernel that preempts
+/// tasks in the kernel (`preempt=full`) can switch to another task that
+/// allocates while a run walks; that run finds the slot held and hands its
+/// sample to the perf engine rather than overwrite the walk.
+#[map]
+static ALLOCATION_OWNERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// `sALLOC`: set by the loader to the event's cookie (its index plus one),
+/// written into the allocation program's records.
+#[no_mangle]
+static ALLOCATION_COOKIE: u32 = 0;
 
 /// Executable mappings per process (tgid). Sized by the loader. Not
 /// preallocated: a preallocated hash map recycles the element an update
@@ -167,7 +188,7 @@ static HANDOFF_WAKEUP: u32 = 1;
 /// count (a precise counter on the stack would make it re-verify the body
 /// for each of the 512 iterations).
 #[map]
-static WALKS: PerCpuArray<Walk> = PerCpuArray::with_max_entries(2, 0);
+static WALKS: PerCpuArray<Walk> = PerCpuArray::with_max_entries(3, 0);
 
 /// The tail-call variant's continuation: slot 0 holds `ddprof_walk_tail`
 /// (set by the loader; empty with the `bpf_loop` variant).
@@ -232,12 +253,101 @@ pub fn ddprof_sample(ctx: *mut c_void) -> u32 {
         count(BpfCounter::HandedOverInherited);
         return 1;
     }
-    match start_sample(&ctx, |_| saved_user_regs_btf(), || cookie) {
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: reads of the program context at constant offsets: the
+    // interrupted registers, and the sample's period.
+    let (interrupted, period) = unsafe { (&(*data).regs, (*data).sample_period) };
+    match start_sample(
+        ctx.as_ptr(),
+        interrupted,
+        period,
+        SAMPLE_SLOT,
+        kernel_stacks(),
+        |_| saved_user_regs_btf(),
+        || cookie,
+    ) {
         Start::Done(value) => value,
-        Start::NoUserContext => finish_sample(true),
+        Start::NoUserContext => finish_sample(SAMPLE_SLOT, true),
         Start::Walk => {
             walk_with_loop(SAMPLE_SLOT);
-            finish_sample(true)
+            finish_sample(SAMPLE_SLOT, true)
+        }
+    }
+}
+
+/// `sALLOC`: the program on the allocation marker's uprobe
+/// (`ddprof_sampled_allocation(size, address, kind)` in the preloaded
+/// library), attached beside the `bpf_loop` variant. A kprobe-type program:
+/// its context is the task's user registers at the probe, the marker's
+/// first instruction. It walks the user stack from there as
+/// `ddprof_sample` walks a CPU sample's, and writes the marker's three
+/// arguments into the record. 0: the kernel writes no perf sample (and
+/// copies no stack); 1: it does, for the perf engine to unwind (a process
+/// the maps do not describe yet, a frame whose table is not loaded, the
+/// CPU's slot held by a preempted run).
+#[no_mangle]
+#[link_section = "uprobe/ddprof_allocation"]
+pub fn ddprof_allocation(ctx: *mut c_void) -> u32 {
+    let Some(owner) = ALLOCATION_OWNERS.get_ptr_mut(0) else {
+        return 1;
+    };
+    let task = bpf_get_current_pid_tgid();
+    // SAFETY: this CPU's slot of a per-CPU array, valid for the run. A run
+    // preempted between this read and the write below lets a second one
+    // in: its walk may then be overwritten (a wrong stack, never a fault).
+    if unsafe { owner.read_volatile() } != 0 {
+        count(BpfCounter::AllocationSlotBusy);
+        count(BpfCounter::HandedToPerf);
+        return 1;
+    }
+    // SAFETY: as above.
+    unsafe { owner.write_volatile(task) };
+    let value = allocation_sample(ctx);
+    // SAFETY: as above; every path of `allocation_sample` returns here.
+    unsafe { owner.write_volatile(0) };
+    value
+}
+
+/// The body of `ddprof_allocation`, run while it holds `ALLOCATION_SLOT`.
+#[inline(always)]
+fn allocation_sample(ctx: *mut c_void) -> u32 {
+    // SAFETY: a uprobe program's context is the task's `pt_regs`, read at
+    // constant offsets.
+    let regs = unsafe { &*(ctx as *const pt_regs) };
+    // The marker's arguments: the size, the address the library follows
+    // (0: not followed), 1 for a mapping.
+    let (size, address, kind) = (regs.rdi, regs.rsi, regs.rdx);
+    // SAFETY: a read of a constant the loader sets.
+    let cookie = unsafe { core::ptr::read_volatile(&ALLOCATION_COOKIE) };
+    // A uprobe's registers are user ones: no saved registers are needed,
+    // and no kernel stack is worth taking (the breakpoint's handler).
+    let start = start_sample(
+        ctx,
+        regs,
+        size,
+        ALLOCATION_SLOT,
+        false,
+        |_| SavedRegs::HandOff,
+        || cookie,
+    );
+    match start {
+        Start::Done(value) => value,
+        Start::NoUserContext => 1,
+        Start::Walk => {
+            let Some(record) = SCRATCH.get_ptr_mut(ALLOCATION_SLOT) else {
+                return 1;
+            };
+            // SAFETY: this CPU's record of the slot this run holds.
+            unsafe {
+                (*record).header.flags = RECORD_HAS_ARGUMENTS;
+                (*record).header.arguments = [address, kind];
+            }
+            walk_with_loop(ALLOCATION_SLOT);
+            let value = finish_sample(ALLOCATION_SLOT, true);
+            if value == 0 {
+                count(BpfCounter::AllocationsUnwound);
+            }
+            value
         }
     }
 }
@@ -253,10 +363,21 @@ pub fn ddprof_sample(ctx: *mut c_void) -> u32 {
 #[link_section = "perf_event/ddprof_sample_tail"]
 pub fn ddprof_sample_tail(ctx: *mut c_void) -> u32 {
     let ctx = PerfEventContext::new(ctx.cast());
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: as in `ddprof_sample`.
+    let (interrupted, period) = unsafe { (&(*data).regs, (*data).sample_period) };
     // No cookies: `bpf_get_attach_cookie` is newer than 5.10.
-    match start_sample(&ctx, |_| SavedRegs::HandOff, || 0) {
+    match start_sample(
+        ctx.as_ptr(),
+        interrupted,
+        period,
+        SAMPLE_SLOT,
+        kernel_stacks(),
+        |_| SavedRegs::HandOff,
+        || 0,
+    ) {
         Start::Done(value) => value,
-        Start::NoUserContext => finish_sample(false),
+        Start::NoUserContext => finish_sample(SAMPLE_SLOT, false),
         Start::Walk => continue_walk(&ctx),
     }
 }
@@ -625,7 +746,7 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     let mut frames = 0;
     while frames < FRAMES_PER_TAIL_CALL_RUN {
         if walk_one(walk, SAMPLE_SLOT).is_none() {
-            return finish_sample(false);
+            return finish_sample(SAMPLE_SLOT, false);
         }
         frames += 1;
     }
@@ -634,7 +755,7 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     // make before Linux 5.17).
     if walk.result.user_frames >= MAX_USER_FRAMES as u32 {
         walk.result.end = StackEnd::DepthLimit as u32;
-        return finish_sample(false);
+        return finish_sample(SAMPLE_SLOT, false);
     }
     // SAFETY: the context is this program's; on success the call does not
     // return.
@@ -643,7 +764,7 @@ fn continue_walk(ctx: &PerfEventContext) -> u32 {
     // calls, which `FRAMES_PER_TAIL_CALL_RUN` makes impossible before
     // `MAX_USER_FRAMES`): the stack ends here, at its depth limit.
     walk.result.end = StackEnd::DepthLimit as u32;
-    finish_sample(false)
+    finish_sample(SAMPLE_SLOT, false)
 }
 
 /// The cookie of the link this run came from (0 without cookies).
@@ -705,12 +826,25 @@ enum SavedRegs {
     HandOff,
 }
 
-/// Counts the sample, fills the record's header and kernel stack and the
-/// walk state, or hands the sample to the perf engine. `saved_regs` gives
-/// the user registers of a sample taken in kernel mode.
+/// Whether the loader asked for kernel stacks.
+#[inline(always)]
+fn kernel_stacks() -> bool {
+    // SAFETY: a read of a constant the loader may have set.
+    unsafe { core::ptr::read_volatile(&KERNEL_STACKS) != 0 }
+}
+
+/// Counts the sample, fills the record's header (`period` its period) and
+/// kernel stack (`kernel_stacks`) and the walk state in `slot`, or hands
+/// the sample to the perf engine. `ctx` is the program's context,
+/// `interrupted` the registers the sample was taken with; `saved_regs`
+/// gives the user registers of a sample taken in kernel mode.
 #[inline(always)]
 fn start_sample(
-    ctx: &PerfEventContext,
+    ctx: *mut c_void,
+    interrupted: &pt_regs,
+    period: u64,
+    slot: u32,
+    kernel_stacks: bool,
     saved_regs: impl FnOnce(&pt_regs) -> SavedRegs,
     cookie: impl FnOnce() -> u32,
 ) -> Start {
@@ -736,12 +870,9 @@ fn start_sample(
     // or beyond the map's size): the perf engine unwinds this sample from
     // the stack copy the kernel then writes.
     if PROCESSES.get_ptr(pid).is_none() {
-        hand_off_waking_reader(pid);
+        hand_off_waking_reader(pid, slot);
         return Start::Done(1);
     }
-    let data = ctx.as_ptr() as *const bpf_perf_event_data;
-    // SAFETY: reads of the program context at constant offsets.
-    let interrupted = unsafe { &(*data).regs };
     let regs = if interrupted.cs & 3 == 3 {
         Some(regs_of(interrupted))
     } else {
@@ -756,31 +887,32 @@ fn start_sample(
             }
         }
     };
-    let Some(record) = SCRATCH.get_ptr_mut(SAMPLE_SLOT) else {
+    let Some(record) = SCRATCH.get_ptr_mut(slot) else {
         return Start::Done(0);
     };
     // SAFETY: a per-CPU map slot, valid for the whole program run and used
-    // by this CPU only (perf_event programs do not nest on one CPU).
+    // by this CPU only (perf_event programs do not nest on one CPU; the
+    // other programs have slots of their own).
     let record = unsafe { &mut *record };
     record.header.pid = pid;
     record.header.tid = pid_tgid as u32;
-    // SAFETY: helpers without memory arguments; `data` is the program's
-    // context, whose `sample_period` the verifier lets the program read.
+    // SAFETY: helpers without memory arguments.
     unsafe {
         record.header.time_ns = bpf_ktime_get_ns();
         record.header.cpu = bpf_get_smp_processor_id();
-        record.header.period = (*data).sample_period;
     }
+    record.header.period = period;
     record.header.event_cookie = cookie();
+    record.header.flags = 0;
+    record.header.arguments = [0, 0];
 
     let mut kernel_frames = 0u32;
-    // SAFETY: a read of a constant the loader may have set.
-    if unsafe { core::ptr::read_volatile(&KERNEL_STACKS) } != 0 {
+    if kernel_stacks {
         // SAFETY: the buffer is the start of the record's frame array, which
         // holds more than MAX_KERNEL_FRAMES u64s.
         let bytes = unsafe {
             bpf_get_stack(
-                ctx.as_ptr(),
+                ctx,
                 record.frames.as_mut_ptr() as *mut c_void,
                 (MAX_KERNEL_FRAMES * 8) as u32,
                 0,
@@ -791,7 +923,7 @@ fn start_sample(
         }
     }
 
-    let Some(walk) = init_walk(SAMPLE_SLOT, pid, kernel_frames) else {
+    let Some(walk) = init_walk(slot, pid, kernel_frames) else {
         return Start::Done(0);
     };
     match regs {
@@ -848,11 +980,11 @@ fn init_walk(slot: u32, pid: u32, kernel_frames: u32) -> Option<&'static mut Wal
 /// thread's published context into the record (the `bpf_loop` variant;
 /// the tail-call variant, which must not call BPF functions, does not).
 #[inline(always)]
-fn finish_sample(with_trace_context: bool) -> u32 {
-    let Some(walk_ptr) = WALKS.get_ptr_mut(SAMPLE_SLOT) else {
+fn finish_sample(slot: u32, with_trace_context: bool) -> u32 {
+    let Some(walk_ptr) = WALKS.get_ptr_mut(slot) else {
         return 0;
     };
-    let Some(record) = SCRATCH.get_ptr_mut(SAMPLE_SLOT) else {
+    let Some(record) = SCRATCH.get_ptr_mut(slot) else {
         return 0;
     };
     // SAFETY: this CPU's scratch record (see `start_sample`).
@@ -866,7 +998,7 @@ fn finish_sample(with_trace_context: bool) -> u32 {
         if result.handoff == 2 {
             count(BpfCounter::HandedOffMidStack);
         }
-        hand_off_waking_reader(pid);
+        hand_off_waking_reader(pid, slot);
         return 1;
     }
 
@@ -1614,9 +1746,9 @@ fn read_user_u64(addr: u64) -> Option<u64> {
 /// exec'ing its command). Before, its tables reached the maps ~100 ms
 /// after the exec, and a `rustc -O` handed ~90 samples to the perf engine.
 #[inline(always)]
-fn hand_off_waking_reader(pid: u32) {
+fn hand_off_waking_reader(pid: u32, slot: u32) {
     count(BpfCounter::HandedToPerf);
-    notify_undescribed(pid, SAMPLE_SLOT);
+    notify_undescribed(pid, slot);
 }
 
 /// Writes the `HANDOFF_NOTICE` record naming `pid`, a process whose entry

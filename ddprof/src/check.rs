@@ -31,9 +31,10 @@ pub struct BpfVariantCheck {
 impl BpfVariantCheck {
     /// A throw-away load of the variant with the smallest maps; the
     /// `bpf_loop` variant's with `sWALL`'s program beside it (loaded only
-    /// there), for the wall-time line.
+    /// there), for the wall-time line, and `sALLOC`'s asked for.
     fn load(&self) -> Result<BpfProgram, BpfError> {
         let settings = bpf::ProgramSettings {
+            allocation: (self.variant == BpfVariant::Loop).then_some(2),
             wall: (self.variant == BpfVariant::Loop).then_some(crate::wall::WallSampling {
                 event: 1,
                 max_probability: ddprof_common::sample::WALL_PROBABILITY_ONE,
@@ -177,6 +178,31 @@ fn wall_line(loaded: &Result<BpfProgram, BpfError>) -> String {
     }
 }
 
+/// Whether `sALLOC`'s samples can be unwound in the kernel: its uprobe
+/// program, loaded beside the `bpf_loop` variant (`loaded`) and verified.
+fn allocation_line(loaded: &Result<BpfProgram, BpfError>) -> String {
+    let why_not = match loaded {
+        Ok(program) => match program.allocation_loaded() {
+            Some(Ok(())) => None,
+            Some(Err(why)) => Some(why),
+            None => Some("not loaded".into()),
+        },
+        Err(error) => Some(format!(
+            "the bpf_loop variant does not load: {}",
+            first_line(&error.to_string())
+        )),
+    };
+    match why_not {
+        None => "allocations (sALLOC): the uprobe program loads and verifies (stacks unwound in \
+                 the kernel)"
+            .into(),
+        Some(why) => format!(
+            "allocations (sALLOC): unwound by the perf engine from stack copies: {}",
+            first_line(&why)
+        ),
+    }
+}
+
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or_default()
 }
@@ -198,10 +224,12 @@ pub fn run() -> CheckReport {
     // `auto` would use.
     let mut preferred: Option<Result<(), BpfError>> = None;
     let mut wall = None;
+    let mut allocation = None;
     for variant in bpf_variants() {
         let loaded = variant.load();
         if variant.variant == BpfVariant::Loop {
             wall = Some(wall_line(&loaded));
+            allocation = Some(allocation_line(&loaded));
         }
         lines.push(match &loaded {
             Ok(program) => {
@@ -230,6 +258,7 @@ pub fn run() -> CheckReport {
         }
     }
     lines.extend(wall);
+    lines.extend(allocation);
     let bpf_result = preferred.unwrap_or(Err(BpfError::NotBuilt));
     let can_profile = perf.is_ok();
     let engine_line = match perf {

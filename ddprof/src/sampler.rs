@@ -319,6 +319,15 @@ impl Sampler {
                     records.sample_counters().samples,
                     samples.table_stats().processes_read_from_proc
                 );
+                let allocations = counters.get(BpfCounter::AllocationsUnwound);
+                let slot_busy = counters.get(BpfCounter::AllocationSlotBusy);
+                if allocations + slot_busy > 0 {
+                    log::info!(
+                        "BPF engine: {allocations} allocation samples unwound in the kernel \
+                         (of the samples above), {slot_busy} handed to the perf engine with \
+                         their CPU's slot held by a preempted one"
+                    );
+                }
                 let with_context = counters.get(BpfCounter::WithTraceContext);
                 if with_context > 0 {
                     log::info!(

@@ -101,7 +101,7 @@ impl Default for BpfEngineOptions {
 pub struct BpfEngine {
     pub(super) program: BpfProgram,
     /// Kept open: the program stays attached as long as they are.
-    _events: Vec<EventFd>,
+    events: Vec<EventFd>,
     workload_pids: Vec<u32>,
     pub(super) ring: RingBuf<MapData>,
     /// What the maps hold (edited by the sync only: `super::sync`).
@@ -165,6 +165,10 @@ impl BpfEngine {
                 || events
                     .iter()
                     .any(|event| event.scope == crate::events::Scope::Global),
+            allocation: events
+                .iter()
+                .find(|event| is_allocation(event))
+                .map(|event| event.spec.index()),
         };
         let mut program = BpfProgram::load_with(sizes, settings, options.variant)?;
         if let Some(pid) = options.wrapped_pid.filter(|_| !options.wake_on_handoff) {
@@ -188,7 +192,7 @@ impl BpfEngine {
         );
         let mut engine = BpfEngine {
             program,
-            _events: Vec::new(),
+            events: Vec::new(),
             workload_pids: options.workload_pids.clone(),
             ring,
             mirror: MapMirror::new(rows, compiler),
@@ -231,8 +235,15 @@ impl BpfEngine {
             }
             event.enable().map_err(BpfError::Attach)?;
         }
+        let mut allocation_attached = false;
         for event in per_task {
-            if !event.spec.is_cpu_time() {
+            if is_allocation(event) {
+                // Once: the program goes with the uprobe, not with one
+                // descriptor of it.
+                if !allocation_attached {
+                    allocation_attached = engine.attach_allocation(event);
+                }
+            } else if !event.spec.is_cpu_time() {
                 // Faults, context switches, the other counters: through a
                 // link whose cookie says which event a record is of; where
                 // links take no cookie (before 5.15), for tracepoints, or
@@ -287,8 +298,28 @@ impl BpfEngine {
             events.len(),
             ms(attaching.elapsed())
         );
-        engine._events = events;
+        engine.events = events;
         Ok(engine)
+    }
+
+    /// Attaches the allocation program to `sALLOC`'s uprobe, so that its
+    /// samples are unwound in the kernel (no stack copy); says in one line
+    /// why not when it cannot be. False: not attached.
+    fn attach_allocation(&mut self, event: &EventFd) -> bool {
+        match self.program.attach_allocation(event) {
+            Ok(()) => {
+                self.weighings.add(event.spec.weighing);
+                log::info!("BPF engine: allocation samples unwound in the kernel");
+                true
+            }
+            Err(why) => {
+                log::info!(
+                    "BPF engine: allocation samples are unwound by the perf engine from \
+                     stack copies: {why}"
+                );
+                false
+            }
+        }
     }
 
     /// Attaches the program to an event other than CPU time with its
@@ -404,8 +435,8 @@ impl BpfEngine {
         }
         while let Some(item) = self.ring.next() {
             match decode(&item, &mut self.spare_frames) {
-                Some(Record::Sample(mut sample, context)) => {
-                    identify(&mut sample, self.cpu_time_event, &self.weighings);
+                Some(Record::Sample(mut sample, context, arguments)) => {
+                    identify(&mut sample, self.cpu_time_event, &self.weighings, arguments);
                     if let Some(context) = context {
                         sample.trace = self.mirror.trace.labels(sample.pid, &context);
                     }
@@ -533,19 +564,32 @@ fn size_for_workload(options: &BpfEngineOptions) -> (ProcessTable, u32, Duration
     (processes, max_processes, proc_time)
 }
 
+/// Whether `event` is `sALLOC`'s uprobe (its samples weigh the allocated
+/// size).
+fn is_allocation(event: &EventFd) -> bool {
+    matches!(
+        event.spec.weighing.value,
+        crate::events::EventValue::AllocationSize { .. }
+    )
+}
+
 /// Makes a record's cookie its event's index (0: the CPU-time event), and
 /// weighs the sample as its event does (a fixed period's samples weigh
-/// that period).
+/// that period; an allocation's, its size by the marker's `arguments`).
 fn identify(
     sample: &mut crate::sample::Sample,
     cpu_time_event: u16,
     weighings: &crate::events::Weighings,
+    arguments: Option<[u64; 3]>,
 ) {
     sample.event = match sample.event {
         0 => cpu_time_event,
         cookie => cookie - 1,
     };
-    sample.weight = weighings.weight(sample.event, sample.weight, None);
+    if let Some(weighing) = weighings.of(sample.event) {
+        let regs = arguments.map(crate::events::x86_regs::with_arguments);
+        weighing.weigh(sample, regs.as_ref());
+    }
 }
 
 #[cfg(test)]
@@ -577,12 +621,49 @@ mod tests {
         // Cookie 1: sPF, event 0, each sample 16 faults (the program's
         // sample_period is the event's; 16 anyway).
         let mut fault = sample(1, 16);
-        identify(&mut fault, 1, &weighings);
+        identify(&mut fault, 1, &weighings, None);
         assert_eq!((fault.event, fault.weight), (0, 16));
         // No cookie: the CPU-time event (index 1), its period as it came.
         let mut cpu = sample(0, 10_101_010);
-        identify(&mut cpu, 1, &weighings);
+        identify(&mut cpu, 1, &weighings, None);
         assert_eq!((cpu.event, cpu.weight), (1, 10_101_010));
+
+        // An allocation record: weighed by the marker's arguments as the
+        // perf engine weighs them from a sample's registers, the library's
+        // two frames (marker, hook) taken off.
+        let specs = crate::events::parse_events("sALLOC mode=sl;sCPU").unwrap();
+        let mut weighings = crate::events::Weighings::default();
+        for spec in &specs {
+            weighings.add(spec.weighing);
+        }
+        let size = 100_000;
+        let mut allocation = sample(1, size);
+        allocation.frames = vec![0x7000, 0x7100, 0x401000, 0x402000];
+        identify(&mut allocation, 1, &weighings, Some([size, 0x5555_0000, 0]));
+        let registers = crate::events::x86_regs::with_arguments([size, 0x5555_0000, 0]);
+        assert_eq!(allocation.event, 0);
+        assert_eq!(
+            allocation.weight,
+            specs[0].weighing.weight(size, Some(&registers))
+        );
+        assert!(
+            allocation.weight > size,
+            "weighed by the sampling probability"
+        );
+        assert_eq!(allocation.frames, vec![0x401000, 0x402000]);
+        assert_eq!(
+            allocation.heap,
+            Some(crate::sample::HeapEvent::Allocated {
+                address: 0x5555_0000,
+                size
+            })
+        );
+        // A mapping (kind 1) keeps its hook, the `mmap` that mapped it.
+        let mut mapping = sample(1, size);
+        mapping.frames = vec![0x7000, 0x7100, 0x401000];
+        identify(&mut mapping, 1, &weighings, Some([size, 0, 1]));
+        assert_eq!(mapping.frames, vec![0x7100, 0x401000]);
+        assert_eq!(mapping.heap, Some(crate::sample::HeapEvent::NotFollowed));
     }
 
     #[test]

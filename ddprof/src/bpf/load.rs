@@ -223,6 +223,9 @@ pub struct BpfProgram {
     event_cookies: bool,
     /// The `sWALL` program: loaded, or why not (`None`: not asked for).
     wall: Option<Result<(), String>>,
+    /// The `sALLOC` uprobe program: loaded, or why not (`None`: not
+    /// asked for).
+    allocation: Option<Result<(), String>>,
 }
 
 /// Whether perf-event links carry a cookie the program can read
@@ -301,6 +304,10 @@ pub struct ProgramSettings {
     /// sampled, or `--global`): `sWALL`'s program draws its switch-outs too
     /// and asks the reader to describe it.
     pub undescribed_may_be_profiled: bool,
+    /// `sALLOC`'s event index: the program on the allocation marker's
+    /// uprobe can be loaded (`bpf_loop` variant only), by
+    /// [`BpfProgram::attach_allocation`].
+    pub allocation: Option<u16>,
 }
 
 impl ProgramSettings {
@@ -312,6 +319,7 @@ impl ProgramSettings {
             tree_only: false,
             wall: None,
             undescribed_may_be_profiled: false,
+            allocation: None,
         }
     }
 }
@@ -418,6 +426,9 @@ impl BpfProgram {
         };
         let (pid_ns_dev, pid_ns_ino) = own_pid_namespace().unwrap_or((0, 0));
         let wall_cookie = settings.wall.map_or(0u32, |wall| u32::from(wall.event) + 1);
+        let allocation_cookie = settings
+            .allocation
+            .map_or(0u32, |event| u32::from(event) + 1);
         let wall_max_probability = settings
             .wall
             .map_or(ddprof_common::sample::WALL_PROBABILITY_ONE, |wall| {
@@ -461,6 +472,7 @@ impl BpfProgram {
             .override_global(names::PID_NS_DEV, &pid_ns_dev, true)
             .override_global(names::PID_NS_INO, &pid_ns_ino, true)
             .override_global(names::WALL_COOKIE, &wall_cookie, true)
+            .override_global(names::ALLOCATION_COOKIE, &allocation_cookie, true)
             .override_global(names::WALL_MAX_PROBABILITY, &wall_max_probability, true)
             .override_global(names::WALL_WALKS_PER_WINDOW, &wall_walks_per_window, true)
             .override_global(names::WALL_UNDESCRIBED, &wall_undescribed, true)
@@ -480,10 +492,10 @@ impl BpfProgram {
             program.load().map_err(|e| programs::load_error(e, name))?;
         }
         let name = variant.entry_program();
-        let program = programs::perf_program_mut(&mut ebpf, name)?;
-        program.load().map_err(|e| programs::load_error(e, name))?;
+        let allocation =
+            programs::load_entry_beside_allocation(&mut ebpf, name, settings.allocation, variant)?;
         let load_time = started.elapsed();
-        let info = program.info().ok();
+        let info = programs::perf_program_mut(&mut ebpf, name)?.info().ok();
         let stats = ProgramStats {
             verified_instructions: info.as_ref().and_then(|i| i.verified_instruction_count()),
             instructions: info
@@ -510,7 +522,26 @@ impl BpfProgram {
             stats,
             event_cookies,
             wall,
+            allocation,
         })
+    }
+
+    /// Attaches the `sALLOC` program to the allocation marker's uprobe
+    /// event. The kernel keeps a uprobe's programs with the probe, not
+    /// with the descriptor: one descriptor of the event takes it for all
+    /// (its copies on other CPUs and in new threads, which a second attach
+    /// would refuse). `Err`: why allocation samples keep the perf engine's
+    /// path (stack copies), for one line.
+    pub fn attach_allocation(&self, event: &EventFd) -> Result<(), String> {
+        self.allocation_loaded()
+            .unwrap_or_else(|| Err("the allocation program was not asked for".into()))?;
+        self.attach_program(names::ALLOCATION_PROGRAM, event)
+            .map_err(|error| format!("the uprobe refused the program: {error}"))
+    }
+
+    /// Whether the `sALLOC` program was loaded (`None`: not asked for).
+    pub fn allocation_loaded(&self) -> Option<Result<(), String>> {
+        self.allocation.clone()
     }
 
     /// Whether the `sWALL` program was loaded (`None`: not asked for).
@@ -614,12 +645,10 @@ impl BpfProgram {
     /// The descriptor of the loaded perf_event program `name` (the
     /// object keeps it open as long as `self` lives).
     fn program_fd(&self, name: &str) -> Result<std::os::fd::RawFd, BpfError> {
-        let program: &PerfEvent = self
+        let program = self
             .ebpf
             .program(name)
-            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{name}`")))?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| classify(&e))?;
+            .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{name}`")))?;
         let program_fd = program
             .fd()
             .map_err(|e| BpfError::Rejected(first_line(&e)))?;

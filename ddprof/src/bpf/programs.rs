@@ -104,3 +104,89 @@ pub(super) fn load_wall_program(ebpf: &mut Ebpf, variant: BpfVariant) -> Result<
         format!("the kernel refused the sched_switch program: {refused}")
     })
 }
+
+/// Loads the variant's entry program `entry` and, when `allocation` asks
+/// for it (`sALLOC`'s event) on the `bpf_loop` variant, the allocation
+/// uprobe's program beside it, on a second thread: each verification takes
+/// ~60 ms of one CPU, and the kernel verifies two loads at once, so the
+/// command does not wait twice as long for its start on a machine of two
+/// CPUs or more. `Err`: the entry was refused; `Ok`: how the allocation
+/// program's load went (`None`: not asked for), in words for the log.
+pub(super) fn load_entry_beside_allocation(
+    ebpf: &mut Ebpf,
+    entry: &str,
+    allocation: Option<u16>,
+    variant: BpfVariant,
+) -> Result<Option<Result<(), String>>, BpfError> {
+    let allocation_name = names::ALLOCATION_PROGRAM;
+    let mut entry_program = None;
+    let mut allocation_program = None;
+    for (name, program) in ebpf.programs_mut() {
+        if name == entry {
+            entry_program = Some(program);
+        } else if name == allocation_name {
+            allocation_program = Some(program);
+        }
+    }
+    let entry_program: &mut PerfEvent = entry_program
+        .ok_or_else(|| BpfError::Rejected(format!("the object has no program `{entry}`")))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| classify(&e))?;
+    let allocation_program = match (allocation, variant) {
+        (None, _) => None,
+        (Some(_), BpfVariant::TailCall) => {
+            return entry_program
+                .load()
+                .map_err(|e| load_error(e, entry))
+                .map(|()| {
+                    Some(Err(
+                        "the kernel walks allocation stacks with bpf_loop, which \
+                              this kernel lacks (Linux 5.17+)"
+                            .into(),
+                    ))
+                })
+        }
+        (Some(_), BpfVariant::Loop) => Some(allocation_program),
+    };
+    std::thread::scope(|scope| {
+        let allocation = allocation_program.map(|program| {
+            scope.spawn(move || -> Result<(), String> {
+                run_on_any_cpu();
+                let program: &mut aya::programs::UProbe = program
+                    .ok_or_else(|| format!("the object has no program `{allocation_name}`"))?
+                    .try_into()
+                    .map_err(|e: aya::programs::ProgramError| first_line(&e))?;
+                program.load().map_err(|error| {
+                    let refused = load_error_text(&error);
+                    // With DDPROF_BPF_VERIFIER_LOG, the log's tail on stderr.
+                    load_error(error, allocation_name);
+                    format!("the kernel refused the allocation program: {refused}")
+                })
+            })
+        });
+        let entry_loaded = entry_program.load().map_err(|e| load_error(e, entry));
+        let allocation_loaded = allocation.map(|thread| {
+            thread
+                .join()
+                .unwrap_or_else(|_| Err("the thread that loaded it panicked".into()))
+        });
+        entry_loaded.map(|()| allocation_loaded)
+    })
+}
+
+/// Lets the calling thread run on every online CPU: the profiler pins
+/// itself to one (it competes with the profiled work on one CPU only), and
+/// a thread that verifies a program while the command waits for the
+/// set-up would otherwise take turns with the one verifying the other.
+/// (The kernel keeps it within the process's cpuset.) Nothing happens
+/// where it cannot.
+fn run_on_any_cpu() {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let mut every = CpuSet::new();
+    for cpu in crate::events::online_cpus() {
+        let _ = every.set(cpu as usize);
+    }
+    if let Err(error) = sched_setaffinity(nix::unistd::Pid::from_raw(0), &every) {
+        log::debug!("BPF engine: the allocation program's loader stays on one CPU: {error}");
+    }
+}

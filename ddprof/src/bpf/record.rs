@@ -2,7 +2,8 @@
 //! `RawSampleHeader`, kernel frames, user frames) into [`Sample`]s.
 use ddprof_common::sample::{
     RawSampleHeader, RawTraceContext, StackEnd, HANDOFF_NOTICE, RAW_SAMPLE_HEADER_SIZE,
-    RAW_TRACE_CONTEXT_SIZE, TRACE_CONTEXT_ATTR_BYTES, TRACE_CONTEXT_MARKER, WALL_RESUME,
+    RAW_TRACE_CONTEXT_SIZE, RECORD_HAS_ARGUMENTS, TRACE_CONTEXT_ATTR_BYTES, TRACE_CONTEXT_MARKER,
+    WALL_RESUME,
 };
 
 use crate::sample::{OffCpu, Sample};
@@ -13,9 +14,11 @@ use crate::trace_context::RawContext;
 #[derive(Debug, PartialEq, Eq)]
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Record {
-    /// A sample, and the context its thread published, if any (its labels
-    /// are named by the engine, which knows the process's keys).
-    Sample(Sample, Option<RawContext>),
+    /// A sample, the context its thread published, if any (its labels
+    /// are named by the engine, which knows the process's keys), and the
+    /// probed function's first three arguments for a uprobe's sample
+    /// (`sALLOC`'s marker), which the engine weighs it by.
+    Sample(Sample, Option<RawContext>, Option<[u64; 3]>),
     /// The program handed a sample of process `pid` to the perf engine and
     /// woke the reader to describe the process (`HANDOFF_NOTICE`).
     HandoffNotice { pid: u32 },
@@ -72,6 +75,7 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
                 trace: None,
             },
             None,
+            None,
         ));
     }
     let kernel = header.kernel_frames as usize;
@@ -125,6 +129,11 @@ pub(super) fn decode(bytes: &[u8], spare: &mut Vec<Vec<u64>>) -> Option<Record> 
             trace: None,
         },
         context,
+        (header.flags & RECORD_HAS_ARGUMENTS != 0).then_some([
+            header.period,
+            header.arguments[0],
+            header.arguments[1],
+        ]),
     ))
 }
 
@@ -144,7 +153,8 @@ mod tests {
             user_frames: 2,
             kernel_frames: 1,
             event_cookie: 3,
-            reserved: 0,
+            flags: 0,
+            arguments: [0; 2],
         };
         let mut bytes = Vec::new();
         // SAFETY: viewing a repr(C) value as its bytes.
@@ -157,7 +167,7 @@ mod tests {
         for frame in [0xffff_ffff_8100_0000u64, 0x401000, 0x402000] {
             bytes.extend_from_slice(&frame.to_le_bytes());
         }
-        let Some(Record::Sample(sample, None)) = decode(&bytes, &mut Vec::new()) else {
+        let Some(Record::Sample(sample, None, None)) = decode(&bytes, &mut Vec::new()) else {
             panic!("not decoded as a sample");
         };
         assert_eq!(sample.kernel_frames, vec![0xffff_ffff_8100_0000]);
@@ -168,7 +178,7 @@ mod tests {
         assert!(!sample.truncated());
         // Spare vectors (an earlier sample's frames) are emptied and refilled.
         let mut spare = vec![vec![1, 2, 3, 4, 5], vec![6; 300]];
-        let Some(Record::Sample(reused, None)) = decode(&bytes, &mut spare) else {
+        let Some(Record::Sample(reused, None, None)) = decode(&bytes, &mut spare) else {
             panic!("not decoded as a sample");
         };
         assert_eq!(reused, sample);
@@ -197,7 +207,8 @@ mod tests {
         }
         .to_vec();
         with_context.extend_from_slice(&bytes);
-        let Some(Record::Sample(same, Some(raw))) = decode(&with_context, &mut Vec::new()) else {
+        let Some(Record::Sample(same, Some(raw), None)) = decode(&with_context, &mut Vec::new())
+        else {
             panic!("not decoded as a sample with a context");
         };
         assert_eq!(same, sample);
@@ -221,11 +232,35 @@ mod tests {
         };
         let mut overlong = overlong.to_vec();
         overlong.extend_from_slice(&bytes);
-        let Some(Record::Sample(_, Some(raw))) = decode(&overlong, &mut Vec::new()) else {
+        let Some(Record::Sample(_, Some(raw), None)) = decode(&overlong, &mut Vec::new()) else {
             panic!("not decoded");
         };
         assert_eq!(raw.attrs.len(), TRACE_CONTEXT_ATTR_BYTES);
         assert!(decode(&bytes[..10], &mut Vec::new()).is_none());
+
+        // A uprobe's record carries the marker's three arguments: its
+        // period (the size) and `arguments`; without the flag, none.
+        let allocation = RawSampleHeader {
+            flags: RECORD_HAS_ARGUMENTS,
+            arguments: [0x5555_0000, 1],
+            ..header
+        };
+        let mut allocation_bytes = Vec::new();
+        // SAFETY: viewing a repr(C) value as its bytes.
+        allocation_bytes.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(
+                (&allocation as *const RawSampleHeader).cast::<u8>(),
+                RAW_SAMPLE_HEADER_SIZE,
+            )
+        });
+        allocation_bytes.extend_from_slice(&bytes[RAW_SAMPLE_HEADER_SIZE..]);
+        let Some(Record::Sample(same, None, Some(arguments))) =
+            decode(&allocation_bytes, &mut Vec::new())
+        else {
+            panic!("not decoded as a sample with arguments");
+        };
+        assert_eq!(same, sample);
+        assert_eq!(arguments, [10, 0x5555_0000, 1]);
 
         // A hand-off notice is the header alone, whatever its frame counts.
         let notice = RawSampleHeader {

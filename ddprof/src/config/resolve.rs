@@ -201,7 +201,9 @@ pub fn resolve_with(
             },
             bpf_ring_buffer_bytes: ring_buffer_bytes.unwrap_or_else(|| {
                 crate::bpf::ring_buffer_bytes_for_rate(
-                    samples_per_second(&events) + wall_stacks_per_second(&events),
+                    samples_per_second(&events)
+                        + wall_stacks_per_second(&events)
+                        + allocation_samples_per_second(&events),
                 )
             }),
             wall: wall_sampling(&events),
@@ -268,8 +270,9 @@ pub(super) fn kernel_stacks(cli: &Cli) -> bool {
 
 /// Samples a second of a busy task's CPU time: the events' rates summed
 /// (the default event's when none is given), but `sALLOC`'s, whose probes
-/// have buffers of their own ([`allocation_buffers`]) and whose samples the
-/// BPF engine never sees.
+/// have perf buffers of their own ([`allocation_buffers`]) and whose
+/// share of the BPF ring buffer is counted apart
+/// ([`allocation_samples_per_second`]).
 fn samples_per_task_second(events: &[EventSpec]) -> u64 {
     let rates = events
         .iter()
@@ -302,6 +305,18 @@ fn allocation_buffers(
 fn samples_per_second(events: &[EventSpec]) -> u64 {
     let cpus = crate::events::online_cpus().len().max(1) as u64;
     samples_per_task_second(events).saturating_mul(cpus)
+}
+
+/// The allocation samples the BPF engine's uprobe program may write a
+/// second ([`EventSpec::per_second`]'s program allocating 1 GB a second,
+/// on every online CPU): they share the ring buffer with the CPU samples.
+fn allocation_samples_per_second(events: &[EventSpec]) -> u64 {
+    let cpus = crate::events::online_cpus().len().max(1) as u64;
+    events
+        .iter()
+        .filter(|spec| matches!(spec.kind, crate::events::EventKind::Allocation { .. }))
+        .map(|spec| spec.per_second().saturating_mul(cpus))
+        .sum()
 }
 
 /// The wall-time stacks the BPF program may write a second on every online

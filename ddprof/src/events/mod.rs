@@ -84,6 +84,19 @@ pub mod x86_regs {
         SAMPLED.iter().any(|(bit, _)| *bit == u64::from(register))
     }
 
+    /// The registers of a record that carries a probed function's first
+    /// three integer arguments (the BPF engine's allocation samples) where
+    /// a perf sample would have them: `rdi`, `rsi`, `rdx` (DWARF 5, 4, 1),
+    /// so that [`super::Weighing`] reads both engines' samples alike.
+    pub fn with_arguments(arguments: [u64; 3]) -> crate::unwind::UserRegs {
+        let mut regs = crate::unwind::UserRegs::default();
+        regs.others[5] = arguments[0];
+        regs.others[4] = arguments[1];
+        regs.others[1] = arguments[2];
+        regs.known = (1 << 5) | (1 << 4) | (1 << 1);
+        regs
+    }
+
     /// The value of perf register `register` in `regs` (as the sample
     /// recorded it), if sampled.
     pub fn value(regs: &crate::unwind::UserRegs, register: u8) -> Option<u64> {

@@ -214,6 +214,22 @@ impl Weighing {
         }
     }
 
+    /// Weighs `sample` as this event does, from its period (the weight it
+    /// came with) and user registers `regs`: its weight and count, what it
+    /// says of the heap, and the sampler library's frames taken off its
+    /// stack. Both engines' samples go through here.
+    pub fn weigh(
+        &self,
+        sample: &mut crate::sample::Sample,
+        regs: Option<&crate::unwind::UserRegs>,
+    ) {
+        sample.weight = self.weight(sample.weight, regs);
+        sample.scaled_count = self.scaled_count(regs);
+        let hidden = self.hidden_frames(regs);
+        sample.frames.drain(..hidden.min(sample.frames.len()));
+        sample.heap = self.heap_event(regs);
+    }
+
     /// Innermost frames of the sample's stack that are not the program's:
     /// an allocation is sampled in the preloaded library's marker, called
     /// by its hook; a mapping's hook (`mmap`, `mmap64`: the marker's third

@@ -132,37 +132,31 @@ impl Unwinding<'_> {
     pub(super) fn sample(
         &mut self,
         raw: record::SampleView<'_>,
-        mut frames: Vec<u64>,
+        frames: Vec<u64>,
         end: StackEnd,
     ) -> Sample {
         self.counters.samples += 1;
         if end.is_complete() {
             self.counters.complete += 1;
         }
-        let weighing = self.weighings.of(raw.event);
-        let weight = weighing.map_or(raw.period, |weighing| {
-            weighing.weight(raw.period, raw.regs.as_ref())
-        });
-        let scaled_count = weighing.map_or(crate::events::COUNT_UNIT, |weighing| {
-            weighing.scaled_count(raw.regs.as_ref())
-        });
-        // An allocation's first frames are the sampler library's.
-        let hidden = weighing.map_or(0, |weighing| weighing.hidden_frames(raw.regs.as_ref()));
-        frames.drain(..hidden.min(frames.len()));
-        Sample {
+        let mut sample = Sample {
             pid: raw.pid,
             tid: raw.tid,
             time: raw.time,
             cpu: raw.cpu,
             event: raw.event,
-            weight,
-            scaled_count,
+            weight: raw.period,
+            scaled_count: crate::events::COUNT_UNIT,
             frames,
             kernel_frames: raw.kernel_frames,
             end,
-            heap: weighing.and_then(|weighing| weighing.heap_event(raw.regs.as_ref())),
+            heap: None,
             off_cpu: None,
             trace: None,
+        };
+        if let Some(weighing) = self.weighings.of(raw.event) {
+            weighing.weigh(&mut sample, raw.regs.as_ref());
         }
+        sample
     }
 }

@@ -19,6 +19,10 @@ const MODES: &[&str] = &[
     "ddprof sCPU",
     "ddprof sCPU;sALLOC",
     "ddprof sCPU;sALLOC mode=sl",
+    // The alternative the BPF engine's uprobe program replaces: each
+    // sample's stack copied through the perf buffers and unwound by the
+    // profiler.
+    "ddprof --engine perf sCPU;sALLOC",
     "heaptrack",
 ];
 
@@ -41,6 +45,11 @@ const COST_MODES: &[(&str, &str, &str)] = &[
     (
         "every allocation sampled, live heap",
         "sALLOC p=1 m=sl",
+        "200000",
+    ),
+    (
+        "every allocation sampled, perf engine (stack copies)",
+        "--engine perf sALLOC p=1",
         "200000",
     ),
 ];
@@ -182,9 +191,14 @@ fn wrapped(mode: &str, ddprof: &Path, output: &Path, command: &[String]) -> Vec<
             output.join("heaptrack").display().to_string(),
         ],
         _ => {
-            let events = mode.trim_start_matches("ddprof ");
-            vec![
-                ddprof.display().to_string(),
+            let settings = mode.trim_start_matches("ddprof ");
+            let (engine, events) = match settings.strip_prefix("--engine perf ") {
+                Some(events) => (&["--engine", "perf"][..], events),
+                None => (&[][..], settings),
+            };
+            let mut line = vec![ddprof.display().to_string()];
+            line.extend(engine.iter().map(|word| word.to_string()));
+            line.extend([
                 "-e".into(),
                 events.into(),
                 "--output".into(),
@@ -192,7 +206,8 @@ fn wrapped(mode: &str, ddprof: &Path, output: &Path, command: &[String]) -> Vec<
                 "-l".into(),
                 "notice".into(),
                 "--".into(),
-            ]
+            ]);
+            line
         }
     };
     line.extend(command.iter().cloned());
@@ -355,7 +370,8 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
             let sampled = median(figures_of_mode.alloc_samples.clone())
                 .filter(|_| mode.contains("sALLOC"))
                 .map_or("–".to_string(), |samples| {
-                    let price_ns = costs.sample_price_ns(mode.contains("mode=sl"));
+                    let price_ns = costs
+                        .sample_price_ns(mode.contains("mode=sl"), mode.contains("--engine perf"));
                     let cost_ms = samples * price_ns.unwrap_or(0.0) / 1e6;
                     format!(
                         "{samples:.0} ({cost_ms:.1} ms, {:.2} %)",
@@ -409,9 +425,14 @@ impl Costs {
     }
 
     /// What one sampled allocation costs the program (with its free, in
-    /// live mode): every allocation sampled, over the hooks alone.
-    fn sample_price_ns(&self, live: bool) -> Option<f64> {
-        let (sampled, hooks) = if live { (4, 2) } else { (3, 1) };
+    /// live mode; unwound by the perf engine from a stack copy, with
+    /// `perf_engine`): every allocation sampled, over the hooks alone.
+    fn sample_price_ns(&self, live: bool, perf_engine: bool) -> Option<f64> {
+        let (sampled, hooks) = match (live, perf_engine) {
+            (_, true) => (5, 1),
+            (true, false) => (4, 2),
+            (false, false) => (3, 1),
+        };
         Some(self.over_unprofiled(sampled)? - self.over_unprofiled(hooks)?)
     }
 }
