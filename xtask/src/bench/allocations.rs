@@ -248,8 +248,10 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
          of ddprof's `alloc_samples`, and beside it what those samples cost the program by \
          the cost table below (each sample's price there, times the samples; in live mode \
          the price of a sample and its free), in milliseconds and in % of the unprofiled \
-         run: what the sampled threads pay at the samples, in a tight loop's terms (not \
-         what each sample's 32 KB stack copy costs the program afterwards, in its caches). \
+         run: what the sampled threads pay at the samples, in a tight loop's terms (with \
+         `--engine perf`, not what each sample's 32 KB stack copy costs the program \
+         afterwards, in its caches, nor the profiler's unwinding of it on a CPU the \
+         program could use). \
          *command CPU* is the command's user + system time \
          (wait4's, its children's included; heaptrack's interpreter too, ddprof's detached \
          profiler not), and *CPU ratio* the same paired median over it; *profiler CPU* is \
@@ -487,8 +489,9 @@ impl Costs {
              the thread's CPU time per pair, median of {runs} runs; *over unprofiled* is the \
              median of each run's difference with the unprofiled run of the same round. With \
              every allocation sampled, the pair's time over the hooks' alone is the price of \
-             one sample (the uprobe's trap and the kernel's copy of registers and 32 KB of \
-             stack; in live mode, and of its free's).\n\n\
+             one sample (the uprobe's trap and the BPF program's walk of the stack, or with \
+             the perf engine the kernel's copy of registers and 32 KB of stack; in live mode, \
+             and of its free's).\n\n\
              | mode | ns per pair | over unprofiled (ns) |\n|---|---|---|"
         )?;
         for (index, ((mode, _, _), values)) in COST_MODES.iter().zip(&self.nanos).enumerate() {
