@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// Only the allocation section
     #[arg(long)]
     pub only_allocations: bool,
+    /// The allocation section's modes, by name, comma-separated (default:
+    /// all; `unprofiled`, the baseline, always runs)
+    #[arg(long, value_delimiter = ',')]
+    pub allocation_modes: Vec<String>,
     /// Runs per mode of the trace context section (0: skip it)
     #[arg(long, default_value_t = 5)]
     pub trace_context_runs: usize,
@@ -166,8 +170,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.only_allocations {
         let mut report = String::new();
         let runs = args.allocation_runs.max(1);
-        allocations::allocation_section(&ddprof, runs, &mut report)?;
-        let command = format!("--only-allocations --allocation-runs {runs}");
+        allocations::allocation_section(&ddprof, runs, &args.allocation_modes, &mut report)?;
+        let mut command = format!("--only-allocations --allocation-runs {runs}");
+        if !args.allocation_modes.is_empty() {
+            command += &format!(" --allocation-modes '{}'", args.allocation_modes.join(","));
+        }
         return finish_only_section(report, &command, "## Allocations\n", args.write_docs);
     }
     let measure_exe = build_measure()?;
@@ -562,9 +569,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         results.global = Some(global);
     }
     if args.allocation_runs > 0 {
-        if let Err(error) =
-            allocations::allocation_section(&ddprof, args.allocation_runs, &mut report)
-        {
+        if let Err(error) = allocations::allocation_section(
+            &ddprof,
+            args.allocation_runs,
+            &args.allocation_modes,
+            &mut report,
+        ) {
             writeln!(report, "## Allocations\n\nNot measured: {error:#}\n")?;
         }
     }

@@ -216,8 +216,28 @@ fn wrapped(mode: &str, ddprof: &Path, output: &Path, command: &[String]) -> Vec<
 
 /// The allocation section: `runs` runs of each program in each mode,
 /// interleaved, medians.
-pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String) -> Result<()> {
-    if !have("heaptrack") || !have("sqlite3") {
+/// `selected`: the modes to run by name (none: all of [`MODES`]); the
+/// unprofiled baseline runs whatever the selection.
+pub(super) fn allocation_section(
+    ddprof: &Path,
+    runs: usize,
+    selected: &[String],
+    report: &mut String,
+) -> Result<()> {
+    if let Some(unknown) = selected.iter().find(|name| !MODES.contains(&name.as_str())) {
+        bail!(
+            "no allocation mode `{unknown}`; the modes: {}",
+            MODES.join(", ")
+        );
+    }
+    let modes: Vec<&str> = MODES
+        .iter()
+        .copied()
+        .filter(|mode| {
+            *mode == "unprofiled" || selected.is_empty() || selected.iter().any(|s| s == mode)
+        })
+        .collect();
+    if (modes.contains(&"heaptrack") && !have("heaptrack")) || !have("sqlite3") {
         bail!("the allocation section needs heaptrack and sqlite3 (apt-get install heaptrack sqlite3)");
     }
     let scratch: PathBuf =
@@ -256,14 +276,15 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
          (wait4's, its children's included; heaptrack's interpreter too, ddprof's detached \
          profiler not), and *CPU ratio* the same paired median over it; *profiler CPU* is \
          ddprof's summary (`profiler_cpu_ms`, its processes' CPU). heaptrack records every \
-         allocation (the exact reference of `tests/allocations.rs`).\n"
+         allocation (the exact reference of `tests/allocations.rs`). Every run has \
+         `PYTHONHASHSEED=0`: python3's dicts collide alike from run to run.\n"
     )?;
     for program in &programs {
         say(&format!("allocations: {}", program.name));
-        let mut figures: Vec<Figures> = MODES.iter().map(|_| Figures::default()).collect();
+        let mut figures: Vec<Figures> = modes.iter().map(|_| Figures::default()).collect();
         let mut lines = Vec::new();
         for _ in 0..runs {
-            for (index, mode) in MODES.iter().enumerate() {
+            for (index, mode) in modes.iter().enumerate() {
                 let output = scratch.join(format!("out-{index}"));
                 let _ = std::fs::remove_dir_all(&output);
                 std::fs::create_dir_all(&output)?;
@@ -286,7 +307,7 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                     .collect()
                 };
                 let line = wrapped(mode, ddprof, &output, &stamped);
-                if lines.len() < MODES.len() {
+                if lines.len() < modes.len() {
                     lines.push(shell_words(&line));
                 }
                 let cpu_before = children_cpu_s();
@@ -300,6 +321,9 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
                 let stderr_path = scratch.join(format!("stderr-{index}"));
                 let mut child = Command::new(&line[0])
                     .args(&line[1..])
+                    // python3's string hashes, and with them its dicts'
+                    // collisions, change from run to run otherwise.
+                    .env("PYTHONHASHSEED", "0")
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(std::fs::File::create(&stderr_path)?)
@@ -363,7 +387,7 @@ pub(super) fn allocation_section(ddprof: &Path, runs: usize, report: &mut String
             })
         };
         let unprofiled_s = median(figures[0].own_run_s.clone()).unwrap_or(0.0);
-        for (mode, figures_of_mode) in MODES.iter().zip(&figures) {
+        for (mode, figures_of_mode) in modes.iter().zip(&figures) {
             let (slowdown, spread) = paired_ratio(&figures_of_mode.wall_s, &figures[0].wall_s);
             let (own_slowdown, own_spread) =
                 paired_ratio(&figures_of_mode.own_run_s, &figures[0].own_run_s);
