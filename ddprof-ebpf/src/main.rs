@@ -253,19 +253,7 @@ pub fn ddprof_sample(ctx: *mut c_void) -> u32 {
         count(BpfCounter::HandedOverInherited);
         return 1;
     }
-    let data = ctx.as_ptr() as *const bpf_perf_event_data;
-    // SAFETY: reads of the program context at constant offsets: the
-    // interrupted registers, and the sample's period.
-    let (interrupted, period) = unsafe { (&(*data).regs, (*data).sample_period) };
-    match start_sample(
-        ctx.as_ptr(),
-        interrupted,
-        period,
-        SAMPLE_SLOT,
-        kernel_stacks(),
-        |_| saved_user_regs_btf(),
-        || cookie,
-    ) {
+    match start_perf_sample(&ctx, |_| saved_user_regs_btf(), || cookie) {
         Start::Done(value) => value,
         Start::NoUserContext => finish_sample(SAMPLE_SLOT, true),
         Start::Walk => {
@@ -363,19 +351,8 @@ fn allocation_sample(ctx: *mut c_void) -> u32 {
 #[link_section = "perf_event/ddprof_sample_tail"]
 pub fn ddprof_sample_tail(ctx: *mut c_void) -> u32 {
     let ctx = PerfEventContext::new(ctx.cast());
-    let data = ctx.as_ptr() as *const bpf_perf_event_data;
-    // SAFETY: as in `ddprof_sample`.
-    let (interrupted, period) = unsafe { (&(*data).regs, (*data).sample_period) };
     // No cookies: `bpf_get_attach_cookie` is newer than 5.10.
-    match start_sample(
-        ctx.as_ptr(),
-        interrupted,
-        period,
-        SAMPLE_SLOT,
-        kernel_stacks(),
-        |_| SavedRegs::HandOff,
-        || 0,
-    ) {
+    match start_perf_sample(&ctx, |_| SavedRegs::HandOff, || 0) {
         Start::Done(value) => value,
         Start::NoUserContext => finish_sample(SAMPLE_SLOT, false),
         Start::Walk => continue_walk(&ctx),
@@ -826,11 +803,35 @@ enum SavedRegs {
     HandOff,
 }
 
-/// Whether the loader asked for kernel stacks.
+/// [`start_sample`] for a perf_event program: the interrupted registers
+/// and the period from its context, kernel stacks as the loader asked, in
+/// `SAMPLE_SLOT`.
 #[inline(always)]
-fn kernel_stacks() -> bool {
-    // SAFETY: a read of a constant the loader may have set.
-    unsafe { core::ptr::read_volatile(&KERNEL_STACKS) != 0 }
+fn start_perf_sample(
+    ctx: &PerfEventContext,
+    saved_regs: impl FnOnce(&pt_regs) -> SavedRegs,
+    cookie: impl FnOnce() -> u32,
+) -> Start {
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: reads of the program context at constant offsets: the
+    // interrupted registers, and the sample's period; and of a constant
+    // the loader may have set.
+    let (interrupted, period, kernel_stacks) = unsafe {
+        (
+            &(*data).regs,
+            (*data).sample_period,
+            core::ptr::read_volatile(&KERNEL_STACKS) != 0,
+        )
+    };
+    start_sample(
+        ctx.as_ptr(),
+        interrupted,
+        period,
+        SAMPLE_SLOT,
+        kernel_stacks,
+        saved_regs,
+        cookie,
+    )
 }
 
 /// Counts the sample, fills the record's header (`period` its period) and
@@ -902,9 +903,18 @@ fn start_sample(
         record.header.cpu = bpf_get_smp_processor_id();
     }
     record.header.period = period;
-    record.header.event_cookie = cookie();
-    record.header.flags = 0;
-    record.header.arguments = [0, 0];
+    // Volatile stores: LLVM would turn these zeros (with a cookie of 0)
+    // into a call of `memset`, a BPF-to-BPF call the tail-call variant must
+    // not make (see `ddprof_sample_tail`).
+    // SAFETY: fields of this CPU's scratch record, written through
+    // pointers into it.
+    unsafe {
+        use core::ptr::addr_of_mut;
+        addr_of_mut!(record.header.event_cookie).write_volatile(cookie());
+        addr_of_mut!(record.header.flags).write_volatile(0);
+        addr_of_mut!(record.header.arguments[0]).write_volatile(0);
+        addr_of_mut!(record.header.arguments[1]).write_volatile(0);
+    }
 
     let mut kernel_frames = 0u32;
     if kernel_stacks {

@@ -161,18 +161,7 @@ fn perf_event_probe() -> Result<&'static str, OpenError> {
 /// Whether `sWALL` can be sampled: its `sched_switch` program, loaded
 /// with the `bpf_loop` variant (`loaded`), loaded and verified.
 fn wall_line(loaded: &Result<BpfProgram, BpfError>) -> String {
-    let why_not = match loaded {
-        Ok(program) => match program.wall_loaded() {
-            Some(Ok(())) => None,
-            Some(Err(why)) => Some(why),
-            None => Some("not loaded".into()),
-        },
-        Err(error) => Some(format!(
-            "the bpf_loop variant does not load: {}",
-            first_line(&error.to_string())
-        )),
-    };
-    match why_not {
+    match why_not_loaded(loaded, BpfProgram::wall_loaded) {
         None => "wall time (sWALL): the sched_switch program loads and verifies".into(),
         Some(why) => format!("wall time (sWALL): not available: {}", first_line(&why)),
     }
@@ -181,8 +170,25 @@ fn wall_line(loaded: &Result<BpfProgram, BpfError>) -> String {
 /// Whether `sALLOC`'s samples can be unwound in the kernel: its uprobe
 /// program, loaded beside the `bpf_loop` variant (`loaded`) and verified.
 fn allocation_line(loaded: &Result<BpfProgram, BpfError>) -> String {
-    let why_not = match loaded {
-        Ok(program) => match program.allocation_loaded() {
+    match why_not_loaded(loaded, BpfProgram::allocation_loaded) {
+        None => "allocations (sALLOC): the uprobe program loads and verifies (stacks unwound in \
+                 the kernel)"
+            .into(),
+        Some(why) => format!(
+            "allocations (sALLOC): unwound by the perf engine from stack copies: {}",
+            first_line(&why)
+        ),
+    }
+}
+
+/// Why a program loaded beside the `bpf_loop` variant (`loaded`) is not
+/// there (`outcome` says how its load went); `None`: it loaded.
+fn why_not_loaded(
+    loaded: &Result<BpfProgram, BpfError>,
+    outcome: impl Fn(&BpfProgram) -> Option<Result<(), String>>,
+) -> Option<String> {
+    match loaded {
+        Ok(program) => match outcome(program) {
             Some(Ok(())) => None,
             Some(Err(why)) => Some(why),
             None => Some("not loaded".into()),
@@ -191,15 +197,6 @@ fn allocation_line(loaded: &Result<BpfProgram, BpfError>) -> String {
             "the bpf_loop variant does not load: {}",
             first_line(&error.to_string())
         )),
-    };
-    match why_not {
-        None => "allocations (sALLOC): the uprobe program loads and verifies (stacks unwound in \
-                 the kernel)"
-            .into(),
-        Some(why) => format!(
-            "allocations (sALLOC): unwound by the perf engine from stack copies: {}",
-            first_line(&why)
-        ),
     }
 }
 

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use ddprof_common::sample::BpfCounter;
 
-use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes, ProgramSettings};
+use super::load::{BpfCounters, BpfError, BpfProgram, MapMemory, MapSizes};
 use super::record::{decode, Record};
+use super::settings::ProgramSettings;
 use super::sync::{MapMirror, TableStats};
 use super::variant::BpfVariant;
 use crate::events::EventFd;

@@ -11,6 +11,7 @@
 //! - `choose`: which engine runs (`auto` falls back to perf with a reason);
 //! - `variant`, `programs`: which program variant this kernel runs, and
 //!   loading its programs;
+//! - `settings`: what the program is loaded with ([`ProgramSettings`]);
 //! - `load`: [`BpfProgram`] (the object loaded with its maps sized,
 //!   attached to events, its counters) and [`BpfError`];
 //! - `engine`: [`BpfEngine`], the ring buffer read into samples;
@@ -30,6 +31,7 @@ mod parked;
 mod programs;
 mod record;
 mod rows;
+mod settings;
 mod sync;
 mod trace_contexts;
 mod variant;
@@ -40,9 +42,9 @@ pub use engine::{
     DEFAULT_RING_BUFFER_BYTES,
 };
 pub use load::{
-    wakes_on_handoff_at, BpfCounters, BpfError, BpfProgram, MapMemory, MapProblem, MapSizes,
-    ProgramSettings, ProgramStats, BPF_OBJECT, HANDOFF_WAKEUP_MIN_HZ,
+    BpfCounters, BpfError, BpfProgram, MapMemory, MapProblem, MapSizes, ProgramStats, BPF_OBJECT,
 };
 pub use rows::{StoreError, TableMaps};
+pub use settings::{wakes_on_handoff_at, ProgramSettings, HANDOFF_WAKEUP_MIN_HZ};
 pub use sync::{LoadedFileReport, TableStats};
 pub use variant::{choose_variant, kernel_has_bpf_loop, probe_variants, BpfVariant, VARIANT_ENV};
