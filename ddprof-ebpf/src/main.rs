@@ -22,6 +22,13 @@
 //! the per-CPU `SCRATCH` and `WALKS` with the perf_event programs: those run
 //! with preemption off, and it runs in the scheduler with interrupts off,
 //! so neither can start on a CPU while the other runs there.
+//!
+//! `ddprof_allocation` (`sALLOC`, beside the `bpf_loop` variant) is a
+//! uprobe program on the preloaded library's allocation marker: it walks
+//! the stack from the registers at the marker the same way and writes the
+//! marker's arguments into the record. It runs in the task's context with
+//! only migration off, so it has a slot of its own in `SCRATCH` and
+//! `WALKS`, and `ALLOCATION_OWNERS` keeps two of its runs apart on one CPU.
 #![no_std]
 #![no_main]
 
