@@ -102,7 +102,7 @@ impl Default for BpfEngineOptions {
 pub struct BpfEngine {
     pub(super) program: BpfProgram,
     /// Kept open: the program stays attached as long as they are.
-    events: Vec<EventFd>,
+    _events: Vec<EventFd>,
     workload_pids: Vec<u32>,
     pub(super) ring: RingBuf<MapData>,
     /// What the maps hold (edited by the sync only: `super::sync`).
@@ -168,7 +168,7 @@ impl BpfEngine {
                     .any(|event| event.scope == crate::events::Scope::Global),
             allocation: events
                 .iter()
-                .find(|event| is_allocation(event))
+                .find(|event| event.spec.is_allocation())
                 .map(|event| event.spec.index()),
         };
         let mut program = BpfProgram::load_with(sizes, settings, options.variant)?;
@@ -193,7 +193,7 @@ impl BpfEngine {
         );
         let mut engine = BpfEngine {
             program,
-            events: Vec::new(),
+            _events: Vec::new(),
             workload_pids: options.workload_pids.clone(),
             ring,
             mirror: MapMirror::new(rows, compiler),
@@ -238,7 +238,7 @@ impl BpfEngine {
         }
         let mut allocation_attached = false;
         for event in per_task {
-            if is_allocation(event) {
+            if event.spec.is_allocation() {
                 // Once: the program goes with the uprobe, not with one
                 // descriptor of it.
                 if !allocation_attached {
@@ -299,7 +299,7 @@ impl BpfEngine {
             events.len(),
             ms(attaching.elapsed())
         );
-        engine.events = events;
+        engine._events = events;
         Ok(engine)
     }
 
@@ -563,15 +563,6 @@ fn size_for_workload(options: &BpfEngineOptions) -> (ProcessTable, u32, Duration
         .max_processes
         .unwrap_or_else(|| (process_count.saturating_mul(2) + 64).clamp(128, 16384));
     (processes, max_processes, proc_time)
-}
-
-/// Whether `event` is `sALLOC`'s uprobe (its samples weigh the allocated
-/// size).
-fn is_allocation(event: &EventFd) -> bool {
-    matches!(
-        event.spec.weighing.value,
-        crate::events::EventValue::AllocationSize { .. }
-    )
 }
 
 /// Makes a record's cookie its event's index (0: the CPU-time event), and

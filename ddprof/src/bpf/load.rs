@@ -580,8 +580,8 @@ impl BpfProgram {
         self.attach_program(names::IGNORE_PROGRAM, event)
     }
 
-    /// The descriptor of the loaded perf_event program `name` (the
-    /// object keeps it open as long as `self` lives).
+    /// The descriptor of the loaded program `name` (the object keeps it
+    /// open as long as `self` lives).
     fn program_fd(&self, name: &str) -> Result<std::os::fd::RawFd, BpfError> {
         let program = self
             .ebpf

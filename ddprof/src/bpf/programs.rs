@@ -1,6 +1,6 @@
 //! Loading the programs of a variant: a program of the object by name, the
 //! tail-call continuation put in its prog array, load errors classified.
-use aya::programs::PerfEvent;
+use aya::programs::{PerfEvent, Program};
 use aya::Ebpf;
 use ddprof_common::bpf_maps::names;
 
@@ -92,17 +92,30 @@ pub(super) fn load_wall_program(ebpf: &mut Ebpf, variant: BpfVariant) -> Result<
         started.elapsed().as_secs_f64() * 1e3
     );
     let name = names::WALL_PROGRAM;
-    let program: &mut aya::programs::BtfTracePoint = ebpf
-        .program_mut(name)
+    let program: &mut aya::programs::BtfTracePoint = side_program(ebpf.program_mut(name), name)?;
+    program
+        .load("sched_switch", &btf)
+        .map_err(|error| refused(error, name, "sched_switch"))
+}
+
+/// A program of the object loaded beside the entry (`sWALL`'s,
+/// `sALLOC`'s), as its type; `Err`: why not, in words for the log.
+fn side_program<'a, T>(program: Option<&'a mut Program>, name: &str) -> Result<&'a mut T, String>
+where
+    &'a mut T: TryFrom<&'a mut Program, Error = aya::programs::ProgramError>,
+{
+    program
         .ok_or_else(|| format!("the object has no program `{name}`"))?
         .try_into()
-        .map_err(|e: aya::programs::ProgramError| first_line(&e))?;
-    program.load("sched_switch", &btf).map_err(|error| {
-        let refused = load_error_text(&error);
-        // With DDPROF_BPF_VERIFIER_LOG, the log's tail on stderr.
-        load_error(error, name);
-        format!("the kernel refused the sched_switch program: {refused}")
-    })
+        .map_err(|e: aya::programs::ProgramError| first_line(&e))
+}
+
+/// A side program's refused load in words for the log (with
+/// `DDPROF_BPF_VERIFIER_LOG`, the verifier log's tail on stderr).
+fn refused(error: aya::programs::ProgramError, name: &str, what: &str) -> String {
+    let refused = load_error_text(&error);
+    load_error(error, name);
+    format!("the kernel refused the {what} program: {refused}")
 }
 
 /// Loads the variant's entry program `entry` and, when `allocation` asks
@@ -152,16 +165,10 @@ pub(super) fn load_entry_beside_allocation(
         let allocation = allocation_program.map(|program| {
             scope.spawn(move || -> Result<(), String> {
                 run_on_any_cpu();
-                let program: &mut aya::programs::UProbe = program
-                    .ok_or_else(|| format!("the object has no program `{allocation_name}`"))?
-                    .try_into()
-                    .map_err(|e: aya::programs::ProgramError| first_line(&e))?;
-                program.load().map_err(|error| {
-                    let refused = load_error_text(&error);
-                    // With DDPROF_BPF_VERIFIER_LOG, the log's tail on stderr.
-                    load_error(error, allocation_name);
-                    format!("the kernel refused the allocation program: {refused}")
-                })
+                let program: &mut aya::programs::UProbe = side_program(program, allocation_name)?;
+                program
+                    .load()
+                    .map_err(|error| refused(error, allocation_name, "allocation"))
             })
         });
         let entry_loaded = entry_program.load().map_err(|e| load_error(e, entry));

@@ -55,9 +55,8 @@ fn leave_out_what_attaching_cannot_sample(
     if !attached {
         return Ok((events, Vec::new()));
     }
-    let (allocations, mut kept): (Vec<EventSpec>, Vec<EventSpec>) = events
-        .into_iter()
-        .partition(|spec| matches!(spec.kind, crate::events::EventKind::Allocation { .. }));
+    let (allocations, mut kept): (Vec<EventSpec>, Vec<EventSpec>) =
+        events.into_iter().partition(EventSpec::is_allocation);
     let left_out = allocations
         .iter()
         .map(|spec| {
@@ -90,8 +89,6 @@ fn leave_out_what_attaching_cannot_sample(
 /// the records, and a line says so. Wall time is CPU time plus the time off
 /// a CPU, so `sWALL` always comes with CPU time.
 fn with_process_records(mut events: Vec<EventSpec>, said: &mut Vec<String>) -> Vec<EventSpec> {
-    let allocation =
-        |spec: &EventSpec| matches!(spec.kind, crate::events::EventKind::Allocation { .. });
     let wall = events.iter().any(EventSpec::is_wall_time);
     if events.is_empty() || events.iter().any(EventSpec::is_cpu_time) {
         return events;
@@ -102,7 +99,7 @@ fn with_process_records(mut events: Vec<EventSpec>, said: &mut Vec<String>) -> V
              threads spend on a CPU"
                 .into(),
         );
-    } else if events.iter().all(allocation) {
+    } else if events.iter().all(EventSpec::is_allocation) {
         said.push(
             "sALLOC alone: CPU time (sCPU) is sampled too, for the process records that \
              allocation stacks are unwound with"
@@ -274,9 +271,7 @@ pub(super) fn kernel_stacks(cli: &Cli) -> bool {
 /// share of the BPF ring buffer is counted apart
 /// ([`allocation_samples_per_second`]).
 fn samples_per_task_second(events: &[EventSpec]) -> u64 {
-    let rates = events
-        .iter()
-        .filter(|spec| !matches!(spec.kind, crate::events::EventKind::Allocation { .. }));
+    let rates = events.iter().filter(|spec| !spec.is_allocation());
     match rates.map(EventSpec::per_second).sum() {
         0 => crate::events::DEFAULT_CPU_FREQUENCY,
         sum => sum,
@@ -289,9 +284,7 @@ fn allocation_buffers(
     events: &[EventSpec],
     stack_sample_size: u32,
 ) -> Option<crate::perf::AllocationBuffers> {
-    let spec = events
-        .iter()
-        .find(|spec| matches!(spec.kind, crate::events::EventKind::Allocation { .. }))?;
+    let spec = events.iter().find(|spec| spec.is_allocation())?;
     let stack = spec.stack_sample_size.unwrap_or(stack_sample_size);
     Some(crate::perf::AllocationBuffers {
         allocations: default_ring_buffer_bytes(stack, spec.per_second()),
@@ -314,7 +307,7 @@ fn allocation_samples_per_second(events: &[EventSpec]) -> u64 {
     let cpus = crate::events::online_cpus().len().max(1) as u64;
     events
         .iter()
-        .filter(|spec| matches!(spec.kind, crate::events::EventKind::Allocation { .. }))
+        .filter(|spec| spec.is_allocation())
         .map(|spec| spec.per_second().saturating_mul(cpus))
         .sum()
 }

@@ -261,15 +261,6 @@ impl Weighings {
         }
     }
 
-    /// The weight of a sample of `event` with `period` and user registers
-    /// `regs`; an event not added weighs its period.
-    pub fn weight(&self, event: u16, period: u64, regs: Option<&crate::unwind::UserRegs>) -> u64 {
-        match self.of(event) {
-            Some(weighing) => weighing.weight(period, regs),
-            None => period,
-        }
-    }
-
     /// The weighing of `event`, if added.
     pub fn of(&self, event: u16) -> Option<&Weighing> {
         self.0.iter().find(|weighing| weighing.event == event)
@@ -340,6 +331,12 @@ impl EventSpec {
             label: format!("{} frees", self.label).into(),
             stack_sample_size: Some(8),
         })
+    }
+
+    /// Whether the event is `sALLOC`'s allocation probe (not its frees'),
+    /// whose samples weigh the allocated size.
+    pub fn is_allocation(&self) -> bool {
+        matches!(self.kind, EventKind::Allocation { .. })
     }
 
     /// Whether the event is `sWALL`, sampled by the BPF program at context
