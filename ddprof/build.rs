@@ -2,7 +2,8 @@
 //!
 //! The object comes from `$DDPROF_EBPF_OBJECT` when set (embedded as is),
 //! else from `target/ebpf/bpfel-unknown-none/release/ddprof-ebpf`, which
-//! `cargo xtask build-ebpf` writes. When the BPF sources (`ddprof-ebpf/`,
+//! `cargo xtask build-ebpf` writes (`target/ebpf-aarch64/…` for an arm64
+//! ddprof: the program reads the architecture's `pt_regs`). When the BPF sources (`ddprof-ebpf/`,
 //! `ddprof-common/`) are newer than that object, this script rebuilds it
 //! with the toolchain `build-ebpf` cached in `target/bpf-toolchain/`; with
 //! no such toolchain it builds a perf-only ddprof rather than embed an object
@@ -27,7 +28,11 @@ fn newest_mtime(path: &Path) -> Option<SystemTime> {
 /// Rebuilds the object with the toolchain `cargo xtask build-ebpf` cached,
 /// by the recipe xtask uses (`ddprof_build::build_ebpf`), the nightly
 /// pinned in ddprof-ebpf/rust-toolchain.toml.
-fn build_object(workspace: &Path, target_dir: &Path) -> Result<PathBuf, String> {
+fn build_object(
+    workspace: &Path,
+    target_dir: &Path,
+    arch: ddprof_build::BpfArch,
+) -> Result<PathBuf, String> {
     let linker_dir = target_dir.join("bpf-toolchain/bin");
     if !linker_dir.join("bpf-linker").is_file() {
         return Err(
@@ -40,6 +45,7 @@ fn build_object(workspace: &Path, target_dir: &Path) -> Result<PathBuf, String> 
         target_dir,
         &nightly,
         &linker_dir,
+        arch,
         ddprof_build::Output::Capture,
     )
 }
@@ -55,7 +61,7 @@ fn build_allocation_sampler(manifest_dir: &Path) {
     let source = manifest_dir.join("alloc/ddprof_alloc.c");
     println!("cargo::rerun-if-changed={}", source.display());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("libddprof_alloc.so");
-    let compiler = std::env::var("DDPROF_ALLOC_CC").unwrap_or_else(|_| "cc".into());
+    let compiler = std::env::var("DDPROF_ALLOC_CC").unwrap_or_else(|_| default_c_compiler());
     let status = std::process::Command::new(&compiler)
         .args([
             "-shared",
@@ -98,6 +104,19 @@ fn build_allocation_sampler(manifest_dir: &Path) {
     }
 }
 
+/// The C compiler for the target's glibc: the host's `cc`, or for a cross
+/// build (an arm64 ddprof built on x86-64) Debian's cross compiler of that
+/// architecture (`aarch64-linux-gnu-gcc`, package gcc-aarch64-linux-gnu).
+fn default_c_compiler() -> String {
+    let target_arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let host = std::env::var("HOST").unwrap_or_default();
+    if target_arch.is_empty() || host.split('-').next() == Some(target_arch.as_str()) {
+        "cc".into()
+    } else {
+        format!("{target_arch}-linux-gnu-gcc")
+    }
+}
+
 fn main() {
     build_allocation_sampler(&PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()));
     println!("cargo::rustc-check-cfg=cfg(ddprof_bpf)");
@@ -123,7 +142,12 @@ fn main() {
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target"));
-    let object = ddprof_build::object_path(&target_dir);
+    let target_arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let Some(arch) = ddprof_build::BpfArch::from_target_arch(&target_arch) else {
+        println!("cargo::warning=no BPF program for {target_arch}: building a perf-only ddprof");
+        return;
+    };
+    let object = ddprof_build::object_path(&target_dir, arch);
     let sources = [
         workspace.join("ddprof-ebpf/src"),
         workspace.join("ddprof-ebpf/Cargo.toml"),
@@ -141,7 +165,7 @@ fn main() {
     let fresh =
         matches!((object_time, newest_source), (Some(object), Some(source)) if object >= source);
     if !fresh {
-        if let Err(why) = build_object(&workspace, &target_dir) {
+        if let Err(why) = build_object(&workspace, &target_dir, arch) {
             let state = if object_time.is_some() {
                 "older than its sources"
             } else {

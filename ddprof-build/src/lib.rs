@@ -31,11 +31,50 @@ pub fn pinned_nightly(workspace: &Path) -> Result<String, String> {
     channel_of(&text).ok_or_else(|| format!("{} has no `channel = \"…\"` line", path.display()))
 }
 
-/// Where the build leaves the BPF object under the workspace's target
-/// directory (and where ddprof/build.rs takes it from).
-pub fn object_path(target_dir: &Path) -> PathBuf {
-    target_dir
-        .join("ebpf")
+/// The CPU architecture a BPF object is built for. The bytecode is the
+/// same, but the program reads the interrupted user registers (`pt_regs`)
+/// whose layout is the architecture's, so each ddprof binary embeds the
+/// object of its own architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BpfArch {
+    X86_64,
+    Aarch64,
+}
+
+impl BpfArch {
+    /// The name as Rust's `target_arch` and aya's `bpf_target_arch` spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BpfArch::X86_64 => "x86_64",
+            BpfArch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// The architecture of a `target_arch` value (a build script's
+    /// `CARGO_CFG_TARGET_ARCH`), if ddprof supports it.
+    pub fn from_target_arch(arch: &str) -> Option<BpfArch> {
+        match arch {
+            "x86_64" => Some(BpfArch::X86_64),
+            "aarch64" => Some(BpfArch::Aarch64),
+            _ => None,
+        }
+    }
+
+    /// The cargo target directory of this architecture's BPF build, under
+    /// the workspace's target directory.
+    fn build_dir(self, target_dir: &Path) -> PathBuf {
+        match self {
+            // Where it has always been: the x86-64 build is the common one.
+            BpfArch::X86_64 => target_dir.join("ebpf"),
+            BpfArch::Aarch64 => target_dir.join("ebpf-aarch64"),
+        }
+    }
+}
+
+/// Where the build leaves the BPF object for `arch` under the workspace's
+/// target directory (and where ddprof/build.rs takes it from).
+pub fn object_path(target_dir: &Path, arch: BpfArch) -> PathBuf {
+    arch.build_dir(target_dir)
         .join(BPF_TARGET)
         .join("release/ddprof-ebpf")
 }
@@ -50,8 +89,9 @@ pub enum Output {
     Capture,
 }
 
-/// Builds the BPF object with `nightly` and the `bpf-linker` found in
-/// `linker_dir`, into `target_dir/ebpf`, and returns its path. The outer
+/// Builds the BPF object for `arch` with `nightly` and the `bpf-linker`
+/// found in `linker_dir`, into `target_dir/ebpf` (or `ebpf-aarch64`), and
+/// returns its path. The outer
 /// cargo's settings (host target, flags, wrappers) are removed from the
 /// environment: they are for the host build.
 pub fn build_ebpf(
@@ -59,6 +99,7 @@ pub fn build_ebpf(
     target_dir: &Path,
     nightly: &str,
     linker_dir: &Path,
+    arch: BpfArch,
     output: Output,
 ) -> Result<PathBuf, String> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -91,8 +132,15 @@ pub fn build_ebpf(
     }
     command
         .env("PATH", path)
-        .env("CARGO_TARGET_DIR", target_dir.join("ebpf"))
-        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", "bpf-linker");
+        .env("CARGO_TARGET_DIR", arch.build_dir(target_dir))
+        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", "bpf-linker")
+        // aya-ebpf and the program pick the `pt_regs` layout by this cfg
+        // (else by the build host's architecture). Cargo adds these flags
+        // to ddprof-ebpf/.cargo/config.toml's for the target.
+        .env(
+            "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
+            format!("--cfg bpf_target_arch=\"{}\"", arch.name()),
+        );
     let failed = match output {
         Output::Inherit => {
             let status = command
@@ -119,7 +167,7 @@ pub fn build_ebpf(
     if let Some(failure) = failed {
         return Err(failure);
     }
-    let object = object_path(target_dir);
+    let object = object_path(target_dir, arch);
     if !object.is_file() {
         return Err(format!(
             "the BPF build did not produce {}",

@@ -40,6 +40,18 @@
 //! `_dl_fixup`, which saves RBX: without RBX restored from `_dl_fixup`'s
 //! frame, no walk from the binder gets past the trampoline.
 //!
+//! # Architectures
+//!
+//! The rows and the walk serve x86-64 and arm64 ([`Isa`]); a profiler only
+//! ever unwinds its own architecture's programs ([`NATIVE`]), but both
+//! conventions are compiled everywhere so that the host's tests check
+//! them. On arm64 a row's registers 7 and 6 name SP and the frame pointer
+//! X29 ([`DWARF_RSP`], [`DWARF_RBP`]: the compiler maps DWARF 31 and 29 to
+//! them), and [`UnwindRow::slot_by_8`] says where the link register X30,
+//! the return address, was saved (0: it is still in X30, as in a leaf
+//! function or a prologue). Return addresses signed by pointer
+//! authentication are stripped to [`AARCH64_ADDRESS_BITS`] bits.
+//!
 //! Everything here is plain integer math over `Copy` values: no allocation,
 //! no recursion, no panics, no unchecked indexing, loops bounded by
 //! constants, so the BPF verifier accepts the same code.
@@ -95,6 +107,41 @@ impl RowKind {
             6 => RowKind::Stop,
             _ => RowKind::Unsupported,
         }
+    }
+}
+
+/// The instruction-set conventions a walk follows.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// The return address at `CFA - 8` (`call` pushed it); RBX tracked.
+    X86_64 = 0,
+    /// The return address in X30 (the link register) until a prologue
+    /// saves it; frame records `{X29, X30}`; pointer authentication.
+    Aarch64 = 1,
+}
+
+/// The architecture this crate is compiled for (the BPF program's is the
+/// one it reads `pt_regs` for, `bpf_target_arch`).
+pub const NATIVE: Isa = if cfg!(any(target_arch = "aarch64", bpf_target_arch = "aarch64")) {
+    Isa::Aarch64
+} else {
+    Isa::X86_64
+};
+
+/// The bits of an arm64 user address (Linux's 48-bit user address space,
+/// what Debian, Ubuntu and Amazon Linux kernels configure): the bits above
+/// hold a pointer-authentication code in a signed return address, or a
+/// tag (top-byte ignore).
+pub const AARCH64_ADDRESS_BITS: u32 = 48;
+
+/// A return address without its pointer-authentication code (arm64), as
+/// is (x86-64).
+#[inline(always)]
+pub const fn strip_return_address(isa: Isa, address: u64) -> u64 {
+    match isa {
+        Isa::X86_64 => address,
+        Isa::Aarch64 => address & ((1 << AARCH64_ADDRESS_BITS) - 1),
     }
 }
 
@@ -224,11 +271,21 @@ impl UnwindRow {
 
     /// Where the return address is, in units of 8 bytes: at
     /// `CFA + ra_offset_by_8 * 8`, or for [`RowKind::Signal`] at
-    /// `SP + ra_offset_by_8 * 8`.
-    pub const fn ra_offset_by_8(&self) -> i8 {
-        match self.row_kind() {
-            RowKind::Signal => self.slot_by_8,
+    /// `SP + ra_offset_by_8 * 8`. On arm64, where the row saved X30
+    /// (0: still in X30).
+    pub const fn ra_offset_by_8(&self, isa: Isa) -> i8 {
+        match (isa, self.row_kind()) {
+            (_, RowKind::Signal) | (Isa::Aarch64, _) => self.slot_by_8,
             _ => DEFAULT_RA_OFFSET_BY_8,
+        }
+    }
+
+    /// arm64: the return address (X30) saved at `CFA + offset_by_8 * 8`
+    /// (0: not saved, still in X30).
+    pub const fn with_saved_lr_by_8(self, offset_by_8: i8) -> UnwindRow {
+        UnwindRow {
+            slot_by_8: offset_by_8,
+            ..self
         }
     }
 
@@ -352,6 +409,10 @@ pub struct Regs {
     /// sample's, unchanged by every frame stepped through since, or (RBX)
     /// restored from where a frame saved it.
     pub known: u16,
+    /// arm64: the link register X30 (the return address of a function
+    /// that has not saved it), known in the sampled frame only; 0 where
+    /// unknown. Not used on x86-64.
+    pub lr: u64,
 }
 
 impl Regs {
@@ -367,6 +428,7 @@ impl Regs {
             bp,
             others: [0; GPR_COUNT],
             known: 0,
+            lr: 0,
         }
     }
 
@@ -412,11 +474,22 @@ fn add_signed(base: u64, offset: i64) -> u64 {
 }
 
 /// Applies `row` (the row covering `regs.ip`, or `regs.ip - 1` for a return
-/// address) to `regs`. `read_u64` reads 8 bytes of the thread's memory.
-/// On anything but `Caller`/`Interrupted`, `regs` are left unchanged.
-/// The caller checks progress (SP must grow).
+/// address) to `regs`, by [`NATIVE`]'s conventions. `read_u64` reads 8
+/// bytes of the thread's memory. On anything but `Caller`/`Interrupted`,
+/// `regs` are left unchanged. The caller checks progress (SP must grow).
 #[inline(always)]
 pub fn step<F: FnMut(u64) -> Option<u64>>(
+    row: &UnwindRow,
+    regs: &mut Regs,
+    read_u64: F,
+) -> StepResult {
+    step_for(NATIVE, row, regs, read_u64)
+}
+
+/// [`step`] by `isa`'s conventions.
+#[inline(always)]
+pub fn step_for<F: FnMut(u64) -> Option<u64>>(
+    isa: Isa,
     row: &UnwindRow,
     regs: &mut Regs,
     mut read_u64: F,
@@ -443,7 +516,7 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
             add_signed(regs.sp, row.cfa_offset as i64).wrapping_add(pushed)
         }
         RowKind::Signal => {
-            let ip = read_u64(add_signed(regs.sp, row.ra_offset_by_8() as i64 * 8));
+            let ip = read_u64(add_signed(regs.sp, row.ra_offset_by_8(isa) as i64 * 8));
             let sp = read_u64(add_signed(regs.sp, row.cfa_offset as i64));
             let bp = if row.rbp_offset == 0 {
                 Some(regs.bp)
@@ -457,6 +530,7 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
                     regs.bp = bp;
                     // (The ucontext holds them too; nothing needs them yet.)
                     regs.known = 0;
+                    regs.lr = 0;
                     StepResult::Interrupted
                 }
                 _ => StepResult::ReadFailed,
@@ -466,8 +540,15 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
         RowKind::NoInfo => return StepResult::NoInfo,
         RowKind::Unsupported => return StepResult::Unsupported,
     };
-    let Some(ip) = read_u64(add_signed(cfa, row.ra_offset_by_8() as i64 * 8)) else {
-        return StepResult::ReadFailed;
+    let ip = match (isa, row.ra_offset_by_8(isa)) {
+        // arm64, X30 not saved by this frame: the return address is in it,
+        // known in the sampled frame only.
+        (Isa::Aarch64, 0) if regs.lr == 0 => return StepResult::Unsupported,
+        (Isa::Aarch64, 0) => regs.lr,
+        (_, by_8) => match read_u64(add_signed(cfa, by_8 as i64 * 8)) {
+            Some(ip) => ip,
+            None => return StepResult::ReadFailed,
+        },
     };
     let saved_bp_at = match kind {
         RowKind::CfaDerefDrap => Some(add_signed(regs.bp, row.rbp_offset as i64)),
@@ -486,6 +567,16 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
             None => return StepResult::ReadFailed,
         },
     };
+    regs.lr = 0;
+    if isa == Isa::Aarch64 {
+        regs.ip = strip_return_address(isa, ip);
+        regs.sp = cfa;
+        regs.bp = bp;
+        if row.saves_other_registers() {
+            regs.known = 0;
+        }
+        return StepResult::Caller;
+    }
     // Unlike the return address, an RBX that cannot be read only makes
     // RBX unknown: few callers need it.
     let rbx = match row.saved_rbx() {
@@ -511,12 +602,23 @@ pub fn step<F: FnMut(u64) -> Option<u64>>(
     StepResult::Caller
 }
 
-/// One frame-pointer step (`push rbp; mov rbp, rsp` frames): the caller's
-/// RBP is at `RBP`, the return address at `RBP + 8`, and its SP is
+/// One frame-pointer step (`push rbp; mov rbp, rsp` frames, and arm64's
+/// frame records `stp x29, x30, [sp, #-N]!; mov x29, sp`): the caller's
+/// RBP (X29) is at `RBP`, the return address at `RBP + 8`, and its SP is
 /// `RBP + 16`. A zero RBP ends the chain (the ABI's outermost frame).
 /// Nothing says what the frame did with the other registers.
 #[inline(always)]
 pub fn step_frame_pointer<F: FnMut(u64) -> Option<u64>>(
+    regs: &mut Regs,
+    read_u64: F,
+) -> StepResult {
+    step_frame_pointer_for(NATIVE, regs, read_u64)
+}
+
+/// [`step_frame_pointer`] by `isa`'s conventions.
+#[inline(always)]
+pub fn step_frame_pointer_for<F: FnMut(u64) -> Option<u64>>(
+    isa: Isa,
     regs: &mut Regs,
     mut read_u64: F,
 ) -> StepResult {
@@ -529,10 +631,11 @@ pub fn step_frame_pointer<F: FnMut(u64) -> Option<u64>>(
     let Some(bp) = read_u64(regs.bp) else {
         return StepResult::ReadFailed;
     };
-    regs.ip = ip;
+    regs.ip = strip_return_address(isa, ip);
     regs.sp = regs.bp.wrapping_add(16);
     regs.bp = bp;
     regs.known = 0;
+    regs.lr = 0;
     StepResult::Caller
 }
 
@@ -626,6 +729,17 @@ impl Walker {
     pub fn advance<F: FnMut(u64) -> Option<u64>>(
         &mut self,
         rule: FrameRule,
+        read_u64: F,
+    ) -> Advance {
+        self.advance_for(NATIVE, rule, read_u64)
+    }
+
+    /// [`Walker::advance`] by `isa`'s conventions.
+    #[inline(always)]
+    pub fn advance_for<F: FnMut(u64) -> Option<u64>>(
+        &mut self,
+        isa: Isa,
+        rule: FrameRule,
         mut read_u64: F,
     ) -> Advance {
         use crate::sample::StackEnd;
@@ -645,7 +759,7 @@ impl Walker {
                     let base = row.cfa_register();
                     cfa_from_stack = base == DWARF_RSP || base == DWARF_RBP;
                 }
-                step(&row, &mut next, &mut read_u64)
+                step_for(isa, &row, &mut next, &mut read_u64)
             }
             FrameRule::FramePointer => StepResult::NoInfo,
         };
@@ -663,7 +777,7 @@ impl Walker {
             used_frame_pointer = true;
             cfa_from_stack = true;
             // (`step` left `next` as it was: these results change nothing.)
-            result = step_frame_pointer(&mut next, &mut read_u64);
+            result = step_frame_pointer_for(isa, &mut next, &mut read_u64);
             if (self.bp_restored == 0 || described) && matches!(result, StepResult::Outermost) {
                 return Advance::End(StackEnd::NoUnwindInfo);
             }
@@ -694,7 +808,12 @@ impl Walker {
                 StackEnd::NoUnwindInfo
             });
         }
-        if next.sp <= self.regs.sp {
+        // SP must grow, but for an arm64 leaf (or a function before its
+        // prologue saved X30), whose caller's SP is its own: the return
+        // address came from X30, which a walk uses once.
+        let from_link_register =
+            isa == Isa::Aarch64 && self.regs.lr != 0 && next.lr == 0 && next.ip != self.regs.ip;
+        if next.sp < self.regs.sp || (next.sp == self.regs.sp && !from_link_register) {
             return Advance::End(StackEnd::NoProgress);
         }
         self.regs = next;
@@ -1171,7 +1290,7 @@ mod tests {
         stack.set(0x1000 + 168, 0x401234); // rip
         stack.set(0x1000 + 120, 0x6000); // rbp
         let signal = UnwindRow::signal(160, 21, 120);
-        assert_eq!(signal.ra_offset_by_8(), 21);
+        assert_eq!(signal.ra_offset_by_8(Isa::X86_64), 21);
         let mut regs = all_known(1, 0x1000, 0, &[(RAX, 3), (RBX, 4)]);
         assert_eq!(
             step(&signal, &mut regs, |a| stack.read(a)),
@@ -1294,5 +1413,121 @@ mod tests {
         // Part of a row, or a row off its alignment: refused.
         assert_eq!(rows_from_bytes(&bytes[..ROW_SIZE + 1]), None);
         assert_eq!(rows_from_bytes(&bytes[1..1 + ROW_SIZE]), None);
+    }
+
+    /// An arm64 frame record: `stp x29, x30, [sp, #-32]!; mov x29, sp`,
+    /// CFA = X29 + 32, X29 at CFA - 32, X30 at CFA - 24.
+    fn aarch64_frame_row() -> UnwindRow {
+        UnwindRow::cfa(DWARF_RBP, 32)
+            .with_rbp_offset(-32)
+            .with_saved_lr_by_8(-3)
+    }
+
+    /// A leaf (or a function before its prologue): CFA = SP, the return
+    /// address still in X30.
+    fn aarch64_leaf_row() -> UnwindRow {
+        UnwindRow::cfa(DWARF_RSP, 0).with_saved_lr_by_8(0)
+    }
+
+    fn aarch64_regs(ip: u64, sp: u64, fp: u64, lr: u64) -> Regs {
+        Regs {
+            lr,
+            ..Regs::new(ip, sp, fp)
+        }
+    }
+
+    #[test]
+    fn aarch64_leaf_returns_through_the_link_register_once() {
+        let stack = Stack::new(0x1000);
+        let mut regs = aarch64_regs(0x400100, 0x1000, 0x1040, 0x400200);
+        let leaf = aarch64_leaf_row();
+        assert_eq!(
+            step_for(Isa::Aarch64, &leaf, &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!(
+            (regs.ip, regs.sp, regs.bp, regs.lr),
+            (0x400200, 0x1000, 0x1040, 0)
+        );
+        // The caller's X30 is not known: the same rule again cannot step.
+        let before = regs;
+        assert_eq!(
+            step_for(Isa::Aarch64, &leaf, &mut regs, |a| stack.read(a)),
+            StepResult::Unsupported
+        );
+        assert_eq!(regs, before);
+    }
+
+    #[test]
+    fn aarch64_frame_record_restores_x29_and_strips_the_signed_return_address() {
+        let mut stack = Stack::new(0x1000);
+        // X29 = SP = 0x1000 points at the record {caller's X29, X30}.
+        stack.set(0x1000, 0x1100);
+        // A return address signed by pointer authentication (PAC in the
+        // bits above 48).
+        stack.set(0x1008, 0x002c_0000_0040_1234);
+        let mut regs = aarch64_regs(0x400100, 0x1000, 0x1000, 0x400999);
+        assert_eq!(
+            step_for(Isa::Aarch64, &aarch64_frame_row(), &mut regs, |a| stack
+                .read(a)),
+            StepResult::Caller
+        );
+        assert_eq!((regs.ip, regs.sp, regs.bp), (0x40_1234, 0x1020, 0x1100));
+        // x86-64 reads the return address at CFA - 8 and keeps every bit.
+        let mut regs = Regs::new(0x400100, 0x1000, 0x1000);
+        stack.set(0x1018, 0x002c_0000_0040_1234);
+        assert_eq!(
+            step_for(
+                Isa::X86_64,
+                &UnwindRow::cfa(DWARF_RBP, 32),
+                &mut regs,
+                |a| stack.read(a)
+            ),
+            StepResult::Caller
+        );
+        assert_eq!(regs.ip, 0x002c_0000_0040_1234);
+    }
+
+    #[test]
+    fn aarch64_walk_from_a_leaf_to_the_root() {
+        let mut stack = Stack::new(0x1000);
+        // main's frame record at 0x1000 (X29 = 0 above it: the root).
+        stack.set(0x1000, 0);
+        stack.set(0x1008, 0x0040_0300);
+        let mut walker = Walker::new(aarch64_regs(0x400100, 0x1000, 0x1000, 0x400200));
+        // The leaf: the return address in X30, SP unchanged, and still a
+        // step forward.
+        let advance = walker.advance_for(Isa::Aarch64, FrameRule::Row(aarch64_leaf_row()), |a| {
+            stack.read(a)
+        });
+        assert_eq!(advance, Advance::Next);
+        assert_eq!((walker.regs.ip, walker.regs.sp), (0x400200, 0x1000));
+        // Its caller, with a frame record; then frame pointers end at 0.
+        let advance = walker.advance_for(Isa::Aarch64, FrameRule::Row(aarch64_frame_row()), |a| {
+            stack.read(a)
+        });
+        assert_eq!(advance, Advance::Next);
+        assert_eq!(
+            (walker.regs.ip, walker.regs.sp, walker.regs.bp),
+            (0x400300, 0x1020, 0)
+        );
+        let advance = walker.advance_for(Isa::Aarch64, FrameRule::FramePointer, |a| stack.read(a));
+        assert_eq!(advance, Advance::End(crate::sample::StackEnd::Complete));
+    }
+
+    #[test]
+    fn aarch64_frame_pointer_steps_strip_the_return_address() {
+        let mut stack = Stack::new(0x1000);
+        stack.set(0x1010, 0x1100);
+        stack.set(0x1018, 0x7f00_0000_0040_5678);
+        let mut regs = aarch64_regs(1, 0x1000, 0x1010, 2);
+        assert_eq!(
+            step_frame_pointer_for(Isa::Aarch64, &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!(
+            (regs.ip, regs.sp, regs.bp, regs.lr),
+            (0x40_5678, 0x1020, 0x1100, 0)
+        );
     }
 }

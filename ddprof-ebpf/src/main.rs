@@ -35,7 +35,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::bindings::{
-    bpf_perf_event_data, bpf_pidns_info, pt_regs, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA,
+    bpf_perf_event_data, bpf_pidns_info, BPF_F_NO_PREALLOC, BPF_RB_AVAIL_DATA,
     BPF_RB_FORCE_WAKEUP,
     BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
 };
@@ -306,12 +306,12 @@ pub fn ddprof_allocation(ctx: *mut c_void) -> u32 {
 /// The body of `ddprof_allocation`, run while it holds `ALLOCATION_SLOT`.
 #[inline(always)]
 fn allocation_sample(ctx: *mut c_void) -> u32 {
-    // SAFETY: a uprobe program's context is the task's `pt_regs`, read at
-    // constant offsets.
-    let regs = unsafe { &*(ctx as *const pt_regs) };
+    // SAFETY: a uprobe program's context is the task's `pt_regs` (on
+    // arm64, starting with its `user_pt_regs`), read at constant offsets.
+    let regs = unsafe { &*(ctx as *const arch::UserRegs) };
     // The marker's arguments: the size, the address the library follows
     // (0: not followed), 1 for a mapping.
-    let (size, address, kind) = (regs.rdi, regs.rsi, regs.rdx);
+    let [size, address, kind] = arch::arguments(regs);
     // SAFETY: a read of a constant the loader sets.
     let cookie = unsafe { core::ptr::read_volatile(&ALLOCATION_COOKIE) };
     // A uprobe's registers are user ones: no saved registers are needed,
@@ -440,7 +440,7 @@ static PARKED: LruHashMap<u32, ParkedThread> = LruHashMap::with_max_entries(MAX_
 /// (in map memory: on the program's stack, with the walk's callback, they
 /// overran its 512 bytes).
 #[map]
-static SAVED_REGS: PerCpuArray<pt_regs> = PerCpuArray::with_max_entries(1, 0);
+static SAVED_REGS: PerCpuArray<arch::UserRegs> = PerCpuArray::with_max_entries(1, 0);
 
 /// `sWALL`: each CPU's count of switch-outs in the current window.
 #[map]
@@ -585,14 +585,14 @@ fn switch_out(ctx: *mut c_void) {
         let task = bpf_get_current_task_btf();
         bpf_probe_read_kernel(
             saved as *mut c_void,
-            core::mem::size_of::<pt_regs>() as u32,
+            core::mem::size_of::<arch::UserRegs>() as u32,
             bpf_task_pt_regs(task) as *const c_void,
         )
     };
     // SAFETY: this CPU's slot, written above.
     let saved = unsafe { &*saved };
     // A kernel thread of the process (io_uring's workers): no user stack.
-    if read != 0 || saved.cs & 3 != 3 || saved.rip == 0 {
+    if read != 0 || !arch::has_user_frame(saved) {
         return;
     }
     count(BpfCounter::WallSampled);
@@ -631,7 +631,7 @@ fn switch_out(ctx: *mut c_void) {
     let Some(walk) = init_walk(SWITCH_SLOT, pid, kernel_frames) else {
         return;
     };
-    walk.walker.regs = regs_of(saved);
+    walk.walker.regs = arch::regs_of(saved);
     walk.result.end = StackEnd::DepthLimit as u32;
     walk_with_loop(SWITCH_SLOT);
     let Some(walk_ptr) = WALKS.get_ptr_mut(SWITCH_SLOT) else {
@@ -816,7 +816,7 @@ enum SavedRegs {
 #[inline(always)]
 fn start_perf_sample(
     ctx: &PerfEventContext,
-    saved_regs: impl FnOnce(&pt_regs) -> SavedRegs,
+    saved_regs: impl FnOnce(&arch::UserRegs) -> SavedRegs,
     cookie: impl FnOnce() -> u32,
 ) -> Start {
     let data = ctx.as_ptr() as *const bpf_perf_event_data;
@@ -849,11 +849,11 @@ fn start_perf_sample(
 #[inline(always)]
 fn start_sample(
     ctx: *mut c_void,
-    interrupted: &pt_regs,
+    interrupted: &arch::UserRegs,
     period: u64,
     slot: u32,
     kernel_stacks: bool,
-    saved_regs: impl FnOnce(&pt_regs) -> SavedRegs,
+    saved_regs: impl FnOnce(&arch::UserRegs) -> SavedRegs,
     cookie: impl FnOnce() -> u32,
 ) -> Start {
     let Some(pid_tgid) = current_pid_tgid() else {
@@ -881,8 +881,8 @@ fn start_sample(
         hand_off_waking_reader(pid, slot);
         return Start::Done(1);
     }
-    let regs = if interrupted.cs & 3 == 3 {
-        Some(regs_of(interrupted))
+    let regs = if arch::is_user_mode(interrupted) {
+        Some(arch::regs_of(interrupted))
     } else {
         match saved_regs(interrupted) {
             SavedRegs::Regs(regs) => Some(regs),
@@ -1460,42 +1460,166 @@ fn saved_user_regs_btf() -> SavedRegs {
     // SAFETY: bpf_get_current_task_btf never fails in a perf_event program;
     // bpf_task_pt_regs returns the kernel address of the task's saved user
     // registers, copied out with a checked kernel read.
-    let saved = unsafe {
-        let task = bpf_get_current_task_btf();
-        let regs = bpf_task_pt_regs(task) as *const c_void;
-        let mut saved: pt_regs = core::mem::zeroed();
-        let result = bpf_probe_read_kernel(
-            &mut saved as *mut pt_regs as *mut c_void,
-            core::mem::size_of::<pt_regs>() as u32,
-            regs,
-        );
-        if result != 0 {
-            return SavedRegs::None;
-        }
-        saved
-    };
-    // Kernel threads have no user frame: their saved CS is not ring 3.
-    if saved.cs & 3 != 3 || saved.rip == 0 {
-        return SavedRegs::None;
+    match unsafe { arch::read_saved_regs(bpf_task_pt_regs(bpf_get_current_task_btf()) as *const c_void) } {
+        Some(regs) => SavedRegs::Regs(regs),
+        None => SavedRegs::None,
     }
-    SavedRegs::Regs(regs_of(&saved))
 }
 
-/// The registers the unwinder tracks, the others by DWARF number. (Entries
-/// 6 and 7, RBP and RSP, are not read — `bp` and `sp` are —, but hold them
-/// rather than zeros: two constant zeros become a call of `memset`, a
-/// BPF-to-BPF call the tail-call variant must not make.)
-#[inline(always)]
-fn regs_of(regs: &pt_regs) -> Regs {
-    Regs {
-        ip: regs.rip,
-        sp: regs.rsp,
-        bp: regs.rbp,
-        others: [
-            regs.rax, regs.rdx, regs.rcx, regs.rbx, regs.rsi, regs.rdi, regs.rbp, regs.rsp,
-            regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
-        ],
-        known: Regs::ALL_KNOWN,
+/// The architecture's user registers: what a sample's `pt_regs` holds, and
+/// how the unwinder and the allocation marker see them.
+#[cfg(bpf_target_arch = "x86_64")]
+mod arch {
+    use ddprof_common::unwind::Regs;
+
+    /// `bpf_user_pt_regs_t`: the whole `pt_regs` on x86-64.
+    pub type UserRegs = aya_ebpf::bindings::pt_regs;
+
+    /// The registers were saved in user mode: CS in ring 3.
+    #[inline(always)]
+    pub fn is_user_mode(regs: &UserRegs) -> bool {
+        regs.cs & 3 == 3
+    }
+
+    /// User registers with a PC: a kernel thread of the process (io_uring's
+    /// workers) has none.
+    #[inline(always)]
+    pub fn has_user_frame(regs: &UserRegs) -> bool {
+        is_user_mode(regs) && regs.rip != 0
+    }
+
+    /// A probed function's first three integer arguments (System V ABI).
+    #[inline(always)]
+    pub fn arguments(regs: &UserRegs) -> [u64; 3] {
+        [regs.rdi, regs.rsi, regs.rdx]
+    }
+
+    /// The user registers a task saved at `saved` (`bpf_task_pt_regs`) on
+    /// kernel entry, if they are a user frame's (kernel threads have none).
+    ///
+    /// # Safety
+    /// `saved` is a kernel address; it is only read by a checked read.
+    #[inline(always)]
+    pub unsafe fn read_saved_regs(saved: *const core::ffi::c_void) -> Option<Regs> {
+        let mut regs: UserRegs = core::mem::zeroed();
+        // SAFETY: a checked kernel read into this stack variable.
+        let result = aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            &mut regs as *mut UserRegs as *mut core::ffi::c_void,
+            core::mem::size_of::<UserRegs>() as u32,
+            saved,
+        );
+        (result == 0 && has_user_frame(&regs)).then(|| regs_of(&regs))
+    }
+
+    /// The registers the unwinder tracks, the others by DWARF number.
+    /// (Entries 6 and 7, RBP and RSP, are not read — `bp` and `sp` are —,
+    /// but hold them rather than zeros: two constant zeros become a call of
+    /// `memset`, a BPF-to-BPF call the tail-call variant must not make;
+    /// `lr`, arm64's, holds the PC for the same reason.)
+    #[inline(always)]
+    pub fn regs_of(regs: &UserRegs) -> Regs {
+        Regs {
+            ip: regs.rip,
+            sp: regs.rsp,
+            bp: regs.rbp,
+            others: [
+                regs.rax, regs.rdx, regs.rcx, regs.rbx, regs.rsi, regs.rdi, regs.rbp, regs.rsp,
+                regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
+            ],
+            known: Regs::ALL_KNOWN,
+            lr: regs.rip,
+        }
+    }
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+mod arch {
+    use ddprof_common::unwind::Regs;
+
+    /// `bpf_user_pt_regs_t`: `user_pt_regs`, the start of arm64's
+    /// `pt_regs` (X0-X30, SP, PC, PSTATE).
+    pub type UserRegs = aya_ebpf::bindings::user_pt_regs;
+
+    /// PSTATE's mode bits (`PSR_MODE_MASK` and the AArch32 bit): 0 is
+    /// EL0t, user mode of a 64-bit task.
+    const MODE_BITS: u64 = 0x1f;
+
+    /// The registers were saved in 64-bit user mode (EL0).
+    #[inline(always)]
+    pub fn is_user_mode(regs: &UserRegs) -> bool {
+        regs.pstate & MODE_BITS == 0
+    }
+
+    /// User registers with a PC: a kernel thread of the process has none.
+    #[inline(always)]
+    pub fn has_user_frame(regs: &UserRegs) -> bool {
+        is_user_mode(regs) && regs.pc != 0
+    }
+
+    /// A probed function's first three integer arguments (AAPCS64: X0-X2).
+    #[inline(always)]
+    pub fn arguments(regs: &UserRegs) -> [u64; 3] {
+        [regs.regs[0], regs.regs[1], regs.regs[2]]
+    }
+
+    /// The end of `user_pt_regs`: X29, X30, SP, PC, PSTATE.
+    #[repr(C)]
+    struct FrameRegs {
+        fp: u64,
+        lr: u64,
+        sp: u64,
+        pc: u64,
+        pstate: u64,
+    }
+
+    /// The user registers a task saved at `saved` (`bpf_task_pt_regs`) on
+    /// kernel entry, if they are a user frame's (kernel threads have none):
+    /// the frame registers only (the whole `user_pt_regs` would not fit the
+    /// program's 512-byte stack beside the walk; no arm64 row is based on
+    /// the other registers).
+    ///
+    /// # Safety
+    /// `saved` is a kernel address; it is only read by a checked read.
+    #[inline(always)]
+    pub unsafe fn read_saved_regs(saved: *const core::ffi::c_void) -> Option<Regs> {
+        let mut frame = FrameRegs {
+            fp: 0,
+            lr: 0,
+            sp: 0,
+            pc: 0,
+            pstate: 0,
+        };
+        // SAFETY: a checked kernel read into this stack variable, from the
+        // offset of X29 in `user_pt_regs`.
+        let result = aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            &mut frame as *mut FrameRegs as *mut core::ffi::c_void,
+            core::mem::size_of::<FrameRegs>() as u32,
+            (saved as *const u64).wrapping_add(29) as *const core::ffi::c_void,
+        );
+        if result != 0 || frame.pstate & MODE_BITS != 0 || frame.pc == 0 {
+            return None;
+        }
+        let mut regs = Regs::new(frame.pc, frame.sp, frame.fp);
+        regs.lr = frame.lr;
+        Some(regs)
+    }
+
+    /// The registers the unwinder tracks: PC, SP, the frame pointer X29,
+    /// the link register X30, and X0-X15 by DWARF number.
+    #[inline(always)]
+    pub fn regs_of(regs: &UserRegs) -> Regs {
+        let r = &regs.regs;
+        Regs {
+            ip: regs.pc,
+            sp: regs.sp,
+            bp: r[29],
+            others: [
+                r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
+                r[13], r[14], r[15],
+            ],
+            known: Regs::ALL_KNOWN,
+            lr: r[30],
+        }
     }
 }
 

@@ -33,8 +33,9 @@
  * - re-entrancy: dlsym may allocate while the next allocator is looked up;
  *   those few allocations come from a static arena and are never freed;
  * - initial-exec TLS: no allocation, no lock on a thread's first access;
- * - glibc symbol versions no newer than x86-64's base (GLIBC_2.2.5), so the
- *   library loads into programs built against any glibc.
+ * - glibc symbol versions no newer than the first (x86-64: GLIBC_2.2.5,
+ *   arm64: GLIBC_2.17), so the library loads into programs built against
+ *   any glibc.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -46,17 +47,27 @@
 #define HIDDEN __attribute__((visibility("hidden")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 
+/* The oldest symbol version each architecture's glibc has (x86-64's
+ * first glibc, 2.2.5; arm64's, 2.17). */
+#if defined(__x86_64__)
+#define GLIBC_BASE "GLIBC_2.2.5"
+#elif defined(__aarch64__)
+#define GLIBC_BASE "GLIBC_2.17"
+#else
+#error "ddprof's allocation sampler supports x86-64 and arm64 only"
+#endif
+
 /* dlsym's base version: glibc 2.34 moved it into libc with a new default
  * version that older glibc does not have. */
 void *dlsym_base(void *handle, const char *symbol);
-__asm__(".symver dlsym_base, dlsym@GLIBC_2.2.5");
+__asm__(".symver dlsym_base, dlsym@" GLIBC_BASE);
 #define RTLD_NEXT ((void *)-1l)
 
 char *getenv_base(const char *name);
-__asm__(".symver getenv_base, getenv@GLIBC_2.2.5");
+__asm__(".symver getenv_base, getenv@" GLIBC_BASE);
 
 long sysconf_base(int name);
-__asm__(".symver sysconf_base, sysconf@GLIBC_2.2.5");
+__asm__(".symver sysconf_base, sysconf@" GLIBC_BASE);
 
 /*
  * The marker: two 2-byte nops, a nop and a return; ddprof's uprobe is on its
@@ -64,6 +75,8 @@ __asm__(".symver sysconf_base, sysconf@GLIBC_2.2.5");
  * pointer, so that the unwinders reach the hook that called it. Arguments:
  * rdi = the allocation's size, rsi = its address, rdx = 1 for memory the
  * program mapped itself (mmap), 0 for the allocators' (malloc, new, ...).
+ * On arm64: two nops and a return, the arguments in x0-x2, and the return
+ * address in x30 (the CIE's default rules: CFA = sp, x30 unchanged).
  *
  * Not the 5-byte nop (0f 1f 44 00 00) that Linux >= 6.16 turns into a call
  * to its uprobe trampoline (~0.2 us a hit here instead of ~16 us for the
@@ -72,41 +85,52 @@ __asm__(".symver sysconf_base, sysconf@GLIBC_2.2.5");
  * removed its own probe (the parent's samples ended, 3 runs of 6; 0 of 6 with
  * these nops).
  */
+#if defined(__x86_64__)
+#define ALLOCATION_MARKER_BODY ".byte 0x66, 0x90, 0x66, 0x90, 0x90\n"
+#define FREE_MARKER_BODY ".byte 0x90, 0x66, 0x90, 0x66, 0x90\n"
+#else
+#define ALLOCATION_MARKER_BODY "nop\nnop\n"
+#define FREE_MARKER_BODY "nop\nnop\nnop\n"
+#endif
 __asm__(".text\n"
         ".globl ddprof_sampled_allocation\n"
         ".type ddprof_sampled_allocation, @function\n"
         ".p2align 4\n"
         "ddprof_sampled_allocation:\n"
         ".cfi_startproc\n"
-        ".byte 0x66, 0x90, 0x66, 0x90, 0x90\n"
+        ALLOCATION_MARKER_BODY
         "ret\n"
         ".cfi_endproc\n"
         ".size ddprof_sampled_allocation, .-ddprof_sampled_allocation\n");
 EXPORT void ddprof_sampled_allocation(size_t size, void *address, size_t mapped);
 
 /* The free marker: other bytes than the allocation marker's (a nop, two
- * 2-byte nops, a return), the same CFI. rdi = the sampled block's address
- * (as the allocation marker gave it, or as a last call of this marker
- * renamed it); rsi = the bytes of it still held, in the allocation
- * marker's unit (0: all freed; a mapping partly unmapped keeps the rest);
- * rdx = the address it goes by from now on (0: the same; a mapping moved
- * by mremap, or whose first pages were unmapped, is renamed to its first
- * page still mapped, which no other mapping can start at). */
+ * 2-byte nops, a return; on arm64 one more nop), the same CFI. rdi (x0) =
+ * the sampled block's address (as the allocation marker gave it, or as a
+ * last call of this marker renamed it); rsi (x1) = the bytes of it still
+ * held, in the allocation marker's unit (0: all freed; a mapping partly
+ * unmapped keeps the rest); rdx (x2) = the address it goes by from now on
+ * (0: the same; a mapping moved by mremap, or whose first pages were
+ * unmapped, is renamed to its first page still mapped, which no other
+ * mapping can start at). */
 __asm__(".text\n"
         ".globl ddprof_sampled_free\n"
         ".type ddprof_sampled_free, @function\n"
         ".p2align 4\n"
         "ddprof_sampled_free:\n"
         ".cfi_startproc\n"
-        ".byte 0x90, 0x66, 0x90, 0x66, 0x90\n"
+        FREE_MARKER_BODY
         "ret\n"
         ".cfi_endproc\n"
         ".size ddprof_sampled_free, .-ddprof_sampled_free\n");
 EXPORT void ddprof_sampled_free(void *address, size_t held, void *renamed);
 
-/* The kernel's mmap, munmap and mremap (x86-64 numbers): this library
- * defines libc's names, so a call through them could come back to its own
- * hooks before they know where to forward. errno set as libc's. */
+/* The kernel's mmap, munmap, mremap, getpid and sched_yield, by number:
+ * this library defines libc's names, so a call through them could come
+ * back to its own hooks before they know where to forward. errno set as
+ * libc's. */
+#if defined(__x86_64__)
+enum { NR_MMAP = 9, NR_MUNMAP = 11, NR_MREMAP = 25, NR_GETPID = 39, NR_SCHED_YIELD = 24 };
 static long system_call(long number, long a, long b, long c, long d, long e, long f) {
     register long r10 __asm__("r10") = d;
     register long r8 __asm__("r8") = e;
@@ -122,19 +146,40 @@ static long system_call(long number, long a, long b, long c, long d, long e, lon
     }
     return result;
 }
+#else
+enum { NR_MMAP = 222, NR_MUNMAP = 215, NR_MREMAP = 216, NR_GETPID = 172, NR_SCHED_YIELD = 124 };
+static long system_call(long number, long a, long b, long c, long d, long e, long f) {
+    register long x8 __asm__("x8") = number;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    register long x4 __asm__("x4") = e;
+    register long x5 __asm__("x5") = f;
+    __asm__ volatile("svc #0"
+                     : "+r"(x0)
+                     : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+                     : "memory");
+    if ((unsigned long)x0 > -4096ul) {
+        errno = (int)-x0;
+        return -1;
+    }
+    return x0;
+}
+#endif
 
 static void *system_mmap(void *address, size_t length, int protection, int flags, int fd,
                          long offset) {
-    return (void *)system_call(9, (long)address, (long)length, protection, flags, fd, offset);
+    return (void *)system_call(NR_MMAP, (long)address, (long)length, protection, flags, fd, offset);
 }
 
 static int system_munmap(void *address, size_t length) {
-    return (int)system_call(11, (long)address, (long)length, 0, 0, 0, 0);
+    return (int)system_call(NR_MUNMAP, (long)address, (long)length, 0, 0, 0, 0);
 }
 
 static void *system_mremap(void *old, size_t old_length, size_t length, int flags,
                            void *wanted) {
-    return (void *)system_call(25, (long)old, (long)old_length, (long)length, flags,
+    return (void *)system_call(NR_MREMAP, (long)old, (long)old_length, (long)length, flags,
                                (long)wanted, 0);
 }
 
@@ -276,7 +321,7 @@ static int mappings_enter(void) {
     if (!mappings || in_mappings)
         return 0;
     in_mappings = 1;
-    long self = system_call(39 /* getpid */, 0, 0, 0, 0, 0, 0);
+    long self = system_call(NR_GETPID, 0, 0, 0, 0, 0, 0);
     for (;;) {
         long holder = 0;
         if (__atomic_compare_exchange_n(&mappings_holder, &holder, self, 0, __ATOMIC_ACQUIRE,
@@ -285,7 +330,7 @@ static int mappings_enter(void) {
         if (holder != self && __atomic_compare_exchange_n(&mappings_holder, &holder, self, 0,
                                                           __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
             return 1;
-        system_call(24 /* sched_yield */, 0, 0, 0, 0, 0, 0);
+        system_call(NR_SCHED_YIELD, 0, 0, 0, 0, 0, 0);
     }
 }
 
@@ -567,7 +612,14 @@ static uint64_t next_random(void) {
     if (random_state == 0) {
         uint64_t seed = (uint64_t)(uintptr_t)&random_state;
         uint32_t low, high;
+#if defined(__x86_64__)
         __asm__ volatile("rdtsc" : "=a"(low), "=d"(high));
+#else
+        uint64_t ticks;
+        __asm__ volatile("mrs %0, cntvct_el0" : "=r"(ticks));
+        low = (uint32_t)ticks;
+        high = (uint32_t)(ticks >> 32);
+#endif
         seed ^= ((uint64_t)high << 32 | low) * 0x9e3779b97f4a7c15ull;
         random_state = seed ? seed : 1;
     }

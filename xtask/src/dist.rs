@@ -1,95 +1,242 @@
-//! `cargo xtask dist`: one statically linked ddprof (musl) with the BPF
-//! object embedded, for any x86-64 Linux ≥ 4.15 whatever its libc.
+//! `cargo xtask dist [--target aarch64]`: one statically linked ddprof
+//! (musl) with the BPF object of its architecture embedded, for any x86-64
+//! (or arm64) Linux ≥ 4.15 whatever its libc. Built on this machine for
+//! either architecture.
 //!
 //! Generic on purpose: the musl target comes from rustup, and crates that
-//! compile C (the `cc` crate: ring, zstd-sys, …) get `musl-gcc` (Debian
-//! `musl-tools`) as their C compiler for that target through
-//! `CC_x86_64_unknown_linux_musl`, so no crate needs a setting of its own.
+//! compile C (the `cc` crate: ring, mimalloc, …) get their C compiler for
+//! that target through `CC_<target>`, so no crate needs a setting of its
+//! own: `musl-gcc` (Debian `musl-tools`) for the host's architecture; for
+//! arm64 on an x86-64 host, clang with the arm64 musl headers (Debian
+//! `musl-dev:arm64`), linked by rust-lld against the target's own musl.
+//! The allocation sampler preloaded into commands links the target's
+//! glibc: Debian's `aarch64-linux-gnu-gcc` builds it (ddprof/build.rs).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use ddprof_build::BpfArch;
 
-use crate::{build_ebpf, have, run_checked, say, target_dir, workspace_root};
+use crate::{build_ebpf, have, host_arch, run_checked, say, target_dir, workspace_root};
 
-pub const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
-
-/// Where `dist` leaves the static binary.
-pub fn dist_binary() -> PathBuf {
-    target_dir().join(MUSL_TARGET).join("release/ddprof")
+/// The Rust target of the static build for `arch`.
+pub const fn musl_target(arch: BpfArch) -> &'static str {
+    match arch {
+        BpfArch::X86_64 => "x86_64-unknown-linux-musl",
+        BpfArch::Aarch64 => "aarch64-unknown-linux-musl",
+    }
 }
 
-fn ensure_musl_target() -> Result<()> {
+/// `--target`'s spellings: Rust's and Debian's names of the architecture.
+pub fn parse_arch(name: &str) -> Result<BpfArch, String> {
+    match name {
+        "x86_64" | "x86-64" | "amd64" => Ok(BpfArch::X86_64),
+        "aarch64" | "arm64" => Ok(BpfArch::Aarch64),
+        other => Err(format!(
+            "no static build for `{other}`: use x86_64 (amd64) or aarch64 (arm64)"
+        )),
+    }
+}
+
+/// Where `dist` leaves the static binary for `arch`.
+pub fn dist_binary(arch: BpfArch) -> PathBuf {
+    target_dir().join(musl_target(arch)).join("release/ddprof")
+}
+
+fn ensure_musl_target(target: &str) -> Result<()> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
         .context("cannot run rustup")?;
     if String::from_utf8_lossy(&installed.stdout)
         .lines()
-        .any(|line| line.trim() == MUSL_TARGET)
+        .any(|line| line.trim() == target)
     {
         return Ok(());
     }
-    say(&format!("adding the {MUSL_TARGET} target with rustup"));
-    run_checked(Command::new("rustup").args(["target", "add", MUSL_TARGET]))
+    say(&format!("adding the {target} target with rustup"));
+    run_checked(Command::new("rustup").args(["target", "add", target]))
 }
 
-/// `musl-gcc`, for crates that compile C code for the musl target.
-fn ensure_musl_gcc() -> Result<()> {
-    if have("musl-gcc") {
-        return Ok(());
-    }
+/// Installs Debian packages (as root), once apt's lists are fresh.
+pub fn apt_install(packages: &[&str], why: &str) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("crates that compile C need musl-gcc for the static build: install it (apt-get install musl-tools)");
+        bail!(
+            "{why} needs {}: install it (apt-get install {})",
+            packages.join(", "),
+            packages.join(" ")
+        );
     }
-    say("installing musl-tools (musl-gcc, for crates that compile C)");
+    say(&format!("installing {} ({why})", packages.join(" ")));
     run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
     run_checked(
         Command::new("apt-get")
-            .args([
-                "install",
-                "-y",
-                "-qq",
-                "--no-install-recommends",
-                "musl-tools",
-            ])
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
 }
 
-/// Builds the static ddprof and checks that it is static and carries the
-/// BPF program.
-pub fn run() -> Result<PathBuf> {
-    ensure_musl_target()?;
-    ensure_musl_gcc()?;
+/// Whether the Debian package `package` (`name` or `name:arch`) is installed.
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("ok installed"))
+}
+
+/// Lets apt install arm64 packages beside the host's (`dpkg
+/// --add-architecture arm64`): the arm64 musl headers, glibc and kernel.
+pub fn ensure_arm64_packages_allowed() -> Result<()> {
+    let foreign = Command::new("dpkg")
+        .arg("--print-foreign-architectures")
+        .output()
+        .context("cannot run dpkg")?;
+    if String::from_utf8_lossy(&foreign.stdout)
+        .split_whitespace()
+        .any(|arch| arch == "arm64")
+    {
+        return Ok(());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        bail!("arm64 packages are needed: run `dpkg --add-architecture arm64` as root");
+    }
+    say("allowing arm64 packages (dpkg --add-architecture arm64)");
+    run_checked(Command::new("dpkg").args(["--add-architecture", "arm64"]))
+}
+
+/// The C compiler settings of the static build for `arch`: `(variable,
+/// value)` pairs for the `cc` crate, after installing what they name.
+fn c_toolchain(arch: BpfArch) -> Result<Vec<(String, String)>> {
+    let target = musl_target(arch).replace('-', "_");
+    if arch == host_arch()? {
+        if !have("musl-gcc") {
+            apt_install(
+                &["musl-tools"],
+                "crates that compile C, for the static build",
+            )?;
+        }
+        return Ok(vec![(format!("CC_{target}"), "musl-gcc".into())]);
+    }
+    match arch {
+        BpfArch::Aarch64 => {
+            ensure_arm64_packages_allowed()?;
+            let mut missing = Vec::new();
+            if !installed("musl-dev:arm64") {
+                missing.push("musl-dev:arm64");
+            }
+            if !have("clang") {
+                missing.push("clang");
+            }
+            if !have("aarch64-linux-gnu-gcc") {
+                missing.push("gcc-aarch64-linux-gnu");
+            }
+            if !missing.is_empty() {
+                apt_install(&missing, "the arm64 static build")?;
+            }
+            let resource_dir = Command::new("clang")
+                .arg("-print-resource-dir")
+                .output()
+                .context("cannot run clang")?;
+            let resource_dir = String::from_utf8_lossy(&resource_dir.stdout)
+                .trim()
+                .to_string();
+            Ok(vec![
+                (format!("CC_{target}"), "clang".into()),
+                (
+                    format!("CFLAGS_{target}"),
+                    // Only musl's headers (and the compiler's own): the
+                    // host's glibc headers describe another libc.
+                    format!(
+                        "--target=aarch64-linux-musl -nostdinc -isystem /usr/include/aarch64-linux-musl -isystem {resource_dir}/include"
+                    ),
+                ),
+                (format!("AR_{target}"), "aarch64-linux-gnu-ar".into()),
+                (
+                    format!("CARGO_TARGET_{}_LINKER", target.to_uppercase()),
+                    "rust-lld".into(),
+                ),
+            ])
+        }
+        BpfArch::X86_64 => {
+            bail!("a static x86-64 build on an arm64 host is not supported: build it on x86-64")
+        }
+    }
+}
+
+/// Builds the static ddprof for `arch` and checks that it is static and
+/// carries the BPF program.
+pub fn run(arch: BpfArch) -> Result<PathBuf> {
+    let target = musl_target(arch);
+    ensure_musl_target(target)?;
+    let c_settings = c_toolchain(arch)?;
     // The static binary must not silently lose the BPF engine.
-    let object = build_ebpf().context("the dist binary needs the BPF object")?;
+    let object = build_ebpf(arch).context("the dist binary needs the BPF object")?;
     say(&format!("BPF object: {}", object.display()));
-    say(&format!(
-        "building a static ddprof ({MUSL_TARGET}, release)"
-    ));
+    say(&format!("building a static ddprof ({target}, release)"));
     run_checked(
         Command::new("cargo")
             .current_dir(workspace_root())
             .args(["build", "--release", "-p", "ddprof", "--bin", "ddprof"])
-            .args(["--target", MUSL_TARGET])
+            .args(["--target", target])
             // ddprof/build.rs embeds the object just built (it is newer
             // than its sources), as in the glibc build; the tests' harness
             // (static_ddprof_bin) builds with the same settings, so neither
             // build invalidates the other.
-            .env(format!("CC_{}", MUSL_TARGET.replace('-', "_")), "musl-gcc"),
+            .envs(c_settings),
     )?;
-    let binary = dist_binary();
-    check_static(&binary)?;
-    check_embedded_bpf(&binary)?;
+    let binary = dist_binary(arch);
+    check_static(&binary, arch)?;
+    if arch == host_arch()? {
+        check_embedded_bpf(&binary)?;
+    } else {
+        check_carries_bpf_object(&binary, &object)?;
+    }
     Ok(binary)
+}
+
+/// For a binary this machine cannot run: the BPF object's bytes are in it.
+fn check_carries_bpf_object(binary: &Path, object: &Path) -> Result<()> {
+    let bytes =
+        std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+    let program =
+        std::fs::read(object).with_context(|| format!("cannot read {}", object.display()))?;
+    if program.is_empty() || !bytes.windows(program.len()).any(|window| window == program) {
+        bail!(
+            "{} does not carry the BPF object {}",
+            binary.display(),
+            object.display()
+        );
+    }
+    say(&format!(
+        "{} carries the BPF object {} ({} bytes)",
+        binary.display(),
+        object.display(),
+        program.len()
+    ));
+    Ok(())
 }
 
 /// No program interpreter and no shared library: nothing of the host's libc
 /// is needed.
-fn check_static(binary: &Path) -> Result<()> {
+fn check_static(binary: &Path, arch: BpfArch) -> Result<()> {
     let bytes =
         std::fs::read(binary).with_context(|| format!("cannot read {}", binary.display()))?;
+    // e_machine: EM_X86_64 (62), EM_AARCH64 (183).
+    let machine = bytes
+        .get(0x12..0x14)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let expected = match arch {
+        BpfArch::X86_64 => 62,
+        BpfArch::Aarch64 => 183,
+    };
+    if machine != Some(expected) {
+        bail!(
+            "{} is not an {} ELF (e_machine {machine:?})",
+            binary.display(),
+            arch.name()
+        );
+    }
     let linkage =
         elf_linkage(&bytes).with_context(|| format!("{} is not a 64-bit ELF", binary.display()))?;
     if linkage.interpreter || linkage.needed_libraries > 0 {

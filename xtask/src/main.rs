@@ -2,7 +2,8 @@
 //!
 //! - `build-ebpf`: make sure the BPF toolchain is there and build the BPF object.
 //! - `build`: the BPF object, then ddprof (release) with the object embedded.
-//! - `dist`: the same, statically linked (musl): `target/x86_64-unknown-linux-musl/release/ddprof`.
+//! - `dist [--target aarch64]`: the same, statically linked (musl):
+//!   `target/x86_64-unknown-linux-musl/release/ddprof` (or `aarch64-…`).
 //! - `run -- ARGS`: build, then run ddprof with ARGS.
 //! - `demo`: build, then profile the bundled demo workload.
 //! - `test`: build, install the test prerequisites, run every test.
@@ -39,8 +40,12 @@ enum Task {
         #[arg(long)]
         debug: bool,
     },
-    /// Build the static ddprof (musl, BPF object embedded) for any x86-64 Linux >= 4.15
-    Dist,
+    /// Build the static ddprof (musl, BPF object embedded) for any x86-64 (or arm64) Linux >= 4.15
+    Dist {
+        /// The architecture: x86_64 (amd64) or aarch64 (arm64); this machine's by default
+        #[arg(long, value_parser = dist::parse_arch)]
+        target: Option<ddprof_build::BpfArch>,
+    },
     /// Build everything (release) and run ddprof with the given arguments
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -90,7 +95,20 @@ pub fn target_dir() -> PathBuf {
 
 /// Where `build-ebpf` leaves the BPF object (ddprof/build.rs looks there).
 pub fn ebpf_object() -> PathBuf {
-    ddprof_build::object_path(&target_dir())
+    ddprof_build::object_path(
+        &target_dir(),
+        host_arch().unwrap_or(ddprof_build::BpfArch::X86_64),
+    )
+}
+
+/// This machine's architecture, as ddprof supports it.
+pub fn host_arch() -> Result<ddprof_build::BpfArch> {
+    ddprof_build::BpfArch::from_target_arch(std::env::consts::ARCH).with_context(|| {
+        format!(
+            "ddprof does not support {} hosts (x86_64 and aarch64 only)",
+            std::env::consts::ARCH
+        )
+    })
 }
 
 /// Whether `program` is on PATH.
@@ -131,18 +149,20 @@ pub fn run_checked(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn build_ebpf() -> Result<PathBuf> {
+fn build_ebpf(arch: ddprof_build::BpfArch) -> Result<PathBuf> {
     let toolchain = bpf_toolchain::ensure(&target_dir())?;
     say(&format!(
-        "building the BPF object (cargo +{}, {})",
+        "building the BPF object (cargo +{}, {}, {} pt_regs)",
         toolchain.nightly,
-        ddprof_build::BPF_TARGET
+        ddprof_build::BPF_TARGET,
+        arch.name()
     ));
     ddprof_build::build_ebpf(
         &workspace_root(),
         &target_dir(),
         &toolchain.nightly,
         &toolchain.linker_dir,
+        arch,
         ddprof_build::Output::Inherit,
     )
     .map_err(anyhow::Error::msg)
@@ -151,7 +171,7 @@ fn build_ebpf() -> Result<PathBuf> {
 /// Builds the BPF object when possible, then ddprof. Without a BPF
 /// toolchain the result is a perf-only ddprof, and the reason is printed.
 fn build_all(release: bool) -> Result<PathBuf> {
-    match build_ebpf() {
+    match build_ebpf(host_arch()?) {
         Ok(object) => say(&format!("BPF object: {}", object.display())),
         Err(error) => say(&format!(
             "cannot build the BPF object ({error:#}); building a perf-only ddprof"
@@ -203,7 +223,7 @@ fn demo(seconds: u32) -> Result<ExitCode> {
 fn main() -> ExitCode {
     let args = Args::parse();
     let result = match args.task {
-        Task::BuildEbpf => build_ebpf().map(|object| {
+        Task::BuildEbpf => host_arch().and_then(build_ebpf).map(|object| {
             say(&format!("BPF object: {}", object.display()));
             ExitCode::SUCCESS
         }),
@@ -211,10 +231,15 @@ fn main() -> ExitCode {
             say(&format!("ddprof: {}", binary.display()));
             ExitCode::SUCCESS
         }),
-        Task::Dist => dist::run().map(|binary| {
-            say(&format!("static ddprof: {}", binary.display()));
-            ExitCode::SUCCESS
-        }),
+        Task::Dist { target } => {
+            target
+                .map_or_else(host_arch, Ok)
+                .and_then(dist::run)
+                .map(|binary| {
+                    say(&format!("static ddprof: {}", binary.display()));
+                    ExitCode::SUCCESS
+                })
+        }
         Task::Soak(args) => soak::run(&args).map(|()| ExitCode::SUCCESS),
         Task::Run { args } => build_all(true).and_then(|binary| run_ddprof(&binary, &args)),
         Task::Demo { seconds } => demo(seconds),

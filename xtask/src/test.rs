@@ -177,7 +177,7 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     install_prerequisites()?;
     let binary = build_all(true)?;
-    let static_binary = crate::dist::run()?;
+    let static_binary = crate::dist::run(crate::host_arch()?)?;
     let root = workspace_root();
     say("checking formatting, lints and docs");
     run_checked(

@@ -579,7 +579,7 @@ fn identify(
         cookie => cookie - 1,
     };
     if let Some(weighing) = weighings.of(sample.event) {
-        let regs = arguments.map(crate::events::x86_regs::with_arguments);
+        let regs = arguments.map(crate::events::regs::with_arguments);
         weighing.weigh(sample, regs.as_ref());
     }
 }
@@ -632,7 +632,7 @@ mod tests {
         let mut allocation = sample(1, size);
         allocation.frames = vec![0x7000, 0x7100, 0x401000, 0x402000];
         identify(&mut allocation, 1, &weighings, Some([size, 0x5555_0000, 0]));
-        let registers = crate::events::x86_regs::with_arguments([size, 0x5555_0000, 0]);
+        let registers = crate::events::regs::with_arguments([size, 0x5555_0000, 0]);
         assert_eq!(allocation.event, 0);
         assert_eq!(
             allocation.weight,

@@ -33,6 +33,7 @@ mod record;
 mod rows;
 mod settings;
 mod sync;
+mod table_btf;
 mod trace_contexts;
 mod variant;
 

@@ -39,6 +39,9 @@ pub struct TableMaps {
     in_flight: usize,
     /// Those threads, until seen finished (joined before a fork).
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// The BTF the table maps are typed with (see [`super::table_btf`]);
+    /// `None` where the kernel refused it (maps are then created untyped).
+    btf: Option<OwnedFd>,
 }
 
 /// A slot of `TABLES` as userspace left it.
@@ -115,6 +118,11 @@ impl TableMaps {
     /// most `budget_bytes` of kernel memory on tables.
     pub fn new(outer: BorrowedFd<'_>, budget_bytes: u64) -> io::Result<Self> {
         let (changed_tx, changed_rx) = mpsc::channel();
+        let btf = load_table_btf()
+            .inspect_err(|error| {
+                log::debug!("BPF engine: table maps created without BTF ({error})")
+            })
+            .ok();
         Ok(TableMaps {
             outer: outer.try_clone_to_owned()?,
             slots: Vec::new(),
@@ -124,6 +132,7 @@ impl TableMaps {
             changed_rx,
             in_flight: 0,
             threads: Vec::new(),
+            btf,
         })
     }
 
@@ -180,7 +189,8 @@ impl TableMaps {
             }
             None => return Err(StoreError::NoSlot),
         };
-        let fd = create_table_map(chunks, name).map_err(|source| StoreError::Kernel {
+        let btf = self.btf.as_ref().map(AsFd::as_fd);
+        let fd = create_table_map(chunks, name, btf).map_err(|source| StoreError::Kernel {
             call: "bpf(BPF_MAP_CREATE)",
             source,
         })?;
@@ -447,6 +457,7 @@ const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_BTF_LOAD: libc::c_long = 18;
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 #[cfg(test)]
 const BPF_MAP_TYPE_ARRAY_OF_MAPS: u32 = 12;
@@ -464,6 +475,21 @@ struct MapCreateAttr {
     inner_map_fd: u32,
     numa_node: u32,
     map_name: [u8; 16],
+    map_ifindex: u32,
+    btf_fd: u32,
+    btf_key_type_id: u32,
+    btf_value_type_id: u32,
+}
+
+/// `union bpf_attr` for `BPF_BTF_LOAD`.
+#[repr(C)]
+#[derive(Default)]
+struct BtfLoadAttr {
+    btf: u64,
+    btf_log_buf: u64,
+    btf_size: u32,
+    btf_log_size: u32,
+    btf_log_level: u32,
 }
 
 /// `union bpf_attr` for the element commands.
@@ -483,6 +509,21 @@ struct MapElemAttr {
 trait BpfAttr {}
 impl BpfAttr for MapCreateAttr {}
 impl BpfAttr for MapElemAttr {}
+impl BpfAttr for BtfLoadAttr {}
+
+/// Loads [`super::table_btf::blob`] into the kernel.
+fn load_table_btf() -> io::Result<OwnedFd> {
+    let blob = super::table_btf::blob(std::mem::size_of::<RowChunk>() as u32)
+        .ok_or_else(|| io::Error::other("a row chunk is not a whole number of ints"))?;
+    let mut attr = BtfLoadAttr {
+        btf: blob.as_ptr() as u64,
+        btf_size: blob.len() as u32,
+        ..BtfLoadAttr::default()
+    };
+    let fd = bpf_command(BPF_BTF_LOAD, &mut attr)?;
+    // SAFETY: BPF_BTF_LOAD returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
 
 /// bpf(2) with `attr`: the call's non-negative result, or its error.
 fn bpf_command<A: BpfAttr>(command: libc::c_long, attr: &mut A) -> io::Result<i64> {
@@ -505,8 +546,9 @@ fn bpf_command<A: BpfAttr>(command: libc::c_long, attr: &mut A) -> io::Result<i6
 }
 
 /// A new array map of `chunks` `RowChunk`s with the flags of `TABLES`'
-/// template, named after the file (up to 15 bytes, for `bpftool`).
-fn create_table_map(chunks: u32, name: &str) -> io::Result<OwnedFd> {
+/// template, typed by `btf` (see [`super::table_btf`]), named after the
+/// file (up to 15 bytes, for `bpftool`).
+fn create_table_map(chunks: u32, name: &str, btf: Option<BorrowedFd<'_>>) -> io::Result<OwnedFd> {
     let mut attr = MapCreateAttr {
         map_type: BPF_MAP_TYPE_ARRAY,
         key_size: 4,
@@ -515,6 +557,11 @@ fn create_table_map(chunks: u32, name: &str) -> io::Result<OwnedFd> {
         map_flags: TABLE_MAP_FLAGS,
         ..MapCreateAttr::default()
     };
+    if let Some(btf) = btf {
+        attr.btf_fd = btf.as_raw_fd() as u32;
+        attr.btf_key_type_id = super::table_btf::KEY_TYPE_ID;
+        attr.btf_value_type_id = super::table_btf::VALUE_TYPE_ID;
+    }
     // Map names allow [A-Za-z0-9_.] only.
     for (to, from) in attr.map_name[..15].iter_mut().zip(
         name.bytes()
@@ -624,7 +671,7 @@ mod tests {
     /// An array of maps like `TABLES`, of `slots` slots, whose inner maps
     /// are table maps (root only: creating BPF maps needs `CAP_BPF`).
     fn outer_map(slots: u32) -> OwnedFd {
-        let template = create_table_map(1, "template").expect("root may create BPF maps");
+        let template = create_table_map(1, "template", None).expect("root may create BPF maps");
         let mut attr = MapCreateAttr {
             map_type: BPF_MAP_TYPE_ARRAY_OF_MAPS,
             key_size: 4,

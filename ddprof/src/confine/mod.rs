@@ -8,3 +8,12 @@
 pub mod capabilities;
 pub mod sandbox;
 pub mod worker_sandbox;
+
+/// `seccomp_data.arch` of this build's own system calls (linux/audit.h):
+/// both filters refuse every other architecture's (a 32-bit `int 0x80` on
+/// x86-64, an AArch32 call on arm64), which would be a way around them.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const AUDIT_ARCH: u32 = 0xC000_003E;
+/// `AUDIT_ARCH_AARCH64`.
+#[cfg(target_arch = "aarch64")]
+pub(crate) const AUDIT_ARCH: u32 = 0xC000_00B7;

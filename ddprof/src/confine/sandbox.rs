@@ -10,14 +10,16 @@
 //! - `tkill` and `pidfd_send_signal` (it uses neither);
 //! - `ptrace` (attaching would stop the target) and `process_vm_writev`
 //!   (reading target memory with `process_vm_readv` stays allowed);
-//! - every x32 or 32-bit system call (a way around the above).
+//! - every x32 or 32-bit system call (a way around the above), and on
+//!   arm64 every AArch32 one.
 //!
 //! The filter is inherited by any child the profiler might start.
 use std::io;
 
-/// `AUDIT_ARCH_X86_64` (linux/audit.h).
-const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
-/// x32 system calls have this bit set in their number.
+use super::AUDIT_ARCH;
+
+/// x32 system calls have this bit set in their number (no arm64 call
+/// number has it: the check refuses nothing there).
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 /// `seccomp_data` offsets.
@@ -85,7 +87,7 @@ pub fn filter(own_pid: i32) -> [libc::sock_filter; FILTER_LENGTH] {
     let allow_pid_at = deny_at + 1;
     let to = |from: usize, target: usize| (target - from - 1) as u8;
     push(statement(LOAD_WORD, OFFSET_ARCH));
-    push(jump(JUMP_EQUAL, AUDIT_ARCH_X86_64, 0, to(1, deny_at)));
+    push(jump(JUMP_EQUAL, AUDIT_ARCH, 0, to(1, deny_at)));
     push(statement(LOAD_WORD, OFFSET_NR));
     push(jump(
         JUMP_GREATER_OR_EQUAL,

@@ -29,12 +29,7 @@
 //! runs the suite's workloads under it.
 use std::io;
 
-/// `AUDIT_ARCH_X86_64` (linux/audit.h).
-#[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xC000_003E;
-/// `AUDIT_ARCH_AARCH64`.
-#[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH: u32 = 0xC000_00B7;
+use super::AUDIT_ARCH;
 /// x32 system calls have this bit set in their number (x86-64 only).
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
@@ -96,6 +91,7 @@ const PRCTL_NAME: &[u32] = &[libc::PR_SET_NAME as u32, libc::PR_GET_NAME as u32]
 fn rules() -> Vec<(libc::c_long, Rule)> {
     use libc::*;
     use Rule::*;
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut rules = vec![
         // Reading and writing descriptors it holds.
         (SYS_read, Allow),

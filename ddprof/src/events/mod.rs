@@ -19,6 +19,7 @@ pub const MAX_EVENTS: u16 = 256;
 
 pub mod allocation;
 mod parse;
+pub mod regs;
 mod spec;
 mod tracepoint;
 
@@ -31,86 +32,6 @@ pub use spec::{
     Weighings, COUNT_UNIT, DEFAULT_CPU_FREQUENCY,
 };
 pub use tracepoint::TracepointError;
-
-/// `perf_event_attr.sample_regs_user` bits (x86_64 `enum perf_event_x86_regs`).
-pub mod x86_regs {
-    /// Where a sampled register goes: the unwinders track IP, SP and RBP
-    /// through every frame, and the other general-purpose registers (by
-    /// DWARF number) as long as no frame changed them: hand-written
-    /// assembly (OpenSSL) bases its CFA on any of them.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Slot {
-        Ip,
-        Sp,
-        Bp,
-        Other(u8),
-    }
-
-    /// The registers the unwinders need, in the order the kernel writes
-    /// them (ascending bit number): `(bit, slot)`.
-    pub const SAMPLED: [(u64, Slot); 17] = [
-        (0, Slot::Other(0)), // AX
-        (1, Slot::Other(3)), // BX
-        (2, Slot::Other(2)), // CX
-        (3, Slot::Other(1)), // DX
-        (4, Slot::Other(4)), // SI
-        (5, Slot::Other(5)), // DI
-        (6, Slot::Bp),
-        (7, Slot::Sp),
-        (8, Slot::Ip),
-        (16, Slot::Other(8)), // R8 ..
-        (17, Slot::Other(9)),
-        (18, Slot::Other(10)),
-        (19, Slot::Other(11)),
-        (20, Slot::Other(12)),
-        (21, Slot::Other(13)),
-        (22, Slot::Other(14)),
-        (23, Slot::Other(15)), // .. R15
-    ];
-
-    pub const MASK: u64 = {
-        let mut mask = 0;
-        let mut i = 0;
-        while i < SAMPLED.len() {
-            mask |= 1 << SAMPLED[i].0;
-            i += 1;
-        }
-        mask
-    };
-    pub const COUNT: usize = SAMPLED.len();
-
-    /// Whether perf register `register` is among the sampled ones.
-    pub fn is_sampled(register: u8) -> bool {
-        SAMPLED.iter().any(|(bit, _)| *bit == u64::from(register))
-    }
-
-    /// The registers of a record that carries a probed function's first
-    /// three integer arguments (the BPF engine's allocation samples) where
-    /// a perf sample would have them: `rdi`, `rsi`, `rdx` (DWARF 5, 4, 1),
-    /// so that [`super::Weighing`] reads both engines' samples alike.
-    pub fn with_arguments(arguments: [u64; 3]) -> crate::unwind::UserRegs {
-        let mut regs = crate::unwind::UserRegs::default();
-        regs.others[5] = arguments[0];
-        regs.others[4] = arguments[1];
-        regs.others[1] = arguments[2];
-        regs.known = (1 << 5) | (1 << 4) | (1 << 1);
-        regs
-    }
-
-    /// The value of perf register `register` in `regs` (as the sample
-    /// recorded it), if sampled.
-    pub fn value(regs: &crate::unwind::UserRegs, register: u8) -> Option<u64> {
-        let (_, slot) = SAMPLED
-            .iter()
-            .find(|(bit, _)| *bit == u64::from(register))?;
-        Some(match slot {
-            Slot::Ip => regs.ip,
-            Slot::Sp => regs.sp,
-            Slot::Bp => regs.bp,
-            Slot::Other(dwarf) => *regs.others.get(usize::from(*dwarf))?,
-        })
-    }
-}
 
 /// `sample_type` of every sampling event.
 pub const SAMPLE_TYPE: u64 = sys::bindings::PERF_SAMPLE_IP as u64
@@ -454,7 +375,7 @@ pub fn attributes(
         attr.__bindgen_anon_1.sample_period = 1;
     }
     attr.sample_type = sample_type(spec);
-    attr.sample_regs_user = x86_regs::MASK;
+    attr.sample_regs_user = regs::MASK;
     attr.sample_stack_user = spec.stack_sample_size.unwrap_or(options.stack_sample_size);
     attr.set_exclude_kernel(u64::from(!options.include_kernel));
     // The call chain is always in the record (fixed layout), empty unless

@@ -175,18 +175,6 @@ fn number(text: &str) -> Option<u64> {
 
 /// The perf register (x86 `PERF_REG_X86_*`) of System V argument `n`
 /// (1-6), as the C++ ddprof maps `n=`.
-fn argument_register(n: u64) -> Option<u8> {
-    Some(match n {
-        1 => 5,  // DI
-        2 => 4,  // SI
-        3 => 3,  // DX
-        4 => 2,  // CX
-        5 => 16, // R8
-        6 => 17, // R9
-        _ => return None,
-    })
-}
-
 /// One event's options as typed, before they make a spec.
 #[derive(Default)]
 struct Options<'a> {
@@ -249,21 +237,15 @@ impl<'a> Options<'a> {
                 }
                 Key::ArgNum => {
                     let register = number(value)
-                        .and_then(argument_register)
+                        .and_then(super::regs::argument)
                         .ok_or_else(|| bad(word, "expected an argument number from 1 to 6"))?;
                     options.value = Some(EventValue::Register(register));
                 }
                 Key::Register => {
                     let register = number(value)
                         .and_then(|n| u8::try_from(n).ok())
-                        .filter(|&n| super::x86_regs::is_sampled(n))
-                        .ok_or_else(|| {
-                            bad(
-                                word,
-                                "expected a general-purpose register's perf number \
-                                 (0-8 for AX..IP, 16-23 for R8..R15)",
-                            )
-                        })?;
+                        .filter(|&n| super::regs::is_sampled(n))
+                        .ok_or_else(|| bad(word, super::regs::REGISTER_EXPECTED))?;
                     options.value = Some(EventValue::Register(register));
                 }
                 Key::RawOffset => {

@@ -122,11 +122,17 @@ pub enum EventValue {
 /// ([`Weighing::scaled_count`]): 1 for every event but `sALLOC`.
 pub const COUNT_UNIT: u64 = 1000;
 
-/// perf's numbers for `rdi`, `rsi` and `rdx`, the first three argument
-/// registers.
-const RDI: u8 = 5;
-const RSI: u8 = 4;
-const RDX: u8 = 3;
+/// perf's numbers of the first three argument registers (`rdi`, `rsi`,
+/// `rdx`; on arm64 `x0`-`x2`): the allocation marker's arguments.
+fn first_argument() -> u8 {
+    super::regs::argument(1).unwrap_or(0)
+}
+fn second_argument() -> u8 {
+    super::regs::argument(2).unwrap_or(0)
+}
+fn third_argument() -> u8 {
+    super::regs::argument(3).unwrap_or(0)
+}
 
 pub use crate::sample::HeapEvent;
 
@@ -153,14 +159,14 @@ impl Weighing {
         let value = match self.value {
             EventValue::Period => self.fixed_period.unwrap_or(period),
             EventValue::Register(register) => regs
-                .and_then(|regs| super::x86_regs::value(regs, register))
+                .and_then(|regs| super::regs::value(regs, register))
                 .unwrap_or(0),
             // The parser puts the field's value in the period's place
             // (`events::SampleLayout`).
             EventValue::Raw { .. } => period,
             EventValue::AllocationSize { mean } => {
                 let size = regs
-                    .and_then(|regs| super::x86_regs::value(regs, RDI))
+                    .and_then(|regs| super::regs::value(regs, first_argument()))
                     .unwrap_or(0);
                 super::allocation::unbiased(size, mean).1.round() as u64
             }
@@ -182,7 +188,7 @@ impl Weighing {
         match self.value {
             EventValue::AllocationSize { mean } => {
                 let size = regs
-                    .and_then(|regs| super::x86_regs::value(regs, RDI))
+                    .and_then(|regs| super::regs::value(regs, first_argument()))
                     .unwrap_or(0);
                 (super::allocation::unbiased(size, mean).0 * COUNT_UNIT as f64).round() as u64
             }
@@ -197,19 +203,23 @@ impl Weighing {
     /// released (`rdi`), the bytes of it still held (`rsi`) and its new
     /// name (`rdx`).
     pub fn heap_event(&self, regs: Option<&crate::unwind::UserRegs>) -> Option<HeapEvent> {
-        let register = |number| regs.and_then(|regs| super::x86_regs::value(regs, number));
+        let register = |number| regs.and_then(|regs| super::regs::value(regs, number));
         match self.value {
-            EventValue::AllocationSize { .. } => match (register(RSI), register(RDI)) {
-                (Some(address), Some(size)) if address != 0 => {
-                    Some(HeapEvent::Allocated { address, size })
+            EventValue::AllocationSize { .. } => {
+                match (register(second_argument()), register(first_argument())) {
+                    (Some(address), Some(size)) if address != 0 => {
+                        Some(HeapEvent::Allocated { address, size })
+                    }
+                    _ => Some(HeapEvent::NotFollowed),
                 }
-                _ => Some(HeapEvent::NotFollowed),
-            },
-            EventValue::FreedAddress => register(RDI).map(|address| HeapEvent::Freed {
-                address,
-                held: register(RSI).unwrap_or(0),
-                renamed: register(RDX).unwrap_or(0),
-            }),
+            }
+            EventValue::FreedAddress => {
+                register(first_argument()).map(|address| HeapEvent::Freed {
+                    address,
+                    held: register(second_argument()).unwrap_or(0),
+                    renamed: register(third_argument()).unwrap_or(0),
+                })
+            }
             _ => None,
         }
     }
@@ -239,7 +249,7 @@ impl Weighing {
         match self.value {
             EventValue::AllocationSize { .. } => {
                 let mapped = regs
-                    .and_then(|regs| super::x86_regs::value(regs, RDX))
+                    .and_then(|regs| super::regs::value(regs, third_argument()))
                     .is_some_and(|kind| kind == super::allocation::MAPPED);
                 usize::from(super::allocation::LIBRARY_FRAMES) - usize::from(mapped)
             }

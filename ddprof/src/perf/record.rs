@@ -4,7 +4,7 @@
 //! inconsistent record is an error, never a panic.
 use perf_event_open_sys::bindings as sys;
 
-use crate::events::{self, x86_regs, SampleLayout};
+use crate::events::{self, regs as sampled_regs, SampleLayout};
 use crate::process::{MappingRecord, ProcessEvent};
 use crate::sample::Sample;
 use crate::unwind::UserRegs;
@@ -20,12 +20,12 @@ const EXPECTED_SAMPLE_TYPE: u64 = sys::PERF_SAMPLE_IP as u64
     | sys::PERF_SAMPLE_REGS_USER as u64
     | sys::PERF_SAMPLE_STACK_USER as u64;
 const _: () = assert!(events::SAMPLE_TYPE == EXPECTED_SAMPLE_TYPE);
-const _: () = assert!(x86_regs::MASK.count_ones() as usize == x86_regs::COUNT);
+const _: () = assert!(sampled_regs::MASK.count_ones() as usize == sampled_regs::COUNT);
 const _: () = {
     // The kernel writes the registers in ascending bit order.
     let mut i = 1;
-    while i < x86_regs::COUNT {
-        assert!(x86_regs::SAMPLED[i - 1].0 < x86_regs::SAMPLED[i].0);
+    while i < sampled_regs::COUNT {
+        assert!(sampled_regs::SAMPLED[i - 1].0 < sampled_regs::SAMPLED[i].0);
         i += 1;
     }
 };
@@ -363,16 +363,8 @@ fn parse_sample<'a>(cursor: &mut Cursor<'a>, layout: SampleLayout) -> Option<Sam
         None
     } else {
         let mut regs = UserRegs::new(0, 0, 0);
-        for (_, slot) in x86_regs::SAMPLED {
-            let value = cursor.u64()?;
-            match slot {
-                x86_regs::Slot::Ip => regs.ip = value,
-                x86_regs::Slot::Sp => regs.sp = value,
-                x86_regs::Slot::Bp => regs.bp = value,
-                x86_regs::Slot::Other(register) => {
-                    *regs.others.get_mut(usize::from(register))? = value;
-                }
-            }
+        for (_, slot) in sampled_regs::SAMPLED {
+            sampled_regs::store(&mut regs, slot, cursor.u64()?)?;
         }
         regs.known = UserRegs::ALL_KNOWN;
         Some(regs)
@@ -528,14 +520,15 @@ pub(crate) mod tests {
             .u64(1_001_000)
             .u64(0)
             .u64(sys::PERF_SAMPLE_REGS_ABI_64 as u64);
-        let builder = x86_regs::SAMPLED
+        let builder = sampled_regs::SAMPLED
             .iter()
             .fold(builder, |builder, (_, slot)| {
                 builder.u64(match slot {
-                    x86_regs::Slot::Ip => 0x401000,
-                    x86_regs::Slot::Sp => 0x7ff0_0000_0000,
-                    x86_regs::Slot::Bp => 0x7ff0_0000_0100,
-                    x86_regs::Slot::Other(register) => 0xa000 + u64::from(*register),
+                    sampled_regs::Slot::Ip => 0x401000,
+                    sampled_regs::Slot::Sp => 0x7ff0_0000_0000,
+                    sampled_regs::Slot::Bp => 0x7ff0_0000_0100,
+                    sampled_regs::Slot::Lr => 0x401234,
+                    sampled_regs::Slot::Other(register) => 0xa000 + u64::from(*register),
                 })
             })
             .u64(stack.len() as u64)
@@ -774,7 +767,7 @@ pub(crate) mod tests {
         // A stack size larger than the record.
         let mut huge = full;
         // header, ip, pid+tid, time, cpu, period, callchain nr, abi, registers
-        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 * x86_regs::COUNT;
+        let stack_size_at = 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 + 8 * sampled_regs::COUNT;
         huge[stack_size_at..stack_size_at + 8].copy_from_slice(&u64::MAX.to_ne_bytes());
         assert!(parse(&huge).is_err());
         // A comm record too short for its trailer.

@@ -8,15 +8,20 @@
 //! then tries frame pointers); code not covered by any FDE gets a
 //! [`RowKind::NoInfo`] row, except PLT stubs, whose rules are read from
 //! their code when the linker gave them no CFI (see [`super::plt`]).
+//!
+//! An arm64 file's rows follow that architecture's conventions (see
+//! `ddprof_common::unwind`): a CFA on SP or X29, the caller's X29 and the
+//! return address X30 saved in the frame or (X30) not yet saved.
 use crate::files::cache_dir::FileView;
 use crate::files::elf_headers::{ElfHeaders, Segment};
 use ddprof_common::unwind::{
-    rows_from_bytes, RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, DWARF_RBP, DWARF_RSP, GPR_COUNT,
-    RBX_UNKNOWN, ROW_SIZE,
+    rows_from_bytes, Isa, RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, DWARF_RBP, DWARF_RSP,
+    GPR_COUNT, RBX_UNKNOWN, ROW_SIZE,
 };
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation,
-    Reader, RegisterRule, UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow, X86_64,
+    AArch64, BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian,
+    Operation, Reader, RegisterRule, UnwindContext, UnwindExpression, UnwindSection,
+    UnwindTableRow, Vendor, X86_64,
 };
 use object::read::elf::ElfFile64;
 use object::{Object, ObjectSection, ReadRef};
@@ -39,6 +44,17 @@ pub enum CompileError {
     NoExecutableSegment,
     #[error("the file's call frame information could not be read (corrupt file?)")]
     Corrupt,
+    #[error("the file's code is for another architecture ({0:?}) than x86-64 or arm64")]
+    ForeignArchitecture(object::Architecture),
+}
+
+/// The conventions of a file's code, from its ELF header.
+pub fn isa_of<'d>(file: &impl Object<'d>) -> Result<Isa, CompileError> {
+    match file.architecture() {
+        object::Architecture::X86_64 => Ok(Isa::X86_64),
+        object::Architecture::Aarch64 => Ok(Isa::Aarch64),
+        other => Err(CompileError::ForeignArchitecture(other)),
+    }
 }
 
 /// A `PT_LOAD` segment that holds code: how file offsets map to the ELF
@@ -207,6 +223,7 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     debug_file: Option<R>,
 ) -> Result<UnwindTable, CompileError> {
     let file = ElfFile64::<object::Endianness, R>::parse(data)?;
+    let isa = isa_of(&file)?;
     let segments = ElfHeaders::parse(data)
         .map(|headers| executable_segments(&headers.segments))
         .unwrap_or_default();
@@ -231,8 +248,13 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
         if !data.is_empty() {
             found_cfi = true;
             let eh_bases = bases.clone().set_eh_frame(section.address());
-            let eh_frame = EhFrame::new(&data, LittleEndian);
-            collect_fdes(&eh_frame, &eh_bases, &mut fdes, &mut stats);
+            let mut eh_frame = EhFrame::new(&data, LittleEndian);
+            if isa == Isa::Aarch64 {
+                // `DW_CFA_AARCH64_negate_ra_state` (pointer authentication)
+                // shares its opcode with SPARC's `DW_CFA_GNU_window_save`.
+                eh_frame.set_vendor(Vendor::AArch64);
+            }
+            collect_fdes(isa, &eh_frame, &eh_bases, &mut fdes, &mut stats);
         }
     }
     // .debug_frame adds FDEs for code .eh_frame does not cover (overlapping
@@ -259,12 +281,18 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
         found_cfi = true;
         let mut debug_frame = DebugFrame::new(&data, LittleEndian);
         debug_frame.set_address_size(8);
-        collect_fdes(&debug_frame, &bases, &mut fdes, &mut stats);
+        if isa == Isa::Aarch64 {
+            debug_frame.set_vendor(Vendor::AArch64);
+        }
+        collect_fdes(isa, &debug_frame, &bases, &mut fdes, &mut stats);
     }
     if !found_cfi {
         return Err(CompileError::NoCfi);
     }
-    let (plt_rows, plt_stubs) = super::plt::uncovered_plt_rows(&file, &fdes);
+    let (plt_rows, plt_stubs) = match isa {
+        Isa::X86_64 => super::plt::uncovered_plt_rows(&file, &fdes),
+        Isa::Aarch64 => aarch64_plt_rows(&file),
+    };
     stats.plt_stubs = plt_stubs;
     fdes.extend(plt_rows);
     let rows = assemble_rows(fdes, &mut stats);
@@ -298,8 +326,10 @@ pub(crate) struct FdeRows {
     pub rows: Vec<(u64, UnwindRow)>,
 }
 
-/// Evaluates every FDE of a `.eh_frame` or `.debug_frame` section.
+/// Evaluates every FDE of a `.eh_frame` or `.debug_frame` section of a
+/// file of `isa`.
 pub(crate) fn collect_fdes<'a, S>(
+    isa: Isa,
     section: &S,
     bases: &BaseAddresses,
     out: &mut Vec<FdeRows>,
@@ -340,7 +370,10 @@ pub(crate) fn collect_fdes<'a, S>(
                 if backwards || address >= end {
                     return Err(gimli::Error::AddressOverflow);
                 }
-                let converted = convert_row(row, section, encoding);
+                let converted = match isa {
+                    Isa::X86_64 => convert_row(row, section, encoding),
+                    Isa::Aarch64 => convert_aarch64_row(row),
+                };
                 rows.push((address, converted));
             }
             Ok(())
@@ -651,6 +684,83 @@ fn convert_row<'a, S: UnwindSection<Slice<'a>>>(
     } else {
         converted
     }
+}
+
+/// Translates one gimli row of an arm64 file: a CFA on SP or X29 plus an
+/// offset, the caller's X29 and the return address (X30) saved at offsets
+/// from the CFA or left in their registers. Rules for other registers only
+/// mark the frame as changing them; anything else (expressions: signal
+/// trampolines, hand-written code) is left to frame pointers.
+fn convert_aarch64_row(row: &UnwindTableRow<usize>) -> UnwindRow {
+    let cfa = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } => {
+            let base = match *register {
+                AArch64::SP => DWARF_RSP,
+                AArch64::X29 => DWARF_RBP,
+                _ => return UNSUPPORTED,
+            };
+            match i32::try_from(*offset) {
+                Ok(offset) => UnwindRow::cfa(base, offset),
+                Err(_) => return UNSUPPORTED,
+            }
+        }
+        CfaRule::Expression(_) => return UNSUPPORTED,
+    };
+    // The return address: X30 until saved; undefined in the outermost
+    // frame (`_start`, `.cfi_undefined x30`).
+    let lr_by_8 = match row.register(AArch64::X30) {
+        Some(RegisterRule::Undefined) => return UnwindRow::with_kind(0, RowKind::Stop),
+        None | Some(RegisterRule::SameValue) => 0,
+        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 && offset != 0 => {
+            match i8::try_from(offset / 8) {
+                Ok(by_8) => by_8,
+                Err(_) => return UNSUPPORTED,
+            }
+        }
+        Some(_) => return UNSUPPORTED,
+    };
+    let cfa = cfa.with_saved_lr_by_8(lr_by_8);
+    let converted = match row.register(AArch64::X29) {
+        None | Some(RegisterRule::SameValue) | Some(RegisterRule::Undefined) => cfa,
+        Some(RegisterRule::Offset(offset)) if offset != 0 => match i16::try_from(offset) {
+            Ok(offset) => cfa.with_rbp_offset(offset),
+            Err(_) => return UNSUPPORTED,
+        },
+        Some(_) => return UNSUPPORTED,
+    };
+    let saves_others = row
+        .registers()
+        .any(|(register, rule)| register.0 < 29 && *rule != RegisterRule::SameValue);
+    if saves_others {
+        converted.saving_other_registers()
+    } else {
+        converted
+    }
+}
+
+/// arm64's PLT stubs (`adrp x16; ldr x17; add x16; br x17`, no CFI from
+/// the linker) touch neither SP nor X30: the return address is in X30 and
+/// the CFA is SP, which only the sampled frame can use.
+fn aarch64_plt_rows<'d, O: Object<'d>>(file: &O) -> (Vec<FdeRows>, u64) {
+    let mut rows = Vec::new();
+    let mut stubs = 0;
+    for name in [".plt", ".iplt"] {
+        let Some(section) = file.section_by_name(name) else {
+            continue;
+        };
+        let (start, size) = (section.address(), section.size());
+        if size == 0 {
+            continue;
+        }
+        // 16-byte entries (after `.plt`'s 32-byte header).
+        stubs += size / 16;
+        rows.push(FdeRows {
+            start,
+            end: start.saturating_add(size),
+            rows: vec![(start, UnwindRow::cfa(DWARF_RSP, 0).with_saved_lr_by_8(0))],
+        });
+    }
+    (rows, stubs)
 }
 
 /// `cfa` with the caller's RBP saved at `slot`, if the format can say so.

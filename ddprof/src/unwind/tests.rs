@@ -12,7 +12,7 @@ fn content_key(name: &[u8]) -> ContentKey {
     }
 }
 use crate::process::MappingRecord;
-use ddprof_common::unwind::{DWARF_RBP, DWARF_RBX, DWARF_RSP, RBX_UNKNOWN};
+use ddprof_common::unwind::{Isa, DWARF_RBP, DWARF_RBX, DWARF_RSP, RBX_UNKNOWN};
 use gimli::write::{
     Address, CallFrameInstruction as Cfi, CommonInformationEntry, EndianVec, Expression,
     FrameDescriptionEntry, FrameTable,
@@ -74,7 +74,7 @@ fn compile_eh_frame_bytes(bytes: &[u8]) -> (Vec<UnwindRow>, CompileStats) {
     let bases = gimli::BaseAddresses::default().set_eh_frame(0);
     let mut fdes = Vec::new();
     let mut stats = CompileStats::default();
-    collect_fdes(&section, &bases, &mut fdes, &mut stats);
+    collect_fdes(Isa::X86_64, &section, &bases, &mut fdes, &mut stats);
     (assemble_rows(fdes, &mut stats), stats)
 }
 
@@ -637,6 +637,7 @@ fn debug_frame_sections_compile_too() {
     let mut fdes = Vec::new();
     let mut stats = CompileStats::default();
     collect_fdes(
+        Isa::X86_64,
         &section,
         &gimli::BaseAddresses::default(),
         &mut fdes,
