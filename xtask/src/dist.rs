@@ -17,6 +17,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use ddprof_build::BpfArch;
 
+use crate::apt::{ensure_arm64_packages_known, install, installed};
 use crate::{build_ebpf, have, host_arch, run_checked, say, target_dir, workspace_root};
 
 /// The Rust target of the static build for `arch`.
@@ -58,60 +59,13 @@ fn ensure_musl_target(target: &str) -> Result<()> {
     run_checked(Command::new("rustup").args(["target", "add", target]))
 }
 
-/// Installs Debian packages (as root), once apt's lists are fresh.
-pub fn apt_install(packages: &[&str], why: &str) -> Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        bail!(
-            "{why} needs {}: install it (apt-get install {})",
-            packages.join(", "),
-            packages.join(" ")
-        );
-    }
-    say(&format!("installing {} ({why})", packages.join(" ")));
-    run_checked(Command::new("apt-get").args(["update", "-qq"]))?;
-    run_checked(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(packages)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
-}
-
-/// Whether the Debian package `package` (`name` or `name:arch`) is installed.
-fn installed(package: &str) -> bool {
-    Command::new("dpkg-query")
-        .args(["-W", "-f=${Status}", package])
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("ok installed"))
-}
-
-/// Lets apt install arm64 packages beside the host's (`dpkg
-/// --add-architecture arm64`): the arm64 musl headers, glibc and kernel.
-pub fn ensure_arm64_packages_allowed() -> Result<()> {
-    let foreign = Command::new("dpkg")
-        .arg("--print-foreign-architectures")
-        .output()
-        .context("cannot run dpkg")?;
-    if String::from_utf8_lossy(&foreign.stdout)
-        .split_whitespace()
-        .any(|arch| arch == "arm64")
-    {
-        return Ok(());
-    }
-    if !nix::unistd::geteuid().is_root() {
-        bail!("arm64 packages are needed: run `dpkg --add-architecture arm64` as root");
-    }
-    say("allowing arm64 packages (dpkg --add-architecture arm64)");
-    run_checked(Command::new("dpkg").args(["--add-architecture", "arm64"]))
-}
-
 /// The C compiler settings of the static build for `arch`: `(variable,
 /// value)` pairs for the `cc` crate, after installing what they name.
 fn c_toolchain(arch: BpfArch) -> Result<Vec<(String, String)>> {
     let target = musl_target(arch).replace('-', "_");
     if arch == host_arch()? {
         if !have("musl-gcc") {
-            apt_install(
+            install(
                 &["musl-tools"],
                 "crates that compile C, for the static build",
             )?;
@@ -120,7 +74,7 @@ fn c_toolchain(arch: BpfArch) -> Result<Vec<(String, String)>> {
     }
     match arch {
         BpfArch::Aarch64 => {
-            ensure_arm64_packages_allowed()?;
+            ensure_arm64_packages_known()?;
             let mut missing = Vec::new();
             if !installed("musl-dev:arm64") {
                 missing.push("musl-dev:arm64");
@@ -132,7 +86,7 @@ fn c_toolchain(arch: BpfArch) -> Result<Vec<(String, String)>> {
                 missing.push("gcc-aarch64-linux-gnu");
             }
             if !missing.is_empty() {
-                apt_install(&missing, "the arm64 static build")?;
+                install(&missing, "the arm64 static build")?;
             }
             let resource_dir = Command::new("clang")
                 .arg("-print-resource-dir")

@@ -6,14 +6,21 @@
 //!   `target/x86_64-unknown-linux-musl/release/ddprof` (or `aarch64-…`).
 //! - `run -- ARGS`: build, then run ddprof with ARGS.
 //! - `demo`: build, then profile the bundled demo workload.
-//! - `test`: build, install the test prerequisites, run every test.
+//! - `test`: build, install the test prerequisites, run every test (the
+//!   arm64 one too).
+//! - `test-arm64`: the static arm64 ddprof in an arm64 guest under qemu:
+//!   `--check`, and both engines' stacks of arm64 programs.
 //! - `docs`: regenerate docs/Commands.md from the CLI definition.
 //! - `bench`: ddprof's engines against perf record and samply (docs/Benchmarks.md).
 //! - `soak`: ddprof beside a busy, churning program for 30 minutes; its RSS each minute.
+mod apt;
+mod arm64_test;
+mod arm64_vm;
 mod bench;
 mod bpf_toolchain;
 mod dist;
 mod docs;
+mod pprof;
 mod soak;
 mod test;
 
@@ -63,6 +70,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build the static arm64 ddprof and test it in an emulated arm64 guest (qemu): --check, both engines' stacks
+    TestArm64,
     /// Measure ddprof's engines against perf record and samply on the same workloads
     Bench(bench::BenchArgs),
     /// Profile a busy, churning program for a long time (30 min) and report the profiler's RSS each minute
@@ -244,6 +253,7 @@ fn main() -> ExitCode {
         Task::Run { args } => build_all(true).and_then(|binary| run_ddprof(&binary, &args)),
         Task::Demo { seconds } => demo(seconds),
         Task::Test { args } => test::run(&args),
+        Task::TestArm64 => arm64_test::run().map(|()| ExitCode::SUCCESS),
         Task::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
         Task::Docs { check } => docs::run(check).map(|()| ExitCode::SUCCESS),
     };

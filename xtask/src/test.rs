@@ -223,6 +223,19 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
             .env("DDPROF_STATIC_BIN", &static_binary),
         &mut totals,
     )?;
+    // arm64: the static arm64 ddprof in an emulated arm64 guest (one
+    // check of many runs, counted as one test).
+    say("running the arm64 end-to-end test (qemu)");
+    match crate::arm64_test::run() {
+        Ok(()) => totals.passed += 1,
+        Err(error) => {
+            totals.failed += 1;
+            totals.digest.push((
+                "arm64 (cargo xtask test-arm64)".into(),
+                format!("{error:#}").lines().map(String::from).collect(),
+            ));
+        }
+    }
     println!(
         "xtask: {} tests in {:.0} s (ignored: {})",
         totals.passed + totals.failed,
