@@ -12,9 +12,15 @@
 //! thread's start function) and the thread's root for >= 99 %. Two more
 //! workloads cover a thread's root (glibc's clone3 child) and signal frames
 //! (`__restore_rt`).
+//!
+//! arm64: the same comparison against framehop's aarch64 unwinder, on
+//! stacks recorded the same way in the emulated arm64 guest of `cargo
+//! xtask test-arm64` (`xtask/src/arm64_snapshots.c`), which then runs the
+//! ignored test below with the recordings.
 use ddprof::process::ProcessTable;
 use ddprof::sample::StackEnd;
 use ddprof::unwind::{Unwinder, UserRegs};
+use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
 use nix::sys::ptrace;
@@ -199,11 +205,25 @@ fn snapshot(pid: Pid, tid: Pid, stack_bytes: usize) -> Snapshot {
 /// framehop, set up from the same mappings, reading the ELF files itself.
 fn reference_unwinder(processes: &ProcessTable, pid: u32) -> UnwinderX86_64<Vec<u8>> {
     let mut unwinder = UnwinderX86_64::new();
+    for module in reference_modules(processes, pid, &|path| PathBuf::from(path)) {
+        unwinder.add_module(module);
+    }
+    unwinder
+}
+
+/// framehop's modules for the mappings of `pid`, whose files are read at
+/// `host_path(the mapped path)`.
+fn reference_modules(
+    processes: &ProcessTable,
+    pid: u32,
+    host_path: &dyn Fn(&str) -> PathBuf,
+) -> Vec<Module<Vec<u8>>> {
+    let mut modules = Vec::new();
     for mapping in &processes.get(pid).unwrap().mappings {
         if !mapping.file.path.starts_with('/') {
             continue;
         }
-        let data = std::fs::read(&mapping.file.path).unwrap();
+        let data = std::fs::read(host_path(&mapping.file.path)).unwrap();
         let file = object::File::parse(data.as_slice()).unwrap();
         // The executable segment holding this mapping's file offset.
         let Some((p_offset, p_vaddr)) = file.segments().find_map(|segment| {
@@ -240,14 +260,14 @@ fn reference_unwinder(processes: &ProcessTable, pid: u32) -> UnwinderX86_64<Vec<
             debug_frame: section(".debug_frame").map(|d| d.1),
             ..Default::default()
         };
-        unwinder.add_module(Module::new(
+        modules.push(Module::new(
             mapping.file.path.clone(),
             mapping.start..mapping.end,
             base_avma,
             info,
         ));
     }
-    unwinder
+    modules
 }
 
 /// Address range of function `name` of the workload, in the running process.
@@ -257,10 +277,21 @@ fn function_range(
     binary: &Path,
     name: &str,
 ) -> std::ops::Range<u64> {
+    function_range_mapped(processes, pid, binary, binary.to_str().unwrap(), name)
+}
+
+/// [`function_range`] of a binary read at `binary` but mapped as `mapped`.
+fn function_range_mapped(
+    processes: &ProcessTable,
+    pid: u32,
+    binary: &Path,
+    mapped: &str,
+    name: &str,
+) -> std::ops::Range<u64> {
     let data = std::fs::read(binary).unwrap();
     let file = object::File::parse(data.as_slice()).unwrap();
     let function = file.symbols().find(|s| s.name() == Ok(name)).unwrap();
-    let binary = binary.to_str().unwrap();
+    let binary = mapped;
     let mapping = processes
         .get(pid)
         .unwrap()
@@ -536,4 +567,254 @@ fn debug_frame_from_a_split_debug_file() {
     // .debug_frame), none with frame pointers.
     assert_eq!(figures.frame_pointer_steps, 0, "{figures:?}");
     assert!(figures.max_depth >= 10, "{figures:?}");
+}
+
+/// One stop recorded in the arm64 guest: X0-X30, SP, PC, PSTATE and the
+/// stack bytes from SP.
+struct Arm64Snapshot {
+    registers: [u64; 34],
+    stack: Vec<u8>,
+}
+
+/// A recording of `arm64_snapshots`: the process's maps, then its stops.
+fn parse_arm64_snapshots(bytes: &[u8]) -> (String, Vec<Arm64Snapshot>) {
+    assert_eq!(
+        &bytes[..8],
+        b"DDSNAP1\n",
+        "not a recording of arm64_snapshots"
+    );
+    let mut at = 8;
+    let u64_at = |at: &mut usize| {
+        let value = u64::from_le_bytes(bytes[*at..*at + 8].try_into().unwrap());
+        *at += 8;
+        value
+    };
+    let maps_len = u64_at(&mut at) as usize;
+    let maps = String::from_utf8_lossy(&bytes[at..at + maps_len]).into_owned();
+    at += maps_len;
+    let mut snapshots = Vec::new();
+    while at < bytes.len() {
+        let mut registers = [0u64; 34];
+        for register in &mut registers {
+            *register = u64_at(&mut at);
+        }
+        let len = u64_at(&mut at) as usize;
+        snapshots.push(Arm64Snapshot {
+            registers,
+            stack: bytes[at..at + len].to_vec(),
+        });
+        at += len;
+    }
+    (maps, snapshots)
+}
+
+/// What a recorded arm64 stack is compared with.
+enum Arm64Reference<'a> {
+    /// framehop's aarch64 unwinder, on the same bytes.
+    Framehop,
+    /// The program's call chain, innermost first: the frames of ours in
+    /// the program must be a tail of it (`chain6 … chain1 main`). For code
+    /// whose return addresses are signed: framehop 0.16 reads no
+    /// `DW_CFA_AARCH64_negate_ra_state` (its CFI parser is not told the
+    /// file is arm64's), so it loses those functions' CFI and skips frames.
+    CallChain(&'a [&'a str]),
+}
+
+/// Walks the recorded stacks of `workload` (`snapshots-WORKLOAD.bin` in
+/// `dir`, its files under `dir/sysroot`) with ours, and compares them
+/// with `reference`.
+fn run_arm64_recording(
+    dir: &Path,
+    workload: &str,
+    binary: &str,
+    reference_kind: Arm64Reference,
+) -> Figures {
+    use ddprof::files::{ContentKey, Digest};
+    use ddprof::unwind::compile::compile_elf;
+    use ddprof_common::unwind::Isa;
+
+    let bytes = std::fs::read(dir.join(format!("snapshots-{workload}.bin"))).unwrap();
+    let (maps, snapshots) = parse_arm64_snapshots(&bytes);
+    let sysroot = dir.join("sysroot");
+    let host_path = |path: &str| sysroot.join(path.trim_start_matches('/'));
+    let pid = 1;
+    let mut processes = ProcessTable::new();
+    let mut vdso = 0..0;
+    for line in maps.lines() {
+        let Some(record) = ddprof::process::parse_maps_line(pid, line) else {
+            continue;
+        };
+        if record.path == "[vdso]" {
+            vdso = record.start..record.start + record.len;
+        }
+        processes.add_mapping(&record);
+    }
+    // Ours: the tables of the same files, compiled here (the guest's paths
+    // are not this machine's).
+    let mut unwinder = Unwinder::for_isa(Isa::Aarch64);
+    for mapping in &processes.get(pid).unwrap().mappings {
+        if !mapping.file.path.starts_with('/') {
+            continue;
+        }
+        let data = std::fs::read(host_path(&mapping.file.path)).unwrap();
+        let table = compile_elf(data.as_slice(), None).unwrap();
+        let key = ContentKey {
+            file: Digest::of_bytes(&data),
+            debug_file: None,
+        };
+        unwinder.tables().preload(mapping.file.clone(), key, table);
+    }
+    let mut reference = UnwinderAarch64::new();
+    for module in reference_modules(&processes, pid, &host_path) {
+        reference.add_module(module);
+    }
+    let root = function_range_mapped(&processes, pid, &host_path(binary), binary, "main");
+    let chain: Vec<(&str, std::ops::Range<u64>)> = match reference_kind {
+        Arm64Reference::Framehop => Vec::new(),
+        Arm64Reference::CallChain(names) => names
+            .iter()
+            .map(|name| {
+                let range =
+                    function_range_mapped(&processes, pid, &host_path(binary), binary, name);
+                (*name, range)
+            })
+            .collect(),
+    };
+    let mut cache = CacheAarch64::<_>::new();
+    let mut figures = Figures::default();
+    let mut shown = 0;
+    let mut in_vdso = 0;
+    for snapshot in &snapshots {
+        let r = &snapshot.registers;
+        let (sp, pc, fp, lr) = (r[31], r[32], r[29], r[30]);
+        // The vDSO's code is not on this machine: those stops are left out.
+        if vdso.contains(&pc) {
+            in_vdso += 1;
+            continue;
+        }
+        let mut regs = UserRegs::new(pc, sp, fp);
+        regs.lr = lr;
+        regs.others.copy_from_slice(&r[..16]);
+        regs.known = UserRegs::ALL_KNOWN;
+        let mut ours = Vec::new();
+        let end = unwinder.unwind(
+            &processes,
+            pid,
+            &regs,
+            &snapshot.stack,
+            MAX_FRAMES,
+            &mut ours,
+        );
+        let reached_root = end == StackEnd::Complete && frame_in(&ours, &root).is_some();
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let offset = addr.checked_sub(sp).ok_or(())? as usize;
+            let bytes = snapshot.stack.get(offset..offset + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
+        };
+        let mut theirs = Vec::new();
+        let mut iter = reference.iter_frames(
+            pc,
+            UnwindRegsAarch64::new(lr, sp, fp),
+            &mut cache,
+            &mut read_stack,
+        );
+        let reference_complete = loop {
+            match iter.next() {
+                Ok(Some(frame)) if theirs.len() < MAX_FRAMES => theirs.push(frame.address()),
+                Ok(Some(_)) => break false,
+                Ok(None) => break true,
+                Err(_) => break false,
+            }
+        };
+        figures.samples += 1;
+        figures.max_depth = figures.max_depth.max(ours.len());
+        let agrees = if chain.is_empty() {
+            ours == theirs
+        } else {
+            // Our frames in the program, by name: a tail of the chain.
+            let named: Vec<&str> = ours
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &pc)| {
+                    let at = if i == 0 { pc } else { pc - 1 };
+                    chain
+                        .iter()
+                        .find(|(_, range)| range.contains(&at))
+                        .map(|(name, _)| *name)
+                })
+                .collect();
+            let names: Vec<&str> = chain.iter().map(|(name, _)| *name).collect();
+            !named.is_empty() && names.ends_with(&named)
+        };
+        if agrees {
+            figures.equal += 1;
+        } else if shown < 5 {
+            shown += 1;
+            eprintln!(
+                "arm64 {workload}: mismatch at pc {pc:#x} sp {sp:#x} ({end:?}):\n  ours   {:x?}\n  theirs {:x?}",
+                &ours[..ours.len().min(12)],
+                &theirs[..theirs.len().min(12)]
+            );
+        }
+        if reached_root {
+            figures.ours_reached_root += 1;
+        }
+        if reference_complete {
+            figures.reference_reached_root += 1;
+        }
+    }
+    let stats = unwinder.stats();
+    let compared_with = if chain.is_empty() {
+        "equal to framehop's aarch64 unwinder"
+    } else {
+        "with the program's whole call chain"
+    };
+    eprintln!(
+        "arm64 {workload}: {} samples ({in_vdso} more in the vDSO, left out), {} {compared_with} \
+         ({:.1} %), ours reached main and the root in {} ({:.1} %), framehop reached the root in {}, \
+         deepest {} frames; table steps {}, frame-pointer steps {}",
+        figures.samples,
+        figures.equal,
+        100.0 * figures.equal as f64 / figures.samples.max(1) as f64,
+        figures.ours_reached_root,
+        100.0 * figures.ours_reached_root as f64 / figures.samples.max(1) as f64,
+        figures.reference_reached_root,
+        figures.max_depth,
+        stats.table_steps,
+        stats.frame_pointer_steps,
+    );
+    figures
+}
+
+#[test]
+#[ignore = "needs stacks recorded in the arm64 guest: `cargo xtask test-arm64` runs it with them"]
+fn aarch64_recorded_stacks_match_framehop() {
+    let dir = PathBuf::from(std::env::var_os("DDPROF_ARM64_SNAPSHOTS").expect(
+        "DDPROF_ARM64_SNAPSHOTS (a directory of recordings): run `cargo xtask test-arm64`",
+    ));
+    let chain = [
+        "chain6", "chain5", "chain4", "chain3", "chain2", "chain1", "main",
+    ];
+    for (workload, binary, reference) in [
+        (
+            "chain-nofp",
+            "/opt/ddprof/unwind_chain-nofp",
+            Arm64Reference::Framehop,
+        ),
+        (
+            "qsort",
+            "/opt/ddprof/unwind_qsort-nofp",
+            Arm64Reference::Framehop,
+        ),
+        // Return addresses signed by pointer authentication.
+        (
+            "chain-pac",
+            "/opt/ddprof/unwind_chain-pac",
+            Arm64Reference::CallChain(&chain),
+        ),
+    ] {
+        let figures = run_arm64_recording(&dir, workload, binary, reference);
+        check(&figures, &format!("arm64 {workload}"));
+        assert!(figures.max_depth >= 10, "arm64 {workload}: {figures:?}");
+    }
 }

@@ -149,6 +149,18 @@ pub const fn strip_return_address(isa: Isa, address: u64) -> u64 {
 /// every row but a [`RowKind::Signal`] one says so.
 pub const DEFAULT_RA_OFFSET_BY_8: i8 = -1;
 
+/// arm64's [`UnwindRow::slot_by_8`] when X30 is saved beside X29, at
+/// `CFA + rbp_offset + 8` (a frame record `stp x29, x30`), however far
+/// from the CFA: a frame of more than 1 KiB saves its record beyond the
+/// byte's reach.
+pub const LR_BESIDE_FP: i8 = i8::MIN;
+
+/// arm64's [`UnwindRow::slot_by_8`] when X30 is saved out of the byte's
+/// reach and X29 is not saved (code without frame pointers with a frame
+/// over 1 KiB: `sub sp, sp, #0x660; str x30, [sp, #16]`): X30 is at
+/// `CFA + rbp_offset`, a field X29 then has no use for.
+pub const LR_AT_FP_FIELD: i8 = i8::MIN + 1;
+
 /// [`UnwindRow::slot_by_8`] of a row whose rule for RBX the format cannot
 /// express (or whose slot is out of reach): the caller's RBX is unknown.
 pub const RBX_UNKNOWN: i8 = i8::MIN;
@@ -281,7 +293,7 @@ impl UnwindRow {
     }
 
     /// arm64: the return address (X30) saved at `CFA + offset_by_8 * 8`
-    /// (0: not saved, still in X30).
+    /// (0: not saved, still in X30; [`LR_BESIDE_FP`]: beside the saved X29).
     pub const fn with_saved_lr_by_8(self, offset_by_8: i8) -> UnwindRow {
         UnwindRow {
             slot_by_8: offset_by_8,
@@ -545,6 +557,13 @@ pub fn step_for<F: FnMut(u64) -> Option<u64>>(
         // known in the sampled frame only.
         (Isa::Aarch64, 0) if regs.lr == 0 => return StepResult::Unsupported,
         (Isa::Aarch64, 0) => regs.lr,
+        (Isa::Aarch64, LR_BESIDE_FP | LR_AT_FP_FIELD) => {
+            let beside = if row.slot_by_8 == LR_BESIDE_FP { 8 } else { 0 };
+            match read_u64(add_signed(cfa, row.rbp_offset as i64 + beside)) {
+                Some(ip) => ip,
+                None => return StepResult::ReadFailed,
+            }
+        }
         (_, by_8) => match read_u64(add_signed(cfa, by_8 as i64 * 8)) {
             Some(ip) => ip,
             None => return StepResult::ReadFailed,
@@ -554,6 +573,7 @@ pub fn step_for<F: FnMut(u64) -> Option<u64>>(
         RowKind::CfaDerefDrap => Some(add_signed(regs.bp, row.rbp_offset as i64)),
         RowKind::Plt => None,
         _ if row.rbp_offset == 0 => None,
+        _ if isa == Isa::Aarch64 && row.slot_by_8 == LR_AT_FP_FIELD => None,
         _ => Some(add_signed(cfa, row.rbp_offset as i64)),
     };
     let bp = match saved_bp_at {
@@ -1513,6 +1533,36 @@ mod tests {
         );
         let advance = walker.advance_for(Isa::Aarch64, FrameRule::FramePointer, |a| stack.read(a));
         assert_eq!(advance, Advance::End(crate::sample::StackEnd::Complete));
+    }
+
+    #[test]
+    fn aarch64_return_addresses_saved_beyond_a_byte_of_reach() {
+        let mut stack = Stack::new(0x1000);
+        // A frame record 0x400 bytes below the CFA (a frame over 1 KiB):
+        // X29 at CFA - 0x400, X30 beside it.
+        stack.set(0x1000 + 0x40, 0x2222);
+        stack.set(0x1000 + 0x48, 0x40_4444);
+        let record = UnwindRow::cfa(DWARF_RSP, 0x440)
+            .with_rbp_offset(-0x400)
+            .with_saved_lr_by_8(LR_BESIDE_FP);
+        let mut regs = aarch64_regs(1, 0x1000, 7, 0);
+        assert_eq!(
+            step_for(Isa::Aarch64, &record, &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!((regs.ip, regs.sp, regs.bp), (0x40_4444, 0x1440, 0x2222));
+        // No frame record (no frame pointer): X30 alone, at CFA - 0x400 in
+        // X29's field, and X29 unchanged.
+        let alone = UnwindRow::cfa(DWARF_RSP, 0x440)
+            .with_rbp_offset(-0x400)
+            .with_saved_lr_by_8(LR_AT_FP_FIELD);
+        stack.set(0x1000 + 0x40, 0x40_5555);
+        let mut regs = aarch64_regs(1, 0x1000, 7, 0);
+        assert_eq!(
+            step_for(Isa::Aarch64, &alone, &mut regs, |a| stack.read(a)),
+            StepResult::Caller
+        );
+        assert_eq!((regs.ip, regs.sp, regs.bp), (0x40_5555, 0x1440, 7));
     }
 
     #[test]

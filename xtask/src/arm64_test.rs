@@ -9,8 +9,11 @@
 //! addresses signed by pointer authentication (`-mbranch-protection=pac-ret`,
 //! which the guest's CPU implements) — profiled by each engine, and
 //! `allocations` under `sALLOC` by each engine. Each run's folded stacks,
-//! log lines and (for `sALLOC`) pprof file, in base64, come back on the
-//! console between markers, and are judged here.
+//! log lines and pprof file (in base64) come back on the console between
+//! markers, and are judged here. Last, `arm64_snapshots` records stacks of
+//! three programs as a perf sample would copy them, and the differential
+//! test (`tests/unwind_diff.rs`) walks them with ddprof's walker and
+//! framehop's aarch64 unwinder on this machine.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,6 +43,19 @@ const ALLOCATING: [&str; 4] = [
     "alloc_large",
     "alloc_aligned",
 ];
+/// `tests/workloads` programs whose recorded stacks the differential test
+/// walks: (recording name, source, flags beside `-O2 -g`).
+const RECORDED: [(&str, &str, &str); 3] = [
+    ("chain-nofp", "unwind_chain", "-fomit-frame-pointer"),
+    (
+        "chain-pac",
+        "unwind_chain",
+        "-fomit-frame-pointer -mbranch-protection=pac-ret",
+    ),
+    ("qsort", "unwind_qsort", "-fomit-frame-pointer"),
+];
+/// Stops recorded per program.
+const RECORDED_STOPS: u32 = 300;
 /// The whole guest run's limit: it takes about a minute under emulation.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -70,7 +86,10 @@ pub fn run() -> Result<()> {
         );
     }
     let sections = sections(&run.output);
-    let failures = judge(&sections);
+    let mut failures = judge(&sections);
+    if let Err(error) = differential_test(&sections, &userland) {
+        failures.push(format!("{error:#}"));
+    }
     say(&format!(
         "the arm64 guest ran for {:.0} s",
         run.elapsed.as_secs_f64()
@@ -107,7 +126,67 @@ fn build_workloads() -> Result<Vec<PathBuf>> {
         compile(&format!("chain-{build}"), &sources.join("chain.c"), flags)?;
     }
     compile("allocations", &sources.join("allocations.c"), "")?;
+    for (name, source, flags) in RECORDED {
+        compile(
+            &format!("{source}-{}", name.split('-').nth(1).unwrap_or("nofp")),
+            &sources.join(format!("{source}.c")),
+            flags,
+        )?;
+    }
+    compile(
+        "arm64_snapshots",
+        &workspace_root().join("xtask/src/arm64_snapshots.c"),
+        "",
+    )?;
     Ok(built)
+}
+
+/// The recordings, written where the differential test reads them (with a
+/// `sysroot/` in which the guest's paths lead to the same files here), and
+/// that test run on them.
+fn differential_test(sections: &BTreeMap<String, Section>, userland: &Path) -> Result<()> {
+    let dir = target_dir().join("arm64-vm/recorded");
+    let _ = std::fs::remove_dir_all(&dir);
+    let sysroot = dir.join("sysroot");
+    std::fs::create_dir_all(sysroot.join("opt"))?;
+    std::os::unix::fs::symlink(
+        target_dir().join("arm64-vm/workloads"),
+        sysroot.join("opt/ddprof"),
+    )?;
+    std::os::unix::fs::symlink(userland.join("lib"), sysroot.join("lib"))?;
+    for (name, _, _) in RECORDED {
+        let section = sections
+            .get(&format!("snapshots {name}"))
+            .with_context(|| format!("no recording of {name} in the guest's output"))?;
+        let gzipped = base64_decode(&section.base64)
+            .with_context(|| format!("the recording of {name} does not decode"))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gzipped[..]), &mut bytes)
+            .with_context(|| format!("the recording of {name} is not gzip"))?;
+        std::fs::write(dir.join(format!("snapshots-{name}.bin")), bytes)?;
+    }
+    say("walking the recorded arm64 stacks with ddprof's walker and framehop's (tests/unwind_diff.rs)");
+    run_checked(
+        Command::new("cargo")
+            .current_dir(workspace_root())
+            .args([
+                "test",
+                "--release",
+                "-p",
+                "ddprof-tests",
+                "--test",
+                "unwind_diff",
+            ])
+            .args([
+                "--",
+                "--ignored",
+                "--exact",
+                "aarch64_recorded_stacks_match_framehop",
+            ])
+            .arg("--nocapture")
+            .env("DDPROF_ARM64_SNAPSHOTS", &dir),
+    )
+    .context("the arm64 differential unwind test failed")
 }
 
 /// The guest's script. Each run's stderr goes through a pipe, which ends
@@ -130,6 +209,14 @@ fn guest_script() -> String {
             &format!("--engine {engine} -e 'sCPU;sALLOC' -- {GUEST_DIR}/allocations 512"),
         ));
     }
+    for (name, source, _) in RECORDED {
+        let binary = format!("{source}-{}", name.split('-').nth(1).unwrap_or("nofp"));
+        script.push_str(&format!(
+            "{GUEST_DIR}/arm64_snapshots {RECORDED_STOPS} /tmp/recorded {GUEST_DIR}/{binary} 60\n\
+             echo '@@ snapshots {name}'; echo '@@ base64'; gzip -c /tmp/recorded | base64\n\
+             echo '@@ end'\n"
+        ));
+    }
     script
 }
 
@@ -140,19 +227,19 @@ fn run_lines(name: &str, arguments: &str) -> String {
         "rm -rf /tmp/out; $D -l info --output /tmp/out {arguments} 2>&1 >/dev/null | cat > /tmp/log\n\
          echo '@@ {name}'; cat /tmp/out/stacks.folded\n\
          echo '@@ log'; grep -E 'summary:|engine: |unwound in the kernel|warn|error' /tmp/log\n\
-         echo '@@ pprof'; base64 $(ls /tmp/out/*.pprof | head -n 1)\n\
+         echo '@@ base64'; base64 $(ls /tmp/out/*.pprof | head -n 1)\n\
          echo '@@ end'\n"
     )
 }
 
 /// One section of the console: the lines between `@@ NAME` and `@@ end`,
-/// split at `@@ log` and `@@ pprof` into the folded stacks, the log lines
-/// and the pprof file's base64.
+/// split at `@@ log` and `@@ base64` into the folded stacks, the log lines
+/// and a file's base64 (a pprof file, a recording).
 #[derive(Default, Debug)]
 struct Section {
     folded: Vec<String>,
     log: Vec<String>,
-    pprof: String,
+    base64: String,
 }
 
 /// Which part of a section a line belongs to.
@@ -160,7 +247,7 @@ struct Section {
 enum Part {
     Folded,
     Log,
-    Pprof,
+    Base64,
 }
 
 fn sections(output: &str) -> BTreeMap<String, Section> {
@@ -176,7 +263,7 @@ fn sections(output: &str) -> BTreeMap<String, Section> {
                     }
                 }
                 ("log", Some((_, _, part))) => *part = Part::Log,
-                ("pprof", Some((_, _, part))) => *part = Part::Pprof,
+                ("base64", Some((_, _, part))) => *part = Part::Base64,
                 (name, _) => current = Some((name.to_string(), Section::default(), Part::Folded)),
             }
             continue;
@@ -185,7 +272,7 @@ fn sections(output: &str) -> BTreeMap<String, Section> {
             match part {
                 Part::Folded => section.folded.push(line.to_string()),
                 Part::Log => section.log.push(line.to_string()),
-                Part::Pprof => section.pprof.push_str(line.trim()),
+                Part::Base64 => section.base64.push_str(line.trim()),
             }
         }
     }
@@ -349,7 +436,7 @@ fn judge_chain(name: &str, engine: &str, section: &Section) -> Vec<String> {
 /// `main` above it; with the BPF engine, most unwound in the kernel.
 fn judge_allocations(name: &str, engine: &str, section: &Section) -> Vec<String> {
     let mut failures = Vec::new();
-    let profile = base64_decode(&section.pprof)
+    let profile = base64_decode(&section.base64)
         .context("the pprof file's base64 does not decode")
         .and_then(|bytes| crate::pprof::parse(&bytes));
     let profile = match profile {
@@ -435,7 +522,7 @@ mod tests {
     #[test]
     fn a_chain_without_its_middle_fails() {
         let section = Section {
-            pprof: String::new(),
+            base64: String::new(),
             folded: vec![
                 format!("chain;_start;{CHAIN}chain_leaf_70 140"),
                 "chain;[truncated];chain_leaf_30 60".into(),
@@ -448,7 +535,7 @@ mod tests {
         let failures = judge_chain("cpu bpf fp", "bpf", &section);
         assert_eq!(failures.len(), 2, "{failures:?}");
         let complete = Section {
-            pprof: String::new(),
+            base64: String::new(),
             folded: vec![
                 format!("chain;_start;{CHAIN}chain_leaf_70 140"),
                 format!("chain;_start;{CHAIN}chain_leaf_30 60"),

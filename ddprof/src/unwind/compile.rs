@@ -16,7 +16,7 @@ use crate::files::cache_dir::FileView;
 use crate::files::elf_headers::{ElfHeaders, Segment};
 use ddprof_common::unwind::{
     rows_from_bytes, Isa, RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, DWARF_RBP, DWARF_RSP,
-    GPR_COUNT, RBX_UNKNOWN, ROW_SIZE,
+    GPR_COUNT, LR_AT_FP_FIELD, LR_BESIDE_FP, RBX_UNKNOWN, ROW_SIZE,
 };
 use gimli::{
     AArch64, BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian,
@@ -706,26 +706,39 @@ fn convert_aarch64_row(row: &UnwindTableRow<usize>) -> UnwindRow {
         }
         CfaRule::Expression(_) => return UNSUPPORTED,
     };
-    // The return address: X30 until saved; undefined in the outermost
-    // frame (`_start`, `.cfi_undefined x30`).
-    let lr_by_8 = match row.register(AArch64::X30) {
-        Some(RegisterRule::Undefined) => return UnwindRow::with_kind(0, RowKind::Stop),
-        None | Some(RegisterRule::SameValue) => 0,
-        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 && offset != 0 => {
-            match i8::try_from(offset / 8) {
-                Ok(by_8) => by_8,
-                Err(_) => return UNSUPPORTED,
-            }
-        }
-        Some(_) => return UNSUPPORTED,
-    };
-    let cfa = cfa.with_saved_lr_by_8(lr_by_8);
     let converted = match row.register(AArch64::X29) {
         None | Some(RegisterRule::SameValue) | Some(RegisterRule::Undefined) => cfa,
         Some(RegisterRule::Offset(offset)) if offset != 0 => match i16::try_from(offset) {
             Ok(offset) => cfa.with_rbp_offset(offset),
             Err(_) => return UNSUPPORTED,
         },
+        Some(_) => return UNSUPPORTED,
+    };
+    // The return address: X30 until saved; undefined in the outermost
+    // frame (`_start`, `.cfi_undefined x30`).
+    let converted = match row.register(AArch64::X30) {
+        Some(RegisterRule::Undefined) => return UnwindRow::with_kind(0, RowKind::Stop),
+        None | Some(RegisterRule::SameValue) => converted.with_saved_lr_by_8(0),
+        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 && offset != 0 => {
+            match i8::try_from(offset / 8) {
+                Ok(by_8) if by_8 != LR_BESIDE_FP && by_8 != LR_AT_FP_FIELD => {
+                    converted.with_saved_lr_by_8(by_8)
+                }
+                // Out of the byte's reach (a frame over 1 KiB): beside the
+                // saved X29 (a frame record), or in X29's field when X29
+                // is not saved.
+                _ if converted.rbp_offset != 0 && offset == i64::from(converted.rbp_offset) + 8 => {
+                    converted.with_saved_lr_by_8(LR_BESIDE_FP)
+                }
+                _ if converted.rbp_offset == 0 => match i16::try_from(offset) {
+                    Ok(offset) => converted
+                        .with_rbp_offset(offset)
+                        .with_saved_lr_by_8(LR_AT_FP_FIELD),
+                    Err(_) => return UNSUPPORTED,
+                },
+                _ => return UNSUPPORTED,
+            }
+        }
         Some(_) => return UNSUPPORTED,
     };
     let saves_others = row

@@ -18,7 +18,7 @@ pub use store::TableStore;
 
 use crate::process::{Mapping, ProcessTable};
 use crate::sample::StackEnd;
-use ddprof_common::unwind::{Advance, FrameRule, LastStep, Walker};
+use ddprof_common::unwind::{Advance, FrameRule, Isa, LastStep, Walker, NATIVE};
 use std::sync::Arc;
 
 /// The user registers a sample carries (x86_64): IP, SP, RBP and the other
@@ -40,11 +40,13 @@ pub struct UnwindStats {
 
 /// Walks user stacks copied by the kernel, with tables built once per file
 /// and shared by every process that maps the file.
-#[derive(Default)]
 pub struct Unwinder {
     tables: TableCache,
     stats: UnwindStats,
     rows: RowCache,
+    /// The conventions of the programs it walks: this build's
+    /// architecture's, but for tests that walk another's recorded stacks.
+    isa: Isa,
 }
 
 /// Whether a walk may look for the tables of files it meets.
@@ -130,6 +132,17 @@ struct MappingMemo {
     table: Option<(Arc<CachedTable>, u64)>,
 }
 
+impl Default for Unwinder {
+    fn default() -> Self {
+        Unwinder {
+            tables: TableCache::default(),
+            stats: UnwindStats::default(),
+            rows: RowCache::default(),
+            isa: NATIVE,
+        }
+    }
+}
+
 impl Unwinder {
     pub fn new() -> Self {
         Self::default()
@@ -141,6 +154,16 @@ impl Unwinder {
             tables: TableCache::with_limit(bytes),
             stats: UnwindStats::default(),
             rows: RowCache::default(),
+            isa: NATIVE,
+        }
+    }
+
+    /// An unwinder of another architecture's stacks (the arm64 ones the
+    /// differential test records in an emulated guest).
+    pub fn for_isa(isa: Isa) -> Self {
+        Unwinder {
+            isa,
+            ..Self::default()
         }
     }
 
@@ -238,7 +261,7 @@ impl Unwinder {
                 None => FrameRule::FramePointer,
             };
             let mut fault = None;
-            let advance = walker.advance(rule, |addr: u64| {
+            let advance = walker.advance_for(self.isa, rule, |addr: u64| {
                 let value = read(addr);
                 if value.is_none() {
                     fault = Some(addr);
