@@ -311,6 +311,21 @@ fn function_range_mapped(
     bias + function.address()..bias + function.address() + function.size()
 }
 
+/// framehop's frames of one walk (at most [`MAX_FRAMES`]), from its
+/// iterator's `next`, and whether it reached the thread's root.
+fn reference_frames<E>(mut next: impl FnMut() -> Result<Option<u64>, E>) -> (Vec<u64>, bool) {
+    let mut frames = Vec::new();
+    let complete = loop {
+        match next() {
+            Ok(Some(address)) if frames.len() < MAX_FRAMES => frames.push(address),
+            Ok(Some(_)) => break false,
+            Ok(None) => break true,
+            Err(_) => break false,
+        }
+    };
+    (frames, complete)
+}
+
 /// Index of the first frame in `function` (frames after the first are
 /// return addresses: the call is at pc - 1).
 fn frame_in(frames: &[u64], function: &std::ops::Range<u64>) -> Option<usize> {
@@ -408,7 +423,6 @@ fn run_workload(case: &Case) -> Figures {
             let bytes = stack.get(offset..offset + 8).ok_or(())?;
             Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
         };
-        let mut theirs = Vec::new();
         let mut iter = reference.iter_frames(
             regs.ip,
             UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
@@ -416,14 +430,8 @@ fn run_workload(case: &Case) -> Figures {
             &mut read_stack,
         );
         let started = Instant::now();
-        let reference_complete = loop {
-            match iter.next() {
-                Ok(Some(frame)) if theirs.len() < MAX_FRAMES => theirs.push(frame.address()),
-                Ok(Some(_)) => break false,
-                Ok(None) => break true,
-                Err(_) => break false,
-            }
-        };
+        let (theirs, reference_complete) =
+            reference_frames(|| iter.next().map(|frame| frame.map(|f| f.address())));
         if figures.samples > 0 {
             theirs_time += started.elapsed();
         }
@@ -711,21 +719,14 @@ fn run_arm64_recording(
             let bytes = snapshot.stack.get(offset..offset + 8).ok_or(())?;
             Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
         };
-        let mut theirs = Vec::new();
         let mut iter = reference.iter_frames(
             pc,
             UnwindRegsAarch64::new(lr, sp, fp),
             &mut cache,
             &mut read_stack,
         );
-        let reference_complete = loop {
-            match iter.next() {
-                Ok(Some(frame)) if theirs.len() < MAX_FRAMES => theirs.push(frame.address()),
-                Ok(Some(_)) => break false,
-                Ok(None) => break true,
-                Err(_) => break false,
-            }
-        };
+        let (theirs, reference_complete) =
+            reference_frames(|| iter.next().map(|frame| frame.map(|f| f.address())));
         figures.samples += 1;
         figures.max_depth = figures.max_depth.max(ours.len());
         let agrees = if chain.is_empty() {

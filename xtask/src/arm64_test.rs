@@ -407,21 +407,22 @@ fn judge_chain(name: &str, engine: &str, section: &Section) -> Vec<String> {
         percent(whole_chain, in_leaves),
         percent(leaf_70, in_leaves)
     ));
-    if in_leaves < 100 {
-        failures.push(format!(
-            "{name}: {in_leaves} samples in the chain's leaves (< 100)"
-        ));
-    }
-    if whole_chain * 100 < in_leaves * 95 {
-        failures.push(format!(
-            "{name}: {whole_chain} of {in_leaves} leaf samples have the whole chain (< 95 %)"
-        ));
-    }
-    if full * 100 < samples * 95 {
-        failures.push(format!(
-            "{name}: {full} of {samples} stacks complete (< 95 %)"
-        ));
-    }
+    at_least(
+        &mut failures,
+        name,
+        "samples in the chain's leaves",
+        in_leaves,
+        100,
+    );
+    share_at_least(
+        &mut failures,
+        name,
+        "leaf samples have the whole chain",
+        whole_chain,
+        in_leaves,
+        95,
+    );
+    share_at_least(&mut failures, name, "stacks complete", full, samples, 95);
     let share = percent(leaf_70, in_leaves);
     if !(55.0..=85.0).contains(&share) {
         failures.push(format!(
@@ -429,6 +430,27 @@ fn judge_chain(name: &str, engine: &str, section: &Section) -> Vec<String> {
         ));
     }
     failures
+}
+
+/// A failure when `count` of `what` is below `minimum`.
+fn at_least(failures: &mut Vec<String>, name: &str, what: &str, count: u64, minimum: u64) {
+    if count < minimum {
+        failures.push(format!("{name}: {count} {what} (< {minimum})"));
+    }
+}
+
+/// A failure when `part` is below `percent` % of `whole`.
+fn share_at_least(
+    failures: &mut Vec<String>,
+    name: &str,
+    what: &str,
+    part: u64,
+    whole: u64,
+    percent: u64,
+) {
+    if part * 100 < whole * percent {
+        failures.push(format!("{name}: {part} of {whole} {what} (< {percent} %)"));
+    }
 }
 
 /// `allocations` under `sALLOC`: samples came (the library is preloaded
@@ -477,16 +499,21 @@ fn judge_allocations(name: &str, engine: &str, section: &Section) -> Vec<String>
         "arm64 {name}: {taken} allocation samples; of the pprof's {total} allocation stacks, {placed} \
          in an allocating function under main; {in_kernel} unwound in the kernel"
     ));
-    if total < 100 {
-        failures.push(format!(
-            "{name}: {total} allocation stacks in the pprof file (< 100)"
-        ));
-    }
-    if placed * 100 < total * 90 {
-        failures.push(format!(
-            "{name}: {placed} of {total} allocation stacks in an allocating function under main (< 90 %)"
-        ));
-    }
+    at_least(
+        &mut failures,
+        name,
+        "allocation stacks in the pprof file",
+        total,
+        100,
+    );
+    share_at_least(
+        &mut failures,
+        name,
+        "allocation stacks in an allocating function under main",
+        placed,
+        total,
+        90,
+    );
     if engine == "bpf" && in_kernel * 2 < taken {
         failures.push(format!(
             "{name}: {in_kernel} of {taken} allocation samples unwound in the kernel (< 50 %)"

@@ -16,12 +16,12 @@ use crate::files::cache_dir::FileView;
 use crate::files::elf_headers::{ElfHeaders, Segment};
 use ddprof_common::unwind::{
     rows_from_bytes, Isa, RowKind, UnwindRow, DEFAULT_RA_OFFSET_BY_8, DWARF_RBP, DWARF_RSP,
-    GPR_COUNT, LR_AT_FP_FIELD, LR_BESIDE_FP, RBX_UNKNOWN, ROW_SIZE,
+    GPR_COUNT, RBX_UNKNOWN, ROW_SIZE,
 };
 use gimli::{
-    AArch64, BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian,
-    Operation, Reader, RegisterRule, UnwindContext, UnwindExpression, UnwindSection,
-    UnwindTableRow, Vendor, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation,
+    Reader, RegisterRule, UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow, Vendor,
+    X86_64,
 };
 use object::read::elf::ElfFile64;
 use object::{Object, ObjectSection, ReadRef};
@@ -291,7 +291,7 @@ pub fn compile_elf<'d, R: ReadRef<'d>>(
     }
     let (plt_rows, plt_stubs) = match isa {
         Isa::X86_64 => super::plt::uncovered_plt_rows(&file, &fdes),
-        Isa::Aarch64 => aarch64_plt_rows(&file),
+        Isa::Aarch64 => super::aarch64::plt_rows(&file),
     };
     stats.plt_stubs = plt_stubs;
     fdes.extend(plt_rows);
@@ -372,7 +372,7 @@ pub(crate) fn collect_fdes<'a, S>(
                 }
                 let converted = match isa {
                     Isa::X86_64 => convert_row(row, section, encoding),
-                    Isa::Aarch64 => convert_aarch64_row(row),
+                    Isa::Aarch64 => super::aarch64::convert_row(row),
                 };
                 rows.push((address, converted));
             }
@@ -445,7 +445,7 @@ pub(crate) fn assemble_rows(mut fdes: Vec<FdeRows>, stats: &mut CompileStats) ->
 /// extends over them: about 10 % fewer rows in big C++ libraries.
 const MIN_GAP_WITHOUT_INFO: u64 = 16;
 
-const UNSUPPORTED: UnwindRow = UnwindRow::with_kind(0, RowKind::Unsupported);
+pub(super) const UNSUPPORTED: UnwindRow = UnwindRow::with_kind(0, RowKind::Unsupported);
 
 /// At most this many operations in an expression we try to recognize.
 const MAX_EXPRESSION_OPS: usize = 12;
@@ -684,96 +684,6 @@ fn convert_row<'a, S: UnwindSection<Slice<'a>>>(
     } else {
         converted
     }
-}
-
-/// Translates one gimli row of an arm64 file: a CFA on SP or X29 plus an
-/// offset, the caller's X29 and the return address (X30) saved at offsets
-/// from the CFA or left in their registers. Rules for other registers only
-/// mark the frame as changing them; anything else (expressions: signal
-/// trampolines, hand-written code) is left to frame pointers.
-fn convert_aarch64_row(row: &UnwindTableRow<usize>) -> UnwindRow {
-    let cfa = match row.cfa() {
-        CfaRule::RegisterAndOffset { register, offset } => {
-            let base = match *register {
-                AArch64::SP => DWARF_RSP,
-                AArch64::X29 => DWARF_RBP,
-                _ => return UNSUPPORTED,
-            };
-            match i32::try_from(*offset) {
-                Ok(offset) => UnwindRow::cfa(base, offset),
-                Err(_) => return UNSUPPORTED,
-            }
-        }
-        CfaRule::Expression(_) => return UNSUPPORTED,
-    };
-    let converted = match row.register(AArch64::X29) {
-        None | Some(RegisterRule::SameValue) | Some(RegisterRule::Undefined) => cfa,
-        Some(RegisterRule::Offset(offset)) if offset != 0 => match i16::try_from(offset) {
-            Ok(offset) => cfa.with_rbp_offset(offset),
-            Err(_) => return UNSUPPORTED,
-        },
-        Some(_) => return UNSUPPORTED,
-    };
-    // The return address: X30 until saved; undefined in the outermost
-    // frame (`_start`, `.cfi_undefined x30`).
-    let converted = match row.register(AArch64::X30) {
-        Some(RegisterRule::Undefined) => return UnwindRow::with_kind(0, RowKind::Stop),
-        None | Some(RegisterRule::SameValue) => converted.with_saved_lr_by_8(0),
-        Some(RegisterRule::Offset(offset)) if offset % 8 == 0 && offset != 0 => {
-            match i8::try_from(offset / 8) {
-                Ok(by_8) if by_8 != LR_BESIDE_FP && by_8 != LR_AT_FP_FIELD => {
-                    converted.with_saved_lr_by_8(by_8)
-                }
-                // Out of the byte's reach (a frame over 1 KiB): beside the
-                // saved X29 (a frame record), or in X29's field when X29
-                // is not saved.
-                _ if converted.rbp_offset != 0 && offset == i64::from(converted.rbp_offset) + 8 => {
-                    converted.with_saved_lr_by_8(LR_BESIDE_FP)
-                }
-                _ if converted.rbp_offset == 0 => match i16::try_from(offset) {
-                    Ok(offset) => converted
-                        .with_rbp_offset(offset)
-                        .with_saved_lr_by_8(LR_AT_FP_FIELD),
-                    Err(_) => return UNSUPPORTED,
-                },
-                _ => return UNSUPPORTED,
-            }
-        }
-        Some(_) => return UNSUPPORTED,
-    };
-    let saves_others = row
-        .registers()
-        .any(|(register, rule)| register.0 < 29 && *rule != RegisterRule::SameValue);
-    if saves_others {
-        converted.saving_other_registers()
-    } else {
-        converted
-    }
-}
-
-/// arm64's PLT stubs (`adrp x16; ldr x17; add x16; br x17`, no CFI from
-/// the linker) touch neither SP nor X30: the return address is in X30 and
-/// the CFA is SP, which only the sampled frame can use.
-fn aarch64_plt_rows<'d, O: Object<'d>>(file: &O) -> (Vec<FdeRows>, u64) {
-    let mut rows = Vec::new();
-    let mut stubs = 0;
-    for name in [".plt", ".iplt"] {
-        let Some(section) = file.section_by_name(name) else {
-            continue;
-        };
-        let (start, size) = (section.address(), section.size());
-        if size == 0 {
-            continue;
-        }
-        // 16-byte entries (after `.plt`'s 32-byte header).
-        stubs += size / 16;
-        rows.push(FdeRows {
-            start,
-            end: start.saturating_add(size),
-            rows: vec![(start, UnwindRow::cfa(DWARF_RSP, 0).with_saved_lr_by_8(0))],
-        });
-    }
-    (rows, stubs)
 }
 
 /// `cfa` with the caller's RBP saved at `slot`, if the format can say so.

@@ -6,6 +6,7 @@
 //!   that maps the file, within a memory budget.
 //! - [`Unwinder`]: walks a stack the kernel copied, with those tables and
 //!   frame pointers where a range has no usable row.
+mod aarch64;
 pub mod cache;
 pub mod compile;
 pub(crate) mod plt;
