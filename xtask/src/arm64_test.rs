@@ -208,6 +208,14 @@ fn guest_script() -> String {
             &format!("alloc {engine}"),
             &format!("--engine {engine} -e 'sCPU;sALLOC' -- {GUEST_DIR}/allocations 512"),
         ));
+        // Most of its time in the kernel, clearing pages for read(2).
+        script.push_str(&run_lines(
+            &format!("kernel {engine}"),
+            &format!(
+                "--engine {engine} --include-kernel -e 'sCPU freq=199' -- \
+                 /bin/busybox dd if=/dev/zero of=/dev/null bs=1M count=2000"
+            ),
+        ));
     }
     for (name, source, _) in RECORDED {
         let binary = format!("{source}-{}", name.split('-').nth(1).unwrap_or("nofp"));
@@ -358,7 +366,44 @@ fn judge(sections: &BTreeMap<String, Section>) -> Vec<String> {
             Some(section) => failures.extend(judge_allocations(&name, engine, section)),
             None => failures.push(format!("{name}: no output")),
         }
+        let name = format!("kernel {engine}");
+        match sections.get(&name) {
+            Some(section) => failures.extend(judge_kernel_frames(&name, section)),
+            None => failures.push(format!("{name}: no output")),
+        }
     }
+    failures
+}
+
+/// `dd` reading `/dev/zero` with `--include-kernel`: its system calls'
+/// kernel frames, named from kallsyms, follow its user frames (arm64's
+/// entry `el0_svc`, then `__arm64_sys_read` in ≥ 10 % of the samples).
+fn judge_kernel_frames(name: &str, section: &Section) -> Vec<String> {
+    let mut failures = Vec::new();
+    let (mut total, mut in_syscalls, mut in_read) = (0, 0, 0);
+    for (stack, count) in section.folded.iter().filter_map(|line| folded_line(line)) {
+        total += count;
+        let frames: Vec<&str> = stack.split(';').collect();
+        if let Some(entry) = frames.iter().position(|frame| *frame == "el0_svc") {
+            in_syscalls += count;
+            if frames[entry..].contains(&"__arm64_sys_read") {
+                in_read += count;
+            }
+        }
+    }
+    say(&format!(
+        "arm64 {name}: {total} samples, {in_syscalls} with kernel frames from el0_svc, \
+         {in_read} in __arm64_sys_read"
+    ));
+    at_least(&mut failures, name, "samples", total, 100);
+    share_at_least(
+        &mut failures,
+        name,
+        "samples in __arm64_sys_read",
+        in_read,
+        total,
+        10,
+    );
     failures
 }
 
