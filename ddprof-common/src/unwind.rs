@@ -49,8 +49,10 @@
 //! X29 ([`DWARF_RSP`], [`DWARF_RBP`]: the compiler maps DWARF 31 and 29 to
 //! them), and [`UnwindRow::slot_by_8`] says where the link register X30,
 //! the return address, was saved (0: it is still in X30, as in a leaf
-//! function or a prologue). Return addresses signed by pointer
-//! authentication are stripped to [`AARCH64_ADDRESS_BITS`] bits.
+//! function or a prologue; [`LR_BESIDE_FP`] and [`LR_AT_FP_FIELD`] for a
+//! save beyond the byte's reach, in frames over 1 KiB). Return addresses
+//! signed by pointer authentication are stripped to
+//! [`AARCH64_ADDRESS_BITS`] bits.
 //!
 //! Everything here is plain integer math over `Copy` values: no allocation,
 //! no recursion, no panics, no unchecked indexing, loops bounded by

@@ -60,12 +60,17 @@ pub fn ddprof_bin() -> &'static Path {
 
 /// The statically linked (musl) ddprof `cargo xtask dist` builds:
 /// `DDPROF_STATIC_BIN` when set, else built once per test process (a no-op
-/// when up to date) into `target/x86_64-unknown-linux-musl/<profile>/`,
+/// when up to date) into `target/<arch>-unknown-linux-musl/<profile>/` (the
+/// test machine's architecture),
 /// with the same settings as `cargo xtask dist` (the musl target and
 /// `musl-gcc` for crates that compile C must be installed; `cargo xtask
 /// dist` installs them).
 pub fn static_ddprof_bin() -> &'static Path {
-    const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
+    const MUSL_TARGET: &str = if cfg!(target_arch = "aarch64") {
+        "aarch64-unknown-linux-musl"
+    } else {
+        "x86_64-unknown-linux-musl"
+    };
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         if let Some(path) = std::env::var_os("DDPROF_STATIC_BIN") {
@@ -90,7 +95,7 @@ pub fn static_ddprof_bin() -> &'static Path {
             .current_dir(workspace)
             .args(["build", "--quiet", "-p", "ddprof", "--bin", "ddprof"])
             .args(["--target", MUSL_TARGET])
-            .env("CC_x86_64_unknown_linux_musl", "musl-gcc");
+            .env(format!("CC_{}", MUSL_TARGET.replace('-', "_")), "musl-gcc");
         if release {
             build.arg("--release");
         }
