@@ -178,8 +178,8 @@ pub fn wraps_the_chain_workload(ddprof: &dyn Fn(&Path) -> Command, engine: &str)
     stderr
 }
 
-/// `execer` burns 1 s under its own name, then execs `forker_child`, which
-/// burns 1 s under its name, in the same process and the same period.
+/// `execer` burns 1 s of CPU under its own name, then execs `forker_child`, which
+/// burns 1 s of CPU under its name, in the same process and the same period.
 pub fn names_samples_before_an_exec_after_the_program_that_ran(
     ddprof: &dyn Fn(&Path) -> Command,
     engine: &str,

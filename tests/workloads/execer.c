@@ -2,9 +2,11 @@
  * execer: burns CPU as itself, then execs another program in the same
  * process (same pid), which burns CPU under its own name.
  *
- * Runs execer_burn for SECONDS, then execs CHILD_PATH (the forker_child
- * workload: comm "forker_child") asking it to burn for CHILD_MS
- * milliseconds.
+ * Runs execer_burn for SECONDS of its own CPU time (not wall time: on a
+ * busy machine a test's load starved it to 64 of its 1,000 samples in one
+ * run of the suite; now it takes longer instead, as forker_child does),
+ * then execs CHILD_PATH (the forker_child workload: comm "forker_child")
+ * asking it to burn for CHILD_MS milliseconds.
  *
  * Expected stacks (innermost first):
  *   before the exec, process "execer": execer_burn, execer_work, main, (libc start)
@@ -25,9 +27,9 @@
 
 volatile unsigned long execer_sink;
 
-static double now_seconds(void) {
+static double cpu_seconds(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
@@ -39,9 +41,9 @@ KEEP_FRAME unsigned long execer_burn(unsigned long x) {
 }
 
 KEEP_FRAME unsigned long execer_work(double seconds) {
-    double end = now_seconds() + seconds;
+    double end = cpu_seconds() + seconds;
     unsigned long x = 1;
-    while (now_seconds() < end)
+    while (cpu_seconds() < end)
         x = execer_burn(x) + 1;
     return x;
 }
