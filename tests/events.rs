@@ -278,9 +278,12 @@ fn a_tracepoint_is_weighed_by_a_field_of_its_raw_record() {
     let offset = sched_switch_field_offset("prev_pid");
     let out = Scratch::new("events-raw");
     let spec = format!("sched:sched_switch;sched:sched_switch o={offset} z=4 l=prev_pid");
+    // 600 samples in ~60 ms: the default 1 MiB buffer lost 35 of them in
+    // CI at 04e6850 (counted and reported, as due); this test is of the
+    // weighing, so its buffers hold the whole burst.
     let (output, stderr) = profile(
         &out.0,
-        &["-e", &spec],
+        &["-e", &spec, "--ring-buffer-kib", "32768"],
         &[events.to_str().unwrap(), "1", "100", "300"],
     );
     assert!(output.status.success(), "{stderr}");

@@ -12,6 +12,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use crate::say;
+
 /// The bpf-linker release that supports the nightly's LLVM (21–23).
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -27,10 +29,6 @@ pub use ddprof_build::PIN_FILE;
 /// The pinned nightly (`nightly-2026-05-20`), from [`PIN_FILE`].
 pub fn pinned_nightly() -> Result<String> {
     ddprof_build::pinned_nightly(&crate::workspace_root()).map_err(anyhow::Error::msg)
-}
-
-fn say(message: &str) {
-    eprintln!("xtask: {message}");
 }
 
 fn output_of(command: &mut Command) -> Result<String> {

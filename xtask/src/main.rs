@@ -84,8 +84,16 @@ enum Task {
     },
 }
 
+/// When this xtask started: every line it says carries the time since, so
+/// that a CI log tells which step took the suite's time.
+static STARTED: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+
 pub fn say(message: &str) {
-    eprintln!("xtask: {message}");
+    eprintln!(
+        "xtask: [{:.0} s] {message}",
+        STARTED.elapsed().as_secs_f64()
+    );
 }
 
 /// The workspace root (the parent of xtask/).
@@ -230,6 +238,7 @@ fn demo(seconds: u32) -> Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
+    std::sync::LazyLock::force(&STARTED);
     let args = Args::parse();
     let result = match args.task {
         Task::BuildEbpf => host_arch().and_then(build_ebpf).map(|object| {
