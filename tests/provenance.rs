@@ -214,3 +214,149 @@ fn a_real_programs_system_files_are_named_after_the_packages_dpkg_says() {
     // The interpreter, libc, libz, the `_json` extension at least.
     assert!(packaged >= 3, "{by_path:#?}\n{stderr}");
 }
+
+/// A container's own packages: a root made of Debian's `xz-utils`,
+/// `liblzma5` and `libc6` files (copies: other inodes than the host's),
+/// laid out as an image from before the merged `/usr` (its libraries in a
+/// real `/lib`: paths the host's processes do not map, whose code
+/// provenance would otherwise take one origin for both), and a dpkg
+/// database of its own (the host's lists of those packages, their versions
+/// marked `+container1`); entered by `pivot_root` in a mount namespace of
+/// its own, so that its process maps `/usr/bin/xz` and
+/// `/lib/x86_64-linux-gnu/liblzma.so.5…` as a container's does. Each of its
+/// files is named after the container's package, at the container's
+/// version, which only the container's database holds (the host's lists
+/// lead to the host's files, other inodes: before, these files were
+/// classed by their directories, without a package).
+#[test]
+fn a_containers_files_are_named_after_its_own_packages() {
+    let scratch = Scratch::new("provenance-container");
+    let root = scratch.0.join("root");
+    for dir in [
+        "usr/bin",
+        "lib/x86_64-linux-gnu",
+        "lib64",
+        "var/lib/dpkg/info",
+    ] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    // The files at the paths Debian's lists give them.
+    let lib = Path::new("/lib/x86_64-linux-gnu");
+    let liblzma_name = std::fs::canonicalize(lib.join("liblzma.so.5")).unwrap();
+    let liblzma = lib.join(liblzma_name.file_name().unwrap());
+    let libc = lib.join("libc.so.6");
+    let loader = lib.join("ld-linux-x86-64.so.2");
+    for file in [Path::new("/usr/bin/xz"), &liblzma, &libc, &loader] {
+        let inside = root.join(file.strip_prefix("/").unwrap());
+        std::fs::copy(file, &inside).unwrap_or_else(|e| panic!("copy {}: {e}", file.display()));
+    }
+    for (link, target) in [
+        ("lib/x86_64-linux-gnu/liblzma.so.5", &liblzma),
+        ("lib64/ld-linux-x86-64.so.2", &loader),
+    ] {
+        std::os::unix::fs::symlink(target, root.join(link)).unwrap();
+    }
+    let packages = ["xz-utils", "liblzma5:amd64", "libc6:amd64"];
+    let host_status = std::fs::read_to_string("/var/lib/dpkg/status").unwrap();
+    let mut status = String::new();
+    let mut versions = BTreeMap::new();
+    for stanza in host_status.split("\n\n") {
+        let field = |key: &str| {
+            stanza
+                .lines()
+                .find_map(|line| line.strip_prefix(key)?.strip_prefix(": "))
+        };
+        let (Some(name), Some(version)) = (field("Package"), field("Version")) else {
+            continue;
+        };
+        if !packages
+            .iter()
+            .any(|package| package.split(':').next() == Some(name))
+        {
+            continue;
+        }
+        let marked = format!("{version}+container1");
+        status.push_str(&stanza.replace(
+            &format!("Version: {version}\n"),
+            &format!("Version: {marked}\n"),
+        ));
+        status.push_str("\n\n");
+        versions.insert(name.to_string(), marked);
+    }
+    assert_eq!(
+        versions.len(),
+        3,
+        "the host's dpkg knows {packages:?}: {versions:?}"
+    );
+    std::fs::write(root.join("var/lib/dpkg/status"), status).unwrap();
+    for package in packages {
+        let list = format!("var/lib/dpkg/info/{package}.list");
+        std::fs::copy(Path::new("/").join(&list), root.join(&list)).unwrap();
+    }
+    // ~3 MB of text for xz -9: a second or two.
+    let mut text = String::new();
+    let mut x = 1u64;
+    while text.len() < 3 << 20 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.push_str(&format!(
+            "{} {:x} word{}\n",
+            x >> 40,
+            x >> 20,
+            (x >> 33) % 977
+        ));
+    }
+    std::fs::write(root.join("data"), text).unwrap();
+
+    let script = "mount --bind \"$0\" \"$0\" && cd \"$0\" && mkdir -p .old \
+                  && pivot_root . .old && exec /usr/bin/xz -9 -T1 -k -f /data";
+    let (received, _, stderr) = profile(
+        &scratch,
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", script])
+            .arg(&root),
+    );
+    assert!(
+        root.join("data.xz").exists(),
+        "xz ran in the container: {stderr}"
+    );
+    // Every class a path got.
+    let mut classes: BTreeMap<String, Vec<(String, String, String)>> = BTreeMap::new();
+    let provenance = received
+        .code_provenance
+        .as_ref()
+        .expect("code-provenance.json");
+    for entry in provenance["v1"].as_array().unwrap() {
+        let field = |key: &str| entry[key].as_str().unwrap().to_string();
+        for path in entry["paths"].as_array().unwrap() {
+            classes
+                .entry(path.as_str().unwrap().to_string())
+                .or_default()
+                .push((field("kind"), field("name"), field("version")));
+        }
+    }
+    println!("{classes:#?}");
+    let container_package = |package: &str| {
+        (
+            "standard library".to_string(),
+            package.to_string(),
+            versions[package].clone(),
+        )
+    };
+    let libc_path = libc.to_str().unwrap();
+    let liblzma_path = liblzma.to_str().unwrap();
+    for (path, package) in [
+        ("/usr/bin/xz", "xz-utils"),
+        (liblzma_path, "liblzma5"),
+        (libc_path, "libc6"),
+    ] {
+        assert!(
+            classes
+                .get(path)
+                .is_some_and(|got| got.contains(&container_package(package))),
+            "{path}: the container's {package} ({}): {classes:#?}\n{stderr}",
+            versions[package]
+        );
+    }
+}

@@ -61,8 +61,22 @@ const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Builds, boots, profiles and judges; prints one line per run.
 pub fn run() -> Result<()> {
+    run_prepared(prepare(&target_dir(), false)?)
+}
+
+/// What the guest run needs, made beforehand.
+pub struct Prepared {
+    kernel: PathBuf,
+    initramfs: PathBuf,
+    userland: PathBuf,
+}
+
+/// Installs the tools, builds the static arm64 ddprof (in `build_dir`,
+/// cargo's output `quiet` or not) and the workloads, fetches the guest's
+/// kernel and userland and packs the initramfs.
+pub fn prepare(build_dir: &Path, quiet: bool) -> Result<Prepared> {
     arm64_vm::ensure_tools()?;
-    let ddprof = crate::dist::run(BpfArch::Aarch64)?;
+    let ddprof = crate::dist::run_into(BpfArch::Aarch64, build_dir, quiet)?;
     let workloads = build_workloads()?;
     let kernel = arm64_vm::guest_kernel()?;
     let userland = arm64_vm::guest_userland()?;
@@ -77,6 +91,20 @@ pub fn run() -> Result<()> {
     }));
     let initramfs = target_dir().join("arm64-vm/test-initramfs.cpio");
     arm64_vm::build_initramfs(&initramfs, &userland, &files, &guest_script())?;
+    Ok(Prepared {
+        kernel,
+        initramfs,
+        userland,
+    })
+}
+
+/// Boots the guest made by [`prepare`], and judges what it printed.
+pub fn run_prepared(prepared: Prepared) -> Result<()> {
+    let Prepared {
+        kernel,
+        initramfs,
+        userland,
+    } = prepared;
     say("booting the arm64 guest (qemu, emulated)");
     let run = arm64_vm::boot(&kernel, &initramfs, GUEST_TIMEOUT)?;
     if run.exit_status != Some(0) {

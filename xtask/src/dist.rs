@@ -40,8 +40,8 @@ pub fn parse_arch(name: &str) -> Result<BpfArch, String> {
 }
 
 /// Where `dist` leaves the static binary for `arch`.
-pub fn dist_binary(arch: BpfArch) -> PathBuf {
-    target_dir().join(musl_target(arch)).join("release/ddprof")
+fn dist_binary(arch: BpfArch, build_dir: &Path) -> PathBuf {
+    build_dir.join(musl_target(arch)).join("release/ddprof")
 }
 
 fn ensure_musl_target(target: &str) -> Result<()> {
@@ -121,6 +121,15 @@ fn c_toolchain(arch: BpfArch) -> Result<Vec<(String, String)>> {
 /// Builds the static ddprof for `arch` and checks that it is static and
 /// carries the BPF program.
 pub fn run(arch: BpfArch) -> Result<PathBuf> {
+    run_into(arch, &target_dir(), false)
+}
+
+/// [`run`], cargo's artifacts in `build_dir` (its own lock: a build there
+/// does not wait for, nor hold up, one in the workspace's target
+/// directory), its progress lines left out when `quiet`. The BPF object and
+/// its tool chain stay in the workspace's target directory, where
+/// `ddprof/build.rs` looks for them.
+pub fn run_into(arch: BpfArch, build_dir: &Path, quiet: bool) -> Result<PathBuf> {
     let target = musl_target(arch);
     ensure_musl_target(target)?;
     let c_settings = c_toolchain(arch)?;
@@ -133,13 +142,16 @@ pub fn run(arch: BpfArch) -> Result<PathBuf> {
             .current_dir(workspace_root())
             .args(["build", "--release", "-p", "ddprof", "--bin", "ddprof"])
             .args(["--target", target])
+            .arg("--target-dir")
+            .arg(build_dir)
+            .args(quiet.then_some("--quiet"))
             // ddprof/build.rs embeds the object just built (it is newer
             // than its sources), as in the glibc build; the tests' harness
             // (static_ddprof_bin) builds with the same settings, so neither
             // build invalidates the other.
             .envs(c_settings),
     )?;
-    let binary = dist_binary(arch);
+    let binary = dist_binary(arch, build_dir);
     check_static(&binary, arch)?;
     if arch == host_arch()? {
         check_embedded_bpf(&binary)?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::files::target::{JitSymbols, PerfMapRefused};
-use crate::files::{open_mapped, MappedFile, ObjectFile};
+use crate::files::{open_mapped, MappedFile, ObjectFile, OpenedMapped};
 use crate::process::{Mapping, ProcessTable};
 use crate::sample::Sample;
 use crate::timestamp::WallClock;
@@ -261,7 +261,7 @@ impl FileRegistry {
         id
     }
 
-    fn open(&mut self, pid: u32, mapping: &Mapping, path: &str) -> Option<std::fs::File> {
+    fn open(&mut self, pid: u32, mapping: &Mapping, path: &str) -> Option<OpenedMapped> {
         if self.held >= self.max_held {
             return None;
         }
@@ -273,7 +273,7 @@ impl FileRegistry {
         };
         let opened = open_mapped(pid, &mapped, Some((mapping.start, mapping.end))).ok()?;
         self.held += 1;
-        Some(opened.file)
+        Some(opened)
     }
 
     /// Ends the current period: files it did not use are let go (the

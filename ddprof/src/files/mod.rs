@@ -235,6 +235,9 @@ pub struct ObjectFile {
     /// exited even if it was deleted or replaced on disk or lives in
     /// another mount namespace.
     held: Option<std::fs::File>,
+    /// The root of the process it was opened for while held: where the
+    /// package database that may name it is (a container's own).
+    root: Option<TargetRoot>,
 }
 
 impl ObjectFile {
@@ -248,12 +251,14 @@ impl ObjectFile {
             build_id: read_build_id(path),
             open_path: path.to_string(),
             held: None,
+            root: None,
         }
     }
 
-    /// The file mapped from `path`, read through `held` (the mapped file
+    /// The file mapped from `path`, read through `opened` (the mapped file
     /// itself), or not at all.
-    pub(crate) fn new(path: &str, dev: u64, inode: u64, held: Option<std::fs::File>) -> Self {
+    pub(crate) fn new(path: &str, dev: u64, inode: u64, opened: Option<OpenedMapped>) -> Self {
+        let (held, root) = opened.map_or((None, None), |opened| (Some(opened.file), opened.root));
         let open_path = open_path(held.as_ref());
         Self {
             path: path.to_string(),
@@ -264,11 +269,14 @@ impl ObjectFile {
                 .flatten(),
             open_path,
             held,
+            root,
         }
     }
 
-    /// The same file, held through `held` (or no longer held).
-    pub(crate) fn with_handle(&self, held: Option<std::fs::File>) -> Self {
+    /// The same file, held through `opened` (or no longer held, nor its
+    /// process's root).
+    pub(crate) fn with_handle(&self, opened: Option<OpenedMapped>) -> Self {
+        let (held, root) = opened.map_or((None, None), |opened| (Some(opened.file), opened.root));
         Self {
             path: self.path.clone(),
             dev: self.dev,
@@ -276,6 +284,7 @@ impl ObjectFile {
             build_id: self.build_id.clone(),
             open_path: open_path(held.as_ref()),
             held,
+            root,
         }
     }
 
@@ -288,6 +297,12 @@ impl ObjectFile {
     /// The file held open, if it is.
     pub fn held(&self) -> Option<&File> {
         self.held.as_ref()
+    }
+
+    /// The root of the process the file is held for, when it is held and
+    /// that root could be opened.
+    pub fn root(&self) -> Option<&TargetRoot> {
+        self.root.as_ref()
     }
 
     /// The build id as lowercase hex ("" when the file has none).

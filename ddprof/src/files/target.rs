@@ -131,6 +131,11 @@ impl TargetRoot {
         Self::open_dir(PathBuf::from("/"))
     }
 
+    /// A directory taken as a root (a test's scratch root).
+    pub fn of_directory(path: &Path) -> Result<Self, TargetFileError> {
+        Self::open_dir(path.to_path_buf())
+    }
+
     fn open_dir(path: PathBuf) -> Result<Self, TargetFileError> {
         // `/proc/PID/root` and `/` are resolved by procfs and ddprof's own
         // root: nothing of another filesystem is read, nothing to bound.
@@ -176,6 +181,28 @@ impl TargetRoot {
                 }
             }
         })
+    }
+
+    /// Which file `path` is as the process would resolve it, without
+    /// opening it. Not bounded here: for callers that bound a whole walk
+    /// of a root's files (`provenance::dpkg`).
+    pub fn identity_of(&self, path: &Path) -> Result<FileIdentity, TargetFileError> {
+        let handle = resolve_in_root(&self.fd, path)?;
+        Ok(FileIdentity::of(&nix::sys::stat::fstat(&handle)?))
+    }
+
+    /// The names in the directory `path` as the process would resolve it,
+    /// at most `max` of them. Not bounded here, as [`TargetRoot::identity_of`].
+    pub fn entry_names(&self, path: &Path, max: usize) -> Result<Vec<OsString>, TargetFileError> {
+        let handle = resolve_in_root(&self.fd, path)?;
+        // The directory already resolved, opened through this process's
+        // own descriptor of it: nothing of the path is looked up again.
+        let entries = std::fs::read_dir(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+            .map_err(TargetFileError::Io)?;
+        Ok(entries
+            .take(max)
+            .filter_map(|entry| Some(entry.ok()?.file_name()))
+            .collect())
     }
 
     /// [`TargetRoot::open`], accepted only when the file belongs to root or

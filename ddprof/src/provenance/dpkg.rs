@@ -1,24 +1,26 @@
 //! Which Debian package installed a file, and its version: read from dpkg's
 //! database (`/var/lib/dpkg/status` and the file lists in
-//! `/var/lib/dpkg/info/*.list`) of ddprof's own root.
+//! `/var/lib/dpkg/info/*.list`) under the root of the process that mapped
+//! it: ddprof's own, or a container's.
 //!
 //! A file is said to be a package's only when the path the package lists
-//! leads, here, to the very file a process mapped (same device and inode):
-//! a container's `/usr/lib/x86_64-linux-gnu/libc.so.6` is another file than
-//! the host's, and is not named after the host's package. The database is
-//! root's, but it is read as any file that could be hostile: regular files
-//! only, opened without following a last link and without blocking, each
-//! read bounded in size, and the whole lookup under a time bound (a hung
-//! disk costs [`LOOKUP_TIMEOUT`], not the worker).
+//! leads, under that root, to the very file a process mapped (same device
+//! and inode): a container's `/usr/lib/x86_64-linux-gnu/libc.so.6` is
+//! another file than the host's, and is named after the container's
+//! package, never the host's. A container's database is whatever its
+//! image or its processes wrote, and the host's is read the same way:
+//! every path resolved under the root as if it were `/` (a link cannot
+//! lead out of it), regular files only, opened without blocking, each read
+//! bounded in size, and the whole lookup under a time bound (a hung disk
+//! costs [`LOOKUP_TIMEOUT`], not the worker). What it can say is a package
+//! name and version per file, in the upload's `code-provenance.json`.
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::files::bounded;
+use crate::files::{bounded, TargetRoot};
 
 /// The longest one lookup in the database may take.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -49,30 +51,45 @@ pub struct Package {
 /// dpkg's database under a root directory.
 #[derive(Debug, Clone)]
 pub struct Database {
-    root: PathBuf,
+    /// `None` when the root could not be opened: nothing is named then.
+    root: Option<TargetRoot>,
 }
 
 impl Database {
     /// The database of ddprof's own root.
     pub fn host() -> Self {
-        Self::at(Path::new("/"))
+        Self {
+            root: TargetRoot::own().ok(),
+        }
     }
 
-    /// The database under `root` (tests build one).
+    /// The database under the directory `root` (tests build one).
     pub fn at(root: &Path) -> Self {
         Self {
-            root: root.to_path_buf(),
+            root: TargetRoot::of_directory(root).ok(),
         }
+    }
+
+    /// The database under a process's root (a container's).
+    pub fn of_root(root: TargetRoot) -> Self {
+        Self { root: Some(root) }
+    }
+
+    /// Whether this is the database under `root`.
+    pub fn is_under(&self, root: &TargetRoot) -> bool {
+        self.root.as_ref().is_some_and(|own| own.same_as(root))
     }
 
     /// The package of each of `wanted` that one installed; `None` for the
     /// others, and for all of them when there is no database or it could
     /// not be read within [`LOOKUP_TIMEOUT`] (logged).
     pub fn owners(&self, wanted: &[Wanted]) -> HashMap<Wanted, Package> {
-        if wanted.is_empty() || !self.root.join("var/lib/dpkg/status").exists() {
+        let Some(root) = self.root.clone() else {
+            return HashMap::new();
+        };
+        if wanted.is_empty() {
             return HashMap::new();
         }
-        let root = self.root.clone();
         let wanted = wanted.to_vec();
         let deadline = Instant::now() + LOOKUP_TIMEOUT;
         match bounded::run(LOOKUP_TIMEOUT, move || look_up(&root, &wanted, deadline)) {
@@ -96,7 +113,13 @@ const MAX_SEARCHED_NAMES: usize = 16;
 /// directories).
 pub const MAX_WANTED: usize = 512;
 
-fn look_up(root: &Path, wanted: &[Wanted], deadline: Instant) -> HashMap<Wanted, Package> {
+fn look_up(root: &TargetRoot, wanted: &[Wanted], deadline: Instant) -> HashMap<Wanted, Package> {
+    let Some(status) = read_bounded(root, Path::new("var/lib/dpkg/status"), MAX_STATUS_BYTES)
+    else {
+        // No database here (or not one of regular files).
+        return HashMap::new();
+    };
+    let versions = installed_versions(&String::from_utf8_lossy(&status));
     let mut by_name: HashMap<&[u8], Vec<&Wanted>> = HashMap::new();
     for file in wanted.iter().take(MAX_WANTED) {
         by_name
@@ -116,25 +139,22 @@ fn look_up(root: &Path, wanted: &[Wanted], deadline: Instant) -> HashMap<Wanted,
     } else {
         Vec::new()
     };
-    let versions = read_bounded(&root.join("var/lib/dpkg/status"), MAX_STATUS_BYTES)
-        .map(|status| installed_versions(&String::from_utf8_lossy(&status)))
-        .unwrap_or_default();
     let mut found = HashMap::new();
-    let Ok(lists) = std::fs::read_dir(root.join("var/lib/dpkg/info")) else {
+    let info = Path::new("var/lib/dpkg/info");
+    let Ok(lists) = root.entry_names(info, MAX_LISTS) else {
         return found;
     };
     let mut read_bytes = 0u64;
     let mut checked: HashSet<Vec<u8>> = HashSet::new();
-    for entry in lists.flatten().take(MAX_LISTS) {
+    for name in lists {
         // The caller stopped waiting: so does the lookup.
         if read_bytes >= MAX_ALL_LISTS_BYTES || Instant::now() > deadline {
             break;
         }
-        let name = entry.file_name();
         let Some(package) = name.to_str().and_then(|name| name.strip_suffix(".list")) else {
             continue;
         };
-        let Some(mut list) = read_bounded(&entry.path(), MAX_LIST_BYTES) else {
+        let Some(mut list) = read_bounded(root, &info.join(&name), MAX_LIST_BYTES) else {
             continue;
         };
         read_bytes += list.len() as u64;
@@ -166,12 +186,11 @@ fn look_up(root: &Path, wanted: &[Wanted], deadline: Instant) -> HashMap<Wanted,
                 continue;
             };
             let listed = Path::new(std::ffi::OsStr::from_bytes(listed));
-            let path = root.join(listed.strip_prefix("/").unwrap_or(listed));
-            let Ok(metadata) = std::fs::metadata(path) else {
+            let Ok(identity) = root.identity_of(listed) else {
                 continue;
             };
             for &file in candidates {
-                if (metadata.dev(), metadata.ino()) == (file.dev, file.inode) {
+                if (identity.dev, identity.inode) == (file.dev, file.inode) {
                     found.entry(file.clone()).or_insert_with(|| Package {
                         name: package_name(package).to_string(),
                         version: versions
@@ -221,26 +240,34 @@ fn installed_versions(status: &str) -> HashMap<String, String> {
     versions
 }
 
-/// The bytes of the regular file at `path`, if it is at most `max_bytes`:
-/// no device, FIFO or last link is opened, nothing waits.
-fn read_bounded(path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
-    let file = File::options()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .ok()?;
-    let metadata = file.metadata().ok()?;
-    if !metadata.is_file() || metadata.len() > max_bytes {
+/// The bytes of the regular file at `path` under `root`, if it is at most
+/// `max_bytes`: no device or FIFO is opened, no link leads out of the
+/// root, nothing waits.
+fn read_bounded(root: &TargetRoot, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+    let opened = root.open(path).ok()?;
+    if opened.size > max_bytes {
         return None;
     }
-    let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    file.take(max_bytes).read_to_end(&mut bytes).ok()?;
+    let mut bytes = Vec::with_capacity(opened.size as usize);
+    opened.file.take(max_bytes).read_to_end(&mut bytes).ok()?;
     Some(bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// The file at `path` under `root` (a scratch root), as a lookup
+    /// wants it: by its path there and its identity.
+    fn wanted_under(root: &Path, path: &str) -> Wanted {
+        let metadata = std::fs::metadata(root.join(path)).unwrap();
+        Wanted {
+            path: format!("/{path}"),
+            dev: metadata.dev(),
+            inode: metadata.ino(),
+        }
+    }
 
     /// A database of two packages in a scratch root: each file is named
     /// after the package whose list leads to it, through a link too (a
@@ -270,14 +297,7 @@ mod tests {
         std::fs::write(info.join("libc6:amd64.list"), "/.\n/lib\n/lib/libc.so.6\n").unwrap();
         std::fs::write(info.join("zlib1g:amd64.list"), "/usr/lib/libz.so.1\n").unwrap();
         std::fs::write(info.join("gone.list"), "/opt/app/libz.so.1\n").unwrap();
-        let wanted = |path: &str| {
-            let metadata = std::fs::metadata(root.join(path)).unwrap();
-            Wanted {
-                path: format!("/{path}"),
-                dev: metadata.dev(),
-                inode: metadata.ino(),
-            }
-        };
+        let wanted = |path: &str| wanted_under(&root, path);
         let libc = wanted("usr/lib/libc.so.6");
         let zlib = wanted("usr/lib/libz.so.1");
         let bundled = wanted("opt/app/libz.so.1");
@@ -305,6 +325,59 @@ mod tests {
         // version.
         assert_eq!(owners.get(&bundled), Some(&package("gone", "")));
         assert_eq!(owners.get(&unknown), None);
+    }
+
+    /// A database is read under its root as if that were `/`: a list that
+    /// is a link to an absolute path names the file at that path under the
+    /// root (here none), never one outside it, such as the host's.
+    #[test]
+    fn a_link_in_a_database_does_not_lead_out_of_its_root() {
+        let scratch =
+            std::env::temp_dir().join(format!("ddprof-dpkg-links-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        let root = scratch.join("root");
+        let outside = scratch.join("outside");
+        let info = root.join("var/lib/dpkg/info");
+        std::fs::create_dir_all(&info).unwrap();
+        std::fs::create_dir_all(root.join("usr/lib")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(root.join("usr/lib/libz.so.1"), b"zlib").unwrap();
+        std::fs::write(root.join("usr/lib/libplanted.so.1"), b"planted").unwrap();
+        std::fs::write(
+            outside.join("status"),
+            "Package: planted\nStatus: install ok installed\nVersion: 6.6.6\n",
+        )
+        .unwrap();
+        std::fs::write(outside.join("planted.list"), "/usr/lib/libplanted.so.1\n").unwrap();
+        std::fs::write(
+            root.join("var/lib/dpkg/status"),
+            "Package: zlib1g\nStatus: install ok installed\nVersion: 1:1.2.13\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(outside.join("planted.list"), info.join("planted.list"))
+            .unwrap();
+        std::fs::write(info.join("zlib1g.list"), "/usr/lib/libz.so.1\n").unwrap();
+        let wanted = |path: &str| wanted_under(&root, path);
+        let zlib = wanted("usr/lib/libz.so.1");
+        let planted_file = wanted("usr/lib/libplanted.so.1");
+        let owners = Database::at(&root).owners(&[zlib.clone(), planted_file.clone()]);
+        // Control: followed as ddprof's own root would, the planted list
+        // names the file.
+        let planted = std::fs::read_to_string(info.join("planted.list")).unwrap();
+        // The status itself a link out of the root: no database at all.
+        std::fs::remove_file(root.join("var/lib/dpkg/status")).unwrap();
+        std::os::unix::fs::symlink(outside.join("status"), root.join("var/lib/dpkg/status"))
+            .unwrap();
+        let without_status = Database::at(&root).owners(std::slice::from_ref(&zlib));
+        std::fs::remove_dir_all(&scratch).unwrap();
+        assert_eq!(planted, "/usr/lib/libplanted.so.1\n");
+        assert_eq!(
+            owners.get(&zlib).map(|package| package.name.as_str()),
+            Some("zlib1g"),
+            "{owners:?}"
+        );
+        assert_eq!(owners.get(&planted_file), None, "{owners:?}");
+        assert!(without_status.is_empty(), "{without_status:?}");
     }
 
     #[test]

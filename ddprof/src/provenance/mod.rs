@@ -9,7 +9,7 @@
 //! `kind` `""` for the service's own code, `library`, `standard library`),
 //! its paths the mapped files' paths as the profile's mappings name them;
 //! the local flame graph is coloured by the same classes.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::aggregate::{FileId, Frame};
@@ -101,9 +101,16 @@ fn may_be_packaged(path: &str) -> bool {
 pub struct Provenance {
     packages: dpkg::Database,
     /// Each file's origin, and the period that last used it.
-    origins: HashMap<(String, u64, u64), (Origin, u64)>,
+    origins: HashMap<FileKey, (Origin, u64)>,
     periods: u64,
     kernel_release: String,
+}
+
+/// A file as the run's classes are kept: its path and identity.
+type FileKey = (String, u64, u64);
+
+fn file_key(file: &ObjectFile) -> FileKey {
+    (file.path.clone(), file.dev, file.inode)
 }
 
 /// A file not met in this many periods is forgotten (classed again if it
@@ -146,39 +153,45 @@ impl Provenance {
         self.periods += 1;
         let period = &profile.period;
         let (used, _) = files_used(profile);
-        let key = |file: &ObjectFile| (file.path.clone(), file.dev, file.inode);
         let new: Vec<&ObjectFile> = used
             .iter()
             .map(|&id| &**period.file(id))
-            .filter(|file| !self.origins.contains_key(&key(file)))
+            .filter(|file| !self.origins.contains_key(&file_key(file)))
             .collect();
         if !new.is_empty() {
             let classing = std::time::Instant::now();
-            let lookups: Vec<dpkg::Wanted> = new
-                .iter()
-                .filter(|file| may_be_packaged(&file.path))
-                .filter_map(|file| wanted(file))
-                .collect();
-            let owners = self.packages.owners(&lookups);
+            let (owners, deferred) = self.owners(&new);
             for file in &new {
+                if deferred.contains(&file_key(file)) {
+                    continue;
+                }
                 let package = wanted(file).and_then(|lookup| owners.get(&lookup));
                 self.origins
-                    .insert(key(file), (classify(file, package), self.periods));
+                    .insert(file_key(file), (classify(file, package), self.periods));
             }
             log::debug!(
-                "code provenance: {} new files classed in {:.1} ms ({} of them a package's)",
-                new.len(),
+                "code provenance: {} new files classed in {:.1} ms ({} of them a package's, \
+                 {} left for the next period)",
+                new.len() - deferred.len(),
                 classing.elapsed().as_secs_f64() * 1e3,
-                owners.len()
+                owners.len(),
+                deferred.len()
             );
         }
         let periods = self.periods;
         let files = used
             .into_iter()
-            .filter_map(|id| {
-                let (origin, last_used) = self.origins.get_mut(&key(period.file(id)))?;
-                *last_used = periods;
-                Some((id, origin.clone()))
+            .map(|id| {
+                let file = period.file(id);
+                let origin = match self.origins.get_mut(&file_key(file)) {
+                    Some((origin, last_used)) => {
+                        *last_used = periods;
+                        origin.clone()
+                    }
+                    // Left for the next period: by its directory for now.
+                    None => classify(file, None),
+                };
+                (id, origin)
             })
             .collect();
         self.origins
@@ -187,6 +200,56 @@ impl Provenance {
             files,
             kernel_release: self.kernel_release.clone(),
         }
+    }
+}
+
+/// Container roots whose databases are read at most in one period (each
+/// read is bounded by `dpkg::LOOKUP_TIMEOUT`): the files of the others are
+/// classed by their directories in that period and looked up in the next.
+pub const MAX_ROOTS_PER_PERIOD: usize = 8;
+
+impl Provenance {
+    /// The packages that installed `new` files, each looked up in the
+    /// database under the root of the process it was opened for (the
+    /// host's, or a container's own); and the files left for the next
+    /// period (beyond [`MAX_ROOTS_PER_PERIOD`] roots).
+    fn owners(
+        &self,
+        new: &[&ObjectFile],
+    ) -> (HashMap<dpkg::Wanted, dpkg::Package>, HashSet<FileKey>) {
+        let mut databases: Vec<(dpkg::Database, Vec<dpkg::Wanted>)> =
+            vec![(self.packages.clone(), Vec::new())];
+        let mut deferred = HashSet::new();
+        for file in new.iter().filter(|file| may_be_packaged(&file.path)) {
+            let Some(lookup) = wanted(file) else {
+                continue;
+            };
+            let index = match file.root() {
+                Some(root) if !self.packages.is_under(root) => {
+                    match databases
+                        .iter()
+                        .position(|(database, _)| database.is_under(root))
+                    {
+                        Some(index) => index,
+                        None if databases.len() <= MAX_ROOTS_PER_PERIOD => {
+                            databases.push((dpkg::Database::of_root(root.clone()), Vec::new()));
+                            databases.len() - 1
+                        }
+                        None => {
+                            deferred.insert(file_key(file));
+                            continue;
+                        }
+                    }
+                }
+                _ => 0,
+            };
+            databases[index].1.push(lookup);
+        }
+        let mut owners = HashMap::new();
+        for (database, lookups) in databases {
+            owners.extend(database.owners(&lookups));
+        }
+        (owners, deferred)
     }
 }
 
