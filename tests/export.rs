@@ -528,21 +528,20 @@ fn bad_export_settings_are_errors_at_start_and_the_key_is_never_shown() {
     assert!(!shown.contains(key), "{shown}");
 }
 
-/// libdatadog's exporter (`libdd-profiling` 1.0.0) and ours, for the same
+/// libdatadog's exporter (`libdd-profiling` 1.0.0, run as the program
+/// `tests/reference-exporter`) and ours, for the same
 /// profile bytes, times and tags, sent to the same stand-in intake:
 /// the same parts, the same event.json keys (and values, except those
 /// listed), the same header names.
 #[test]
 fn the_request_matches_the_one_libdatadogs_exporter_builds() {
-    use libdd_profiling::exporter::{self, File, ProfileExporter, Tag};
-
     // libdatadog reads it from its own process's environment.
-    std::env::set_var("DD_EXTERNAL_ENV", "it-false,cn-chain");
+    let external_env = "it-false,cn-chain";
     let ours_intake = Intake::http(Behaviour::Accept);
     let scratch = Scratch::new("reference");
     let (status, stderr) = run(ddprof(&scratch.0, &ours_intake.url)
         .args(["-S", "reference", "-E", "test", "-T", "team:core", "--"])
-        .env("DD_EXTERNAL_ENV", "it-false,cn-chain")
+        .env("DD_EXTERNAL_ENV", external_env)
         .arg(chain())
         .arg("1"));
     assert!(status.success(), "{stderr}");
@@ -555,54 +554,52 @@ fn the_request_matches_the_one_libdatadogs_exporter_builds() {
         .iter()
         .find(|p| p.name == "profile.pprof")
         .unwrap();
-    let tags: Vec<Tag> = ours
-        .tags()
-        .into_iter()
-        // libdatadog adds its own runtime_platform.
-        .filter(|(key, _)| key != "runtime_platform")
-        .map(|(key, value)| Tag::new(key, value).unwrap())
-        .collect();
-    let endpoint = exporter::config::agent(theirs_intake.url.parse().unwrap()).unwrap();
-    let reference = ProfileExporter::new(
-        "ddprof",
-        env!("CARGO_PKG_VERSION"),
-        "native",
-        Some(tags),
-        endpoint,
-    )
-    .unwrap();
-    let encoded = libdd_profiling::internal::EncodedProfile {
-        start: ours.start,
-        end: ours.end,
-        buffer: profile_part.bytes.clone(),
-        endpoints_stats: Default::default(),
-    };
+    let profile_file = scratch.0.join("profile.pprof");
+    std::fs::write(&profile_file, &profile_part.bytes).unwrap();
     // Our code provenance, given to libdatadog to compress and send as
     // the tracers give it.
-    let code_provenance = serde_json::to_vec(
-        ours.code_provenance
-            .as_ref()
-            .expect("ddprof sends code-provenance.json"),
+    let provenance_file = scratch.0.join("code-provenance.json");
+    std::fs::write(
+        &provenance_file,
+        serde_json::to_vec(
+            ours.code_provenance
+                .as_ref()
+                .expect("ddprof sends code-provenance.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
-    let files = [File {
-        name: "code-provenance.json",
-        bytes: &code_provenance,
-    }];
-    let no_files: &[File] = &[];
-    let request = reference
-        .build(
-            encoded,
-            &files,
-            no_files,
-            None,
-            Some(ours.event["internal"].clone()),
-            Some(ours.event["info"].clone()),
+    let nanos = |time: std::time::SystemTime| {
+        time.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            .to_string()
+    };
+    let sent = Command::new(ddprof_tests::workloads::reference_exporter())
+        .arg(&theirs_intake.url)
+        .args([nanos(ours.start), nanos(ours.end)])
+        .arg(&profile_file)
+        .arg(&provenance_file)
+        .arg(ours.event["internal"].to_string())
+        .arg(ours.event["info"].to_string())
+        .arg(env!("CARGO_PKG_VERSION"))
+        // libdatadog adds its own runtime_platform.
+        .args(
+            ours.tags()
+                .into_iter()
+                .filter(|(key, _)| key != "runtime_platform")
+                .map(|(key, value)| format!("{key}:{value}")),
         )
-        .unwrap();
-    let response = reference.send(request, None).unwrap();
+        .env("DD_EXTERNAL_ENV", external_env)
+        .output()
+        .expect("the reference exporter runs");
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
     assert_eq!(theirs_intake.violations(), Vec::<String>::new());
-    assert_eq!(response.status().as_u16(), 202);
+    assert_eq!(String::from_utf8_lossy(&sent.stdout).trim(), "202");
     let theirs = theirs_intake
         .received()
         .pop()

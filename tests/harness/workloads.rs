@@ -85,6 +85,38 @@ fn created_build_dir() -> PathBuf {
         .expect("canonicalize the workloads build directory")
 }
 
+/// Datadog's own exporter as a program (`tests/reference-exporter`, a
+/// workspace of its own: see its Cargo.toml), built in release into
+/// `<target>/reference-exporter` (cargo's lock there makes a test wait for
+/// a build `cargo xtask test` started ahead of it, rather than run a second
+/// one); its path.
+pub fn reference_exporter() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("reference-exporter/Cargo.toml");
+    let target_dir = workloads_build_dir()
+        .parent()
+        .expect("the workloads directory is inside the target directory")
+        .join("reference-exporter");
+    let output = Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--quiet",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo for {}: {e}", manifest.display()));
+    assert!(
+        output.status.success(),
+        "building the reference exporter failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    target_dir.join("release/reference-exporter")
+}
+
 /// Builds the Go program of `tests/workloads/<directory>` (a module of its
 /// own, the standard library only) with `go build` arguments `arguments`
 /// (tags, linker flags), named `<directory>_<variant>`, and returns its
