@@ -86,7 +86,8 @@ fn created_build_dir() -> PathBuf {
 }
 
 /// Datadog's own exporter as a program (`tests/reference-exporter`, a
-/// workspace of its own: see its Cargo.toml), built in release into
+/// workspace of its own: see its Cargo.toml), built unoptimized (it sends
+/// one request; aws-lc's C compiles in half the time) into
 /// `<target>/reference-exporter` (cargo's lock there makes a test wait for
 /// a build `cargo xtask test` started ahead of it, rather than run a second
 /// one); its path.
@@ -97,13 +98,7 @@ pub fn reference_exporter() -> PathBuf {
         .expect("the workloads directory is inside the target directory")
         .join("reference-exporter");
     let output = Command::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--quiet",
-            "--manifest-path",
-        ])
+        .args(["build", "--locked", "--quiet", "--manifest-path"])
         .arg(&manifest)
         .arg("--target-dir")
         .arg(&target_dir)
@@ -114,7 +109,7 @@ pub fn reference_exporter() -> PathBuf {
         "building the reference exporter failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    target_dir.join("release/reference-exporter")
+    target_dir.join("debug/reference-exporter")
 }
 
 /// Builds the Go program of `tests/workloads/<directory>` (a module of its

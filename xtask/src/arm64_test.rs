@@ -98,6 +98,16 @@ pub fn prepare(build_dir: &Path, quiet: bool) -> Result<Prepared> {
     })
 }
 
+/// What [`prepare`] made (run before, by another process): its kernel and
+/// userland are found in their caches.
+pub fn prepared() -> Result<Prepared> {
+    Ok(Prepared {
+        kernel: arm64_vm::guest_kernel()?,
+        initramfs: target_dir().join("arm64-vm/test-initramfs.cpio"),
+        userland: arm64_vm::guest_userland()?,
+    })
+}
+
 /// Boots the guest made by [`prepare`], and judges what it printed.
 pub fn run_prepared(prepared: Prepared) -> Result<()> {
     let Prepared {

@@ -72,6 +72,9 @@ enum Task {
     },
     /// Build the static arm64 ddprof and test it in an emulated arm64 guest (qemu): --check, both engines' stacks
     TestArm64,
+    /// `cargo xtask test`'s work beside the tests (it runs this in the idle scheduling class)
+    #[command(hide = true)]
+    Background,
     /// Measure ddprof's engines against perf record and samply on the same workloads
     Bench(bench::BenchArgs),
     /// Profile a busy, churning program for a long time (30 min) and report the profiler's RSS each minute
@@ -263,6 +266,7 @@ fn main() -> ExitCode {
         Task::Demo { seconds } => demo(seconds),
         Task::Test { args } => test::run(&args),
         Task::TestArm64 => arm64_test::run().map(|()| ExitCode::SUCCESS),
+        Task::Background => Ok(test::background()),
         Task::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
         Task::Docs { check } => docs::run(check).map(|()| ExitCode::SUCCESS),
     };
