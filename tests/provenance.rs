@@ -215,29 +215,14 @@ fn a_real_programs_system_files_are_named_after_the_packages_dpkg_says() {
     assert!(packaged >= 3, "{by_path:#?}\n{stderr}");
 }
 
-/// A container's own packages: a root made of Debian's `xz-utils`,
-/// `liblzma5` and `libc6` files (copies: other inodes than the host's),
-/// laid out as an image from before the merged `/usr` (its libraries in a
-/// real `/lib`: paths the host's processes do not map, whose code
-/// provenance would otherwise take one origin for both), and a dpkg
-/// database of its own (the host's lists of those packages, their versions
-/// marked `+container1`); entered by `pivot_root` in a mount namespace of
-/// its own, so that its process maps `/usr/bin/xz` and
-/// `/lib/x86_64-linux-gnu/liblzma.so.5…` as a container's does. Each of its
-/// files is named after the container's package, at the container's
-/// version, which only the container's database holds (the host's lists
-/// lead to the host's files, other inodes: before, these files were
-/// classed by their directories, without a package).
-#[test]
-fn a_containers_files_are_named_after_its_own_packages() {
-    let scratch = Scratch::new("provenance-container");
-    let root = scratch.0.join("root");
-    for dir in [
-        "usr/bin",
-        "lib/x86_64-linux-gnu",
-        "lib64",
-        "var/lib/dpkg/info",
-    ] {
+/// A container's root made of copies of Debian's `xz-utils`, `liblzma5`
+/// and `libc6` files (other inodes than the host's), laid out as an image
+/// from before the merged `/usr` (its libraries in a real `/lib`: paths the
+/// host's processes do not map, whose code provenance would otherwise take
+/// one origin for both), with 3 MB of text for xz to compress; the paths
+/// of its files, `/usr/bin/xz` first.
+fn container_root(root: &Path) -> [PathBuf; 4] {
+    for dir in ["usr/bin", "lib/x86_64-linux-gnu", "lib64"] {
         std::fs::create_dir_all(root.join(dir)).unwrap();
     }
     // The files at the paths Debian's lists give them.
@@ -246,16 +231,87 @@ fn a_containers_files_are_named_after_its_own_packages() {
     let liblzma = lib.join(liblzma_name.file_name().unwrap());
     let libc = lib.join("libc.so.6");
     let loader = lib.join("ld-linux-x86-64.so.2");
-    for file in [Path::new("/usr/bin/xz"), &liblzma, &libc, &loader] {
+    let files = [PathBuf::from("/usr/bin/xz"), liblzma, libc, loader];
+    for file in &files {
         let inside = root.join(file.strip_prefix("/").unwrap());
         std::fs::copy(file, &inside).unwrap_or_else(|e| panic!("copy {}: {e}", file.display()));
     }
     for (link, target) in [
-        ("lib/x86_64-linux-gnu/liblzma.so.5", &liblzma),
-        ("lib64/ld-linux-x86-64.so.2", &loader),
+        ("lib/x86_64-linux-gnu/liblzma.so.5", &files[1]),
+        ("lib64/ld-linux-x86-64.so.2", &files[3]),
     ] {
         std::os::unix::fs::symlink(target, root.join(link)).unwrap();
     }
+    // ~3 MB of text for xz -9: a second or two.
+    let mut text = String::new();
+    let mut x = 1u64;
+    while text.len() < 3 << 20 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        text.push_str(&format!(
+            "{} {:x} word{}\n",
+            x >> 40,
+            x >> 20,
+            (x >> 33) % 977
+        ));
+    }
+    std::fs::write(root.join("data"), text).unwrap();
+    files
+}
+
+/// Every (kind, name, version) the upload's code provenance gives a path.
+type ClassesByPath = BTreeMap<String, Vec<(String, String, String)>>;
+
+/// Runs xz in `root` as a container's process (entered by `pivot_root` in
+/// a mount namespace of its own, so that it maps `/usr/bin/xz` and
+/// `/lib/x86_64-linux-gnu/liblzma.so.5…`), profiled; every (kind, name,
+/// version) the upload's code provenance gives each path, and ddprof's
+/// stderr.
+fn profile_in_container(scratch: &Scratch, root: &Path) -> (ClassesByPath, String) {
+    let script = "mount --bind \"$0\" \"$0\" && cd \"$0\" && mkdir -p .old \
+                  && pivot_root . .old && exec /usr/bin/xz -9 -T1 -k -f /data";
+    let (received, _, stderr) = profile(
+        scratch,
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", script])
+            .arg(root),
+    );
+    assert!(
+        root.join("data.xz").exists(),
+        "xz ran in the container: {stderr}"
+    );
+    let mut classes = ClassesByPath::new();
+    let provenance = received
+        .code_provenance
+        .as_ref()
+        .expect("code-provenance.json");
+    for entry in provenance["v1"].as_array().unwrap() {
+        let field = |key: &str| entry[key].as_str().unwrap().to_string();
+        for path in entry["paths"].as_array().unwrap() {
+            classes
+                .entry(path.as_str().unwrap().to_string())
+                .or_default()
+                .push((field("kind"), field("name"), field("version")));
+        }
+    }
+    println!("{classes:#?}");
+    (classes, stderr)
+}
+
+/// A container's own packages: the root of [`container_root`] with a dpkg
+/// database of its own (the host's lists of those packages, their versions
+/// marked `+container1`). Each of its files is named after the container's
+/// package, at the container's version, which only the container's
+/// database holds (the host's lists lead to the host's files, other
+/// inodes: before, these files were classed by their directories, without
+/// a package).
+#[test]
+fn a_containers_files_are_named_after_its_own_packages() {
+    let scratch = Scratch::new("provenance-container");
+    let root = scratch.0.join("root");
+    let [xz, liblzma, libc, _] = container_root(&root);
+    std::fs::create_dir_all(root.join("var/lib/dpkg/info")).unwrap();
     let packages = ["xz-utils", "liblzma5:amd64", "libc6:amd64"];
     let host_status = std::fs::read_to_string("/var/lib/dpkg/status").unwrap();
     let mut status = String::new();
@@ -293,70 +349,140 @@ fn a_containers_files_are_named_after_its_own_packages() {
         let list = format!("var/lib/dpkg/info/{package}.list");
         std::fs::copy(Path::new("/").join(&list), root.join(&list)).unwrap();
     }
-    // ~3 MB of text for xz -9: a second or two.
-    let mut text = String::new();
-    let mut x = 1u64;
-    while text.len() < 3 << 20 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        text.push_str(&format!(
-            "{} {:x} word{}\n",
-            x >> 40,
-            x >> 20,
-            (x >> 33) % 977
-        ));
-    }
-    std::fs::write(root.join("data"), text).unwrap();
-
-    let script = "mount --bind \"$0\" \"$0\" && cd \"$0\" && mkdir -p .old \
-                  && pivot_root . .old && exec /usr/bin/xz -9 -T1 -k -f /data";
-    let (received, _, stderr) = profile(
-        &scratch,
-        Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c", script])
-            .arg(&root),
-    );
-    assert!(
-        root.join("data.xz").exists(),
-        "xz ran in the container: {stderr}"
-    );
-    // Every class a path got.
-    let mut classes: BTreeMap<String, Vec<(String, String, String)>> = BTreeMap::new();
-    let provenance = received
-        .code_provenance
-        .as_ref()
-        .expect("code-provenance.json");
-    for entry in provenance["v1"].as_array().unwrap() {
-        let field = |key: &str| entry[key].as_str().unwrap().to_string();
-        for path in entry["paths"].as_array().unwrap() {
-            classes
-                .entry(path.as_str().unwrap().to_string())
-                .or_default()
-                .push((field("kind"), field("name"), field("version")));
-        }
-    }
-    println!("{classes:#?}");
-    let container_package = |package: &str| {
-        (
+    let (classes, stderr) = profile_in_container(&scratch, &root);
+    for (path, package) in [(&xz, "xz-utils"), (&liblzma, "liblzma5"), (&libc, "libc6")] {
+        let expected = (
             "standard library".to_string(),
             package.to_string(),
             versions[package].clone(),
-        )
-    };
-    let libc_path = libc.to_str().unwrap();
-    let liblzma_path = liblzma.to_str().unwrap();
-    for (path, package) in [
-        ("/usr/bin/xz", "xz-utils"),
-        (liblzma_path, "liblzma5"),
-        (libc_path, "libc6"),
-    ] {
+        );
+        let path = path.to_str().unwrap();
         assert!(
-            classes
-                .get(path)
-                .is_some_and(|got| got.contains(&container_package(package))),
+            classes.get(path).is_some_and(|got| got.contains(&expected)),
             "{path}: the container's {package} ({}): {classes:#?}\n{stderr}",
             versions[package]
         );
+    }
+}
+
+/// An RPM-based container (Fedora, RHEL 9, Amazon Linux 2023): the root of
+/// [`container_root`] with no dpkg database but RPM's, made by the real
+/// `rpm` (Debian's package): three packages built by `rpmbuild` from those
+/// files, at versions no Debian database holds, entered in the root's
+/// database with `rpm --root --justdb`. Each file is named after its RPM
+/// package, `[epoch:]version-release` as RPM prints it.
+#[test]
+fn an_rpm_containers_files_are_named_after_its_rpm_packages() {
+    let scratch = Scratch::new("provenance-rpm");
+    let root = scratch.0.join("root");
+    let [xz, liblzma, libc, loader] = container_root(&root);
+    let top = scratch.0.join("rpmbuild");
+    let packages: [(&str, &str, &str, &str, Vec<&PathBuf>); 3] = [
+        ("xz", "", "5.4.6", "1.fc40", vec![&xz]),
+        ("xz-libs", "1", "5.4.6", "1.fc40", vec![&liblzma]),
+        ("glibc", "", "2.39", "17.fc40", vec![&libc, &loader]),
+    ];
+    let rpm = |args: &[&str]| {
+        let output = Command::new("rpm")
+            .arg("--root")
+            .arg(&root)
+            // Where RPM distributions keep it (Debian's rpm keeps its own
+            // in ~/.rpmdb).
+            .args(["--dbpath", "/var/lib/rpm"])
+            .args(args)
+            .output()
+            .expect("rpm runs (apt-get install rpm)");
+        assert!(
+            output.status.success(),
+            "rpm {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    rpm(&["--initdb"]);
+    for (name, epoch, version, release, files) in &packages {
+        let install: String = files
+            .iter()
+            .map(|file| {
+                let dir = file.parent().unwrap().display();
+                format!(
+                    "mkdir -p %{{buildroot}}{dir}\ncp {source} %{{buildroot}}{file}\n",
+                    source = root.join(file.strip_prefix("/").unwrap()).display(),
+                    file = file.display()
+                )
+            })
+            .collect();
+        let listed: String = files
+            .iter()
+            .map(|file| format!("{}\n", file.display()))
+            .collect();
+        let epoch = if epoch.is_empty() {
+            String::new()
+        } else {
+            format!("Epoch: {epoch}\n")
+        };
+        let spec = scratch.0.join(format!("{name}.spec"));
+        std::fs::write(
+            &spec,
+            format!(
+                "Name: {name}\n{epoch}Version: {version}\nRelease: {release}\n\
+                 Summary: {name}\nLicense: none\nAutoReqProv: no\n\
+                 %description\n{name}\n%install\n{install}%files\n{listed}"
+            ),
+        )
+        .unwrap();
+        let built = Command::new("rpmbuild")
+            .arg("-bb")
+            .arg("--define")
+            .arg(format!("_topdir {}", top.display()))
+            .args(["--define", "debug_package %{nil}"])
+            .args(["--define", "__os_install_post %{nil}"])
+            .args(["--define", "_build_id_links none"])
+            .arg(&spec)
+            .output()
+            .expect("rpmbuild runs (apt-get install rpm)");
+        assert!(
+            built.status.success(),
+            "rpmbuild {name}: {}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+    }
+    let mut built: Vec<String> = std::fs::read_dir(top.join("RPMS"))
+        .unwrap()
+        .flat_map(|arch| std::fs::read_dir(arch.unwrap().path()).unwrap())
+        .map(|package| package.unwrap().path().display().to_string())
+        .collect();
+    built.sort();
+    assert_eq!(built.len(), 3, "{built:?}");
+    let mut install = vec!["-i", "--justdb", "--nodeps", "--noscripts", "--nosignature"];
+    install.extend(built.iter().map(String::as_str));
+    rpm(&install);
+    let database: Vec<_> = ["var/lib/rpm", "usr/lib/sysimage/rpm"]
+        .iter()
+        .map(|dir| root.join(dir).join("rpmdb.sqlite"))
+        .filter(|path| path.exists())
+        .collect();
+    assert_eq!(
+        database.len(),
+        1,
+        "rpm wrote an SQLite database: {database:?}"
+    );
+    assert!(!root.join("var/lib/dpkg").exists());
+
+    let (classes, stderr) = profile_in_container(&scratch, &root);
+    for (name, epoch, version, release, files) in &packages {
+        let version = if epoch.is_empty() {
+            format!("{version}-{release}")
+        } else {
+            format!("{epoch}:{version}-{release}")
+        };
+        let expected = ("standard library".to_string(), name.to_string(), version);
+        // The loader maps no code that runs long enough to be sampled.
+        for file in files.iter().filter(|file| **file != &loader) {
+            let path = file.to_str().unwrap();
+            assert!(
+                classes.get(path).is_some_and(|got| got.contains(&expected)),
+                "{path}: {expected:?}: {classes:#?}\n{stderr}"
+            );
+        }
     }
 }

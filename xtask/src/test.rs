@@ -44,6 +44,9 @@ const PREREQUISITES: &[(&str, &str)] = &[
     // The reference for off-CPU time (tests/wall_time.rs): a tracer of the
     // sched_switch tracepoint (this kernel has no kprobes for offcputime).
     ("bpftrace", "bpftrace"),
+    // RPM's database in a container's root (tests/provenance.rs): made by
+    // the real rpm and rpmbuild.
+    ("rpmbuild", "rpm"),
 ];
 
 /// Debian packages the tests use that provide no command: glibc's detached

@@ -1,29 +1,15 @@
-//! Which Debian package installed a file, and its version: read from dpkg's
-//! database (`/var/lib/dpkg/status` and the file lists in
-//! `/var/lib/dpkg/info/*.list`) under the root of the process that mapped
-//! it: ddprof's own, or a container's.
-//!
-//! A file is said to be a package's only when the path the package lists
-//! leads, under that root, to the very file a process mapped (same device
-//! and inode): a container's `/usr/lib/x86_64-linux-gnu/libc.so.6` is
-//! another file than the host's, and is named after the container's
-//! package, never the host's. A container's database is whatever its
-//! image or its processes wrote, and the host's is read the same way:
-//! every path resolved under the root as if it were `/` (a link cannot
-//! lead out of it), regular files only, opened without blocking, each read
-//! bounded in size, and the whole lookup under a time bound (a hung disk
-//! costs [`LOOKUP_TIMEOUT`], not the worker). What it can say is a package
-//! name and version per file, in the upload's `code-provenance.json`.
+//! dpkg's database (`/var/lib/dpkg/status` and the file lists in
+//! `/var/lib/dpkg/info/*.list`), read under a root as
+//! [`super::packages`] says.
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::files::{bounded, TargetRoot};
+use super::packages::{by_file_name, file_name_bytes, Package, Wanted};
+use crate::files::TargetRoot;
 
-/// The longest one lookup in the database may take.
-pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// The status file is read up to this size (Debian's is a few MB).
 const MAX_STATUS_BYTES: u64 = 64 << 20;
 /// Each file list is read up to this size, and all of them up to the total.
@@ -32,101 +18,20 @@ const MAX_ALL_LISTS_BYTES: u64 = 512 << 20;
 /// File lists read at most.
 const MAX_LISTS: usize = 100_000;
 
-/// A file to name: where it was mapped from and which file it is.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Wanted {
-    pub path: String,
-    pub dev: u64,
-    pub inode: u64,
-}
-
-/// A package that installed a file.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Package {
-    pub name: String,
-    /// "" when the status file does not say.
-    pub version: String,
-}
-
-/// dpkg's database under a root directory.
-#[derive(Debug, Clone)]
-pub struct Database {
-    /// `None` when the root could not be opened: nothing is named then.
-    root: Option<TargetRoot>,
-}
-
-impl Database {
-    /// The database of ddprof's own root.
-    pub fn host() -> Self {
-        Self {
-            root: TargetRoot::own().ok(),
-        }
-    }
-
-    /// The database under the directory `root` (tests build one).
-    pub fn at(root: &Path) -> Self {
-        Self {
-            root: TargetRoot::of_directory(root).ok(),
-        }
-    }
-
-    /// The database under a process's root (a container's).
-    pub fn of_root(root: TargetRoot) -> Self {
-        Self { root: Some(root) }
-    }
-
-    /// Whether this is the database under `root`.
-    pub fn is_under(&self, root: &TargetRoot) -> bool {
-        self.root.as_ref().is_some_and(|own| own.same_as(root))
-    }
-
-    /// The package of each of `wanted` that one installed; `None` for the
-    /// others, and for all of them when there is no database or it could
-    /// not be read within [`LOOKUP_TIMEOUT`] (logged).
-    pub fn owners(&self, wanted: &[Wanted]) -> HashMap<Wanted, Package> {
-        let Some(root) = self.root.clone() else {
-            return HashMap::new();
-        };
-        if wanted.is_empty() {
-            return HashMap::new();
-        }
-        let wanted = wanted.to_vec();
-        let deadline = Instant::now() + LOOKUP_TIMEOUT;
-        match bounded::run(LOOKUP_TIMEOUT, move || look_up(&root, &wanted, deadline)) {
-            Ok(found) => found,
-            Err(unanswered) => {
-                log::warn!(
-                    "code provenance: dpkg's database was not read ({unanswered}); files are \
-                     classed by their directories only"
-                );
-                HashMap::new()
-            }
-        }
-    }
-}
-
 /// File names searched for in the lists' bytes (each a pass over them,
 /// 8 MB on a Debian host); past this many, each list line is looked up by
 /// its file name instead (one pass whatever the count).
 const MAX_SEARCHED_NAMES: usize = 16;
-/// Files looked up at most in one call (the others are classed by their
-/// directories).
-pub const MAX_WANTED: usize = 512;
-
-fn look_up(root: &TargetRoot, wanted: &[Wanted], deadline: Instant) -> HashMap<Wanted, Package> {
-    let Some(status) = read_bounded(root, Path::new("var/lib/dpkg/status"), MAX_STATUS_BYTES)
-    else {
-        // No database here (or not one of regular files).
-        return HashMap::new();
-    };
+/// The packages of `wanted` that dpkg's database under `root` names;
+/// `None` when there is none (or not one of regular files).
+pub(super) fn look_up(
+    root: &TargetRoot,
+    wanted: &[Wanted],
+    deadline: Instant,
+) -> Option<HashMap<Wanted, Package>> {
+    let status = read_bounded(root, Path::new("var/lib/dpkg/status"), MAX_STATUS_BYTES)?;
     let versions = installed_versions(&String::from_utf8_lossy(&status));
-    let mut by_name: HashMap<&[u8], Vec<&Wanted>> = HashMap::new();
-    for file in wanted.iter().take(MAX_WANTED) {
-        by_name
-            .entry(file_name_bytes(file.path.as_bytes()))
-            .or_default()
-            .push(file);
-    }
+    let by_name = by_file_name(wanted);
     // Each name as a list's line ends with it: `/NAME\n`.
     let finders: Vec<memchr::memmem::Finder> = if by_name.len() <= MAX_SEARCHED_NAMES {
         by_name
@@ -142,7 +47,7 @@ fn look_up(root: &TargetRoot, wanted: &[Wanted], deadline: Instant) -> HashMap<W
     let mut found = HashMap::new();
     let info = Path::new("var/lib/dpkg/info");
     let Ok(lists) = root.entry_names(info, MAX_LISTS) else {
-        return found;
+        return Some(found);
     };
     let mut read_bytes = 0u64;
     let mut checked: HashSet<Vec<u8>> = HashSet::new();
@@ -203,11 +108,7 @@ fn look_up(root: &TargetRoot, wanted: &[Wanted], deadline: Instant) -> HashMap<W
             }
         }
     }
-    found
-}
-
-fn file_name_bytes(path: &[u8]) -> &[u8] {
-    path.rsplit(|&byte| byte == b'/').next().unwrap_or(path)
+    Some(found)
 }
 
 /// The package of a list's name: `libc6:amd64` is `libc6`.
@@ -243,7 +144,7 @@ fn installed_versions(status: &str) -> HashMap<String, String> {
 /// The bytes of the regular file at `path` under `root`, if it is at most
 /// `max_bytes`: no device or FIFO is opened, no link leads out of the
 /// root, nothing waits.
-fn read_bounded(root: &TargetRoot, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+pub(super) fn read_bounded(root: &TargetRoot, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
     let opened = root.open(path).ok()?;
     if opened.size > max_bytes {
         return None;
@@ -255,6 +156,7 @@ fn read_bounded(root: &TargetRoot, path: &Path, max_bytes: u64) -> Option<Vec<u8
 
 #[cfg(test)]
 mod tests {
+    use super::super::packages::Database;
     use super::*;
     use std::os::unix::fs::MetadataExt;
 

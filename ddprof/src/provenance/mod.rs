@@ -2,7 +2,8 @@
 //! is the application's own code (its executable), a library shipped with
 //! it (any other file outside the system's), or the system's (a file a
 //! package installed, or one in the distribution's directories, and the
-//! kernel), with the package's name and version when dpkg's database says.
+//! kernel), with the package's name and version when the package database
+//! (dpkg's or RPM's) says.
 //!
 //! Each upload carries this as `code-provenance.json`, in the format
 //! Datadog's tracers send (`{"v1": [{"kind", "name", "version", "paths"}]}`,
@@ -17,6 +18,9 @@ use crate::files::ObjectFile;
 use crate::symbolize::SymbolizedProfile;
 
 pub mod dpkg;
+pub mod packages;
+pub mod rpm;
+mod sqlite;
 
 /// Where a file's code comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -90,7 +94,7 @@ pub fn in_system_directory(path: &str) -> bool {
 }
 
 /// Whether a package may have installed the file at `path`: in the
-/// distribution's directories or in `/opt` (a read of dpkg's database,
+/// distribution's directories or in `/opt` (a read of the package database,
 /// ~17 ms, is not spent on a program's own files elsewhere).
 fn may_be_packaged(path: &str) -> bool {
     in_system_directory(path) || path.starts_with("/opt/")
@@ -99,7 +103,7 @@ fn may_be_packaged(path: &str) -> bool {
 /// What a run knows of its files' provenance (each file classed once).
 #[derive(Debug)]
 pub struct Provenance {
-    packages: dpkg::Database,
+    packages: packages::Database,
     /// Each file's origin, and the period that last used it.
     origins: HashMap<FileKey, (Origin, u64)>,
     periods: u64,
@@ -119,7 +123,7 @@ pub const FORGOTTEN_AFTER_PERIODS: u64 = 64;
 
 impl Default for Provenance {
     fn default() -> Self {
-        Self::new(dpkg::Database::host())
+        Self::new(packages::Database::host())
     }
 }
 
@@ -132,7 +136,7 @@ pub struct PeriodProvenance {
 }
 
 impl Provenance {
-    pub fn new(packages: dpkg::Database) -> Self {
+    pub fn new(packages: packages::Database) -> Self {
         Self {
             packages,
             origins: HashMap::new(),
@@ -144,7 +148,7 @@ impl Provenance {
     }
 
     /// The origins of the files the period's frames are in (the files seen
-    /// for the first time classed now: one read of dpkg's database for all
+    /// for the first time classed now: one read of the package database for all
     /// of them).
     /// Called once a period (files not met in [`FORGOTTEN_AFTER_PERIODS`]
     /// are forgotten); the parts a period is split into take their
@@ -204,7 +208,7 @@ impl Provenance {
 }
 
 /// Container roots whose databases are read at most in one period (each
-/// read is bounded by `dpkg::LOOKUP_TIMEOUT`): the files of the others are
+/// read is bounded by `packages::LOOKUP_TIMEOUT`): the files of the others are
 /// classed by their directories in that period and looked up in the next.
 pub const MAX_ROOTS_PER_PERIOD: usize = 8;
 
@@ -216,8 +220,11 @@ impl Provenance {
     fn owners(
         &self,
         new: &[&ObjectFile],
-    ) -> (HashMap<dpkg::Wanted, dpkg::Package>, HashSet<FileKey>) {
-        let mut databases: Vec<(dpkg::Database, Vec<dpkg::Wanted>)> =
+    ) -> (
+        HashMap<packages::Wanted, packages::Package>,
+        HashSet<FileKey>,
+    ) {
+        let mut databases: Vec<(packages::Database, Vec<packages::Wanted>)> =
             vec![(self.packages.clone(), Vec::new())];
         let mut deferred = HashSet::new();
         for file in new.iter().filter(|file| may_be_packaged(&file.path)) {
@@ -232,7 +239,7 @@ impl Provenance {
                     {
                         Some(index) => index,
                         None if databases.len() <= MAX_ROOTS_PER_PERIOD => {
-                            databases.push((dpkg::Database::of_root(root.clone()), Vec::new()));
+                            databases.push((packages::Database::of_root(root.clone()), Vec::new()));
                             databases.len() - 1
                         }
                         None => {
@@ -270,13 +277,13 @@ fn files_used(profile: &SymbolizedProfile) -> (Vec<FileId>, bool) {
     (used, kernel)
 }
 
-/// A file as dpkg's lookup takes it: the identity of the file held open
+/// A file as the package lookup takes it: the identity of the file held open
 /// (the very file mapped), not the mapping's device number, which the
 /// kernel encodes otherwise.
-fn wanted(file: &ObjectFile) -> Option<dpkg::Wanted> {
+fn wanted(file: &ObjectFile) -> Option<packages::Wanted> {
     use std::os::unix::fs::MetadataExt;
     let metadata = file.held()?.metadata().ok()?;
-    Some(dpkg::Wanted {
+    Some(packages::Wanted {
         path: file.path.clone(),
         dev: metadata.dev(),
         inode: metadata.ino(),
@@ -284,7 +291,7 @@ fn wanted(file: &ObjectFile) -> Option<dpkg::Wanted> {
 }
 
 /// Where `file`'s code comes from, `package` the one that installed it.
-fn classify(file: &ObjectFile, package: Option<&dpkg::Package>) -> Origin {
+fn classify(file: &ObjectFile, package: Option<&packages::Package>) -> Origin {
     if let Some(package) = package {
         return Origin {
             source: Source::System,
@@ -406,7 +413,7 @@ mod tests {
 
     #[test]
     fn files_are_classed_by_package_directory_and_type() {
-        let libc = dpkg::Package {
+        let libc = packages::Package {
             name: "libc6".into(),
             version: "2.36-9".into(),
         };
