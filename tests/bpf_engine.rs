@@ -248,6 +248,12 @@ fn report(profile: &Profile, label: &str) {
 // of short-lived processes' samples unwound in the kernel from 79-86 % to
 // 68-75 % here.
 
+/// The program loads, and the verifier's work on it stays near what it
+/// is here (27,140 instructions processed for the `bpf_loop` variant on
+/// Linux 6.18): it is most of the wrapper's start-up, which every command
+/// waits for. A constant stored in a register the x86-64 walk never reads
+/// (arm64's link register) once took it to 128,312, and the start-up from
+/// 75 to 250 ms, with no test failing.
 #[test]
 fn program_passes_the_verifier() {
     let _cpu = cpus_shared();
@@ -255,7 +261,17 @@ fn program_passes_the_verifier() {
     let stats = program.stats();
     eprintln!("verifier: {stats:?}");
     assert!(stats.instructions.unwrap_or(0) > 100);
-    assert!(stats.verified_instructions.unwrap_or(0) > 0);
+    let verified = stats
+        .verified_instructions
+        .expect("the kernel says how many instructions it verified (5.16+)");
+    assert!(verified > 0);
+    if program.variant() == BpfVariant::Loop {
+        assert!(
+            verified < 50_000,
+            "the verifier processed {verified} instructions of the bpf_loop variant (27,140 \
+             when this was written): the start-up waits for it"
+        );
+    }
 }
 
 #[test]
