@@ -10,7 +10,7 @@
 //! through each thread's DTV); and Go's pprof labels, set as dd-trace-go
 //! sets them, read from the running goroutine.
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use ddprof_tests::e2e::Scratch;
 use ddprof_tests::pprof::label;
@@ -174,6 +174,69 @@ fn a_dlopened_library_publishes_through_each_threads_dtv() {
         "3",
     ];
     profile_requests("library-dtv", &command, "of the DTV", ids_are_the_requests);
+}
+
+/// A library whose code reaches its TLS through `__tls_get_addr` (the
+/// general-dynamic model: what `gcc -fPIC` and Rust's `cdylib`s use by
+/// default), loaded at start: its GOT's `{module, offset}` pair, read
+/// through each thread's DTV, whose entry points into the static block.
+#[test]
+fn a_library_calling_tls_get_addr_loaded_at_start_publishes_through_the_dtv() {
+    let server = build_workload("trace_ctx_library.c");
+    let library = build_workload("trace_ctx_gd_plugin.c");
+    assert_uses_tls_get_addr(&library);
+    let preload = format!("LD_PRELOAD={}", library.display());
+    let command = [
+        "env",
+        &preload,
+        server.to_str().unwrap(),
+        "preloaded",
+        library.to_str().unwrap(),
+        "3",
+        "3",
+    ];
+    profile_requests("library-gd", &command, "of the DTV", ids_are_the_requests);
+}
+
+/// The same `__tls_get_addr` library `dlopen`ed, its block too big for
+/// the static reserve: each thread's copy is allocated at its first call.
+#[test]
+fn a_dlopened_library_calling_tls_get_addr_publishes_through_the_dtv() {
+    let server = build_workload("trace_ctx_library.c");
+    let library = build_workload("trace_ctx_dynamic_gd_plugin.c");
+    assert_uses_tls_get_addr(&library);
+    let command = [
+        server.to_str().unwrap(),
+        "dlopen",
+        library.to_str().unwrap(),
+        "3",
+        "3",
+    ];
+    profile_requests(
+        "library-gd-dtv",
+        &command,
+        "of the DTV",
+        ids_are_the_requests,
+    );
+}
+
+/// The library's variable has the relocations of the general-dynamic
+/// model, and no TLS descriptor (as `readelf -r` shows them).
+fn assert_uses_tls_get_addr(library: &Path) {
+    let output = Command::new("readelf")
+        .args(["-r", "-W"])
+        .arg(library)
+        .output()
+        .expect("readelf (binutils) runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let of_variable = |kind: &str| {
+        text.lines()
+            .any(|line| line.contains(kind) && line.contains("otel_thread_ctx_v1"))
+    };
+    assert!(
+        of_variable("R_X86_64_DTPMOD64") && !of_variable("R_X86_64_TLSDESC"),
+        "{text}"
+    );
 }
 
 /// Go's pprof labels, set per request as dd-trace-go sets them (`span

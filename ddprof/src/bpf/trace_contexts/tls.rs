@@ -10,13 +10,19 @@
 //!   so the variable is at a constant offset known from the file alone;
 //! - **a library**: the loader decides where its block goes and writes the
 //!   answer in the library's GOT entry for the variable: a TLS descriptor
-//!   (`R_X86_64_TLSDESC`, two words: resolver, argument) or an initial-exec
-//!   offset (`R_X86_64_TPOFF64`). A descriptor's argument is either the
-//!   (negative) offset from the thread pointer — a library loaded at start,
-//!   in the static TLS block — or a pointer to `{module, offset}` — a
-//!   library `dlopen`ed later, whose block each thread allocates and finds
-//!   through its DTV. The entry is read from the process's memory once the
-//!   loader has filled it.
+//!   (`R_X86_64_TLSDESC`, two words: resolver, argument), an initial-exec
+//!   offset (`R_X86_64_TPOFF64`), or the `tls_index` that
+//!   `__tls_get_addr` takes (`R_X86_64_DTPMOD64` then `R_X86_64_DTPOFF64`:
+//!   the module's number and the variable's offset in its block; the
+//!   general-dynamic model, what `gcc -fPIC` and Rust's `cdylib`s use
+//!   unless told `-mtls-dialect=gnu2`). A descriptor's argument is either
+//!   the (negative) offset from the thread pointer — a library loaded at
+//!   start, in the static TLS block — or a pointer to `{module, offset}` —
+//!   a library `dlopen`ed later, whose block each thread allocates and
+//!   finds through its DTV; a `tls_index` is always read through the DTV
+//!   (whose entry for a library loaded at start points into the static
+//!   block). The entry is read from the process's memory once the loader
+//!   has filled it.
 //!
 //! musl and other layouts are not read (the variable would be looked up
 //! at the wrong place: the reads fail or find no valid record).
@@ -45,17 +51,28 @@ const MAX_TABLE_BYTES: u64 = 64 << 20;
 /// static TLS block is a few KiB to a few MiB).
 const MAX_STATIC_TLS: i64 = 1 << 30;
 
+const R_X86_64_DTPMOD64: u32 = 16;
 const R_X86_64_TPOFF64: u32 = 18;
 const R_X86_64_TLSDESC: u32 = 36;
+
+/// What a library's GOT entry for its variable holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GotEntry {
+    /// An initial-exec offset from the thread pointer (one word).
+    Offset,
+    /// A TLS descriptor (two words: resolver, argument).
+    Descriptor,
+    /// `__tls_get_addr`'s `tls_index` (two words: module, offset).
+    ModuleAndOffset,
+}
 
 /// How a file's variable is reached from a thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsVariable {
     /// The program's own: at `offset` from the thread pointer.
     Program { offset: i64 },
-    /// A library's: its GOT entry at file address `got`, a descriptor (two
-    /// words) or an initial-exec offset (one).
-    Library { got: u64, descriptor: bool },
+    /// A library's: its GOT entry at file address `got`.
+    Library { got: u64, entry: GotEntry },
 }
 
 /// What a file defines of the two ABIs' variables, and its executable
@@ -232,7 +249,7 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
     }
 
     // A library reaches its variable through a GOT entry the loader fills.
-    let mut got: [Option<(u64, bool)>; 2] = [None, None];
+    let mut got: [Option<(u64, GotEntry)>; 2] = [None, None];
     let mut seen = 0usize;
     for section in sections.iter() {
         if section.sh_type(endian) != elf::SHT_RELA
@@ -249,15 +266,18 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
             if seen >= MAX_RELOCATIONS {
                 break;
             }
-            let r_type = relocation.r_type(endian, false).0;
-            if r_type != R_X86_64_TLSDESC && r_type != R_X86_64_TPOFF64 {
-                continue;
-            }
+            let entry = match relocation.r_type(endian, false).0 {
+                R_X86_64_TPOFF64 => GotEntry::Offset,
+                R_X86_64_TLSDESC => GotEntry::Descriptor,
+                // (Its R_X86_64_DTPOFF64 names the next word.)
+                R_X86_64_DTPMOD64 => GotEntry::ModuleAndOffset,
+                _ => continue,
+            };
             let symbol = relocation.r_sym(endian, false) as usize;
             for (slot, wanted) in found[..2].iter().enumerate() {
                 if let Some((Some(index), _)) = wanted {
                     if *index == symbol && got[slot].is_none() {
-                        got[slot] = Some((relocation.r_offset(endian), r_type == R_X86_64_TLSDESC));
+                        got[slot] = Some((relocation.r_offset(endian), entry));
                     }
                 }
             }
@@ -266,8 +286,8 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
 
     let variable = |slot: usize| -> Option<TlsVariable> {
         let (_, value) = found[slot]?;
-        if let Some((got, descriptor)) = got[slot] {
-            return Some(TlsVariable::Library { got, descriptor });
+        if let Some((got, entry)) = got[slot] {
+            return Some(TlsVariable::Library { got, entry });
         }
         program_offset(value).map(|offset| TlsVariable::Program { offset })
     };
@@ -351,7 +371,7 @@ pub fn locate(
         TlsVariable::Program { offset } => Ok(static_slot(offset)),
         TlsVariable::Library {
             got,
-            descriptor: false,
+            entry: GotEntry::Offset,
         } => {
             let offset = word(bias.wrapping_add(got)).ok_or(NotYet::Unrelocated)? as i64;
             if (-MAX_STATIC_TLS..0).contains(&offset) {
@@ -365,7 +385,21 @@ pub fn locate(
         }
         TlsVariable::Library {
             got,
-            descriptor: true,
+            entry: GotEntry::ModuleAndOffset,
+        } => {
+            let entry = bias.wrapping_add(got);
+            let module = word(entry).ok_or(NotYet::Unrelocated)?;
+            let offset = word(entry.wrapping_add(8)).ok_or(NotYet::Unrelocated)?;
+            if module == 0 {
+                // Not filled yet (the link-time value; a variable's offset
+                // may be 0).
+                return Err(NotYet::Unrelocated);
+            }
+            dtv_slot(module, offset)
+        }
+        TlsVariable::Library {
+            got,
+            entry: GotEntry::Descriptor,
         } => {
             let entry = bias.wrapping_add(got);
             // Unreadable memory: the process may be mid-exec, or the
@@ -387,17 +421,23 @@ pub fn locate(
             }
             let module = word(argument).ok_or(NotYet::Unreadable)?;
             let offset = word(argument.wrapping_add(8)).ok_or(NotYet::Unreadable)?;
-            if !(1..=65_535).contains(&module) || offset >= MAX_STATIC_TLS as u64 {
-                return Err(NotYet::Unreadable);
-            }
-            Ok(TraceContextSlot {
-                access: tls_access::DTV,
-                module,
-                offset: offset as i64,
-                ..TraceContextSlot::default()
-            })
+            dtv_slot(module, offset)
         }
     }
+}
+
+/// The variable at `offset` in the TLS block of module `module`, found
+/// through each thread's DTV.
+fn dtv_slot(module: u64, offset: u64) -> Result<TraceContextSlot, NotYet> {
+    if !(1..=65_535).contains(&module) || offset >= MAX_STATIC_TLS as u64 {
+        return Err(NotYet::Unreadable);
+    }
+    Ok(TraceContextSlot {
+        access: tls_access::DTV,
+        module,
+        offset: offset as i64,
+        ..TraceContextSlot::default()
+    })
 }
 
 #[cfg(test)]
@@ -428,7 +468,7 @@ mod tests {
         };
         let descriptor = TlsVariable::Library {
             got: 0x100,
-            descriptor: true,
+            entry: GotEntry::Descriptor,
         };
         // Static TLS: the argument is the offset from the thread pointer.
         let slot = locate(
@@ -475,11 +515,34 @@ mod tests {
         // Initial-exec: the entry is the offset.
         let initial_exec = TlsVariable::Library {
             got: 0x100,
-            descriptor: false,
+            entry: GotEntry::Offset,
         };
         assert_eq!(
             locate(initial_exec, 0, memory(vec![(0x100, (-0x40i64) as u64)])).map(|s| s.offset),
             Ok(-0x40)
+        );
+        // `__tls_get_addr`'s {module, offset}: through the DTV, whatever
+        // the offset (0 too); a module of 0 is not relocated yet.
+        let general_dynamic = TlsVariable::Library {
+            got: 0x100,
+            entry: GotEntry::ModuleAndOffset,
+        };
+        assert_eq!(
+            locate(general_dynamic, 0, memory(vec![(0x100, 2), (0x108, 0)]))
+                .map(|s| (s.access, s.module, s.offset)),
+            Ok((tls_access::DTV, 2, 0))
+        );
+        assert_eq!(
+            locate(general_dynamic, 0, memory(vec![(0x100, 0), (0x108, 0)])),
+            Err(NotYet::Unrelocated)
+        );
+        assert_eq!(
+            locate(
+                general_dynamic,
+                0,
+                memory(vec![(0x100, 1 << 20), (0x108, 0)])
+            ),
+            Err(NotYet::Unreadable)
         );
     }
 
