@@ -176,6 +176,34 @@ fn a_dlopened_library_publishes_through_each_threads_dtv() {
     profile_requests("library-dtv", &command, "of the DTV", ids_are_the_requests);
 }
 
+/// A program linked statically with musl, its own TLS pointer: musl puts
+/// the program's block below the thread pointer where glibc does.
+#[test]
+fn a_musl_program_publishes_through_static_tls() {
+    let server = build_workload("trace_ctx_program_musl.c");
+    let command = [server.to_str().unwrap(), "preloaded", "-", "3", "3"];
+    profile_requests(
+        "musl",
+        &command,
+        "at thread pointer -",
+        ids_are_the_requests,
+    );
+}
+
+/// A static PIE (`gcc -static-pie`; Rust's programs for its musl targets
+/// are built so): no interpreter, a program by its `DF_1_PIE` flag.
+#[test]
+fn a_static_pie_program_publishes_through_static_tls() {
+    let server = build_workload("trace_ctx_program_static_pie.c");
+    let command = [server.to_str().unwrap(), "preloaded", "-", "3", "3"];
+    profile_requests(
+        "static-pie",
+        &command,
+        "at thread pointer -",
+        ids_are_the_requests,
+    );
+}
+
 /// A library whose code reaches its TLS through `__tls_get_addr` (the
 /// general-dynamic model: what `gcc -fPIC` and Rust's `cdylib`s use by
 /// default), loaded at start: its GOT's `{module, offset}` pair, read

@@ -12,7 +12,9 @@ use std::process::Command;
 /// by default and as `lazy_binding_plugin.c` needs whatever the toolchain's
 /// default), and one named `*_tlsdesc_plugin.c` reaches its TLS through
 /// TLS descriptors (`-mtls-dialect=gnu2`); one named `*_static.c` is
-/// linked `-static`. `Err` names a
+/// linked `-static`, one named `*_static_pie.c` `-static-pie`, and one
+/// named `*_musl.c` is built by `musl-gcc -static` (Debian's musl-tools,
+/// which `cargo xtask dist` installs for the static ddprof). `Err` names a
 /// language this does not know.
 pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> {
     let name = source.file_name().unwrap_or_default().to_string_lossy();
@@ -32,7 +34,11 @@ pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> 
             command
         }
         "c" | "cpp" => {
-            let compiler = if extension == "cpp" { "c++" } else { "cc" };
+            let compiler = match extension.as_ref() {
+                "cpp" => "c++",
+                _ if name.ends_with("_musl.c") => "musl-gcc",
+                _ => "cc",
+            };
             let mut command = Command::new(compiler);
             command.args(["-O2", "-fomit-frame-pointer", "-g", "-Wall", "-pthread"]);
             if name.ends_with("_plugin.c") {
@@ -41,8 +47,11 @@ pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> 
             if name.ends_with("_tlsdesc_plugin.c") {
                 command.arg("-mtls-dialect=gnu2");
             }
-            if name.ends_with("_static.c") {
+            if name.ends_with("_static.c") || name.ends_with("_musl.c") {
                 command.arg("-static");
+            }
+            if name.ends_with("_static_pie.c") {
+                command.args(["-static-pie", "-fPIE"]);
             }
             command
         }

@@ -1,6 +1,8 @@
 /* The OTEP 4947 thread context record (its first 28 bytes fixed, then up
  * to 612 bytes of attributes: key index, length, value), shared by the
  * trace context workloads. */
+#ifndef OTEL_THREAD_CTX_H
+#define OTEL_THREAD_CTX_H
 #include <stdint.h>
 
 struct otel_thread_ctx_record {
@@ -11,3 +13,4 @@ struct otel_thread_ctx_record {
     uint16_t attrs_data_size;
     uint8_t attrs_data[612];
 };
+#endif

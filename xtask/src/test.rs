@@ -47,6 +47,8 @@ const PREREQUISITES: &[(&str, &str)] = &[
     // RPM's database in a container's root (tests/provenance.rs): made by
     // the real rpm and rpmbuild.
     ("rpmbuild", "rpm"),
+    // A musl program that publishes a trace context (tests/trace_context.rs).
+    ("musl-gcc", "musl-tools"),
 ];
 
 /// Debian packages the tests use that provide no command: glibc's detached

@@ -82,14 +82,18 @@ impl ElfHeaders {
     }
 }
 
+/// `DT_FLAGS_1`'s flag of a position-independent executable.
+const DF_1_PIE: u64 = 0x0800_0000;
+
 /// A dynamic segment is read up to this size (a longer one counts as a
 /// library's).
 const MAX_DYNAMIC_BYTES: u64 = 64 << 10;
 
 /// Whether an ELF file (32- or 64-bit) is a program rather than a shared
 /// library: of type `ET_EXEC`, or `ET_DYN` with a program interpreter (a
-/// PIE) and no `DT_SONAME` (glibc's `libc.so.6` has an interpreter too, to
-/// print its version when run, and is a library). `false` for what is not
+/// PIE) or the `DF_1_PIE` flag (a static PIE), and no `DT_SONAME` (glibc's
+/// `libc.so.6` has an interpreter too, to print its version when run, and
+/// is a library). `false` for what is not
 /// ELF or cannot be read.
 pub fn is_program<'d, R: ReadRef<'d>>(data: R) -> bool {
     // `e_ident[EI_CLASS]`: 1 for 32-bit files, 2 for 64-bit ones.
@@ -115,20 +119,32 @@ fn is_program_of<'d, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'d>>(
                 .iter()
                 .any(|segment| segment.p_type(endian) == elf::PT_INTERP);
             // A dynamic section is a few hundred bytes; the file says how
-            // long it is, and a longer one is not read.
-            let soname =
-                segments.iter().any(|segment| {
-                    segment.p_type(endian) == elf::PT_DYNAMIC
-                        && (Into::<u64>::into(segment.p_filesz(endian)) > MAX_DYNAMIC_BYTES
-                            || segment.dynamic(endian, data).ok().flatten().is_some_and(
-                                |entries| {
-                                    entries
-                                        .iter()
-                                        .any(|entry| entry.d_tag(endian) == elf::DT_SONAME)
-                                },
-                            ))
-                });
-            Some(interpreter && !soname)
+            // long it is, and a longer one is not read (a library's).
+            let (mut soname, mut pie) = (false, false);
+            for segment in segments {
+                if segment.p_type(endian) != elf::PT_DYNAMIC {
+                    continue;
+                }
+                if Into::<u64>::into(segment.p_filesz(endian)) > MAX_DYNAMIC_BYTES {
+                    soname = true;
+                    continue;
+                }
+                let Ok(Some(entries)) = segment.dynamic(endian, data) else {
+                    continue;
+                };
+                for entry in entries {
+                    match entry.d_tag(endian) {
+                        elf::DT_SONAME => soname = true,
+                        elf::DT_FLAGS_1 => {
+                            pie |= Into::<u64>::into(entry.d_val(endian)) & DF_1_PIE != 0
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            // A static PIE (Rust's musl programs, `gcc -static-pie`) has
+            // no interpreter, but its linker marks it `DF_1_PIE`.
+            Some((interpreter || pie) && !soname)
         }
         _ => Some(false),
     }

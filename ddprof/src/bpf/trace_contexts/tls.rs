@@ -24,8 +24,11 @@
 //!   block). The entry is read from the process's memory once the loader
 //!   has filled it.
 //!
-//! musl and other layouts are not read (the variable would be looked up
-//! at the wrong place: the reads fail or find no valid record).
+//! musl places a program's block as glibc does (so a program's variable is
+//! read under musl too), but lays out its DTV otherwise (one word an entry,
+//! its length first): a variable found through the DTV under musl's loader
+//! is looked up at the wrong place (the reads fail or find no valid
+//! record). Other layouts are not read.
 use std::fs::File;
 
 use ddprof_common::bpf_maps::{tls_access, TraceContextSlot};
