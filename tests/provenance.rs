@@ -373,7 +373,23 @@ fn a_containers_files_are_named_after_its_own_packages() {
 /// package, `[epoch:]version-release` as RPM prints it.
 #[test]
 fn an_rpm_containers_files_are_named_after_its_rpm_packages() {
-    let scratch = Scratch::new("provenance-rpm");
+    rpm_container("provenance-rpm", false);
+}
+
+/// The same with RPM's database before RPM 4.16 (RHEL and CentOS 7 and 8,
+/// Amazon Linux 2): a Berkeley DB hash file, `/var/lib/rpm/Packages`,
+/// written by Berkeley DB itself (`db5.3_load`, Debian's db5.3-util) from
+/// the headers `rpm` wrote (Debian's rpm no longer writes that format).
+#[test]
+fn an_rpm_containers_berkeley_db_names_its_files() {
+    rpm_container("provenance-rpm-bdb", true);
+}
+
+/// Makes and profiles the RPM container of
+/// [`an_rpm_containers_files_are_named_after_its_rpm_packages`], its
+/// database in Berkeley DB's format if `berkeley_db`.
+fn rpm_container(name: &str, berkeley_db: bool) {
+    let scratch = Scratch::new(name);
     let root = scratch.0.join("root");
     let [xz, liblzma, libc, loader] = container_root(&root);
     let top = scratch.0.join("rpmbuild");
@@ -467,6 +483,12 @@ fn an_rpm_containers_files_are_named_after_its_rpm_packages() {
         "rpm wrote an SQLite database: {database:?}"
     );
     assert!(!root.join("var/lib/dpkg").exists());
+    if berkeley_db {
+        to_berkeley_db(&database[0], &root.join("var/lib/rpm/Packages"), &scratch);
+        for suffix in ["", "-shm", "-wal"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", database[0].display()));
+        }
+    }
 
     let (classes, stderr) = profile_in_container(&scratch, &root);
     for (name, epoch, version, release, files) in &packages {
@@ -485,4 +507,42 @@ fn an_rpm_containers_files_are_named_after_its_rpm_packages() {
             );
         }
     }
+}
+
+/// Writes the package headers of RPM's SQLite database `sqlite` (as the
+/// `sqlite3` program reads them) into a Berkeley DB hash database at
+/// `packages`, keyed by their numbers as RPM keyed them there (a 32-bit
+/// integer in the machine's byte order).
+fn to_berkeley_db(sqlite: &Path, packages: &Path, scratch: &Scratch) {
+    let rows = Command::new("sqlite3")
+        .arg(sqlite)
+        .arg("SELECT hnum, hex(blob) FROM Packages")
+        .output()
+        .expect("sqlite3 runs");
+    assert!(rows.status.success());
+    let mut input = String::from("VERSION=3\nformat=bytevalue\ntype=hash\nHEADER=END\n");
+    let mut count = 0;
+    for row in String::from_utf8_lossy(&rows.stdout).lines() {
+        let (number, blob) = row.split_once('|').expect("hnum|blob");
+        let key: String = number
+            .parse::<u32>()
+            .unwrap()
+            .to_ne_bytes()
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        input.push_str(&format!(" {key}\n {}\n", blob.to_lowercase()));
+        count += 1;
+    }
+    assert_eq!(count, 3, "three packages' headers");
+    input.push_str("DATA=END\n");
+    let text = scratch.0.join("packages.txt");
+    std::fs::write(&text, input).unwrap();
+    let status = Command::new("db5.3_load")
+        .arg("-f")
+        .arg(&text)
+        .arg(packages)
+        .status()
+        .expect("db5.3_load runs (apt-get install db5.3-util)");
+    assert!(status.success());
 }

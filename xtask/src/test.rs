@@ -47,6 +47,8 @@ const PREREQUISITES: &[(&str, &str)] = &[
     // RPM's database in a container's root (tests/provenance.rs): made by
     // the real rpm and rpmbuild.
     ("rpmbuild", "rpm"),
+    // RPM's Berkeley DB database (tests/provenance.rs, provenance::bdb).
+    ("db5.3_load", "db5.3-util"),
     // A musl program that publishes a trace context (tests/trace_context.rs).
     ("musl-gcc", "musl-tools"),
 ];

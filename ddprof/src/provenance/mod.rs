@@ -17,6 +17,7 @@ use crate::aggregate::{FileId, Frame};
 use crate::files::ObjectFile;
 use crate::symbolize::SymbolizedProfile;
 
+mod bdb;
 pub mod dpkg;
 pub mod packages;
 pub mod rpm;

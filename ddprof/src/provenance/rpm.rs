@@ -1,20 +1,22 @@
 //! RPM's database, read under a root as [`super::packages`] says: the
 //! SQLite one (`rpmdb.sqlite`, RPM 4.16 and later: Fedora 33 on, RHEL and
 //! Rocky 9, Amazon Linux 2023, openSUSE), in `/usr/lib/sysimage/rpm` or
-//! `/var/lib/rpm`, read by [`super::sqlite`]. Each row of its `Packages`
-//! table is a package's header, RPM's tagged binary format: its name,
-//! epoch, version and release, and its files as directory names, base
-//! names and each base name's directory.
+//! `/var/lib/rpm`, read by [`super::sqlite`]; else the Berkeley DB one
+//! (`/var/lib/rpm/Packages`, before RPM 4.16: RHEL and CentOS 7 and 8,
+//! Amazon Linux 2, UBI 8), read by [`super::bdb`]. Each row (value) is a
+//! package's header, RPM's tagged binary format: its name, epoch, version
+//! and release, and its files as directory names, base names and each
+//! base name's directory.
 //!
-//! The older formats, Berkeley DB (`Packages`: RHEL 7 and 8, Amazon Linux
-//! 2) and ndb (`Packages.db`: SUSE before 2021), are not read: their
-//! files are classed by their directories, and the log says so once.
+//! SUSE's ndb format (`Packages.db`, before 2021) is not read: its files
+//! are classed by their directories, and the log says so once.
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use super::bdb;
 use super::packages::{by_file_name, file_name_bytes, Package, Wanted};
 use super::sqlite::{self, Value};
 use crate::files::TargetRoot;
@@ -25,9 +27,10 @@ const SQLITE_PATHS: [&str; 2] = [
     "usr/lib/sysimage/rpm/rpmdb.sqlite",
     "var/lib/rpm/rpmdb.sqlite",
 ];
+/// Where RPM kept its Berkeley DB database.
+const BERKELEY_DB_PATH: &str = "var/lib/rpm/Packages";
 /// The databases of the formats not read, and their names.
-const OTHER_FORMATS: [(&str, &str); 3] = [
-    ("var/lib/rpm/Packages", "Berkeley DB"),
+const OTHER_FORMATS: [(&str, &str); 2] = [
     ("var/lib/rpm/Packages.db", "ndb"),
     ("usr/lib/sysimage/rpm/Packages.db", "ndb"),
 ];
@@ -66,70 +69,87 @@ pub(super) fn look_up(
     wanted: &[Wanted],
     deadline: Instant,
 ) -> Option<HashMap<Wanted, Package>> {
-    let Some((path, opened)) = SQLITE_PATHS
+    let sqlite = SQLITE_PATHS
         .iter()
-        .find_map(|path| Some((*path, root.open(Path::new(path)).ok()?)))
-    else {
-        if let Some((path, format)) = OTHER_FORMATS
-            .iter()
-            .find(|(path, _)| root.identity_of(Path::new(path)).is_ok())
-        {
-            if !OTHER_FORMAT_SAID.swap(true, Ordering::Relaxed) {
-                log::info!(
-                    "code provenance: RPM's database /{path} is in the {format} format, which \
-                     ddprof does not read: its packages' files are classed by their directories, \
-                     without a package name"
-                );
+        .find_map(|path| Some((*path, root.open(Path::new(path)).ok()?)));
+    let (path, opened) = match sqlite {
+        Some(found) => found,
+        None => match root.open(Path::new(BERKELEY_DB_PATH)) {
+            Ok(opened) => (BERKELEY_DB_PATH, opened),
+            Err(_) => {
+                say_other_format(root);
+                return None;
             }
-        }
-        return None;
+        },
     };
-    let database = (opened.size <= MAX_DATABASE_BYTES)
-        .then(|| sqlite::Database::open(&opened.file, opened.size))
-        .transpose();
-    let found = database
-        .and_then(|database| {
-            let Some(database) = database else {
-                return Ok(HashMap::new());
-            };
-            let table = database.table_root("Packages")?;
-            owners(&database, table, root, wanted, deadline)
-        })
-        .unwrap_or_else(|error| {
-            if !UNREADABLE_SAID.swap(true, Ordering::Relaxed) {
-                log::warn!(
-                    "code provenance: RPM's database /{path} could not be read ({error}); files \
-                     are classed by their directories"
-                );
-            }
-            HashMap::new()
-        });
-    Some(found)
-}
-
-fn owners(
-    database: &sqlite::Database<'_>,
-    table: u32,
-    root: &TargetRoot,
-    wanted: &[Wanted],
-    deadline: Instant,
-) -> Result<HashMap<Wanted, Package>, sqlite::SqliteError> {
     let by_name = by_file_name(wanted);
     // The listed paths whose file names are wanted, and their packages.
     let mut listed: Vec<(Vec<u8>, Package)> = Vec::new();
     let mut packages = 0usize;
-    database.scan(table, MAX_HEADER_BYTES, &mut |_, record| {
+    let mut each_header = |blob: &[u8]| {
         packages += 1;
         if packages > MAX_PACKAGES || Instant::now() > deadline {
             return false;
         }
-        if let [_, Value::Blob(blob), ..] = sqlite::columns(record).as_slice() {
-            if let Some(header) = Header::parse(blob) {
-                header.wanted_paths(&by_name, &mut listed);
-            }
+        if let Some(header) = Header::parse(blob) {
+            header.wanted_paths(&by_name, &mut listed);
         }
         true
-    })?;
+    };
+    let read = if opened.size > MAX_DATABASE_BYTES {
+        Err(format!("over {MAX_DATABASE_BYTES} bytes"))
+    } else if path == BERKELEY_DB_PATH {
+        bdb::HashDatabase::open(&opened.file, opened.size)
+            .and_then(|database| database.values(MAX_HEADER_BYTES, &mut each_header))
+            .map_err(|error| error.to_string())
+    } else {
+        sqlite::Database::open(&opened.file, opened.size)
+            .and_then(|database| {
+                let table = database.table_root("Packages")?;
+                database.scan(
+                    table,
+                    MAX_HEADER_BYTES,
+                    &mut |_, record| match sqlite::columns(record).as_slice() {
+                        [_, Value::Blob(blob), ..] => each_header(blob),
+                        _ => true,
+                    },
+                )
+            })
+            .map_err(|error| error.to_string())
+    };
+    if let Err(error) = read {
+        if !UNREADABLE_SAID.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "code provenance: RPM's database /{path} could not be read whole ({error}); \
+                 the files of the packages not read are classed by their directories"
+            );
+        }
+    }
+    Some(confirmed(listed, &by_name, root))
+}
+
+/// Says once that a database of a format not read is there.
+fn say_other_format(root: &TargetRoot) {
+    if let Some((path, format)) = OTHER_FORMATS
+        .iter()
+        .find(|(path, _)| root.identity_of(Path::new(path)).is_ok())
+    {
+        if !OTHER_FORMAT_SAID.swap(true, Ordering::Relaxed) {
+            log::info!(
+                "code provenance: RPM's database /{path} is in the {format} format, which ddprof \
+                 does not read: its packages' files are classed by their directories, without a \
+                 package name"
+            );
+        }
+    }
+}
+
+/// The wanted files that the listed paths lead to, under `root`.
+fn confirmed(
+    listed: Vec<(Vec<u8>, Package)>,
+    by_name: &HashMap<&[u8], Vec<&Wanted>>,
+    root: &TargetRoot,
+) -> HashMap<Wanted, Package> {
     let mut found = HashMap::new();
     for (path, package) in listed {
         let Some(candidates) = by_name.get(file_name_bytes(&path)) else {
@@ -144,7 +164,7 @@ fn owners(
             }
         }
     }
-    Ok(found)
+    found
 }
 
 /// A package's header as RPM's database stores it: the count of index
