@@ -180,12 +180,55 @@ fn a_dlopened_library_publishes_through_each_threads_dtv() {
 /// the program's block below the thread pointer where glibc does.
 #[test]
 fn a_musl_program_publishes_through_static_tls() {
-    let server = build_workload("trace_ctx_program_musl.c");
+    let server = build_workload("trace_ctx_program_musl_static.c");
     let command = [server.to_str().unwrap(), "preloaded", "-", "3", "3"];
     profile_requests(
         "musl",
         &command,
         "at thread pointer -",
+        ids_are_the_requests,
+    );
+}
+
+/// A library built by musl-gcc (`__tls_get_addr`), `dlopen`ed by a program
+/// of musl's loader, its block too big for static TLS: found through
+/// musl's DTV (one word an entry, its count first).
+#[test]
+fn a_library_dlopened_under_musl_publishes_through_musls_dtv() {
+    let server = build_workload("trace_ctx_library_musl.c");
+    let library = build_workload("trace_ctx_dynamic_musl_plugin.c");
+    let command = [
+        server.to_str().unwrap(),
+        "dlopen",
+        library.to_str().unwrap(),
+        "3",
+        "3",
+    ];
+    profile_requests(
+        "musl-dtv",
+        &command,
+        "of the DTV (musl's)",
+        ids_are_the_requests,
+    );
+}
+
+/// The same through a TLS descriptor (musl's `__tlsdesc_dynamic`, whose
+/// argument points to the module and offset as glibc's does).
+#[test]
+fn a_tlsdesc_library_dlopened_under_musl_publishes_through_musls_dtv() {
+    let server = build_workload("trace_ctx_library_musl.c");
+    let library = build_workload("trace_ctx_dynamic_musl_tlsdesc_plugin.c");
+    let command = [
+        server.to_str().unwrap(),
+        "dlopen",
+        library.to_str().unwrap(),
+        "3",
+        "3",
+    ];
+    profile_requests(
+        "musl-tlsdesc-dtv",
+        &command,
+        "of the DTV (musl's)",
         ids_are_the_requests,
     );
 }

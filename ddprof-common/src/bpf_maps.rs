@@ -251,6 +251,10 @@ pub mod tls_access {
     /// at the thread pointer in glibc, each entry two words), the variable
     /// at `offset` in it.
     pub const DTV: u32 = 2;
+    /// As [`DTV`], in musl's layout: the DTV at the same place, but each
+    /// entry one word (the block's address), and the first entry the count
+    /// of the others.
+    pub const DTV_MUSL: u32 = 3;
 }
 
 /// Where one kind of thread context's pointer lies in each thread of a

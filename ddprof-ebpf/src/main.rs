@@ -1170,6 +1170,21 @@ fn context_pointer(thread_pointer: u64, slot: &TraceContextSlot) -> Option<u64> 
             }
             block.wrapping_add(slot.offset as u64)
         }
+        tls_access::DTV_MUSL => {
+            let dtv = read_user_u64(thread_pointer.wrapping_add(8))?;
+            // musl's first entry is the count of the others; each is the
+            // block's address (musl allocates a dlopen'ed module's block
+            // for every thread at once).
+            let count = read_user_u64(dtv)?;
+            if slot.module > count {
+                return None;
+            }
+            let block = read_user_u64(dtv.wrapping_add(slot.module.wrapping_mul(8)))?;
+            if block == 0 {
+                return None;
+            }
+            block.wrapping_add(slot.offset as u64)
+        }
         _ => return None,
     };
     read_user_u64(variable).filter(|&pointer| pointer != 0)

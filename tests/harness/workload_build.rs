@@ -13,8 +13,9 @@ use std::process::Command;
 /// default), and one named `*_tlsdesc_plugin.c` reaches its TLS through
 /// TLS descriptors (`-mtls-dialect=gnu2`); one named `*_static.c` is
 /// linked `-static`, one named `*_static_pie.c` `-static-pie`, and one
-/// named `*_musl.c` is built by `musl-gcc -static` (Debian's musl-tools,
-/// which `cargo xtask dist` installs for the static ddprof). `Err` names a
+/// whose name holds `_musl` is built by `musl-gcc` (Debian's musl-tools,
+/// which `cargo xtask dist` installs for the static ddprof) instead of
+/// `cc`. `Err` names a
 /// language this does not know.
 pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> {
     let name = source.file_name().unwrap_or_default().to_string_lossy();
@@ -36,7 +37,7 @@ pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> 
         "c" | "cpp" => {
             let compiler = match extension.as_ref() {
                 "cpp" => "c++",
-                _ if name.ends_with("_musl.c") => "musl-gcc",
+                _ if name.contains("_musl") => "musl-gcc",
                 _ => "cc",
             };
             let mut command = Command::new(compiler);
@@ -47,7 +48,7 @@ pub fn compile_command(source: &Path, output: &Path) -> Result<Command, String> 
             if name.ends_with("_tlsdesc_plugin.c") {
                 command.arg("-mtls-dialect=gnu2");
             }
-            if name.ends_with("_static.c") || name.ends_with("_musl.c") {
+            if name.ends_with("_static.c") {
                 command.arg("-static");
             }
             if name.ends_with("_static_pie.c") {

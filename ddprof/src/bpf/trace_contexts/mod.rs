@@ -25,6 +25,19 @@ use crate::unwind::LoadSegment;
 use go::GoLabels;
 use tls::{FileTls, NotYet, TlsVariable};
 
+/// Whether `process` runs musl's dynamic loader and C library (one file:
+/// `ld-musl-ARCH.so.1`, which Debian's musl links to
+/// `/usr/lib/ARCH-linux-musl/libc.so`).
+fn runs_musl(process: &Process) -> bool {
+    process.mappings.iter().any(|mapping| {
+        let path = mapping.file.path.as_str();
+        let name = path.rsplit('/').next().unwrap_or(path);
+        name.starts_with("ld-musl-")
+            || name.starts_with("libc.musl-")
+            || (name == "libc.so" && path.contains("-linux-musl/"))
+    })
+}
+
 /// Files whose variables are remembered (by device and inode); the cache
 /// starts over when full.
 const MAX_FILES: usize = 16_384;
@@ -169,6 +182,7 @@ impl Registry {
                 .map(|(_, variable, bias, _)| tls::locate(*variable, *bias, |_, _| false))
                 .collect()
         });
+        let musl = runs_musl(process);
         let mut slots = TraceContextSlots::default();
         if let Some((_, slot, _, _)) = &go_slot {
             slots.go = *slot;
@@ -176,6 +190,11 @@ impl Registry {
         let mut unrelocated = false;
         for ((abi, _, _, path), location) in found.iter().zip(&located) {
             let slot = match location {
+                // musl finds a module's block in a DTV of its own layout.
+                Ok(slot) if musl && slot.access == tls_access::DTV => TraceContextSlot {
+                    access: tls_access::DTV_MUSL,
+                    ..*slot
+                },
                 Ok(slot) => *slot,
                 Err(NotYet::Unrelocated) => {
                     unrelocated = true;
@@ -396,6 +415,11 @@ pub fn describe(slot: &TraceContextSlot) -> String {
     match slot.access {
         tls_access::STATIC => format!("thread pointer {}", signed(slot.offset)),
         tls_access::DTV => format!("module {} of the DTV, {}", slot.module, signed(slot.offset)),
+        tls_access::DTV_MUSL => format!(
+            "module {} of the DTV (musl's), {}",
+            slot.module,
+            signed(slot.offset)
+        ),
         _ => "none".into(),
     }
 }

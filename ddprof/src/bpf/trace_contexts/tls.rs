@@ -24,11 +24,10 @@
 //!   block). The entry is read from the process's memory once the loader
 //!   has filled it.
 //!
-//! musl places a program's block as glibc does (so a program's variable is
-//! read under musl too), but lays out its DTV otherwise (one word an entry,
-//! its length first): a variable found through the DTV under musl's loader
-//! is looked up at the wrong place (the reads fail or find no valid
-//! record). Other layouts are not read.
+//! musl places a program's block as glibc does, its GOT entries say the
+//! same, and its DTV is at the same place but laid out otherwise (one word
+//! an entry, the count first): the registry marks a musl process's DTV
+//! slots so (`tls_access::DTV_MUSL`). Other layouts are not read.
 use std::fs::File;
 
 use ddprof_common::bpf_maps::{tls_access, TraceContextSlot};

@@ -3,7 +3,7 @@
  * the program itself (trace_ctx_tlsdesc_plugin.c's code linked in): linked
  * statically with musl (musl-gcc -static), whose layout puts the
  * program's TLS block below the thread pointer as glibc's does.
- * Run as `trace_ctx_program_musl preloaded - SECONDS THREADS`.
+ * Run as `trace_ctx_program_musl_static preloaded - SECONDS THREADS`.
  */
 #include <dlfcn.h>
 
