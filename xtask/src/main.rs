@@ -92,11 +92,26 @@ enum Task {
 static STARTED: std::sync::LazyLock<std::time::Instant> =
     std::sync::LazyLock::new(std::time::Instant::now);
 
+/// The variable in which an xtask hands the processes it starts its own
+/// clock: the seconds it had run when it started them.
+pub const CLOCK_ENV: &str = "DDPROF_XTASK_CLOCK_S";
+
+/// The seconds the xtask that started this one had run then (0 for the
+/// first): its lines count from the same start.
+static CLOCK_OFFSET_S: std::sync::LazyLock<f64> = std::sync::LazyLock::new(|| {
+    std::env::var(CLOCK_ENV)
+        .ok()
+        .and_then(|seconds| seconds.parse().ok())
+        .unwrap_or(0.0)
+});
+
+/// The seconds since the first xtask of this run started.
+pub fn clock_s() -> f64 {
+    *CLOCK_OFFSET_S + STARTED.elapsed().as_secs_f64()
+}
+
 pub fn say(message: &str) {
-    eprintln!(
-        "xtask: [{:.0} s] {message}",
-        STARTED.elapsed().as_secs_f64()
-    );
+    eprintln!("xtask: [{:.0} s] {message}", clock_s());
 }
 
 /// The workspace root (the parent of xtask/).
@@ -242,6 +257,7 @@ fn demo(seconds: u32) -> Result<ExitCode> {
 
 fn main() -> ExitCode {
     std::sync::LazyLock::force(&STARTED);
+    std::sync::LazyLock::force(&CLOCK_OFFSET_S);
     let args = Args::parse();
     let result = match args.task {
         Task::BuildEbpf => host_arch().and_then(build_ebpf).map(|object| {

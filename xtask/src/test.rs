@@ -218,6 +218,7 @@ pub fn run(extra: &[String]) -> Result<ExitCode> {
         .args(["--idle", "0"])
         .arg(std::env::current_exe().context("xtask's own path")?)
         .arg("background")
+        .env(crate::CLOCK_ENV, format!("{:.1}", crate::clock_s()))
         .process_group(0)
         .spawn()
         .context("cannot start xtask background (chrt, from util-linux)")?;
@@ -332,20 +333,28 @@ const BACKGROUND_FAILED: i32 = 4;
 /// the run's 112).
 const QUIET_TESTS: [&str; 3] = ["wall_time.rs", "hostile_targets.rs", "overhead.rs"];
 
+/// `cargo SUBCOMMAND` on Datadog's exporter (tests/reference-exporter, a
+/// workspace of its own), in the target directory the harness builds it in
+/// (`ddprof_tests::workloads::reference_exporter`, which spells the same
+/// command: the test crate cannot call xtask).
+fn reference_exporter_cargo(subcommand: &str) -> Command {
+    let mut command = Command::new("cargo");
+    command
+        .current_dir(workspace_root())
+        .args([subcommand, "--locked", "--quiet", "--manifest-path"])
+        .arg("tests/reference-exporter/Cargo.toml")
+        .arg("--target-dir")
+        .arg(crate::target_dir().join("reference-exporter"));
+    command
+}
+
 /// `cargo xtask background`: Datadog's exporter for tests/export.rs, the
 /// lints, the arm64 guest; the exit code says what failed.
 pub fn background() -> ExitCode {
     // First what a test waits for (tests/export.rs, a few minutes in):
     // the exporter, in the target directory the harness builds it in (a
     // failure here is that test's to report).
-    let _ = run_checked(
-        Command::new("cargo")
-            .current_dir(workspace_root())
-            .args(["build", "--locked", "--quiet", "--manifest-path"])
-            .arg("tests/reference-exporter/Cargo.toml")
-            .arg("--target-dir")
-            .arg(crate::target_dir().join("reference-exporter")),
-    );
+    let _ = run_checked(&mut reference_exporter_cargo("build"));
     let lints = run_checked(
         Command::new("cargo")
             .current_dir(workspace_root())
@@ -355,17 +364,7 @@ pub fn background() -> ExitCode {
             .arg(crate::target_dir().join("clippy-build"))
             .args(["--", "-D", "warnings"]),
     )
-    .and_then(|()| {
-        run_checked(
-            Command::new("cargo")
-                .current_dir(workspace_root())
-                .args(["clippy", "--locked", "--quiet", "--manifest-path"])
-                .arg("tests/reference-exporter/Cargo.toml")
-                .arg("--target-dir")
-                .arg(crate::target_dir().join("reference-exporter"))
-                .args(["--", "-D", "warnings"]),
-        )
-    });
+    .and_then(|()| run_checked(reference_exporter_cargo("clippy").args(["--", "-D", "warnings"])));
     say(&format!(
         "lints: {}",
         match &lints {
