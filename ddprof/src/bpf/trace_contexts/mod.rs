@@ -203,8 +203,8 @@ impl Registry {
                 Err(NotYet::Unreadable) => {
                     log::info!(
                         "trace context: process {pid} defines {abi} in {path}, in a TLS layout \
-                         this ddprof does not read (not glibc's x86-64 one?): its samples carry \
-                         no span ids"
+                         this ddprof does not read (neither glibc's nor musl's x86-64 one?): its \
+                         samples carry no span ids"
                     );
                     continue;
                 }
