@@ -197,6 +197,7 @@ fn a_musl_program_publishes_through_static_tls() {
 fn a_library_dlopened_under_musl_publishes_through_musls_dtv() {
     let server = build_workload("trace_ctx_library_musl.c");
     let library = build_workload("trace_ctx_dynamic_musl_plugin.c");
+    assert_uses_tls_get_addr(&library);
     let command = [
         server.to_str().unwrap(),
         "dlopen",

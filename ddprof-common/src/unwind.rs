@@ -425,7 +425,8 @@ pub struct Regs {
     pub known: u16,
     /// arm64: the link register X30 (the return address of a function
     /// that has not saved it), known in the sampled frame only; 0 where
-    /// unknown. Not used on x86-64.
+    /// unknown. Not used on x86-64, where it keeps whatever it was given
+    /// (the BPF program gives it the PC: see `forget_link_register`).
     pub lr: u64,
 }
 

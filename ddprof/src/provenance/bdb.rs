@@ -2,8 +2,11 @@
 //! of RPM's `Packages` before RPM 4.16 (RHEL and CentOS 7 and 8, Amazon
 //! Linux 2, UBI 8), without linking Berkeley DB. The file is a container's
 //! or the host's, read as hostile input: every page number, offset and
-//! length is checked against the file before it is used, and each overflow
-//! chain is followed no further than its value's length.
+//! length is checked against the file before it is used; each overflow
+//! chain is followed no further than its value's length, every page of it
+//! but the last full (as Berkeley DB writes them: a chain's pages are then
+//! at most the value's length over a page's room); and the read stops at
+//! the caller's deadline, checked at each page.
 //!
 //! The pages are read in order, and each hash page's key/data pairs taken
 //! as they are (the buckets are not followed: every pair lives on some
@@ -12,6 +15,7 @@
 //! neither).
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::time::Instant;
 
 use thiserror::Error;
 
@@ -39,6 +43,8 @@ pub enum BdbError {
     Unsupported,
     #[error("reading it failed: {0}")]
     Read(String),
+    #[error("reading it took longer than its bound")]
+    Deadline,
 }
 
 /// An open hash database file.
@@ -124,13 +130,18 @@ impl<'f> HashDatabase<'f> {
 
     /// Calls `visit` with each value (the data of each key/data pair) of
     /// the database, until it returns false. Values over `max_value` bytes,
-    /// and values whose overflow chain is broken, are skipped.
+    /// and values whose overflow chain is broken, are skipped; past
+    /// `deadline`, the read ends with [`BdbError::Deadline`].
     pub fn values(
         &self,
         max_value: u64,
+        deadline: Instant,
         visit: &mut dyn FnMut(&[u8]) -> bool,
     ) -> Result<(), BdbError> {
         for number in 1..=self.last_page {
+            if Instant::now() > deadline {
+                return Err(BdbError::Deadline);
+            }
             let Some(page) = self.page(number)? else {
                 continue;
             };
@@ -157,7 +168,7 @@ impl<'f> HashDatabase<'f> {
                 let item = &page[start..end];
                 let keep_going = match item[0] {
                     H_KEYDATA if (item.len() - 1) as u64 <= max_value => visit(&item[1..]),
-                    H_OFFPAGE => match self.overflow(item, max_value)? {
+                    H_OFFPAGE => match self.overflow(item, max_value, deadline)? {
                         Some(value) => visit(&value),
                         None => true,
                     },
@@ -174,7 +185,12 @@ impl<'f> HashDatabase<'f> {
     /// The value an off-page item points to: `{type, 3 unused bytes, first
     /// page, length}`, on a chain of overflow pages each holding its
     /// header's count of bytes.
-    fn overflow(&self, item: &[u8], max_value: u64) -> Result<Option<Vec<u8>>, BdbError> {
+    fn overflow(
+        &self,
+        item: &[u8],
+        max_value: u64,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>, BdbError> {
         let (Some(mut next), Some(length)) = (self.u32_at(item, 4), self.u32_at(item, 8)) else {
             return Ok(None);
         };
@@ -182,17 +198,18 @@ impl<'f> HashDatabase<'f> {
             return Ok(None);
         }
         let length = length as usize;
-        let mut value = Vec::with_capacity(length);
+        let room = self.page_size as usize - PAGE_HEADER;
+        let mut value = Vec::new();
         while value.len() < length {
+            if Instant::now() > deadline {
+                return Err(BdbError::Deadline);
+            }
             let Some(page) = self.page(next)? else {
                 return Ok(None);
             };
             let on_page = usize::from(self.u16_at(&page, 22).unwrap_or(0));
-            if page[25] != P_OVERFLOW
-                || on_page == 0
-                || PAGE_HEADER + on_page > page.len()
-                || value.len() + on_page > length
-            {
+            // Every page of the chain full but the last.
+            if page[25] != P_OVERFLOW || on_page != (length - value.len()).min(room) {
                 return Ok(None);
             }
             value.extend_from_slice(&page[PAGE_HEADER..PAGE_HEADER + on_page]);
@@ -206,6 +223,10 @@ impl<'f> HashDatabase<'f> {
 mod tests {
     use super::*;
     use std::process::Command;
+
+    fn later() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(60)
+    }
 
     /// A hash database written by Berkeley DB itself (`db5.3_load`, of
     /// Debian's db5.3-util) with 4 KiB pages: values of 300 to 8,700
@@ -253,7 +274,7 @@ mod tests {
         let database = HashDatabase::open(&file, size).unwrap();
         let mut values = Vec::new();
         database
-            .values(1 << 20, &mut |value| {
+            .values(1 << 20, later(), &mut |value| {
                 values.push(value.to_vec());
                 true
             })
@@ -265,7 +286,7 @@ mod tests {
         // Longer values than the bound are skipped.
         let mut short = 0;
         database
-            .values(1000, &mut |_| {
+            .values(1000, later(), &mut |_| {
                 short += 1;
                 true
             })
@@ -291,7 +312,7 @@ mod tests {
             std::fs::write(&damaged, &bytes).unwrap();
             let file = File::open(&damaged).unwrap();
             if let Ok(database) = HashDatabase::open(&file, bytes.len() as u64) {
-                let _ = database.values(1 << 20, &mut |_| true);
+                let _ = database.values(1 << 20, later(), &mut |_| true);
             }
         }
         // An overflow page that names itself next: the chain ends at the
@@ -305,12 +326,34 @@ mod tests {
         let database = HashDatabase::open(&file, looped.len() as u64).unwrap();
         let mut count = 0;
         database
-            .values(1 << 20, &mut |_| {
+            .values(1 << 20, later(), &mut |_| {
                 count += 1;
                 true
             })
             .unwrap();
         assert_eq!(count, 28);
+        // A chain of pages of one byte each, the last naming the first: the
+        // read ends at the first page that is not full.
+        let mut trickle = good.clone();
+        trickle[page + 22..page + 24].copy_from_slice(&1u16.to_le_bytes());
+        std::fs::write(&damaged, &trickle).unwrap();
+        let file = File::open(&damaged).unwrap();
+        let database = HashDatabase::open(&file, trickle.len() as u64).unwrap();
+        let mut count = 0;
+        database
+            .values(1 << 20, later(), &mut |_| {
+                count += 1;
+                true
+            })
+            .unwrap();
+        assert_eq!(count, 28);
+        // Past its deadline, the read stops.
+        let past = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(
+            database.values(1 << 20, past, &mut |_| true),
+            Err(BdbError::Deadline)
+        );
         assert_eq!(
             HashDatabase::open(&file, 100).err(),
             Some(BdbError::NotHash)

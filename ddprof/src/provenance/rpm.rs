@@ -10,7 +10,7 @@
 //!
 //! SUSE's ndb format (`Packages.db`, before 2021) is not read: its files
 //! are classed by their directories, and the log says so once.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +41,11 @@ const MAX_DATABASE_BYTES: u64 = 1 << 30;
 const MAX_HEADER_BYTES: u64 = 32 << 20;
 /// Packages read at most.
 const MAX_PACKAGES: usize = 100_000;
+/// Listed paths kept at most (each a wanted file's name, to be confirmed
+/// by its identity): a header that repeats a wanted name costs no more.
+const MAX_LISTED: usize = 4 * super::packages::MAX_WANTED;
+/// A package's name and version are cut to this many bytes.
+const MAX_NAME_BYTES: usize = 256;
 
 /// The header tags read (RPM's `rpmtag.h`).
 const TAG_NAME: u32 = 1000;
@@ -84,14 +89,14 @@ pub(super) fn look_up(
     };
     let by_name = by_file_name(wanted);
     // The listed paths whose file names are wanted, and their packages.
-    let mut listed: Vec<(Vec<u8>, Package)> = Vec::new();
+    let mut listed = Listed::default();
     let mut packages = 0usize;
-    let mut each_header = |blob: &[u8]| {
+    let mut each_header = |blob: Option<&[u8]>| {
         packages += 1;
         if packages > MAX_PACKAGES || Instant::now() > deadline {
             return false;
         }
-        if let Some(header) = Header::parse(blob) {
+        if let Some(header) = blob.and_then(Header::parse) {
             header.wanted_paths(&by_name, &mut listed);
         }
         true
@@ -100,20 +105,23 @@ pub(super) fn look_up(
         Err(format!("over {MAX_DATABASE_BYTES} bytes"))
     } else if path == BERKELEY_DB_PATH {
         bdb::HashDatabase::open(&opened.file, opened.size)
-            .and_then(|database| database.values(MAX_HEADER_BYTES, &mut each_header))
+            .and_then(|database| {
+                database.values(MAX_HEADER_BYTES, deadline, &mut |blob| {
+                    each_header(Some(blob))
+                })
+            })
             .map_err(|error| error.to_string())
     } else {
         sqlite::Database::open(&opened.file, opened.size)
             .and_then(|database| {
-                let table = database.table_root("Packages")?;
-                database.scan(
-                    table,
-                    MAX_HEADER_BYTES,
-                    &mut |_, record| match sqlite::columns(record).as_slice() {
-                        [_, Value::Blob(blob), ..] => each_header(blob),
-                        _ => true,
-                    },
-                )
+                let table = database.table_root("Packages", deadline)?;
+                database.scan(table, MAX_HEADER_BYTES, deadline, &mut |_, record| {
+                    // hnum (the row id), blob.
+                    match sqlite::columns(record, 2).as_slice() {
+                        [_, Value::Blob(blob)] => each_header(Some(blob)),
+                        _ => each_header(None),
+                    }
+                })
             })
             .map_err(|error| error.to_string())
     };
@@ -125,7 +133,15 @@ pub(super) fn look_up(
             );
         }
     }
-    Some(confirmed(listed, &by_name, root))
+    Some(confirmed(listed, &by_name, root, deadline))
+}
+
+/// The listed paths whose file names are wanted (at most [`MAX_LISTED`]),
+/// each with the index of its package.
+#[derive(Default)]
+struct Listed {
+    paths: Vec<(Vec<u8>, usize)>,
+    packages: Vec<Package>,
 }
 
 /// Says once that a database of a format not read is there.
@@ -144,14 +160,20 @@ fn say_other_format(root: &TargetRoot) {
     }
 }
 
-/// The wanted files that the listed paths lead to, under `root`.
+/// The wanted files that the listed paths lead to, under `root`, looked
+/// at until `deadline`.
 fn confirmed(
-    listed: Vec<(Vec<u8>, Package)>,
+    listed: Listed,
     by_name: &HashMap<&[u8], Vec<&Wanted>>,
     root: &TargetRoot,
+    deadline: Instant,
 ) -> HashMap<Wanted, Package> {
     let mut found = HashMap::new();
-    for (path, package) in listed {
+    for (path, package) in listed.paths {
+        if Instant::now() > deadline {
+            break;
+        }
+        let package = &listed.packages[package];
         let Some(candidates) = by_name.get(file_name_bytes(&path)) else {
             continue;
         };
@@ -235,9 +257,12 @@ impl<'a> Header<'a> {
         )
     }
 
-    /// `[epoch:]version-release`, as RPM prints it.
+    /// `[epoch:]version-release`, as RPM prints it (each cut to
+    /// [`MAX_NAME_BYTES`]).
     fn package(&self) -> Option<Package> {
-        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        let text = |bytes: &[u8]| {
+            String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_NAME_BYTES)]).into_owned()
+        };
         let name = text(self.string(TAG_NAME)?);
         let mut version = text(self.string(TAG_VERSION).unwrap_or_default());
         if let Some(release) = self.string(TAG_RELEASE) {
@@ -252,14 +277,15 @@ impl<'a> Header<'a> {
         Some(Package { name, version })
     }
 
-    /// Adds to `listed` the package's files whose names are wanted, with
-    /// the package.
-    fn wanted_paths(
-        &self,
-        by_name: &HashMap<&[u8], Vec<&Wanted>>,
-        listed: &mut Vec<(Vec<u8>, Package)>,
-    ) {
-        let mut paths = Vec::new();
+    /// Adds to `listed` the package's files whose names are wanted (each
+    /// path once, until [`MAX_LISTED`]), with the package.
+    fn wanted_paths(&self, by_name: &HashMap<&[u8], Vec<&Wanted>>, listed: &mut Listed) {
+        let room = MAX_LISTED.saturating_sub(listed.paths.len());
+        if room == 0 {
+            return;
+        }
+        let mut paths: Vec<Vec<u8>> = Vec::new();
+        let mut seen: HashSet<Vec<u8>> = HashSet::new();
         if let Some(base_names) = self.strings(TAG_BASENAMES) {
             let (Some(directories), Some(indexes)) =
                 (self.strings(TAG_DIRNAMES), self.int32s(TAG_DIRINDEXES))
@@ -271,16 +297,24 @@ impl<'a> Header<'a> {
                     continue;
                 }
                 if let Some(directory) = directories.get(index as usize) {
-                    paths.push([*directory, *base_name].concat());
+                    let path = [*directory, *base_name].concat();
+                    if seen.insert(path.clone()) {
+                        paths.push(path);
+                    }
+                    if paths.len() >= room {
+                        break;
+                    }
                 }
             }
         } else if let Some(files) = self.strings(TAG_OLDFILENAMES) {
-            paths.extend(
-                files
-                    .into_iter()
-                    .filter(|path| by_name.contains_key(file_name_bytes(path)))
-                    .map(<[u8]>::to_vec),
-            );
+            for path in files {
+                if by_name.contains_key(file_name_bytes(path)) && seen.insert(path.to_vec()) {
+                    paths.push(path.to_vec());
+                    if paths.len() >= room {
+                        break;
+                    }
+                }
+            }
         }
         if paths.is_empty() {
             return;
@@ -288,7 +322,11 @@ impl<'a> Header<'a> {
         let Some(package) = self.package() else {
             return;
         };
-        listed.extend(paths.into_iter().map(|path| (path, package.clone())));
+        listed.packages.push(package);
+        let index = listed.packages.len() - 1;
+        listed
+            .paths
+            .extend(paths.into_iter().map(|path| (path, index)));
     }
 }
 
@@ -364,8 +402,13 @@ mod tests {
         ];
         let by_name = by_file_name(&wanted);
         let header = Header::parse(&blob).unwrap();
-        let mut listed = Vec::new();
+        let mut listed = Listed::default();
         header.wanted_paths(&by_name, &mut listed);
+        let listed: Vec<(Vec<u8>, Package)> = listed
+            .paths
+            .into_iter()
+            .map(|(path, index)| (path, listed.packages[index].clone()))
+            .collect();
         let glibc = Package {
             name: "glibc".into(),
             version: "2:2.39-17.fc40".into(),
@@ -385,12 +428,61 @@ mod tests {
         assert_eq!(forged.strings(TAG_BASENAMES), None);
         for cut in 0..blob.len() {
             if let Some(header) = Header::parse(&blob[..cut]) {
-                header.wanted_paths(&by_name, &mut Vec::new());
+                header.wanted_paths(&by_name, &mut Listed::default());
             }
         }
         let mut huge = blob.clone();
         huge[..4].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(Header::parse(&huge).is_none());
+    }
+
+    /// A header that lists a wanted name again and again (in one
+    /// directory, then in thousands) adds each path once, and no more
+    /// paths than [`MAX_LISTED`].
+    #[test]
+    fn a_header_repeating_a_wanted_name_costs_a_bounded_list() {
+        let wanted = [Wanted {
+            path: "/usr/lib64/libc.so.6".into(),
+            dev: 1,
+            inode: 1,
+        }];
+        let by_name = by_file_name(&wanted);
+        let names = vec!["libc.so.6"; 100_000];
+        let directories: Vec<String> = (0..5_000).map(|n| format!("/d{n}/")).collect();
+        let directories: Vec<&str> = directories.iter().map(String::as_str).collect();
+        for (spread, expected) in [(1u32, 1usize), (5_000, MAX_LISTED)] {
+            let indexes: Vec<u8> = (0..names.len() as u32)
+                .flat_map(|i| (i % spread).to_be_bytes())
+                .collect();
+            let blob = header(&[
+                (
+                    TAG_NAME,
+                    TYPE_STRING,
+                    strings(&["x".repeat(10_000).as_str()]),
+                    1,
+                ),
+                (
+                    TAG_BASENAMES,
+                    TYPE_STRING_ARRAY,
+                    strings(&names),
+                    names.len() as u32,
+                ),
+                (
+                    TAG_DIRNAMES,
+                    TYPE_STRING_ARRAY,
+                    strings(&directories),
+                    directories.len() as u32,
+                ),
+                (TAG_DIRINDEXES, TYPE_INT32, indexes, names.len() as u32),
+            ]);
+            let mut listed = Listed::default();
+            Header::parse(&blob)
+                .unwrap()
+                .wanted_paths(&by_name, &mut listed);
+            assert_eq!(listed.paths.len(), expected);
+            assert_eq!(listed.packages.len(), 1);
+            assert_eq!(listed.packages[0].name.len(), MAX_NAME_BYTES);
+        }
     }
 
     /// The blob with the base names' count replaced.

@@ -2,16 +2,19 @@
 //! package database (`rpmdb.sqlite`: a `Packages` table of header blobs),
 //! without linking SQLite: the file is a container's or the host's, read as
 //! hostile input. Every page number, cell offset, length and varint is
-//! checked against the file before it is used; each page is visited at most
-//! once (a cycle of pages ends the walk); an overflow chain is followed no
+//! checked against the file before it is used; each page, b-tree or
+//! overflow, is visited at most once in a walk (a cycle of pages, or two
+//! records on one overflow page, ends it); an overflow chain is followed no
 //! further than its record's length; records longer than the caller's bound
-//! are skipped. The file is read page by page (`pread`): its size costs
+//! are skipped; the walk stops at the caller's deadline, checked at each
+//! cell and page. The file is read page by page (`pread`): its size costs
 //! time, not memory.
 //!
 //! Only what the file itself holds is read: changes still in a write-ahead
 //! log (`-wal`) that no checkpoint has copied in are not seen.
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::time::Instant;
 
 use thiserror::Error;
 
@@ -31,6 +34,8 @@ pub enum SqliteError {
     NoTable(String),
     #[error("reading it failed: {0}")]
     Read(String),
+    #[error("reading it took longer than its bound")]
+    Deadline,
 }
 
 /// One column of a record.
@@ -99,10 +104,11 @@ impl<'f> Database<'f> {
     }
 
     /// The root page of the table called `name`, from the schema table.
-    pub fn table_root(&self, name: &str) -> Result<u32, SqliteError> {
+    pub fn table_root(&self, name: &str, deadline: Instant) -> Result<u32, SqliteError> {
         let mut root = None;
-        self.scan(1, 64 << 10, &mut |_, record| {
-            let columns = columns(record);
+        self.scan(1, 64 << 10, deadline, &mut |_, record| {
+            // type, name, tbl_name, rootpage.
+            let columns = columns(record, 4);
             if let [Value::Text(b"table"), Value::Text(table), _, Value::Integer(page), ..] =
                 columns.as_slice()
             {
@@ -118,17 +124,22 @@ impl<'f> Database<'f> {
 
     /// Calls `visit` with each row's id and record of the table whose
     /// b-tree starts at `root`, in rowid order, until it returns false.
-    /// Records over `max_record` bytes are skipped.
+    /// Records over `max_record` bytes are skipped; past `deadline`, the
+    /// walk ends with [`SqliteError::Deadline`].
     pub fn scan(
         &self,
         root: u32,
         max_record: u64,
+        deadline: Instant,
         visit: &mut dyn FnMut(i64, &[u8]) -> bool,
     ) -> Result<(), SqliteError> {
         let mut seen = vec![false; self.pages() as usize + 1];
         // Pages to walk, each with its depth; the last pushed first.
         let mut pending = vec![(root, 0usize)];
         while let Some((number, depth)) = pending.pop() {
+            if Instant::now() > deadline {
+                return Err(SqliteError::Deadline);
+            }
             if depth > MAX_DEPTH {
                 return Err(SqliteError::BadPage(number));
             }
@@ -166,6 +177,9 @@ impl<'f> Database<'f> {
                 continue;
             }
             for index in 0..cells {
+                if Instant::now() > deadline {
+                    return Err(SqliteError::Deadline);
+                }
                 let cell = page
                     .get(cell_at(index)..)
                     .ok_or(SqliteError::BadPage(number))?;
@@ -176,7 +190,7 @@ impl<'f> Database<'f> {
                 if length > max_record {
                     continue;
                 }
-                let record = self.payload(payload, length, number)?;
+                let record = self.payload(payload, length, number, &mut seen)?;
                 if !visit(rowid as i64, &record) {
                     return Ok(());
                 }
@@ -186,8 +200,16 @@ impl<'f> Database<'f> {
     }
 
     /// A leaf cell's record of `length` bytes: the part on its page, then
-    /// its overflow pages'.
-    fn payload(&self, local: &[u8], length: u64, page: u32) -> Result<Vec<u8>, SqliteError> {
+    /// its overflow pages', each marked in `seen` (no page is read twice in
+    /// a walk: a chain that loops, or two records on one page, is an
+    /// error).
+    fn payload(
+        &self,
+        local: &[u8],
+        length: u64,
+        page: u32,
+        seen: &mut [bool],
+    ) -> Result<Vec<u8>, SqliteError> {
         let usable = u64::from(self.usable);
         let most_local = usable - 35;
         let on_page = if length <= most_local {
@@ -215,6 +237,10 @@ impl<'f> Database<'f> {
         // Each overflow page carries usable − 4 bytes: the chain is never
         // longer than the record needs.
         while (record.len() as u64) < length {
+            match seen.get_mut(next as usize) {
+                Some(seen @ false) => *seen = true,
+                _ => return Err(SqliteError::BadPage(next)),
+            }
             let overflow = self.page(next)?;
             let take = ((length - record.len() as u64).min(usable - 4)) as usize;
             record.extend_from_slice(&overflow[4..4 + take]);
@@ -239,8 +265,9 @@ fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
-/// A record's columns; a record cut short gives the columns it holds.
-pub fn columns(record: &[u8]) -> Vec<Value<'_>> {
+/// A record's first `wanted` columns (at most); a record cut short gives
+/// the columns it holds.
+pub fn columns(record: &[u8], wanted: usize) -> Vec<Value<'_>> {
     let mut values = Vec::new();
     let Some((header_length, mut at)) = varint(record) else {
         return values;
@@ -249,7 +276,7 @@ pub fn columns(record: &[u8]) -> Vec<Value<'_>> {
         return values;
     };
     let mut body = header_length;
-    while at < header_length.min(record.len()) {
+    while at < header_length.min(record.len()) && values.len() < wanted {
         let Some((serial, used)) = varint(&record[at..header_length.min(record.len())]) else {
             break;
         };
@@ -297,6 +324,10 @@ mod tests {
     use super::*;
     use std::process::Command;
 
+    fn later() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(60)
+    }
+
     /// A database written by SQLite itself (the `sqlite3` program), with
     /// rows small and large (over several overflow pages), and enough of
     /// them for interior pages.
@@ -324,11 +355,11 @@ mod tests {
         let file = File::open(&path).unwrap();
         let size = file.metadata().unwrap().len();
         let database = Database::open(&file, size).unwrap();
-        let root = database.table_root("Packages").unwrap();
+        let root = database.table_root("Packages", later()).unwrap();
         let mut rows = Vec::new();
         database
-            .scan(root, 1 << 20, &mut |rowid, record| {
-                let columns = columns(record);
+            .scan(root, 1 << 20, later(), &mut |rowid, record| {
+                let columns = columns(record, 2);
                 let [Value::Null, Value::Blob(blob)] = columns.as_slice() else {
                     panic!("row {rowid}: {columns:?}");
                 };
@@ -353,14 +384,21 @@ mod tests {
         // Records over the bound are skipped, the others still read.
         let mut small = 0;
         database
-            .scan(root, 2000, &mut |_, _| {
+            .scan(root, 2000, later(), &mut |_, _| {
                 small += 1;
                 true
             })
             .unwrap();
         assert!((1..700).contains(&small), "{small}");
+        // Past its deadline, the walk stops.
+        let past = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
         assert_eq!(
-            database.table_root("Nothing"),
+            database.scan(root, 1 << 20, past, &mut |_, _| true),
+            Err(SqliteError::Deadline)
+        );
+        assert_eq!(
+            database.table_root("Nothing", later()),
             Err(SqliteError::NoTable("Nothing".into()))
         );
         let _ = std::fs::remove_dir_all(&dir);
@@ -393,11 +431,11 @@ mod tests {
             let Ok(database) = Database::open(&file, bytes.len() as u64) else {
                 continue;
             };
-            let Ok(root) = database.table_root("Packages") else {
+            let Ok(root) = database.table_root("Packages", later()) else {
                 continue;
             };
-            let _ = database.scan(root, 1 << 20, &mut |_, record| {
-                let _ = columns(record);
+            let _ = database.scan(root, 1 << 20, later(), &mut |_, record| {
+                let _ = columns(record, 2);
                 true
             });
         }
@@ -407,7 +445,7 @@ mod tests {
         let file = File::open(&path).unwrap();
         let root = Database::open(&file, good.len() as u64)
             .unwrap()
-            .table_root("Packages")
+            .table_root("Packages", later())
             .unwrap() as usize;
         let at = (root - 1) * page_size;
         assert_eq!(looped[at], 5, "the table's root is an interior page");
@@ -416,7 +454,7 @@ mod tests {
         let file = File::open(&damaged).unwrap();
         let database = Database::open(&file, looped.len() as u64).unwrap();
         assert_eq!(
-            database.scan(root as u32, 1 << 20, &mut |_, _| true),
+            database.scan(root as u32, 1 << 20, later(), &mut |_, _| true),
             Err(SqliteError::BadPage(root as u32))
         );
         assert_eq!(
@@ -435,7 +473,7 @@ mod tests {
         // Header 4 bytes: int8 (-1), int16 (300), text of 2 bytes.
         let record = [4, 1, 2, 17, 0xff, 0x01, 0x2c, b'h', b'i'];
         assert_eq!(
-            columns(&record),
+            columns(&record, 8),
             vec![Value::Integer(-1), Value::Integer(300), Value::Text(b"hi")]
         );
     }

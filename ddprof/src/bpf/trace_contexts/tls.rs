@@ -64,8 +64,12 @@ pub enum GotEntry {
     Offset,
     /// A TLS descriptor (two words: resolver, argument).
     Descriptor,
-    /// `__tls_get_addr`'s `tls_index` (two words: module, offset).
-    ModuleAndOffset,
+    /// `__tls_get_addr`'s `tls_index` (two words: module, offset): the
+    /// module's number read from it, the variable's `offset` in the
+    /// module's block from the file (its symbol's value, what the loader
+    /// writes in the second word: read from the file, it cannot be read
+    /// before the loader wrote it).
+    ModuleAndOffset { offset: u64 },
 }
 
 /// How a file's variable is reached from a thread.
@@ -272,7 +276,7 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
                 R_X86_64_TPOFF64 => GotEntry::Offset,
                 R_X86_64_TLSDESC => GotEntry::Descriptor,
                 // (Its R_X86_64_DTPOFF64 names the next word.)
-                R_X86_64_DTPMOD64 => GotEntry::ModuleAndOffset,
+                R_X86_64_DTPMOD64 => GotEntry::ModuleAndOffset { offset: 0 },
                 _ => continue,
             };
             let symbol = relocation.r_sym(endian, false) as usize;
@@ -289,6 +293,10 @@ fn find_in<'data, R: object::ReadRef<'data>>(data: R) -> Option<FileTls> {
     let variable = |slot: usize| -> Option<TlsVariable> {
         let (_, value) = found[slot]?;
         if let Some((got, entry)) = got[slot] {
+            let entry = match entry {
+                GotEntry::ModuleAndOffset { .. } => GotEntry::ModuleAndOffset { offset: value },
+                other => other,
+            };
             return Some(TlsVariable::Library { got, entry });
         }
         program_offset(value).map(|offset| TlsVariable::Program { offset })
@@ -387,14 +395,11 @@ pub fn locate(
         }
         TlsVariable::Library {
             got,
-            entry: GotEntry::ModuleAndOffset,
+            entry: GotEntry::ModuleAndOffset { offset },
         } => {
-            let entry = bias.wrapping_add(got);
-            let module = word(entry).ok_or(NotYet::Unrelocated)?;
-            let offset = word(entry.wrapping_add(8)).ok_or(NotYet::Unrelocated)?;
+            let module = word(bias.wrapping_add(got)).ok_or(NotYet::Unrelocated)?;
             if module == 0 {
-                // Not filled yet (the link-time value; a variable's offset
-                // may be 0).
+                // Not filled yet (the link-time value).
                 return Err(NotYet::Unrelocated);
             }
             dtv_slot(module, offset)
@@ -523,16 +528,17 @@ mod tests {
             locate(initial_exec, 0, memory(vec![(0x100, (-0x40i64) as u64)])).map(|s| s.offset),
             Ok(-0x40)
         );
-        // `__tls_get_addr`'s {module, offset}: through the DTV, whatever
-        // the offset (0 too); a module of 0 is not relocated yet.
+        // `__tls_get_addr`'s {module, offset}: through the DTV, the offset
+        // the file's (the second word not written yet is not read); a
+        // module of 0 is not relocated yet.
         let general_dynamic = TlsVariable::Library {
             got: 0x100,
-            entry: GotEntry::ModuleAndOffset,
+            entry: GotEntry::ModuleAndOffset { offset: 0x10 },
         };
         assert_eq!(
             locate(general_dynamic, 0, memory(vec![(0x100, 2), (0x108, 0)]))
                 .map(|s| (s.access, s.module, s.offset)),
-            Ok((tls_access::DTV, 2, 0))
+            Ok((tls_access::DTV, 2, 0x10))
         );
         assert_eq!(
             locate(general_dynamic, 0, memory(vec![(0x100, 0), (0x108, 0)])),
