@@ -134,29 +134,60 @@ fn custom_labels_give_each_requests_samples_its_labels() {
     );
 }
 
+/// How a publishing library gets into `trace_ctx_library`'s process.
+enum Loaded {
+    /// `LD_PRELOAD`: at start, in the static TLS block.
+    AtStart,
+    /// `dlopen`ed 300 ms in, its block too big for the static reserve.
+    Dlopened,
+}
+
+/// Serves requests with `server` (a build of `trace_ctx_library.c`, or of
+/// a program that links the publisher in: `library` `None`), publishing
+/// through `library` loaded as `loaded`; each request's samples must carry
+/// its ids, and ddprof must name where it found the variable
+/// (`publisher_line`).
+fn library_publishes(
+    name: &str,
+    server: &str,
+    library: Option<(&str, Loaded)>,
+    publisher_line: &str,
+) {
+    let server = build_workload(server);
+    let server = server.to_str().unwrap();
+    let (command, preload): (Vec<String>, Option<String>) = match library {
+        None => (vec![server.into(), "preloaded".into(), "-".into()], None),
+        Some((library, loaded)) => {
+            let library = build_workload(library).display().to_string();
+            match loaded {
+                Loaded::AtStart => (
+                    vec![server.into(), "preloaded".into(), library.clone()],
+                    Some(format!("LD_PRELOAD={library}")),
+                ),
+                Loaded::Dlopened => (vec![server.into(), "dlopen".into(), library], None),
+            }
+        }
+    };
+    let command: Vec<&str> = ["env"]
+        .into_iter()
+        .chain(preload.as_deref())
+        .chain(command.iter().map(String::as_str))
+        .chain(["3", "3"])
+        .collect();
+    // No process context: key 0 is the local root span id (libdatadog's
+    // convention).
+    profile_requests(name, &command, publisher_line, ids_are_the_requests);
+}
+
 /// A library that defines the OTEP's TLS pointer, loaded at start: its
 /// descriptor's argument is the variable's offset from the thread pointer.
 #[test]
 fn a_library_loaded_at_start_publishes_through_static_tls() {
-    let server = build_workload("trace_ctx_library.c");
-    let library = build_workload("trace_ctx_tlsdesc_plugin.c");
-    let preload = format!("LD_PRELOAD={}", library.display());
-    let command = [
-        "env",
-        &preload,
-        server.to_str().unwrap(),
-        "preloaded",
-        library.to_str().unwrap(),
-        "3",
-        "3",
-    ];
-    // No process context: key 0 is the local root span id (libdatadog's
-    // convention).
-    profile_requests(
+    library_publishes(
         "library-static",
-        &command,
+        "trace_ctx_library.c",
+        Some(("trace_ctx_tlsdesc_plugin.c", Loaded::AtStart)),
         "at thread pointer -",
-        ids_are_the_requests,
     );
 }
 
@@ -164,29 +195,23 @@ fn a_library_loaded_at_start_publishes_through_static_tls() {
 /// static reserve: each thread's copy is found through its DTV.
 #[test]
 fn a_dlopened_library_publishes_through_each_threads_dtv() {
-    let server = build_workload("trace_ctx_library.c");
-    let library = build_workload("trace_ctx_dynamic_tlsdesc_plugin.c");
-    let command = [
-        server.to_str().unwrap(),
-        "dlopen",
-        library.to_str().unwrap(),
-        "3",
-        "3",
-    ];
-    profile_requests("library-dtv", &command, "of the DTV", ids_are_the_requests);
+    library_publishes(
+        "library-dtv",
+        "trace_ctx_library.c",
+        Some(("trace_ctx_dynamic_tlsdesc_plugin.c", Loaded::Dlopened)),
+        "of the DTV",
+    );
 }
 
 /// A program linked statically with musl, its own TLS pointer: musl puts
 /// the program's block below the thread pointer where glibc does.
 #[test]
 fn a_musl_program_publishes_through_static_tls() {
-    let server = build_workload("trace_ctx_program_musl_static.c");
-    let command = [server.to_str().unwrap(), "preloaded", "-", "3", "3"];
-    profile_requests(
+    library_publishes(
         "musl",
-        &command,
+        "trace_ctx_program_musl_static.c",
+        None,
         "at thread pointer -",
-        ids_are_the_requests,
     );
 }
 
@@ -195,21 +220,12 @@ fn a_musl_program_publishes_through_static_tls() {
 /// musl's DTV (one word an entry, its count first).
 #[test]
 fn a_library_dlopened_under_musl_publishes_through_musls_dtv() {
-    let server = build_workload("trace_ctx_library_musl.c");
-    let library = build_workload("trace_ctx_dynamic_musl_plugin.c");
-    assert_uses_tls_get_addr(&library);
-    let command = [
-        server.to_str().unwrap(),
-        "dlopen",
-        library.to_str().unwrap(),
-        "3",
-        "3",
-    ];
-    profile_requests(
+    assert_uses_tls_get_addr(&build_workload("trace_ctx_dynamic_musl_plugin.c"));
+    library_publishes(
         "musl-dtv",
-        &command,
+        "trace_ctx_library_musl.c",
+        Some(("trace_ctx_dynamic_musl_plugin.c", Loaded::Dlopened)),
         "of the DTV (musl's)",
-        ids_are_the_requests,
     );
 }
 
@@ -217,20 +233,11 @@ fn a_library_dlopened_under_musl_publishes_through_musls_dtv() {
 /// argument points to the module and offset as glibc's does).
 #[test]
 fn a_tlsdesc_library_dlopened_under_musl_publishes_through_musls_dtv() {
-    let server = build_workload("trace_ctx_library_musl.c");
-    let library = build_workload("trace_ctx_dynamic_musl_tlsdesc_plugin.c");
-    let command = [
-        server.to_str().unwrap(),
-        "dlopen",
-        library.to_str().unwrap(),
-        "3",
-        "3",
-    ];
-    profile_requests(
+    library_publishes(
         "musl-tlsdesc-dtv",
-        &command,
+        "trace_ctx_library_musl.c",
+        Some(("trace_ctx_dynamic_musl_tlsdesc_plugin.c", Loaded::Dlopened)),
         "of the DTV (musl's)",
-        ids_are_the_requests,
     );
 }
 
@@ -238,13 +245,11 @@ fn a_tlsdesc_library_dlopened_under_musl_publishes_through_musls_dtv() {
 /// are built so): no interpreter, a program by its `DF_1_PIE` flag.
 #[test]
 fn a_static_pie_program_publishes_through_static_tls() {
-    let server = build_workload("trace_ctx_program_static_pie.c");
-    let command = [server.to_str().unwrap(), "preloaded", "-", "3", "3"];
-    profile_requests(
+    library_publishes(
         "static-pie",
-        &command,
+        "trace_ctx_program_static_pie.c",
+        None,
         "at thread pointer -",
-        ids_are_the_requests,
     );
 }
 
@@ -254,41 +259,25 @@ fn a_static_pie_program_publishes_through_static_tls() {
 /// through each thread's DTV, whose entry points into the static block.
 #[test]
 fn a_library_calling_tls_get_addr_loaded_at_start_publishes_through_the_dtv() {
-    let server = build_workload("trace_ctx_library.c");
-    let library = build_workload("trace_ctx_gd_plugin.c");
-    assert_uses_tls_get_addr(&library);
-    let preload = format!("LD_PRELOAD={}", library.display());
-    let command = [
-        "env",
-        &preload,
-        server.to_str().unwrap(),
-        "preloaded",
-        library.to_str().unwrap(),
-        "3",
-        "3",
-    ];
-    profile_requests("library-gd", &command, "of the DTV", ids_are_the_requests);
+    assert_uses_tls_get_addr(&build_workload("trace_ctx_gd_plugin.c"));
+    library_publishes(
+        "library-gd",
+        "trace_ctx_library.c",
+        Some(("trace_ctx_gd_plugin.c", Loaded::AtStart)),
+        "of the DTV",
+    );
 }
 
 /// The same `__tls_get_addr` library `dlopen`ed, its block too big for
 /// the static reserve: each thread's copy is allocated at its first call.
 #[test]
 fn a_dlopened_library_calling_tls_get_addr_publishes_through_the_dtv() {
-    let server = build_workload("trace_ctx_library.c");
-    let library = build_workload("trace_ctx_dynamic_gd_plugin.c");
-    assert_uses_tls_get_addr(&library);
-    let command = [
-        server.to_str().unwrap(),
-        "dlopen",
-        library.to_str().unwrap(),
-        "3",
-        "3",
-    ];
-    profile_requests(
+    assert_uses_tls_get_addr(&build_workload("trace_ctx_dynamic_gd_plugin.c"));
+    library_publishes(
         "library-gd-dtv",
-        &command,
+        "trace_ctx_library.c",
+        Some(("trace_ctx_dynamic_gd_plugin.c", Loaded::Dlopened)),
         "of the DTV",
-        ids_are_the_requests,
     );
 }
 

@@ -228,6 +228,17 @@ mod tests {
         Instant::now() + std::time::Duration::from_secs(60)
     }
 
+    fn count_values(database: &HashDatabase<'_>) -> usize {
+        let mut count = 0;
+        database
+            .values(1 << 20, later(), &mut |_| {
+                count += 1;
+                true
+            })
+            .unwrap();
+        count
+    }
+
     /// A hash database written by Berkeley DB itself (`db5.3_load`, of
     /// Debian's db5.3-util) with 4 KiB pages: values of 300 to 8,700
     /// bytes, inline and on overflow chains.
@@ -324,14 +335,7 @@ mod tests {
         std::fs::write(&damaged, &looped).unwrap();
         let file = File::open(&damaged).unwrap();
         let database = HashDatabase::open(&file, looped.len() as u64).unwrap();
-        let mut count = 0;
-        database
-            .values(1 << 20, later(), &mut |_| {
-                count += 1;
-                true
-            })
-            .unwrap();
-        assert_eq!(count, 28);
+        assert_eq!(count_values(&database), 28);
         // A chain of pages of one byte each, the last naming the first: the
         // read ends at the first page that is not full.
         let mut trickle = good.clone();
@@ -339,14 +343,7 @@ mod tests {
         std::fs::write(&damaged, &trickle).unwrap();
         let file = File::open(&damaged).unwrap();
         let database = HashDatabase::open(&file, trickle.len() as u64).unwrap();
-        let mut count = 0;
-        database
-            .values(1 << 20, later(), &mut |_| {
-                count += 1;
-                true
-            })
-            .unwrap();
-        assert_eq!(count, 28);
+        assert_eq!(count_values(&database), 28);
         // Past its deadline, the read stops.
         let past = Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(2));
