@@ -513,6 +513,10 @@ pub struct Summary {
     /// How long the sampling loop waited for a CPU in the periods that
     /// lost samples in full buffers, in ms.
     pub ring_full_loop_wait_ms: u64,
+    /// The profiler's CPU after its last period, at the run's end (the
+    /// flame graph, the folded stacks, the export's end): in
+    /// `profiler_cpu_ms`, in no period's figures.
+    pub finish_cpu_ms: u64,
 }
 
 impl Summary {
@@ -599,6 +603,9 @@ impl fmt::Display for Summary {
                 " worker_restarts={} parent_peak_rss_kib={} worker_peak_rss_kib={}",
                 self.worker_restarts, self.parent_peak_rss_kib, self.worker_peak_rss_kib
             )?;
+        }
+        if self.finish_cpu_ms > 0 {
+            write!(f, " finish_cpu_ms={}", self.finish_cpu_ms)?;
         }
         Ok(())
     }

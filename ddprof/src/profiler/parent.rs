@@ -618,6 +618,8 @@ impl Outputs {
         handover: &Handover,
         counted_nanos: Option<u64>,
     ) -> Result<(), ProfilerError> {
+        // The workers are reaped: what follows is the run's own end.
+        let cpu_at_finish = crate::overhead::own_cpu_time();
         if self.folded.total_samples() == 0 {
             // A flame graph of nothing cannot be drawn; the empty profile
             // already says that the run took no samples.
@@ -658,6 +660,8 @@ impl Outputs {
             worker_restarts: handover.restarts,
             parent_peak_rss_kib,
             worker_peak_rss_kib: self.worker_peak_rss_kib,
+            finish_cpu_ms: (crate::overhead::own_cpu_time().saturating_sub(cpu_at_finish))
+                .as_millis() as u64,
             ..Summary::of_run(&run, self.profiles)
         };
         log::info!("{summary}");
