@@ -481,7 +481,14 @@ struct MapCreateAttr {
     btf_value_type_id: u32,
 }
 
-/// `union bpf_attr` for `BPF_BTF_LOAD`.
+/// `union bpf_attr` for `BPF_BTF_LOAD`. Every one of its 32 bytes is a
+/// field, so that all are written: the 4 bytes after `btf_log_level` would
+/// otherwise be padding, which Rust leaves as whatever the stack held, and a
+/// kernel before 6.4 (which has no `btf_log_true_size` there) refuses a
+/// load whose bytes past its last field are not zero (EINVAL). The table
+/// maps were then made without BTF, and a kernel before 6.2 refused every
+/// one of them (the arm64 guest's 6.1: "cannot put an unwind table in slot
+/// N: Invalid argument", in 2-3 of 5 runs).
 #[repr(C)]
 #[derive(Default)]
 struct BtfLoadAttr {
@@ -490,6 +497,8 @@ struct BtfLoadAttr {
     btf_size: u32,
     btf_log_size: u32,
     btf_log_level: u32,
+    /// Linux 6.4's `btf_log_true_size` (written by the kernel), zero here.
+    btf_log_true_size: u32,
 }
 
 /// `union bpf_attr` for the element commands.
