@@ -501,6 +501,11 @@ struct BtfLoadAttr {
     btf_log_true_size: u32,
 }
 
+// No tail padding: the last field ends where the struct does (see above).
+const _: () = assert!(
+    std::mem::offset_of!(BtfLoadAttr, btf_log_true_size) + 4 == std::mem::size_of::<BtfLoadAttr>()
+);
+
 /// `union bpf_attr` for the element commands.
 #[repr(C)]
 #[derive(Default)]
